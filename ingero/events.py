@@ -1,0 +1,138 @@
+"""The one event schema every channel carries (UDS NDJSON, journald, OTLP logs, Echo).
+
+An event is a flat record; the same ``event_id`` travels on every channel so consumers
+can de-duplicate and join. Field names are a public contract (DESIGN.md): add, never rename.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import uuid
+from dataclasses import asdict, dataclass, field, fields
+from typing import Any
+
+# Stable journald MESSAGE_IDs, one per type (128-bit, as `journalctl --new-id128` makes them).
+MESSAGE_IDS: dict[str, str] = {
+    "straggler_state": "6f3c2a1e9b8d4c7a8e5f0a1b2c3d4e51",
+    "straggler_resolved": "6f3c2a1e9b8d4c7a8e5f0a1b2c3d4e52",
+    "node_drained": "6f3c2a1e9b8d4c7a8e5f0a1b2c3d4e53",
+    "node_resumed": "6f3c2a1e9b8d4c7a8e5f0a1b2c3d4e54",
+    "drain_skipped": "6f3c2a1e9b8d4c7a8e5f0a1b2c3d4e55",
+    "group_degraded": "6f3c2a1e9b8d4c7a8e5f0a1b2c3d4e56",
+    "detection_mode": "6f3c2a1e9b8d4c7a8e5f0a1b2c3d4e57",
+    "job_summary": "6f3c2a1e9b8d4c7a8e5f0a1b2c3d4e58",
+    "peer_lag": "6f3c2a1e9b8d4c7a8e5f0a1b2c3d4e59",
+}
+EVENT_TYPES = frozenset(MESSAGE_IDS)
+
+# journald PRIORITY per type: stragglers and drains are warnings, the rest notices.
+_PRIORITY = {"straggler_state": 4, "node_drained": 4, "group_degraded": 4}
+
+
+def new_event_id() -> str:
+    return str(uuid.uuid4())
+
+
+@dataclass
+class Event:
+    """A straggler-related event. ``extra`` holds type-specific fields (reason, panic, …)."""
+
+    type: str
+    node_id: str
+    cluster_id: str
+    timestamp: float
+    event_id: str = field(default_factory=new_event_id)
+    job_id: str | None = None
+    rank: int | None = None
+    score: float | None = None
+    threshold: float | None = None
+    detection_mode: str | None = None
+    dominant_signal: str | None = None
+    extra: dict[str, Any] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        if self.type not in EVENT_TYPES:
+            raise ValueError(f"unknown event type {self.type!r}")
+        if not self.node_id and self.type != "group_degraded":
+            raise ValueError("an event needs a node_id")
+
+    def to_dict(self) -> dict[str, Any]:
+        """Flat JSON-ready mapping: the schema fields, then ``extra`` (which cannot shadow them)."""
+        base = {k: v for k, v in asdict(self).items() if k != "extra"}
+        for key, value in self.extra.items():
+            base.setdefault(key, value)
+        return base
+
+    def to_json(self) -> str:
+        return json.dumps(self.to_dict(), separators=(",", ":"), allow_nan=False)
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> Event:
+        """Parse a mapping; raises ValueError with the offending field on bad input."""
+        if not isinstance(data, dict):
+            raise ValueError("an event must be a JSON object")
+        names = {f.name for f in fields(cls)} - {"extra"}
+        missing = [k for k in ("type", "node_id", "cluster_id", "timestamp") if k not in data]
+        if missing:
+            raise ValueError(f"event is missing {', '.join(missing)}")
+        kwargs: dict[str, Any] = {k: data[k] for k in names if k in data}
+        for key in ("type", "node_id", "cluster_id", "event_id"):
+            if key in kwargs and not isinstance(kwargs[key], str):
+                raise ValueError(f"event field {key} must be a string")
+        for key in ("timestamp", "score", "threshold"):
+            value = kwargs.get(key)
+            if value is None and key != "timestamp":
+                continue
+            if (
+                isinstance(value, bool)
+                or not isinstance(value, int | float)
+                or not math.isfinite(value)
+            ):
+                raise ValueError(f"event field {key} must be a finite number")
+            kwargs[key] = float(value)
+        if kwargs.get("rank") is not None:
+            rank = kwargs["rank"]
+            if isinstance(rank, bool) or not isinstance(rank, int):
+                raise ValueError("event field rank must be an integer")
+        if kwargs.get("job_id") is not None:
+            kwargs["job_id"] = str(kwargs["job_id"])
+        if "event_id" in kwargs:
+            try:
+                uuid.UUID(kwargs["event_id"])
+            except ValueError:
+                raise ValueError("event field event_id must be a UUID") from None
+        extra = {k: v for k, v in data.items() if k not in names}
+        return cls(**kwargs, extra=extra)
+
+    def journal_fields(self) -> dict[str, str]:
+        """journald fields: MESSAGE, MESSAGE_ID, PRIORITY and INGERO_* (upper-case names)."""
+        out = {
+            "MESSAGE": self.message(),
+            "MESSAGE_ID": MESSAGE_IDS[self.type],
+            "PRIORITY": str(_PRIORITY.get(self.type, 5)),
+            "SYSLOG_IDENTIFIER": "ingero",
+            "INGERO_EVENT": self.type,
+        }
+        for key, value in self.to_dict().items():
+            if value is None or key == "type":
+                continue
+            name = "INGERO_" + {"node_id": "NODE", "cluster_id": "CLUSTER", "job_id": "JOB"}.get(
+                key, key.upper()
+            )
+            out[name] = json.dumps(value) if isinstance(value, dict | list) else str(value)
+        return out
+
+    def message(self) -> str:
+        """One human line for logs and journalctl."""
+        where = f"node {self.node_id}" + (f" job {self.job_id}" if self.job_id else "")
+        figures = ""
+        if self.score is not None:
+            figures += f" score={self.score:.3f}"
+        if self.threshold is not None:
+            figures += f" threshold={self.threshold:.3f}"
+        if self.dominant_signal:
+            figures += f" signal={self.dominant_signal}"
+        reason = self.extra.get("reason")
+        tail = f" ({reason})" if reason else ""
+        return f"ingero {self.type}: {where}{figures}{tail}"

@@ -1,0 +1,1 @@
+"""ingero fleet: the central peer-relative threshold daemon."""

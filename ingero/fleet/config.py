@@ -1,0 +1,85 @@
+"""Fleet configuration schema; the field defaults are the documented defaults (DESIGN.md)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Literal
+
+from ingero.config import Duration, check, in_range, positive
+
+
+def _is_hostport(value: str) -> bool:
+    _host, sep, port = value.rpartition(":")
+    return bool(sep) and port.isdigit() and 0 <= int(port) <= 65535
+
+
+_HOSTPORT = check(_is_hostport, "must be HOST:PORT")
+
+
+@dataclass(frozen=True)
+class ListenConfig:
+    otlp_grpc: str = field(default="0.0.0.0:4317", metadata=_HOSTPORT)
+    otlp_http: str = field(default="0.0.0.0:4318", metadata=_HOSTPORT)
+    api: str = field(default="0.0.0.0:8080", metadata=_HOSTPORT)
+
+
+@dataclass(frozen=True)
+class ThresholdConfig:
+    k: float = field(default=2.0, metadata=positive())
+    min_margin: float = field(default=0.05, metadata=in_range(0.0, 1.0))
+    ema_alpha: float = field(default=0.2, metadata=check(lambda v: 0 < v <= 1, "must be in (0, 1]"))
+    hysteresis: float = field(default=0.02, metadata=in_range(0.0, 1.0))
+    panic_fraction: float = field(
+        default=0.25, metadata=check(lambda v: 0 < v < 1, "must be in (0, 1)")
+    )
+
+
+@dataclass(frozen=True)
+class QuorumConfig:
+    statistical_min: int = field(default=5, metadata=check(lambda v: v >= 3, "must be at least 3"))
+    coverage_fraction: float = field(default=0.8, metadata=in_range(0.0, 1.0))
+    max_expected_nodes: int = field(default=10000, metadata=positive())
+
+
+@dataclass(frozen=True)
+class AuthConfig:
+    bearer_token_file: str | None = None
+    tls_cert: str | None = None
+    tls_key: str | None = None
+
+    def validate(self) -> None:
+        if (self.tls_cert is None) != (self.tls_key is None):
+            raise ValueError("auth.tls_cert and auth.tls_key must be set together")
+
+
+@dataclass(frozen=True)
+class DrainConfig:
+    enabled: bool = False
+    dry_run: bool = False
+    backend: Literal["auto", "scontrol", "pyslurm"] = "auto"
+    max_fraction: float = field(default=0.1, metadata=in_range(0.0, 1.0))
+    min_intervals: int = field(default=6, metadata=positive())
+    cooldown: Duration = Duration(1800.0)  # noqa: RUF009 - an immutable float
+    auto_resume: bool = False
+
+
+@dataclass(frozen=True)
+class EchoConfig:
+    endpoint: str | None = None
+
+
+@dataclass(frozen=True)
+class FleetConfig:
+    listen: ListenConfig = field(default_factory=ListenConfig)
+    push_interval: Duration = field(default=Duration(5.0), metadata=positive())
+    ttl_multiplier: float = field(default=5, metadata=check(lambda v: v >= 1, "must be at least 1"))
+    threshold: ThresholdConfig = field(default_factory=ThresholdConfig)
+    quorum: QuorumConfig = field(default_factory=QuorumConfig)
+    auth: AuthConfig = field(default_factory=AuthConfig)
+    drain: DrainConfig = field(default_factory=DrainConfig)
+    echo: EchoConfig = field(default_factory=EchoConfig)
+
+    @property
+    def node_ttl(self) -> float:
+        """Seconds after its last push that a node expires."""
+        return float(self.push_interval) * float(self.ttl_multiplier)

@@ -1,0 +1,143 @@
+"""Node DB schema, versioned with SQLite ``user_version`` and migrated forward in order.
+
+Tables (all timestamps are Unix seconds, durations nanoseconds):
+- ``intervals``: per-interval aggregates per (pid, source, op): count, total, percentiles,
+  errors, bytes; tagged with Slurm job id and rank.
+- ``raw_events``: sampled individual calls (ring-buffer samples), for ``explain``/``query``.
+- ``host_intervals``: per-interval host context (off-CPU time of traced threads, page
+  allocations, block I/O latency, TCP retransmits, dropped samples).
+- ``gpu_intervals``: per-interval per-GPU busy time and memory, where known.
+- ``processes``: each traced process with its job tags.
+"""
+
+from __future__ import annotations
+
+import sqlite3
+from collections.abc import Callable
+from pathlib import Path
+
+import sqlite_utils
+
+SCHEMA_VERSION = 1
+
+
+def _v1(db: sqlite_utils.Database) -> None:
+    db.table("intervals").create(
+        {
+            "ts_start": float,
+            "ts_end": float,
+            "pid": int,
+            "job_id": str,
+            "rank": int,
+            "source": str,  # cuda_runtime | cuda_driver | nccl | host | synthetic
+            "op": str,
+            "count": int,
+            "total_ns": int,
+            "p50_ns": int,
+            "p95_ns": int,
+            "p99_ns": int,
+            "errors": int,
+            "bytes": int,
+        },
+        not_null={"ts_start", "ts_end", "pid", "source", "op", "count", "total_ns"},
+        defaults={"errors": 0, "bytes": 0},
+    )
+    db.table("intervals").create_index(["ts_end"])
+    db.table("intervals").create_index(["op", "ts_end"])
+    db.table("raw_events").create(
+        {
+            "ts": float,
+            "pid": int,
+            "tid": int,
+            "job_id": str,
+            "rank": int,
+            "source": str,
+            "op": str,
+            "duration_ns": int,
+            "ret": int,
+            "bytes": int,
+            "detail": str,  # JSON: op-specific fields (NCCL comm hash, nranks, datatype, …)
+        },
+        not_null={"ts", "pid", "source", "op"},
+    )
+    db.table("raw_events").create_index(["ts"])
+    db.table("host_intervals").create(
+        {
+            "ts_start": float,
+            "ts_end": float,
+            "offcpu_ns": int,
+            "page_allocs": int,
+            "block_io_count": int,
+            "block_io_p99_ns": int,
+            "tcp_retransmits": int,
+            "dropped_events": int,
+        },
+        not_null={"ts_start", "ts_end"},
+    )
+    db.table("host_intervals").create_index(["ts_end"])
+    db.table("gpu_intervals").create(
+        {
+            "ts_start": float,
+            "ts_end": float,
+            "gpu": int,
+            "busy_ns": int,
+            "mem_free_bytes": int,
+            "mem_total_bytes": int,
+        },
+        not_null={"ts_start", "ts_end", "gpu"},
+    )
+    db.table("gpu_intervals").create_index(["ts_end"])
+    db.table("processes").create(
+        {
+            "pid": int,
+            "comm": str,
+            "exe": str,
+            "job_id": str,
+            "rank": int,
+            "first_seen": float,
+            "last_seen": float,
+        },
+        pk="pid",
+    )
+
+
+# Index i holds the migration from version i to i + 1. Append only.
+MIGRATIONS: list[Callable[[sqlite_utils.Database], None]] = [_v1]
+assert len(MIGRATIONS) == SCHEMA_VERSION
+
+
+class SchemaError(RuntimeError):
+    """The DB was written by a newer ingero (or is not a node DB)."""
+
+
+def connect(
+    path: str | Path, *, readonly: bool = False, timeout: float = 5.0
+) -> sqlite_utils.Database:
+    """Open the node DB. Writers get WAL mode and pending migrations; readers never write."""
+    if readonly:
+        uri = f"file:{Path(path)}?mode=ro"
+        conn = sqlite3.connect(uri, uri=True, timeout=timeout, check_same_thread=False)
+        db = sqlite_utils.Database(conn)
+        version = db.execute("PRAGMA user_version").fetchone()[0]
+        if version > SCHEMA_VERSION:
+            raise SchemaError(f"{path}: schema version {version} is newer than {SCHEMA_VERSION}")
+        return db
+    conn = sqlite3.connect(str(path), timeout=timeout, check_same_thread=False)
+    db = sqlite_utils.Database(conn)
+    db.execute("PRAGMA journal_mode=WAL")
+    db.execute("PRAGMA synchronous=NORMAL")
+    migrate(db)
+    return db
+
+
+def migrate(db: sqlite_utils.Database) -> int:
+    """Apply pending migrations in one transaction each; returns the resulting version."""
+    version: int = db.execute("PRAGMA user_version").fetchone()[0]
+    if version > SCHEMA_VERSION:
+        raise SchemaError(f"schema version {version} is newer than this ingero ({SCHEMA_VERSION})")
+    while version < SCHEMA_VERSION:
+        with db.conn:
+            MIGRATIONS[version](db)
+            version += 1
+            db.execute(f"PRAGMA user_version = {version}")
+    return version

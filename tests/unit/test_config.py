@@ -1,0 +1,105 @@
+"""Configuration loading: defaults, precedence, and one clear error per bad value."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from ingero.config import load_config, parse_duration
+from ingero.errors import ConfigError
+from ingero.fleet.config import FleetConfig
+
+
+def write(tmp_path: Path, text: str) -> Path:
+    path = tmp_path / "fleet.yaml"
+    path.write_text(text)
+    return path
+
+
+def test_defaults_match_design(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv("INGERO_CONFIG", raising=False)
+    config = load_config(FleetConfig, "fleet-test-none")
+    assert config.listen.otlp_grpc == "0.0.0.0:4317"
+    assert config.listen.otlp_http == "0.0.0.0:4318"
+    assert config.listen.api == "0.0.0.0:8080"
+    assert config.push_interval == 5.0
+    assert config.ttl_multiplier == 5
+    assert (config.threshold.k, config.threshold.min_margin, config.threshold.ema_alpha) == (
+        2.0,
+        0.05,
+        0.2,
+    )
+    assert (config.threshold.hysteresis, config.threshold.panic_fraction) == (0.02, 0.25)
+    assert config.quorum.statistical_min == 5
+    assert config.quorum.coverage_fraction == 0.8
+    assert config.quorum.max_expected_nodes == 10000
+    assert config.auth.bearer_token_file is None
+    assert config.drain.enabled is False and config.drain.backend == "auto"
+    assert config.drain.cooldown == 1800.0 and config.drain.min_intervals == 6
+    assert config.echo.endpoint is None
+    assert config.node_ttl == 25.0
+
+
+def test_file_values_and_cli_overrides(tmp_path: Path) -> None:
+    path = write(
+        tmp_path, "push_interval: 2s\nthreshold: {k: 3}\nlisten: {api: '127.0.0.1:9000'}\n"
+    )
+    config = load_config(
+        FleetConfig, "fleet", path, {"listen.api": "127.0.0.1:9100", "threshold.k": None}
+    )
+    assert config.push_interval == 2.0
+    assert config.threshold.k == 3.0
+    assert config.listen.api == "127.0.0.1:9100"
+
+
+def test_env_variable_is_second_choice(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    path = write(tmp_path, "ttl_multiplier: 7\n")
+    monkeypatch.setenv("INGERO_CONFIG", str(path))
+    assert load_config(FleetConfig, "fleet").ttl_multiplier == 7
+
+
+@pytest.mark.parametrize(
+    ("text", "needle"),
+    [
+        ("threshold: {k: -1}\n", "threshold.k: must be greater than 0"),
+        ("threshold: {k: abc}\n", "threshold.k: expected a number"),
+        ("push_interval: soon\n", "push_interval: expected a duration"),
+        ("drain: {enabled: 'yes'}\n", "drain.enabled: expected true or false"),
+        (
+            "drain: {backend: slurmrestd}\n",
+            "drain.backend: expected one of auto, scontrol, pyslurm",
+        ),
+        ("quorum: {statistical_min: 2}\n", "quorum.statistical_min: must be at least 3"),
+        ("threshold: {kk: 1}\n", "unknown key 'threshold.kk'"),
+        ("listen: {api: 8080}\n", "listen.api: expected a string"),
+        ("listen: {api: 'nope'}\n", "listen.api: must be HOST:PORT"),
+        ("auth: {tls_cert: /x.pem}\n", "auth.tls_cert and auth.tls_key must be set together"),
+        ("- a list\n", "the top level must be a mapping"),
+        ("threshold: [1\n", "invalid YAML"),
+    ],
+)
+def test_bad_values_name_key_and_file(tmp_path: Path, text: str, needle: str) -> None:
+    path = write(tmp_path, text)
+    with pytest.raises(ConfigError) as info:
+        load_config(FleetConfig, "fleet", path)
+    assert needle in str(info.value)
+    assert str(path) in str(info.value)
+
+
+def test_missing_explicit_file_is_an_error(tmp_path: Path) -> None:
+    with pytest.raises(ConfigError, match="not found"):
+        load_config(FleetConfig, "fleet", tmp_path / "absent.yaml")
+
+
+@pytest.mark.parametrize(
+    ("text", "seconds"), [("5s", 5.0), ("30m", 1800.0), ("250ms", 0.25), ("2h", 7200.0), (3, 3.0)]
+)
+def test_durations(text: object, seconds: float) -> None:
+    assert parse_duration(text) == seconds
+
+
+@pytest.mark.parametrize("text", ["-1s", "5 parsecs", True, "nan", float("inf")])
+def test_bad_durations(text: object) -> None:
+    with pytest.raises(ValueError):
+        parse_duration(text)
