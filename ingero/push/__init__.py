@@ -1,0 +1,1 @@
+"""Node side: health score, push to Fleet, self-classification and events."""
