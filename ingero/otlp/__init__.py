@@ -1,0 +1,1 @@
+"""OTLP encoding and decoding of ingero's health pushes (metrics) and events (logs)."""

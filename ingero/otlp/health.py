@@ -1,0 +1,273 @@
+"""A node's health push as an OTLP metrics request, and its validating decoder.
+
+Names are the public contract of DESIGN.md: resource attributes ``ingero.node.id``,
+``ingero.cluster.id``, ``host.name``, ``ingero.gpu.model``, ``ingero.gpu.count``,
+``ingero.provider``; gauge ``ingero.node.health_score`` with point attributes
+``ingero.node.state``, ``ingero.workload_type``, ``slurm.job.id``, ``ingero.rank``,
+``ingero.world_size``, ``ingero.dominant_signal``; gauge ``ingero.node.signal`` (attribute
+``ingero.signal``) and gauge ``ingero.node.rate`` (attribute ``ingero.rate``).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from typing import Any, cast
+
+from opentelemetry.proto.collector.metrics.v1.metrics_service_pb2 import (
+    ExportMetricsServiceRequest,
+)
+from opentelemetry.proto.metrics.v1.metrics_pb2 import Metric, NumberDataPoint
+
+from ingero.fleet.model import NODE_STATES, NodePush, NodeState
+from ingero.otlp.values import add_attributes, any_to_python
+
+SCORE_METRIC = "ingero.node.health_score"
+SIGNAL_METRIC = "ingero.node.signal"
+RATE_METRIC = "ingero.node.rate"
+
+ATTR_NODE_ID = "ingero.node.id"
+ATTR_CLUSTER_ID = "ingero.cluster.id"
+ATTR_HOST_NAME = "host.name"
+ATTR_GPU_MODEL = "ingero.gpu.model"
+ATTR_GPU_COUNT = "ingero.gpu.count"
+ATTR_PROVIDER = "ingero.provider"
+ATTR_STATE = "ingero.node.state"
+ATTR_WORKLOAD = "ingero.workload_type"
+ATTR_JOB_ID = "slurm.job.id"
+ATTR_RANK = "ingero.rank"
+ATTR_WORLD_SIZE = "ingero.world_size"
+ATTR_DOMINANT = "ingero.dominant_signal"
+ATTR_SIGNAL = "ingero.signal"
+ATTR_RATE = "ingero.rate"
+
+SCOPE_NAME = "ingero"
+
+# Rejection reasons, also the label values of ingero_fleet_rejected_total.
+MISSING_NODE_ID = "missing_node_id"
+MISSING_CLUSTER_ID = "missing_cluster_id"
+BAD_SCORE = "bad_score"
+BAD_ATTRIBUTE = "bad_attribute"
+BAD_METRIC_TYPE = "bad_metric_type"
+
+
+@dataclass
+class HealthDecode:
+    """What a metrics request held: valid pushes, and the data points rejected (with why)."""
+
+    pushes: list[NodePush] = field(default_factory=list)
+    rejected: int = 0
+    reasons: dict[str, int] = field(default_factory=dict)
+    messages: list[str] = field(default_factory=list)
+
+    def reject(self, reason: str, message: str, count: int = 1) -> None:
+        self.rejected += count
+        self.reasons[reason] = self.reasons.get(reason, 0) + count
+        if len(self.messages) < 5:  # enough to diagnose, bounded for a hostile request
+            self.messages.append(message)
+
+    @property
+    def error_message(self) -> str:
+        return "; ".join(self.messages)
+
+
+def encode_health(push: NodePush, time_unix_nano: int) -> ExportMetricsServiceRequest:
+    """One node's push: its score gauge plus one point per signal and per raw rate."""
+    request = ExportMetricsServiceRequest()
+    rm = request.resource_metrics.add()
+    add_attributes(
+        rm.resource.attributes,
+        {
+            ATTR_NODE_ID: push.node_id,
+            ATTR_CLUSTER_ID: push.cluster_id,
+            ATTR_HOST_NAME: push.host_name,
+            ATTR_GPU_MODEL: push.gpu_model,
+            ATTR_GPU_COUNT: push.gpu_count,
+            ATTR_PROVIDER: push.provider,
+        },
+    )
+    sm = rm.scope_metrics.add()
+    sm.scope.name = SCOPE_NAME
+    score = sm.metrics.add()
+    score.name = SCORE_METRIC
+    score.unit = "1"
+    point = score.gauge.data_points.add()
+    point.time_unix_nano = time_unix_nano
+    point.as_double = push.score
+    add_attributes(
+        point.attributes,
+        {
+            ATTR_STATE: push.state,
+            ATTR_WORKLOAD: push.workload_type,
+            ATTR_JOB_ID: push.job_id,
+            ATTR_RANK: push.rank,
+            ATTR_WORLD_SIZE: push.world_size,
+            ATTR_DOMINANT: push.dominant_signal,
+        },
+    )
+    for name, attr, values in (
+        (SIGNAL_METRIC, ATTR_SIGNAL, push.signals),
+        (RATE_METRIC, ATTR_RATE, push.rates),
+    ):
+        if not values:
+            continue
+        metric = sm.metrics.add()
+        metric.name = name
+        for key, value in values.items():
+            p = metric.gauge.data_points.add()
+            p.time_unix_nano = time_unix_nano
+            p.as_double = value
+            add_attributes(p.attributes, {attr: key})
+    return request
+
+
+def _number(point: NumberDataPoint) -> float:
+    return float(point.as_int) if point.WhichOneof("value") == "as_int" else point.as_double
+
+
+def _text(value: Any) -> str | None:
+    """A string attribute; ints are accepted too (Slurm job ids are numbers to some clients)."""
+    if value is None or value == "":
+        return None
+    if isinstance(value, bool) or not isinstance(value, str | int):
+        raise ValueError(f"must be a string, got {value!r}")
+    return str(value)
+
+
+def _integer(value: Any) -> int | None:
+    if value is None or value == "":
+        return None
+    if isinstance(value, bool):
+        raise ValueError(f"must be an integer, got {value!r}")
+    if isinstance(value, int):
+        return value
+    if isinstance(value, str) and value.lstrip("-").isdigit():
+        return int(value)
+    if isinstance(value, float) and value.is_integer():
+        return int(value)
+    raise ValueError(f"must be an integer, got {value!r}")
+
+
+def _gauge_points(metric: Metric) -> Iterable[NumberDataPoint] | None:
+    kind = metric.WhichOneof("data")
+    if kind == "gauge":
+        return cast(Iterable[NumberDataPoint], metric.gauge.data_points)
+    if kind == "sum":  # some SDKs export observed values as a non-monotonic sum
+        return cast(Iterable[NumberDataPoint], metric.sum.data_points)
+    return None
+
+
+def _keyed_values(
+    metric: Metric, key_attr: str, out: dict[str, float], result: HealthDecode
+) -> None:
+    points = _gauge_points(metric)
+    if points is None:
+        result.reject(BAD_METRIC_TYPE, f"{metric.name} must be a gauge")
+        return
+    for point in points:
+        key = next((kv.value.string_value for kv in point.attributes if kv.key == key_attr), "")
+        value = _number(point)
+        if not key or not math.isfinite(value):
+            result.reject(BAD_ATTRIBUTE, f"{metric.name} point needs {key_attr} and a finite value")
+            continue
+        out[key] = value
+
+
+def decode_health(request: ExportMetricsServiceRequest) -> HealthDecode:
+    """Validate every ``ingero.node.health_score`` point; other metrics are ignored."""
+    result = HealthDecode()
+    for rm in request.resource_metrics:
+        res: dict[str, Any] = {kv.key: any_to_python(kv.value) for kv in rm.resource.attributes}
+        scores: list[Metric] = []
+        signals: dict[str, float] = {}
+        rates: dict[str, float] = {}
+        for sm in rm.scope_metrics:
+            for metric in sm.metrics:
+                if metric.name == SCORE_METRIC:
+                    scores.append(metric)
+                elif metric.name == SIGNAL_METRIC:
+                    _keyed_values(metric, ATTR_SIGNAL, signals, result)
+                elif metric.name == RATE_METRIC:
+                    _keyed_values(metric, ATTR_RATE, rates, result)
+        for metric in scores:
+            _decode_scores(metric, res, signals, rates, result)
+    return result
+
+
+def _decode_scores(
+    metric: Metric,
+    res: dict[str, Any],
+    signals: dict[str, float],
+    rates: dict[str, float],
+    result: HealthDecode,
+) -> None:
+    points = _gauge_points(metric)
+    if points is None:
+        result.reject(BAD_METRIC_TYPE, f"{SCORE_METRIC} must be a gauge")
+        return
+    for point in points:
+        try:
+            node_id = _text(res.get(ATTR_NODE_ID))
+            cluster_id = _text(res.get(ATTR_CLUSTER_ID))
+        except ValueError as exc:
+            result.reject(BAD_ATTRIBUTE, f"resource attribute: {exc}")
+            continue
+        if node_id is None:
+            result.reject(MISSING_NODE_ID, f"resource attribute {ATTR_NODE_ID} is missing")
+            continue
+        if cluster_id is None:
+            result.reject(
+                MISSING_CLUSTER_ID,
+                f"node {node_id}: resource attribute {ATTR_CLUSTER_ID} is missing",
+            )
+            continue
+        score = _number(point)
+        if not (math.isfinite(score) and 0.0 <= score <= 1.0):
+            result.reject(BAD_SCORE, f"node {node_id}: score {score!r} is not in [0, 1]")
+            continue
+        attrs = {kv.key: any_to_python(kv.value) for kv in point.attributes}
+        try:
+            push = _build(node_id, cluster_id, score, res, attrs, signals, rates)
+        except ValueError as exc:
+            result.reject(BAD_ATTRIBUTE, f"node {node_id}: {exc}")
+            continue
+        result.pushes.append(push)
+
+
+def _build(
+    node_id: str,
+    cluster_id: str,
+    score: float,
+    res: dict[str, Any],
+    attrs: dict[str, Any],
+    signals: dict[str, float],
+    rates: dict[str, float],
+) -> NodePush:
+    state = attrs.get(ATTR_STATE) or "active"
+    if state not in NODE_STATES:
+        raise ValueError(f"{ATTR_STATE} {state!r} is not one of {sorted(NODE_STATES)}")
+
+    def attr(getter: Any, source: dict[str, Any], name: str) -> Any:
+        try:
+            return getter(source.get(name))
+        except ValueError as exc:
+            raise ValueError(f"{name} {exc}") from None
+
+    return NodePush(
+        node_id=node_id,
+        cluster_id=cluster_id,
+        score=score,
+        state=cast(NodeState, state),
+        host_name=attr(_text, res, ATTR_HOST_NAME),
+        job_id=attr(_text, attrs, ATTR_JOB_ID),
+        rank=attr(_integer, attrs, ATTR_RANK),
+        world_size=attr(_integer, attrs, ATTR_WORLD_SIZE),
+        workload_type=attr(_text, attrs, ATTR_WORKLOAD),
+        dominant_signal=attr(_text, attrs, ATTR_DOMINANT),
+        signals=dict(signals),
+        rates=dict(rates),
+        gpu_model=attr(_text, res, ATTR_GPU_MODEL),
+        gpu_count=attr(_integer, res, ATTR_GPU_COUNT),
+        provider=attr(_text, res, ATTR_PROVIDER),
+    )

@@ -1,0 +1,117 @@
+"""Conversions between plain Python values and OTLP ``AnyValue``/``KeyValue`` attributes."""
+
+from __future__ import annotations
+
+import base64
+import json
+from collections.abc import Iterable, Mapping
+from typing import Any, TypeVar
+
+from google.protobuf import json_format
+from google.protobuf.message import DecodeError, Message
+from opentelemetry.proto.common.v1.common_pb2 import AnyValue, KeyValue
+
+M = TypeVar("M", bound=Message)
+
+
+class OtlpDecodeError(ValueError):
+    """A request body that is not a valid OTLP message of the expected kind."""
+
+
+def set_any(target: AnyValue, value: Any) -> None:
+    """Fill ``target`` from a JSON-like value (bool before int: bool is an int in Python)."""
+    if isinstance(value, bool):
+        target.bool_value = value
+    elif isinstance(value, int):
+        target.int_value = value
+    elif isinstance(value, float):
+        target.double_value = value
+    elif isinstance(value, str):
+        target.string_value = value
+    elif isinstance(value, bytes):
+        target.bytes_value = value
+    elif isinstance(value, Mapping):
+        kvlist = target.kvlist_value
+        for key, item in value.items():
+            if item is not None:
+                kv = kvlist.values.add()
+                kv.key = str(key)
+                set_any(kv.value, item)
+        target.kvlist_value.SetInParent()
+    elif isinstance(value, list | tuple):
+        array = target.array_value
+        for item in value:
+            set_any(array.values.add(), item)
+        target.array_value.SetInParent()
+    else:
+        target.string_value = str(value)
+
+
+def add_attributes(target: Any, attributes: Mapping[str, Any]) -> None:
+    """Append ``attributes`` (skipping None) to a repeated ``KeyValue`` field."""
+    for key, value in attributes.items():
+        if value is not None:
+            kv = target.add()
+            kv.key = key
+            set_any(kv.value, value)
+
+
+def any_to_python(value: AnyValue) -> Any:
+    kind = value.WhichOneof("value")
+    if kind is None:
+        return None
+    if kind == "kvlist_value":
+        return {kv.key: any_to_python(kv.value) for kv in value.kvlist_value.values}
+    if kind == "array_value":
+        return [any_to_python(v) for v in value.array_value.values]
+    return getattr(value, kind)
+
+
+def attributes_dict(attributes: Iterable[KeyValue]) -> dict[str, Any]:
+    return {kv.key: any_to_python(kv.value) for kv in attributes}
+
+
+def parse_protobuf(body: bytes, message_cls: type[M]) -> M:
+    message = message_cls()
+    try:
+        message.ParseFromString(body)
+    except (DecodeError, RuntimeError, ValueError) as exc:
+        raise OtlpDecodeError(f"malformed protobuf: {exc}") from None
+    return message
+
+
+def _hex_ids_to_base64(node: Any) -> None:
+    """OTLP/JSON writes traceId/spanId as hex where proto3 JSON expects base64."""
+    if isinstance(node, dict):
+        for key, item in node.items():
+            if key in ("traceId", "spanId", "trace_id", "span_id") and isinstance(item, str):
+                try:
+                    node[key] = base64.b64encode(bytes.fromhex(item)).decode()
+                except ValueError:
+                    raise OtlpDecodeError(f"{key} must be hex, got {item[:40]!r}") from None
+            else:
+                _hex_ids_to_base64(item)
+    elif isinstance(node, list):
+        for item in node:
+            _hex_ids_to_base64(item)
+
+
+def parse_json(body: bytes, message_cls: type[M]) -> M:
+    """Parse the OTLP/JSON encoding; unknown fields are ignored as the OTLP spec requires."""
+    try:
+        data = json.loads(body)
+    except (UnicodeDecodeError, ValueError) as exc:
+        raise OtlpDecodeError(f"malformed JSON: {exc}") from None
+    if not isinstance(data, dict):
+        raise OtlpDecodeError("malformed JSON: the body must be a JSON object")
+    _hex_ids_to_base64(data)
+    message = message_cls()
+    try:
+        json_format.ParseDict(data, message, ignore_unknown_fields=True)
+    except (json_format.ParseError, ValueError, TypeError) as exc:
+        raise OtlpDecodeError(f"invalid OTLP JSON: {exc}") from None
+    return message
+
+
+def to_json(message: Message) -> bytes:
+    return json_format.MessageToJson(message, indent=None).encode()

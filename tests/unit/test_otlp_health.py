@@ -1,0 +1,133 @@
+"""The OTLP health push codec: round trip, JSON mapping, and each kind of bad point."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+from opentelemetry.proto.collector.metrics.v1.metrics_service_pb2 import (
+    ExportMetricsServiceRequest,
+)
+
+from ingero.fleet.model import NodePush
+from ingero.otlp import health
+from ingero.otlp.values import OtlpDecodeError, parse_json, parse_protobuf, to_json
+
+FULL = NodePush(
+    node_id="gpu-007",
+    cluster_id="hpc",
+    score=0.83,
+    state="active",
+    host_name="gpu-007.example",
+    job_id="4242",
+    rank=3,
+    world_size=8,
+    workload_type="training",
+    dominant_signal="compute",
+    signals={"throughput": 0.9, "compute": 0.7},
+    rates={"kernel_launches_per_s": 1234.0},
+    gpu_model="H100",
+    gpu_count=8,
+    provider="onprem",
+)
+
+
+def roundtrip(push: NodePush) -> health.HealthDecode:
+    wire = health.encode_health(push, 1_700_000_000_000_000_000).SerializeToString()
+    return health.decode_health(parse_protobuf(wire, ExportMetricsServiceRequest))
+
+
+def test_roundtrip_keeps_every_field() -> None:
+    result = roundtrip(FULL)
+    assert result.rejected == 0
+    assert result.pushes == [FULL]
+
+
+def test_minimal_push_defaults_to_active() -> None:
+    result = roundtrip(NodePush(node_id="n1", cluster_id="c", score=1.0))
+    assert result.pushes == [NodePush(node_id="n1", cluster_id="c", score=1.0)]
+
+
+def test_json_mapping_roundtrip() -> None:
+    body = to_json(health.encode_health(FULL, 5))
+    assert b'"ingero.node.health_score"' in body
+    result = health.decode_health(parse_json(body, ExportMetricsServiceRequest))
+    assert result.pushes == [FULL]
+
+
+def test_int_job_id_and_int_score_accepted() -> None:
+    request = health.encode_health(NodePush(node_id="n", cluster_id="c", score=0.5), 1)
+    point = request.resource_metrics[0].scope_metrics[0].metrics[0].gauge.data_points[0]
+    point.as_int = 1
+    kv = point.attributes.add()
+    kv.key = health.ATTR_JOB_ID
+    kv.value.int_value = 77
+    (push,) = health.decode_health(request).pushes
+    assert push.score == 1.0 and push.job_id == "77"
+
+
+@pytest.mark.parametrize("score", [math.nan, math.inf, -math.inf, -0.01, 1.5])
+def test_bad_scores_rejected(score: float) -> None:
+    request = health.encode_health(NodePush(node_id="n", cluster_id="c", score=0.5), 1)
+    request.resource_metrics[0].scope_metrics[0].metrics[0].gauge.data_points[0].as_double = score
+    result = health.decode_health(request)
+    assert result.pushes == [] and result.rejected == 1
+    assert result.reasons == {health.BAD_SCORE: 1}
+    assert "not in [0, 1]" in result.error_message
+
+
+def test_missing_node_and_cluster_ids_rejected() -> None:
+    request = ExportMetricsServiceRequest()
+    for push in (
+        NodePush(node_id="", cluster_id="c", score=0.5),
+        NodePush(node_id="n", cluster_id="", score=0.5),
+        NodePush(node_id="ok", cluster_id="c", score=0.5),
+    ):
+        request.resource_metrics.extend(health.encode_health(push, 1).resource_metrics)
+    result = health.decode_health(request)
+    assert [p.node_id for p in result.pushes] == ["ok"]
+    assert result.reasons == {health.MISSING_NODE_ID: 1, health.MISSING_CLUSTER_ID: 1}
+
+
+def test_bad_state_and_rank_rejected() -> None:
+    request = health.encode_health(NodePush(node_id="n", cluster_id="c", score=0.5), 1)
+    attrs = request.resource_metrics[0].scope_metrics[0].metrics[0].gauge.data_points[0].attributes
+    for kv in attrs:
+        if kv.key == health.ATTR_STATE:
+            kv.value.string_value = "sleepy"
+    assert health.decode_health(request).reasons == {health.BAD_ATTRIBUTE: 1}
+    request = health.encode_health(NodePush(node_id="n", cluster_id="c", score=0.5, rank=1), 1)
+    attrs = request.resource_metrics[0].scope_metrics[0].metrics[0].gauge.data_points[0].attributes
+    for kv in attrs:
+        if kv.key == health.ATTR_RANK:
+            kv.value.string_value = "first"
+    result = health.decode_health(request)
+    assert result.reasons == {health.BAD_ATTRIBUTE: 1}
+    assert "ingero.rank" in result.error_message
+
+
+def test_histogram_score_rejected_and_other_metrics_ignored() -> None:
+    request = ExportMetricsServiceRequest()
+    sm = request.resource_metrics.add().scope_metrics.add()
+    sm.metrics.add(name="unrelated.metric").gauge.data_points.add(as_double=3.0)
+    sm.metrics.add(name=health.SCORE_METRIC).histogram.data_points.add(count=1)
+    result = health.decode_health(request)
+    assert result.pushes == [] and result.reasons == {health.BAD_METRIC_TYPE: 1}
+
+
+def test_non_finite_signal_rejected_but_score_kept() -> None:
+    push = NodePush(node_id="n", cluster_id="c", score=0.5, signals={"cpu": math.nan, "gpu": 1.0})
+    result = roundtrip(push)
+    assert result.reasons == {health.BAD_ATTRIBUTE: 1}
+    assert result.pushes[0].signals == {"gpu": 1.0}
+
+
+def test_malformed_bodies_raise_clear_errors() -> None:
+    with pytest.raises(OtlpDecodeError, match="malformed protobuf"):
+        parse_protobuf(b"\xff\xff\xff\xff", ExportMetricsServiceRequest)
+    with pytest.raises(OtlpDecodeError, match="malformed JSON"):
+        parse_json(b"{not json", ExportMetricsServiceRequest)
+    with pytest.raises(OtlpDecodeError, match="JSON object"):
+        parse_json(b"[1]", ExportMetricsServiceRequest)
+    with pytest.raises(OtlpDecodeError, match="invalid OTLP JSON"):
+        parse_json(b'{"resourceMetrics": 3}', ExportMetricsServiceRequest)
