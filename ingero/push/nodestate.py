@@ -1,0 +1,70 @@
+"""Node state machine: calibrating → active ⇄ idle, and stale while the node DB is unreadable.
+
+Pure: driven by one observation per sample and an injectable clock (for when a state began).
+Only ``active`` nodes are classified against their peers.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from ingero.clock import Clock
+from ingero.fleet.model import NodeState
+
+
+@dataclass(frozen=True)
+class Transition:
+    previous: NodeState
+    current: NodeState
+    reason: str
+    at: float
+
+
+class NodeStateMachine:
+    """Counts samples with GPU work towards warm-up and samples without it towards idle."""
+
+    def __init__(
+        self, *, warmup_samples: int, idle_after: int, clock: Clock, warm_samples: int = 0
+    ) -> None:
+        if warmup_samples < 1 or idle_after < 1:
+            raise ValueError("warmup_samples and idle_after must be >= 1")
+        self.warmup_samples = warmup_samples
+        self.idle_after = idle_after
+        self.clock = clock
+        # Samples with work seen so far, including those restored from a baseline file.
+        self.work_samples = warm_samples
+        self.quiet_samples = 0
+        self.state: NodeState = "active" if self.warmed_up else "calibrating"
+        self.since = clock.monotonic()
+
+    @property
+    def warmed_up(self) -> bool:
+        return self.work_samples >= self.warmup_samples
+
+    def observe(self, *, readable: bool, kernel_launches: int = 0) -> Transition | None:
+        """Feed one sample; returns the transition it caused, if any."""
+        if not readable:
+            return self._move("stale", "node DB cannot be read")
+        if kernel_launches > 0:
+            self.quiet_samples = 0
+            self.work_samples += 1
+            if self.warmed_up:
+                return self._move("active", "GPU work seen")
+            return self._move("calibrating", f"warm-up {self.work_samples}/{self.warmup_samples}")
+        self.quiet_samples += 1
+        if self.quiet_samples >= self.idle_after:
+            return self._move("idle", f"no kernel launches for {self.quiet_samples} samples")
+        if self.state == "stale":
+            # Readable again but not yet quiet long enough to call idle.
+            return self._move(
+                "active" if self.warmed_up else "calibrating", "node DB readable again"
+            )
+        return None
+
+    def _move(self, state: NodeState, reason: str) -> Transition | None:
+        if state == self.state:
+            return None
+        transition = Transition(self.state, state, reason, self.clock.now())
+        self.state = state
+        self.since = self.clock.monotonic()
+        return transition

@@ -1,0 +1,147 @@
+"""One health sample of this node: read the collectors, advance the state, score, learn.
+
+The thin I/O shell around the pure score, baseline and state logic; the push agent calls
+``NodeSampler.sample()`` once per push interval.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+from pathlib import Path
+
+from ingero.clock import Clock
+from ingero.collectors.gpu import GpuQuery, NoGpu
+from ingero.collectors.nodedb import NodeDbUnavailable, WindowAggregates, read_window
+from ingero.collectors.procfs import ProcfsError, ProcReader
+from ingero.fleet.model import NodeState
+from ingero.push.baseline import BaselineSet, BaselineStore, EmaBaseline
+from ingero.push.nodestate import NodeStateMachine, Transition
+from ingero.push.score import ScoreConfig, ScoreInputs, ScoreResult, compute_score
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class NodeSample:
+    timestamp: float
+    state: NodeState
+    result: ScoreResult | None  # None while stale: there is nothing to score
+    window: WindowAggregates | None
+    transition: Transition | None
+    stale_reason: str | None = None
+    gpu_error: str | None = None
+
+    @property
+    def score(self) -> float:
+        return self.result.score if self.result is not None else 0.0
+
+
+class NodeSampler:
+    """Keeps the node's state machine and baselines across samples."""
+
+    def __init__(
+        self,
+        *,
+        node_id: str,
+        db_path: Path,
+        config: ScoreConfig,
+        window_s: float,
+        clock: Clock,
+        baseline_path: Path | None = None,
+        proc: ProcReader | None = None,
+        gpu: GpuQuery | None = None,
+    ) -> None:
+        config.validate()
+        self.config = config
+        self.db_path = db_path
+        self.window_s = window_s
+        self.clock = clock
+        self.proc = proc or ProcReader()
+        self.gpu = gpu or NoGpu()
+        self.store = (
+            BaselineStore(
+                baseline_path,
+                node_id=node_id,
+                clock=clock,
+                alpha=config.ema_alpha,
+                alpha_down=config.ema_alpha_down,
+            )
+            if baseline_path is not None
+            else None
+        )
+        loaded = self.store.load() if self.store is not None else None
+        if loaded is not None and loaded.baselines is not None:
+            self.baselines = loaded.baselines
+            log.info(
+                "baselines restored from %s (%d samples)", baseline_path, self.baselines.samples
+            )
+        else:
+            now = clock.now()
+            self.baselines = BaselineSet(node_id=node_id, created=now, updated=now)
+        self.restore_reason = loaded.reason if loaded is not None else None
+        self.state = NodeStateMachine(
+            warmup_samples=config.warmup_samples,
+            idle_after=config.idle_after,
+            clock=clock,
+            warm_samples=self.baselines.samples,
+        )
+
+    def sample(self) -> NodeSample:
+        now = self.clock.now()
+        try:
+            window = read_window(self.db_path, now, self.window_s)
+        except NodeDbUnavailable as exc:
+            transition = self.state.observe(readable=False)
+            return NodeSample(now, self.state.state, None, None, transition, stale_reason=str(exc))
+
+        cpu_busy: float | None = None
+        host_mem_free: float | None = None
+        try:
+            cpu_busy = self.proc.cpu_busy_fraction()
+            host_mem_free = self.proc.meminfo().available_fraction
+        except ProcfsError as exc:
+            log.warning("%s", exc)
+        gpu_status = self.gpu.query()
+        gpu_mem_free = gpu_status.mem_free_fraction
+
+        rate_name, rate = (
+            ("step_rate", window.step_rate)
+            if window.step_rate is not None
+            else ("kernel_launch_rate", window.kernel_launch_rate)
+        )
+        baseline = self.baselines.baselines.get(rate_name)
+        transition = self.state.observe(readable=True, kernel_launches=window.kernel_launches)
+        has_work = window.kernel_launches > 0
+        result = compute_score(
+            ScoreInputs(
+                throughput_rate=rate if has_work else None,
+                throughput_baseline=baseline.estimate if baseline is not None else None,
+                gpu_busy_fraction=window.gpu_busy_fraction,
+                mem_free_fraction=gpu_mem_free if gpu_mem_free is not None else host_mem_free,
+                cpu_busy_fraction=cpu_busy,
+                rates={
+                    "kernel_launch_rate": window.kernel_launch_rate,
+                    "step_rate": window.step_rate,
+                    "throughput_baseline": baseline.estimate if baseline is not None else None,
+                },
+            ),
+            self.config,
+        )
+        if has_work and self.state.state in ("calibrating", "active"):
+            self._learn(rate_name, rate)
+        return NodeSample(
+            now, self.state.state, result, window, transition, gpu_error=gpu_status.error
+        )
+
+    def _learn(self, name: str, rate: float) -> None:
+        baseline = self.baselines.baselines.setdefault(
+            name, EmaBaseline(alpha=self.config.ema_alpha, alpha_down=self.config.ema_alpha_down)
+        )
+        baseline.update(rate)
+        self.baselines.samples += 1
+        if self.store is not None:
+            try:
+                self.store.save(self.baselines)
+            except OSError as exc:
+                log.warning("cannot save baselines to %s: %s", self.store.path, exc)
