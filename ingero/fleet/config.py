@@ -69,6 +69,13 @@ class EchoConfig:
 
 
 @dataclass(frozen=True)
+class LimitsConfig:
+    """Hard caps that keep one Fleet's memory bounded; a new node beyond them is refused."""
+
+    max_nodes: int = field(default=100000, metadata=positive())
+
+
+@dataclass(frozen=True)
 class FleetConfig:
     listen: ListenConfig = field(default_factory=ListenConfig)
     push_interval: Duration = field(default=Duration(5.0), metadata=positive())
@@ -78,6 +85,7 @@ class FleetConfig:
     auth: AuthConfig = field(default_factory=AuthConfig)
     drain: DrainConfig = field(default_factory=DrainConfig)
     echo: EchoConfig = field(default_factory=EchoConfig)
+    limits: LimitsConfig = field(default_factory=LimitsConfig)
 
     @property
     def node_ttl(self) -> float:

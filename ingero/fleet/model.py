@@ -5,6 +5,9 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Literal
 
+from ingero.errors import EXIT_UNAVAILABLE, IngeroError
+from ingero.events import Event
+
 NodeState = Literal["calibrating", "active", "idle", "stale"]
 NODE_STATES: frozenset[str] = frozenset({"calibrating", "active", "idle", "stale"})
 
@@ -67,3 +70,93 @@ class ThresholdView:
             "active_nodes": self.active_nodes,
             "computed_at": self.computed_at,
         }
+
+
+class CapacityError(IngeroError):
+    """A push from a new node was refused because Fleet already tracks ``limits.max_nodes``."""
+
+    exit_code = EXIT_UNAVAILABLE
+
+
+@dataclass(frozen=True)
+class GroupStats:
+    """One peer group after a tick (for /metrics, the API and the drain controller).
+
+    ``threshold`` is the EMA-smoothed threshold while the group has quorum; without quorum
+    it is the raw threshold, shown for metrics only (``quorum_met`` is false and the
+    ThresholdView served to nodes carries no threshold). All figures are None when the
+    group has no active node.
+    """
+
+    cluster_id: str
+    group: str
+    job_id: str | None
+    workload_type: str | None
+    threshold: float | None
+    raw_threshold: float | None
+    median: float | None
+    mad: float | None
+    quorum_met: bool
+    panic: bool
+    active_nodes: int
+    idle_nodes: int
+    straggler_count: int
+    coverage_low: bool
+    computed_at: float
+    below_count: int = 0
+    tracked_nodes: int = 0
+
+
+@dataclass(frozen=True)
+class ClusterStats:
+    """Node counts of one cluster after a tick; ``coverage_low`` is informational only."""
+
+    cluster_id: str
+    active_nodes: int
+    idle_nodes: int
+    tracked_nodes: int
+    groups: int
+    coverage_low: bool
+    computed_at: float
+
+
+@dataclass(frozen=True)
+class NodeVerdict:
+    """A node in the straggler state after a tick.
+
+    ``consecutive_straggler_ticks`` counts ticks in a row with this verdict (the drain
+    controller needs ``drain.min_intervals`` of them); ``since`` is the wall time of the
+    tick the episode began; ``panic`` means the node's group is degraded as a whole and
+    nothing may be drained.
+    """
+
+    node_id: str
+    cluster_id: str
+    group: str
+    job_id: str | None
+    rank: int | None
+    score: float
+    threshold: float
+    straggler: bool
+    consecutive_straggler_ticks: int
+    since: float
+    panic: bool
+    quorum_met: bool
+    dominant_signal: str | None
+    event_id: str = ""
+
+
+@dataclass(frozen=True)
+class TickResult:
+    """Everything one tick decided: group figures, straggler verdicts and new events.
+
+    ``verdicts`` lists only the nodes in the straggler state (panicking groups included,
+    marked ``panic``); every other active node is, by omission, not a straggler.
+    """
+
+    computed_at: float
+    groups: tuple[GroupStats, ...]
+    verdicts: tuple[NodeVerdict, ...]
+    events: tuple[Event, ...]
+    expired_nodes: tuple[str, ...]
+    clusters: tuple[ClusterStats, ...] = ()

@@ -1,0 +1,618 @@
+"""Fleet's in-memory score map and its tick: pure state, driven by an injected clock.
+
+The daemon calls :meth:`FleetState.ingest` from many receiver threads (O(1): it stores the
+node's latest score and returns the threshold computed at the last tick) and
+:meth:`FleetState.tick` once per push interval. Scores live in flat numpy columns indexed
+by a slot per node, so a tick is a handful of vectorised passes over all nodes.
+
+A tick works in three phases so that pushes are never blocked by the sorts: under the lock
+it expires silent nodes and copies the columns; without the lock it computes the group
+statistics and classifies nodes; under the lock again it stores the new per-node state and
+publishes the views. Only ticks free slots and groups (ticks are serialised), so the slots
+copied in phase one still belong to the same nodes in phase three.
+"""
+
+from __future__ import annotations
+
+import math
+import threading
+from dataclasses import dataclass
+
+import numpy as np
+
+from ingero.clock import Clock
+from ingero.events import Event, new_event_id
+from ingero.fleet import threshold as th
+from ingero.fleet.config import FleetConfig
+from ingero.fleet.model import (
+    NODE_STATES,
+    CapacityError,
+    ClusterStats,
+    GroupStats,
+    NodePush,
+    NodeVerdict,
+    ThresholdView,
+    TickResult,
+    group_key,
+)
+
+_INITIAL_CAPACITY = 1024
+DETECTION_MODE = "fleet"
+
+
+def validate_push(push: NodePush) -> float:
+    """The push's score as a float; ValueError naming the field when the push is unusable."""
+    if not isinstance(push.node_id, str) or not push.node_id:
+        raise ValueError("push has no node id")
+    if not isinstance(push.cluster_id, str) or not push.cluster_id:
+        raise ValueError(f"push from {push.node_id} has no cluster id")
+    score = push.score
+    if isinstance(score, bool) or not isinstance(score, int | float):
+        raise ValueError(f"push from {push.node_id}: score must be a number, got {score!r}")
+    if not math.isfinite(score) or not 0.0 <= score <= 1.0:
+        raise ValueError(f"push from {push.node_id}: score must be within [0, 1], got {score!r}")
+    if push.state not in NODE_STATES:
+        raise ValueError(f"push from {push.node_id}: unknown node state {push.state!r}")
+    if push.rank is not None and (isinstance(push.rank, bool) or not isinstance(push.rank, int)):
+        raise ValueError(f"push from {push.node_id}: rank must be an integer, got {push.rank!r}")
+    return float(score)
+
+
+@dataclass
+class _Closing:
+    """What an episode-ending event needs about a node (captured before its slot is freed)."""
+
+    slot: int
+    node_id: str
+    cluster_id: str
+    group: str
+    job_id: str | None
+    rank: int | None
+    score: float
+    event_id: str
+    since: float
+    dominant_signal: str | None
+    threshold: float | None
+    panic: bool
+
+
+class FleetState:
+    """Latest score of every node, per-group thresholds and per-node straggler episodes."""
+
+    def __init__(self, config: FleetConfig, clock: Clock) -> None:
+        self._config = config
+        self._clock = clock
+        self._lock = threading.Lock()
+        self._tick_lock = threading.Lock()
+        self._max_nodes = config.limits.max_nodes
+        # Nodes: slot per node id; numpy columns for what the tick computes on.
+        self._slot_of: dict[str, int] = {}
+        self._free_slots: list[int] = []
+        self._n = 0  # slots in use are below this mark
+        cap = _INITIAL_CAPACITY
+        self._occupied = np.zeros(cap, dtype=np.bool_)
+        self._score = np.zeros(cap)
+        self._gid = np.zeros(cap, dtype=np.int64)
+        self._active = np.zeros(cap, dtype=np.bool_)
+        self._idle = np.zeros(cap, dtype=np.bool_)
+        self._seen = np.zeros(cap)
+        self._straggler = np.zeros(cap, dtype=np.bool_)
+        self._consec = np.zeros(cap, dtype=np.int64)
+        self._since = np.full(cap, np.nan)
+        self._episode_gid = np.full(cap, -1, dtype=np.int64)
+        self._node_id: list[str] = [""] * cap
+        self._rank: list[int | None] = [None] * cap
+        self._signal: list[str | None] = [None] * cap
+        self._episode_id: list[str] = [""] * cap
+        # Groups: an index per group key, with its metadata and smoothed threshold.
+        self._gid_of: dict[str, int] = {}
+        self._free_gids: list[int] = []
+        self._gn = 0
+        gcap = _INITIAL_CAPACITY
+        self._gkey: list[str] = [""] * gcap
+        self._gcluster: list[str] = [""] * gcap
+        self._gjob: list[str | None] = [None] * gcap
+        self._gworkload: list[str | None] = [None] * gcap
+        self._ema = np.full(gcap, np.nan)
+        self._panic = np.zeros(gcap, dtype=np.bool_)
+        # Published by the last tick.
+        self._views: dict[str, ThresholdView] = {}
+        self._groups: tuple[GroupStats, ...] = ()
+        self._clusters: tuple[ClusterStats, ...] = ()
+        self._last: TickResult | None = None
+
+    # ---- hot path -------------------------------------------------------------------
+
+    def ingest(self, push: NodePush) -> ThresholdView:
+        """Store a node's latest push; return its group's threshold as of the last tick.
+
+        Raises ValueError for an unusable push (the map is left untouched) and
+        CapacityError for a new node when ``limits.max_nodes`` are already tracked.
+        """
+        score = validate_push(push)
+        key = push.group
+        with self._lock:
+            slot = self._slot_of.get(push.node_id)
+            gid = self._gid_of.get(key)
+            if slot is None and len(self._slot_of) >= self._max_nodes:
+                raise CapacityError(
+                    f"fleet tracks {self._max_nodes} nodes (limits.max_nodes); "
+                    f"refusing new node {push.node_id}"
+                )
+            if gid is None and len(self._gid_of) >= 2 * self._max_nodes:
+                raise CapacityError(f"too many peer groups; refusing group {key}")
+            if slot is None:
+                slot = self._new_slot(push.node_id)
+            if gid is None:
+                gid = self._new_group(key, push)
+            self._score[slot] = score
+            self._gid[slot] = gid
+            self._active[slot] = push.state == "active"
+            self._idle[slot] = push.state == "idle"
+            self._seen[slot] = self._clock.monotonic()
+            self._rank[slot] = push.rank
+            self._signal[slot] = push.dominant_signal
+            view = self._views.get(key)
+        if view is None:
+            return _empty_view(push.cluster_id, key)
+        return view
+
+    # ---- reads ----------------------------------------------------------------------
+
+    def threshold_view(
+        self, cluster_id: str, job_id: str | None = None, workload_type: str | None = None
+    ) -> ThresholdView | None:
+        """The group's view as of the last tick, or None when the group is unknown."""
+        with self._lock:
+            return self._views.get(group_key(cluster_id, job_id, workload_type))
+
+    def node_count(self) -> int:
+        with self._lock:
+            return len(self._slot_of)
+
+    def group_count(self) -> int:
+        with self._lock:
+            return len(self._gid_of)
+
+    def groups_snapshot(self) -> tuple[GroupStats, ...]:
+        """Every group as of the last tick (for /metrics)."""
+        with self._lock:
+            return self._groups
+
+    def clusters_snapshot(self) -> tuple[ClusterStats, ...]:
+        with self._lock:
+            return self._clusters
+
+    def last_tick(self) -> TickResult | None:
+        with self._lock:
+            return self._last
+
+    # ---- tick -----------------------------------------------------------------------
+
+    def tick(self) -> TickResult:
+        """Expire silent nodes, recompute every group and classify every active node."""
+        with self._tick_lock:
+            return self._tick()
+
+    def _tick(self) -> TickResult:
+        cfg = self._config
+        tcfg = cfg.threshold
+        # Phase 1 (locked): expire, drop empty groups, copy the columns.
+        with self._lock:
+            now = self._clock.now()
+            mono = self._clock.monotonic()
+            closing_expired, expired_ids = self._expire(mono, cfg.node_ttl)
+            n, gn = self._n, self._gn
+            idx = np.flatnonzero(self._occupied[:n])
+            live_groups = self._drop_empty_groups(idx)
+            scores = self._score[idx]
+            gids = self._gid[idx]
+            active = self._active[idx]
+            idle = self._idle[idx]
+            was = self._straggler[idx]
+            consec = self._consec[idx]
+            since = self._since[idx]
+            ep_gid = self._episode_gid[idx]
+            prev_ema = self._ema[:gn].copy()
+            prev_panic = self._panic[:gn].copy()
+            gkeys = self._gkey[:gn]
+            gcluster = self._gcluster[:gn]
+            gjob = self._gjob[:gn]
+            gworkload = self._gworkload[:gn]
+
+        # Phase 2 (unlocked): statistics and classification on the copies.
+        act_gids = gids[active]
+        act_scores = scores[active]
+        figs = th.group_figures(act_scores, act_gids, gn)
+        n_active = figs.counts
+        n_idle = np.bincount(gids[idle], minlength=gn)
+        n_tracked = np.bincount(gids, minlength=gn)
+        quorum = n_active >= cfg.quorum.statistical_min
+        raw = th.raw_thresholds(figs.median, figs.mad, tcfg.k, tcfg.min_margin)
+        # The EMA runs only while a group has quorum; losing quorum restarts it.
+        new_ema = np.where(quorum, th.ema(prev_ema, raw, tcfg.ema_alpha), np.nan)
+        thr = np.where(quorum, new_ema, raw)
+        _below, n_below = th.below_counts(act_scores, thr, act_gids, gn)
+        panic = th.panic_mask(n_below, n_active, quorum, tcfg.panic_fraction)
+
+        same_group = ep_gid == gids
+        prev_here = was & same_group
+        now_straggler = np.zeros(idx.size, dtype=np.bool_)
+        now_straggler[active] = th.classify(
+            act_scores, thr[act_gids], tcfg.hysteresis, prev_here[active], quorum[act_gids]
+        )
+        continuing = now_straggler & prev_here
+        entering = now_straggler & ~prev_here
+        leaving = was & ~continuing
+        new_consec = np.where(now_straggler, np.where(continuing, consec + 1, 1), 0)
+        new_since = np.where(entering, now, np.where(now_straggler, since, np.nan))
+        n_straggler = np.bincount(gids[now_straggler], minlength=gn)
+
+        # Phase 3 (locked): store per-node state, build events, verdicts and views.
+        with self._lock:
+            self._straggler[idx] = now_straggler
+            self._consec[idx] = new_consec
+            self._since[idx] = new_since
+            self._episode_gid[idx] = np.where(now_straggler, gids, -1)
+            self._ema[live_groups] = new_ema[live_groups]
+            self._panic[live_groups] = panic[live_groups]
+
+            events = [_resolved_event(c, now, "expired") for c in closing_expired]
+            for pos in np.flatnonzero(leaving).tolist():
+                slot = int(idx[pos])
+                g_old = int(ep_gid[pos])
+                g_new = int(gids[pos])
+                if not active[pos]:
+                    reason = "inactive"
+                elif g_new != g_old:
+                    reason = "group_changed"
+                elif not quorum[g_new]:
+                    reason = "quorum_lost"
+                else:
+                    reason = "recovered"
+                g_ev = g_new if reason in ("recovered", "quorum_lost") else g_old
+                closing = _Closing(
+                    slot=slot,
+                    node_id=self._node_id[slot],
+                    cluster_id=gcluster[g_old],
+                    group=gkeys[g_old],
+                    job_id=gjob[g_old],
+                    rank=self._rank[slot],
+                    score=float(scores[pos]),
+                    event_id=self._episode_id[slot],
+                    since=float(since[pos]),
+                    dominant_signal=self._signal[slot],
+                    threshold=_finite(thr[g_ev]),
+                    panic=bool(panic[g_ev]),
+                )
+                events.append(_resolved_event(closing, now, reason))
+            for g in np.flatnonzero(panic & ~prev_panic).tolist():
+                events.append(
+                    Event(
+                        type="group_degraded",
+                        node_id="",
+                        cluster_id=gcluster[g],
+                        timestamp=now,
+                        job_id=gjob[g],
+                        threshold=_finite(thr[g]),
+                        detection_mode=DETECTION_MODE,
+                        extra={
+                            "group": gkeys[g],
+                            "panic": True,
+                            "below_nodes": int(n_below[g]),
+                            "active_nodes": int(n_active[g]),
+                            "median": _finite(figs.median[g]),
+                        },
+                    )
+                )
+            verdicts: list[NodeVerdict] = []
+            for pos in np.flatnonzero(now_straggler).tolist():
+                slot = int(idx[pos])
+                g = int(gids[pos])
+                if entering[pos]:
+                    self._episode_id[slot] = new_event_id()
+                    events.append(
+                        Event(
+                            type="straggler_state",
+                            node_id=self._node_id[slot],
+                            cluster_id=gcluster[g],
+                            timestamp=now,
+                            event_id=self._episode_id[slot],
+                            job_id=gjob[g],
+                            rank=self._rank[slot],
+                            score=float(scores[pos]),
+                            threshold=float(thr[g]),
+                            detection_mode=DETECTION_MODE,
+                            dominant_signal=self._signal[slot],
+                            extra={"group": gkeys[g], "panic": bool(panic[g])},
+                        )
+                    )
+                verdicts.append(
+                    NodeVerdict(
+                        node_id=self._node_id[slot],
+                        cluster_id=gcluster[g],
+                        group=gkeys[g],
+                        job_id=gjob[g],
+                        rank=self._rank[slot],
+                        score=float(scores[pos]),
+                        threshold=float(thr[g]),
+                        straggler=True,
+                        consecutive_straggler_ticks=int(new_consec[pos]),
+                        since=float(new_since[pos]),
+                        panic=bool(panic[g]),
+                        quorum_met=True,
+                        dominant_signal=self._signal[slot],
+                        event_id=self._episode_id[slot],
+                    )
+                )
+
+            groups, clusters, views = self._summaries(
+                live_groups,
+                now,
+                gkeys=gkeys,
+                gcluster=gcluster,
+                gjob=gjob,
+                gworkload=gworkload,
+                figs=figs,
+                raw=raw,
+                thr=thr,
+                quorum=quorum,
+                panic=panic,
+                n_active=n_active,
+                n_idle=n_idle,
+                n_tracked=n_tracked,
+                n_below=n_below,
+                n_straggler=n_straggler,
+            )
+            self._views = views
+            self._groups = groups
+            self._clusters = clusters
+            result = TickResult(
+                computed_at=now,
+                groups=groups,
+                verdicts=tuple(verdicts),
+                events=tuple(events),
+                expired_nodes=tuple(expired_ids),
+                clusters=clusters,
+            )
+            self._last = result
+            return result
+
+    # ---- bookkeeping (called with the lock held) --------------------------------------
+
+    def _new_slot(self, node_id: str) -> int:
+        if self._free_slots:
+            slot = self._free_slots.pop()
+        else:
+            if self._n == self._occupied.size:
+                self._grow_slots()
+            slot = self._n
+            self._n += 1
+        self._slot_of[node_id] = slot
+        self._node_id[slot] = node_id
+        self._occupied[slot] = True
+        self._straggler[slot] = False
+        self._consec[slot] = 0
+        self._since[slot] = np.nan
+        self._episode_gid[slot] = -1
+        self._episode_id[slot] = ""
+        return slot
+
+    def _grow_slots(self) -> None:
+        extra = self._occupied.size
+        self._occupied = np.concatenate([self._occupied, np.zeros(extra, dtype=np.bool_)])
+        self._score = np.concatenate([self._score, np.zeros(extra)])
+        self._gid = np.concatenate([self._gid, np.zeros(extra, dtype=np.int64)])
+        self._active = np.concatenate([self._active, np.zeros(extra, dtype=np.bool_)])
+        self._idle = np.concatenate([self._idle, np.zeros(extra, dtype=np.bool_)])
+        self._seen = np.concatenate([self._seen, np.zeros(extra)])
+        self._straggler = np.concatenate([self._straggler, np.zeros(extra, dtype=np.bool_)])
+        self._consec = np.concatenate([self._consec, np.zeros(extra, dtype=np.int64)])
+        self._since = np.concatenate([self._since, np.full(extra, np.nan)])
+        self._episode_gid = np.concatenate([self._episode_gid, np.full(extra, -1, dtype=np.int64)])
+        self._node_id.extend([""] * extra)
+        self._rank.extend([None] * extra)
+        self._signal.extend([None] * extra)
+        self._episode_id.extend([""] * extra)
+
+    def _new_group(self, key: str, push: NodePush) -> int:
+        if self._free_gids:
+            gid = self._free_gids.pop()
+        else:
+            if self._gn == self._ema.size:
+                self._grow_groups()
+            gid = self._gn
+            self._gn += 1
+        self._gid_of[key] = gid
+        self._gkey[gid] = key
+        self._gcluster[gid] = push.cluster_id
+        self._gjob[gid] = push.job_id or None
+        self._gworkload[gid] = None if push.job_id else (push.workload_type or "unknown")
+        self._ema[gid] = np.nan
+        self._panic[gid] = False
+        return gid
+
+    def _grow_groups(self) -> None:
+        extra = self._ema.size
+        self._ema = np.concatenate([self._ema, np.full(extra, np.nan)])
+        self._panic = np.concatenate([self._panic, np.zeros(extra, dtype=np.bool_)])
+        self._gkey.extend([""] * extra)
+        self._gcluster.extend([""] * extra)
+        self._gjob.extend([None] * extra)
+        self._gworkload.extend([None] * extra)
+
+    def _expire(self, mono: float, ttl: float) -> tuple[list[_Closing], list[str]]:
+        """Free the slots of nodes silent for ``ttl`` seconds or more."""
+        n = self._n
+        stale = np.flatnonzero(self._occupied[:n] & (mono - self._seen[:n] >= ttl))
+        closing: list[_Closing] = []
+        expired: list[str] = []
+        for slot in stale.tolist():
+            node_id = self._node_id[slot]
+            expired.append(node_id)
+            if self._straggler[slot]:
+                gid = int(self._episode_gid[slot])
+                closing.append(
+                    _Closing(
+                        slot=slot,
+                        node_id=node_id,
+                        cluster_id=self._gcluster[gid],
+                        group=self._gkey[gid],
+                        job_id=self._gjob[gid],
+                        rank=self._rank[slot],
+                        score=float(self._score[slot]),
+                        event_id=self._episode_id[slot],
+                        since=float(self._since[slot]),
+                        dominant_signal=self._signal[slot],
+                        threshold=_finite(self._ema[gid]),
+                        panic=bool(self._panic[gid]),
+                    )
+                )
+            del self._slot_of[node_id]
+            self._occupied[slot] = False
+            self._straggler[slot] = False
+            self._node_id[slot] = ""
+            self._free_slots.append(slot)
+        return closing, expired
+
+    def _drop_empty_groups(self, idx: np.ndarray) -> np.ndarray:
+        """Forget groups no tracked node belongs to; return the indices of the others."""
+        gn = self._gn
+        tracked = np.bincount(self._gid[idx], minlength=gn) > 0
+        for gid in np.flatnonzero(~tracked).tolist():
+            key = self._gkey[gid]
+            if key:
+                del self._gid_of[key]
+                self._gkey[gid] = ""
+                self._free_gids.append(gid)
+        return np.flatnonzero(tracked)
+
+    def _summaries(
+        self,
+        live_groups: np.ndarray,
+        now: float,
+        *,
+        gkeys: list[str],
+        gcluster: list[str],
+        gjob: list[str | None],
+        gworkload: list[str | None],
+        figs: th.GroupFigures,
+        raw: np.ndarray,
+        thr: np.ndarray,
+        quorum: np.ndarray,
+        panic: np.ndarray,
+        n_active: np.ndarray,
+        n_idle: np.ndarray,
+        n_tracked: np.ndarray,
+        n_below: np.ndarray,
+        n_straggler: np.ndarray,
+    ) -> tuple[tuple[GroupStats, ...], tuple[ClusterStats, ...], dict[str, ThresholdView]]:
+        qcfg = self._config.quorum
+        per_cluster: dict[str, list[int]] = {}
+        for g in live_groups.tolist():
+            counts = per_cluster.setdefault(gcluster[g], [0, 0, 0, 0])
+            counts[0] += int(n_active[g])
+            counts[1] += int(n_idle[g])
+            counts[2] += int(n_tracked[g])
+            counts[3] += 1
+        low_of: dict[str, bool] = {}
+        clusters: list[ClusterStats] = []
+        for cluster_id, (act, idl, tracked, ngroups) in sorted(per_cluster.items()):
+            low = act < qcfg.coverage_fraction * qcfg.max_expected_nodes
+            low_of[cluster_id] = low
+            clusters.append(
+                ClusterStats(
+                    cluster_id=cluster_id,
+                    active_nodes=act,
+                    idle_nodes=idl,
+                    tracked_nodes=tracked,
+                    groups=ngroups,
+                    coverage_low=low,
+                    computed_at=now,
+                )
+            )
+        groups: list[GroupStats] = []
+        views: dict[str, ThresholdView] = {}
+        for g in live_groups.tolist():
+            has_quorum = bool(quorum[g])
+            is_panic = bool(panic[g])
+            median = _finite(figs.median[g])
+            mad = _finite(figs.mad[g])
+            active = int(n_active[g])
+            groups.append(
+                GroupStats(
+                    cluster_id=gcluster[g],
+                    group=gkeys[g],
+                    job_id=gjob[g],
+                    workload_type=gworkload[g],
+                    threshold=_finite(thr[g]),
+                    raw_threshold=_finite(raw[g]),
+                    median=median,
+                    mad=mad,
+                    quorum_met=has_quorum,
+                    panic=is_panic,
+                    active_nodes=active,
+                    idle_nodes=int(n_idle[g]),
+                    straggler_count=int(n_straggler[g]),
+                    coverage_low=low_of[gcluster[g]],
+                    computed_at=now,
+                    below_count=int(n_below[g]),
+                    tracked_nodes=int(n_tracked[g]),
+                )
+            )
+            views[gkeys[g]] = ThresholdView(
+                cluster_id=gcluster[g],
+                group=gkeys[g],
+                threshold=_finite(thr[g]) if has_quorum else None,
+                median=median,
+                mad=mad,
+                quorum_met=has_quorum,
+                panic=is_panic,
+                active_nodes=active,
+                computed_at=now,
+            )
+        return tuple(groups), tuple(clusters), views
+
+
+def _finite(value: float | np.floating) -> float | None:
+    number = float(value)
+    return number if math.isfinite(number) else None
+
+
+def _empty_view(cluster_id: str, group: str) -> ThresholdView:
+    """A group no tick has seen yet: no threshold, no quorum."""
+    return ThresholdView(
+        cluster_id=cluster_id,
+        group=group,
+        threshold=None,
+        median=None,
+        mad=None,
+        quorum_met=False,
+        panic=False,
+        active_nodes=0,
+        computed_at=None,
+    )
+
+
+def _resolved_event(closing: _Closing, now: float, reason: str) -> Event:
+    """The event that ends a straggler episode; it reuses the episode's event id."""
+    return Event(
+        type="straggler_resolved",
+        node_id=closing.node_id,
+        cluster_id=closing.cluster_id,
+        timestamp=now,
+        event_id=closing.event_id,
+        job_id=closing.job_id,
+        rank=closing.rank,
+        score=closing.score,
+        threshold=closing.threshold,
+        detection_mode=DETECTION_MODE,
+        dominant_signal=closing.dominant_signal,
+        extra={
+            "group": closing.group,
+            "panic": closing.panic,
+            "reason": reason,
+            "since": closing.since,
+            "duration_s": now - closing.since,
+        },
+    )
