@@ -1,0 +1,29 @@
+"""Events as OTLP logs to Fleet, encoded by ``ingero.otlp.logs``; the push client carries them."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+
+from opentelemetry.proto.collector.logs.v1.logs_service_pb2 import ExportLogsServiceRequest
+
+from ingero.events import Event
+from ingero.otlp.logs import encode_events
+from ingero.push.channels.queued import QueuedChannel
+
+Exporter = Callable[[ExportLogsServiceRequest], None]
+
+
+class OtlpLogsChannel(QueuedChannel):
+    """``exporter`` raises OSError to have an event retried, ValueError to have it dropped."""
+
+    name = "otlp"
+
+    def __init__(
+        self, exporter: Exporter, resource: Mapping[str, object], queue_size: int = 1000
+    ) -> None:
+        self._exporter = exporter
+        self._resource = dict(resource)
+        super().__init__(queue_size, retry_delay=1.0)
+
+    def _deliver(self, event: Event) -> None:
+        self._exporter(encode_events([event], self._resource))

@@ -1,0 +1,96 @@
+"""Hysteresis classifier: is this node a straggler against its threshold? (pure)
+
+Rules (documented in docs/fleet-push.md):
+
+- only ``active`` intervals with a threshold are classified;
+- an episode starts when ``score < threshold``: ``straggler_state`` is emitted at once and
+  re-emitted every ``reemit_intervals`` intervals while it lasts (journald readers and a sink
+  that restarted still see it), all with the episode's one ``event_id``;
+- it ends once, with ``straggler_resolved`` (same ``event_id``), when
+  ``score >= threshold + hysteresis``, or when the node stops being active (reason says so);
+- with no threshold (mode ``none``) an open episode is held, neither re-emitted nor resolved;
+- Fleet's panic flag travels as ``extra.panic``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from ingero.events import Event, new_event_id
+from ingero.push.config import ClassifierConfig
+
+
+@dataclass(frozen=True)
+class Observation:
+    """One interval of one node, as the classifier sees it."""
+
+    node_id: str
+    cluster_id: str
+    timestamp: float
+    state: str
+    score: float
+    threshold: float | None
+    mode: str
+    panic: bool = False
+    job_id: str | None = None
+    rank: int | None = None
+    dominant_signal: str | None = None
+
+
+class Classifier:
+    def __init__(self, config: ClassifierConfig) -> None:
+        self._config = config
+        self._episode: str | None = None
+        self._since_emit = 0
+        self._emits = 0
+
+    @property
+    def straggling(self) -> bool:
+        return self._episode is not None
+
+    def observe(self, obs: Observation) -> list[Event]:
+        """Events for this interval (usually none)."""
+        if obs.state != "active":
+            if self._episode is None:
+                return []
+            return [self._end(obs, f"node is {obs.state}")]
+        if obs.threshold is None:
+            return []
+        if self._episode is None:
+            if obs.score < obs.threshold:
+                self._episode = new_event_id()
+                self._since_emit = 0
+                self._emits = 1
+                return [self._event("straggler_state", obs, {"repeat": 0})]
+            return []
+        if obs.score >= obs.threshold + self._config.hysteresis:
+            return [self._end(obs, "recovered")]
+        self._since_emit += 1
+        every = self._config.reemit_intervals
+        if every and self._since_emit >= every:
+            self._since_emit = 0
+            self._emits += 1
+            return [self._event("straggler_state", obs, {"repeat": self._emits - 1})]
+        return []
+
+    def _end(self, obs: Observation, reason: str) -> Event:
+        event = self._event("straggler_resolved", obs, {"reason": reason})
+        self._episode = None
+        return event
+
+    def _event(self, kind: str, obs: Observation, extra: dict[str, object]) -> Event:
+        assert self._episode is not None
+        return Event(
+            type=kind,
+            node_id=obs.node_id,
+            cluster_id=obs.cluster_id,
+            timestamp=obs.timestamp,
+            event_id=self._episode,
+            job_id=obs.job_id,
+            rank=obs.rank,
+            score=obs.score,
+            threshold=obs.threshold,
+            detection_mode=obs.mode,
+            dominant_signal=obs.dominant_signal,
+            extra={**extra, "panic": obs.panic},
+        )

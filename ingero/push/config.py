@@ -1,0 +1,120 @@
+"""``ingero fleet-push`` configuration (``/etc/ingero/fleet-push.yaml``); defaults live here."""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Literal
+
+from ingero.config import Duration, check, in_range, positive
+from ingero.push.score import ScoreConfig
+
+DAEMON = "fleet-push"
+JOBS_DIR = Path("/run/ingero/jobs")
+
+
+@dataclass(frozen=True)
+class DetectionConfig:
+    """Age limits that pick the detection mode (see ``ingero.push.detection``)."""
+
+    # fleet: the last threshold Fleet sent (with quorum) is at most this old.
+    fleet_max_age: Duration = field(default=Duration(15.0), metadata=positive())
+    # fleet-cached: Fleet's last threshold, kept in memory, is at most this old.
+    fleet_cached_max_age: Duration = field(default=Duration(300.0), metadata=positive())
+    # local-cached: the threshold persisted in state_dir (survives restarts) is at most this old.
+    local_cached_max_age: Duration = field(default=Duration(3600.0), metadata=positive())
+    # local-baseline: straggler when the score drops this far below its own EMA.
+    local_margin: float = field(default=0.1, metadata=in_range(0.01, 1.0))
+    local_ema_alpha: float = field(
+        default=0.1, metadata=check(lambda v: 0 < v <= 1, "must be in (0, 1]")
+    )
+    local_warmup: int = field(default=6, metadata=positive())
+
+    def validate(self) -> None:
+        if not self.fleet_max_age <= self.fleet_cached_max_age <= self.local_cached_max_age:
+            raise ValueError(
+                "detection: need fleet_max_age <= fleet_cached_max_age <= local_cached_max_age"
+            )
+
+
+@dataclass(frozen=True)
+class ClassifierConfig:
+    # A straggler recovers only at threshold + hysteresis, so a node on the edge does not flap.
+    hysteresis: float = field(default=0.02, metadata=in_range(0.0, 1.0))
+    # While a straggler, straggler_state is re-sent every N intervals (0: only on entry).
+    reemit_intervals: int = field(default=12, metadata=check(lambda v: v >= 0, "must be >= 0"))
+
+
+@dataclass(frozen=True)
+class ChannelsConfig:
+    journald: bool = True
+    journal_socket: str = "/run/systemd/journal/socket"
+    uds: bool = True
+    event_socket: str = "/run/ingero/events.sock"
+    otlp_logs: bool = True
+    queue_size: int = field(default=1000, metadata=positive())
+
+
+@dataclass(frozen=True)
+class PushConfig:
+    fleet_endpoint: str = "http://127.0.0.1:4318"
+    transport: Literal["http", "grpc"] = "http"
+    # Fleet's threshold API, polled only when a push response carries no threshold headers.
+    api_endpoint: str | None = None
+    push_interval: Duration = field(default=Duration(5.0), metadata=positive())
+    timeout: Duration = field(default=Duration(2.0), metadata=positive())
+    jitter: float = field(default=0.1, metadata=in_range(0.0, 0.5))
+    node_id: str | None = None
+    cluster_id: str = "default"
+    host_name: str | None = None
+    node_db: str = "/var/lib/ingero/ingero.db"
+    state_dir: str = "/var/lib/ingero/state"
+    auth_token_file: str | None = None
+    ca_file: str | None = None
+    detection: DetectionConfig = field(default_factory=DetectionConfig)
+    classifier: ClassifierConfig = field(default_factory=ClassifierConfig)
+    channels: ChannelsConfig = field(default_factory=ChannelsConfig)
+    score: ScoreConfig = field(default_factory=ScoreConfig)
+
+    def validate(self) -> None:
+        if self.transport == "http" and not self.fleet_endpoint.startswith(("http://", "https://")):
+            raise ValueError("fleet_endpoint must start with http:// or https://")
+        if self.timeout >= self.push_interval:
+            raise ValueError("timeout must be shorter than push_interval")
+
+
+def resolve_node_id(
+    configured: str | None,
+    environ: dict[str, str] | None = None,
+    jobs_dir: Path = JOBS_DIR,
+) -> str:
+    """The node's name: configured, else Slurm's NodeName (job file, $SLURMD_NODENAME), else host."""
+    if configured:
+        return configured
+    env = os.environ if environ is None else environ
+    from_job = _node_name_from_jobs(jobs_dir)
+    if from_job:
+        return from_job
+    if env.get("SLURMD_NODENAME"):
+        return env["SLURMD_NODENAME"]
+    return socket.gethostname()
+
+
+def _node_name_from_jobs(jobs_dir: Path) -> str | None:
+    """The prolog writes one JSON file per job; any of them names this node."""
+    try:
+        files = sorted(jobs_dir.glob("*.json"), key=lambda p: p.stat().st_mtime, reverse=True)
+    except OSError:
+        return None
+    for path in files:
+        try:
+            data = json.loads(path.read_text())
+        except (OSError, ValueError):
+            continue
+        name = (data.get("node_name") or data.get("node_id")) if isinstance(data, dict) else None
+        if isinstance(name, str) and name:
+            return name
+    return None
