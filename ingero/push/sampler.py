@@ -105,11 +105,8 @@ class NodeSampler:
         gpu_status = self.gpu.query()
         gpu_mem_free = gpu_status.mem_free_fraction
 
-        rate_name, rate = (
-            ("step_rate", window.step_rate)
-            if window.step_rate is not None
-            else ("kernel_launch_rate", window.kernel_launch_rate)
-        )
+        # Launch counts are fine-grained; whole steps per window are too coarse to compare.
+        rate_name, rate = "kernel_launch_rate", window.kernel_launch_rate
         baseline = self.baselines.baselines.get(rate_name)
         transition = self.state.observe(readable=True, kernel_launches=window.kernel_launches)
         has_work = window.kernel_launches > 0

@@ -34,10 +34,10 @@ class ScoreWeights:
         weights = self.as_dict()
         for name, value in weights.items():
             if not math.isfinite(value) or value < 0:
-                raise ValueError(f"weights.{name}: must be a finite number >= 0, got {value!r}")
+                raise ValueError(f"{name}: must be a finite number >= 0, got {value!r}")
         total = sum(weights.values())
         if abs(total - 1.0) > WEIGHT_TOLERANCE:
-            raise ValueError(f"weights: must sum to 1, got {total:.6g}")
+            raise ValueError(f"{'+'.join(SIGNAL_NAMES)}: must sum to 1, got {total:.6g}")
 
 
 @dataclass(frozen=True)
@@ -57,7 +57,10 @@ class ScoreConfig:
     idle_after: int = field(default=3, metadata=positive())
 
     def validate(self) -> None:
-        self.weights.validate()
+        try:
+            self.weights.validate()
+        except ValueError as exc:
+            raise ValueError(f"weights.{exc}") from None
         if self.ema_alpha_down > self.ema_alpha:
             raise ValueError("ema_alpha_down: must not exceed ema_alpha")
 

@@ -1,0 +1,131 @@
+"""Runs the synthetic workload as a process: one write to the node DB per interval.
+
+The slowdown can change at run time: a control file holding a number (``0.3``) is re-read
+every interval, and SIGUSR1 toggles the ``--slowdown`` value on and off.
+"""
+
+from __future__ import annotations
+
+import logging
+import signal
+import sqlite3
+import threading
+import time
+from pathlib import Path
+from types import FrameType
+
+from ingero.clock import Clock, SystemClock
+from ingero.nodedb.schema import connect
+from ingero.workload.generator import WorkloadGenerator, WorkloadProfile
+
+log = logging.getLogger(__name__)
+
+RETAIN_S = 600.0  # rows older than this are deleted so a long demo keeps a small DB
+
+
+def read_control(path: Path) -> float | None:
+    """The slowdown in a control file, None when absent; a bad value is logged and ignored."""
+    try:
+        text = path.read_text().strip()
+    except FileNotFoundError:
+        return None
+    except OSError as exc:
+        log.warning("cannot read control file %s: %s", path, exc.strerror)
+        return None
+    if not text:
+        return 0.0
+    try:
+        value = float(text)
+    except ValueError:
+        log.warning("control file %s: not a number: %r", path, text[:40])
+        return None
+    if not 0 <= value < 1:
+        log.warning("control file %s: slowdown %r outside [0, 1)", path, value)
+        return None
+    return value
+
+
+class WorkloadRunner:
+    def __init__(
+        self,
+        db_path: Path,
+        profile: WorkloadProfile,
+        *,
+        interval_s: float = 0.5,
+        slowdown: float = 0.3,
+        control: Path | None = None,
+        seed: int | None = None,
+        clock: Clock | None = None,
+    ) -> None:
+        if interval_s <= 0:
+            raise ValueError("interval_s must be > 0")
+        self.db_path = db_path
+        self.generator = WorkloadGenerator(profile, seed)
+        self.interval_s = interval_s
+        self.slowdown_value = slowdown
+        self.control = control
+        self.clock = clock or SystemClock()
+        self.toggled = False
+        self.stop_event = threading.Event()
+
+    def toggle(self, _signum: int = 0, _frame: FrameType | None = None) -> None:
+        self.toggled = not self.toggled
+        log.info("slowdown %s", f"{self.slowdown_value:g} on" if self.toggled else "off")
+
+    def current_slowdown(self) -> float:
+        if self.control is not None:
+            from_file = read_control(self.control)
+            if from_file is not None:
+                return from_file
+        return self.slowdown_value if self.toggled else 0.0
+
+    def run(self, duration_s: float | None = None) -> int:
+        """Write until stopped (or ``duration_s``); returns the number of intervals written."""
+        db = connect(self.db_path)
+        ticks = 0
+        try:
+            last = self.clock.now()
+            profile = self.generator.profile
+            db.table("processes").upsert(
+                {
+                    "pid": profile.pid,
+                    "comm": "ingero-workload",
+                    "exe": "synthetic",
+                    "job_id": profile.job_id,
+                    "rank": profile.rank,
+                    "first_seen": last,
+                    "last_seen": last,
+                },
+                pk="pid",
+            )
+            deadline = None if duration_s is None else time.monotonic() + duration_s
+            next_tick = time.monotonic() + self.interval_s
+            while not self.stop_event.is_set():
+                if self.stop_event.wait(max(0.0, next_tick - time.monotonic())):
+                    break
+                next_tick += self.interval_s
+                now = self.clock.now()
+                rows = self.generator.tick(last, now, self.current_slowdown())
+                last = now
+                with db.conn:
+                    db.table("intervals").insert_all(rows.intervals)
+                    db.table("gpu_intervals").insert_all(rows.gpu_intervals)
+                    db.table("host_intervals").insert_all(rows.host_intervals)
+                    if ticks % 20 == 0:
+                        self._retain(db.conn, now - RETAIN_S)
+                ticks += 1
+                if deadline is not None and time.monotonic() >= deadline:
+                    break
+        finally:
+            db.conn.close()
+        return ticks
+
+    @staticmethod
+    def _retain(conn: sqlite3.Connection, cutoff: float) -> None:
+        for table in ("intervals", "gpu_intervals", "host_intervals"):
+            conn.execute(f"DELETE FROM {table} WHERE ts_end < ?", (cutoff,))
+
+    def install_signals(self) -> None:
+        signal.signal(signal.SIGUSR1, self.toggle)
+        signal.signal(signal.SIGTERM, lambda *_: self.stop_event.set())
+        signal.signal(signal.SIGINT, lambda *_: self.stop_event.set())
