@@ -16,7 +16,9 @@ from ingero import __version__
 from ingero.errors import EXIT_SOFTWARE, IngeroError
 
 # command name -> "module:attribute"; one module per command under ingero.cli.
-COMMANDS: dict[str, str] = {}
+COMMANDS: dict[str, str] = {
+    "events": "ingero.cli.events:events",
+}
 
 
 class LazyGroup(click.Group):

@@ -1,0 +1,1 @@
+"""Reading the journal for a person: ingero events from ``journalctl -o json``, grouped."""

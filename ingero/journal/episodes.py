@@ -1,0 +1,133 @@
+"""Group ingero events into what a person asks about: straggler episodes, drains, resumes.
+
+A straggler episode on a node (per job) opens at its first ``straggler_state`` event and
+closes at the next ``straggler_resolved``; repeated state events extend it. Drains and
+resumes are single rows. Pure: takes events, returns rows.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from typing import Any
+
+from ingero.events import Event
+
+EPISODE, DRAIN, RESUME = "straggler", "drain", "resume"
+
+# the event types this view reads; the others (peer_lag, job_summary, ...) are left out
+EVENT_TYPES = ("straggler_state", "straggler_resolved", "node_drained", "node_resumed")
+
+
+@dataclass
+class Row:
+    """One line of ``ingero events``."""
+
+    kind: str
+    node_id: str
+    cluster_id: str
+    job_id: str | None
+    start: float
+    end: float | None = None
+    score: float | None = None
+    threshold: float | None = None
+    signal: str | None = None
+    events: int = 1
+    panic: bool = False
+    reason: str | None = None
+    # a resolution whose episode began before the window that was read
+    truncated: bool = False
+    event_ids: list[str] = field(default_factory=list)
+
+    @property
+    def ongoing(self) -> bool:
+        return self.kind == EPISODE and self.end is None
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "kind": self.kind,
+            "node_id": self.node_id,
+            "cluster_id": self.cluster_id,
+            "job_id": self.job_id,
+            "start": self.start,
+            "end": self.end,
+            "duration": None if self.end is None else self.end - self.start,
+            "ongoing": self.ongoing,
+            "score": self.score,
+            "threshold": self.threshold,
+            "signal": self.signal,
+            "events": self.events,
+            "panic": self.panic,
+            "reason": self.reason,
+            "truncated": self.truncated,
+            "event_ids": list(self.event_ids),
+        }
+
+
+def _single(kind: str, event: Event) -> Row:
+    reason = event.extra.get("reason")
+    return Row(
+        kind=kind,
+        node_id=event.node_id,
+        cluster_id=event.cluster_id,
+        job_id=event.job_id,
+        start=event.timestamp,
+        end=event.timestamp,
+        score=event.score,
+        threshold=event.threshold,
+        signal=event.dominant_signal,
+        panic=event.extra.get("panic") is True,
+        reason=str(reason) if reason is not None else None,
+        event_ids=[event.event_id],
+    )
+
+
+def group(events: Iterable[Event]) -> list[Row]:
+    """Rows ordered by start time; each event counted once (by ``event_id``)."""
+    seen: set[str] = set()
+    ordered = []
+    for event in events:
+        if event.event_id in seen or event.type not in EVENT_TYPES:
+            continue
+        seen.add(event.event_id)
+        ordered.append(event)
+    ordered.sort(key=lambda e: e.timestamp)
+
+    rows: list[Row] = []
+    open_episodes: dict[tuple[str, str, str | None], Row] = {}
+    for event in ordered:
+        key = (event.cluster_id, event.node_id, event.job_id)
+        if event.type == "node_drained":
+            rows.append(_single(DRAIN, event))
+        elif event.type == "node_resumed":
+            rows.append(_single(RESUME, event))
+        elif event.type == "straggler_state":
+            episode = open_episodes.get(key)
+            if episode is None:
+                episode = _single(EPISODE, event)
+                episode.end = None
+                open_episodes[key] = episode
+                rows.append(episode)
+                continue
+            episode.events += 1
+            episode.event_ids.append(event.event_id)
+            episode.panic = episode.panic or event.extra.get("panic") is True
+            # the worst score of the episode is what a person wants to see
+            if event.score is not None and (episode.score is None or event.score < episode.score):
+                episode.score = event.score
+                episode.threshold = event.threshold
+                episode.signal = event.dominant_signal or episode.signal
+        else:  # straggler_resolved
+            episode = open_episodes.pop(key, None)
+            if episode is None:
+                # the episode began before the window that was read
+                episode = _single(EPISODE, event)
+                episode.score = None
+                episode.truncated = True
+                rows.append(episode)
+            else:
+                episode.events += 1
+                episode.event_ids.append(event.event_id)
+                episode.end = event.timestamp
+    rows.sort(key=lambda r: r.start)
+    return rows
