@@ -73,6 +73,9 @@ class LimitsConfig:
     """Hard caps that keep one Fleet's memory bounded; a new node beyond them is refused."""
 
     max_nodes: int = field(default=100000, metadata=positive())
+    # One push is a few hundred bytes; 4 MiB leaves room for batching collectors. Also the
+    # cap on a gzip body's decompressed size.
+    max_body_bytes: int = field(default=4 * 1024 * 1024, metadata=positive())
 
 
 @dataclass(frozen=True)
