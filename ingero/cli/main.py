@@ -17,6 +17,8 @@ from ingero.errors import EXIT_SOFTWARE, IngeroError
 
 # command name -> "module:attribute"; one module per command under ingero.cli.
 COMMANDS: dict[str, str] = {
+    "fleet-push": "ingero.cli.fleet_push:command",
+    "sink": "ingero.cli.sink:command",
     "events": "ingero.cli.events:events",
 }
 

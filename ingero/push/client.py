@@ -172,7 +172,7 @@ class HttpPushClient:
     def __init__(self, config: PushConfig) -> None:
         self._base = config.fleet_endpoint.rstrip("/")
         self._api = api_base(config)
-        self._timeout = float(config.timeout)
+        self._timeout = config.push_timeout
         self._ssl = ssl_context(config.ca_file)
         token = read_token(config.auth_token_file)
         self._auth = {"Authorization": f"Bearer {token}"} if token else {}
@@ -246,7 +246,7 @@ class GrpcPushClient:
             self._channel = grpc.insecure_channel(target)
         self._metrics = metrics_service_pb2_grpc.MetricsServiceStub(self._channel)  # type: ignore[no-untyped-call]
         self._logs = logs_service_pb2_grpc.LogsServiceStub(self._channel)  # type: ignore[no-untyped-call]
-        self._timeout = float(config.timeout)
+        self._timeout = config.push_timeout
         token = read_token(config.auth_token_file)
         self._metadata = [("authorization", f"Bearer {token}")] if token else []
         self._http = HttpPushClient(config)

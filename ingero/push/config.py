@@ -65,7 +65,8 @@ class PushConfig:
     # Fleet's threshold API, polled only when a push response carries no threshold headers.
     api_endpoint: str | None = None
     push_interval: Duration = field(default=Duration(5.0), metadata=positive())
-    timeout: Duration = field(default=Duration(2.0), metadata=positive())
+    # None: half the push interval, so a slow Fleet never costs a whole interval.
+    timeout: Duration | None = field(default=None, metadata=positive())
     jitter: float = field(default=0.1, metadata=in_range(0.0, 0.5))
     node_id: str | None = None
     cluster_id: str = "default"
@@ -82,8 +83,12 @@ class PushConfig:
     def validate(self) -> None:
         if self.transport == "http" and not self.fleet_endpoint.startswith(("http://", "https://")):
             raise ValueError("fleet_endpoint must start with http:// or https://")
-        if self.timeout >= self.push_interval:
+        if self.timeout is not None and self.timeout >= self.push_interval:
             raise ValueError("timeout must be shorter than push_interval")
+
+    @property
+    def push_timeout(self) -> float:
+        return float(self.timeout) if self.timeout is not None else self.push_interval / 2
 
 
 def resolve_node_id(

@@ -1,0 +1,159 @@
+"""``ingero fleet-push``: the per-node agent (unprivileged, Type=notify with watchdog)."""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import shutil
+import signal
+import socket
+import threading
+from pathlib import Path
+from types import FrameType
+from typing import Any
+
+import click
+
+from ingero.clock import SystemClock
+from ingero.config import load_config, to_dict
+from ingero.push.config import DAEMON, PushConfig, resolve_node_id
+
+
+@click.command("fleet-push")
+@click.option("--config", "config_path", type=click.Path(dir_okay=False), help="YAML config file.")
+@click.option("--endpoint", help="Fleet OTLP endpoint (fleet_endpoint).")
+@click.option("--api-endpoint", help="Fleet threshold API base URL (api_endpoint).")
+@click.option("--transport", type=click.Choice(["http", "grpc"]), help="OTLP transport.")
+@click.option("--node-id", help="This node's name (default: Slurm NodeName, else host name).")
+@click.option("--cluster-id", help="Cluster name (Slurm ClusterName).")
+@click.option("--node-db", help="Node DB path written by ingero trace.")
+@click.option("--state-dir", help="Where baselines and the cached threshold persist.")
+@click.option("--event-socket", help="Unix socket that receives NDJSON events.")
+@click.option("--journal-socket", help="journald native socket path.")
+@click.option("--push-interval", help="Push cadence, e.g. 5s.")
+@click.option("--job-id", default=lambda: os.environ.get("SLURM_JOB_ID"), help="Slurm job id.")
+@click.option("--rank", type=int, help="This node's rank in the job.")
+@click.option("--world-size", type=int, help="Number of ranks in the job.")
+@click.option("--workload-type", help="Peer group for nodes without a job (e.g. training).")
+@click.option("--print-config", is_flag=True, help="Print the effective configuration and exit.")
+@click.option("-v", "--verbose", is_flag=True, help="Debug logging.")
+def command(
+    config_path: str | None,
+    endpoint: str | None,
+    api_endpoint: str | None,
+    transport: str | None,
+    node_id: str | None,
+    cluster_id: str | None,
+    node_db: str | None,
+    state_dir: str | None,
+    event_socket: str | None,
+    journal_socket: str | None,
+    push_interval: str | None,
+    job_id: str | None,
+    rank: int | None,
+    world_size: int | None,
+    workload_type: str | None,
+    print_config: bool,
+    verbose: bool,
+) -> None:
+    """Push this node's health score to Fleet and report when it straggles."""
+    overrides: dict[str, Any] = {
+        "fleet_endpoint": endpoint,
+        "api_endpoint": api_endpoint,
+        "transport": transport,
+        "node_id": node_id,
+        "cluster_id": cluster_id,
+        "node_db": node_db,
+        "state_dir": state_dir,
+        "channels.event_socket": event_socket,
+        "channels.journal_socket": journal_socket,
+        "push_interval": push_interval,
+    }
+    config = load_config(PushConfig, DAEMON, config_path, overrides)
+    if print_config:
+        click.echo(json.dumps(to_dict(config), indent=2))
+        return
+    logging.basicConfig(
+        level=logging.DEBUG if verbose else logging.INFO,
+        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
+    )
+    run_agent(config, job_id or None, rank, world_size, workload_type)
+
+
+def run_agent(
+    config: PushConfig,
+    job_id: str | None,
+    rank: int | None,
+    world_size: int | None,
+    workload_type: str | None,
+) -> None:
+    # Imported here so `--help` and `--print-config` stay fast.
+    from ingero.collectors.gpu import GpuQuery, NoGpu, NvidiaSmi
+    from ingero.push.agent import Agent, Identity
+    from ingero.push.channels import Channel
+    from ingero.push.channels.journald import JournaldChannel
+    from ingero.push.channels.otlp import OtlpLogsChannel
+    from ingero.push.channels.uds import UdsChannel
+    from ingero.push.client import make_client
+    from ingero.push.detection_store import DetectionStore
+    from ingero.push.sampler import NodeSampler
+
+    clock = SystemClock()
+    node = resolve_node_id(config.node_id)
+    host = config.host_name or socket.gethostname()
+    ident = Identity(node, config.cluster_id, host, job_id, rank, world_size, workload_type)
+    state_dir = Path(config.state_dir)
+    gpu: GpuQuery = NvidiaSmi() if shutil.which("nvidia-smi") else NoGpu()
+    sampler = NodeSampler(
+        node_id=node,
+        db_path=Path(config.node_db),
+        config=config.score,
+        window_s=float(config.push_interval),
+        clock=clock,
+        baseline_path=state_dir / "baselines.json",
+        gpu=gpu,
+    )
+    client = make_client(config)
+    ch = config.channels
+    channels: list[Channel] = []
+    if ch.journald:
+        channels.append(JournaldChannel(ch.journal_socket))
+    if ch.uds:
+        channels.append(UdsChannel(ch.event_socket, ch.queue_size))
+    if ch.otlp_logs:
+        resource = {"ingero.node.id": node, "ingero.cluster.id": config.cluster_id}
+        channels.append(OtlpLogsChannel(client.export_logs, resource, ch.queue_size))
+    store = DetectionStore(state_dir / "detection.json", node, clock)
+    agent = Agent(config, ident, sampler, client, channels, clock, store)
+
+    stop = threading.Event()
+
+    def on_signal(signum: int, _frame: FrameType | None) -> None:
+        logging.getLogger(__name__).info("signal %d: stopping", signum)
+        stop.set()
+
+    signal.signal(signal.SIGTERM, on_signal)
+    signal.signal(signal.SIGINT, on_signal)
+    logging.getLogger(__name__).info(
+        "fleet-push %s/%s -> %s every %ss",
+        config.cluster_id,
+        node,
+        config.fleet_endpoint,
+        float(config.push_interval),
+    )
+    try:
+        agent.run(stop, _notifier())
+    finally:
+        agent.close()
+        stats = {c.name: c.stats() for c in channels}
+        logging.getLogger(__name__).info("stopped; channels %s", stats)
+
+
+def _notifier() -> Any:
+    """sdnotify's notifier under systemd (it connects at construction), else None."""
+    if not os.environ.get("NOTIFY_SOCKET"):
+        return None
+    import sdnotify
+
+    return sdnotify.SystemdNotifier()

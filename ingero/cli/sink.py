@@ -1,0 +1,62 @@
+"""``ingero sink``: receive fleet-push events on a Unix socket; count them on /metrics."""
+
+from __future__ import annotations
+
+import signal
+import sys
+import threading
+from types import FrameType
+
+import click
+
+from ingero.errors import UsageError
+
+
+@click.command("sink")
+@click.option("--socket", "socket_path", default="/run/ingero/events.sock", show_default=True)
+@click.option(
+    "--metrics",
+    "metrics_listen",
+    default="127.0.0.1:9465",
+    show_default=True,
+    help="HOST:PORT for /metrics; empty to disable.",
+)
+@click.option("--print", "print_events", is_flag=True, help="Print each event as one JSON line.")
+def command(socket_path: str, metrics_listen: str, print_events: bool) -> None:
+    """The reference consumer of fleet-push's NDJSON event socket."""
+    from ingero.events import Event
+    from ingero.sink.server import Sink, serve_metrics
+
+    def show(event: Event) -> None:
+        sys.stdout.write(event.to_json() + "\n")
+        sys.stdout.flush()
+
+    try:
+        sink = Sink(socket_path, show if print_events else None)
+    except OSError as exc:
+        raise UsageError(f"cannot listen on {socket_path}: {exc.strerror or exc}") from None
+    http = None
+    if metrics_listen:
+        host, _, port = metrics_listen.rpartition(":")
+        if not port.isdigit():
+            raise UsageError(f"--metrics must be HOST:PORT, got {metrics_listen!r}")
+        try:
+            http = serve_metrics(sink.registry, host or "127.0.0.1", int(port))
+        except OSError as exc:
+            sink.close()
+            raise UsageError(f"cannot listen on {metrics_listen}: {exc.strerror}") from None
+        click.echo(f"ingero sink: /metrics on http://{metrics_listen}/metrics", err=True)
+    click.echo(f"ingero sink: listening on {socket_path}", err=True)
+    stop = threading.Event()
+
+    def on_signal(_signum: int, _frame: FrameType | None) -> None:
+        stop.set()
+
+    signal.signal(signal.SIGTERM, on_signal)
+    signal.signal(signal.SIGINT, on_signal)
+    try:
+        sink.serve(stop)
+    finally:
+        sink.close()
+        if http is not None:
+            http.shutdown()

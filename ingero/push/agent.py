@@ -1,0 +1,247 @@
+"""The fleet-push loop: sample → score → push → read threshold → classify → events.
+
+Fail-open: an unreachable, slow or confused Fleet costs at most one push timeout per
+interval and steps detection down (``ingero.push.detection``); nothing here raises out of an
+iteration, and no event channel can block it.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import random
+import threading
+from dataclasses import dataclass, field
+from typing import Protocol
+
+from ingero.clock import Clock
+from ingero.events import Event
+from ingero.fleet.model import NodePush
+from ingero.otlp.health import encode_health
+from ingero.push.channels import Channel
+from ingero.push.classifier import Classifier, Observation
+from ingero.push.client import PushClient, jittered
+from ingero.push.config import PushConfig
+from ingero.push.detection import Decision, DetectionSelector
+from ingero.push.detection_store import DetectionStore
+from ingero.push.sampler import NodeSample
+
+log = logging.getLogger(__name__)
+
+
+class Sampler(Protocol):
+    def sample(self) -> NodeSample: ...
+
+
+class Notifier(Protocol):
+    def notify(self, state: str) -> None: ...
+
+
+@dataclass(frozen=True)
+class Identity:
+    node_id: str
+    cluster_id: str
+    host_name: str | None = None
+    job_id: str | None = None
+    rank: int | None = None
+    world_size: int | None = None
+    workload_type: str | None = None
+
+
+@dataclass
+class Status:
+    """What the last iteration did (for STATUS=, logs and tests)."""
+
+    iterations: int = 0
+    pushes_ok: int = 0
+    pushes_failed: int = 0
+    polls: int = 0
+    state: str = "calibrating"
+    score: float | None = None
+    mode: str | None = None
+    threshold: float | None = None
+    straggling: bool = False
+    last_error: str | None = None
+    events: dict[str, int] = field(default_factory=dict)
+
+
+class Agent:
+    def __init__(
+        self,
+        config: PushConfig,
+        identity: Identity,
+        sampler: Sampler,
+        client: PushClient,
+        channels: list[Channel],
+        clock: Clock,
+        store: DetectionStore | None = None,
+        rng: random.Random | None = None,
+    ) -> None:
+        self.config = config
+        self.identity = identity
+        self.sampler = sampler
+        self.client = client
+        self.channels = channels
+        self.clock = clock
+        self.store = store
+        self.rng = rng or random.Random()
+        restored = store.load() if store is not None else None
+        self.selector = DetectionSelector(
+            config.detection,
+            clock,
+            persisted=restored.cached if restored else None,
+            baseline=restored.baseline if restored else None,
+        )
+        self.classifier = Classifier(config.classifier)
+        self.status = Status()
+
+    def step(self) -> float:
+        """One iteration; returns the seconds to wait before the next one."""
+        status = self.status
+        status.iterations += 1
+        sample = self.sampler.sample()
+        if sample.transition is not None:
+            t = sample.transition
+            log.info("node state %s -> %s (%s)", t.previous, t.current, t.reason)
+        push = self._node_push(sample)
+        status.state, status.score = sample.state, push.score
+        result = self.client.push(encode_health(push, int(self.clock.now() * 1e9)))
+        reading = result.reading
+        if result.ok:
+            status.pushes_ok += 1
+            if reading is None and result.error is None:
+                status.polls += 1
+                reading = self.client.poll_threshold(push.cluster_id, push.job_id)
+        else:
+            status.pushes_failed += 1
+        if result.error != status.last_error:
+            if result.error:
+                log.warning("push to Fleet: %s", result.error)
+            elif status.last_error:
+                log.info("push to Fleet works again")
+            status.last_error = result.error
+        fresh = self.selector.on_fleet(reading)
+        decision = self.selector.decide(push.score if sample.state == "active" else None)
+        if self.store is not None and (fresh or sample.state == "active"):
+            self._save()
+        if decision.transition is not None:
+            self._emit(self._mode_event(decision, push))
+        status.mode, status.threshold = decision.mode, decision.threshold
+        for event in self.classifier.observe(self._observation(push, decision)):
+            log.warning("%s", event.message())
+            self._emit(event)
+        status.straggling = self.classifier.straggling
+        delay = jittered(float(self.config.push_interval), self.config.jitter, self.rng)
+        if result.retry_after is not None:
+            delay = max(delay, min(result.retry_after, 60 * float(self.config.push_interval)))
+        return delay
+
+    def run(self, stop: threading.Event, notifier: Notifier | None = None) -> None:
+        """Loop until ``stop`` is set; READY after the first iteration, WATCHDOG between them."""
+        watchdog = _watchdog_period()
+        ready = False
+        while not stop.is_set():
+            try:
+                delay = self.step()
+            except Exception:  # an iteration's bug is logged; the agent keeps pushing
+                log.exception("iteration %d failed", self.status.iterations)
+                delay = float(self.config.push_interval)
+            if notifier is not None:
+                if not ready:
+                    notifier.notify("READY=1")
+                    ready = True
+                notifier.notify(f"STATUS={self.status_line()}")
+            deadline = self.clock.monotonic() + delay
+            while not stop.is_set():
+                if notifier is not None and watchdog is not None:
+                    notifier.notify("WATCHDOG=1")
+                left = deadline - self.clock.monotonic()
+                if left <= 0:
+                    break
+                stop.wait(min(left, watchdog) if watchdog is not None else left)
+        if notifier is not None:
+            notifier.notify("STOPPING=1")
+
+    def close(self) -> None:
+        for channel in self.channels:
+            channel.close()
+        self.client.close()
+
+    def status_line(self) -> str:
+        s = self.status
+        score = "-" if s.score is None else f"{s.score:.3f}"
+        threshold = "-" if s.threshold is None else f"{s.threshold:.3f}"
+        straggler = " STRAGGLER" if s.straggling else ""
+        return f"{s.state} score={score} mode={s.mode} threshold={threshold}{straggler}"
+
+    def _node_push(self, sample: NodeSample) -> NodePush:
+        ident = self.identity
+        result = sample.result
+        return NodePush(
+            node_id=ident.node_id,
+            cluster_id=ident.cluster_id,
+            score=sample.score,
+            state=sample.state,
+            host_name=ident.host_name,
+            job_id=ident.job_id,
+            rank=ident.rank,
+            world_size=ident.world_size,
+            workload_type=ident.workload_type,
+            dominant_signal=result.dominant_signal if result else None,
+            signals=dict(result.signals) if result else {},
+            rates=dict(result.rates) if result else {},
+        )
+
+    def _observation(self, push: NodePush, decision: Decision) -> Observation:
+        return Observation(
+            node_id=push.node_id,
+            cluster_id=push.cluster_id,
+            timestamp=self.clock.now(),
+            state=push.state,
+            score=push.score,
+            threshold=decision.threshold,
+            mode=decision.mode,
+            panic=decision.panic,
+            job_id=push.job_id,
+            rank=push.rank,
+            dominant_signal=push.dominant_signal,
+        )
+
+    def _mode_event(self, decision: Decision, push: NodePush) -> Event:
+        assert decision.transition is not None
+        previous, current = decision.transition
+        log.info("detection mode %s -> %s", previous or "(start)", current)
+        return Event(
+            type="detection_mode",
+            node_id=push.node_id,
+            cluster_id=push.cluster_id,
+            timestamp=self.clock.now(),
+            job_id=push.job_id,
+            rank=push.rank,
+            threshold=decision.threshold,
+            detection_mode=current,
+            extra={"previous_mode": previous},
+        )
+
+    def _emit(self, event: Event) -> None:
+        self.status.events[event.type] = self.status.events.get(event.type, 0) + 1
+        for channel in self.channels:
+            channel.send(event)
+
+    def _save(self) -> None:
+        assert self.store is not None
+        try:
+            self.store.save(self.selector.cached, self.selector.baseline)
+        except OSError as exc:
+            log.warning("cannot save detection state to %s: %s", self.store.path, exc)
+
+
+def _watchdog_period() -> float | None:
+    """Half of systemd's WatchdogSec (from $WATCHDOG_USEC), when this process is watched."""
+    usec = os.environ.get("WATCHDOG_USEC")
+    pid = os.environ.get("WATCHDOG_PID")
+    if not usec or not usec.isdigit() or int(usec) <= 0:
+        return None
+    if pid and pid.isdigit() and int(pid) != os.getpid():
+        return None
+    return int(usec) / 2e6

@@ -1,0 +1,1 @@
+"""``ingero sink``: the reference consumer of fleet-push's NDJSON event socket."""
