@@ -1,0 +1,462 @@
+"""FleetState: the score map, its ticks, straggler episodes and events (driven by ManualClock)."""
+
+from __future__ import annotations
+
+import math
+import statistics
+import threading
+from dataclasses import replace
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from ingero.clock import ManualClock
+from ingero.events import Event
+from ingero.fleet.config import FleetConfig, LimitsConfig, QuorumConfig, ThresholdConfig
+from ingero.fleet.model import CapacityError, NodePush, TickResult
+from ingero.fleet.state import FleetState
+
+JOB = "42"
+
+
+def make(
+    *,
+    ema_alpha: float = 1.0,
+    max_nodes: int = 100_000,
+    quorum: QuorumConfig | None = None,
+    **threshold: float,
+) -> tuple[FleetState, ManualClock, FleetConfig]:
+    config = FleetConfig(
+        threshold=ThresholdConfig(ema_alpha=ema_alpha, **threshold),  # type: ignore[arg-type]
+        quorum=quorum or QuorumConfig(),
+        limits=LimitsConfig(max_nodes=max_nodes),
+    )
+    clock = ManualClock()
+    return FleetState(config, clock), clock, config
+
+
+def push(node: str, score: float, job: str | None = JOB, **kw: object) -> NodePush:
+    return NodePush(node_id=node, cluster_id="c1", score=score, job_id=job, **kw)  # type: ignore[arg-type]
+
+
+def feed(state: FleetState, scores: dict[str, float], job: str | None = JOB) -> None:
+    for node, score in scores.items():
+        state.ingest(push(node, score, job))
+
+
+def healthy(n: int, score: float = 0.9) -> dict[str, float]:
+    return {f"n{i}": score for i in range(n)}
+
+
+def of_type(result: TickResult, kind: str) -> list[Event]:
+    return [e for e in result.events if e.type == kind]
+
+
+# ---- scenarios -----------------------------------------------------------------------
+
+
+def test_one_straggler_among_eight() -> None:
+    state, clock, _ = make()
+    scores = {f"n{i}": 0.90 + 0.002 * i for i in range(8)}
+    scores["n3"] = 0.40
+    feed(state, scores)
+    state.ingest(push("n3", 0.40, rank=3, dominant_signal="throughput"))
+    result = state.tick()
+    (event,) = result.events
+    assert event.type == "straggler_state"
+    assert (event.node_id, event.cluster_id, event.job_id, event.rank) == ("n3", "c1", JOB, 3)
+    assert event.detection_mode == "fleet"
+    assert event.dominant_signal == "throughput"
+    assert event.score == 0.40
+    assert event.extra["panic"] is False
+    (group,) = result.groups
+    assert group.quorum_met and not group.panic
+    assert group.active_nodes == 8 and group.straggler_count == 1
+    assert event.threshold == group.threshold
+    (verdict,) = result.verdicts
+    assert verdict.node_id == "n3" and verdict.consecutive_straggler_ticks == 1
+    assert verdict.since == clock.now() and verdict.event_id == event.event_id
+
+
+def test_two_stragglers_among_eight_is_not_panic() -> None:
+    state, _, _ = make()
+    scores = healthy(8)
+    scores["n0"] = scores["n1"] = 0.3
+    feed(state, scores)
+    result = state.tick()
+    assert sorted(e.node_id for e in of_type(result, "straggler_state")) == ["n0", "n1"]
+    assert not of_type(result, "group_degraded")  # 2/8 is exactly panic_fraction, not above
+    assert all(v.panic is False for v in result.verdicts)
+
+
+def test_forty_percent_slow_is_one_group_degraded_and_panic_events() -> None:
+    state, clock, _ = make()
+    scores = healthy(10)
+    for i in range(4):
+        scores[f"n{i}"] = 0.3
+    feed(state, scores)
+    first = state.tick()
+    (degraded,) = of_type(first, "group_degraded")
+    assert degraded.job_id == JOB and degraded.extra["panic"] is True
+    assert degraded.extra["below_nodes"] == 4 and degraded.extra["active_nodes"] == 10
+    stragglers = of_type(first, "straggler_state")
+    assert len(stragglers) == 4
+    assert all(e.extra["panic"] is True for e in stragglers)
+    assert all(v.panic for v in first.verdicts)
+    view = state.threshold_view("c1", JOB)
+    assert view is not None and view.panic
+    for _ in range(3):
+        clock.advance(5)
+        feed(state, scores)
+        again = state.tick()
+        assert not of_type(again, "group_degraded")  # once per episode
+        assert again.groups[0].panic
+    # The episode ends, then a new one begins: one more group_degraded.
+    clock.advance(5)
+    feed(state, healthy(10))
+    calm = state.tick()
+    assert not calm.groups[0].panic
+    assert len(of_type(calm, "straggler_resolved")) == 4
+    clock.advance(5)
+    feed(state, scores)
+    assert len(of_type(state.tick(), "group_degraded")) == 1
+
+
+def test_fewer_nodes_than_quorum_gives_no_straggler_events() -> None:
+    state, _, _ = make()
+    scores = healthy(4)
+    scores["n0"] = 0.1
+    feed(state, scores)
+    result = state.tick()
+    assert result.events == () and result.verdicts == ()
+    (group,) = result.groups
+    assert not group.quorum_met and group.threshold is not None  # computed, for metrics
+    view = state.threshold_view("c1", JOB)
+    assert view is not None and view.threshold is None and not view.quorum_met
+    assert view.median == group.median
+
+
+def test_quorum_boundary_four_vs_five() -> None:
+    for n, expect in ((4, 0), (5, 1)):
+        state, _, _ = make()
+        scores = healthy(n)
+        scores["n0"] = 0.1
+        feed(state, scores)
+        result = state.tick()
+        assert len(of_type(result, "straggler_state")) == expect
+        assert result.groups[0].quorum_met is bool(expect)
+
+
+def test_two_jobs_in_one_cluster_have_separate_thresholds() -> None:
+    state, _, _ = make()
+    feed(state, {f"a{i}": 0.9 for i in range(6)}, job="1")
+    feed(state, {f"b{i}": 0.5 for i in range(6)}, job="2")
+    result = state.tick()
+    assert result.events == ()  # 0.5 is only slow compared with job 1, not within job 2
+    one, two = state.threshold_view("c1", "1"), state.threshold_view("c1", "2")
+    assert one is not None and two is not None
+    assert one.group != two.group
+    assert one.threshold == pytest.approx(0.85) and two.threshold == pytest.approx(0.45)
+
+
+def test_groups_without_job_are_per_workload_type() -> None:
+    state, _, _ = make()
+    for i in range(5):
+        state.ingest(push(f"t{i}", 0.9, job=None, workload_type="training"))
+        state.ingest(push(f"i{i}", 0.6, job=None, workload_type="inference"))
+    state.tick()
+    train = state.threshold_view("c1", workload_type="training")
+    infer = state.threshold_view("c1", workload_type="inference")
+    assert train is not None and infer is not None
+    assert train.median == 0.9 and infer.median == 0.6
+    assert state.threshold_view("c1", "nope") is None
+    assert state.group_count() == 2
+
+
+# ---- rules ---------------------------------------------------------------------------
+
+
+def test_ingest_returns_the_view_of_the_last_tick() -> None:
+    state, clock, _ = make()
+    before = state.ingest(push("n0", 0.9))
+    assert before.threshold is None and before.computed_at is None and not before.quorum_met
+    feed(state, healthy(6))
+    state.tick()
+    clock.advance(5)
+    view = state.ingest(push("n0", 0.1))  # no statistics on the hot path
+    assert view.threshold == pytest.approx(0.85)
+    assert view.quorum_met and view.active_nodes == 6
+    assert view.computed_at == clock.now() - 5
+
+
+def test_ema_smooths_across_ticks_and_restarts_after_quorum_loss() -> None:
+    state, clock, _ = make(ema_alpha=0.2)
+    medians = [0.9, 0.8, 0.7, 0.95]
+    expected: list[float] = []
+    for m in medians:
+        feed(state, healthy(6, m))
+        group = state.tick().groups[0]
+        raw = m - 0.05
+        expected.append(raw if not expected else 0.2 * raw + 0.8 * expected[-1])
+        assert group.raw_threshold == pytest.approx(raw)
+        assert group.threshold == pytest.approx(expected[-1])
+        clock.advance(5)
+    # Drop to 4 active nodes: no quorum, EMA forgotten; back to 6: starts again at raw.
+    for i in (4, 5):
+        state.ingest(push(f"n{i}", 0.9, state="idle"))
+    lost = state.tick().groups[0]
+    assert not lost.quorum_met and lost.threshold == pytest.approx(0.95 - 0.05)
+    clock.advance(5)
+    feed(state, healthy(6, 0.6))
+    assert state.tick().groups[0].threshold == pytest.approx(0.6 - 0.05)
+
+
+def test_hysteresis_edges_in_state() -> None:
+    state, clock, config = make()
+    scores = healthy(8)
+    scores["n7"] = 0.5
+    feed(state, scores)
+    thr = state.tick().groups[0].threshold
+    assert thr is not None
+    # 7 nodes at 0.9 fix median 0.9 and MAD 0, so thr stays 0.9 - min_margin.
+    assert thr == 0.9 - 0.05
+    hyst = config.threshold.hysteresis
+    steps = [
+        (thr, True, 0),  # equal to the threshold: still a straggler (not yet recovered)
+        (thr + hyst / 2, True, 0),  # inside the band
+        (thr + hyst, False, 1),  # recovered exactly at threshold + hysteresis
+        (thr, False, 0),  # equal to the threshold does not enter
+        (thr + hyst / 2, False, 0),
+    ]
+    for score, straggler, resolved in steps:
+        clock.advance(5)
+        feed(state, healthy(7))
+        state.ingest(push("n7", score))
+        result = state.tick()
+        assert result.groups[0].threshold == thr
+        assert any(v.node_id == "n7" for v in result.verdicts) is straggler
+        assert len(of_type(result, "straggler_resolved")) == resolved
+
+
+def test_consecutive_ticks_count_and_reset_with_one_episode_id() -> None:
+    state, clock, _ = make()
+    scores = healthy(8)
+    scores["n7"] = 0.5
+    started = clock.now()
+    ids = set()
+    for expect in (1, 2, 3):
+        feed(state, scores)
+        result = state.tick()
+        (verdict,) = result.verdicts
+        assert verdict.consecutive_straggler_ticks == expect and verdict.since == started
+        ids.add(verdict.event_id)
+        clock.advance(5)
+    assert len(ids) == 1
+    feed(state, healthy(8))
+    result = state.tick()
+    (resolved,) = result.events
+    assert resolved.type == "straggler_resolved" and resolved.event_id in ids
+    assert resolved.extra["reason"] == "recovered" and resolved.extra["since"] == started
+    assert result.verdicts == ()
+    clock.advance(5)
+    feed(state, scores)
+    (again,) = state.tick().verdicts
+    assert again.consecutive_straggler_ticks == 1 and again.since == clock.now()
+    assert again.event_id not in ids  # a new episode gets a new id
+
+
+def test_idle_nodes_leave_the_statistics() -> None:
+    state, clock, _ = make()
+    feed(state, healthy(6))
+    state.ingest(push("n0", 0.2))
+    state.tick()
+    clock.advance(5)
+    for i in range(6, 9):
+        state.ingest(push(f"n{i}", 0.0, state="idle"))
+    state.ingest(push("n0", 0.2, state="idle"))  # the straggler's job went idle
+    result = state.tick()
+    (group,) = result.groups
+    assert group.active_nodes == 5 and group.idle_nodes == 4 and group.tracked_nodes == 9
+    assert group.median == 0.9
+    (resolved,) = result.events
+    assert resolved.type == "straggler_resolved" and resolved.extra["reason"] == "inactive"
+    calibrating = state.ingest(push("n1", 0.0, state="calibrating"))
+    assert calibrating.active_nodes == 5
+    clock.advance(5)
+    assert state.tick().groups[0].active_nodes == 4
+
+
+def test_expiry_exactly_at_ttl() -> None:
+    state, clock, config = make()
+    scores = healthy(6)
+    scores["n5"] = 0.2
+    feed(state, scores)
+    first = state.tick()
+    (entered,) = first.events
+    ttl = config.node_ttl
+    assert ttl == 25.0
+    clock.advance(ttl - 1)
+    feed(state, healthy(5))  # n5 falls silent
+    assert state.tick().expired_nodes == ()
+    clock.advance(0.5)
+    assert state.tick().expired_nodes == ()  # silent for ttl - 0.5
+    clock.advance(0.5)
+    result = state.tick()  # silent for exactly ttl
+    assert result.expired_nodes == ("n5",)
+    (resolved,) = result.events
+    assert resolved.extra["reason"] == "expired" and resolved.event_id == entered.event_id
+    assert state.node_count() == 5
+    assert state.groups_snapshot()[0].active_nodes == 5
+
+
+def test_node_moving_to_a_new_job_moves_groups() -> None:
+    state, clock, _ = make()
+    feed(state, healthy(6), job="1")
+    feed(state, {f"m{i}": 0.9 for i in range(5)}, job="2")
+    state.ingest(push("n0", 0.2, job="1"))
+    state.tick()
+    clock.advance(5)
+    state.ingest(push("n0", 0.9, job="2"))
+    result = state.tick()
+    counts = {g.job_id: g.active_nodes for g in result.groups}
+    assert counts == {"1": 5, "2": 6}
+    (resolved,) = result.events
+    assert resolved.extra["reason"] == "group_changed" and resolved.job_id == "1"
+    # The old job's group disappears once nothing belongs to it.
+    clock.advance(5)
+    for i in range(1, 6):
+        state.ingest(push(f"n{i}", 0.9, job="3"))
+    state.tick()
+    assert state.threshold_view("c1", "1") is None
+    assert state.group_count() == 2
+
+
+def test_a_straggler_moving_while_slow_starts_a_new_episode_in_its_new_group() -> None:
+    state, clock, _ = make()
+    feed(state, healthy(6), job="1")
+    feed(state, {f"m{i}": 0.9 for i in range(5)}, job="2")
+    state.ingest(push("n0", 0.2, job="1"))
+    (entered,) = state.tick().events
+    clock.advance(5)
+    feed(state, healthy(6), job="1")
+    feed(state, {f"m{i}": 0.9 for i in range(5)}, job="2")
+    state.ingest(push("n0", 0.2, job="2"))
+    result = state.tick()
+    resolved = of_type(result, "straggler_resolved")
+    started = of_type(result, "straggler_state")
+    assert [e.event_id for e in resolved] == [entered.event_id]
+    assert resolved[0].extra["reason"] == "group_changed" and resolved[0].job_id == "1"
+    assert len(started) == 1 and started[0].job_id == "2"
+    assert started[0].event_id != entered.event_id
+    (verdict,) = result.verdicts
+    assert verdict.job_id == "2" and verdict.consecutive_straggler_ticks == 1
+
+
+def test_capacity_cap_refuses_only_new_nodes() -> None:
+    state, clock, config = make(max_nodes=3)
+    feed(state, healthy(3))
+    with pytest.raises(CapacityError, match="max_nodes"):
+        state.ingest(push("n3", 0.9))
+    state.ingest(push("n0", 0.4))  # known nodes still update
+    assert state.node_count() == 3
+    clock.advance(config.node_ttl)
+    state.ingest(push("n1", 0.9))
+    assert state.tick().expired_nodes == ("n0", "n2")
+    state.ingest(push("n3", 0.9))  # room again after expiry
+    assert state.node_count() == 2
+
+
+@pytest.mark.parametrize(
+    "bad",
+    [
+        {"score": math.nan},
+        {"score": math.inf},
+        {"score": -0.01},
+        {"score": 1.01},
+        {"score": True},
+        {"score": "0.5"},
+        {"node_id": ""},
+        {"cluster_id": ""},
+        {"state": "busy"},
+        {"rank": "3"},
+    ],
+)
+def test_bad_pushes_raise_and_leave_the_map_intact(bad: dict[str, object]) -> None:
+    state, _, _ = make()
+    feed(state, healthy(5))
+    good = push("n0", 0.9)
+    with pytest.raises(ValueError):
+        state.ingest(replace(good, **bad))  # type: ignore[arg-type]
+    assert state.node_count() == 5
+    result = state.tick()
+    assert result.groups[0].median == 0.9 and result.groups[0].active_nodes == 5
+    assert state.ingest(good).quorum_met
+
+
+def test_coverage_low_is_informational() -> None:
+    quorum = QuorumConfig(max_expected_nodes=10, coverage_fraction=0.8)
+    state, _, _ = make(quorum=quorum)
+    feed(state, healthy(7))
+    result = state.tick()
+    (cluster,) = result.clusters
+    assert cluster.coverage_low and result.groups[0].coverage_low
+    assert result.groups[0].quorum_met  # does not change the threshold's validity
+    state.ingest(push("n7", 0.9))
+    assert not state.tick().clusters[0].coverage_low
+
+
+def test_concurrent_ingest_and_ticks_keep_a_consistent_map() -> None:
+    state, _, _ = make()
+    errors: list[BaseException] = []
+
+    def pusher(prefix: str) -> None:
+        try:
+            for round_ in range(50):
+                for i in range(40):
+                    state.ingest(push(f"{prefix}{i}", 0.8 + 0.001 * (i + round_ % 3)))
+        except BaseException as exc:  # pragma: no cover - reported below
+            errors.append(exc)
+
+    threads = [threading.Thread(target=pusher, args=(p,)) for p in "abcd"]
+    for t in threads:
+        t.start()
+    while any(t.is_alive() for t in threads):
+        state.tick()
+    for t in threads:
+        t.join()
+    assert errors == []
+    result = state.tick()
+    assert state.node_count() == 160
+    assert result.groups[0].active_nodes == 160
+
+
+@settings(max_examples=40, deadline=None)
+@given(
+    st.lists(
+        st.tuples(st.sampled_from(["1", "2", "3"]), st.floats(0.0, 1.0)), min_size=1, max_size=40
+    )
+)
+def test_group_figures_match_a_per_group_computation(pushes: list[tuple[str, float]]) -> None:
+    state, _, config = make()
+    members: dict[str, list[float]] = {}
+    for i, (job, score) in enumerate(pushes):
+        state.ingest(push(f"n{i}", score, job=job))
+        members.setdefault(job, []).append(score)
+    result = state.tick()
+    assert {g.job_id for g in result.groups} == set(members)
+    tcfg = config.threshold
+    for group in result.groups:
+        values = members[str(group.job_id)]
+        med = statistics.median(values)
+        mad = statistics.median([abs(v - med) for v in values])
+        thr = med - max(tcfg.k * 1.4826 * mad, tcfg.min_margin)
+        assert group.median == med and group.mad == mad
+        assert group.threshold == pytest.approx(thr, abs=1e-12)
+        assert group.quorum_met is (len(values) >= config.quorum.statistical_min)
+        below = sum(v < np.float64(group.threshold) for v in values)
+        assert group.below_count == below
+        expected_stragglers = below if group.quorum_met else 0
+        assert group.straggler_count == expected_stragglers
+        assert group.panic is bool(group.quorum_met and below / len(values) > tcfg.panic_fraction)
