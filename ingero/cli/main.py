@@ -17,9 +17,13 @@ from ingero.errors import EXIT_SOFTWARE, IngeroError
 
 # command name -> "module:attribute"; one module per command under ingero.cli.
 COMMANDS: dict[str, str] = {
+    "fleet": "ingero.cli.fleet:command",
+    "trace": "ingero.cli.trace:trace",
+    "check": "ingero.cli.check:check",
     "fleet-push": "ingero.cli.fleet_push:command",
     "sink": "ingero.cli.sink:command",
     "events": "ingero.cli.events:events",
+    "drain": "ingero.cli.drain:drain",
 }
 
 

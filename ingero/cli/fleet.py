@@ -1,0 +1,73 @@
+"""``ingero fleet``: the central peer-relative threshold daemon."""
+
+from __future__ import annotations
+
+import logging
+
+import click
+
+from ingero.errors import UnavailableError
+
+
+@click.command("fleet")
+@click.option("--config", "config_path", type=click.Path(dir_okay=False), help="YAML file.")
+@click.option("--otlp-grpc", help="HOST:PORT of the OTLP/gRPC receiver (port 0: any free).")
+@click.option("--otlp-http", help="HOST:PORT of the OTLP/HTTP receiver (port 0: any free).")
+@click.option("--api", help="HOST:PORT of the threshold API and /metrics (port 0: any free).")
+@click.option("--push-interval", help="Expected agent cadence and tick period, e.g. 5s.")
+@click.option("--ttl-multiplier", type=float, help="Nodes expire after push_interval times this.")
+@click.option("--max-nodes", type=int, help="limits.max_nodes: refuse new nodes beyond it.")
+@click.option("--max-body-bytes", type=int, help="limits.max_body_bytes of one push.")
+@click.option(
+    "--ready-file",
+    type=click.Path(dir_okay=False),
+    help="Write the bound addresses as JSON here once every listener is up.",
+)
+@click.option(
+    "--log-level",
+    type=click.Choice(["debug", "info", "warning", "error"]),
+    default="info",
+    show_default=True,
+)
+def command(
+    config_path: str | None,
+    otlp_grpc: str | None,
+    otlp_http: str | None,
+    api: str | None,
+    push_interval: str | None,
+    ttl_multiplier: float | None,
+    max_nodes: int | None,
+    max_body_bytes: int | None,
+    ready_file: str | None,
+    log_level: str,
+) -> None:
+    """Receive node health over OTLP, serve per-group thresholds, flag stragglers."""
+    from ingero.config import load_config
+    from ingero.fleet.config import FleetConfig
+    from ingero.fleet.daemon import FleetDaemon, write_ready_file
+
+    logging.basicConfig(
+        level=log_level.upper(), format="%(levelname)s %(name)s: %(message)s", force=True
+    )
+    config = load_config(
+        FleetConfig,
+        "fleet",
+        config_path,
+        {
+            "listen.otlp_grpc": otlp_grpc,
+            "listen.otlp_http": otlp_http,
+            "listen.api": api,
+            "push_interval": push_interval,
+            "ttl_multiplier": ttl_multiplier,
+            "limits.max_nodes": max_nodes,
+            "limits.max_body_bytes": max_body_bytes,
+        },
+    )
+    daemon = FleetDaemon(config)
+    try:
+        bound = daemon.start()
+    except OSError as exc:
+        raise UnavailableError(f"fleet: cannot listen: {exc}") from None
+    if ready_file:
+        write_ready_file(ready_file, bound)
+    daemon.run_until_signal()

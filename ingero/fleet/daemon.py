@@ -1,0 +1,251 @@
+"""``ingero fleet``: the OTLP receivers, the API and the tick loop wired around FleetState.
+
+Threads: one event loop per HTTP listener (OTLP/HTTP, API), gRPC's worker pool, and the
+tick thread, which alone runs ``state.tick()``, updates the group gauges, calls the tick
+listeners (the drain controller), delivers events to the sinks and pings the watchdog.
+Nothing of that runs on the ingest path.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import signal
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from types import FrameType
+
+import sdnotify
+
+from ingero.clock import Clock, SystemClock
+from ingero.fleet.api import ApiHandler
+from ingero.fleet.auth import grpc_server_credentials, load_auth, server_ssl_context
+from ingero.fleet.config import FleetConfig
+from ingero.fleet.events import EventQueue, EventSink, log_sink
+from ingero.fleet.grpc_server import OtlpGrpcServer
+from ingero.fleet.httpserver import HttpServer
+from ingero.fleet.metrics import FleetMetrics
+from ingero.fleet.model import TickResult
+from ingero.fleet.otlp_http import OtlpHttpHandler
+from ingero.fleet.receiver import Receiver
+from ingero.fleet.state import FleetState
+
+log = logging.getLogger(__name__)
+
+TickListener = Callable[[TickResult], None]
+
+
+def split_hostport(value: str) -> tuple[str, int]:
+    """``HOST:PORT`` (``[v6]:PORT`` too) as (host, port); validated by the config schema."""
+    host, _, port = value.rpartition(":")
+    return host.strip("[]"), int(port)
+
+
+@dataclass(frozen=True)
+class BoundAddresses:
+    otlp_grpc: str
+    otlp_http: str
+    api: str
+
+    def to_json(self) -> dict[str, object]:
+        return {"otlp_grpc": self.otlp_grpc, "otlp_http": self.otlp_http, "api": self.api}
+
+
+class FleetDaemon:
+    def __init__(
+        self,
+        config: FleetConfig,
+        clock: Clock | None = None,
+        notifier: sdnotify.SystemdNotifier | None = None,
+    ) -> None:
+        self.config = config
+        self.metrics = FleetMetrics()
+        self.state = FleetState(config, clock or SystemClock())
+        self.events = EventQueue(self.metrics)
+        self.events.add_sink(log_sink, "log")
+        self.receiver = Receiver(self.state, self.metrics, self.events)
+        self._notifier = notifier or sdnotify.SystemdNotifier()
+        self._tick_listeners: list[tuple[str, TickListener]] = []
+        self._stop = threading.Event()
+        self._tick_thread: threading.Thread | None = None
+        self._last_tick_ok: float | None = None
+        self._started = False
+
+        auth = load_auth(config.auth)
+        ssl_context = server_ssl_context(config.auth)
+        max_body = config.limits.max_body_bytes
+        otlp = OtlpHttpHandler(self.receiver, self.metrics, auth, max_body)
+        api = ApiHandler(self.state, self.metrics, auth, self.ready)
+
+        def protocol_error(status: int) -> None:
+            self.metrics.count_rejected({f"http_{status}": 1})
+
+        host, port = split_hostport(config.listen.otlp_http)
+        self._otlp_http = HttpServer(
+            "otlp-http", host, port, otlp, otlp.gate, ssl_context, protocol_error
+        )
+        host, port = split_hostport(config.listen.api)
+        self._api = HttpServer("api", host, port, api, api.gate, ssl_context, protocol_error)
+        self._grpc = OtlpGrpcServer(
+            config.listen.otlp_grpc,
+            self.receiver,
+            self.metrics,
+            auth,
+            max_body,
+            grpc_server_credentials(config.auth),
+        )
+
+    # ---- extension points ---------------------------------------------------------
+
+    def add_tick_listener(self, listener: TickListener, name: str | None = None) -> None:
+        """Call ``listener(result)`` after every tick, on the tick thread; errors are counted."""
+        self._tick_listeners.append(
+            (name or str(getattr(listener, "__name__", listener)), listener)
+        )
+
+    def add_event_sink(self, sink: EventSink, name: str | None = None) -> None:
+        """Every event Fleet publishes (its own and those pushed as OTLP logs) goes here."""
+        self.events.add_sink(sink, name)
+
+    # ---- life cycle -----------------------------------------------------------------
+
+    def start(self) -> BoundAddresses:
+        """Bind every listener (OSError when one cannot), start ticking, send READY=1."""
+        started: list[Callable[[], None]] = []
+        try:
+            grpc_port = self._grpc.start()
+            started.append(self._grpc.stop)
+            http_port = self._otlp_http.start()
+            started.append(self._otlp_http.stop)
+            api_port = self._api.start()
+            started.append(self._api.stop)
+        except OSError:
+            for stop in reversed(started):
+                stop()
+            raise
+        grpc_host, _ = split_hostport(self.config.listen.otlp_grpc)
+        bound = BoundAddresses(
+            otlp_grpc=f"{grpc_host}:{grpc_port}",
+            otlp_http=f"{self._otlp_http.host}:{http_port}",
+            api=f"{self._api.host}:{api_port}",
+        )
+        self._started = True
+        self._last_tick_ok = time.monotonic()
+        self._tick_thread = threading.Thread(target=self._tick_loop, name="fleet-tick", daemon=True)
+        self._tick_thread.start()
+        log.info(
+            "fleet listening: otlp_grpc=%s otlp_http=%s api=%s",
+            bound.otlp_grpc,
+            bound.otlp_http,
+            bound.api,
+        )
+        self._notifier.notify("READY=1\nSTATUS=listening, waiting for the first tick")
+        return bound
+
+    def stop(self) -> None:
+        if not self._started:
+            return
+        self._started = False
+        self._notifier.notify("STOPPING=1")
+        self._stop.set()
+        self._grpc.stop()
+        self._otlp_http.stop()
+        self._api.stop()
+        if self._tick_thread is not None:
+            self._tick_thread.join(timeout=10)
+        self.events.deliver()  # what arrived before the listeners closed is not lost
+
+    def ready(self) -> bool:
+        """Listening, and the tick thread has ticked within three intervals."""
+        last = self._last_tick_ok
+        interval = float(self.config.push_interval)
+        return self._started and last is not None and time.monotonic() - last < 3 * interval
+
+    def run_until_signal(self) -> None:
+        """Serve until SIGTERM or SIGINT, then shut down cleanly."""
+
+        def handle(signum: int, frame: FrameType | None) -> None:
+            log.info("fleet: %s received, shutting down", signal.Signals(signum).name)
+            self._stop.set()
+
+        signal.signal(signal.SIGTERM, handle)
+        signal.signal(signal.SIGINT, handle)
+        while not self._stop.wait(1.0):
+            pass
+        self.stop()
+
+    # ---- tick thread ----------------------------------------------------------------
+
+    def _watchdog_interval(self) -> float | None:
+        usec = os.environ.get("WATCHDOG_USEC")
+        if not usec or not usec.isdigit() or int(usec) == 0:
+            return None
+        pid = os.environ.get("WATCHDOG_PID")
+        if pid and pid.isdigit() and int(pid) != os.getpid():
+            return None
+        return int(usec) / 2e6
+
+    def _tick_loop(self) -> None:
+        interval = float(self.config.push_interval)
+        watchdog = self._watchdog_interval()
+        next_tick = time.monotonic() + interval
+        next_ping = time.monotonic()
+        while True:
+            now = time.monotonic()
+            due = min(next_tick, next_ping) if watchdog else next_tick
+            if self._stop.wait(max(0.0, due - now)):
+                return
+            now = time.monotonic()
+            if now >= next_tick:
+                next_tick = max(next_tick + interval, now)  # no burst of ticks after a stall
+                self.tick_once()
+            if watchdog and now >= next_ping:
+                next_ping = now + watchdog
+                # Only while ticks progress: a wedged or failing tick must trip the watchdog.
+                if (
+                    self._last_tick_ok is not None
+                    and now - self._last_tick_ok < 2 * interval + watchdog
+                ):
+                    self._notifier.notify("WATCHDOG=1")
+
+    def tick_once(self) -> TickResult | None:
+        """One tick and everything after it; failures are logged and counted, never fatal."""
+        start = time.perf_counter()
+        try:
+            result = self.state.tick()
+        except Exception:
+            log.exception("fleet: tick failed")
+            self.metrics.ticks_failed.inc()
+            return None
+        self.metrics.update_groups(result.groups)
+        nodes = self.state.node_count()
+        self.metrics.tracked_nodes.set(nodes)
+        self.events.submit(result.events, source="tick")
+        for name, listener in self._tick_listeners:
+            try:
+                listener(result)
+            except Exception:
+                log.exception("fleet: tick listener %s failed", name)
+                self.metrics.listener_errors.labels(name).inc()
+        self.events.deliver()
+        self._last_tick_ok = time.monotonic()
+        self.metrics.tick_seconds.observe(time.perf_counter() - start)
+        stragglers = sum(g.straggler_count for g in result.groups)
+        panics = sum(1 for g in result.groups if g.panic)
+        self._notifier.notify(
+            f"STATUS={nodes} nodes in {len(result.groups)} groups, "
+            f"{stragglers} stragglers, {panics} groups in panic"
+        )
+        return result
+
+
+def write_ready_file(path: str, bound: BoundAddresses) -> None:
+    """The bound addresses as JSON, written atomically (tests and scripts wait for it)."""
+    target = Path(path)
+    tmp = target.with_name(target.name + ".tmp")
+    tmp.write_text(json.dumps({**bound.to_json(), "pid": os.getpid()}) + "\n")
+    tmp.replace(target)

@@ -1,0 +1,255 @@
+"""A minimal HTTP/1.1 server on an asyncio ``Protocol``: keep-alive, pipelining, TLS.
+
+Fleet's hot path is one small POST per node every few seconds from thousands of nodes;
+``http.server`` spends most of its time in per-request threads and ``email``-based header
+parsing, so this server parses only what OTLP/HTTP needs (request line, headers,
+``Content-Length`` bodies) on one event loop in its own thread. A ``gate`` callback sees
+each request's head before its body is read, so oversized or unauthorised bodies are
+refused without buffering them. Chunked request bodies are refused with 411.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import ssl
+import threading
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from http import HTTPStatus
+
+log = logging.getLogger(__name__)
+
+MAX_HEAD_BYTES = 64 * 1024
+IDLE_TIMEOUT_S = 120.0
+_SWEEP_S = 5.0
+_REASONS = {s.value: s.phrase for s in HTTPStatus}
+
+
+@dataclass
+class HttpRequest:
+    method: str
+    path: str
+    query: str
+    headers: dict[str, str]  # lower-case names; repeated headers keep the last value
+    body: bytes = b""
+
+
+@dataclass
+class HttpResponse:
+    status: int = 200
+    body: bytes = b""
+    content_type: str = "text/plain; charset=utf-8"
+    headers: list[tuple[str, str]] = field(default_factory=list)
+    close: bool = False
+
+
+Handler = Callable[[HttpRequest], HttpResponse]
+Gate = Callable[[HttpRequest, int], HttpResponse | None]
+"""Sees (head without body, Content-Length) first; a response refuses the request."""
+
+
+def render(response: HttpResponse, keep_alive: bool) -> bytes:
+    lines = [
+        f"HTTP/1.1 {response.status} {_REASONS.get(response.status, 'Unknown')}",
+        f"Content-Length: {len(response.body)}",
+        f"Content-Type: {response.content_type}",
+    ]
+    lines.extend(f"{name}: {value}" for name, value in response.headers)
+    if not keep_alive:
+        lines.append("Connection: close")
+    return ("\r\n".join(lines) + "\r\n\r\n").encode("latin-1") + response.body
+
+
+class _Connection(asyncio.Protocol):
+    def __init__(self, server: HttpServer) -> None:
+        self._server = server
+        self._buffer = bytearray()
+        self._head: HttpRequest | None = None
+        self._need = 0
+        self._keep_alive = True
+        self.transport: asyncio.Transport | None = None
+        self.last_active = 0.0
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        assert isinstance(transport, asyncio.Transport)
+        self.transport = transport
+        self.last_active = self._server.loop_time()
+        self._server.connections.add(self)
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self._server.connections.discard(self)
+        self.transport = None
+
+    def data_received(self, data: bytes) -> None:
+        self.last_active = self._server.loop_time()
+        self._buffer += data
+        while self.transport is not None and not self.transport.is_closing():
+            if self._head is None and not self._read_head():
+                return
+            if len(self._buffer) < self._need:
+                return
+            assert self._head is not None
+            request, self._head = self._head, None
+            request.body = bytes(self._buffer[: self._need])
+            del self._buffer[: self._need]
+            self._respond(self._server.call(request))
+
+    def _read_head(self) -> bool:
+        end = self._buffer.find(b"\r\n\r\n")
+        if end < 0:
+            if len(self._buffer) > MAX_HEAD_BYTES:
+                self._fail(431, "request head too large")
+            return False
+        raw = bytes(self._buffer[:end])
+        del self._buffer[: end + 4]
+        try:
+            request, length, self._keep_alive = _parse_head(raw)
+        except BadHead as exc:
+            self._fail(exc.status, str(exc))
+            return False
+        refused = self._server.gate(request, length) if self._server.gate else None
+        if refused is not None:
+            # The body was not read, so the connection cannot carry another request.
+            refused.close = True
+            self._respond(refused)
+            return False
+        self._head = request
+        self._need = length
+        return True
+
+    def _fail(self, status: int, message: str) -> None:
+        self._server.count_protocol_error(status)
+        self._respond(HttpResponse(status, (message + "\n").encode(), close=True))
+
+    def _respond(self, response: HttpResponse) -> None:
+        if self.transport is None:
+            return
+        keep_alive = self._keep_alive and not response.close
+        self.transport.write(render(response, keep_alive))
+        if not keep_alive:
+            self.transport.close()
+
+
+class BadHead(ValueError):
+    def __init__(self, status: int, message: str) -> None:
+        super().__init__(message)
+        self.status = status
+
+
+def _parse_head(raw: bytes) -> tuple[HttpRequest, int, bool]:
+    """(request without body, Content-Length, keep-alive) or BadHead with the reason."""
+    text = raw.decode("latin-1")
+    request_line, *header_lines = text.split("\r\n")
+    parts = request_line.split(" ")
+    if len(parts) != 3:
+        raise BadHead(400, "malformed request line")
+    method, target, version = parts
+    if version not in ("HTTP/1.1", "HTTP/1.0"):
+        raise BadHead(505, f"unsupported HTTP version {version!r}")
+    headers: dict[str, str] = {}
+    for line in header_lines:
+        name, sep, value = line.partition(":")
+        if not sep or not name or name != name.strip():
+            raise BadHead(400, "malformed header line")
+        headers[name.lower()] = value.strip()
+    if "transfer-encoding" in headers:
+        raise BadHead(411, "chunked request bodies are not accepted; send Content-Length")
+    length_text = headers.get("content-length", "0")
+    if not length_text.isdigit():
+        raise BadHead(400, "invalid Content-Length")
+    connection = headers.get("connection", "").lower()
+    keep_alive = connection != "close" if version == "HTTP/1.1" else connection == "keep-alive"
+    path, _, query = target.partition("?")
+    return HttpRequest(method, path, query, headers), int(length_text), keep_alive
+
+
+class HttpServer:
+    """Serves ``handler`` on (host, port) from a dedicated event-loop thread."""
+
+    def __init__(
+        self,
+        name: str,
+        host: str,
+        port: int,
+        handler: Handler,
+        gate: Gate | None = None,
+        ssl_context: ssl.SSLContext | None = None,
+        on_protocol_error: Callable[[int], None] | None = None,
+    ) -> None:
+        self.name = name
+        self.host = host
+        self.port = port
+        self.handler = handler
+        self.gate = gate
+        self.connections: set[_Connection] = set()
+        self._ssl = ssl_context
+        self._on_protocol_error = on_protocol_error
+        self._loop = asyncio.new_event_loop()
+        self._server: asyncio.Server | None = None
+        self._thread: threading.Thread | None = None
+
+    def loop_time(self) -> float:
+        return self._loop.time()
+
+    def call(self, request: HttpRequest) -> HttpResponse:
+        try:
+            return self.handler(request)
+        except Exception:
+            log.exception("%s: handler failed on %s %s", self.name, request.method, request.path)
+            return HttpResponse(500, b"internal error\n")
+
+    def count_protocol_error(self, status: int) -> None:
+        if self._on_protocol_error is not None:
+            self._on_protocol_error(status)
+
+    def start(self) -> int:
+        """Bind (raises OSError when the address is taken) and serve; returns the bound port."""
+        self._server = self._loop.run_until_complete(
+            self._loop.create_server(
+                lambda: _Connection(self),
+                self.host,
+                self.port,
+                ssl=self._ssl,
+                reuse_address=True,
+                backlog=2048,
+            )
+        )
+        self.port = self._server.sockets[0].getsockname()[1]
+        self._thread = threading.Thread(target=self._run, name=f"http-{self.name}", daemon=True)
+        self._thread.start()
+        return self.port
+
+    def _run(self) -> None:
+        asyncio.set_event_loop(self._loop)
+        sweeper = self._loop.create_task(self._sweep_idle())
+        self._loop.run_forever()
+        sweeper.cancel()
+        self._loop.run_until_complete(asyncio.gather(sweeper, return_exceptions=True))
+        self._loop.close()
+
+    async def _sweep_idle(self) -> None:
+        # A client that opens a connection and goes quiet would otherwise hold it forever.
+        while True:
+            await asyncio.sleep(_SWEEP_S)
+            horizon = self._loop.time() - IDLE_TIMEOUT_S
+            for conn in [c for c in self.connections if c.last_active < horizon]:
+                if conn.transport is not None:
+                    conn.transport.close()
+
+    def stop(self) -> None:
+        if self._thread is None:
+            return
+
+        async def shutdown() -> None:
+            assert self._server is not None
+            self._server.close()
+            for conn in list(self.connections):
+                if conn.transport is not None:
+                    conn.transport.close()
+            await asyncio.sleep(0)
+            self._loop.stop()
+
+        asyncio.run_coroutine_threadsafe(shutdown(), self._loop)
+        self._thread.join(timeout=5)
+        self._thread = None

@@ -1,0 +1,175 @@
+"""Pushes over every path a node can use reach the same state and get the threshold back."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+
+import grpc
+import pytest
+from opentelemetry.exporter.otlp.proto.grpc.metric_exporter import (
+    OTLPMetricExporter as GrpcMetricExporter,
+)
+from opentelemetry.exporter.otlp.proto.http.metric_exporter import (
+    OTLPMetricExporter as HttpMetricExporter,
+)
+from opentelemetry.metrics import CallbackOptions, Observation
+from opentelemetry.proto.collector.logs.v1.logs_service_pb2 import ExportLogsServiceResponse
+from opentelemetry.proto.collector.metrics.v1.metrics_service_pb2 import (
+    ExportMetricsServiceResponse,
+)
+from opentelemetry.sdk.metrics import MeterProvider
+from opentelemetry.sdk.metrics.export import MetricExporter, PeriodicExportingMetricReader
+from opentelemetry.sdk.resources import Resource
+
+from ingero.events import Event
+from ingero.fleet.model import NodePush
+from ingero.otlp.logs import encode_events
+from tests.integration.fleet.helpers import Fleet, expected_threshold, health_request, wait_for
+
+pytestmark = pytest.mark.integration
+
+SCORES = {"n1": 0.90, "n2": 0.92, "n3": 0.88, "n4": 0.91, "n5": 0.50, "n6": 0.89}
+
+
+def sdk_push(exporter: MetricExporter, node: str, score: float, cluster: str) -> None:
+    """One node as the OpenTelemetry SDK would run it: resource + observable gauge."""
+    resource = Resource.create(
+        {
+            "ingero.node.id": node,
+            "ingero.cluster.id": cluster,
+            "host.name": f"{node}.example",
+            "ingero.gpu.count": 8,
+        }
+    )
+    reader = PeriodicExportingMetricReader(exporter, export_interval_millis=3_600_000)
+    provider = MeterProvider(resource=resource, metric_readers=[reader])
+
+    def observe(_options: CallbackOptions) -> list[Observation]:
+        return [Observation(score, {"ingero.node.state": "active", "ingero.workload_type": "llm"})]
+
+    provider.get_meter("ingero").create_observable_gauge(
+        "ingero.node.health_score", callbacks=[observe]
+    )
+    try:
+        assert provider.force_flush(10_000)
+    finally:
+        provider.shutdown()
+
+
+def settled(fleet: Fleet, cluster: str, n: int, **query: str) -> dict[str, object]:
+    def check() -> dict[str, object] | None:
+        reply = fleet.threshold(cluster, **query)
+        if reply.status != 200:
+            return None
+        view: dict[str, object] = reply.json()
+        return view if view["active_nodes"] == n and view["quorum_met"] else None
+
+    return wait_for(check, what=f"{n} active nodes in {cluster}")
+
+
+@pytest.mark.parametrize("transport", ["http", "grpc"])
+def test_official_sdk_exporters(fleet: Fleet, transport: str) -> None:
+    make: Callable[[], MetricExporter]
+    if transport == "http":
+        make = lambda: HttpMetricExporter(endpoint=f"http://{fleet.otlp_http}/v1/metrics")  # noqa: E731
+    else:
+        make = lambda: GrpcMetricExporter(endpoint=fleet.otlp_grpc, insecure=True)  # noqa: E731
+    for node, score in SCORES.items():
+        sdk_push(make(), node, score, "sdk")
+    view = settled(fleet, "sdk", len(SCORES), workload_type="llm")
+    assert view["group"] == "sdk/workload/llm"
+    assert math.isclose(view["threshold"], expected_threshold(SCORES.values()), abs_tol=1e-12)  # type: ignore[arg-type]
+    assert view["median"] == pytest.approx(0.895)
+    # n5 is far below its peers: the tick classifies it a straggler.
+    wait_for(
+        lambda: fleet.metric("ingero_fleet_straggler_count", group="sdk/workload/llm") == 1,
+        what="one straggler",
+    )
+    assert fleet.metric("ingero_fleet_requests_total", transport=transport, signal="metrics") >= 6
+
+
+def push_all(fleet: Fleet, job: str = "77") -> list[NodePush]:
+    pushes = [
+        NodePush(node_id=n, cluster_id="hpc", score=s, job_id=job, rank=i)
+        for i, (n, s) in enumerate(SCORES.items())
+    ]
+    reply = fleet.push(pushes)
+    assert reply.status == 200
+    return pushes
+
+
+@pytest.mark.parametrize("encoding", ["protobuf", "json", "gzip"])
+def test_http_headers_carry_the_threshold(fleet: Fleet, encoding: str) -> None:
+    pushes = push_all(fleet)
+    view = settled(fleet, "hpc", len(SCORES), job_id="77")
+    reply = fleet.push(pushes[:1], encoding)
+    assert reply.status == 200
+    assert float(reply.headers["x-ingero-threshold"]) == view["threshold"]
+    assert reply.headers["x-ingero-quorum-met"] == "true"
+    assert reply.headers["x-ingero-panic"] == "false"
+    expected_type = "application/json" if encoding == "json" else "application/x-protobuf"
+    assert reply.headers["content-type"] == expected_type
+    if encoding != "json":
+        response = ExportMetricsServiceResponse.FromString(reply.body)
+        assert response.partial_success.rejected_data_points == 0
+
+
+def test_grpc_initial_metadata_carries_the_threshold(fleet: Fleet) -> None:
+    pushes = push_all(fleet)
+    view = settled(fleet, "hpc", len(SCORES), job_id="77")
+    with grpc.insecure_channel(fleet.otlp_grpc) as channel:
+        export = channel.unary_unary(
+            "/opentelemetry.proto.collector.metrics.v1.MetricsService/Export",
+            request_serializer=lambda m: m.SerializeToString(),
+            response_deserializer=ExportMetricsServiceResponse.FromString,
+        )
+        response, call = export.with_call(health_request(pushes[:2]), timeout=10)
+    metadata = dict(call.initial_metadata())
+    assert float(metadata["ingero-threshold"]) == view["threshold"]
+    assert metadata["ingero-quorum-met"] == "true"
+    assert metadata["ingero-panic"] == "false"
+    assert response.partial_success.rejected_data_points == 0
+
+
+def test_events_as_otlp_logs_on_both_transports(fleet: Fleet) -> None:
+    event = Event(
+        type="straggler_state",
+        node_id="n5",
+        cluster_id="hpc",
+        timestamp=1.7e9,
+        score=0.5,
+        threshold=0.8,
+    )
+    request = encode_events([event])
+    reply = fleet.request(
+        fleet.otlp_http,
+        "POST",
+        "/v1/logs",
+        request.SerializeToString(),
+        {"Content-Type": "application/x-protobuf"},
+    )
+    assert reply.status == 200
+    assert (
+        ExportLogsServiceResponse.FromString(reply.body).partial_success.rejected_log_records == 0
+    )
+    bad = encode_events([event])
+    bad.resource_logs[0].scope_logs[0].log_records.add().body.string_value = "not an event"
+    with grpc.insecure_channel(fleet.otlp_grpc) as channel:
+        export = channel.unary_unary(
+            "/opentelemetry.proto.collector.logs.v1.LogsService/Export",
+            request_serializer=lambda m: m.SerializeToString(),
+            response_deserializer=ExportLogsServiceResponse.FromString,
+        )
+        response = export(bad, timeout=10)
+    assert response.partial_success.rejected_log_records == 1
+    assert "not an ingero event" in response.partial_success.error_message
+    # Both valid events reach the sinks (the log sink writes each with its event_id).
+    wait_for(
+        lambda: (
+            fleet.metric("ingero_fleet_events_total", type="straggler_state", source="otlp") == 2
+        ),
+        what="two forwarded events",
+    )
+    assert fleet.log().count(f"event_id={event.event_id}") == 2
+    assert fleet.metric("ingero_fleet_rejected_total", reason="bad_event") == 1
