@@ -94,10 +94,10 @@ def interpret(returncode: int, stdout: str, stderr: str) -> GpuStatus:
     """Turn one nvidia-smi run into a status (pure; table-tested on captured outputs)."""
     message = (stdout.strip() or stderr.strip()).splitlines()
     first = message[0].strip() if message else ""
+    if "No devices were found" in stdout + stderr:
+        return GpuStatus(error="no GPU: nvidia-smi found no devices")
     if returncode != 0:
         return GpuStatus(error=f"nvidia-smi exited {returncode}: {first[:200] or 'no output'}")
-    if "No devices were found" in stdout:
-        return GpuStatus(error="no GPU: nvidia-smi found no devices")
     try:
         gpus = parse_query_output(stdout)
     except GpuParseError as exc:

@@ -1,0 +1,140 @@
+"""The sampler end to end on a node DB the synthetic generator wrote, driven by a manual clock."""
+
+from __future__ import annotations
+
+import shutil
+from pathlib import Path
+
+import pytest
+
+from ingero.clock import ManualClock
+from ingero.collectors.gpu import GpuStatus, interpret
+from ingero.collectors.procfs import ProcReader
+from ingero.nodedb.schema import connect
+from ingero.push.sampler import NodeSampler
+from ingero.push.score import ScoreConfig
+from ingero.workload.generator import WorkloadGenerator, WorkloadProfile
+
+FIXTURES = Path(__file__).resolve().parents[1] / "fixtures" / "collectors"
+
+
+class FixedGpu:
+    def __init__(self, status: GpuStatus) -> None:
+        self.status = status
+
+    def query(self) -> GpuStatus:
+        return self.status
+
+
+class Node:
+    """A node DB fed by the generator, one interval per clock step."""
+
+    def __init__(self, tmp_path: Path, clock: ManualClock, seed: int = 1) -> None:
+        self.path = tmp_path / "node.db"
+        self.db = connect(self.path)
+        self.gen = WorkloadGenerator(WorkloadProfile(noise=0.01), seed=seed)
+        self.clock = clock
+
+    def run(self, seconds: float, slowdown: float = 0.0, step: float = 0.5) -> None:
+        for _ in range(round(seconds / step)):
+            start = self.clock.now()
+            self.clock.advance(step)
+            rows = self.gen.tick(start, self.clock.now(), slowdown)
+            with self.db.conn:
+                self.db.table("intervals").insert_all(rows.intervals)
+                self.db.table("gpu_intervals").insert_all(rows.gpu_intervals)
+
+
+def sampler(tmp_path: Path, clock: ManualClock, **kwargs: object) -> NodeSampler:
+    proc = tmp_path / "proc"
+    if not proc.exists():
+        shutil.copytree(FIXTURES / "proc-t0", proc)
+        # Plenty of host memory, so the workload's own signals decide the dominant one.
+        (proc / "meminfo").write_text("MemTotal: 1000 kB\nMemAvailable: 900 kB\n")
+    return NodeSampler(
+        node_id="n1",
+        db_path=tmp_path / "node.db",
+        config=ScoreConfig(warmup_samples=3, idle_after=2),
+        window_s=2.0,
+        clock=clock,
+        baseline_path=tmp_path / "baseline.json",
+        proc=ProcReader(proc),
+        **kwargs,  # type: ignore[arg-type]
+    )
+
+
+def test_calibrates_scores_detects_slowdown_and_restart_skips_warmup(tmp_path: Path) -> None:
+    clock = ManualClock()
+    node = Node(tmp_path, clock)
+    s = sampler(tmp_path, clock)
+    states = []
+    for _ in range(5):
+        node.run(2.0)
+        sample = s.sample()
+        states.append(sample.state)
+    assert states[:2] == ["calibrating", "calibrating"]
+    assert states[2:] == ["active"] * 3
+    healthy = sample.result
+    assert healthy is not None
+    assert healthy.signals["throughput"] == pytest.approx(1.0, abs=0.05)
+    assert healthy.rates["kernel_launch_rate"] == pytest.approx(2000.0, rel=0.05)
+    assert healthy.rates["step_rate"] == pytest.approx(10.0, rel=0.15)
+    assert healthy.signals["compute"] == pytest.approx(0.85, abs=0.03)
+
+    node.run(2.0, slowdown=0.3)
+    slow = s.sample()
+    assert slow.result is not None
+    assert slow.result.signals["throughput"] == pytest.approx(0.7, abs=0.05)
+    assert slow.result.dominant_signal == "throughput"
+    assert slow.score < healthy.score - 0.1
+
+    restarted = sampler(tmp_path, clock)
+    assert restarted.restore_reason is None
+    node.run(2.0)
+    again = restarted.sample()
+    assert again.state == "active"
+    assert again.result is not None
+    assert again.result.signals["throughput"] == pytest.approx(1.0, abs=0.05)
+
+
+def test_idle_then_stale_then_recovery(tmp_path: Path) -> None:
+    clock = ManualClock()
+    node = Node(tmp_path, clock)
+    s = sampler(tmp_path, clock)
+    for _ in range(3):
+        node.run(2.0)
+        s.sample()
+    clock.advance(10)  # the workload stopped writing
+    assert s.sample().state == "active"
+    quiet = s.sample()
+    assert quiet.state == "idle" and quiet.transition is not None
+    node.path.rename(tmp_path / "moved.db")
+    stale = s.sample()
+    assert stale.state == "stale" and stale.result is None and stale.score == 0.0
+    assert stale.stale_reason is not None and "does not exist" in stale.stale_reason
+    (tmp_path / "moved.db").rename(node.path)
+    node.run(2.0)
+    assert s.sample().state == "active"
+
+
+def test_gpu_memory_preferred_over_host_memory(tmp_path: Path) -> None:
+    clock = ManualClock()
+    node = Node(tmp_path, clock)
+    gpu = FixedGpu(interpret(0, (FIXTURES / "nvidia-smi" / "h100x2.txt").read_text(), ""))
+    s = sampler(tmp_path, clock, gpu=gpu)
+    node.run(2.0)
+    result = s.sample().result
+    assert result is not None
+    assert result.signals["memory"] == pytest.approx((61234 + 20389) / (2 * 81559))
+    host = sampler(tmp_path / "other", clock)
+    assert host.gpu.query().error is not None
+
+
+def test_quarantined_baseline_means_warmup_again(tmp_path: Path) -> None:
+    clock = ManualClock()
+    (tmp_path / "baseline.json").write_text("{broken")
+    Node(tmp_path, clock).run(2.0)
+    s = sampler(tmp_path, clock)
+    assert s.restore_reason is not None and s.restore_reason.startswith("corrupt")
+    assert s.sample().state == "calibrating"
+    assert list(tmp_path.glob("baseline.json.quarantined.*"))
