@@ -19,11 +19,15 @@ class OtlpLogsChannel(QueuedChannel):
     name = "otlp"
 
     def __init__(
-        self, exporter: Exporter, resource: Mapping[str, object], queue_size: int = 1000
+        self,
+        exporter: Exporter,
+        resource: Mapping[str, object],
+        queue_size: int = 1000,
+        retry_delay: float = 1.0,
     ) -> None:
         self._exporter = exporter
         self._resource = dict(resource)
-        super().__init__(queue_size, retry_delay=1.0)
+        super().__init__(queue_size, retry_delay)
 
     def _deliver(self, event: Event) -> None:
         self._exporter(encode_events([event], self._resource))

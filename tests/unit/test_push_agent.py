@@ -1,0 +1,181 @@
+"""The agent loop with a scripted sampler and client (the I/O edges), real core and channels."""
+
+from __future__ import annotations
+
+import random
+import socket
+from pathlib import Path
+from types import MappingProxyType
+
+from opentelemetry.proto.collector.logs.v1.logs_service_pb2 import ExportLogsServiceRequest
+from opentelemetry.proto.collector.metrics.v1.metrics_service_pb2 import (
+    ExportMetricsServiceRequest,
+)
+
+from ingero.clock import ManualClock
+from ingero.events import Event
+from ingero.otlp.health import decode_health
+from ingero.push.agent import Agent, Identity
+from ingero.push.channels.uds import UdsChannel
+from ingero.push.client import PushResult
+from ingero.push.config import ClassifierConfig, PushConfig
+from ingero.push.detection import FleetReading
+from ingero.push.detection_store import DetectionStore
+from ingero.push.sampler import NodeSample
+from ingero.push.score import ScoreResult
+
+
+class Sampler:
+    def __init__(self, clock: ManualClock) -> None:
+        self.clock = clock
+        self.score = 0.9
+        self.state = "active"
+
+    def sample(self) -> NodeSample:
+        result = ScoreResult(
+            score=self.score,
+            signals=MappingProxyType({"throughput": self.score}),
+            dominant_signal="throughput",
+            invalid_inputs=(),
+            missing_signals=(),
+            rates=MappingProxyType({"kernel_launch_rate": 100.0}),
+            penalty=1.0,
+        )
+        return NodeSample(self.clock.now(), self.state, result, None, None)  # type: ignore[arg-type]
+
+
+class Client:
+    def __init__(self) -> None:
+        self.result = PushResult(True, FleetReading(0.7, True, False))
+        self.poll: FleetReading | None = None
+        self.pushed: list[ExportMetricsServiceRequest] = []
+        self.polls = 0
+
+    def push(self, request: ExportMetricsServiceRequest) -> PushResult:
+        self.pushed.append(request)
+        return self.result
+
+    def poll_threshold(self, cluster_id: str, job_id: str | None) -> FleetReading | None:
+        self.polls += 1
+        return self.poll
+
+    def export_logs(self, request: ExportLogsServiceRequest) -> None:
+        raise OSError("not used")
+
+    def close(self) -> None:
+        pass
+
+
+class Recorder:
+    name = "recorder"
+
+    def __init__(self) -> None:
+        self.events: list[Event] = []
+
+    def send(self, event: Event) -> None:
+        self.events.append(event)
+
+    def stats(self) -> dict[str, int]:
+        return {"sent": len(self.events)}
+
+    def close(self) -> None:
+        pass
+
+
+def make(
+    tmp_path: Path | None = None,
+    channels: list[object] | None = None,
+    config: PushConfig | None = None,
+):  # type: ignore[no-untyped-def]
+    clock = ManualClock()
+    sampler, client, rec = Sampler(clock), Client(), Recorder()
+    store = DetectionStore(tmp_path / "d.json", "n1", clock) if tmp_path else None
+    agent = Agent(
+        config or PushConfig(),
+        Identity("n1", "c1", job_id="42", rank=1),
+        sampler,
+        client,
+        [rec, *(channels or [])],
+        clock,
+        store,
+        random.Random(0),  # type: ignore[list-item]
+    )
+    return agent, clock, sampler, client, rec
+
+
+def test_push_carries_the_sample_and_straggler_episode_reaches_channels() -> None:
+    agent, clock, sampler, client, rec = make()
+    agent.step()
+    decoded = decode_health(client.pushed[0])
+    assert decoded.pushes[0].node_id == "n1" and decoded.pushes[0].score == 0.9
+    assert [e.type for e in rec.events] == ["detection_mode"]
+    sampler.score = 0.5
+    clock.advance(5)
+    agent.step()
+    assert rec.events[-1].type == "straggler_state"
+    assert rec.events[-1].detection_mode == "fleet" and rec.events[-1].job_id == "42"
+    sampler.score = 0.75
+    clock.advance(5)
+    agent.step()
+    assert rec.events[-1].type == "straggler_resolved"
+    assert rec.events[-1].event_id == rec.events[-2].event_id
+
+
+def test_fleet_down_steps_down_without_raising() -> None:
+    agent, clock, _sampler, client, rec = make()
+    agent.step()
+    client.result = PushResult(False, error="refused")
+    for _ in range(80):
+        clock.advance(5)
+        agent.step()
+    modes = [e.detection_mode for e in rec.events if e.type == "detection_mode"]
+    assert modes == ["fleet", "fleet-cached", "local-cached"]
+    assert agent.status.pushes_failed == 80 and client.polls == 0
+
+
+def test_poll_only_when_headers_absent() -> None:
+    agent, _clock, _sampler, client, _rec = make()
+    client.result = PushResult(True, None)
+    client.poll = FleetReading(0.6, True, False)
+    agent.step()
+    assert client.polls == 1 and agent.status.mode == "fleet" and agent.status.threshold == 0.6
+    client.result = PushResult(True, None, error="rejected: threshold 'nan' is not sane")
+    agent.step()
+    assert client.polls == 1
+
+
+def test_retry_after_stretches_the_delay() -> None:
+    agent, _clock, _sampler, client, _rec = make()
+    assert 4.5 <= agent.step() <= 5.5
+    client.result = PushResult(False, retry_after=42.0, error="HTTP 429")
+    assert agent.step() == 42.0
+
+
+def test_restart_keeps_the_threshold_as_local_cached(tmp_path: Path) -> None:
+    agent, _clock, _s, _c, _r = make(tmp_path)
+    agent.step()
+    assert (tmp_path / "d.json").exists()
+    again, _clock2, _s2, client2, _rec2 = make(tmp_path)
+    client2.result = PushResult(False, error="refused")
+    again.step()
+    assert again.status.mode == "local-cached" and again.status.threshold == 0.7
+
+
+def test_stalled_event_consumer_does_not_hold_the_loop(tmp_path: Path) -> None:
+    path = str(tmp_path / "ev.sock")
+    server = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    server.bind(path)
+    server.listen(1)  # accepts, never reads
+    uds = UdsChannel(path, queue_size=4, send_timeout=60.0)
+    config = PushConfig(classifier=ClassifierConfig(reemit_intervals=1))
+    agent, clock, sampler, _client, rec = make(channels=[uds], config=config)
+    try:
+        sampler.score = 0.1
+        for _ in range(300):
+            clock.advance(5)
+            agent.step()
+        assert agent.status.iterations == 300
+        assert len(rec.events) > 290  # every iteration emitted
+    finally:
+        uds.close(timeout=0.1)
+        server.close()
