@@ -1,0 +1,255 @@
+"""HTTP+JSON API under ``/api/v1/``, its OpenAPI 3.1 document, and the MCP endpoint.
+
+Every question is a GET with query parameters (``POST /api/v1/sql`` takes a JSON body);
+every error is JSON ``{"error", "status"}``. ``/api/v1/openapi.json`` and ``/healthz`` need
+no token; everything else needs a bearer token when a tokens file is configured.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from collections.abc import AsyncIterator, Awaitable, Callable
+from contextlib import asynccontextmanager
+from typing import Any
+
+from starlette.applications import Starlette
+from starlette.concurrency import run_in_threadpool
+from starlette.exceptions import HTTPException
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response
+from starlette.routing import BaseRoute, Route
+from starlette.types import ASGIApp, Receive, Scope, Send
+
+from ingero import __version__
+from ingero.echo.auth import AccessDenied, Principal, TokenTable
+from ingero.echo.queries import QUESTIONS, BadRequest
+from ingero.echo.service import SQL_PARAM, SQL_QUESTION, SQL_SUMMARY, Service
+from ingero.echo.sql import SqlError
+
+log = logging.getLogger("ingero.echo.api")
+
+PREFIX = "/api/v1"
+MAX_SQL_BODY = 64 * 1024
+
+
+def error(status: int, message: str) -> JSONResponse:
+    headers = {"WWW-Authenticate": 'Bearer realm="ingero-echo"'} if status == 401 else None
+    return JSONResponse({"error": message, "status": status}, status_code=status, headers=headers)
+
+
+def authenticate(tokens: TokenTable, request_headers: Any) -> Principal | None:
+    return tokens.authenticate(request_headers.get("authorization"))
+
+
+class RequireToken:
+    """ASGI wrapper: answers 401 (JSON) unless the request carries a valid bearer token."""
+
+    def __init__(self, app: ASGIApp, tokens: TokenTable) -> None:
+        self.app = app
+        self.tokens = tokens
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] == "http":
+            request = Request(scope)
+            if authenticate(self.tokens, request.headers) is None:
+                await error(401, "a valid bearer token is required")(scope, receive, send)
+                return
+        await self.app(scope, receive, send)
+
+
+def build_app(
+    service: Service,
+    tokens: TokenTable,
+    mcp_routes: list[BaseRoute] | None = None,
+    mcp_lifespan: Callable[[], Any] | None = None,
+) -> Starlette:
+    """The API app; ``mcp_routes`` (streamable HTTP MCP) are mounted behind the token check."""
+
+    def guarded(handler: Callable[[Request, Principal], Awaitable[Response]]) -> Any:
+        async def endpoint(request: Request) -> Response:
+            principal = authenticate(tokens, request.headers)
+            if principal is None:
+                return error(401, "a valid bearer token is required")
+            try:
+                return await handler(request, principal)
+            except BadRequest as exc:
+                return error(400, str(exc))
+            except SqlError as exc:
+                return error(400, str(exc))
+            except AccessDenied as exc:
+                return error(403, str(exc))
+
+        return endpoint
+
+    def question_endpoint(name: str) -> Any:
+        async def handler(request: Request, principal: Principal) -> Response:
+            raw: dict[str, Any] = {}
+            for key, value in request.query_params.multi_items():
+                if key in raw:
+                    raise BadRequest(f"parameter {key} given more than once")
+                raw[key] = value
+            result = await run_in_threadpool(service.answer, name, raw, principal)
+            return JSONResponse(result)
+
+        return guarded(handler)
+
+    async def sql_handler(request: Request, principal: Principal) -> Response:
+        body = await request.body()
+        if len(body) > MAX_SQL_BODY:
+            return error(413, f"request body over {MAX_SQL_BODY} bytes")
+        try:
+            payload = json.loads(body)
+        except (UnicodeDecodeError, ValueError) as exc:
+            raise BadRequest(f"the body must be JSON: {exc}") from None
+        if not isinstance(payload, dict):
+            raise BadRequest('the body must be a JSON object like {"query": "SELECT 1"}')
+        result = await run_in_threadpool(service.answer, SQL_QUESTION, payload, principal)
+        return JSONResponse(result)
+
+    async def status_handler(request: Request, principal: Principal) -> Response:
+        if principal.clusters is not None:
+            raise AccessDenied("status covers every cluster; it needs an unscoped token")
+        return JSONResponse({"version": __version__, **service.status()})
+
+    openapi = openapi_document()
+
+    async def openapi_endpoint(request: Request) -> Response:
+        return JSONResponse(openapi)
+
+    async def healthz(request: Request) -> Response:
+        return JSONResponse({"status": "ok"})
+
+    routes: list[BaseRoute] = [
+        Route(f"{PREFIX}/openapi.json", openapi_endpoint, methods=["GET"]),
+        Route("/healthz", healthz, methods=["GET"]),
+        Route(f"{PREFIX}/status", guarded(status_handler), methods=["GET"]),
+        Route(f"{PREFIX}/sql", guarded(sql_handler), methods=["POST"]),
+    ]
+    routes += [
+        Route(f"{PREFIX}/{name}", question_endpoint(name), methods=["GET"]) for name in QUESTIONS
+    ]
+    for route in mcp_routes or []:
+        if isinstance(route, Route):
+            routes.append(Route(route.path, RequireToken(route.app, tokens), methods=route.methods))
+
+    async def http_error(request: Request, exc: Exception) -> Response:
+        assert isinstance(exc, HTTPException)
+        return error(exc.status_code, str(exc.detail))
+
+    async def server_error(request: Request, exc: Exception) -> Response:
+        log.exception("internal error on %s", request.url.path)
+        return error(500, f"internal error: {type(exc).__name__}")
+
+    @asynccontextmanager
+    async def lifespan(app: Starlette) -> AsyncIterator[None]:
+        if mcp_lifespan is None:
+            yield
+            return
+        async with mcp_lifespan():
+            yield
+
+    return Starlette(
+        routes=routes,
+        exception_handlers={HTTPException: http_error, Exception: server_error},
+        lifespan=lifespan,
+    )
+
+
+def openapi_document() -> dict[str, Any]:
+    """OpenAPI 3.1: one operation per question with its input and output schema."""
+    err = {"$ref": "#/components/responses/Error"}
+    errors = {"400": err, "401": err, "403": err}
+    paths: dict[str, Any] = {}
+    for q in QUESTIONS.values():
+        paths[f"{PREFIX}/{q.name}"] = {
+            "get": {
+                "operationId": q.name,
+                "summary": q.summary,
+                "parameters": [
+                    {
+                        "name": p.name,
+                        "in": "query",
+                        "required": p.required,
+                        "description": p.description,
+                        "schema": p.schema(),
+                    }
+                    for p in q.params
+                ],
+                "responses": {
+                    "200": {
+                        "description": q.summary,
+                        "content": {"application/json": {"schema": q.output}},
+                    },
+                    **errors,
+                },
+            }
+        }
+    paths[f"{PREFIX}/sql"] = {
+        "post": {
+            "operationId": "sql",
+            "summary": SQL_SUMMARY,
+            "requestBody": {
+                "required": True,
+                "content": {
+                    "application/json": {
+                        "schema": {
+                            "type": "object",
+                            "properties": {"query": SQL_PARAM.schema()},
+                            "required": ["query"],
+                            "additionalProperties": False,
+                        }
+                    }
+                },
+            },
+            "responses": {
+                "200": {
+                    "description": "Rows of the query",
+                    "content": {"application/json": {"schema": Service.sql_output_schema()}},
+                },
+                "413": err,
+                **errors,
+            },
+        }
+    }
+    paths[f"{PREFIX}/status"] = {
+        "get": {
+            "operationId": "status",
+            "summary": "Ingest and store counters (unscoped tokens only)",
+            "responses": {
+                "200": {
+                    "description": "Counters",
+                    "content": {"application/json": {"schema": {"type": "object"}}},
+                },
+                **errors,
+            },
+        }
+    }
+    return {
+        "openapi": "3.1.0",
+        "info": {
+            "title": "ingero echo",
+            "version": __version__,
+            "description": "Cluster straggler event store: questions over stored events.",
+        },
+        "paths": paths,
+        "components": {
+            "securitySchemes": {"bearer": {"type": "http", "scheme": "bearer"}},
+            "schemas": {
+                "Error": {
+                    "type": "object",
+                    "properties": {"error": {"type": "string"}, "status": {"type": "integer"}},
+                    "required": ["error", "status"],
+                }
+            },
+            "responses": {
+                "Error": {
+                    "description": "An error, as JSON",
+                    "content": {
+                        "application/json": {"schema": {"$ref": "#/components/schemas/Error"}}
+                    },
+                }
+            },
+        },
+        "security": [{"bearer": []}],
+    }

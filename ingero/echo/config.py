@@ -1,0 +1,56 @@
+"""Echo configuration schema; the field defaults are the documented defaults (docs/echo.md)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from ingero.config import Duration, check, positive
+
+
+def _is_hostport(value: str) -> bool:
+    _host, sep, port = value.rpartition(":")
+    return bool(sep) and port.isdigit() and 0 <= int(port) <= 65535
+
+
+_HOSTPORT = check(_is_hostport, "must be HOST:PORT")
+
+
+@dataclass(frozen=True)
+class ListenConfig:
+    otlp_grpc: str = field(default="0.0.0.0:4327", metadata=_HOSTPORT)
+    otlp_http: str = field(default="0.0.0.0:4328", metadata=_HOSTPORT)
+    api: str = field(default="0.0.0.0:8081", metadata=_HOSTPORT)
+
+
+@dataclass(frozen=True)
+class RetentionConfig:
+    max_age: Duration = field(default=Duration(90 * 86400.0), metadata=positive())
+    max_bytes: int = field(default=10 * 1024**3, metadata=positive())
+    check_interval: Duration = field(default=Duration(300.0), metadata=positive())
+
+
+@dataclass(frozen=True)
+class LimitsConfig:
+    max_request_bytes: int = field(default=8 * 1024**2, metadata=positive())
+    max_events_per_request: int = field(default=50_000, metadata=positive())
+    sql_max_rows: int = field(default=10_000, metadata=positive())
+    sql_timeout: Duration = field(default=Duration(5.0), metadata=positive())
+    query_max_rows: int = field(default=1_000, metadata=positive())
+    score_bucket: Duration = field(default=Duration(60.0), metadata=positive())
+
+
+@dataclass(frozen=True)
+class AuthConfig:
+    tokens_file: str | None = None
+
+
+@dataclass(frozen=True)
+class EchoConfig:
+    listen: ListenConfig = field(default_factory=ListenConfig)
+    db: str = "/var/lib/ingero/echo.db"
+    retention: RetentionConfig = field(default_factory=RetentionConfig)
+    limits: LimitsConfig = field(default_factory=LimitsConfig)
+    auth: AuthConfig = field(default_factory=AuthConfig)
+    gpu_rates_file: str | None = None
+    currency: str = "USD"
+    mcp_http: bool = True

@@ -1,0 +1,160 @@
+"""``ingero echo``: wires the store, the OTLP receivers and the API/MCP servers together.
+
+One process, one asyncio loop for the two HTTP servers (API+MCP, OTLP/HTTP), gRPC on its
+own thread pool, and the store's single writer thread. SIGTERM/SIGINT stop the servers
+(in-flight requests finish and get their commit acknowledged), then the store commits
+what is queued and releases its lock.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import signal
+import socket
+from collections.abc import Generator
+from typing import Any
+
+import sdnotify
+import uvicorn
+
+from ingero.clock import Clock, SystemClock
+from ingero.echo.api import build_app
+from ingero.echo.auth import TokenTable
+from ingero.echo.config import EchoConfig
+from ingero.echo.ingest import Ingest
+from ingero.echo.mcp_server import LocalBackend, build_server
+from ingero.echo.queries import GpuRates
+from ingero.echo.service import Service
+from ingero.echo.store import Store
+from ingero.errors import UnavailableError
+
+log = logging.getLogger("ingero.echo")
+
+
+class _Server(uvicorn.Server):
+    """A uvicorn server that leaves signals to the daemon (two servers share one loop)."""
+
+    @contextlib.contextmanager
+    def capture_signals(self) -> Generator[None, None, None]:
+        yield
+
+
+def _split(hostport: str) -> tuple[str, int]:
+    host, _, port = hostport.rpartition(":")
+    return host.strip("[]") or "0.0.0.0", int(port)
+
+
+def _bind(hostport: str, what: str) -> socket.socket:
+    """Bind before serving, so a taken port is one clear error instead of a log line."""
+    host, port = _split(hostport)
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    sock = socket.socket(family, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    try:
+        sock.bind((host, port))
+    except OSError as exc:
+        sock.close()
+        raise UnavailableError(f"cannot listen for {what} on {hostport}: {exc}") from None
+    sock.listen(2048)
+    sock.set_inheritable(True)
+    return sock
+
+
+class EchoDaemon:
+    def __init__(self, config: EchoConfig, clock: Clock | None = None) -> None:
+        self.config = config
+        self.clock = clock or SystemClock()
+        self.tokens = TokenTable.load(config.auth.tokens_file)
+        rates = GpuRates.load(config.gpu_rates_file)
+        if config.currency != rates.currency and config.gpu_rates_file is None:
+            rates = GpuRates(config.currency, rates.default, rates.models)
+        self.store = Store(
+            config.db,
+            clock=self.clock,
+            score_bucket=float(config.limits.score_bucket),
+            max_age=float(config.retention.max_age),
+            max_bytes=config.retention.max_bytes,
+            retention_interval=float(config.retention.check_interval),
+        )
+        self.ingest = Ingest(
+            self.store, config.limits.max_request_bytes, config.limits.max_events_per_request
+        )
+        self.service = Service(
+            config.db,
+            rates,
+            clock=self.clock,
+            max_rows=config.limits.query_max_rows,
+            sql_max_rows=config.limits.sql_max_rows,
+            sql_timeout=float(config.limits.sql_timeout),
+            status=self.status,
+        )
+        self._servers: list[_Server] = []
+
+    def status(self) -> dict[str, Any]:
+        return {
+            "ingest": self.ingest.stats.snapshot(),
+            "store": dict(self.store.stats),
+        }
+
+    async def run(self) -> None:
+        api_host, _ = _split(self.config.listen.api)
+        mcp = build_server(LocalBackend(self.service, self.tokens))
+        mcp_routes = []
+        if self.config.mcp_http:
+            mcp_app = mcp.streamable_http_app(
+                streamable_http_path="/mcp",
+                stateless_http=True,
+                json_response=True,
+                host=api_host,
+            )
+            mcp_routes = list(mcp_app.routes)
+        app = build_app(
+            self.service,
+            self.tokens,
+            mcp_routes=mcp_routes,
+            mcp_lifespan=mcp.session_manager.run if self.config.mcp_http else None,
+        )
+        api_sock = _bind(self.config.listen.api, "the API")
+        otlp_sock = _bind(self.config.listen.otlp_http, "OTLP/HTTP")
+        self._servers = [
+            _Server(uvicorn.Config(app, log_level="warning", lifespan="on")),
+            _Server(uvicorn.Config(self.ingest.http_app(), log_level="warning", lifespan="off")),
+        ]
+        try:
+            grpc_server, grpc_port = self.ingest.grpc_server(self.config.listen.otlp_grpc)
+        except BaseException:
+            api_sock.close()
+            otlp_sock.close()
+            self.store.close()
+            raise
+        loop = asyncio.get_running_loop()
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            loop.add_signal_handler(sig, self.stop)
+        try:
+            tasks = [
+                asyncio.create_task(server.serve(sockets=[sock]))
+                for server, sock in zip(self._servers, (api_sock, otlp_sock), strict=True)
+            ]
+            while not all(s.started for s in self._servers) and not any(t.done() for t in tasks):
+                await asyncio.sleep(0.02)
+            log.info(
+                "echo ready: api %s, otlp http %s, otlp grpc port %d, db %s",
+                self.config.listen.api,
+                self.config.listen.otlp_http,
+                grpc_port,
+                self.config.db,
+            )
+            sdnotify.SystemdNotifier().notify("READY=1")
+            await asyncio.gather(*tasks)
+        finally:
+            sdnotify.SystemdNotifier().notify("STOPPING=1")
+            grpc_server.stop(grace=5).wait()
+            self.store.close()
+            api_sock.close()
+            otlp_sock.close()
+
+    def stop(self) -> None:
+        for server in self._servers:
+            server.should_exit = True

@@ -1,0 +1,115 @@
+"""Echo's SQLite schema, versioned with ``user_version`` and migrated forward in order.
+
+Tables (timestamps are Unix seconds):
+- ``events``: every event once (``event_id`` UNIQUE), the schema fields plus ``extra`` JSON.
+- ``episodes``: pre-aggregated straggler episodes (first ``straggler_state`` of a node in a
+  job until its ``straggler_resolved``), so ranking never scans raw events.
+- ``scores``: downsampled health-score history, one row per node per bucket.
+- ``nodes``: last known facts per node (GPU model and count for the cost of straggling).
+"""
+
+from __future__ import annotations
+
+import sqlite3
+from collections.abc import Callable
+
+import sqlite_utils
+
+SCHEMA_VERSION = 1
+
+# Tables a tenant may read through SQL, each with its cluster column.
+TENANT_TABLES: tuple[str, ...] = ("events", "episodes", "scores", "nodes")
+
+
+def _v1(db: sqlite_utils.Database) -> None:
+    db.table("events").create(
+        {
+            "id": int,
+            "event_id": str,
+            "type": str,
+            "cluster_id": str,
+            "node_id": str,
+            "job_id": str,
+            "rank": int,
+            "score": float,
+            "threshold": float,
+            "detection_mode": str,
+            "dominant_signal": str,
+            "ts": float,
+            "received": float,
+            "extra": str,  # JSON object: type-specific fields
+        },
+        pk="id",
+        not_null={"event_id", "type", "cluster_id", "node_id", "ts", "received"},
+    )
+    db.table("events").create_index(["event_id"], unique=True)
+    db.table("events").create_index(["cluster_id", "ts"])
+    db.table("events").create_index(["node_id", "ts"])
+    db.table("events").create_index(["job_id"])
+    db.table("events").create_index(["type", "ts"])
+    db.table("episodes").create(
+        {
+            "id": int,
+            "cluster_id": str,
+            "node_id": str,
+            "job_id": str,
+            "start_ts": float,
+            "last_ts": float,
+            "end_ts": float,
+            "max_depth": float,
+            "min_score": float,
+            "n_events": int,
+        },
+        pk="id",
+        not_null={"cluster_id", "node_id", "job_id", "start_ts", "last_ts", "n_events"},
+    )
+    db.table("episodes").create_index(["cluster_id", "start_ts"])
+    db.table("episodes").create_index(["job_id"])
+    db.table("episodes").create_index(["cluster_id", "node_id", "job_id", "end_ts"])
+    db.table("scores").create(
+        {
+            "cluster_id": str,
+            "node_id": str,
+            "bucket": float,
+            "job_id": str,
+            "n": int,
+            "sum": float,
+            "min": float,
+            "max": float,
+        },
+        pk=("cluster_id", "node_id", "bucket"),
+        not_null={"n", "sum", "min", "max"},
+    )
+    db.table("scores").create_index(["cluster_id", "bucket"])
+    db.table("nodes").create(
+        {
+            "cluster_id": str,
+            "node_id": str,
+            "host_name": str,
+            "gpu_model": str,
+            "gpu_count": int,
+            "provider": str,
+            "last_score": float,
+            "last_score_ts": float,
+            "last_seen": float,
+        },
+        pk=("cluster_id", "node_id"),
+    )
+
+
+MIGRATIONS: list[Callable[[sqlite_utils.Database], None]] = [_v1]
+
+
+def migrate(conn: sqlite3.Connection) -> int:
+    """Bring the database to SCHEMA_VERSION; returns the version it was at before."""
+    version = int(conn.execute("PRAGMA user_version").fetchone()[0])
+    if version > SCHEMA_VERSION:
+        raise RuntimeError(
+            f"database schema v{version} is newer than this ingero (v{SCHEMA_VERSION})"
+        )
+    db = sqlite_utils.Database(conn)
+    for step in range(version, SCHEMA_VERSION):
+        with conn:
+            MIGRATIONS[step](db)
+            conn.execute(f"PRAGMA user_version = {step + 1}")
+    return version

@@ -1,0 +1,79 @@
+"""The one entry point both front doors (HTTP API and MCP) call to answer a question."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable, Mapping
+from typing import Any
+
+from ingero.clock import Clock, SystemClock
+from ingero.echo.auth import Principal
+from ingero.echo.queries import QUESTIONS, BadRequest, Context, GpuRates, Param
+from ingero.echo.sql import SQL_OUTPUT_SCHEMA, run_sql
+from ingero.echo.store import connect_readonly
+
+SQL_QUESTION = "sql"
+SQL_PARAM = Param("query", "string", "One read-only SQLite SELECT statement", required=True)
+SQL_SUMMARY = (
+    "Read-only SQL (SQLite dialect) over tables events, episodes, scores and nodes;"
+    " bounded in rows and time, limited to the clusters of the caller's token"
+)
+
+
+class Service:
+    """Answers questions for a principal over fresh read-only connections (thread-safe)."""
+
+    def __init__(
+        self,
+        db_path: str | os.PathLike[str],
+        rates: GpuRates,
+        *,
+        clock: Clock | None = None,
+        max_rows: int = 1000,
+        sql_max_rows: int = 10_000,
+        sql_timeout: float = 5.0,
+        status: Callable[[], dict[str, Any]] | None = None,
+    ) -> None:
+        self.db_path = db_path
+        self.rates = rates
+        self.clock = clock or SystemClock()
+        self.max_rows = max_rows
+        self.sql_max_rows = sql_max_rows
+        self.sql_timeout = sql_timeout
+        self._status = status
+
+    def names(self) -> list[str]:
+        return [*QUESTIONS, SQL_QUESTION]
+
+    def answer(self, name: str, raw: Mapping[str, Any], principal: Principal) -> dict[str, Any]:
+        """Validate ``raw`` for question ``name`` and answer it; BadRequest on bad input."""
+        if name == SQL_QUESTION:
+            unknown = sorted(set(raw) - {"query"})
+            if unknown:
+                raise BadRequest(f"unknown parameter {unknown[0]!r} (known: query)")
+            if raw.get("query") is None:
+                raise BadRequest("parameter query is required")
+            return run_sql(
+                self.db_path,
+                SQL_PARAM.parse(raw["query"]),
+                principal,
+                max_rows=self.sql_max_rows,
+                timeout=self.sql_timeout,
+            )
+        question = QUESTIONS.get(name)
+        if question is None:
+            raise BadRequest(f"unknown question {name!r} (known: {', '.join(self.names())})")
+        args = question.parse(raw)
+        ctx = Context(principal, self.clock.now(), self.rates, self.max_rows)
+        conn = connect_readonly(self.db_path)
+        try:
+            return question.run(conn, ctx, args)
+        finally:
+            conn.close()
+
+    def status(self) -> dict[str, Any]:
+        return self._status() if self._status else {}
+
+    @staticmethod
+    def sql_output_schema() -> dict[str, Any]:
+        return SQL_OUTPUT_SCHEMA

@@ -1,0 +1,427 @@
+"""The event store: SQLite in WAL mode, written by ONE thread in batched transactions.
+
+Receivers hand validated batches to ``submit_*``; the writer thread groups whatever is
+queued into one transaction and resolves each batch's future only after COMMIT, so an
+acknowledgement always means the data is durable. ``event_id`` is UNIQUE and inserted
+with OR IGNORE, so a retried batch never doubles an event. A lock file held with
+``flock`` keeps a second Echo process from ever writing the same database.
+"""
+
+from __future__ import annotations
+
+import concurrent.futures
+import fcntl
+import json
+import logging
+import os
+import queue
+import sqlite3
+import threading
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import IO, Any
+
+from ingero.clock import Clock, SystemClock
+from ingero.echo.schema import migrate
+from ingero.errors import UnavailableError
+from ingero.events import Event
+
+log = logging.getLogger("ingero.echo.store")
+
+_STRAGGLER_TYPES = frozenset({"straggler_state", "straggler_resolved"})
+_MAX_JOBS_PER_TX = 256
+
+
+@dataclass(frozen=True)
+class ScorePoint:
+    """One health-score sample of one node (from an OTLP metrics push)."""
+
+    cluster_id: str
+    node_id: str
+    ts: float
+    score: float
+    job_id: str | None = None
+    host_name: str | None = None
+    gpu_model: str | None = None
+    gpu_count: int | None = None
+    provider: str | None = None
+
+
+@dataclass
+class _Job:
+    events: Sequence[Event] = ()
+    scores: Sequence[ScorePoint] = ()
+    future: concurrent.futures.Future[int] | None = None
+
+
+class StoreLockedError(UnavailableError):
+    """Another process holds the database's write lock."""
+
+
+def connect_readonly(path: str | os.PathLike[str]) -> sqlite3.Connection:
+    """A connection that cannot write: SQLite opens the file itself read-only."""
+    uri = Path(path).resolve().as_uri() + "?mode=ro"
+    conn = sqlite3.connect(uri, uri=True, check_same_thread=False)
+    conn.execute("PRAGMA query_only = 1")
+    return conn
+
+
+class Store:
+    """Owns the database file: the lock, the schema, the writer thread and retention."""
+
+    def __init__(
+        self,
+        path: str | os.PathLike[str],
+        *,
+        clock: Clock | None = None,
+        score_bucket: float = 60.0,
+        max_age: float | None = None,
+        max_bytes: int | None = None,
+        retention_interval: float = 300.0,
+    ) -> None:
+        self.path = Path(path)
+        self.clock = clock or SystemClock()
+        self.score_bucket = score_bucket
+        self.max_age = max_age
+        self.max_bytes = max_bytes
+        self.retention_interval = retention_interval
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        self._lock_file: IO[bytes] | None = _take_lock(self.path)
+        try:
+            self._conn = sqlite3.connect(self.path, check_same_thread=False, isolation_level=None)
+            self._conn.execute("PRAGMA journal_mode = WAL")
+            # FULL: an acknowledged batch survives power loss too; commits are batched, so
+            # the fsync per commit is shared by every batch in it.
+            self._conn.execute("PRAGMA synchronous = FULL")
+            self._conn.execute("PRAGMA busy_timeout = 5000")
+            migrate(self._conn)
+        except BaseException:
+            self._release_lock()
+            raise
+        self._queue: queue.Queue[_Job | None] = queue.Queue()
+        self._closed = False
+        self.stats = {
+            "events_stored": 0,
+            "events_duplicate": 0,
+            "scores_stored": 0,
+            "commits": 0,
+            "commit_errors": 0,
+            "retention_deleted": 0,
+        }
+        self._next_retention = self.clock.monotonic()
+        self._thread = threading.Thread(target=self._run, name="echo-writer", daemon=True)
+        self._thread.start()
+
+    # -- producers -------------------------------------------------------------------------
+
+    def submit(
+        self, events: Sequence[Event] = (), scores: Sequence[ScorePoint] = ()
+    ) -> concurrent.futures.Future[int]:
+        """Queue a batch; the future resolves to the number of new events once committed."""
+        future: concurrent.futures.Future[int] = concurrent.futures.Future()
+        if self._closed:
+            future.set_exception(UnavailableError("the store is closing"))
+            return future
+        self._queue.put(_Job(events, scores, future))
+        return future
+
+    def write(self, events: Sequence[Event] = (), scores: Sequence[ScorePoint] = ()) -> int:
+        """Synchronous ``submit``: returns once the batch is committed."""
+        return self.submit(events, scores).result()
+
+    def close(self) -> None:
+        """Commit what is queued, stop the writer and release the lock."""
+        if self._closed:
+            return
+        self._closed = True
+        self._queue.put(None)
+        self._thread.join()
+        self._conn.close()
+        self._release_lock()
+
+    def reader(self) -> sqlite3.Connection:
+        return connect_readonly(self.path)
+
+    # -- writer thread ---------------------------------------------------------------------
+
+    def _run(self) -> None:
+        stopping = False
+        while not stopping:
+            try:
+                first = self._queue.get(timeout=max(0.05, self.retention_interval / 10))
+            except queue.Empty:
+                self._maybe_retain()
+                continue
+            jobs: list[_Job] = []
+            if first is None:
+                stopping = True
+            else:
+                jobs.append(first)
+            while len(jobs) < _MAX_JOBS_PER_TX:
+                try:
+                    nxt = self._queue.get_nowait()
+                except queue.Empty:
+                    break
+                if nxt is None:
+                    stopping = True
+                    continue
+                jobs.append(nxt)
+            batches = [j for j in jobs if not isinstance(j, _RetainJob)]
+            if batches:
+                self._commit(batches)
+            for job in jobs:
+                if isinstance(job, _RetainJob) and job.future is not None:
+                    try:
+                        job.future.set_result(self.retain())
+                    except sqlite3.Error as exc:
+                        job.future.set_exception(exc)
+            self._maybe_retain()
+
+    def _commit(self, jobs: list[_Job]) -> None:
+        conn = self._conn
+        counts: list[int] = []
+        try:
+            conn.execute("BEGIN IMMEDIATE")
+            for job in jobs:
+                counts.append(self._apply(job))
+            conn.execute("COMMIT")
+        except sqlite3.Error as exc:
+            if conn.in_transaction:
+                conn.execute("ROLLBACK")
+            self.stats["commit_errors"] += 1
+            log.error("commit of %d batches failed: %s", len(jobs), exc)
+            for job in jobs:
+                if job.future is not None:
+                    job.future.set_exception(UnavailableError(f"store write failed: {exc}"))
+            return
+        self.stats["commits"] += 1
+        for job, count in zip(jobs, counts, strict=True):
+            if job.future is not None:
+                job.future.set_result(count)
+
+    def _apply(self, job: _Job) -> int:
+        conn = self._conn
+        now = self.clock.now()
+        new = 0
+        for ev in job.events:
+            extra = (
+                json.dumps(ev.extra, separators=(",", ":"), allow_nan=False) if ev.extra else None
+            )
+            cur = conn.execute(
+                "INSERT OR IGNORE INTO events (event_id, type, cluster_id, node_id, job_id, rank,"
+                " score, threshold, detection_mode, dominant_signal, ts, received, extra)"
+                " VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?)",
+                (
+                    ev.event_id,
+                    ev.type,
+                    ev.cluster_id,
+                    ev.node_id,
+                    ev.job_id,
+                    ev.rank,
+                    ev.score,
+                    ev.threshold,
+                    ev.detection_mode,
+                    ev.dominant_signal,
+                    ev.timestamp,
+                    now,
+                    extra,
+                ),
+            )
+            if cur.rowcount != 1:
+                self.stats["events_duplicate"] += 1
+                continue
+            new += 1
+            if ev.type in _STRAGGLER_TYPES:
+                self._episode(ev)
+            self._touch_node(ev)
+        self.stats["events_stored"] += new
+        for point in job.scores:
+            self._score(point)
+        return new
+
+    def _episode(self, ev: Event) -> None:
+        conn = self._conn
+        job = ev.job_id or ""
+        row = conn.execute(
+            "SELECT id FROM episodes WHERE cluster_id=? AND node_id=? AND job_id=? AND end_ts IS NULL"
+            " ORDER BY start_ts DESC LIMIT 1",
+            (ev.cluster_id, ev.node_id, job),
+        ).fetchone()
+        depth = (
+            ev.threshold - ev.score if ev.score is not None and ev.threshold is not None else None
+        )
+        if ev.type == "straggler_resolved":
+            if row is not None:
+                conn.execute(
+                    "UPDATE episodes SET end_ts = max(last_ts, ?), n_events = n_events + 1"
+                    " WHERE id = ?",
+                    (ev.timestamp, row[0]),
+                )
+            return
+        if row is None:
+            conn.execute(
+                "INSERT INTO episodes (cluster_id, node_id, job_id, start_ts, last_ts, max_depth,"
+                " min_score, n_events) VALUES (?,?,?,?,?,?,?,1)",
+                (ev.cluster_id, ev.node_id, job, ev.timestamp, ev.timestamp, depth, ev.score),
+            )
+        else:
+            conn.execute(
+                "UPDATE episodes SET last_ts = max(last_ts, ?), start_ts = min(start_ts, ?),"
+                " max_depth = CASE WHEN max_depth IS NULL OR ? > max_depth THEN ? ELSE max_depth END,"
+                " min_score = CASE WHEN min_score IS NULL OR ? < min_score THEN ? ELSE min_score END,"
+                " n_events = n_events + 1 WHERE id = ?",
+                (ev.timestamp, ev.timestamp, depth, depth, ev.score, ev.score, row[0]),
+            )
+
+    def _touch_node(self, ev: Event) -> None:
+        gpu_model = ev.extra.get("gpu_model")
+        gpu_count = ev.extra.get("gpu_count")
+        self._conn.execute(
+            "INSERT INTO nodes (cluster_id, node_id, gpu_model, gpu_count, last_seen)"
+            " VALUES (?,?,?,?,?) ON CONFLICT (cluster_id, node_id) DO UPDATE SET"
+            " gpu_model = coalesce(excluded.gpu_model, gpu_model),"
+            " gpu_count = coalesce(excluded.gpu_count, gpu_count),"
+            " last_seen = max(coalesce(last_seen, 0), excluded.last_seen)",
+            (
+                ev.cluster_id,
+                ev.node_id,
+                gpu_model if isinstance(gpu_model, str) else None,
+                gpu_count
+                if isinstance(gpu_count, int) and not isinstance(gpu_count, bool)
+                else None,
+                ev.timestamp,
+            ),
+        )
+
+    def _score(self, p: ScorePoint) -> None:
+        conn = self._conn
+        row = conn.execute(
+            "SELECT last_score_ts FROM nodes WHERE cluster_id=? AND node_id=?",
+            (p.cluster_id, p.node_id),
+        ).fetchone()
+        # A retried push re-sends the same samples: anything not newer than the last one kept
+        # is a duplicate, so history is never counted twice.
+        if row is not None and row[0] is not None and p.ts <= row[0]:
+            return
+        conn.execute(
+            "INSERT INTO nodes (cluster_id, node_id, host_name, gpu_model, gpu_count, provider,"
+            " last_score, last_score_ts, last_seen) VALUES (?,?,?,?,?,?,?,?,?)"
+            " ON CONFLICT (cluster_id, node_id) DO UPDATE SET"
+            " host_name = coalesce(excluded.host_name, host_name),"
+            " gpu_model = coalesce(excluded.gpu_model, gpu_model),"
+            " gpu_count = coalesce(excluded.gpu_count, gpu_count),"
+            " provider = coalesce(excluded.provider, provider),"
+            " last_score = excluded.last_score, last_score_ts = excluded.last_score_ts,"
+            " last_seen = max(coalesce(last_seen, 0), excluded.last_seen)",
+            (
+                p.cluster_id,
+                p.node_id,
+                p.host_name,
+                p.gpu_model,
+                p.gpu_count,
+                p.provider,
+                p.score,
+                p.ts,
+                p.ts,
+            ),
+        )
+        bucket = p.ts - (p.ts % self.score_bucket)
+        conn.execute(
+            "INSERT INTO scores (cluster_id, node_id, bucket, job_id, n, sum, min, max)"
+            " VALUES (?,?,?,?,1,?,?,?) ON CONFLICT (cluster_id, node_id, bucket) DO UPDATE SET"
+            " n = n + 1, sum = sum + excluded.sum, min = min(min, excluded.min),"
+            " max = max(max, excluded.max), job_id = coalesce(excluded.job_id, job_id)",
+            (p.cluster_id, p.node_id, bucket, p.job_id, p.score, p.score, p.score),
+        )
+        self.stats["scores_stored"] += 1
+
+    # -- retention -------------------------------------------------------------------------
+
+    def _maybe_retain(self) -> None:
+        if self.clock.monotonic() < self._next_retention:
+            return
+        self._next_retention = self.clock.monotonic() + self.retention_interval
+        try:
+            self.retain()
+        except sqlite3.Error as exc:
+            log.error("retention failed: %s", exc)
+
+    def retain(self) -> int:
+        """Delete what is older than ``max_age``, then the oldest events over ``max_bytes``.
+
+        Runs on the writer thread only; others ask for it with ``retain_now``."""
+        conn = self._conn
+        deleted = 0
+        if self.max_age is not None:
+            cutoff = self.clock.now() - self.max_age
+            with _tx(conn):
+                deleted += conn.execute("DELETE FROM events WHERE ts < ?", (cutoff,)).rowcount
+                conn.execute("DELETE FROM episodes WHERE coalesce(end_ts, last_ts) < ?", (cutoff,))
+                conn.execute("DELETE FROM scores WHERE bucket < ?", (cutoff,))
+        if self.max_bytes is not None:
+            while self.used_bytes() > self.max_bytes:
+                total = conn.execute("SELECT count(*) FROM events").fetchone()[0]
+                if total == 0:
+                    break
+                chunk = max(1, total // 10)
+                with _tx(conn):
+                    oldest = conn.execute(
+                        "SELECT ts FROM events ORDER BY ts LIMIT 1 OFFSET ?", (chunk - 1,)
+                    ).fetchone()[0]
+                    deleted += conn.execute("DELETE FROM events WHERE ts <= ?", (oldest,)).rowcount
+                    conn.execute(
+                        "DELETE FROM episodes WHERE coalesce(end_ts, last_ts) <= ?", (oldest,)
+                    )
+                    conn.execute("DELETE FROM scores WHERE bucket <= ?", (oldest,))
+        self.stats["retention_deleted"] += deleted
+        return deleted
+
+    def retain_now(self) -> int:
+        """Run retention on the writer thread and wait for it (for tests and the CLI)."""
+        done: concurrent.futures.Future[int] = concurrent.futures.Future()
+        self._queue.put(_RetainJob(done))
+        return done.result()
+
+    def used_bytes(self) -> int:
+        page_size, pages, free = (
+            self._conn.execute(f"PRAGMA {p}").fetchone()[0]
+            for p in ("page_size", "page_count", "freelist_count")
+        )
+        return int(page_size) * (int(pages) - int(free))
+
+    def _release_lock(self) -> None:
+        if self._lock_file is not None:
+            self._lock_file.close()
+            self._lock_file = None
+
+
+class _RetainJob(_Job):
+    def __init__(self, future: concurrent.futures.Future[int]) -> None:
+        super().__init__((), (), future)
+
+
+class _tx:
+    """``BEGIN IMMEDIATE`` … ``COMMIT`` (or ROLLBACK) on an autocommit connection."""
+
+    def __init__(self, conn: sqlite3.Connection) -> None:
+        self.conn = conn
+
+    def __enter__(self) -> None:
+        self.conn.execute("BEGIN IMMEDIATE")
+
+    def __exit__(self, exc_type: Any, *_: Any) -> None:
+        self.conn.execute("ROLLBACK" if exc_type else "COMMIT")
+
+
+def _take_lock(db_path: Path) -> IO[bytes]:
+    lock_path = db_path.with_name(db_path.name + ".lock")
+    handle = open(lock_path, "ab")  # noqa: SIM115 - held for the life of the Store
+    try:
+        fcntl.flock(handle.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        handle.close()
+        raise StoreLockedError(
+            f"{db_path}: another ingero echo is already writing this database"
+        ) from None
+    return handle
