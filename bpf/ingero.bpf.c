@@ -1,0 +1,391 @@
+// ingero trace: CUDA runtime/driver and NCCL uprobes plus host tracepoints (BCC).
+//
+// Only uprobe registers (PT_REGS_PARMn / PT_REGS_RC / the user stack) and tracepoint
+// arguments are read: the kernel headers on a node may not match the running kernel,
+// so no kernel struct offset is ever used. x86-64 calling convention.
+//
+// Aggregation happens here: per (tgid, op) counters and a log-linear histogram of
+// durations (4 sub-buckets per power of two). Python reads the cumulative maps every
+// interval and takes differences. Individual calls are sampled into a ring buffer
+// without a wake-up per event; the reader polls it, and failed reservations are counted.
+//
+// ingero/trace/probes.py appends one PROBE_PAIR(...) line per traced operation and
+// defines SAMPLE_EVERY, OP_OFFCPU and the NCCL comm-init/destroy op ids.
+
+#include <uapi/linux/ptrace.h>
+
+#define KIND_CALL 0
+#define KIND_EXIT 1
+#define KIND_COMM_INIT 2
+
+#define HOST_PAGE_ALLOCS 0
+#define HOST_BLOCK_IO 1
+#define HOST_BLOCK_IO_NS 2
+#define HOST_TCP_RETRANS 3
+#define HOST_DROPS 4
+#define HOST_OFFCPU_NS 5
+#define HOST_SAMPLES 6
+#define HOST_NSLOTS 8
+
+struct stat_key {
+    u32 tgid;
+    u32 op;
+};
+
+struct stat_val {
+    u64 count;
+    u64 total_ns;
+    u64 errors;
+    u64 bytes;
+};
+
+struct hist_key {
+    u32 tgid;
+    u32 op;
+    u32 slot;
+    u32 pad;
+};
+
+struct call_t {
+    u64 ts;
+    u64 bytes;
+    u64 comm;   // NCCL communicator handle, or the ncclComm_t* of an init call
+    u64 hash;   // NCCL unique-id hash of an init call
+    s32 rank;
+    s32 nranks;
+    u32 dtype;
+    u32 op;
+};
+
+struct comm_t {
+    u64 hash;
+    s32 rank;
+    s32 nranks;
+};
+
+struct event_t {
+    u64 ts;
+    u64 duration_ns;
+    u64 bytes;
+    u64 comm_hash;
+    u32 tgid;
+    u32 tid;
+    u32 op;
+    s32 ret;
+    s32 rank;
+    s32 nranks;
+    u32 dtype;
+    u32 kind;
+};
+
+struct off_t {
+    u64 ts;
+    u32 tgid;
+    u32 pad;
+};
+
+struct bio_key {
+    u32 dev;
+    u32 pad;
+    u64 sector;
+};
+
+BPF_HASH(calls, u64, struct call_t, 65536);
+BPF_HASH(stats, struct stat_key, struct stat_val, 16384);
+BPF_HASH(hist, struct hist_key, u64, 131072);
+BPF_HASH(comms, u64, struct comm_t, 4096);
+BPF_HASH(traced, u32, u8, 4096);
+BPF_HASH(offstart, u32, struct off_t, 65536);
+BPF_HASH(bio_start, struct bio_key, u64, 16384);
+BPF_HISTOGRAM(bio_hist, int, 256);
+BPF_PERCPU_ARRAY(host, u64, HOST_NSLOTS);
+BPF_PERCPU_ARRAY(sample_ctr, u64, 1);
+BPF_RINGBUF_OUTPUT(events, 64);
+
+// NCCL datatype sizes, indexed by ncclDataType_t (int8 … fp8e5m2).
+static __always_inline u64 dtype_size(u32 dtype) {
+    switch (dtype) {
+    case 0: case 1: case 10: case 11: return 1;
+    case 6: case 9: return 2;
+    case 2: case 3: case 7: return 4;
+    case 4: case 5: case 8: return 8;
+    }
+    return 0;
+}
+
+// Log-linear bucket: exact below 4, then 4 linear sub-buckets per power of two.
+static __always_inline u32 slot_of(u64 d) {
+    if (d < 4)
+        return (u32)d;
+    u32 l = bpf_log2l(d) - 1;  // BCC's bpf_log2l is floor(log2) + 1
+    return l * 4 + (u32)((d >> (l - 2)) & 3);
+}
+
+static __always_inline void host_add(u32 idx, u64 v) {
+    u64 *p = host.lookup(&idx);
+    if (p)
+        *p += v;
+}
+
+// Argument n of the probed function (1-6 in registers, 7 on the stack at entry).
+static __always_inline u64 arg_n(struct pt_regs *ctx, int n) {
+    u64 v = 0;
+    switch (n) {
+    case 1: return PT_REGS_PARM1(ctx);
+    case 2: return PT_REGS_PARM2(ctx);
+    case 3: return PT_REGS_PARM3(ctx);
+    case 4: return PT_REGS_PARM4(ctx);
+    case 5: return PT_REGS_PARM5(ctx);
+    case 6: return PT_REGS_PARM6(ctx);
+    case 7:
+        bpf_probe_read_user(&v, sizeof(v), (void *)(PT_REGS_SP(ctx) + 8));
+        return v;
+    }
+    return 0;
+}
+
+static __always_inline void record(u32 tgid, u32 op, u64 dur, u64 bytes, int err) {
+    struct stat_key sk = {.tgid = tgid, .op = op};
+    struct stat_val zero = {};
+    struct stat_val *sv = stats.lookup_or_try_init(&sk, &zero);
+    if (sv) {
+        __sync_fetch_and_add(&sv->count, 1);
+        __sync_fetch_and_add(&sv->total_ns, dur);
+        __sync_fetch_and_add(&sv->bytes, bytes);
+        if (err)
+            __sync_fetch_and_add(&sv->errors, 1);
+    }
+    struct hist_key hk = {.tgid = tgid, .op = op, .slot = slot_of(dur)};
+    u64 one = 0;
+    u64 *hv = hist.lookup_or_try_init(&hk, &one);
+    if (hv)
+        __sync_fetch_and_add(hv, 1);
+}
+
+static __always_inline int should_sample(int always) {
+    if (always)
+        return 1;
+    u32 z = 0;
+    u64 *c = sample_ctr.lookup(&z);
+    if (!c)
+        return 0;
+    *c += 1;
+    return (*c % SAMPLE_EVERY) == 0;
+}
+
+static __always_inline void emit(struct event_t *ev) {
+    if (events.ringbuf_output(ev, sizeof(*ev), BPF_RB_NO_WAKEUP) != 0)
+        host_add(HOST_DROPS, 1);
+    else
+        host_add(HOST_SAMPLES, 1);
+}
+
+static __always_inline void mark_traced(u64 id) {
+    u32 tgid = id >> 32;
+    if (!traced.lookup(&tgid)) {
+        u8 one = 1;
+        traced.update(&tgid, &one);
+    }
+}
+
+static __always_inline int call_enter(struct pt_regs *ctx, u32 op, int bytes_arg, int count_arg,
+                                      int dtype_arg, int comm_arg) {
+    u64 id = bpf_get_current_pid_tgid();
+    mark_traced(id);
+    struct call_t c = {};
+    c.ts = bpf_ktime_get_ns();
+    c.op = op;
+    if (bytes_arg)
+        c.bytes = arg_n(ctx, bytes_arg);
+    if (count_arg && dtype_arg) {
+        c.dtype = (u32)arg_n(ctx, dtype_arg);
+        c.bytes = arg_n(ctx, count_arg) * dtype_size(c.dtype);
+    }
+    if (comm_arg)
+        c.comm = arg_n(ctx, comm_arg);
+    calls.update(&id, &c);
+    return 0;
+}
+
+static __always_inline int call_leave(struct pt_regs *ctx, int always) {
+    u64 id = bpf_get_current_pid_tgid();
+    struct call_t *c = calls.lookup(&id);
+    if (!c)
+        return 0;
+    u64 now = bpf_ktime_get_ns();
+    u64 dur = now - c->ts;
+    u32 tgid = id >> 32;
+    s32 ret = (s32)PT_REGS_RC(ctx);
+    record(tgid, c->op, dur, c->bytes, ret != 0);
+    if (should_sample(always)) {
+        struct event_t ev = {};
+        ev.ts = now;
+        ev.duration_ns = dur;
+        ev.bytes = c->bytes;
+        ev.tgid = tgid;
+        ev.tid = (u32)id;
+        ev.op = c->op;
+        ev.ret = ret;
+        ev.dtype = c->dtype;
+        ev.rank = -1;
+        ev.nranks = -1;
+        if (c->comm) {
+            u64 handle = c->comm;
+            struct comm_t *cm = comms.lookup(&handle);
+            if (cm) {
+                ev.comm_hash = cm->hash;
+                ev.rank = cm->rank;
+                ev.nranks = cm->nranks;
+            }
+        }
+        emit(&ev);
+    }
+    calls.delete(&id);
+    return 0;
+}
+
+#define PROBE_PAIR(OP, BYTES_ARG, COUNT_ARG, DTYPE_ARG, COMM_ARG, ALWAYS)           \
+    int enter_##OP(struct pt_regs *ctx) {                                            \
+        return call_enter(ctx, OP, BYTES_ARG, COUNT_ARG, DTYPE_ARG, COMM_ARG);        \
+    }                                                                                \
+    int leave_##OP(struct pt_regs *ctx) { return call_leave(ctx, ALWAYS); }
+
+// ncclCommInitRank(ncclComm_t *comm, int nranks, ncclUniqueId id, int rank[, config]):
+// the 128-byte id is passed in memory (on the stack above the return address), so it
+// takes no register and rank arrives in the third integer register.
+int enter_comm_init(struct pt_regs *ctx) {
+    u64 id = bpf_get_current_pid_tgid();
+    mark_traced(id);
+    struct call_t c = {};
+    c.ts = bpf_ktime_get_ns();
+    c.op = OP_COMM_INIT;
+    c.comm = PT_REGS_PARM1(ctx);
+    c.nranks = (s32)PT_REGS_PARM2(ctx);
+    c.rank = (s32)PT_REGS_PARM3(ctx);
+    u64 h = 14695981039346656037ULL;
+    u64 w = 0;
+    u64 base = PT_REGS_SP(ctx) + 8;
+#pragma unroll
+    for (int i = 0; i < 16; i++) {
+        bpf_probe_read_user(&w, sizeof(w), (void *)(base + i * 8));
+        h = (h ^ w) * 1099511628211ULL;
+    }
+    c.hash = h;
+    calls.update(&id, &c);
+    return 0;
+}
+
+int leave_comm_init(struct pt_regs *ctx) {
+    u64 id = bpf_get_current_pid_tgid();
+    struct call_t *c = calls.lookup(&id);
+    if (!c)
+        return 0;
+    u64 now = bpf_ktime_get_ns();
+    u64 dur = now - c->ts;
+    u32 tgid = id >> 32;
+    s32 ret = (s32)PT_REGS_RC(ctx);
+    u64 handle = 0;
+    bpf_probe_read_user(&handle, sizeof(handle), (void *)c->comm);
+    if (ret == 0 && handle) {
+        struct comm_t cm = {.hash = c->hash, .rank = c->rank, .nranks = c->nranks};
+        comms.update(&handle, &cm);
+    }
+    record(tgid, c->op, dur, 0, ret != 0);
+    struct event_t ev = {};
+    ev.ts = now;
+    ev.duration_ns = dur;
+    ev.tgid = tgid;
+    ev.tid = (u32)id;
+    ev.op = c->op;
+    ev.ret = ret;
+    ev.comm_hash = c->hash;
+    ev.rank = c->rank;
+    ev.nranks = c->nranks;
+    ev.kind = KIND_COMM_INIT;
+    emit(&ev);
+    calls.delete(&id);
+    return 0;
+}
+
+// ncclCommDestroy / ncclCommAbort (comm): forget the communicator after the call.
+int enter_comm_destroy(struct pt_regs *ctx) {
+    return call_enter(ctx, OP_COMM_DESTROY, 0, 0, 0, 1);
+}
+
+int leave_comm_destroy(struct pt_regs *ctx) {
+    u64 id = bpf_get_current_pid_tgid();
+    struct call_t *c = calls.lookup(&id);
+    u64 handle = c ? c->comm : 0;
+    call_leave(ctx, 1);
+    if (handle)
+        comms.delete(&handle);
+    return 0;
+}
+
+// Off-CPU time of traced threads: prev is the current task, next is only a pid.
+TRACEPOINT_PROBE(sched, sched_switch) {
+    u64 now = bpf_ktime_get_ns();
+    u32 tgid = bpf_get_current_pid_tgid() >> 32;
+    if (traced.lookup(&tgid)) {
+        u32 prev = args->prev_pid;
+        struct off_t o = {.ts = now, .tgid = tgid};
+        offstart.update(&prev, &o);
+    }
+    u32 next = args->next_pid;
+    struct off_t *o = offstart.lookup(&next);
+    if (o) {
+        u64 d = now - o->ts;
+        record(o->tgid, OP_OFFCPU, d, 0, 0);
+        host_add(HOST_OFFCPU_NS, d);
+        offstart.delete(&next);
+    }
+    return 0;
+}
+
+TRACEPOINT_PROBE(sched, sched_process_exit) {
+    u64 id = bpf_get_current_pid_tgid();
+    u32 tgid = id >> 32;
+    u32 tid = (u32)id;
+    offstart.delete(&tid);
+    if (tgid != tid || !traced.lookup(&tgid))
+        return 0;
+    struct event_t ev = {};
+    ev.ts = bpf_ktime_get_ns();
+    ev.tgid = tgid;
+    ev.tid = tid;
+    ev.kind = KIND_EXIT;
+    ev.rank = -1;
+    ev.nranks = -1;
+    emit(&ev);
+    return 0;
+}
+
+TRACEPOINT_PROBE(kmem, mm_page_alloc) {
+    host_add(HOST_PAGE_ALLOCS, 1ULL << args->order);
+    return 0;
+}
+
+TRACEPOINT_PROBE(block, block_rq_issue) {
+    struct bio_key k = {.dev = args->dev, .sector = args->sector};
+    u64 ts = bpf_ktime_get_ns();
+    bio_start.update(&k, &ts);
+    return 0;
+}
+
+TRACEPOINT_PROBE(block, block_rq_complete) {
+    struct bio_key k = {.dev = args->dev, .sector = args->sector};
+    u64 *ts = bio_start.lookup(&k);
+    if (!ts)
+        return 0;
+    u64 d = bpf_ktime_get_ns() - *ts;
+    bio_start.delete(&k);
+    host_add(HOST_BLOCK_IO, 1);
+    host_add(HOST_BLOCK_IO_NS, d);
+    bio_hist.atomic_increment((int)slot_of(d));
+    return 0;
+}
+
+TRACEPOINT_PROBE(tcp, tcp_retransmit_skb) {
+    host_add(HOST_TCP_RETRANS, 1);
+    return 0;
+}

@@ -1,0 +1,1 @@
+"""``ingero check``: can this node run ``ingero trace``, and what is missing."""

@@ -1,0 +1,138 @@
+"""``ingero trace``: run the eBPF tracer, with a live view or headless (``--record``)."""
+
+from __future__ import annotations
+
+import re
+import signal
+import threading
+from pathlib import Path
+from types import FrameType
+from typing import TYPE_CHECKING
+
+import click
+
+from ingero.clock import SystemClock
+from ingero.errors import UnavailableError, UsageError
+
+if TYPE_CHECKING:
+    from ingero.trace.tracer import Tracer
+
+DEFAULT_DB = Path("/var/lib/ingero/ingero.db")
+_SIZE_RE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([kmgt]?)i?b?\s*$", re.IGNORECASE)
+
+
+def parse_size(text: str) -> int:
+    """``512M``, ``2G``, ``100k`` or bytes → bytes (powers of 1024)."""
+    m = _SIZE_RE.match(text)
+    if m is None:
+        raise UsageError(f"--max-db: expected a size like 512M or 2G, got {text!r}")
+    power = " kmgt".index(m.group(2).lower() or " ")
+    size = int(float(m.group(1)) * 1024**power)
+    if size < 64 * 1024:
+        raise UsageError(f"--max-db: {text} is too small (at least 64k)")
+    return size
+
+
+@click.command("trace")
+@click.option("--pid", type=int, default=None, help="Trace only this process.")
+@click.option("--record", is_flag=True, help="Headless: no live view; sd_notify READY/WATCHDOG.")
+@click.option("--db", "db_path", type=click.Path(path_type=Path), default=DEFAULT_DB,
+              show_default=True, help="Node DB to write.")  # fmt: skip
+@click.option("--max-db", default=None, help="Prune oldest rows beyond this size (e.g. 1G).")
+@click.option("--interval", type=click.FloatRange(min=0.05), default=1.0, show_default=True,
+              help="Seconds per aggregate interval.")  # fmt: skip
+@click.option("--sample-every", type=click.IntRange(min=1), default=64, show_default=True,
+              help="Send 1 in N CUDA calls to the ring buffer as raw events (NCCL: all).")  # fmt: skip
+def trace(
+    pid: int | None,
+    record: bool,
+    db_path: Path,
+    max_db: str | None,
+    interval: float,
+    sample_every: int,
+) -> int:
+    """Trace CUDA, NCCL and host events into the node DB (needs root or CAP_BPF+CAP_PERFMON)."""
+    from ingero.trace.bccload import BccUnavailable
+    from ingero.trace.probes import ProbeError, load
+    from ingero.trace.tags import TagCache
+    from ingero.trace.tracer import Tracer, system_libraries
+    from ingero.trace.writer import NodeDbWriter
+
+    max_bytes = parse_size(max_db) if max_db else None
+    if pid is not None and not Path(f"/proc/{pid}").exists():
+        raise UsageError(f"--pid {pid}: no such process")
+    db_path.parent.mkdir(parents=True, exist_ok=True)
+    try:
+        writer = NodeDbWriter(db_path, max_bytes)
+    except Exception as exc:
+        raise UnavailableError(f"{db_path}: cannot open the node DB: {exc}") from exc
+    try:
+        probes = load(sample_every, -1 if pid is None else pid)
+    except (BccUnavailable, ProbeError) as exc:
+        writer.close()
+        raise UnavailableError(f"{exc} (run 'ingero check')") from exc
+    find = type(probes.bpf).find_library
+
+    def find_lib(name: str) -> str | None:
+        found = find(name)
+        return found.decode() if isinstance(found, bytes) else found
+
+    tracer = Tracer(probes, writer, SystemClock(), TagCache(), pid=pid,
+                    extra_libraries=system_libraries(find_lib) if pid is None else [])  # fmt: skip
+    stop = threading.Event()
+
+    def on_signal(signum: int, frame: FrameType | None) -> None:
+        stop.set()
+
+    signal.signal(signal.SIGTERM, on_signal)
+    signal.signal(signal.SIGINT, on_signal)
+    writer.start()
+    try:
+        tracer.start()
+        if record:
+            _run_headless(tracer, interval, stop)
+        else:
+            _run_live(tracer, interval, stop)
+    finally:
+        try:
+            tracer.tick()
+        finally:
+            writer.close()
+            probes.close()
+    return 0
+
+
+def _run_headless(tracer: Tracer, interval: float, stop: threading.Event) -> None:
+    import sdnotify
+
+    notifier = sdnotify.SystemdNotifier()
+    notifier.notify(f"READY=1\nSTATUS=tracing, {tracer.probe_count} probes attached")
+    rescan_every = max(1, round(5.0 / interval))
+    n = 0
+    while not stop.wait(interval):
+        result = tracer.tick()
+        n += 1
+        if n % rescan_every == 0:
+            tracer.rescan()
+        calls = sum(r["count"] for r in result.intervals if isinstance(r["count"], int))
+        notifier.notify(
+            f"WATCHDOG=1\nSTATUS={calls} calls, {result.processes} processes, "
+            f"{result.samples} samples, {result.host['dropped_events']} dropped in the last interval"
+        )
+    notifier.notify("STOPPING=1")
+
+
+def _run_live(tracer: Tracer, interval: float, stop: threading.Event) -> None:
+    from rich.live import Live
+
+    from ingero.trace.live import render
+
+    rescan_every = max(1, round(5.0 / interval))
+    n = 0
+    with Live(auto_refresh=False) as live:
+        while not stop.wait(interval):
+            result = tracer.tick()
+            n += 1
+            if n % rescan_every == 0:
+                tracer.rescan()
+            live.update(render(result), refresh=True)

@@ -1,0 +1,1 @@
+"""``ingero trace``: eBPF (BCC) tracer for CUDA, NCCL and host events, writing the node DB."""

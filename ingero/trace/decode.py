@@ -1,0 +1,78 @@
+"""Decode ring-buffer samples (``struct event_t`` in bpf/ingero.bpf.c) into typed events."""
+
+from __future__ import annotations
+
+import json
+import struct
+from dataclasses import dataclass
+
+from ingero.trace.ops import OPS, op_name
+
+# Must match struct event_t: 4 u64 then 8 32-bit fields, little-endian, no padding.
+EVENT_FORMAT = struct.Struct("<QQQQIIIiiiII")
+EVENT_SIZE = EVENT_FORMAT.size
+
+KIND_CALL = 0
+KIND_EXIT = 1
+KIND_COMM_INIT = 2
+
+NCCL_DTYPES = (
+    "int8", "uint8", "int32", "uint32", "int64", "uint64",
+    "float16", "float32", "float64", "bfloat16", "fp8e4m3", "fp8e5m2",
+)  # fmt: skip
+
+
+class DecodeError(ValueError):
+    """A sample does not have the expected size or fields."""
+
+
+@dataclass(frozen=True)
+class TraceEvent:
+    ts_ns: int  # CLOCK_MONOTONIC (bpf_ktime_get_ns)
+    duration_ns: int
+    bytes: int
+    comm_hash: int
+    pid: int
+    tid: int
+    op_id: int
+    ret: int
+    rank: int
+    nranks: int
+    dtype: int
+    kind: int
+
+    @property
+    def op(self) -> str:
+        return "exit" if self.kind == KIND_EXIT else op_name(self.op_id)
+
+    @property
+    def source(self) -> str:
+        if self.kind == KIND_EXIT:
+            return "host"
+        return OPS[self.op_id].source if 0 <= self.op_id < len(OPS) else "unknown"
+
+    def detail(self) -> str | None:
+        """Op-specific fields as JSON (NCCL communicator, rank, datatype), or None."""
+        d: dict[str, object] = {}
+        if self.comm_hash:
+            d["comm_hash"] = f"{self.comm_hash:016x}"
+        if self.rank >= 0:
+            d["rank"] = self.rank
+        if self.nranks >= 0:
+            d["nranks"] = self.nranks
+        if self.kind == KIND_CALL and 0 <= self.op_id < len(OPS) and OPS[self.op_id].dtype_arg:
+            d["datatype"] = (
+                NCCL_DTYPES[self.dtype] if self.dtype < len(NCCL_DTYPES) else str(self.dtype)
+            )
+        return json.dumps(d, sort_keys=True) if d else None
+
+
+def decode(data: bytes) -> TraceEvent:
+    """One sample; raises DecodeError on a short buffer or an unknown kind."""
+    if len(data) < EVENT_SIZE:
+        raise DecodeError(f"sample of {len(data)} bytes, expected {EVENT_SIZE}")
+    fields = EVENT_FORMAT.unpack_from(data)
+    event = TraceEvent(*fields)
+    if event.kind not in (KIND_CALL, KIND_EXIT, KIND_COMM_INIT):
+        raise DecodeError(f"unknown sample kind {event.kind}")
+    return event

@@ -1,0 +1,113 @@
+"""The traced operations: which symbols, which library, where the bytes/count/comm args are.
+
+Op ids are the indices into ``OPS``; the BPF program is generated from this table, so the
+ids in the kernel maps and in decoded events always agree. Per-thread-stream variants
+(``_ptsz``/``_ptds``) are folded into their base operation.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+CUDART = "cudart"
+CUDA = "cuda"
+NCCL = "nccl"
+
+LIB_SOURCES = {CUDART: "cuda_runtime", CUDA: "cuda_driver", NCCL: "nccl"}
+# The file-name stem each library kind is found by in /proc/PID/maps.
+LIB_STEMS = {CUDART: "libcudart.so", CUDA: "libcuda.so", NCCL: "libnccl.so"}
+
+
+@dataclass(frozen=True)
+class Op:
+    """One traced operation. ``*_arg`` are 1-based argument positions (7 = first stack slot)."""
+
+    name: str
+    lib: str  # cudart | cuda | nccl | host
+    symbols: tuple[str, ...] = ()
+    bytes_arg: int = 0
+    count_arg: int = 0
+    dtype_arg: int = 0
+    comm_arg: int = 0
+    always_sample: bool = False
+    special: str = ""  # comm_init | comm_destroy: hand-written probe pairs
+
+    @property
+    def source(self) -> str:
+        return LIB_SOURCES.get(self.lib, "host")
+
+
+def _rt(name: str, bytes_arg: int = 0, variants: tuple[str, ...] = ()) -> Op:
+    return Op(name, CUDART, (name, *(name + v for v in variants)), bytes_arg=bytes_arg)
+
+
+def _drv(name: str, symbols: tuple[str, ...], bytes_arg: int = 0) -> Op:
+    return Op(name, CUDA, symbols, bytes_arg=bytes_arg)
+
+
+def _coll(name: str, count: int, dtype: int, comm: int) -> Op:
+    return Op(
+        name, NCCL, (name,), count_arg=count, dtype_arg=dtype, comm_arg=comm, always_sample=True
+    )
+
+
+OPS: tuple[Op, ...] = (
+    _rt("cudaMalloc", 2),
+    _rt("cudaFree"),
+    _rt("cudaMallocManaged", 2),
+    _rt("cudaMemcpy", 3, ("_ptds",)),
+    _rt("cudaMemcpyAsync", 3, ("_ptsz",)),
+    _rt("cudaLaunchKernel", 0, ("_ptsz",)),
+    _rt("cudaStreamSynchronize", 0, ("_ptsz",)),
+    _rt("cudaDeviceSynchronize"),
+    _rt("cudaGraphLaunch", 0, ("_ptsz",)),
+    _drv("cuLaunchKernel", ("cuLaunchKernel", "cuLaunchKernel_ptsz")),
+    _drv("cuMemAlloc", ("cuMemAlloc_v2", "cuMemAlloc"), 2),
+    _drv("cuMemcpy", ("cuMemcpy", "cuMemcpy_ptds"), 3),
+    _drv("cuMemcpyAsync", ("cuMemcpyAsync", "cuMemcpyAsync_ptsz"), 3),
+    _drv("cuMemcpyHtoD", ("cuMemcpyHtoD_v2", "cuMemcpyHtoD_v2_ptds"), 3),
+    _drv("cuMemcpyDtoH", ("cuMemcpyDtoH_v2", "cuMemcpyDtoH_v2_ptds"), 3),
+    _drv("cuMemcpyDtoD", ("cuMemcpyDtoD_v2", "cuMemcpyDtoD_v2_ptds"), 3),
+    _drv("cuMemcpyHtoDAsync", ("cuMemcpyHtoDAsync_v2", "cuMemcpyHtoDAsync_v2_ptsz"), 3),
+    _drv("cuMemcpyDtoHAsync", ("cuMemcpyDtoHAsync_v2", "cuMemcpyDtoHAsync_v2_ptsz"), 3),
+    _drv("cuCtxSynchronize", ("cuCtxSynchronize",)),
+    _drv("cuStreamSynchronize", ("cuStreamSynchronize", "cuStreamSynchronize_ptsz")),
+    # NCCL: (sendbuff, recvbuff, count, datatype, [op|root], comm, stream) and friends.
+    _coll("ncclAllReduce", 3, 4, 6),
+    _coll("ncclBroadcast", 3, 4, 6),
+    _coll("ncclReduce", 3, 4, 7),
+    _coll("ncclAllGather", 3, 4, 5),
+    _coll("ncclReduceScatter", 3, 4, 6),
+    _coll("ncclSend", 2, 3, 5),
+    _coll("ncclRecv", 2, 3, 5),
+    Op("ncclGroupEnd", NCCL, ("ncclGroupEnd",), always_sample=True),
+    Op(
+        "ncclCommInitRank",
+        NCCL,
+        ("ncclCommInitRank", "ncclCommInitRankConfig"),
+        always_sample=True,
+        special="comm_init",
+    ),
+    Op(
+        "ncclCommDestroy",
+        NCCL,
+        ("ncclCommDestroy", "ncclCommAbort"),
+        always_sample=True,
+        special="comm_destroy",
+    ),
+    Op("offcpu", "host"),
+)
+
+OP_IDS = {op.name: i for i, op in enumerate(OPS)}
+OP_OFFCPU = OP_IDS["offcpu"]
+OP_COMM_INIT = OP_IDS["ncclCommInitRank"]
+OP_COMM_DESTROY = OP_IDS["ncclCommDestroy"]
+
+
+def ops_for_lib(lib: str) -> list[tuple[int, Op]]:
+    return [(i, op) for i, op in enumerate(OPS) if op.lib == lib]
+
+
+def op_name(op_id: int) -> str:
+    """The op's name, or ``op<id>`` for an id this build does not know (never raises)."""
+    return OPS[op_id].name if 0 <= op_id < len(OPS) else f"op{op_id}"

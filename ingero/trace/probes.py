@@ -1,0 +1,162 @@
+"""Build the BPF program from bpf/ingero.bpf.c and the op table, attach it, read its maps."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import sys
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from ingero.trace.aggregate import HOST_COUNTERS, Key, Snapshot, StatVal
+from ingero.trace.bccload import load_bcc
+from ingero.trace.ops import (
+    OP_COMM_DESTROY,
+    OP_COMM_INIT,
+    OP_OFFCPU,
+    OPS,
+    ops_for_lib,
+)
+from ingero.trace.procmaps import LibraryFile
+from ingero.trace.symbols import Attachment, bcc_symbol_table, select
+
+BPF_DIR_ENV = "INGERO_BPF_DIR"
+BPF_SOURCE = "ingero.bpf.c"
+DEFAULT_SAMPLE_EVERY = 64
+
+
+class ProbeError(RuntimeError):
+    """The BPF program could not be compiled, loaded or attached."""
+
+
+def bpf_source_path() -> Path:
+    """bpf/ingero.bpf.c: ``$INGERO_BPF_DIR``, the source tree, or the installed share dir."""
+    candidates = []
+    if os.environ.get(BPF_DIR_ENV):
+        candidates.append(Path(os.environ[BPF_DIR_ENV]))
+    candidates.append(Path(__file__).resolve().parents[2] / "bpf")
+    candidates.append(Path(sys.prefix) / "share" / "ingero" / "bpf")
+    candidates.append(Path("/usr/share/ingero/bpf"))
+    for directory in candidates:
+        if (directory / BPF_SOURCE).is_file():
+            return directory / BPF_SOURCE
+    raise ProbeError(f"{BPF_SOURCE} not found (looked in {', '.join(map(str, candidates))})")
+
+
+def program_text(source: str, sample_every: int = DEFAULT_SAMPLE_EVERY) -> str:
+    """The C source plus one PROBE_PAIR per generic op (special ops are hand-written)."""
+    if sample_every < 1:
+        raise ValueError("sample_every must be at least 1")
+    head = (
+        f"#define SAMPLE_EVERY {sample_every}\n#define OP_OFFCPU {OP_OFFCPU}\n"
+        f"#define OP_COMM_INIT {OP_COMM_INIT}\n#define OP_COMM_DESTROY {OP_COMM_DESTROY}\n"
+    )
+    pairs = [
+        f"PROBE_PAIR({i}, {op.bytes_arg}, {op.count_arg}, {op.dtype_arg}, {op.comm_arg}, "
+        f"{int(op.always_sample)})"
+        for i, op in enumerate(OPS)
+        if op.symbols and not op.special
+    ]
+    return head + source + "\n" + "\n".join(pairs) + "\n"
+
+
+def probe_names(att: Attachment) -> tuple[str, str]:
+    """Entry and return BPF function names of an attachment."""
+    if att.op.special == "comm_init":
+        return "enter_comm_init", "leave_comm_init"
+    if att.op.special == "comm_destroy":
+        return "enter_comm_destroy", "leave_comm_destroy"
+    return f"enter_{att.op_id}", f"leave_{att.op_id}"
+
+
+@dataclass
+class Probes:
+    """The loaded program and what is attached where."""
+
+    bpf: Any
+    pid: int = -1
+    attached: dict[tuple[int, int], list[Attachment]] = field(default_factory=dict)
+
+    def attach_library(self, lib: LibraryFile) -> list[Attachment]:
+        """Attach every op of ``lib`` once (by path: later processes are caught too)."""
+        key = (lib.dev, lib.inode)
+        if key in self.attached:
+            return []
+        table = bcc_symbol_table(type(self.bpf), lib.path)
+        chosen = select(ops_for_lib(lib.kind), table)
+        done = []
+        for att in chosen:
+            enter, leave = probe_names(att)
+            try:
+                self.bpf.attach_uprobe(name=lib.path, sym=att.symbol, fn_name=enter, pid=self.pid)
+                self.bpf.attach_uretprobe(
+                    name=lib.path, sym=att.symbol, fn_name=leave, pid=self.pid
+                )
+            except Exception as exc:  # BCC raises bare Exception on attach failures
+                print(f"ingero trace: {lib.path}:{att.symbol}: {exc}", file=sys.stderr)
+                continue
+            done.append(att)
+        self.attached[key] = done
+        return done
+
+    def mark_traced(self, pids: list[int]) -> None:
+        """Processes whose threads' off-CPU time is measured."""
+        table = self.bpf["traced"]
+        for pid in pids:
+            table[table.Key(pid)] = table.Leaf(1)
+
+    def forget(self, pids: set[int]) -> None:
+        """Drop kernel state of exited processes (after their last interval was read)."""
+        for name in ("stats", "hist"):
+            table = self.bpf[name]
+            for k in [k for k in table if k.tgid in pids]:
+                with contextlib.suppress(KeyError):
+                    del table[k]
+        traced = self.bpf["traced"]
+        for pid in pids:
+            with contextlib.suppress(KeyError):
+                del traced[traced.Key(pid)]
+
+    def snapshot(self) -> tuple[Snapshot, dict[int, int]]:
+        """Cumulative stats, histograms and host counters, plus the block I/O histogram."""
+        stats: dict[Key, StatVal] = {}
+        for k, v in self.bpf["stats"].items():
+            stats[(k.tgid, k.op)] = StatVal(v.count, v.total_ns, v.errors, v.bytes)
+        hist: dict[Key, dict[int, int]] = {}
+        for k, v in self.bpf["hist"].items():
+            hist.setdefault((k.tgid, k.op), {})[k.slot] = v.value
+        host_table = self.bpf["host"]
+        host = {
+            name: int(sum(host_table[host_table.Key(i)])) for i, name in enumerate(HOST_COUNTERS)
+        }
+        bio = {int(k.value): int(v.value) for k, v in self.bpf["bio_hist"].items() if v.value}
+        return Snapshot(stats, hist, host), bio
+
+    def open_ring(self, callback: Callable[[bytes], None]) -> None:
+        import ctypes
+
+        def _cb(_ctx: Any, data: Any, size: int) -> int:
+            callback(ctypes.string_at(data, size))
+            return 0
+
+        self.bpf["events"].open_ring_buffer(_cb)
+
+    def poll(self) -> None:
+        """Consume every pending sample (the program never wakes us per event)."""
+        self.bpf.ring_buffer_consume()
+
+    def close(self) -> None:
+        self.bpf.cleanup()
+
+
+def load(sample_every: int = DEFAULT_SAMPLE_EVERY, pid: int = -1) -> Probes:
+    """Compile and load the program (host tracepoints attach automatically)."""
+    bcc = load_bcc()
+    text = program_text(bpf_source_path().read_text(), sample_every)
+    try:
+        bpf = bcc.BPF(text=text, cflags=["-Wno-macro-redefined"])
+    except Exception as exc:  # compile/verifier errors arrive as bare Exception
+        raise ProbeError(f"cannot load the BPF program: {exc}") from exc
+    return Probes(bpf, pid)

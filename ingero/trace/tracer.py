@@ -1,0 +1,187 @@
+"""The tracing loop: attach, then every interval poll samples, diff the maps, write a batch."""
+
+from __future__ import annotations
+
+import os
+import sys
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Protocol
+
+from ingero.clock import Clock
+from ingero.trace.aggregate import Snapshot, diff_hist, host_row, interval_rows
+from ingero.trace.decode import KIND_EXIT, DecodeError, TraceEvent, decode
+from ingero.trace.ops import CUDA, CUDART, NCCL
+from ingero.trace.procmaps import DEFAULT_PROC, LibraryFile, scan, unique_libraries
+from ingero.trace.tags import TagCache
+from ingero.trace.writer import Batch
+
+EMPTY = Snapshot({}, {}, {})
+
+
+class ProbeSet(Protocol):
+    """What the loop needs from the loaded BPF program (``probes.Probes``)."""
+
+    def attach_library(self, lib: LibraryFile) -> list[Any]: ...
+    def mark_traced(self, pids: list[int]) -> None: ...
+    def forget(self, pids: set[int]) -> None: ...
+    def snapshot(self) -> tuple[Snapshot, dict[int, int]]: ...
+    def open_ring(self, callback: Callable[[bytes], None]) -> None: ...
+    def poll(self) -> None: ...
+
+
+class BatchSink(Protocol):
+    def submit(self, batch: Batch) -> bool: ...
+
+
+@dataclass
+class TickResult:
+    """One interval, for the live view and the service status line."""
+
+    ts_start: float
+    ts_end: float
+    intervals: list[dict[str, object]]
+    host: dict[str, object]
+    samples: int
+    bad_samples: int
+    probes: int
+    processes: int
+
+
+@dataclass
+class Tracer:
+    probes: ProbeSet
+    sink: BatchSink
+    clock: Clock
+    tags: TagCache
+    pid: int | None = None
+    proc: Path = DEFAULT_PROC
+    extra_libraries: list[LibraryFile] = field(default_factory=list)
+    _prev: Snapshot = EMPTY
+    _prev_bio: dict[int, int] = field(default_factory=dict)
+    _last: float = 0.0
+    _samples: list[TraceEvent] = field(default_factory=list)
+    _bad_samples: int = 0
+    _exited: set[int] = field(default_factory=set)
+    _known: dict[int, float] = field(default_factory=dict)
+    _probe_count: int = 0
+
+    @property
+    def probe_count(self) -> int:
+        return self._probe_count
+
+    def start(self) -> None:
+        """Attach to the libraries mapped now (plus extras) and open the ring buffer."""
+        self.probes.open_ring(self.on_sample)
+        for lib in self.extra_libraries:
+            self._probe_count += len(self.probes.attach_library(lib))
+        self.rescan()
+        self._prev, self._prev_bio = self.probes.snapshot()
+        self._last = self.clock.now()
+
+    def rescan(self) -> None:
+        """Find processes mapping the libraries; attach new library files, mark processes."""
+        procs = scan(None if self.pid is None else [self.pid], self.proc)
+        for lib in unique_libraries(procs):
+            self._probe_count += len(self.probes.attach_library(lib))
+        self._register([p.pid for p in procs])
+
+    def _register(self, pids: list[int]) -> None:
+        new = [p for p in pids if p not in self._known and p not in self._exited]
+        if not new:
+            return
+        now = self.clock.now()
+        for p in new:
+            self._known[p] = now
+            self.tags.get(p)
+        self.probes.mark_traced(new)
+
+    def on_sample(self, data: bytes) -> None:
+        try:
+            self._samples.append(decode(data))
+        except DecodeError as exc:
+            self._bad_samples += 1
+            print(f"ingero trace: bad sample: {exc}", file=sys.stderr)
+
+    def tick(self) -> TickResult:
+        """Close the current interval: write its aggregates, samples and host context."""
+        self.probes.poll()
+        cur, bio = self.probes.snapshot()
+        now = self.clock.now()
+        mono_ns = int(self.clock.monotonic() * 1e9)
+        self._register(sorted({pid for pid, _ in cur.stats}))
+        tags = self.tags.snapshot()
+        rows = interval_rows(self._prev, cur, self._last, now, tags)
+        host = host_row(self._prev, cur, self._last, now, diff_hist(self._prev_bio, bio))
+        samples, self._samples = self._samples, []
+        raw: list[dict[str, object]] = []
+        for ev in samples:
+            if ev.kind == KIND_EXIT:
+                self._exited.add(ev.pid)
+            tag = tags.get(ev.pid)
+            raw.append(
+                {
+                    "ts": now - (mono_ns - ev.ts_ns) / 1e9,
+                    "pid": ev.pid,
+                    "tid": ev.tid,
+                    "job_id": tag.job_id if tag else None,
+                    "rank": tag.rank if tag else None,
+                    "source": ev.source,
+                    "op": ev.op,
+                    "duration_ns": ev.duration_ns,
+                    "ret": ev.ret,
+                    "bytes": ev.bytes,
+                    "detail": ev.detail(),
+                }
+            )
+        processes = [self._process_row(p, now) for p in sorted({r["pid"] for r in rows})]  # type: ignore[type-var]
+        self.sink.submit(Batch(rows, raw, [host], [p for p in processes if p]))
+        result = TickResult(
+            self._last, now, rows, host, len(samples), self._bad_samples,
+            self._probe_count, len(self._known),
+        )  # fmt: skip
+        self._prev, self._prev_bio, self._last = cur, bio, now
+        if self._exited:
+            # Their final counts are in this interval; now free the kernel entries.
+            self.probes.forget(self._exited)
+            for p in self._exited:
+                self._known.pop(p, None)
+                self.tags.forget(p)
+            self._exited = set()
+        return result
+
+    def _process_row(self, pid: object, now: float) -> dict[str, object] | None:
+        if not isinstance(pid, int):
+            return None
+        tag = self.tags.get(pid)
+        comm = exe = None
+        try:
+            comm = (self.proc / str(pid) / "comm").read_text().strip()
+            exe = os.readlink(self.proc / str(pid) / "exe")
+        except OSError:
+            pass
+        return {
+            "pid": pid,
+            "comm": comm,
+            "exe": exe,
+            "job_id": tag.job_id,
+            "rank": tag.rank,
+            "first_seen": self._known.get(pid, now),
+            "last_seen": now,
+        }
+
+
+def system_libraries(find: Callable[[str], str | None]) -> list[LibraryFile]:
+    """Libraries the dynamic linker would load (ldconfig cache), so new processes are caught."""
+    out = []
+    for kind, name in ((CUDART, "cudart"), (CUDA, "cuda"), (NCCL, "nccl")):
+        path = find(name)
+        if not path:
+            continue
+        try:
+            st = os.stat(path)
+        except OSError:
+            continue
+        out.append(LibraryFile(kind, os.path.realpath(path), st.st_dev, st.st_ino))
+    return out

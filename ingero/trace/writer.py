@@ -1,0 +1,171 @@
+"""The node DB writer: one thread owns the connection (WAL), writes batches, bounds the size.
+
+Everything the tracer produces in one interval is one batch, written in one transaction.
+When the live data (pages in use, not the file length: freed pages are reused) exceeds
+``max_bytes``, the oldest rows of every table are deleted until it fits again.
+"""
+
+from __future__ import annotations
+
+import queue
+import sqlite3
+import sys
+import threading
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+import sqlite_utils
+
+from ingero.nodedb.schema import connect
+
+# Tables pruned by age, with their time column.
+_AGED = (("raw_events", "ts"), ("intervals", "ts_end"), ("host_intervals", "ts_end"),
+         ("gpu_intervals", "ts_end"), ("processes", "last_seen"))  # fmt: skip
+PRUNE_FRACTION = 0.1
+# Batches kept for retry after a failed write (locked or full DB) before the oldest is dropped.
+MAX_RETRY = 100
+
+
+@dataclass
+class Batch:
+    intervals: Sequence[dict[str, object]] = ()
+    raw_events: Sequence[dict[str, object]] = ()
+    host_intervals: Sequence[dict[str, object]] = ()
+    processes: Sequence[dict[str, object]] = ()
+
+
+@dataclass
+class WriterStats:
+    batches: int = 0
+    rows: int = 0
+    pruned_rows: int = 0
+    errors: int = 0
+    last_error: str | None = None
+
+
+def used_bytes(db: sqlite_utils.Database) -> int:
+    """Bytes of pages holding data (excludes the free list SQLite reuses)."""
+    pages = db.execute("PRAGMA page_count").fetchone()[0]
+    free = db.execute("PRAGMA freelist_count").fetchone()[0]
+    size = db.execute("PRAGMA page_size").fetchone()[0]
+    return int((pages - free) * size)
+
+
+def write_batch(db: sqlite_utils.Database, batch: Batch) -> int:
+    """Insert one batch in one transaction; returns the number of rows written."""
+    n = 0
+    with db.conn:
+        for table in ("intervals", "raw_events", "host_intervals"):
+            rows = list(getattr(batch, table))
+            if rows:
+                db.table(table).insert_all(rows)
+                n += len(rows)
+        if batch.processes:
+            db.conn.executemany(
+                "INSERT INTO processes (pid, comm, exe, job_id, rank, first_seen, last_seen) "
+                "VALUES (:pid, :comm, :exe, :job_id, :rank, :first_seen, :last_seen) "
+                "ON CONFLICT(pid) DO UPDATE SET last_seen = excluded.last_seen, "
+                "job_id = COALESCE(excluded.job_id, job_id), "
+                "rank = COALESCE(excluded.rank, rank)",
+                list(batch.processes),
+            )
+            n += len(batch.processes)
+    return n
+
+
+def prune(db: sqlite_utils.Database, max_bytes: int) -> int:
+    """Delete the oldest rows (all tables, by time) until the data fits; returns rows deleted."""
+    deleted = 0
+    while used_bytes(db) > max_bytes:
+        lo, hi = None, None
+        for table, col in _AGED:
+            row = db.execute(f"SELECT MIN({col}), MAX({col}) FROM {table}").fetchone()
+            if row[0] is not None:
+                lo = row[0] if lo is None else min(lo, row[0])
+                hi = row[1] if hi is None else max(hi, row[1])
+        if lo is None or hi is None:
+            break
+        cutoff = lo + max((hi - lo) * PRUNE_FRACTION, 1e-6)
+        step = 0
+        with db.conn:
+            for table, col in _AGED:
+                step += db.conn.execute(f"DELETE FROM {table} WHERE {col} < ?", (cutoff,)).rowcount
+        deleted += step
+        if step == 0 and cutoff > hi:
+            break
+    return deleted
+
+
+class NodeDbWriter:
+    """Owns the node DB connection on a thread; ``submit`` never blocks the tracer."""
+
+    def __init__(self, path: str | Path, max_bytes: int | None = None, max_pending: int = 1000):
+        self.path = Path(path)
+        self.max_bytes = max_bytes
+        self.stats = WriterStats()
+        self._queue: queue.Queue[Batch | None] = queue.Queue(maxsize=max_pending)
+        self._retry: list[Batch] = []
+        self._thread = threading.Thread(target=self._run, name="ingero-db-writer", daemon=True)
+        # Open (and migrate) here so a bad path fails the command at start, not on a thread.
+        self._db = connect(self.path)
+
+    def start(self) -> None:
+        self._thread.start()
+
+    def submit(self, batch: Batch) -> bool:
+        """Queue a batch; False (and counted as an error) when the writer is far behind."""
+        try:
+            self._queue.put_nowait(batch)
+        except queue.Full:
+            self.stats.errors += 1
+            self.stats.last_error = "writer queue full: batch dropped"
+            return False
+        return True
+
+    def close(self, timeout: float = 10.0) -> None:
+        """Write what is queued, then close the connection."""
+        if self._thread.is_alive():
+            self._queue.put(None)
+            self._thread.join(timeout)
+        else:
+            self._drain()
+        self._db.conn.close()
+
+    def _drain(self) -> None:
+        while True:
+            try:
+                item = self._queue.get_nowait()
+            except queue.Empty:
+                return
+            if item is not None:
+                self._write(item)
+
+    def _run(self) -> None:
+        while True:
+            item = self._queue.get()
+            if item is None:
+                self._drain()
+                return
+            self._write(item)
+
+    def _write(self, batch: Batch) -> None:
+        pending, self._retry = [*self._retry, batch], []
+        for i, item in enumerate(pending):
+            try:
+                self.stats.rows += write_batch(self._db, item)
+                self.stats.batches += 1
+            except sqlite3.Error as exc:
+                # A full disk or a locked DB must not stop tracing: keep the batches for the
+                # next write, dropping the oldest only past MAX_RETRY.
+                self.stats.errors += 1
+                self.stats.last_error = f"{self.path}: {exc}"
+                print(f"ingero trace: node DB write failed: {exc}", file=sys.stderr)
+                self._retry = pending[i:][-MAX_RETRY:]
+                return
+        if self.max_bytes is not None:
+            try:
+                self.stats.pruned_rows += prune(self._db, self.max_bytes)
+            except sqlite3.Error as exc:
+                self.stats.errors += 1
+                self.stats.last_error = f"{self.path}: prune: {exc}"
