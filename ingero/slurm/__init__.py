@@ -1,0 +1,1 @@
+"""Slurm integration: job files written by the prolog, and the opt-in drain controller."""

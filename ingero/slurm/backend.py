@@ -1,0 +1,246 @@
+"""How ingero reads node states and drains/resumes nodes: a small typed interface over Slurm.
+
+``ScontrolBackend`` works on every Slurm version: it reads nodes with ``sinfo --json``
+(22.05 and later) and falls back to ``scontrol show node --oneliner`` when JSON output is
+not available; it changes nodes with ``scontrol update``. Every command runs with a timeout:
+with slurmctld down a Slurm command retries for many seconds before it gives up.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import shutil
+import subprocess
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from typing import Any, Protocol
+
+from ingero.errors import ConfigError, UnavailableError
+
+INGERO_REASON_PREFIX = "ingero:"
+DEFAULT_TIMEOUT = 10.0
+
+# Runs a command (argv, timeout seconds) and returns its stdout; raises SlurmError on failure.
+Runner = Callable[[Sequence[str], float], str]
+
+
+class SlurmError(UnavailableError):
+    """A Slurm command failed, timed out or printed something we cannot parse."""
+
+
+@dataclass(frozen=True)
+class NodeInfo:
+    """One Slurm node: base state (lower case), state flags (upper case) and its reason."""
+
+    name: str
+    state: str
+    flags: frozenset[str] = frozenset()
+    reason: str | None = None
+    reason_user: str | None = None
+    reason_time: float | None = None
+
+    @property
+    def down(self) -> bool:
+        return self.state == "down" or "NOT_RESPONDING" in self.flags
+
+    @property
+    def drained(self) -> bool:
+        """Draining or drained (the DRAIN flag is set)."""
+        return "DRAIN" in self.flags or self.state in ("drained", "draining", "drain")
+
+    @property
+    def reboot_pending(self) -> bool:
+        return any(f.startswith("REBOOT") for f in self.flags) or self.state == "reboot"
+
+    @property
+    def ingero_reason(self) -> bool:
+        """The node's reason was written by ingero (so ingero may resume the node)."""
+        return bool(self.reason) and str(self.reason).startswith(INGERO_REASON_PREFIX)
+
+
+class SlurmBackend(Protocol):
+    name: str
+
+    def nodes(self) -> list[NodeInfo]:
+        """Every node of the cluster; raises SlurmError."""
+        ...
+
+    def drain(self, node: str, reason: str) -> None:
+        """Drain ``node`` with ``reason``; raises SlurmError."""
+        ...
+
+    def resume(self, node: str) -> None:
+        """Return ``node`` to service; raises SlurmError."""
+        ...
+
+
+def run_command(args: Sequence[str], timeout: float) -> str:
+    """Run a Slurm command; SlurmError with its stderr when it fails or times out."""
+    try:
+        proc = subprocess.run(
+            list(args), capture_output=True, text=True, timeout=timeout, stdin=subprocess.DEVNULL
+        )
+    except subprocess.TimeoutExpired:
+        raise SlurmError(f"{' '.join(args[:3])}: no answer within {timeout:g}s") from None
+    except OSError as exc:
+        raise SlurmError(f"{args[0]}: cannot run: {exc.strerror or exc}") from None
+    if proc.returncode != 0:
+        detail = (proc.stderr or proc.stdout).strip().splitlines()
+        raise SlurmError(
+            f"{' '.join(args[:3])}: exit {proc.returncode}: {detail[-1] if detail else 'no output'}"
+        )
+    return proc.stdout
+
+
+def parse_sinfo_json(text: str) -> list[NodeInfo]:
+    """Nodes from ``sinfo --json`` (openapi v0.0.38 of Slurm 22.05 and later versions)."""
+    try:
+        data = json.loads(text)
+    except ValueError as exc:
+        raise SlurmError(f"sinfo --json: not JSON: {exc}") from None
+    if not isinstance(data, dict) or not isinstance(data.get("nodes"), list):
+        raise SlurmError("sinfo --json: no 'nodes' list in the output")
+    nodes = []
+    for item in data["nodes"]:
+        if not isinstance(item, dict) or not isinstance(item.get("name"), str):
+            raise SlurmError("sinfo --json: a node entry has no name")
+        state, flags = _json_state(item)
+        reason = item.get("reason") or None
+        changed = item.get("reason_changed_at")
+        if isinstance(changed, dict):  # newer versions: {"set": true, "number": N}
+            changed = changed.get("number")
+        nodes.append(
+            NodeInfo(
+                name=item["name"],
+                state=state,
+                flags=flags,
+                reason=reason if isinstance(reason, str) else None,
+                reason_user=item.get("reason_set_by_user") or None,
+                reason_time=float(changed)
+                if isinstance(changed, int | float) and changed
+                else None,
+            )
+        )
+    return nodes
+
+
+def _json_state(item: dict[str, Any]) -> tuple[str, frozenset[str]]:
+    raw = item.get("state")
+    flags = {str(f).upper() for f in item.get("state_flags") or []}
+    # 22.05: "state": "idle" + "state_flags": [...]; 23.02+: "state": ["IDLE", "DRAIN"].
+    if isinstance(raw, list):
+        parts = [str(p).upper() for p in raw]
+        base = parts[0].lower() if parts else "unknown"
+        flags |= set(parts[1:])
+    elif isinstance(raw, str):
+        base = raw.lower()
+    else:
+        raise SlurmError(f"sinfo --json: node {item.get('name')} has no state")
+    return base, frozenset(flags)
+
+
+_REASON_RE = re.compile(
+    r"(?:^|\s)Reason=(?P<reason>.*?)(?:\s\[(?P<user>[^@\]]*)@(?P<time>[^\]]*)\])?\s*$"
+)
+_STATE_RE = re.compile(r"(?:^|\s)State=(?P<state>\S+)")
+_NAME_RE = re.compile(r"^NodeName=(?P<name>\S+)")
+
+
+def parse_scontrol_nodes(text: str) -> list[NodeInfo]:
+    """Nodes from ``scontrol show node --oneliner`` (one line per node).
+
+    ``Reason=`` comes last and may hold spaces and ``=`` (ingero's own reason does), so it is
+    matched from its key to the ``[user@time]`` suffix rather than split on spaces.
+    """
+    nodes = []
+    for line in text.splitlines():
+        if not line.strip():
+            continue
+        name_match = _NAME_RE.match(line)
+        if not name_match:
+            raise SlurmError(f"scontrol show node: unexpected line {line[:60]!r}")
+        head, _, _ = line.partition(" Reason=")
+        state_match = _STATE_RE.search(head)
+        if not state_match:
+            raise SlurmError(f"scontrol show node: node {name_match['name']} has no State=")
+        parts = state_match["state"].split("+")
+        reason_match = _REASON_RE.search(line[len(head) :]) if " Reason=" in line else None
+        reason_time = None
+        if reason_match and reason_match["time"]:
+            try:
+                stamp = datetime.fromisoformat(reason_match["time"])
+                reason_time = stamp.replace(tzinfo=stamp.tzinfo or UTC).timestamp()
+            except ValueError:
+                reason_time = None
+        nodes.append(
+            NodeInfo(
+                name=name_match["name"],
+                state=parts[0].rstrip("*~#!%$@^-").lower(),
+                flags=frozenset(p.upper() for p in parts[1:]),
+                reason=reason_match["reason"] if reason_match else None,
+                reason_user=(reason_match["user"] or None) if reason_match else None,
+                reason_time=reason_time,
+            )
+        )
+    return nodes
+
+
+class ScontrolBackend:
+    """Slurm through its command-line tools (``SLURM_CONF`` in the environment picks the cluster)."""
+
+    name = "scontrol"
+
+    def __init__(self, timeout: float = DEFAULT_TIMEOUT, runner: Runner = run_command) -> None:
+        self._timeout = timeout
+        self._run = runner
+        self._json: bool | None = None  # unknown until the first read
+
+    def nodes(self) -> list[NodeInfo]:
+        if self._json is not False:
+            try:
+                nodes = parse_sinfo_json(self._run(["sinfo", "--json"], self._timeout))
+                self._json = True
+                return nodes
+            except SlurmError as exc:
+                # A timeout says nothing about JSON support; an error on a first try might.
+                if self._json is None and "no answer" not in str(exc):
+                    self._json = False
+                else:
+                    raise
+        return parse_scontrol_nodes(
+            self._run(["scontrol", "show", "node", "--oneliner"], self._timeout)
+        )
+
+    def drain(self, node: str, reason: str) -> None:
+        _check_node_name(node)
+        if not reason or "\n" in reason:
+            raise ValueError("a drain reason must be one non-empty line")
+        self._run(
+            ["scontrol", "update", f"nodename={node}", "state=drain", f"reason={reason}"],
+            self._timeout,
+        )
+
+    def resume(self, node: str) -> None:
+        _check_node_name(node)
+        self._run(["scontrol", "update", f"nodename={node}", "state=resume"], self._timeout)
+
+
+def _check_node_name(node: str) -> None:
+    # A hostlist expression ("n[1-9]") or a comma would change many nodes at once.
+    if not node or any(c in node for c in "[],= \t\n"):
+        raise ValueError(f"invalid node name {node!r}: one node name expected")
+
+
+def make_backend(kind: str = "auto", timeout: float = DEFAULT_TIMEOUT) -> SlurmBackend:
+    """The backend ``drain.backend`` names; ``auto`` is scontrol (see docs/slurm.md on pyslurm)."""
+    if kind == "pyslurm":
+        raise ConfigError(
+            "drain.backend: pyslurm is not supported by this ingero; use auto or scontrol"
+        )
+    if kind not in ("auto", "scontrol"):
+        raise ConfigError(f"drain.backend: unknown backend {kind!r}")
+    if shutil.which("scontrol") is None:
+        raise UnavailableError("scontrol not found in PATH (install slurm-client)")
+    return ScontrolBackend(timeout=timeout)

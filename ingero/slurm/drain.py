@@ -1,0 +1,170 @@
+"""The drain controller: carries out drain-policy decisions on its own thread, off ingest.
+
+Fleet's tick thread hands each tick to :meth:`DrainController.on_tick`, which only stores
+it and returns: ticks that arrive while Slurm is slow are coalesced (the newest wins), so a
+stalled slurmctld never holds up the tick or the pushes. The worker reads the nodes, asks
+:func:`ingero.slurm.drain_policy.decide`, runs each drain/resume through the backend (every
+call with a timeout), and emits every decision as an event (``node_drained``,
+``node_resumed``, ``drain_skipped``). A failed Slurm call is logged and retried with
+exponential backoff on the newest tick.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from collections.abc import Callable, Sequence
+from typing import Protocol
+
+from ingero.clock import Clock, SystemClock
+from ingero.events import Event
+from ingero.fleet.config import DrainConfig
+from ingero.slurm.backend import SlurmBackend, SlurmError
+from ingero.slurm.drain_policy import Decision, DrainMemory, Verdict, decide
+
+log = logging.getLogger(__name__)
+
+_EVENT_TYPES = {"drain": "node_drained", "resume": "node_resumed", "skip": "drain_skipped"}
+
+
+class Tick(Protocol):
+    """What the controller needs of a Fleet tick (Fleet's ``TickResult`` has it)."""
+
+    @property
+    def verdicts(self) -> Sequence[Verdict]: ...
+    @property
+    def expired_nodes(self) -> Sequence[str]: ...
+
+
+class DrainController:
+    def __init__(
+        self,
+        config: DrainConfig,
+        backend: SlurmBackend,
+        emit: Callable[[Event], None],
+        clock: Clock | None = None,
+        backoff_initial: float = 1.0,
+        backoff_max: float = 60.0,
+    ) -> None:
+        self.config = config
+        self._backend = backend
+        self._emit = emit
+        self._clock = clock or SystemClock()
+        self._backoff_initial = backoff_initial
+        self._backoff_max = backoff_max
+        self._memory = DrainMemory()
+        self._cond = threading.Condition()
+        self._pending: Tick | None = None
+        self._submitted = 0
+        self._done = 0
+        self._stopping = False
+        self._thread: threading.Thread | None = None
+        self.failures = 0
+        self._expired: list[str] = []
+
+    def start(self) -> None:
+        if self._thread is None:
+            self._thread = threading.Thread(target=self._run, name="ingero-drain", daemon=True)
+            self._thread.start()
+
+    def stop(self, timeout: float = 5.0) -> None:
+        """Stop the worker; a Slurm call in flight ends at its own timeout at the latest."""
+        with self._cond:
+            self._stopping = True
+            self._cond.notify_all()
+        if self._thread is not None:
+            self._thread.join(timeout)
+            self._thread = None
+
+    def on_tick(self, tick: Tick) -> None:
+        """Called from Fleet's tick thread: O(1), never waits on Slurm."""
+        with self._cond:
+            self._pending = tick
+            # Expiries of coalesced ticks must not be lost (they reset auto-resume counts).
+            self._expired.extend(tick.expired_nodes)
+            self._submitted += 1
+            self._cond.notify_all()
+
+    def wait_idle(self, timeout: float) -> bool:
+        """Wait until every tick handed in so far has been handled (for tests and shutdown)."""
+        with self._cond:
+            target = self._submitted
+            return self._cond.wait_for(lambda: self._done >= target, timeout)
+
+    def _run(self) -> None:
+        backoff = self._backoff_initial
+        while True:
+            with self._cond:
+                self._cond.wait_for(lambda: self._stopping or self._pending is not None)
+                if self._stopping:
+                    return
+                tick, self._pending = self._pending, None
+                expired, self._expired = self._expired, []
+                seq = self._submitted
+            assert tick is not None
+            try:
+                self._handle(tick, expired)
+                backoff = self._backoff_initial
+            except SlurmError as exc:
+                self.failures += 1
+                log.warning("drain controller: %s; retrying in %.1fs", exc, backoff)
+                with self._cond:
+                    if self._pending is None:  # retry this tick unless a newer one came
+                        self._pending = tick
+                    self._expired[:0] = expired
+                    if self._cond.wait_for(lambda: self._stopping, backoff):
+                        return
+                backoff = min(backoff * 2, self._backoff_max)
+                continue
+            except Exception:  # a bug must not end the worker for good
+                self.failures += 1
+                log.exception("drain controller: unexpected error")
+            with self._cond:
+                self._done = max(self._done, seq)
+                self._cond.notify_all()
+
+    def _handle(self, tick: Tick, expired: Sequence[str]) -> None:
+        nodes = self._backend.nodes()
+        decisions = decide(
+            tick.verdicts,
+            nodes,
+            self.config,
+            self._memory,
+            self._clock.monotonic(),
+            expired,
+        )
+        for decision in decisions:
+            if decision.action == "drain":
+                self._backend.drain(decision.node, decision.reason)
+                self._memory.last_action[decision.node] = self._clock.monotonic()
+                log.warning("drained %s: %s", decision.node, decision.reason)
+            elif decision.action == "resume":
+                self._backend.resume(decision.node)
+                self._memory.last_action[decision.node] = self._clock.monotonic()
+                log.warning("resumed %s: %s", decision.node, decision.reason)
+            else:
+                log.info("not draining %s: %s", decision.node, decision.reason)
+            self._send(decision)
+
+    def _send(self, decision: Decision) -> None:
+        extra: dict[str, object] = {"reason": decision.reason, "backend": self._backend.name}
+        if decision.action == "skip":
+            extra["skip"] = decision.code
+        if self.config.dry_run:
+            extra["dry_run"] = True
+        event = Event(
+            type=_EVENT_TYPES[decision.action],
+            node_id=decision.node,
+            cluster_id=decision.cluster_id,
+            timestamp=self._clock.now(),
+            job_id=decision.job_id,
+            rank=decision.rank,
+            score=decision.score,
+            threshold=decision.threshold,
+            detection_mode="fleet",
+            extra=extra,
+        )
+        try:
+            self._emit(event)
+        except Exception:  # the event exit point's trouble is not ours to die of
+            log.exception("drain controller: cannot emit %s event", event.type)

@@ -1,0 +1,253 @@
+"""Which straggler nodes to drain or resume: pure rules, no I/O (DESIGN.md "Slurm drain").
+
+Input: the straggler verdicts of one Fleet tick, the Slurm nodes as the backend read them,
+the drain configuration, the time, and the :class:`DrainMemory` the controller keeps
+between ticks. Output: decisions (drain, resume, skip with a reason code) for the
+controller to carry out. Rules, in order, for a node in its straggler state:
+
+1. fewer than ``min_intervals`` consecutive straggler ticks: not yet (no decision);
+2. its group is in panic (a shared cause is likelier): skip ``panic``;
+3. its group has no quorum (the threshold is not trustworthy): skip ``no_quorum``;
+4. Slurm does not know the node: skip ``unknown_node``;
+5. already drained by ingero: nothing to do;
+6. DOWN, reboot pending, or carrying a reason ingero did not write (drained by someone
+   else, or with no reason at all): skip ``down`` / ``reboot_pending`` / ``foreign_reason``;
+7. ingero drained or resumed it less than ``cooldown`` ago: skip ``cooldown``;
+8. draining it would put more than ``max_fraction`` of the cluster's nodes in ingero's
+   hands (rounded down, so small clusters may allow none): skip ``max_fraction``;
+9. ``dry_run``: skip ``dry_run`` (the event says what would have been done);
+10. otherwise drain, with the reason ``ingero: straggler score=… threshold=… job=… since=…``.
+
+With ``auto_resume``, a node ingero drained is resumed once it has not been a straggler for
+``min_intervals`` ticks in a row (its absence from the verdicts counts: Fleet lists only
+stragglers), with quorum and outside panic. A skip is reported once per reason change, not
+every tick.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from typing import Literal, Protocol
+
+from ingero.fleet.config import DrainConfig
+from ingero.slurm.backend import INGERO_REASON_PREFIX, NodeInfo
+
+Action = Literal["drain", "resume", "skip"]
+
+
+class Verdict(Protocol):
+    """What the policy needs of a straggler verdict (Fleet's ``NodeVerdict`` has it)."""
+
+    @property
+    def node_id(self) -> str: ...
+    @property
+    def cluster_id(self) -> str: ...
+    @property
+    def job_id(self) -> str | None: ...
+    @property
+    def rank(self) -> int | None: ...
+    @property
+    def score(self) -> float: ...
+    @property
+    def threshold(self) -> float: ...
+    @property
+    def straggler(self) -> bool: ...
+    @property
+    def consecutive_straggler_ticks(self) -> int: ...
+    @property
+    def since(self) -> float: ...
+    @property
+    def panic(self) -> bool: ...
+    @property
+    def quorum_met(self) -> bool: ...
+
+
+@dataclass(frozen=True)
+class Decision:
+    """One thing to do (or not) about one node; ``reason`` is Slurm's reason for a drain and
+    the human explanation for a skip; ``code`` is the short machine key of a skip."""
+
+    action: Action
+    node: str
+    cluster_id: str
+    reason: str
+    code: str = ""
+    job_id: str | None = None
+    rank: int | None = None
+    score: float | None = None
+    threshold: float | None = None
+
+
+@dataclass
+class DrainMemory:
+    """What the policy remembers between ticks (in the controller, lost on restart: the
+    ``ingero:`` reasons in Slurm are the durable record)."""
+
+    # node -> monotonic time of ingero's last drain or resume of it (for the cooldown)
+    last_action: dict[str, float] = field(default_factory=dict)
+    # node -> the skip code last reported (so a skip is reported once, not every tick)
+    last_skip: dict[str, str] = field(default_factory=dict)
+    # node drained by ingero -> consecutive ticks it was not a straggler
+    healthy_ticks: dict[str, int] = field(default_factory=dict)
+    # node -> the cluster its verdicts named (resume decisions carry it)
+    clusters: dict[str, str] = field(default_factory=dict)
+
+
+def iso_time(epoch: float) -> str:
+    return datetime.fromtimestamp(epoch, UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+def drain_reason(verdict: Verdict) -> str:
+    """Slurm's reason for an ingero drain (one line, starts with ``ingero:``)."""
+    return (
+        f"{INGERO_REASON_PREFIX} straggler score={verdict.score:.2f} "
+        f"threshold={verdict.threshold:.2f} job={verdict.job_id or 'none'} "
+        f"since={iso_time(verdict.since)}"
+    )
+
+
+def max_drained(total_nodes: int, max_fraction: float) -> int:
+    """How many nodes ingero may hold drained at once (rounded down)."""
+    return math.floor(total_nodes * max_fraction + 1e-9)
+
+
+def decide(
+    verdicts: Iterable[Verdict],
+    nodes: Iterable[NodeInfo],
+    config: DrainConfig,
+    memory: DrainMemory,
+    monotonic_now: float,
+    expired: Iterable[str] = (),
+) -> list[Decision]:
+    """The decisions of one tick; updates ``memory`` for the skips it reports and the
+    resume counters (the controller records drains and resumes it carries out).
+
+    ``expired`` names nodes Fleet stopped hearing from this tick: silence is no evidence of
+    recovery, so their resume count starts over.
+    """
+    if not config.enabled:
+        return []
+    by_name: Mapping[str, NodeInfo] = {n.name: n for n in nodes}
+    stragglers = {v.node_id: v for v in verdicts if v.straggler}
+    for verdict in stragglers.values():
+        memory.clusters[verdict.node_id] = verdict.cluster_id
+    for node in expired:
+        memory.healthy_ticks[node] = -1
+    ingero_drained = {name for name, info in by_name.items() if info.ingero_reason and info.drained}
+    budget = max_drained(len(by_name), config.max_fraction) - len(ingero_drained)
+    decisions: list[Decision] = []
+
+    for verdict in sorted(stragglers.values(), key=lambda v: (v.score, v.node_id)):
+        if verdict.consecutive_straggler_ticks < config.min_intervals:
+            continue
+        info = by_name.get(verdict.node_id)
+        if info is not None and info.ingero_reason and info.drained:
+            memory.last_skip.pop(verdict.node_id, None)
+            continue
+        skip = _blocker(verdict, info, config, memory, monotonic_now, budget)
+        if skip is not None:
+            code, why = skip
+            if memory.last_skip.get(verdict.node_id) != code:
+                memory.last_skip[verdict.node_id] = code
+                decisions.append(_decision("skip", verdict, why, code))
+            continue
+        memory.last_skip.pop(verdict.node_id, None)
+        budget -= 1
+        decisions.append(_decision("drain", verdict, drain_reason(verdict)))
+
+    if config.auto_resume:
+        decisions.extend(_resumes(stragglers, by_name, ingero_drained, config, memory))
+    for node in list(memory.last_skip):
+        if node not in stragglers:
+            del memory.last_skip[node]
+    return decisions
+
+
+def _blocker(
+    verdict: Verdict,
+    info: NodeInfo | None,
+    config: DrainConfig,
+    memory: DrainMemory,
+    monotonic_now: float,
+    budget: int,
+) -> tuple[str, str] | None:
+    if verdict.panic:
+        return "panic", "the node's group is degraded as a whole (panic): nothing is drained"
+    if not verdict.quorum_met:
+        return "no_quorum", "the node's group has no quorum: its threshold is not trusted"
+    if info is None:
+        return "unknown_node", "Slurm has no node of this name"
+    if info.down:
+        return "down", f"the node is {info.state.upper()}: left alone"
+    if info.reboot_pending:
+        return "reboot_pending", "a reboot is pending on the node: left alone"
+    if info.drained or info.reason:
+        return (
+            "foreign_reason",
+            f"the node has a reason ingero did not write: {info.reason or '(drained, no reason)'}",
+        )
+    last = memory.last_action.get(verdict.node_id)
+    if last is not None and monotonic_now - last < config.cooldown:
+        left = config.cooldown - (monotonic_now - last)
+        return (
+            "cooldown",
+            f"ingero acted on the node {monotonic_now - last:.0f}s ago; cooldown {left:.0f}s left",
+        )
+    if budget <= 0:
+        return (
+            "max_fraction",
+            f"ingero already holds max_fraction={config.max_fraction:g} of the cluster's nodes drained",
+        )
+    if config.dry_run:
+        return "dry_run", f"dry run: would drain with reason '{drain_reason(verdict)}'"
+    return None
+
+
+def _resumes(
+    stragglers: Mapping[str, Verdict],
+    by_name: Mapping[str, NodeInfo],
+    ingero_drained: set[str],
+    config: DrainConfig,
+    memory: DrainMemory,
+) -> list[Decision]:
+    out = []
+    for name in sorted(ingero_drained):
+        if name in stragglers:
+            memory.healthy_ticks[name] = 0
+            continue
+        memory.healthy_ticks[name] = memory.healthy_ticks.get(name, 0) + 1
+        if memory.healthy_ticks[name] < config.min_intervals:
+            continue
+        info = by_name[name]
+        if info.down or info.reboot_pending:
+            continue
+        cluster = memory.clusters.get(name, "")
+        if config.dry_run:
+            if memory.last_skip.get(name) != "dry_run_resume":
+                memory.last_skip[name] = "dry_run_resume"
+                out.append(
+                    Decision("skip", name, cluster, "dry run: would resume (recovered)", "dry_run")
+                )
+            continue
+        out.append(Decision("resume", name, cluster, f"recovered for {config.min_intervals} ticks"))
+    for name in list(memory.healthy_ticks):
+        if name not in ingero_drained:
+            del memory.healthy_ticks[name]
+    return out
+
+
+def _decision(action: Action, verdict: Verdict, reason: str, code: str = "") -> Decision:
+    return Decision(
+        action=action,
+        node=verdict.node_id,
+        cluster_id=verdict.cluster_id,
+        reason=reason,
+        code=code,
+        job_id=verdict.job_id,
+        rank=verdict.rank,
+        score=verdict.score,
+        threshold=verdict.threshold,
+    )

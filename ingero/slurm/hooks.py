@@ -1,0 +1,301 @@
+"""Slurm Prolog, Epilog and TaskProlog logic: ``python -m ingero.slurm.hooks prolog|epilog|taskprolog``.
+
+Rules every hook keeps: it never runs a Slurm command (slurmd waits on the prolog, and a
+slurmctld round trip from every node of a large job at once is a storm); it imports only
+the standard library, python-hostlist and small ingero modules, so it starts fast; and it
+always exits 0, because a failing prolog or epilog drains the node. Problems are reported to
+the journal (native socket) and stderr.
+
+- prolog (root, every allocated node, ``PrologFlags=Alloc``): writes the job file.
+- taskprolog (job user, every task): prints ``export INGERO_...=...`` lines, which Slurm adds
+  to the task's environment.
+- epilog (root): writes a ``job_summary`` event (time spent as straggler, worst score) from
+  the node's event log, then removes the job file.
+
+Environment (besides Slurm's): ``INGERO_JOBS_DIR`` (default ``/run/ingero/jobs``),
+``INGERO_EVENT_LOG`` (NDJSON event log, default ``/var/lib/ingero/events.ndjson``),
+``INGERO_JOURNAL_SOCKET`` (default ``/run/systemd/journal/socket``).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import socket
+import sys
+import time
+from collections.abc import Iterable, Mapping
+from pathlib import Path
+from typing import Any
+
+from ingero.slurm.jobfile import JobInfo, check_job_id, jobs_dir, read_job, remove_job, write_job
+
+EVENT_LOG = "/var/lib/ingero/events.ndjson"
+JOURNAL_SOCKET = "/run/systemd/journal/socket"
+# The epilog reads at most this much of the end of the event log, so a huge log stays fast.
+EVENT_LOG_TAIL_BYTES = 4 << 20
+# Stable journald MESSAGE_ID for hook problems (not an event type: nothing downstream parses it).
+HOOK_PROBLEM_MESSAGE_ID = "6f3c2a1e9b8d4c7a8e5f0a1b2c3d4e60"
+
+
+def _env_job_id(env: Mapping[str, str]) -> str:
+    job = env.get("SLURM_JOB_ID") or env.get("SLURM_JOBID") or ""
+    return check_job_id(job)
+
+
+def _split_gpus(value: str | None) -> list[str]:
+    if not value or value in ("NoDevFiles", "(null)"):
+        return []
+    return [part.strip() for part in value.split(",") if part.strip()]
+
+
+def _expand(nodelist: str) -> list[str]:
+    import hostlist  # python-hostlist: a single pure-Python module, cheap to import
+
+    try:
+        names: list[str] = hostlist.expand_hostlist(nodelist)
+    except hostlist.BadHostlist as exc:
+        raise ValueError(f"cannot expand the job's node list {nodelist!r}: {exc}") from None
+    return names
+
+
+def job_info_from_env(env: Mapping[str, str], now: float) -> JobInfo:
+    """The job file's content from a prolog's (or task's) environment; ValueError if unusable."""
+    job_id = _env_job_id(env)
+    node = env.get("SLURMD_NODENAME") or ""
+    if not node:
+        raise ValueError("SLURMD_NODENAME is not set")
+    # The prolog sees SLURM_NODELIST; tasks see SLURM_JOB_NODELIST (the step's list differs).
+    nodelist = env.get("SLURM_JOB_NODELIST") or env.get("SLURM_NODELIST") or ""
+    nodes = _expand(nodelist) if nodelist else []
+    rank = nodes.index(node) if node in nodes else None
+    count = env.get("SLURM_JOB_NUM_NODES") or env.get("SLURM_NNODES")
+    world_size = int(count) if count and count.isdigit() else (len(nodes) or None)
+    uid = env.get("SLURM_JOB_UID")
+    gpus = _split_gpus(env.get("SLURM_JOB_GPUS")) or _split_gpus(env.get("CUDA_VISIBLE_DEVICES"))
+    return JobInfo(
+        job_id=job_id,
+        cluster_id=env.get("SLURM_CLUSTER_NAME") or "default",
+        node_id=node,
+        rank=rank,
+        world_size=world_size,
+        nodes=nodes,
+        user=env.get("SLURM_JOB_USER") or None,
+        uid=int(uid) if uid and uid.isdigit() else None,
+        partition=env.get("SLURM_JOB_PARTITION") or None,
+        gpus=gpus,
+        started_at=now,
+    )
+
+
+def task_exports(info: JobInfo, env: Mapping[str, str]) -> list[str]:
+    """TaskProlog output: one ``export NAME=value`` line per variable (Slurm's protocol)."""
+    values: dict[str, str | int | None] = {
+        "INGERO_CLUSTER_ID": info.cluster_id,
+        "INGERO_JOB_ID": info.job_id,
+        "INGERO_NODE_ID": info.node_id,
+        "INGERO_RANK": info.rank,
+        "INGERO_WORLD_SIZE": info.world_size,
+        "INGERO_TASK_RANK": env.get("SLURM_PROCID"),
+    }
+    lines = []
+    for name, value in values.items():
+        text = "" if value is None else str(value)
+        # Slurm takes the rest of the line verbatim; a newline or NUL would start a new line.
+        if text and not any(c in text for c in "\n\r\0"):
+            lines.append(f"export {name}={text}")
+    return lines
+
+
+def read_events(path: Path, tail_bytes: int = EVENT_LOG_TAIL_BYTES) -> list[dict[str, Any]]:
+    """Events from the end of an NDJSON log; unreadable lines are skipped, a missing file is []."""
+    try:
+        with path.open("rb") as f:
+            size = f.seek(0, os.SEEK_END)
+            f.seek(max(0, size - tail_bytes))
+            data = f.read()
+    except (FileNotFoundError, IsADirectoryError, PermissionError):
+        return []
+    lines = data.split(b"\n")
+    if len(data) >= tail_bytes:
+        lines = lines[1:]  # the first line was cut by the seek
+    events = []
+    for line in lines:
+        try:
+            item = json.loads(line)
+        except ValueError:
+            continue
+        if isinstance(item, dict):
+            events.append(item)
+    return events
+
+
+def _number(value: object) -> float | None:
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        return None
+    return float(value)
+
+
+def summarize(
+    events: Iterable[Mapping[str, Any]], job_id: str, node_id: str, start: float, end: float
+) -> dict[str, Any]:
+    """Time spent as straggler and worst score for one job on one node, from its events.
+
+    A straggler episode runs from a ``straggler_state`` event to the next
+    ``straggler_resolved`` (or the job's end); re-sent ``straggler_state`` events inside an
+    episode do not restart it. Lower scores are worse.
+    """
+    relevant = []
+    for event in events:
+        ts = _number(event.get("timestamp"))
+        if (
+            ts is not None
+            and event.get("node_id") == node_id
+            and str(event.get("job_id")) == job_id
+            and start <= ts <= end
+            and event.get("type") in ("straggler_state", "straggler_resolved")
+        ):
+            relevant.append((ts, event))
+    relevant.sort(key=lambda item: item[0])
+    straggler_seconds = 0.0
+    episodes = 0
+    worst: float | None = None
+    opened: float | None = None
+    for ts, event in relevant:
+        if event["type"] == "straggler_state":
+            score = _number(event.get("score"))
+            if score is not None:
+                worst = score if worst is None else min(worst, score)
+            if opened is None:
+                opened = ts
+                episodes += 1
+        elif opened is not None:
+            straggler_seconds += ts - opened
+            opened = None
+    if opened is not None:
+        straggler_seconds += end - opened
+    return {
+        "straggler_seconds": round(straggler_seconds, 3),
+        "straggler_episodes": episodes,
+        "worst_score": worst,
+        "job_seconds": round(max(0.0, end - start), 3),
+    }
+
+
+def _journal(fields: Mapping[str, str], socket_path: str) -> bool:
+    """Send one entry to journald's native socket; False when there is no journal."""
+    payload = bytearray()
+    for name, value in fields.items():
+        data = value.encode("utf-8", "replace")
+        if b"\n" in data:
+            payload += name.encode() + b"\n" + len(data).to_bytes(8, "little") + data + b"\n"
+        else:
+            payload += name.encode() + b"=" + data + b"\n"
+    try:
+        with socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM) as sock:
+            sock.sendto(bytes(payload), socket_path)
+    except OSError:
+        return False
+    return True
+
+
+def report_problem(hook: str, message: str, env: Mapping[str, str]) -> None:
+    """A hook problem: to the journal (priority warning) and to stderr; never raises."""
+    text = f"ingero slurm {hook}: {message}"
+    with contextlib.suppress(OSError):
+        print(text, file=sys.stderr)
+    _journal(
+        {
+            "MESSAGE": text,
+            "MESSAGE_ID": HOOK_PROBLEM_MESSAGE_ID,
+            "PRIORITY": "4",
+            "SYSLOG_IDENTIFIER": "ingero-slurm",
+            "INGERO_HOOK": hook,
+            "INGERO_JOB": env.get("SLURM_JOB_ID", ""),
+            "INGERO_NODE": env.get("SLURMD_NODENAME", ""),
+        },
+        env.get("INGERO_JOURNAL_SOCKET") or JOURNAL_SOCKET,
+    )
+
+
+def run_prolog(env: Mapping[str, str], now: float) -> Path:
+    info = job_info_from_env(env, now)
+    return write_job(jobs_dir(dict(env)), info)
+
+
+def run_taskprolog(env: Mapping[str, str], now: float) -> list[str]:
+    directory = jobs_dir(dict(env))
+    info: JobInfo | None = None
+    try:
+        info = read_job(directory, _env_job_id(env))
+    except (OSError, ValueError):
+        info = None
+    # Without a job file (prolog not configured or it failed) the task's env says the same.
+    if info is None or info.node_id != env.get("SLURMD_NODENAME", info.node_id):
+        info = job_info_from_env(env, now)
+    lines = task_exports(info, env)
+    sys.stdout.write("".join(line + "\n" for line in lines))
+    sys.stdout.flush()
+    return lines
+
+
+def run_epilog(env: Mapping[str, str], now: float) -> dict[str, Any]:
+    """Emit the job summary event, then remove the job file; returns the event as a dict."""
+    from ingero.events import Event
+
+    directory = jobs_dir(dict(env))
+    job_id = _env_job_id(env)
+    info: JobInfo | None
+    try:
+        info = read_job(directory, job_id)
+    except ValueError as exc:
+        report_problem("epilog", f"{exc}; summarising from the environment", env)
+        info = None
+    if info is None:
+        info = job_info_from_env(env, now)
+    start = info.started_at if info.started_at is not None else now
+    log_path = Path(env.get("INGERO_EVENT_LOG") or EVENT_LOG)
+    summary = summarize(read_events(log_path), job_id, info.node_id, start, now)
+    event = Event(
+        type="job_summary",
+        node_id=info.node_id,
+        cluster_id=info.cluster_id,
+        timestamp=now,
+        job_id=job_id,
+        rank=info.rank,
+        score=summary["worst_score"],
+        extra={**summary, "world_size": info.world_size, "user": info.user},
+    )
+    _journal(event.journal_fields(), env.get("INGERO_JOURNAL_SOCKET") or JOURNAL_SOCKET)
+    if log_path.parent.is_dir():
+        try:
+            with log_path.open("a") as out:
+                out.write(event.to_json() + "\n")
+        except OSError as exc:
+            report_problem("epilog", f"cannot append the job summary to {log_path}: {exc}", env)
+    remove_job(directory, job_id)
+    return event.to_dict()
+
+
+def main(argv: list[str] | None = None, env: Mapping[str, str] | None = None) -> int:
+    """Run one hook; always returns 0 (a non-zero prolog/epilog exit drains the node)."""
+    args = sys.argv[1:] if argv is None else argv
+    environ = os.environ if env is None else env
+    hook = args[0] if args else ""
+    try:
+        if hook == "prolog":
+            run_prolog(environ, time.time())
+        elif hook == "epilog":
+            run_epilog(environ, time.time())
+        elif hook == "taskprolog":
+            run_taskprolog(environ, time.time())
+        else:
+            report_problem(hook or "?", "usage: hooks prolog|epilog|taskprolog", environ)
+    except Exception as exc:  # never fail a Slurm hook: report and carry on
+        report_problem(hook, f"{type(exc).__name__}: {exc}", environ)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,181 @@
+"""The drain policy's rules, one by one, on plain values."""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+
+import pytest
+
+from ingero.fleet.config import DrainConfig
+from ingero.slurm.backend import NodeInfo
+from ingero.slurm.drain_policy import Decision, DrainMemory, decide, drain_reason, max_drained
+
+SINCE = 1_795_000_000.0  # 2026-11-18T11:06:40Z
+
+
+@dataclass(frozen=True)
+class V:
+    node_id: str
+    score: float = 0.41
+    threshold: float = 0.87
+    consecutive_straggler_ticks: int = 6
+    straggler: bool = True
+    cluster_id: str = "lab"
+    job_id: str | None = "1234"
+    rank: int | None = 2
+    since: float = SINCE
+    panic: bool = False
+    quorum_met: bool = True
+
+
+def idle(name: str, **kw: object) -> NodeInfo:
+    return NodeInfo(name=name, state=str(kw.pop("state", "idle")), **kw)  # type: ignore[arg-type]
+
+
+NODES = [idle(f"n{i}") for i in range(1, 11)]  # 10 nodes: max_fraction 0.1 -> one drain
+ON = DrainConfig(enabled=True)
+
+
+def run(
+    verdicts: list[V],
+    nodes: list[NodeInfo] = NODES,
+    config: DrainConfig = ON,
+    memory: DrainMemory | None = None,
+    now: float = 10_000.0,
+) -> list[Decision]:
+    return decide(verdicts, nodes, config, memory or DrainMemory(), now)
+
+
+def test_off_by_default_decides_nothing() -> None:
+    assert run([V("n3")], config=DrainConfig()) == []
+
+
+def test_drains_a_persistent_straggler_with_the_documented_reason() -> None:
+    (d,) = run([V("n3")])
+    assert d.action == "drain" and d.node == "n3" and d.job_id == "1234"
+    assert d.reason == (
+        "ingero: straggler score=0.41 threshold=0.87 job=1234 since=2026-11-18T11:06:40Z"
+    )
+    assert d.reason == drain_reason(V("n3"))
+
+
+def test_reason_without_job() -> None:
+    assert " job=none " in drain_reason(V("n3", job_id=None))
+
+
+def test_needs_min_intervals_consecutive_ticks() -> None:
+    assert run([V("n3", consecutive_straggler_ticks=5)]) == []
+    assert [d.action for d in run([V("n3", consecutive_straggler_ticks=6)])] == ["drain"]
+
+
+def test_non_stragglers_are_ignored() -> None:
+    assert run([V("n3", straggler=False)]) == []
+
+
+@pytest.mark.parametrize(
+    ("verdict", "nodes", "code"),
+    [
+        (V("n3", panic=True), NODES, "panic"),
+        (V("n3", quorum_met=False), NODES, "no_quorum"),
+        (V("zz"), NODES, "unknown_node"),
+        (V("n3"), [idle("n3", state="down", reason="hw fault"), *NODES[3:]], "down"),
+        (
+            V("n3"),
+            [idle("n3", flags=frozenset({"REBOOT_REQUESTED"})), *NODES[3:]],
+            "reboot_pending",
+        ),
+        (
+            V("n3"),
+            [idle("n3", flags=frozenset({"DRAIN"}), reason="admin: DIMM"), *NODES[3:]],
+            "foreign_reason",
+        ),
+        (V("n3"), [idle("n3", flags=frozenset({"DRAIN"})), *NODES[3:]], "foreign_reason"),
+        (V("n3"), [idle("n3", reason="someone's note"), *NODES[3:]], "foreign_reason"),
+    ],
+)
+def test_skips_say_why(verdict: V, nodes: list[NodeInfo], code: str) -> None:
+    (d,) = run([verdict], nodes)
+    assert (d.action, d.code) == ("skip", code)
+    assert d.reason
+
+
+def test_a_skip_is_reported_once_per_reason() -> None:
+    memory = DrainMemory()
+    assert len(run([V("n3", panic=True)], memory=memory)) == 1
+    assert run([V("n3", panic=True)], memory=memory) == []
+    (d,) = run([V("n3", quorum_met=False)], memory=memory)
+    assert d.code == "no_quorum"
+    # recovered, then panics again: reported again
+    assert run([], memory=memory) == []
+    assert len(run([V("n3", panic=True)], memory=memory)) == 1
+
+
+def test_already_drained_by_ingero_is_left_as_is() -> None:
+    nodes = [idle("n3", flags=frozenset({"DRAIN"}), reason=drain_reason(V("n3"))), *NODES[3:]]
+    assert run([V("n3")], nodes) == []
+
+
+def test_max_fraction_counts_nodes_ingero_holds_and_this_tick() -> None:
+    decisions = run([V("n3", score=0.3), V("n4", score=0.4)])
+    assert [(d.node, d.action, d.code) for d in decisions] == [
+        ("n3", "drain", ""),  # the worst first
+        ("n4", "skip", "max_fraction"),
+    ]
+    held = [idle("n1", flags=frozenset({"DRAIN"}), reason="ingero: straggler ..."), *NODES[1:]]
+    (d,) = run([V("n4")], held)
+    assert d.code == "max_fraction"
+
+
+def test_max_fraction_rounds_down() -> None:
+    assert max_drained(10, 0.1) == 1
+    assert max_drained(9, 0.1) == 0
+    assert max_drained(3, 0.34) == 1
+    assert max_drained(3, 0.67) == 2
+    (d,) = run([V("n1")], NODES[:9])
+    assert d.code == "max_fraction"
+
+
+def test_cooldown_after_ingero_acted() -> None:
+    memory = DrainMemory(last_action={"n3": 9_000.0})
+    (d,) = run([V("n3")], memory=memory, now=10_000.0)
+    assert d.code == "cooldown"
+    (d,) = run([V("n3")], memory=DrainMemory(last_action={"n3": 9_000.0}), now=9_000.0 + 1800)
+    assert d.action == "drain"
+
+
+def test_dry_run_only_says_what_it_would_do() -> None:
+    (d,) = run([V("n3")], config=dataclasses.replace(ON, dry_run=True))
+    assert (d.action, d.code) == ("skip", "dry_run")
+    assert drain_reason(V("n3")) in d.reason
+
+
+def test_auto_resume_after_min_intervals_healthy_ticks() -> None:
+    config = dataclasses.replace(ON, auto_resume=True, min_intervals=2)
+    nodes = [
+        idle("n3", flags=frozenset({"DRAIN"}), reason="ingero: x"),
+        idle("n4", flags=frozenset({"DRAIN"}), reason="admin"),
+        *NODES[4:],
+    ]
+    memory = DrainMemory()
+    assert run([V("n3", consecutive_straggler_ticks=9)], nodes, config, memory) == []
+    assert run([], nodes, config, memory) == []
+    (d,) = run([], nodes, config, memory)
+    assert (d.action, d.node) == ("resume", "n3")  # never n4: its reason is not ingero's
+
+
+def test_auto_resume_starts_over_when_the_node_expires() -> None:
+    config = dataclasses.replace(ON, auto_resume=True, min_intervals=2)
+    nodes = [idle("n3", flags=frozenset({"DRAIN"}), reason="ingero: x"), *NODES[3:]]
+    memory = DrainMemory()
+    assert run([], nodes, config, memory) == []
+    assert decide([], nodes, config, memory, 0.0, expired=["n3"]) == []
+    assert run([], nodes, config, memory) == []
+    assert [d.action for d in run([], nodes, config, memory)] == ["resume"]
+
+
+def test_no_auto_resume_unless_enabled() -> None:
+    nodes = [idle("n3", flags=frozenset({"DRAIN"}), reason="ingero: x"), *NODES[3:]]
+    memory = DrainMemory()
+    for _ in range(10):
+        assert run([], nodes, ON, memory) == []

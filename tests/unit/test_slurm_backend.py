@@ -1,0 +1,190 @@
+"""Parsing real scontrol/sinfo output (captured from Slurm 22.05, see tests/fixtures/slurm)
+and the commands ScontrolBackend runs."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Sequence
+from pathlib import Path
+
+import pytest
+
+from ingero.errors import ConfigError
+from ingero.slurm.backend import (
+    NodeInfo,
+    ScontrolBackend,
+    SlurmError,
+    make_backend,
+    parse_scontrol_nodes,
+    parse_sinfo_json,
+)
+
+FIXTURES = Path(__file__).parent.parent / "fixtures" / "slurm"
+SCONTROL = (FIXTURES / "scontrol_show_node_2205.txt").read_text()
+SINFO_JSON = (FIXTURES / "sinfo_json_2205.json").read_text()
+INGERO = "ingero: straggler score=0.41 threshold=0.87 job=7 since=2026-11-22T21:00:00Z"
+
+# name, base state, flags, reason, down, drained, reboot_pending, ingero_reason
+EXPECTED = [
+    ("n1", "idle", set(), None, False, False, False, False),
+    ("n2", "idle", {"DRAIN"}, "admin: bad DIMM #42", False, True, False, False),
+    ("n3", "idle", {"DRAIN"}, INGERO, False, True, False, True),
+    ("n4", "down", set(), "hw fault", True, False, False, False),
+    (
+        "n5",
+        "down",
+        {"DRAIN", "REBOOT_ISSUED"},
+        "kernel update : reboot issued",
+        True,
+        True,
+        True,
+        False,
+    ),
+    ("n6", "mixed", {"DRAIN"}, INGERO, False, True, False, True),
+]
+
+
+@pytest.mark.parametrize(
+    "parse",
+    [lambda: parse_scontrol_nodes(SCONTROL), lambda: parse_sinfo_json(SINFO_JSON)],
+    ids=["scontrol", "sinfo-json"],
+)
+def test_parses_every_captured_state(parse: object) -> None:
+    assert callable(parse)
+    nodes = {n.name: n for n in parse()}
+    assert sorted(nodes) == [row[0] for row in EXPECTED]
+    for name, state, flags, reason, down, drained, reboot, ingero in EXPECTED:
+        node = nodes[name]
+        assert (node.state, set(node.flags), node.reason) == (state, flags, reason), name
+        assert (node.down, node.drained, node.reboot_pending, node.ingero_reason) == (
+            down,
+            drained,
+            reboot,
+            ingero,
+        ), name
+        assert node.reason_user == ("root" if reason else None)
+
+
+def test_both_parsers_agree_on_times() -> None:
+    a = {n.name: n.reason_time for n in parse_scontrol_nodes(SCONTROL)}
+    b = {n.name: n.reason_time for n in parse_sinfo_json(SINFO_JSON)}
+    assert a == b  # the fixtures were captured on a UTC host
+
+
+def test_newer_sinfo_json_state_list() -> None:
+    text = json.dumps(
+        {
+            "nodes": [
+                {
+                    "name": "a",
+                    "state": ["IDLE", "DRAIN"],
+                    "reason": "x",
+                    "reason_changed_at": {"set": True, "number": 5},
+                }
+            ]
+        }
+    )
+    (node,) = parse_sinfo_json(text)
+    assert (node.state, node.flags, node.reason_time) == ("idle", frozenset({"DRAIN"}), 5.0)
+
+
+@pytest.mark.parametrize(
+    "text",
+    [
+        "not json",
+        "[]",
+        '{"nodes": {}}',
+        '{"nodes": [{"state": "idle"}]}',
+        '{"nodes": [{"name": "a"}]}',
+    ],
+)
+def test_bad_sinfo_json_is_a_clear_error(text: str) -> None:
+    with pytest.raises(SlurmError, match="sinfo --json"):
+        parse_sinfo_json(text)
+
+
+@pytest.mark.parametrize("text", ["garbage line\n", "NodeName=a Arch=x86_64\n"])
+def test_bad_scontrol_output_is_a_clear_error(text: str) -> None:
+    with pytest.raises(SlurmError, match="scontrol show node"):
+        parse_scontrol_nodes(text)
+
+
+class FakeSlurm:
+    """Stands in for the Slurm commands (external programs), recording what was run."""
+
+    def __init__(self, outputs: dict[str, str | Exception]) -> None:
+        self.outputs = outputs
+        self.calls: list[list[str]] = []
+
+    def __call__(self, args: Sequence[str], timeout: float) -> str:
+        assert timeout == 3.0
+        self.calls.append(list(args))
+        out = self.outputs.get(args[0] + " " + args[1], "")
+        if isinstance(out, Exception):
+            raise out
+        return out
+
+
+def test_reads_json_first() -> None:
+    fake = FakeSlurm({"sinfo --json": SINFO_JSON})
+    nodes = ScontrolBackend(timeout=3.0, runner=fake).nodes()
+    assert len(nodes) == 6 and fake.calls == [["sinfo", "--json"]]
+
+
+def test_falls_back_to_scontrol_when_json_is_unsupported_and_remembers() -> None:
+    fake = FakeSlurm(
+        {
+            "sinfo --json": SlurmError("sinfo: unrecognized option '--json'"),
+            "scontrol show": SCONTROL,
+        }
+    )
+    backend = ScontrolBackend(timeout=3.0, runner=fake)
+    assert [n.name for n in backend.nodes()] == ["n1", "n2", "n3", "n4", "n5", "n6"]
+    backend.nodes()
+    assert fake.calls.count(["sinfo", "--json"]) == 1
+
+
+def test_a_timeout_is_raised_not_taken_for_missing_json() -> None:
+    fake = FakeSlurm({"sinfo --json": SlurmError("sinfo --json: no answer within 3s")})
+    backend = ScontrolBackend(timeout=3.0, runner=fake)
+    with pytest.raises(SlurmError, match="no answer"):
+        backend.nodes()
+    fake.outputs["sinfo --json"] = SINFO_JSON
+    assert len(backend.nodes()) == 6
+
+
+def test_drain_and_resume_commands() -> None:
+    fake = FakeSlurm({})
+    backend = ScontrolBackend(timeout=3.0, runner=fake)
+    backend.drain("n3", INGERO)
+    backend.resume("n3")
+    assert fake.calls == [
+        ["scontrol", "update", "nodename=n3", "state=drain", f"reason={INGERO}"],
+        ["scontrol", "update", "nodename=n3", "state=resume"],
+    ]
+
+
+@pytest.mark.parametrize("node", ["", "n[1-3]", "n1,n2", "n1 n2", "a=b"])
+def test_refuses_anything_but_one_node_name(node: str) -> None:
+    backend = ScontrolBackend(timeout=3.0, runner=FakeSlurm({}))
+    with pytest.raises(ValueError, match="one node name"):
+        backend.drain(node, "ingero: x")
+    with pytest.raises(ValueError, match="one node name"):
+        backend.resume(node)
+
+
+def test_refuses_a_multiline_reason() -> None:
+    with pytest.raises(ValueError, match="one non-empty line"):
+        ScontrolBackend(timeout=3.0, runner=FakeSlurm({})).drain("n1", "a\nb")
+
+
+def test_backend_choice() -> None:
+    with pytest.raises(ConfigError, match="pyslurm"):
+        make_backend("pyslurm")
+    with pytest.raises(ConfigError, match="unknown"):
+        make_backend("slurmrestd")
+
+
+def test_nodeinfo_defaults() -> None:
+    node = NodeInfo("a", "idle")
+    assert not (node.down or node.drained or node.reboot_pending or node.ingero_reason)
