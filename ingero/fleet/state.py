@@ -248,7 +248,25 @@ class FleetState:
         new_since = np.where(entering, now, np.where(now_straggler, since, np.nan))
         n_straggler = np.bincount(gids[now_straggler], minlength=gn)
 
-        # Phase 3 (locked): store per-node state, build events, verdicts and views.
+        groups, clusters, views = self._summaries(
+            live_groups,
+            now,
+            gkeys=gkeys,
+            gcluster=gcluster,
+            gjob=gjob,
+            gworkload=gworkload,
+            figs=figs,
+            raw=raw,
+            thr=thr,
+            quorum=quorum,
+            panic=panic,
+            n_active=n_active,
+            n_idle=n_idle,
+            n_tracked=n_tracked,
+            n_below=n_below,
+            n_straggler=n_straggler,
+        )
+        # Phase 3 (locked): store per-node state, build events and verdicts, publish.
         with self._lock:
             self._straggler[idx] = now_straggler
             self._consec[idx] = new_consec
@@ -306,10 +324,20 @@ class FleetState:
                     )
                 )
             verdicts: list[NodeVerdict] = []
-            for pos in np.flatnonzero(now_straggler).tolist():
-                slot = int(idx[pos])
-                g = int(gids[pos])
-                if entering[pos]:
+            sel = np.flatnonzero(now_straggler)
+            thr_l = thr.tolist()
+            panic_l = panic.tolist()
+            rows = zip(
+                idx[sel].tolist(),
+                gids[sel].tolist(),
+                scores[sel].tolist(),
+                entering[sel].tolist(),
+                new_consec[sel].tolist(),
+                new_since[sel].tolist(),
+                strict=True,
+            )
+            for slot, g, score, enters, ticks, began in rows:
+                if enters:
                     self._episode_id[slot] = new_event_id()
                     events.append(
                         Event(
@@ -320,11 +348,11 @@ class FleetState:
                             event_id=self._episode_id[slot],
                             job_id=gjob[g],
                             rank=self._rank[slot],
-                            score=float(scores[pos]),
-                            threshold=float(thr[g]),
+                            score=score,
+                            threshold=thr_l[g],
                             detection_mode=DETECTION_MODE,
                             dominant_signal=self._signal[slot],
-                            extra={"group": gkeys[g], "panic": bool(panic[g])},
+                            extra={"group": gkeys[g], "panic": panic_l[g]},
                         )
                     )
                 verdicts.append(
@@ -334,36 +362,18 @@ class FleetState:
                         group=gkeys[g],
                         job_id=gjob[g],
                         rank=self._rank[slot],
-                        score=float(scores[pos]),
-                        threshold=float(thr[g]),
+                        score=score,
+                        threshold=thr_l[g],
                         straggler=True,
-                        consecutive_straggler_ticks=int(new_consec[pos]),
-                        since=float(new_since[pos]),
-                        panic=bool(panic[g]),
+                        consecutive_straggler_ticks=ticks,
+                        since=began,
+                        panic=panic_l[g],
                         quorum_met=True,
                         dominant_signal=self._signal[slot],
                         event_id=self._episode_id[slot],
                     )
                 )
 
-            groups, clusters, views = self._summaries(
-                live_groups,
-                now,
-                gkeys=gkeys,
-                gcluster=gcluster,
-                gjob=gjob,
-                gworkload=gworkload,
-                figs=figs,
-                raw=raw,
-                thr=thr,
-                quorum=quorum,
-                panic=panic,
-                n_active=n_active,
-                n_idle=n_idle,
-                n_tracked=n_tracked,
-                n_below=n_below,
-                n_straggler=n_straggler,
-            )
             self._views = views
             self._groups = groups
             self._clusters = clusters
@@ -508,12 +518,17 @@ class FleetState:
         n_straggler: np.ndarray,
     ) -> tuple[tuple[GroupStats, ...], tuple[ClusterStats, ...], dict[str, ThresholdView]]:
         qcfg = self._config.quorum
+        live = live_groups.tolist()
+        # Plain lists: indexing numpy scalars one by one costs more than the conversion.
+        active_l = n_active[live_groups].tolist()
+        idle_l = n_idle[live_groups].tolist()
+        tracked_l = n_tracked[live_groups].tolist()
         per_cluster: dict[str, list[int]] = {}
-        for g in live_groups.tolist():
+        for g, act, idl, tracked in zip(live, active_l, idle_l, tracked_l, strict=True):
             counts = per_cluster.setdefault(gcluster[g], [0, 0, 0, 0])
-            counts[0] += int(n_active[g])
-            counts[1] += int(n_idle[g])
-            counts[2] += int(n_tracked[g])
+            counts[0] += act
+            counts[1] += idl
+            counts[2] += tracked
             counts[3] += 1
         low_of: dict[str, bool] = {}
         clusters: list[ClusterStats] = []
@@ -531,44 +546,54 @@ class FleetState:
                     computed_at=now,
                 )
             )
+        columns = zip(
+            live,
+            _floats(thr[live_groups]),
+            _floats(raw[live_groups]),
+            _floats(figs.median[live_groups]),
+            _floats(figs.mad[live_groups]),
+            quorum[live_groups].tolist(),
+            panic[live_groups].tolist(),
+            active_l,
+            idle_l,
+            tracked_l,
+            n_below[live_groups].tolist(),
+            n_straggler[live_groups].tolist(),
+            strict=True,
+        )
         groups: list[GroupStats] = []
         views: dict[str, ThresholdView] = {}
-        for g in live_groups.tolist():
-            has_quorum = bool(quorum[g])
-            is_panic = bool(panic[g])
-            median = _finite(figs.median[g])
-            mad = _finite(figs.mad[g])
-            active = int(n_active[g])
+        for g, t, r, median, mad, q, p, act, idl, tracked, below, stragglers in columns:
             groups.append(
                 GroupStats(
                     cluster_id=gcluster[g],
                     group=gkeys[g],
                     job_id=gjob[g],
                     workload_type=gworkload[g],
-                    threshold=_finite(thr[g]),
-                    raw_threshold=_finite(raw[g]),
+                    threshold=t,
+                    raw_threshold=r,
                     median=median,
                     mad=mad,
-                    quorum_met=has_quorum,
-                    panic=is_panic,
-                    active_nodes=active,
-                    idle_nodes=int(n_idle[g]),
-                    straggler_count=int(n_straggler[g]),
+                    quorum_met=q,
+                    panic=p,
+                    active_nodes=act,
+                    idle_nodes=idl,
+                    straggler_count=stragglers,
                     coverage_low=low_of[gcluster[g]],
                     computed_at=now,
-                    below_count=int(n_below[g]),
-                    tracked_nodes=int(n_tracked[g]),
+                    below_count=below,
+                    tracked_nodes=tracked,
                 )
             )
             views[gkeys[g]] = ThresholdView(
                 cluster_id=gcluster[g],
                 group=gkeys[g],
-                threshold=_finite(thr[g]) if has_quorum else None,
+                threshold=t if q else None,
                 median=median,
                 mad=mad,
-                quorum_met=has_quorum,
-                panic=is_panic,
-                active_nodes=active,
+                quorum_met=q,
+                panic=p,
+                active_nodes=act,
                 computed_at=now,
             )
         return tuple(groups), tuple(clusters), views
@@ -577,6 +602,11 @@ class FleetState:
 def _finite(value: float | np.floating) -> float | None:
     number = float(value)
     return number if math.isfinite(number) else None
+
+
+def _floats(values: np.ndarray) -> list[float | None]:
+    """Python floats, NaN (no value) as None."""
+    return [v if math.isfinite(v) else None for v in values.tolist()]
 
 
 def _empty_view(cluster_id: str, group: str) -> ThresholdView:
