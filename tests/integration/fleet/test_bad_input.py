@@ -1,0 +1,193 @@
+"""Each kind of bad input gets a clear refusal, is counted, and leaves the score map intact."""
+
+from __future__ import annotations
+
+import gzip
+import socket
+from pathlib import Path
+
+import grpc
+import pytest
+from google.rpc.status_pb2 import Status
+from opentelemetry.proto.collector.metrics.v1.metrics_service_pb2 import (
+    ExportMetricsServiceResponse,
+)
+
+from ingero.fleet.model import NodePush
+from tests.integration.fleet.helpers import Fleet, expected_threshold, start_fleet, wait_for
+
+pytestmark = pytest.mark.integration
+
+GOOD = [NodePush(node_id=f"g{i}", cluster_id="c", score=0.9 - 0.01 * i) for i in range(6)]
+MAX_BODY = 64 * 1024
+
+
+@pytest.fixture(scope="module")
+def fleet(tmp_path_factory: pytest.TempPathFactory) -> Fleet:
+    daemon = start_fleet(
+        tmp_path_factory.mktemp("bad"), {"limits": {"max_nodes": 10, "max_body_bytes": MAX_BODY}}
+    )
+    try:
+        assert daemon.push(GOOD).status == 200
+        wait_for(lambda: daemon.threshold("c").status == 200, what="first tick")
+        yield daemon  # type: ignore[misc]
+    finally:
+        daemon.stop()
+
+
+def intact(fleet: Fleet) -> None:
+    """The six good nodes, and only they, define the threshold; the daemon still answers."""
+    view = fleet.threshold("c").json()
+    assert view["active_nodes"] == 6
+    assert view["threshold"] == pytest.approx(expected_threshold(p.score for p in GOOD), abs=1e-12)
+    assert fleet.proc.poll() is None
+
+
+def status_message(body: bytes) -> str:
+    return Status.FromString(body).message
+
+
+def test_malformed_protobuf(fleet: Fleet) -> None:
+    reply = fleet.post_metrics(b"\x0a\xff\xff\xff\xff\x0f", "application/x-protobuf")
+    assert reply.status == 400
+    assert "malformed protobuf" in status_message(reply.body)
+    assert fleet.metric("ingero_fleet_rejected_total", reason="malformed") >= 1
+    intact(fleet)
+
+
+def test_malformed_json(fleet: Fleet) -> None:
+    reply = fleet.post_metrics(b'{"resourceMetrics": [', "application/json")
+    assert reply.status == 400
+    assert "malformed JSON" in reply.json()["message"]
+    intact(fleet)
+
+
+def test_wrong_content_type(fleet: Fleet) -> None:
+    reply = fleet.post_metrics(b"score=1", "text/plain")
+    assert reply.status == 415
+    assert fleet.metric("ingero_fleet_rejected_total", reason="unsupported_media_type") == 1
+    assert fleet.metric("ingero_fleet_requests_total", transport="http", code="415") == 1
+    intact(fleet)
+
+
+@pytest.mark.parametrize("score", [float("nan"), float("inf"), -0.5, 1.01])
+def test_bad_scores_get_partial_success(fleet: Fleet, score: float) -> None:
+    before = fleet.metric("ingero_fleet_rejected_total", reason="bad_score")
+    reply = fleet.push([NodePush(node_id="g0", cluster_id="c", score=score), GOOD[1]])
+    assert reply.status == 200
+    partial = ExportMetricsServiceResponse.FromString(reply.body).partial_success
+    assert partial.rejected_data_points == 1
+    assert "not in [0, 1]" in partial.error_message
+    assert fleet.metric("ingero_fleet_rejected_total", reason="bad_score") == before + 1
+    intact(fleet)
+
+
+def test_missing_node_id(fleet: Fleet) -> None:
+    reply = fleet.push([NodePush(node_id="", cluster_id="c", score=0.1)], "json")
+    assert reply.status == 200
+    partial = reply.json()["partialSuccess"]
+    assert partial["rejectedDataPoints"] == "1"
+    assert "ingero.node.id" in partial["errorMessage"]
+    assert "x-ingero-threshold" not in reply.headers  # nothing accepted, no group to answer for
+    intact(fleet)
+
+
+def test_declared_oversized_body_refused_before_reading(fleet: Fleet) -> None:
+    host, _, port = fleet.otlp_http.rpartition(":")
+    with socket.create_connection((host, int(port)), timeout=10) as sock:
+        # Only the head is sent: a 50 MB body is announced and never transmitted.
+        sock.sendall(
+            b"POST /v1/metrics HTTP/1.1\r\nHost: x\r\nContent-Type: application/x-protobuf\r\n"
+            b"Content-Length: 52428800\r\n\r\n"
+        )
+        answer = sock.recv(65536)
+    assert answer.startswith(b"HTTP/1.1 413 ")
+    assert b"Connection: close" in answer
+    assert fleet.metric("ingero_fleet_rejected_total", reason="too_large") >= 1
+    intact(fleet)
+
+
+def test_gzip_bomb_stops_at_the_limit(fleet: Fleet) -> None:
+    bomb = gzip.compress(b"\0" * (20 * MAX_BODY))
+    assert len(bomb) < MAX_BODY
+    reply = fleet.post_metrics(bomb, "application/x-protobuf", {"Content-Encoding": "gzip"})
+    assert reply.status == 413
+    assert "decompressed" in status_message(reply.body)
+    reply = fleet.post_metrics(b"not gzip", "application/x-protobuf", {"Content-Encoding": "gzip"})
+    assert reply.status == 400
+    reply = fleet.post_metrics(b"x", "application/x-protobuf", {"Content-Encoding": "br"})
+    assert reply.status == 415
+    intact(fleet)
+
+
+def test_chunked_and_garbage_requests(fleet: Fleet) -> None:
+    host, _, port = fleet.otlp_http.rpartition(":")
+    for raw, status in (
+        (b"POST /v1/metrics HTTP/1.1\r\nTransfer-Encoding: chunked\r\n\r\n", b"411"),
+        (b"\x16\x03\x01 garbage\r\n\r\n", b"400"),
+        (b"GET /v1/metrics HTTP/1.1\r\n\r\n", b"405"),
+        (b"POST /nope HTTP/1.1\r\nContent-Length: 0\r\n\r\n", b"404"),
+    ):
+        with socket.create_connection((host, int(port)), timeout=10) as sock:
+            sock.sendall(raw)
+            assert sock.recv(65536).split(b" ")[1] == status, raw
+    intact(fleet)
+
+
+def test_flood_of_unknown_nodes_beyond_the_cap(fleet: Fleet) -> None:
+    flood = [NodePush(node_id=f"flood{i}", cluster_id="other", score=0.5) for i in range(50)]
+    reply = fleet.push(flood)
+    partial = ExportMetricsServiceResponse.FromString(reply.body).partial_success
+    # max_nodes is 10 and the 6 good nodes are tracked: 4 get in, 46 are refused.
+    assert partial.rejected_data_points == 46
+    assert "limits.max_nodes" in partial.error_message
+    assert fleet.metric("ingero_fleet_rejected_total", reason="capacity") == 46
+    # Known nodes still push.
+    assert fleet.push(GOOD).status == 200
+    intact(fleet)
+
+
+def test_grpc_malformed_message(fleet: Fleet) -> None:
+    with grpc.insecure_channel(fleet.otlp_grpc) as channel:
+        export = channel.unary_unary(
+            "/opentelemetry.proto.collector.metrics.v1.MetricsService/Export",
+            request_serializer=lambda b: b,
+            response_deserializer=ExportMetricsServiceResponse.FromString,
+        )
+        with pytest.raises(grpc.RpcError) as info:
+            export(b"\x0a\xff\xff\xff\xff\x0f", timeout=10)
+    assert info.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+    assert "malformed protobuf" in info.value.details()
+    assert (
+        fleet.metric("ingero_fleet_requests_total", transport="grpc", code="INVALID_ARGUMENT") == 1
+    )
+    intact(fleet)
+
+
+def test_api_bad_queries(fleet: Fleet) -> None:
+    reply = fleet.request(fleet.api, "GET", "/api/v1/threshold")
+    assert reply.status == 400 and "cluster_id" in reply.json()["error"]
+    reply = fleet.threshold("nowhere")
+    assert reply.status == 404 and reply.json()["error"] == "no such peer group"
+    reply = fleet.request(fleet.api, "GET", "/api/v1/threshold?cluster_id=c&&&=")
+    assert reply.status == 400
+    assert fleet.request(fleet.api, "POST", "/metrics", b"x").status == 405
+
+
+def test_bad_config_is_one_line_and_exit_78(tmp_path: Path) -> None:
+    import subprocess
+    import sys
+
+    from tests.integration.fleet.helpers import ROOT
+
+    config = tmp_path / "fleet.yaml"
+    config.write_text("threshold: {k: -1}\n")
+    result = subprocess.run(
+        [sys.executable, "-m", "ingero.cli.main", "fleet", "--config", str(config)],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert result.returncode == 78
+    assert result.stderr.count("\n") == 1 and "threshold.k" in result.stderr
