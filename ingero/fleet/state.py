@@ -62,7 +62,6 @@ def validate_push(push: NodePush) -> float:
 class _Closing:
     """What an episode-ending event needs about a node (captured before its slot is freed)."""
 
-    slot: int
     node_id: str
     cluster_id: str
     group: str
@@ -290,7 +289,6 @@ class FleetState:
                     reason = "recovered"
                 g_ev = g_new if reason in ("recovered", "quorum_lost") else g_old
                 closing = _Closing(
-                    slot=slot,
                     node_id=self._node_id[slot],
                     cluster_id=gcluster[g_old],
                     group=gkeys[g_old],
@@ -464,7 +462,6 @@ class FleetState:
                 gid = int(self._episode_gid[slot])
                 closing.append(
                     _Closing(
-                        slot=slot,
                         node_id=node_id,
                         cluster_id=self._gcluster[gid],
                         group=self._gkey[gid],

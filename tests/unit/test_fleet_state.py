@@ -267,6 +267,22 @@ def test_consecutive_ticks_count_and_reset_with_one_episode_id() -> None:
     assert again.event_id not in ids  # a new episode gets a new id
 
 
+def test_losing_quorum_ends_episodes() -> None:
+    state, clock, _ = make()
+    scores = healthy(5)
+    scores["n4"] = 0.2
+    feed(state, scores)
+    (entered,) = state.tick().events
+    clock.advance(5)
+    feed(state, scores)
+    state.ingest(push("n0", 0.9, state="stale"))
+    result = state.tick()
+    (resolved,) = result.events
+    assert resolved.type == "straggler_resolved" and resolved.event_id == entered.event_id
+    assert resolved.extra["reason"] == "quorum_lost"
+    assert result.verdicts == () and not result.groups[0].quorum_met
+
+
 def test_idle_nodes_leave_the_statistics() -> None:
     state, clock, _ = make()
     feed(state, healthy(6))
@@ -366,6 +382,17 @@ def test_capacity_cap_refuses_only_new_nodes() -> None:
     assert state.tick().expired_nodes == ("n0", "n2")
     state.ingest(push("n3", 0.9))  # room again after expiry
     assert state.node_count() == 2
+
+
+def test_peer_groups_are_capped_too() -> None:
+    state, _, _ = make(max_nodes=1)
+    state.ingest(push("n0", 0.9, job="1"))
+    state.ingest(push("n0", 0.9, job="2"))  # groups are forgotten only at a tick
+    with pytest.raises(CapacityError, match="peer groups"):
+        state.ingest(push("n0", 0.9, job="3"))
+    state.tick()
+    state.ingest(push("n0", 0.9, job="3"))
+    assert state.group_count() == 2
 
 
 @pytest.mark.parametrize(
