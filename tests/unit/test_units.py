@@ -97,7 +97,7 @@ def test_push_runs_after_trace_and_leaves_its_state_directory_alone() -> None:
 def test_nondirectory_paths_are_declared_by_systemd() -> None:
     text = (UNITS / "tmpfiles.d/ingero.conf").read_text()
     assert "d /var/lib/ingero 0770 root ingero -" in text
-    assert "d /run/ingero/jobs" in text
+    assert "d /run/ingero 0775 root ingero -" in text and "d /run/ingero/jobs" in text
     assert "u ingero " in (UNITS / "sysusers.d/ingero.conf").read_text()
 
 
