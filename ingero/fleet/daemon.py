@@ -225,7 +225,7 @@ class FleetDaemon:
         nodes = self.state.node_count()
         self.metrics.tracked_nodes.set(nodes)
         self.events.submit(result.events, source="tick")
-        for name, listener in self._tick_listeners:
+        for name, listener in list(self._tick_listeners):
             try:
                 listener(result)
             except Exception:

@@ -68,11 +68,13 @@ class Reply:
 
 @dataclass
 class Fleet:
-    proc: subprocess.Popen[bytes]
+    """A running fleet: a subprocess, or (``proc`` None) a FleetDaemon in this process."""
+
+    proc: subprocess.Popen[bytes] | None
     otlp_grpc: str
     otlp_http: str
     api: str
-    log_path: Path
+    log_path: Path | None = None
     token: str | None = None
     ssl_context: Any = None
     extra_headers: dict[str, str] = field(default_factory=dict)
@@ -153,9 +155,11 @@ class Fleet:
         )
 
     def log(self) -> str:
+        assert self.log_path is not None
         return self.log_path.read_text(errors="replace")
 
     def stop(self) -> int:
+        assert self.proc is not None
         if self.proc.poll() is None:
             self.proc.send_signal(signal.SIGTERM)
             try:

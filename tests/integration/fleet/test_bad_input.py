@@ -40,7 +40,7 @@ def intact(fleet: Fleet) -> None:
     view = fleet.threshold("c").json()
     assert view["active_nodes"] == 6
     assert view["threshold"] == pytest.approx(expected_threshold(p.score for p in GOOD), abs=1e-12)
-    assert fleet.proc.poll() is None
+    assert fleet.proc is not None and fleet.proc.poll() is None
 
 
 def status_message(body: bytes) -> str:
