@@ -24,6 +24,8 @@ COMMANDS: dict[str, str] = {
     "sink": "ingero.cli.sink:command",
     "events": "ingero.cli.events:events",
     "drain": "ingero.cli.drain:drain",
+    "workload": "ingero.cli.workload:workload",
+    "demo": "ingero.cli.demo:demo",
     "echo": "ingero.cli.echo:echo",
     "mcp": "ingero.cli.mcp:mcp",
 }

@@ -60,6 +60,12 @@ from ingero.errors import UsageError
     default=None,
     help="File holding the current slowdown (e.g. 0.3), re-read every interval.",
 )
+@click.option(
+    "--proc-dir",
+    type=click.Path(file_okay=False, path_type=Path),
+    default=None,
+    help="Also keep a synthetic /proc (stat, meminfo) of the simulated host here.",
+)
 @click.option("--job-id", default=None, help="Slurm job id to tag rows with.")
 @click.option("--rank", type=int, default=None)
 @click.option("--seed", type=int, default=None, help="Random seed (reproducible noise).")
@@ -73,6 +79,7 @@ def workload(
     noise: float,
     slowdown: float,
     control: Path | None,
+    proc_dir: Path | None,
     job_id: str | None,
     rank: int | None,
     seed: int | None,
@@ -98,7 +105,13 @@ def workload(
         if not 0 <= slowdown < 1:
             raise ValueError("--slowdown must be in [0, 1)")
         runner = WorkloadRunner(
-            db_path, profile, interval_s=interval, slowdown=slowdown, control=control, seed=seed
+            db_path,
+            profile,
+            interval_s=interval,
+            slowdown=slowdown,
+            control=control,
+            seed=seed,
+            proc_dir=proc_dir,
         )
     except ValueError as exc:
         raise UsageError(str(exc)) from None

@@ -57,7 +57,7 @@ class NodeSampler:
         self.db_path = db_path
         self.window_s = window_s
         self.clock = clock
-        self.proc = proc or ProcReader()
+        self.proc = proc or ProcReader(Path(config.proc_root))
         self.gpu = gpu or NoGpu()
         self.store = (
             BaselineStore(

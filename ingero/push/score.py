@@ -55,6 +55,8 @@ class ScoreConfig:
     ema_alpha_down: float = field(default=0.02, metadata=in_range(1e-6, 1.0))
     warmup_samples: int = field(default=6, metadata=positive())
     idle_after: int = field(default=3, metadata=positive())
+    # Where host CPU and memory are read; tests and the demo point it at a synthetic tree.
+    proc_root: str = "/proc"
 
     def validate(self) -> None:
         try:

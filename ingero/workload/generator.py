@@ -20,6 +20,8 @@ class WorkloadProfile:
     launches_per_step: int = 200
     gpus: int = 2
     gpu_busy: float = 0.85  # busy fraction of each GPU at full speed
+    cpu_busy: float = 0.3  # host CPU busy fraction at full speed (rises with a slowdown)
+    mem_available: float = 0.6  # host MemAvailable / MemTotal
     noise: float = 0.03  # relative standard deviation of every rate
     launch_call_ns: int = 6_000  # host time of one cudaLaunchKernel call
     pid: int = 4242
@@ -42,6 +44,8 @@ class TickRows:
     intervals: list[dict[str, Any]] = field(default_factory=list)
     gpu_intervals: list[dict[str, Any]] = field(default_factory=list)
     host_intervals: list[dict[str, Any]] = field(default_factory=list)
+    cpu_busy: float = 0.0  # for the synthetic /proc/stat
+    mem_available: float = 1.0  # for the synthetic /proc/meminfo
 
 
 class WorkloadGenerator:
@@ -88,7 +92,11 @@ class WorkloadGenerator:
                 "bytes": 0,
             }
 
-        rows = TickRows()
+        # The slowdown is modelled as host contention: the GPUs wait, the CPUs get busier.
+        rows = TickRows(
+            cpu_busy=min(1.0, (p.cpu_busy + 0.5 * slowdown) * self._jitter()),
+            mem_available=min(1.0, p.mem_available * self._jitter()),
+        )
         rows.intervals.append(
             interval(
                 "cuda_runtime", "cudaLaunchKernel", launches, p.launch_call_ns * self._jitter()

@@ -7,6 +7,7 @@ every interval, and SIGUSR1 toggles the ``--slowdown`` value on and off.
 from __future__ import annotations
 
 import logging
+import os
 import signal
 import sqlite3
 import threading
@@ -45,6 +46,38 @@ def read_control(path: Path) -> float | None:
     return value
 
 
+class SyntheticProc:
+    """A /proc tree (stat, meminfo) for a simulated host, replaced atomically every tick."""
+
+    CPUS = 32
+    HZ = 100
+    MEM_TOTAL_KIB = 512 * 2**20
+
+    def __init__(self, root: Path) -> None:
+        self.root = root
+        self.busy = 0
+        self.idle = 0
+        root.mkdir(parents=True, exist_ok=True)
+
+    def write(self, dt: float, cpu_busy: float, mem_available: float) -> None:
+        jiffies = round(dt * self.HZ * self.CPUS)
+        busy = round(jiffies * cpu_busy)
+        self.busy += busy
+        self.idle += jiffies - busy
+        user, system = self.busy * 4 // 5, self.busy - self.busy * 4 // 5
+        self._replace("stat", f"cpu  {user} 0 {system} {self.idle} 0 0 0 0 0 0\n")
+        available = int(self.MEM_TOTAL_KIB * mem_available)
+        self._replace(
+            "meminfo",
+            f"MemTotal:       {self.MEM_TOTAL_KIB} kB\nMemAvailable:   {available} kB\n",
+        )
+
+    def _replace(self, name: str, text: str) -> None:
+        tmp = self.root / f".{name}.tmp"
+        tmp.write_text(text)
+        os.replace(tmp, self.root / name)
+
+
 class WorkloadRunner:
     def __init__(
         self,
@@ -56,6 +89,7 @@ class WorkloadRunner:
         control: Path | None = None,
         seed: int | None = None,
         clock: Clock | None = None,
+        proc_dir: Path | None = None,
     ) -> None:
         if interval_s <= 0:
             raise ValueError("interval_s must be > 0")
@@ -67,6 +101,7 @@ class WorkloadRunner:
         self.clock = clock or SystemClock()
         self.toggled = False
         self.stop_event = threading.Event()
+        self.proc = SyntheticProc(proc_dir) if proc_dir is not None else None
 
     def toggle(self, _signum: int = 0, _frame: FrameType | None = None) -> None:
         self.toggled = not self.toggled
@@ -106,6 +141,8 @@ class WorkloadRunner:
                 next_tick += self.interval_s
                 now = self.clock.now()
                 rows = self.generator.tick(last, now, self.current_slowdown())
+                if self.proc is not None:
+                    self.proc.write(now - last, rows.cpu_busy, rows.mem_available)
                 last = now
                 with db.conn:
                     db.table("intervals").insert_all(rows.intervals)

@@ -1,0 +1,393 @@
+"""Orchestrates the demo: Fleet, an event sink, N workloads and N fleet-push agents.
+
+Phases: start everything → warm-up (agents calibrate, Fleet reaches quorum) → inject a
+slowdown on one node (through its workload's control file) → wait for that node's
+``straggler_state`` event on the sink → summary. Every child is stopped by PID on exit.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import queue
+import random
+import shutil
+import socket
+import subprocess
+import tempfile
+import threading
+import time
+import urllib.error
+import urllib.request
+from collections import Counter
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import IO, Any, Protocol
+
+from ingero.demo.procs import Children
+from ingero.demo.status import NodeStatus, NotifyListener
+
+JOURNAL_SOCKET = Path("/run/systemd/journal/socket")
+
+
+@dataclass(frozen=True)
+class DemoOptions:
+    nodes: int = 8
+    push_interval: float = 1.0
+    straggler: str | None = None  # node name; random when None
+    slowdown: float = 0.3
+    warmup: float = 20.0  # seconds before the slowdown is injected (at least)
+    duration: float = 40.0  # seconds after injection to wait for detection
+    cluster_id: str = "demo"
+    job_id: str = "demo-1"
+    workdir: Path | None = None  # keep files here (else a temporary directory, removed)
+    seed: int | None = None
+
+    def node_names(self) -> list[str]:
+        return [f"node-{i:02d}" for i in range(1, self.nodes + 1)]
+
+    def validate(self) -> None:
+        if not 3 <= self.nodes <= 64:
+            raise ValueError("--nodes must be between 3 and 64")
+        if not 0.2 <= self.push_interval <= 30:
+            raise ValueError("--push-interval must be between 0.2 and 30 seconds")
+        if not 0 < self.slowdown < 1:
+            raise ValueError("--slowdown must be in (0, 1)")
+        if self.warmup < 0 or self.duration <= 0:
+            raise ValueError("--warmup must be >= 0 and --duration > 0")
+        if self.straggler is not None and self.straggler not in self.node_names():
+            raise ValueError(
+                f"--straggler must be one of node-01 … node-{self.nodes:02d}, got {self.straggler!r}"
+            )
+
+
+@dataclass
+class GroupView:
+    threshold: float | None = None
+    median: float | None = None
+    quorum_met: bool = False
+    active_nodes: int = 0
+    panic: bool = False
+
+
+@dataclass
+class DemoState:
+    """Everything the view shows; mutated only by the runner's thread."""
+
+    options: DemoOptions
+    straggler: str
+    phase: str = "starting"  # starting | warm-up | injected | detected | done
+    started_at: float = 0.0
+    injected_at: float | None = None
+    detected_at: float | None = None
+    nodes: dict[str, NodeStatus] = field(default_factory=dict)
+    group: GroupView = field(default_factory=GroupView)
+    events: Counter[str] = field(default_factory=Counter)
+    flagged: dict[str, float] = field(default_factory=dict)  # node -> first straggler event time
+    log: list[str] = field(default_factory=list)
+    api_url: str = ""
+    sink_metrics_url: str = ""
+    journald: bool = False
+    workdir: Path = Path()
+
+    def note(self, message: str) -> None:
+        self.log.append(f"[{time.time() - self.started_at:6.1f}s] {message}")
+
+
+@dataclass(frozen=True)
+class DemoResult:
+    ok: bool
+    reason: str
+    straggler: str
+    detection_s: float | None
+    detection_intervals: float | None
+    false_positives: tuple[str, ...]
+    events: dict[str, int]
+
+
+class View(Protocol):
+    def update(self, state: DemoState) -> None: ...
+
+
+def _free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def _wait_file(path: Path, timeout: float, children: Children) -> dict[str, Any]:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if path.exists():
+            data: dict[str, Any] = json.loads(path.read_text())
+            return data
+        for child in children.exited():
+            raise RuntimeError(f"{child.name} exited early: {child.tail(3)}")
+        time.sleep(0.05)
+    raise RuntimeError(f"Fleet did not become ready within {timeout:g} s")
+
+
+def _read_events(stream: IO[bytes], out: queue.Queue[dict[str, Any]]) -> None:
+    for line in stream:
+        with contextlib.suppress(ValueError):
+            event = json.loads(line)
+            if isinstance(event, dict):
+                out.put(event)
+
+
+class Demo:
+    def __init__(self, options: DemoOptions, view: View) -> None:
+        options.validate()
+        self.options = options
+        self.view = view
+        rng = random.Random(options.seed)
+        straggler = options.straggler or rng.choice(options.node_names())
+        self.state = DemoState(options=options, straggler=straggler)
+        self.stop = threading.Event()
+
+    def run(self) -> DemoResult:
+        opts = self.options
+        owned_tmp = opts.workdir is None
+        workdir = Path(tempfile.mkdtemp(prefix="ingero-demo-")) if owned_tmp else opts.workdir
+        assert workdir is not None
+        workdir.mkdir(parents=True, exist_ok=True)
+        self.state.workdir = workdir
+        children = Children(workdir)
+        listener: NotifyListener | None = None
+        try:
+            listener = NotifyListener(workdir, opts.node_names())
+            return self._run(workdir, children, listener)
+        finally:
+            children.stop_all()
+            if listener is not None:
+                listener.close()
+            if owned_tmp:
+                shutil.rmtree(workdir, ignore_errors=True)
+
+    def _run(self, workdir: Path, children: Children, listener: NotifyListener) -> DemoResult:
+        opts, st = self.options, self.state
+        st.started_at = time.time()
+        interval = f"{opts.push_interval:g}s"
+        ready_file = workdir / "fleet-ready.json"
+        children.start(
+            "fleet",
+            [
+                "fleet",
+                "--otlp-grpc", "127.0.0.1:0",
+                "--otlp-http", "127.0.0.1:0",
+                "--api", "127.0.0.1:0",
+                "--push-interval", interval,
+                "--ready-file", str(ready_file),
+                "--log-level", "warning",
+            ],
+            env={"NOTIFY_SOCKET": ""},
+        )  # fmt: skip
+        st.note("starting Fleet")
+        self.view.update(st)
+        bound = _wait_file(ready_file, 60.0, children)
+        st.api_url = f"http://{bound['api']}"
+        otlp_http = f"http://{bound['otlp_http']}"
+        st.note(f"Fleet up: OTLP/HTTP {otlp_http}, API {st.api_url}")
+
+        event_socket = workdir / "events.sock"
+        sink_port = _free_port()
+        st.sink_metrics_url = f"http://127.0.0.1:{sink_port}/metrics"
+        sink = children.start(
+            "sink",
+            [
+                "sink",
+                "--socket",
+                str(event_socket),
+                "--metrics",
+                f"127.0.0.1:{sink_port}",
+                "--print",
+            ],
+            env={"NOTIFY_SOCKET": ""},
+            stdout=subprocess.PIPE,
+        )
+        events: queue.Queue[dict[str, Any]] = queue.Queue()
+        assert sink.process.stdout is not None
+        threading.Thread(
+            target=_read_events, args=(sink.process.stdout, events), daemon=True
+        ).start()
+
+        st.journald = JOURNAL_SOCKET.is_socket()
+        workload_interval = max(0.05, opts.push_interval / 4)
+        for rank, node in enumerate(opts.node_names()):
+            node_dir = workdir / node
+            node_dir.mkdir(exist_ok=True)
+            (node_dir / "slowdown").write_text("0\n")
+            children.start(
+                f"workload-{node}",
+                [
+                    "workload",
+                    "--db", str(node_dir / "ingero.db"),
+                    "--interval", f"{workload_interval:g}",
+                    "--control", str(node_dir / "slowdown"),
+                    "--proc-dir", str(node_dir / "proc"),
+                    "--job-id", opts.job_id,
+                    "--rank", str(rank),
+                    "--seed", str(rank if opts.seed is None else opts.seed * 1000 + rank),
+                ],
+                env={"NOTIFY_SOCKET": ""},
+            )  # fmt: skip
+            config = node_dir / "fleet-push.yaml"
+            config.write_text(
+                json.dumps(
+                    {
+                        "channels": {"journald": st.journald},
+                        # Every simulated node has its own synthetic host: the real one is
+                        # shared by all of them, so its CPU and memory would tell them apart
+                        # by nothing but sampling noise. Calibrate for 5 intervals, not 6.
+                        "score": {"warmup_samples": 5, "proc_root": str(node_dir / "proc")},
+                    }
+                )
+            )
+            children.start(
+                f"fleet-push-{node}",
+                [
+                    "fleet-push",
+                    "--config", str(config),
+                    "--endpoint", otlp_http,
+                    "--api-endpoint", st.api_url,
+                    "--node-id", node,
+                    "--cluster-id", opts.cluster_id,
+                    "--node-db", str(node_dir / "ingero.db"),
+                    "--state-dir", str(node_dir / "state"),
+                    "--event-socket", str(event_socket),
+                    "--push-interval", interval,
+                    "--job-id", opts.job_id,
+                    "--rank", str(rank),
+                    "--world-size", str(opts.nodes),
+                ],
+                env={"NOTIFY_SOCKET": str(listener.paths[node])},
+            )  # fmt: skip
+        st.note(f"started {opts.nodes} workloads and {opts.nodes} fleet-push agents")
+        st.phase = "warm-up"
+        return self._loop(workdir, children, listener, events)
+
+    def _loop(
+        self,
+        workdir: Path,
+        children: Children,
+        listener: NotifyListener,
+        events: queue.Queue[dict[str, Any]],
+    ) -> DemoResult:
+        opts, st = self.options, self.state
+        warmup_until = time.time() + opts.warmup
+        # Quorum may take longer than --warmup on a loaded host; give it a bounded extra while.
+        warmup_limit = warmup_until + 60.0 + 10 * opts.push_interval
+        next_poll = 0.0
+        end_at: float | None = None
+        while not self.stop.is_set():
+            st.nodes.update(listener.poll(min(0.25, opts.push_interval / 2)))
+            now = time.time()
+            if now >= next_poll:
+                next_poll = now + opts.push_interval / 2
+                self._poll_fleet()
+            self._drain_events(events)
+            dead = [c for c in children.exited()]
+            if dead:
+                child = dead[0]
+                return self._result(False, f"{child.name} exited: {child.tail(2) or 'no output'}")
+            if st.phase == "warm-up" and now >= warmup_until:
+                if self._ready_to_inject():
+                    self._inject(workdir)
+                elif now >= warmup_limit:
+                    return self._result(
+                        False,
+                        f"Fleet never reached quorum ({st.group.active_nodes} active nodes)",
+                    )
+            elif st.phase == "injected":
+                if st.detected_at is not None:
+                    st.phase = "detected"
+                    end_at = now + 2 * opts.push_interval  # let the table show it
+                elif st.injected_at is not None and now - st.injected_at > opts.duration:
+                    return self._result(
+                        False, f"{st.straggler} was not detected within {opts.duration:g} s"
+                    )
+            elif st.phase == "detected" and end_at is not None and now >= end_at:
+                st.phase = "done"
+                self.view.update(st)
+                return self._result(True, "straggler detected")
+            self.view.update(st)
+        return self._result(False, "interrupted")
+
+    def _ready_to_inject(self) -> bool:
+        st = self.state
+        active = [n for n, s in st.nodes.items() if s.state == "active"]
+        return (
+            st.group.quorum_met
+            and st.group.threshold is not None
+            and len(active) == self.options.nodes
+            and all(s.mode == "fleet" for s in st.nodes.values())
+        )
+
+    def _inject(self, workdir: Path) -> None:
+        st = self.state
+        (workdir / st.straggler / "slowdown").write_text(f"{self.options.slowdown:g}\n")
+        st.injected_at = time.time()
+        st.phase = "injected"
+        st.note(f"injected a {self.options.slowdown:.0%} slowdown on {st.straggler}")
+
+    def _poll_fleet(self) -> None:
+        st, opts = self.state, self.options
+        url = f"{st.api_url}/api/v1/threshold?cluster_id={opts.cluster_id}&job_id={opts.job_id}"
+        try:
+            with urllib.request.urlopen(url, timeout=1.0) as response:
+                data = json.loads(response.read())
+        except (OSError, ValueError, urllib.error.URLError):
+            return
+        st.group = GroupView(
+            threshold=data.get("threshold"),
+            median=data.get("median"),
+            quorum_met=bool(data.get("quorum_met")),
+            active_nodes=int(data.get("active_nodes") or 0),
+            panic=bool(data.get("panic")),
+        )
+
+    def _drain_events(self, events: queue.Queue[dict[str, Any]]) -> None:
+        st = self.state
+        while True:
+            try:
+                event = events.get_nowait()
+            except queue.Empty:
+                return
+            kind = str(event.get("type"))
+            node = str(event.get("node_id"))
+            st.events[kind] += 1
+            if kind == "straggler_state" and node not in st.flagged:
+                st.flagged[node] = float(event.get("timestamp") or time.time())
+                score, threshold = event.get("score"), event.get("threshold")
+                st.note(
+                    f"straggler_state {node}: score {score:.3f} < threshold {threshold:.3f} "
+                    f"({event.get('detection_mode')}, dominant {event.get('dominant_signal')})"
+                    if isinstance(score, float) and isinstance(threshold, float)
+                    else f"straggler_state {node}"
+                )
+                if node == st.straggler and st.injected_at is not None:
+                    st.detected_at = st.flagged[node]
+            elif kind == "straggler_resolved":
+                st.note(f"straggler_resolved {node}")
+
+    def _result(self, ok: bool, reason: str) -> DemoResult:
+        st, opts = self.state, self.options
+        false_positives = tuple(sorted(n for n in st.flagged if n != st.straggler))
+        if ok and false_positives:
+            ok, reason = False, f"healthy nodes were flagged too: {', '.join(false_positives)}"
+        detection_s = (
+            st.detected_at - st.injected_at
+            if st.detected_at is not None and st.injected_at is not None
+            else None
+        )
+        return DemoResult(
+            ok=ok,
+            reason=reason,
+            straggler=st.straggler,
+            detection_s=detection_s,
+            detection_intervals=(
+                detection_s / opts.push_interval if detection_s is not None else None
+            ),
+            false_positives=false_positives,
+            events=dict(st.events),
+        )
