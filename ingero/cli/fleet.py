@@ -64,6 +64,10 @@ def command(
         },
     )
     daemon = FleetDaemon(config)
+    if config.drain.enabled:  # opt-in: ingero.slurm.drain carries decisions to Slurm
+        from ingero.slurm.drain import attach
+
+        attach(daemon, config.drain)
     try:
         bound = daemon.start()
     except OSError as exc:

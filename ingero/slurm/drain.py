@@ -13,13 +13,13 @@ from __future__ import annotations
 
 import logging
 import threading
-from collections.abc import Callable, Sequence
-from typing import Protocol
+from collections.abc import Callable, Iterable, Sequence
+from typing import Any, Protocol
 
 from ingero.clock import Clock, SystemClock
 from ingero.events import Event
 from ingero.fleet.config import DrainConfig
-from ingero.slurm.backend import SlurmBackend, SlurmError
+from ingero.slurm.backend import SlurmBackend, SlurmError, make_backend
 from ingero.slurm.drain_policy import Decision, DrainMemory, Verdict, decide
 
 log = logging.getLogger(__name__)
@@ -168,3 +168,37 @@ class DrainController:
             self._emit(event)
         except Exception:  # the event exit point's trouble is not ours to die of
             log.exception("drain controller: cannot emit %s event", event.type)
+
+
+class _FleetDaemon(Protocol):
+    """What :func:`attach` needs of ``ingero.fleet.daemon.FleetDaemon``."""
+
+    def add_tick_listener(
+        self, listener: Callable[[Any], None], name: str | None = None
+    ) -> None: ...
+
+    @property
+    def events(self) -> _EventExit: ...
+
+
+class _EventExit(Protocol):
+    def submit(self, events: Iterable[Event], source: str) -> None: ...
+
+
+def attach(daemon: _FleetDaemon, config: DrainConfig) -> DrainController:
+    """Build the controller for ``ingero fleet`` (``drain.enabled``), listen to its ticks,
+    publish decisions through Fleet's event exit point, and start the worker."""
+    backend = make_backend(config.backend)
+    controller = DrainController(
+        config, backend, lambda event: daemon.events.submit([event], source="drain")
+    )
+    daemon.add_tick_listener(controller.on_tick, "drain")
+    controller.start()
+    log.warning(
+        "drain controller enabled (backend %s%s, max_fraction %g, min_intervals %d)",
+        backend.name,
+        ", dry run" if config.dry_run else "",
+        config.max_fraction,
+        config.min_intervals,
+    )
+    return controller

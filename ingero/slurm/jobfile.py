@@ -101,7 +101,7 @@ def job_path(directory: Path, job_id: str) -> Path:
 def write_job(directory: Path, info: JobInfo) -> Path:
     """Write ``info`` atomically (temp file + rename), world-readable; returns the path."""
     path = job_path(directory, info.job_id)
-    directory.mkdir(mode=0o755, parents=True, exist_ok=True)
+    _make_dirs(directory)
     fd, tmp = tempfile.mkstemp(prefix=f".{info.job_id}.", suffix=".tmp", dir=directory)
     try:
         with os.fdopen(fd, "w") as out:
@@ -114,6 +114,22 @@ def write_job(directory: Path, info: JobInfo) -> Path:
             os.unlink(tmp)
         raise
     return path
+
+
+def _make_dirs(directory: Path) -> None:
+    """Create missing directories world-readable whatever the umask: task prologs and
+    fleet-push run as other users. Existing directories are left as the admin made them."""
+    missing = []
+    path = directory
+    while not path.exists():
+        missing.append(path)
+        path = path.parent
+    for path in reversed(missing):
+        try:
+            path.mkdir()
+        except FileExistsError:
+            continue
+        os.chmod(path, 0o755)
 
 
 def read_job(directory: Path, job_id: str) -> JobInfo | None:

@@ -1,0 +1,178 @@
+"""The shipped hook scripts (slurm/) run as real processes, without a Slurm cluster:
+files written atomically, exit status always 0, problems reported, summary appended."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+pytestmark = pytest.mark.integration
+
+REPO = Path(__file__).resolve().parents[3]
+
+
+@pytest.fixture
+def hooks(tmp_path: Path) -> Path:
+    """The slurm/ scripts copied beside an ingero-slurm.env naming this Python and tmp paths."""
+    target = tmp_path / "hooks"
+    target.mkdir()
+    for name in ("prolog", "epilog", "taskprolog"):
+        shutil.copy2(REPO / "slurm" / name, target / name)
+    (target / "ingero-slurm.env").write_text(
+        f"INGERO_PYTHON={sys.executable}\n"
+        f"INGERO_JOBS_DIR={tmp_path}/jobs\n"
+        f"INGERO_EVENT_LOG={tmp_path}/events.ndjson\n"
+        f"INGERO_JOURNAL_SOCKET={tmp_path}/journal.socket\n"
+    )
+    return target
+
+
+def run_hook(hooks: Path, name: str, env: dict[str, str]) -> subprocess.CompletedProcess[str]:
+    # slurmd gives hooks no PATH and only its own SLURM_* variables.
+    return subprocess.run(
+        [str(hooks / name)], env=env, capture_output=True, text=True, timeout=30, check=False
+    )
+
+
+ENV = {
+    "SLURM_JOB_ID": "77",
+    "SLURMD_NODENAME": "n2",
+    "SLURM_NODELIST": "n[1-3]",
+    "SLURM_JOB_NUM_NODES": "3",
+    "SLURM_CLUSTER_NAME": "lab",
+    "SLURM_JOB_USER": "alice",
+    "SLURM_JOB_UID": "1001",
+    "SLURM_JOB_PARTITION": "gpu",
+    "SLURM_JOB_GPUS": "0,1",
+}
+
+
+def test_prolog_taskprolog_epilog_cycle(hooks: Path, tmp_path: Path) -> None:
+    assert run_hook(hooks, "prolog", ENV).returncode == 0
+    data = json.loads((tmp_path / "jobs" / "77.json").read_text())
+    assert (data["job_id"], data["node_id"], data["rank"], data["world_size"]) == ("77", "n2", 1, 3)
+    assert (data["gpus"], data["user"], data["partition"]) == (["0", "1"], "alice", "gpu")
+    assert oct((tmp_path / "jobs" / "77.json").stat().st_mode & 0o777) == "0o644"
+    assert [p.name for p in (tmp_path / "jobs").iterdir()] == ["77.json"]  # no temp left
+
+    task = run_hook(hooks, "taskprolog", {**ENV, "SLURM_PROCID": "4"})
+    assert task.returncode == 0
+    assert task.stdout.splitlines() == [
+        "export INGERO_CLUSTER_ID=lab",
+        "export INGERO_JOB_ID=77",
+        "export INGERO_NODE_ID=n2",
+        "export INGERO_RANK=1",
+        "export INGERO_WORLD_SIZE=3",
+        "export INGERO_TASK_RANK=4",
+    ]
+
+    started = data["started_at"]
+    log = tmp_path / "events.ndjson"
+    lines = [
+        {
+            "type": "straggler_state",
+            "node_id": "n2",
+            "job_id": "77",
+            "timestamp": started + 0.01,
+            "score": 0.4,
+        },
+        {
+            "type": "straggler_resolved",
+            "node_id": "n2",
+            "job_id": "77",
+            "timestamp": started + 0.02,
+            "score": 0.9,
+        },
+    ]
+    log.write_text("".join(json.dumps(e) + "\n" for e in lines) + "{torn line\n")
+    assert run_hook(hooks, "epilog", ENV).returncode == 0
+    assert not (tmp_path / "jobs" / "77.json").exists()
+    summary = json.loads(log.read_text().splitlines()[-1])
+    assert summary["type"] == "job_summary"
+    assert (summary["node_id"], summary["job_id"], summary["rank"]) == ("n2", "77", 1)
+    assert summary["worst_score"] == summary["score"] == 0.4
+    assert summary["straggler_episodes"] == 1
+    assert summary["straggler_seconds"] == pytest.approx(0.01, abs=1e-3)
+
+
+def test_epilog_without_job_file_still_summarises(hooks: Path, tmp_path: Path) -> None:
+    (tmp_path / "events.ndjson").touch()
+    assert run_hook(hooks, "epilog", ENV).returncode == 0
+    summary = json.loads((tmp_path / "events.ndjson").read_text())
+    assert summary["type"] == "job_summary" and summary["straggler_seconds"] == 0.0
+
+
+@pytest.mark.parametrize(
+    ("name", "env", "problem"),
+    [
+        ("prolog", {k: v for k, v in ENV.items() if k != "SLURMD_NODENAME"}, "SLURMD_NODENAME"),
+        ("prolog", {**ENV, "SLURM_JOB_ID": "1/../../x"}, "invalid Slurm job id"),
+        ("prolog", {**ENV, "SLURM_NODELIST": "n[1-"}, "node list"),
+        ("taskprolog", {}, "invalid Slurm job id"),
+        ("epilog", {**ENV, "SLURM_JOB_ID": ""}, "invalid Slurm job id"),
+    ],
+)
+def test_bad_input_exits_0_and_says_why(
+    hooks: Path, tmp_path: Path, name: str, env: dict[str, str], problem: str
+) -> None:
+    proc = run_hook(hooks, name, env)
+    assert proc.returncode == 0
+    assert problem in proc.stderr
+    assert not (tmp_path / "jobs").exists() or not any((tmp_path / "jobs").iterdir())
+
+
+def test_a_corrupt_job_file_does_not_stop_the_epilog(hooks: Path, tmp_path: Path) -> None:
+    (tmp_path / "jobs").mkdir()
+    (tmp_path / "jobs" / "77.json").write_text("{not json")
+    (tmp_path / "events.ndjson").touch()
+    proc = run_hook(hooks, "epilog", ENV)
+    assert proc.returncode == 0 and "not JSON" in proc.stderr
+    assert not (tmp_path / "jobs" / "77.json").exists()
+    assert json.loads((tmp_path / "events.ndjson").read_text())["rank"] == 1
+
+
+def test_unwritable_jobs_dir_exits_0(hooks: Path, tmp_path: Path) -> None:
+    (tmp_path / "jobs").write_text("a file where the directory should be")
+    proc = run_hook(hooks, "prolog", ENV)
+    assert proc.returncode == 0 and "prolog" in proc.stderr
+
+
+def test_missing_python_exits_0(hooks: Path, tmp_path: Path) -> None:
+    env_file = hooks / "ingero-slurm.env"
+    env_file.write_text(env_file.read_text() + "INGERO_PYTHON=/nonexistent/python\n")
+    assert run_hook(hooks, "prolog", ENV).returncode == 0
+
+
+def test_problems_reach_the_journal_socket(hooks: Path, tmp_path: Path) -> None:
+    import socket
+
+    path = tmp_path / "journal.socket"
+    with socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM) as sock:
+        sock.bind(str(path))
+        sock.settimeout(10)
+        assert run_hook(hooks, "prolog", {"SLURM_JOB_ID": "5"}).returncode == 0
+        entry = sock.recv(65536).decode()
+    assert "SYSLOG_IDENTIFIER=ingero-slurm\n" in entry
+    assert "INGERO_HOOK=prolog\n" in entry and "PRIORITY=4\n" in entry
+    assert "SLURMD_NODENAME is not set" in entry
+
+
+def test_missing_directories_are_created_readable(hooks: Path, tmp_path: Path) -> None:
+    env_file = hooks / "ingero-slurm.env"
+    env_file.write_text(
+        env_file.read_text().replace(f"{tmp_path}/jobs", f"{tmp_path}/run/ingero/jobs")
+    )
+    old = os.umask(0o077)  # the hook inherits it; job files must be readable anyway
+    try:
+        assert run_hook(hooks, "prolog", ENV).returncode == 0
+    finally:
+        os.umask(old)
+    assert (tmp_path / "run" / "ingero" / "jobs" / "77.json").is_file()
+    for sub in ("run", "run/ingero", "run/ingero/jobs"):
+        assert os.stat(tmp_path / sub).st_mode & 0o777 == 0o755, sub
