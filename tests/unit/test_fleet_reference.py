@@ -1,0 +1,171 @@
+"""FleetState against a plain-Python reference of the DESIGN.md rules over random histories.
+
+The reference keeps one dict per node and recomputes every group with ``statistics``; it
+shares no code with the vectorised engine. Random pushes, state changes, job moves and
+silences (expiry) are replayed through both, tick by tick, and every figure, verdict and
+event must agree.
+"""
+
+from __future__ import annotations
+
+import random
+import statistics
+from dataclasses import dataclass, field
+
+import pytest
+
+from ingero.clock import ManualClock
+from ingero.fleet.config import FleetConfig, ThresholdConfig
+from ingero.fleet.model import NodePush, TickResult
+from ingero.fleet.state import FleetState
+
+INTERVAL = 5.0
+SCORES = [0.9, 0.91, 0.89, 0.92, 0.88, 0.86, 0.85, 0.84, 0.3, 0.5, 0.7]
+
+
+@dataclass
+class RefNode:
+    score: float
+    active: bool
+    group: str
+    seen: float
+    straggler: bool = False
+    episode_group: str | None = None
+    consec: int = 0
+    since: float | None = None
+
+
+@dataclass
+class Reference:
+    config: FleetConfig
+    nodes: dict[str, RefNode] = field(default_factory=dict)
+    ema: dict[str, float] = field(default_factory=dict)
+    panic: dict[str, bool] = field(default_factory=dict)
+
+    def push(self, node: str, score: float, active: bool, group: str, mono: float) -> None:
+        ref = self.nodes.get(node)
+        if ref is None:
+            self.nodes[node] = RefNode(score, active, group, mono)
+        else:
+            ref.score, ref.active, ref.group, ref.seen = score, active, group, mono
+
+    def tick(self, now: float, mono: float) -> tuple[dict[str, float | None], set[tuple]]:
+        t, q = self.config.threshold, self.config.quorum
+        events: set[tuple] = set()
+        for name in [n for n, r in self.nodes.items() if mono - r.seen >= self.config.node_ttl]:
+            if self.nodes[name].straggler:
+                events.add(("straggler_resolved", name, "expired"))
+            del self.nodes[name]
+        live = {r.group for r in self.nodes.values()}
+        for gone in set(self.ema) - live:
+            del self.ema[gone]
+        for gone in set(self.panic) - live:
+            del self.panic[gone]
+        thresholds: dict[str, float | None] = {}
+        quorum: dict[str, bool] = {}
+        panic: dict[str, bool] = {}
+        for group in live:
+            members = [r.score for r in self.nodes.values() if r.group == group and r.active]
+            quorum[group] = len(members) >= q.statistical_min
+            if not members:
+                thresholds[group] = None
+                panic[group] = False
+                continue
+            med = statistics.median(members)
+            mad = statistics.median([abs(v - med) for v in members])
+            raw = med - max(t.k * 1.4826 * mad, t.min_margin)
+            if quorum[group]:
+                prev = self.ema.get(group)
+                smoothed = raw if prev is None else t.ema_alpha * raw + (1 - t.ema_alpha) * prev
+                self.ema[group] = smoothed
+                thresholds[group] = smoothed
+            else:
+                self.ema.pop(group, None)
+                thresholds[group] = raw
+            below = sum(v < thresholds[group] for v in members)  # type: ignore[operator]
+            panic[group] = quorum[group] and below / len(members) > t.panic_fraction
+            if panic[group] and not self.panic.get(group, False):
+                events.add(("group_degraded", "", group))
+        self.panic = panic
+        for name, r in self.nodes.items():
+            here = r.straggler and r.episode_group == r.group
+            thr = thresholds[r.group]
+            now_straggler = (
+                r.active
+                and quorum[r.group]
+                and thr is not None
+                and (r.score < thr or (here and not r.score >= thr + t.hysteresis))
+            )
+            if r.straggler and not (now_straggler and here):
+                if not r.active:
+                    reason = "inactive"
+                elif r.group != r.episode_group:
+                    reason = "group_changed"
+                elif not quorum[r.group]:
+                    reason = "quorum_lost"
+                else:
+                    reason = "recovered"
+                events.add(("straggler_resolved", name, reason))
+            if now_straggler and not here:
+                events.add(("straggler_state", name, r.group))
+                r.consec, r.since = 1, now
+            elif now_straggler:
+                r.consec += 1
+            else:
+                r.consec, r.since = 0, None
+            r.straggler = now_straggler
+            r.episode_group = r.group if now_straggler else None
+        return thresholds, events
+
+
+def observed(result: TickResult) -> set[tuple]:
+    out: set[tuple] = set()
+    for e in result.events:
+        if e.type == "straggler_resolved":
+            out.add((e.type, e.node_id, e.extra["reason"]))
+        else:
+            out.add((e.type, e.node_id, e.extra["group"]))
+    return out
+
+
+@pytest.mark.parametrize("seed", range(25))
+def test_random_histories_match_the_reference(seed: int) -> None:
+    rng = random.Random(seed)
+    config = FleetConfig(threshold=ThresholdConfig(ema_alpha=rng.choice([1.0, 0.5, 0.2])))
+    clock = ManualClock()
+    state = FleetState(config, clock)
+    ref = Reference(config)
+    names = [f"n{i}" for i in range(rng.randint(6, 16))]
+    jobs = ["1", "2", "3"]
+    home = {n: rng.choice(jobs[:2]) for n in names}
+    episode_ids: dict[str, str] = {}
+    for _ in range(30):
+        for name in names:
+            if rng.random() < 0.15:
+                continue  # silent this interval; long silences expire
+            if rng.random() < 0.03:
+                home[name] = rng.choice(jobs)
+            score = rng.choice(SCORES) if rng.random() < 0.8 else rng.random()
+            active = rng.random() < 0.9
+            push = NodePush(
+                node_id=name,
+                cluster_id="c",
+                score=score,
+                job_id=home[name],
+                state="active" if active else "idle",
+            )
+            state.ingest(push)
+            ref.push(name, score, active, push.group, clock.monotonic())
+        result = state.tick()
+        thresholds, events = ref.tick(clock.now(), clock.monotonic())
+        assert {g.group: g.threshold for g in result.groups} == thresholds
+        assert observed(result) == events
+        expected = {n: (r.consec, r.since) for n, r in ref.nodes.items() if r.straggler}
+        got = {v.node_id: (v.consecutive_straggler_ticks, v.since) for v in result.verdicts}
+        assert got == expected
+        for e in result.events:  # both events of an episode share its id
+            if e.type == "straggler_state":
+                episode_ids[e.node_id] = e.event_id
+            elif e.type == "straggler_resolved":
+                assert episode_ids.pop(e.node_id) == e.event_id
+        clock.advance(INTERVAL * rng.choice([1, 1, 1, 2, 3]))
