@@ -17,6 +17,7 @@
 #define KIND_CALL 0
 #define KIND_EXIT 1
 #define KIND_COMM_INIT 2
+#define KIND_NEW 3
 
 #define HOST_PAGE_ALLOCS 0
 #define HOST_BLOCK_IO 1
@@ -180,12 +181,24 @@ static __always_inline void emit(struct event_t *ev) {
         host_add(HOST_SAMPLES, 1);
 }
 
+
+// First call of a process: remember it (off-CPU time) and tell the reader at once, so it
+// reads the process's job tags while the process still exists.
 static __always_inline void mark_traced(u64 id) {
     u32 tgid = id >> 32;
-    if (!traced.lookup(&tgid)) {
-        u8 one = 1;
-        traced.update(&tgid, &one);
-    }
+    if (traced.lookup(&tgid))
+        return;
+    u8 one = 1;
+    if (traced.insert(&tgid, &one) != 0)
+        return;
+    struct event_t ev = {};
+    ev.ts = bpf_ktime_get_ns();
+    ev.tgid = tgid;
+    ev.tid = (u32)id;
+    ev.kind = KIND_NEW;
+    ev.rank = -1;
+    ev.nranks = -1;
+    emit(&ev);
 }
 
 static __always_inline int call_enter(struct pt_regs *ctx, u32 op, int bytes_arg, int count_arg,

@@ -5,6 +5,7 @@ from __future__ import annotations
 import re
 import signal
 import threading
+import time
 from pathlib import Path
 from types import FrameType
 from typing import TYPE_CHECKING
@@ -102,6 +103,19 @@ def trace(
     return 0
 
 
+PUMP_S = 0.05
+
+
+def _wait(tracer: Tracer, interval: float, stop: threading.Event) -> bool:
+    """Sleep one interval, reading samples every PUMP_S; False once asked to stop."""
+    deadline = time.monotonic() + interval
+    while (left := deadline - time.monotonic()) > 0:
+        if stop.wait(min(PUMP_S, left)):
+            return False
+        tracer.pump()
+    return not stop.is_set()
+
+
 def _run_headless(tracer: Tracer, interval: float, stop: threading.Event) -> None:
     import sdnotify
 
@@ -109,7 +123,7 @@ def _run_headless(tracer: Tracer, interval: float, stop: threading.Event) -> Non
     notifier.notify(f"READY=1\nSTATUS=tracing, {tracer.probe_count} probes attached")
     rescan_every = max(1, round(5.0 / interval))
     n = 0
-    while not stop.wait(interval):
+    while _wait(tracer, interval, stop):
         result = tracer.tick()
         n += 1
         if n % rescan_every == 0:
@@ -130,7 +144,7 @@ def _run_live(tracer: Tracer, interval: float, stop: threading.Event) -> None:
     rescan_every = max(1, round(5.0 / interval))
     n = 0
     with Live(auto_refresh=False) as live:
-        while not stop.wait(interval):
+        while _wait(tracer, interval, stop):
             result = tracer.tick()
             n += 1
             if n % rescan_every == 0:

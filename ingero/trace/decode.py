@@ -15,11 +15,30 @@ EVENT_SIZE = EVENT_FORMAT.size
 KIND_CALL = 0
 KIND_EXIT = 1
 KIND_COMM_INIT = 2
+KIND_NEW = 3  # first traced call of a process
 
 NCCL_DTYPES = (
     "int8", "uint8", "int32", "uint32", "int64", "uint64",
     "float16", "float32", "float64", "bfloat16", "fp8e4m3", "fp8e5m2",
 )  # fmt: skip
+
+
+FNV_OFFSET = 14695981039346656037
+FNV_PRIME = 1099511628211
+
+
+def unique_id_hash(unique_id: bytes) -> int:
+    """The communicator hash the kernel computes from a 128-byte ncclUniqueId.
+
+    FNV-1a over the sixteen little-endian 64-bit words: every rank of a communicator
+    receives the same id, so every rank reports the same hash.
+    """
+    if len(unique_id) != 128:
+        raise ValueError(f"an ncclUniqueId has 128 bytes, got {len(unique_id)}")
+    h = FNV_OFFSET
+    for (word,) in struct.iter_unpack("<Q", unique_id):
+        h = ((h ^ word) * FNV_PRIME) & 0xFFFFFFFFFFFFFFFF
+    return h
 
 
 class DecodeError(ValueError):
@@ -43,11 +62,15 @@ class TraceEvent:
 
     @property
     def op(self) -> str:
-        return "exit" if self.kind == KIND_EXIT else op_name(self.op_id)
+        if self.kind == KIND_EXIT:
+            return "exit"
+        if self.kind == KIND_NEW:
+            return "start"
+        return op_name(self.op_id)
 
     @property
     def source(self) -> str:
-        if self.kind == KIND_EXIT:
+        if self.kind in (KIND_EXIT, KIND_NEW):
             return "host"
         return OPS[self.op_id].source if 0 <= self.op_id < len(OPS) else "unknown"
 
@@ -73,6 +96,6 @@ def decode(data: bytes) -> TraceEvent:
         raise DecodeError(f"sample of {len(data)} bytes, expected {EVENT_SIZE}")
     fields = EVENT_FORMAT.unpack_from(data)
     event = TraceEvent(*fields)
-    if event.kind not in (KIND_CALL, KIND_EXIT, KIND_COMM_INIT):
+    if event.kind not in (KIND_CALL, KIND_EXIT, KIND_COMM_INIT, KIND_NEW):
         raise DecodeError(f"unknown sample kind {event.kind}")
     return event

@@ -11,7 +11,7 @@ from typing import Any, Protocol
 
 from ingero.clock import Clock
 from ingero.trace.aggregate import Snapshot, diff_hist, host_row, interval_rows
-from ingero.trace.decode import KIND_EXIT, DecodeError, TraceEvent, decode
+from ingero.trace.decode import KIND_EXIT, KIND_NEW, DecodeError, TraceEvent, decode
 from ingero.trace.ops import CUDA, CUDART, NCCL
 from ingero.trace.procmaps import DEFAULT_PROC, LibraryFile, scan, unique_libraries
 from ingero.trace.tags import TagCache
@@ -62,6 +62,7 @@ class Tracer:
     _prev_bio: dict[int, int] = field(default_factory=dict)
     _last: float = 0.0
     _samples: list[TraceEvent] = field(default_factory=list)
+    _new: list[int] = field(default_factory=list)
     _bad_samples: int = 0
     _exited: set[int] = field(default_factory=set)
     _known: dict[int, float] = field(default_factory=dict)
@@ -99,14 +100,26 @@ class Tracer:
 
     def on_sample(self, data: bytes) -> None:
         try:
-            self._samples.append(decode(data))
+            event = decode(data)
         except DecodeError as exc:
             self._bad_samples += 1
             print(f"ingero trace: bad sample: {exc}", file=sys.stderr)
+            return
+        if event.kind == KIND_NEW:
+            self._new.append(event.pid)
+        else:
+            self._samples.append(event)
+
+    def pump(self) -> None:
+        """Between ticks: read pending samples and tag processes that just started calling."""
+        self.probes.poll()
+        if self._new:
+            new, self._new = self._new, []
+            self._register(new)
 
     def tick(self) -> TickResult:
         """Close the current interval: write its aggregates, samples and host context."""
-        self.probes.poll()
+        self.pump()
         cur, bio = self.probes.snapshot()
         now = self.clock.now()
         mono_ns = int(self.clock.monotonic() * 1e9)

@@ -1,0 +1,214 @@
+"""Fixtures for the tracer's integration tests: real BPF, real libcudart, real libnccl."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import socket
+import sqlite3
+import subprocess
+import sys
+import time
+import zipfile
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+HERE = Path(__file__).parent
+REPO = HERE.parents[2]
+CUDA_HOME = Path(os.environ.get("CUDA_HOME", "/usr/local/cuda"))
+NCCL_WHEEL = "nvidia-nccl-cu13"
+
+
+@pytest.fixture(scope="session")
+def bpf_ready() -> None:
+    """Skip unless ``ingero check`` says tracing can run here (root, BCC, headers, tracefs)."""
+    out = subprocess.run(
+        [sys.executable, "-m", "ingero.cli.main", "check", "--json", "--db", "/tmp/ingero-check.db"],
+        capture_output=True, text=True, cwd=REPO, timeout=120, check=False,
+    )  # fmt: skip
+    try:
+        report = json.loads(out.stdout)
+    except ValueError:
+        pytest.fail(f"ingero check --json printed no JSON: {out.stdout!r} {out.stderr!r}")
+    if not report["can_trace"]:
+        missing = [f"{c['name']}: {c['detail']}" for c in report["checks"]
+                   if c["required"] and c["status"] == "fail"]  # fmt: skip
+        pytest.skip("BPF tracing cannot run here: " + "; ".join(missing))
+
+
+def _gcc(src: Path, out: Path, *flags: str) -> Path:
+    if shutil.which("gcc") is None:
+        pytest.skip("gcc not installed (tests/apt-packages.txt lists it)")
+    subprocess.run(["gcc", "-O1", "-o", str(out), str(src), *flags], check=True, timeout=120)
+    return out
+
+
+@pytest.fixture(scope="session")
+def cuda_loop(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """tests/integration/trace/cuda_loop.c built against the toolkit's shared libcudart."""
+    lib = CUDA_HOME / "lib64"
+    if (
+        not (lib / "libcudart.so").exists()
+        or not (CUDA_HOME / "include/cuda_runtime_api.h").exists()
+    ):
+        pytest.skip(f"no CUDA toolkit with a shared libcudart under {CUDA_HOME}")
+    out = tmp_path_factory.mktemp("cuda") / "cuda_loop"
+    return _gcc(HERE / "cuda_loop.c", out, f"-I{CUDA_HOME}/include", f"-L{lib}", "-lcudart",
+                f"-Wl,-rpath,{lib}")  # fmt: skip
+
+
+def _nccl_dir() -> Path:
+    """The real libnccl from the nvidia-nccl-cu13 wheel, downloaded once into a cache."""
+    if os.environ.get("INGERO_TEST_NCCL_DIR"):
+        return Path(os.environ["INGERO_TEST_NCCL_DIR"])
+    cache = Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "ingero-tests" / "nccl"
+    if (cache / "lib" / "libnccl.so.2").exists():
+        return cache
+    download = cache.parent / "wheels"
+    download.mkdir(parents=True, exist_ok=True)
+    got = subprocess.run(
+        [sys.executable, "-m", "pip", "download", "-q", "--no-deps", NCCL_WHEEL, "-d", str(download)],
+        capture_output=True, text=True, timeout=600, check=False,
+    )  # fmt: skip
+    wheels = sorted(download.glob("nvidia_nccl_cu13-*.whl"))
+    if got.returncode != 0 or not wheels:
+        pytest.skip(f"cannot download {NCCL_WHEEL} (~300 MB): {got.stderr.strip()[-300:]}")
+    tmp = cache.with_suffix(".tmp")
+    shutil.rmtree(tmp, ignore_errors=True)
+    with zipfile.ZipFile(wheels[-1]) as whl:
+        for name in whl.namelist():
+            if name.startswith(("nvidia/nccl/lib/libnccl.so", "nvidia/nccl/include/nccl.h")):
+                whl.extract(name, tmp)
+    if not cache.exists():
+        (tmp / "nvidia/nccl").rename(cache)
+    shutil.rmtree(tmp, ignore_errors=True)
+    wheels[-1].unlink()  # the extracted library is what is kept
+    return cache
+
+
+@pytest.fixture(scope="session")
+def nccl_loop(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """tests/integration/trace/nccl_loop.c built against the real libnccl."""
+    nccl = _nccl_dir()
+    out = tmp_path_factory.mktemp("nccl") / "nccl_loop"
+    return _gcc(HERE / "nccl_loop.c", out, f"-I{nccl}/include", f"-I{CUDA_HOME}/include",
+                f"-L{nccl}/lib", "-l:libnccl.so.2", f"-Wl,-rpath,{nccl}/lib")  # fmt: skip
+
+
+class Notify:
+    """A NOTIFY_SOCKET, as systemd gives a Type=notify service."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        self.sock = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
+        self.sock.bind(str(path))
+        self.messages: list[str] = []
+
+    def wait_for(self, prefix: str, timeout: float) -> str:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            self.sock.settimeout(max(0.05, deadline - time.monotonic()))
+            try:
+                data = self.sock.recv(4096).decode()
+            except TimeoutError:
+                break
+            self.messages.append(data)
+            if any(line.startswith(prefix) for line in data.splitlines()):
+                return data
+        raise AssertionError(f"no {prefix} from the tracer; got {self.messages[-3:]}")
+
+    def close(self) -> None:
+        self.sock.close()
+
+
+class TracerProc:
+    def __init__(self, proc: subprocess.Popen[str], notify: Notify, db: Path) -> None:
+        self.proc = proc
+        self.notify = notify
+        self.db = db
+
+    def stop(self) -> tuple[int, str]:
+        self.proc.terminate()
+        try:
+            _, err = self.proc.communicate(timeout=60)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            _, err = self.proc.communicate()
+        return self.proc.returncode, err
+
+
+@pytest.fixture
+def start_tracer(tmp_path: Path, bpf_ready: None) -> Iterator[object]:
+    """Start ``ingero trace --record`` (real BPF) and wait for READY=1; stopped by PID after."""
+    started: list[TracerProc] = []
+
+    def start(*args: str, interval: str = "0.3") -> TracerProc:
+        notify = Notify(tmp_path / f"notify{len(started)}.sock")
+        db = tmp_path / "node.db"
+        env = dict(os.environ, NOTIFY_SOCKET=str(notify.path))
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "ingero.cli.main", "trace", "--record", "--db", str(db),
+             "--interval", interval, *args],
+            cwd=REPO, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
+        )  # fmt: skip
+        tracer = TracerProc(proc, notify, db)
+        started.append(tracer)
+        try:
+            notify.wait_for("READY=1", timeout=120)
+        except AssertionError:
+            code, err = tracer.stop()
+            raise AssertionError(
+                f"tracer never became ready (exit {code}): {err[-2000:]}"
+            ) from None
+        return tracer
+
+    yield start
+    for tracer in started:
+        if tracer.proc.poll() is None:
+            tracer.stop()
+        tracer.notify.close()
+
+
+def wait_rows(db: Path, sql: str, args: tuple[object, ...], want: int, notify: Notify) -> int:
+    """Wait (tick by tick, up to 60 s) until ``sql`` returns at least ``want``."""
+    value = 0
+    for _ in range(200):
+        notify.wait_for("WATCHDOG=1", timeout=30)
+        conn = sqlite3.connect(f"file:{db}?mode=ro", uri=True)
+        try:
+            value = conn.execute(sql, args).fetchone()[0] or 0
+        except sqlite3.OperationalError:
+            value = 0
+        finally:
+            conn.close()
+        if value >= want:
+            return int(value)
+    return int(value)
+
+
+@pytest.fixture
+def spawn() -> Iterator[object]:
+    """Start workloads that wait for a line on stdin before their loop; killed by PID after."""
+    procs: list[subprocess.Popen[str]] = []
+
+    def start(argv: list[str], env: dict[str, str] | None = None) -> subprocess.Popen[str]:
+        proc = subprocess.Popen(argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                                stderr=subprocess.PIPE, text=True, env=env)  # fmt: skip
+        procs.append(proc)
+        return proc
+
+    yield start
+    for proc in procs:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+
+
+def finish(proc: subprocess.Popen[str]) -> dict[str, str]:
+    """Release the workload, wait for it, and parse its ``name=value`` lines."""
+    out, err = proc.communicate("go\n", timeout=120)
+    assert proc.returncode == 0, err
+    return dict(line.split("=", 1) for line in out.splitlines() if "=" in line)
