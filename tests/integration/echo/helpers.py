@@ -1,0 +1,172 @@
+"""Shared helpers for Echo's integration tests: events, a real daemon subprocess, HTTP."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.request
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from ingero.events import Event
+
+TOKEN_OPS = "ops-token-0123456789abcdef"
+TOKEN_A = "tenant-a-token-0123456789abcdef"
+TOKEN_B = "tenant-b-token-0123456789abcdef"
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def straggler(
+    node: str,
+    cluster: str,
+    ts: float,
+    *,
+    job: str = "7",
+    score: float = 0.5,
+    threshold: float = 0.8,
+    kind: str = "straggler_state",
+    **extra: Any,
+) -> Event:
+    return Event(
+        kind,
+        node,
+        cluster,
+        ts,
+        job_id=job,
+        score=score,
+        threshold=threshold,
+        dominant_signal="compute",
+        extra=dict(extra),
+    )
+
+
+@dataclass
+class EchoProcess:
+    """``ingero echo`` as a real subprocess on free loopback ports."""
+
+    workdir: Path
+    tokens: bool = True
+    db: Path = field(init=False)
+    api: str = field(init=False)
+    otlp_http: str = field(init=False)
+    otlp_grpc: str = field(init=False)
+    proc: subprocess.Popen[bytes] | None = None
+
+    def __post_init__(self) -> None:
+        self.db = self.workdir / "echo.db"
+        self.api = f"127.0.0.1:{free_port()}"
+        self.otlp_http = f"127.0.0.1:{free_port()}"
+        self.otlp_grpc = f"127.0.0.1:{free_port()}"
+        config: dict[str, Any] = {
+            "db": str(self.db),
+            "listen": {"api": self.api, "otlp_http": self.otlp_http, "otlp_grpc": self.otlp_grpc},
+            "limits": {"max_request_bytes": 2_000_000, "sql_timeout": "1s", "sql_max_rows": 100},
+        }
+        if self.tokens:
+            tokens = self.workdir / "tokens.yaml"
+            tokens.write_text(
+                json.dumps(
+                    {
+                        "tokens": [
+                            {"name": "ops", "token": TOKEN_OPS},
+                            {"name": "tenant-a", "token": TOKEN_A, "clusters": ["A"]},
+                            {"name": "tenant-b", "token": TOKEN_B, "clusters": ["B"]},
+                        ]
+                    }
+                )
+            )
+            config["auth"] = {"tokens_file": str(tokens)}
+        (self.workdir / "echo.yaml").write_text(json.dumps(config))
+
+    @property
+    def url(self) -> str:
+        return f"http://{self.api}"
+
+    def start(self) -> EchoProcess:
+        log = open(self.workdir / "echo.log", "ab")  # noqa: SIM115 - closed with the process
+        self.proc = subprocess.Popen(
+            [
+                sys.executable,
+                "-m",
+                "ingero.cli.main",
+                "echo",
+                "--config",
+                str(self.workdir / "echo.yaml"),
+            ],
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            env={**os.environ, "PYTHONUNBUFFERED": "1"},
+        )
+        log.close()
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline:
+            if self.proc.poll() is not None:
+                raise RuntimeError(f"echo exited {self.proc.returncode}: {self.log()}")
+            try:
+                with urllib.request.urlopen(self.url + "/healthz", timeout=1):
+                    pass
+                with socket.create_connection(_split(self.otlp_grpc), timeout=1):
+                    return self
+            except OSError:
+                time.sleep(0.1)
+        raise RuntimeError(f"echo did not start: {self.log()}")
+
+    def stop(self, sig: int = signal.SIGTERM) -> int:
+        if self.proc is None:
+            return 0
+        if self.proc.poll() is None:
+            self.proc.send_signal(sig)
+            try:
+                self.proc.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+        code = self.proc.returncode
+        self.proc = None
+        return code
+
+    def log(self) -> str:
+        path = self.workdir / "echo.log"
+        return path.read_text(errors="replace")[-3000:] if path.exists() else ""
+
+
+def _split(hostport: str) -> tuple[str, int]:
+    host, _, port = hostport.rpartition(":")
+    return host, int(port)
+
+
+def http(
+    method: str,
+    url: str,
+    body: bytes | None = None,
+    token: str | None = None,
+    content_type: str = "application/json",
+) -> tuple[int, Any]:
+    """(status, parsed JSON body or raw bytes)."""
+    request = urllib.request.Request(url, data=body, method=method)
+    if body is not None:
+        request.add_header("Content-Type", content_type)
+    if token:
+        request.add_header("Authorization", f"Bearer {token}")
+    try:
+        with urllib.request.urlopen(request, timeout=30) as response:
+            status, raw, ctype = (
+                response.status,
+                response.read(),
+                response.headers.get("content-type", ""),
+            )
+    except urllib.error.HTTPError as exc:
+        status, raw, ctype = exc.code, exc.read(), exc.headers.get("content-type", "")
+    return status, json.loads(raw) if "json" in ctype else raw

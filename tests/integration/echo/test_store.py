@@ -1,0 +1,127 @@
+"""The store on a real SQLite file: de-dup, write lock, episodes, score history, retention."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from ingero.clock import ManualClock
+from ingero.echo.store import ScorePoint, Store, StoreLockedError
+
+from .helpers import straggler
+
+pytestmark = pytest.mark.integration
+
+
+def count(store: Store, sql: str) -> int:
+    conn = store.reader()
+    try:
+        return int(conn.execute(sql).fetchone()[0])
+    finally:
+        conn.close()
+
+
+def test_a_retried_batch_is_stored_once(tmp_path: Path) -> None:
+    store = Store(tmp_path / "e.db")
+    try:
+        batch = [straggler(f"n{i}", "A", 100.0 + i) for i in range(50)]
+        assert store.write(batch) == 50
+        assert store.write(batch) == 0
+        assert store.write([*batch[:10], straggler("n99", "A", 200.0)]) == 1
+        assert count(store, "SELECT count(*) FROM events") == 51
+        assert store.stats["events_duplicate"] == 60
+    finally:
+        store.close()
+
+
+def test_a_second_writer_is_refused_in_process_and_from_another_process(tmp_path: Path) -> None:
+    db = tmp_path / "e.db"
+    store = Store(db)
+    try:
+        with pytest.raises(StoreLockedError, match="another ingero echo"):
+            Store(db)
+        code = (
+            "import sys\nfrom ingero.echo.store import Store, StoreLockedError\n"
+            f"try:\n    Store({str(db)!r})\nexcept StoreLockedError:\n    sys.exit(3)\n"
+        )
+        assert subprocess.run([sys.executable, "-c", code], timeout=60).returncode == 3
+    finally:
+        store.close()
+    Store(db).close()  # released on close
+
+
+def test_episodes_aggregate_time_depth_and_resolution(tmp_path: Path) -> None:
+    store = Store(tmp_path / "e.db")
+    try:
+        store.write(
+            [
+                straggler("n1", "A", 100.0, score=0.6),
+                straggler("n1", "A", 110.0, score=0.3),
+                straggler("n1", "A", 120.0, kind="straggler_resolved", score=0.85),
+                straggler("n1", "A", 200.0, score=0.7),
+                straggler("n2", "A", 100.0, job="8", score=0.75),
+            ]
+        )
+        conn = store.reader()
+        rows = conn.execute(
+            "SELECT node_id, job_id, start_ts, last_ts, end_ts, round(max_depth, 3), n_events"
+            " FROM episodes ORDER BY node_id, start_ts"
+        ).fetchall()
+        conn.close()
+        assert rows == [
+            ("n1", "7", 100.0, 110.0, 120.0, 0.5, 3),
+            ("n1", "7", 200.0, 200.0, None, 0.1, 1),
+            ("n2", "8", 100.0, 100.0, None, 0.05, 1),
+        ]
+    finally:
+        store.close()
+
+
+def test_score_history_is_downsampled_and_a_resent_sample_is_not_counted(tmp_path: Path) -> None:
+    store = Store(tmp_path / "e.db", score_bucket=60.0)
+    try:
+        points = [
+            ScorePoint("A", "n1", 600.0 + 10 * i, 0.5 + i / 100, gpu_model="H100", gpu_count=8)
+            for i in range(12)
+        ]
+        store.write(scores=points)
+        store.write(scores=points[:6])  # a retry of the first half
+        conn = store.reader()
+        buckets = conn.execute(
+            "SELECT bucket, n, round(min, 2), round(max, 2) FROM scores ORDER BY bucket"
+        ).fetchall()
+        node = conn.execute("SELECT gpu_model, gpu_count, last_score_ts FROM nodes").fetchone()
+        conn.close()
+        assert buckets == [(600.0, 6, 0.5, 0.55), (660.0, 6, 0.56, 0.61)]
+        assert node == ("H100", 8, 710.0)
+    finally:
+        store.close()
+
+
+def test_retention_by_age_and_by_size(tmp_path: Path) -> None:
+    clock = ManualClock(start=10_000.0)
+    store = Store(tmp_path / "e.db", clock=clock, max_age=1000.0, retention_interval=3600)
+    try:
+        store.write([straggler(f"old{i}", "A", 8000.0 + i) for i in range(10)])
+        store.write([straggler(f"new{i}", "A", 9500.0 + i) for i in range(10)])
+        store.retain_now()  # retention also runs by itself after the first commit
+        assert store.stats["retention_deleted"] == 10
+        assert count(store, "SELECT count(*) FROM events WHERE node_id LIKE 'old%'") == 0
+        assert count(store, "SELECT count(*) FROM events") == 10
+        assert count(store, "SELECT count(*) FROM episodes") == 10
+    finally:
+        store.close()
+    store = Store(tmp_path / "s.db", clock=clock, retention_interval=3600)
+    try:
+        store.write([straggler(f"n{i}", "A", 9000.0 + i, note="x" * 2000) for i in range(400)])
+        size = store.used_bytes()
+        store.max_bytes = size // 2
+        assert store.retain_now() > 0
+        assert store.used_bytes() <= size // 2
+        kept = count(store, "SELECT min(ts) FROM events")
+        assert kept > 9000  # the oldest went first
+    finally:
+        store.close()

@@ -1,0 +1,84 @@
+"""The Echo forwarder: never blocks, bounded, retries transient failures, drops refusals."""
+
+from __future__ import annotations
+
+import threading
+
+from opentelemetry.proto.collector.logs.v1.logs_service_pb2 import ExportLogsServiceRequest
+
+from ingero.echo.forwarder import Forwarder, SendError
+from ingero.events import Event
+from ingero.otlp.logs import decode_events
+
+
+def ev(i: int) -> Event:
+    return Event("straggler_state", f"n{i}", "A", 1000.0 + i, score=0.4, threshold=0.8)
+
+
+class ScriptedSender:
+    """Fails with the scripted errors first, then accepts; records what it accepted."""
+
+    def __init__(
+        self, failures: list[SendError] | None = None, gate: threading.Event | None = None
+    ):
+        self.failures = list(failures or [])
+        self.gate = gate
+        self.accepted: list[str] = []
+        self.attempts = 0
+
+    def send(self, request: ExportLogsServiceRequest) -> None:
+        if self.gate is not None:
+            self.gate.wait()
+        self.attempts += 1
+        if self.failures:
+            raise self.failures.pop(0)
+        self.accepted.extend(e.event_id for e in decode_events(request).events)
+
+    def close(self) -> None:
+        return None
+
+
+def test_transient_failures_are_retried_until_acknowledged() -> None:
+    sender = ScriptedSender([SendError("refused", True), SendError("503", True)])
+    fwd = Forwarder(sender, batch_size=10, backoff_initial=0.001, backoff_max=0.01)
+    events = [ev(i) for i in range(25)]
+    assert fwd.submit(events) == 25
+    assert fwd.flush(10)
+    fwd.close(1)
+    assert sorted(sender.accepted) == sorted(e.event_id for e in events)
+    assert fwd.stats.retries == 2 and fwd.stats.sent == 25 and fwd.stats.dropped_rejected == 0
+
+
+def test_a_refused_batch_is_dropped_and_counted_not_retried() -> None:
+    sender = ScriptedSender([SendError("400 invalid", False)])
+    fwd = Forwarder(sender, batch_size=5, backoff_initial=0.001)
+    fwd.submit([ev(i) for i in range(5)])
+    assert fwd.flush(10)
+    fwd.submit([ev(i) for i in range(5, 8)])
+    assert fwd.flush(10)
+    fwd.close(1)
+    assert fwd.stats.dropped_rejected == 5 and len(sender.accepted) == 3
+    assert sender.attempts == 2
+
+
+def test_submit_never_blocks_and_counts_what_a_full_queue_drops() -> None:
+    gate = threading.Event()  # the sender is stuck: nothing leaves the queue
+    sender = ScriptedSender(gate=gate)
+    fwd = Forwarder(sender, capacity=10, batch_size=1)
+    accepted = fwd.submit([ev(i) for i in range(30)])
+    # one event may already be in flight, so 10 or 11 were taken; the rest were dropped
+    assert accepted in (10, 11) and fwd.stats.dropped_full == 30 - accepted
+    gate.set()
+    assert fwd.flush(10)
+    fwd.close(1)
+    assert len(sender.accepted) == accepted
+
+
+def test_close_gives_up_on_an_unreachable_echo_and_counts_the_loss() -> None:
+    sender = ScriptedSender([SendError("down", True)] * 1000)
+    fwd = Forwarder(sender, batch_size=4, backoff_initial=0.01, backoff_max=0.02)
+    fwd.submit([ev(i) for i in range(10)])
+    fwd.close(timeout=0.2)
+    assert fwd.stats.sent == 0
+    assert fwd.stats.dropped_at_close == 10
+    assert fwd.submit([ev(99)]) == 0  # closed: nothing more is taken
