@@ -1,0 +1,194 @@
+"""A small real cluster on loopback: ``ingero fleet``, N ``ingero workload`` + ``ingero
+fleet-push`` pairs and one ``ingero sink --print`` that every fleet-push sends events to."""
+
+from __future__ import annotations
+
+import json
+import signal
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, TypeVar
+
+import yaml
+
+from ingero.events import Event
+
+T = TypeVar("T")
+ROOT = Path(__file__).resolve().parents[3]
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def wait_for(predicate: Callable[[], T], timeout: float, what: str) -> T:
+    deadline = time.monotonic() + timeout
+    while True:
+        value = predicate()
+        if value:
+            return value
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out after {timeout}s waiting for {what}")
+        time.sleep(0.1)
+
+
+def ingero(*args: str) -> list[str]:
+    return [sys.executable, "-m", "ingero.cli.main", *args]
+
+
+@dataclass
+class Procs:
+    """Every process a test starts; ``stop_all`` ends each by its own PID."""
+
+    running: list[subprocess.Popen[bytes]] = field(default_factory=list)
+
+    def start(self, argv: list[str], log: Path) -> subprocess.Popen[bytes]:
+        with log.open("ab") as out:
+            proc = subprocess.Popen(argv, cwd=ROOT, stdout=out, stderr=subprocess.STDOUT)
+        self.running.append(proc)
+        return proc
+
+    @staticmethod
+    def stop(proc: subprocess.Popen[bytes], sig: int = signal.SIGTERM) -> int:
+        if proc.poll() is None:
+            proc.send_signal(sig)
+            try:
+                proc.wait(timeout=15)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait()
+        return proc.returncode
+
+    def stop_all(self) -> None:
+        for proc in reversed(self.running):
+            self.stop(proc)
+
+
+@dataclass
+class Cluster:
+    tmp: Path
+    procs: Procs
+    interval: float
+    nodes: int
+    ports: dict[str, int] = field(default_factory=dict)
+    fleet: subprocess.Popen[bytes] | None = None
+    pushers: dict[str, subprocess.Popen[bytes]] = field(default_factory=dict)
+
+    @property
+    def events_file(self) -> Path:
+        return self.tmp / "sink.out"
+
+    def node(self, i: int) -> str:
+        return f"node{i:02d}"
+
+    def start_fleet(self) -> None:
+        if not self.ports:
+            self.ports = {k: free_port() for k in ("otlp_grpc", "otlp_http", "api")}
+        cfg: dict[str, Any] = {
+            "listen": {k: f"127.0.0.1:{p}" for k, p in self.ports.items()},
+            "push_interval": f"{self.interval}s",
+            "threshold": {"ema_alpha": 0.5},
+        }
+        path = self.tmp / "fleet.yaml"
+        path.write_text(yaml.safe_dump(cfg))
+        ready = self.tmp / "fleet-ready.json"
+        ready.unlink(missing_ok=True)
+        self.fleet = self.procs.start(
+            ingero("fleet", "--config", str(path), "--ready-file", str(ready)),
+            self.tmp / "fleet.log",
+        )
+        fleet = self.fleet
+        wait_for(lambda: ready.exists() or fleet.poll() is not None, 60, "fleet to start")
+        assert fleet.poll() is None, (self.tmp / "fleet.log").read_text()
+
+    def start_sink(self) -> None:
+        self.procs.start(
+            ingero("sink", "--socket", str(self.tmp / "ev.sock"), "--metrics", "", "--print"),
+            self.events_file,
+        )
+        wait_for(lambda: (self.tmp / "ev.sock").exists(), 30, "sink socket")
+
+    def start_workload(self, i: int) -> None:
+        node = self.node(i)
+        self.procs.start(
+            ingero(
+                "workload",
+                "--db",
+                str(self.tmp / f"{node}.db"),
+                "--interval",
+                str(self.interval / 2),
+                "--noise",
+                "0.02",
+                "--seed",
+                str(i),
+                "--control",
+                str(self.tmp / f"{node}.slow"),
+            ),
+            self.tmp / f"{node}.workload.log",
+        )
+
+    def start_push(self, i: int) -> subprocess.Popen[bytes]:
+        node = self.node(i)
+        cfg = {
+            "fleet_endpoint": f"http://127.0.0.1:{self.ports['otlp_http']}",
+            "api_endpoint": f"http://127.0.0.1:{self.ports['api']}",
+            "push_interval": f"{self.interval}s",
+            "node_id": node,
+            "cluster_id": "itest",
+            "node_db": str(self.tmp / f"{node}.db"),
+            "state_dir": str(self.tmp / f"{node}.state"),
+            "detection": {
+                "fleet_max_age": f"{3 * self.interval}s",
+                "fleet_cached_max_age": f"{8 * self.interval}s",
+                "local_cached_max_age": f"{16 * self.interval}s",
+            },
+            # Every simulated node shares this host's CPU: a busy neighbour (another test,
+            # another node's process) must not look like this node's slowdown.
+            "score": {
+                "weights": {"throughput": 0.6, "compute": 0.25, "memory": 0.15, "cpu": 0.0},
+                "floor": 0.0,
+            },
+            "channels": {
+                "journal_socket": str(self.tmp / "no-journald.sock"),
+                "event_socket": str(self.tmp / "ev.sock"),
+            },
+        }
+        path = self.tmp / f"{node}.yaml"
+        path.write_text(yaml.safe_dump(cfg))
+        proc = self.procs.start(
+            ingero("fleet-push", "--config", str(path), "--workload-type", "training"),
+            self.tmp / f"{node}.push.log",
+        )
+        self.pushers[node] = proc
+        return proc
+
+    def slow_down(self, i: int, fraction: float) -> None:
+        (self.tmp / f"{self.node(i)}.slow").write_text(str(fraction))
+
+    def events(self) -> list[Event]:
+        try:
+            text = self.events_file.read_text()
+        except FileNotFoundError:
+            return []
+        out = []
+        for line in text.splitlines():
+            if line.startswith("{"):
+                out.append(Event.from_dict(json.loads(line)))
+        return out
+
+    def modes(self, node: str) -> list[str]:
+        return [
+            str(e.detection_mode)
+            for e in self.events()
+            if e.type == "detection_mode" and e.node_id == node
+        ]
+
+    def push_log(self, node: str) -> str:
+        return (self.tmp / f"{node}.push.log").read_text(errors="replace")

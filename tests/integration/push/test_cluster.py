@@ -1,0 +1,94 @@
+"""A real fleet and six real fleet-push processes fed by the synthetic workload.
+
+One scenario, in order: warm-up to ``fleet`` mode; a 30% slowdown on one node is reported
+as a straggler within a bounded number of push intervals and on no other node; Fleet is
+killed and every node steps down to fleet-cached, then local modes, without crashing; Fleet
+comes back and ``fleet`` mode returns; a restarted fleet-push skips warm-up.
+"""
+
+from __future__ import annotations
+
+import signal
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from tests.integration.push.cluster import Cluster, Procs, wait_for
+
+pytestmark = pytest.mark.integration
+
+NODES = 6
+INTERVAL = 0.5
+# Generous bound on detection (in push intervals): the machine is shared and slow.
+DETECT_WITHIN = 40
+
+
+@pytest.fixture
+def cluster(tmp_path: Path) -> Iterator[Cluster]:
+    procs = Procs()
+    c = Cluster(tmp_path, procs, INTERVAL, NODES)
+    try:
+        yield c
+    finally:
+        procs.stop_all()
+
+
+def test_straggler_failover_and_restart(cluster: Cluster) -> None:
+    c = cluster
+    c.start_fleet()
+    c.start_sink()
+    for i in range(NODES):
+        c.start_workload(i)
+        c.start_push(i)
+    nodes = [c.node(i) for i in range(NODES)]
+
+    wait_for(lambda: all("fleet" in c.modes(n) for n in nodes), 90, "every node in fleet mode")
+    assert not [e for e in c.events() if e.type == "straggler_state"], "no straggler yet"
+
+    c.slow_down(0, 0.3)
+    straggler = wait_for(
+        lambda: [e for e in c.events() if e.type == "straggler_state"],
+        DETECT_WITHIN * INTERVAL,
+        f"a straggler event within {DETECT_WITHIN} push intervals",
+    )
+    assert {e.node_id for e in straggler} == {nodes[0]}
+    first = straggler[0]
+    assert first.detection_mode == "fleet"
+    assert first.score is not None and first.threshold is not None
+    assert first.score < first.threshold
+    assert first.extra.get("panic") is False
+
+    # Fleet goes away: modes step down, nobody crashes.
+    assert c.fleet is not None
+    Procs.stop(c.fleet, signal.SIGKILL)
+    for mode in ("fleet-cached", "local-cached"):
+        wait_for(lambda m=mode: all(m in c.modes(n) for n in nodes), 60, f"all nodes in {mode}")
+    wait_for(
+        lambda: all(c.modes(n)[-1] == "local-baseline" for n in nodes[1:]),
+        60,
+        "healthy nodes on their local baseline",
+    )
+    assert all(p.poll() is None for p in c.pushers.values()), "a fleet-push exited"
+
+    # Fleet is back on the same ports: fleet mode returns everywhere.
+    counts = {n: c.modes(n).count("fleet") for n in nodes}
+    c.start_fleet()
+    wait_for(
+        lambda: all(c.modes(n).count("fleet") > counts[n] for n in nodes),
+        120,
+        "fleet mode back on every node",
+    )
+    others = {e.node_id for e in c.events() if e.type == "straggler_state"}
+    assert others <= {nodes[0]}, f"false straggler events on {others - {nodes[0]}}"
+
+    # A restarted fleet-push restores its baselines and skips warm-up.
+    restarted = nodes[1]
+    assert Procs.stop(c.pushers[restarted]) == 0
+    before, seen = c.push_log(restarted), len(c.modes(restarted))
+    c.start_push(1)
+    wait_for(lambda: "fleet" in c.modes(restarted)[seen:], 60, "the restarted node in fleet mode")
+    after = c.push_log(restarted)[len(before) :]
+    assert "baselines restored" in after
+    assert "calibrating" not in after
+    assert c.pushers[restarted].poll() is None
