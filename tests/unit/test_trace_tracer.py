@@ -1,0 +1,123 @@
+"""tracer: the loop over a stand-in probe set (the real one needs root; see integration)."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from ingero.clock import ManualClock
+from ingero.trace.aggregate import Snapshot, StatVal, slot_of
+from ingero.trace.decode import EVENT_FORMAT, KIND_CALL, KIND_EXIT, KIND_NEW
+from ingero.trace.ops import OP_IDS
+from ingero.trace.procmaps import LibraryFile
+from ingero.trace.tags import TagCache
+from ingero.trace.tracer import Tracer, system_libraries
+from ingero.trace.writer import Batch
+
+OP = OP_IDS["cudaLaunchKernel"]
+
+
+def _sample(pid: int, kind: int = KIND_CALL, ts: int = 0) -> bytes:
+    return EVENT_FORMAT.pack(ts, 1000, 0, 0, pid, pid, OP, 35, -1, -1, 0, kind)
+
+
+class FakeProbes:
+    """Kernel state as plain dicts; ``pending`` samples arrive on the next poll."""
+
+    def __init__(self) -> None:
+        self.stats: dict[tuple[int, int], StatVal] = {}
+        self.hist: dict[tuple[int, int], dict[int, int]] = {}
+        self.pending: list[bytes] = []
+        self.callback: Callable[[bytes], None] | None = None
+        self.traced: list[int] = []
+        self.forgotten: set[int] = set()
+
+    def attach_library(self, lib: LibraryFile) -> list[Any]:
+        return []
+
+    def mark_traced(self, pids: list[int]) -> None:
+        self.traced += pids
+
+    def forget(self, pids: set[int]) -> None:
+        self.forgotten |= pids
+        for k in [k for k in self.stats if k[0] in pids]:
+            del self.stats[k]
+
+    def snapshot(self) -> tuple[Snapshot, dict[int, int]]:
+        return Snapshot(dict(self.stats), {k: dict(v) for k, v in self.hist.items()}, {}), {}
+
+    def open_ring(self, callback: Callable[[bytes], None]) -> None:
+        self.callback = callback
+
+    def poll(self) -> None:
+        assert self.callback is not None
+        for data in self.pending:
+            self.callback(data)
+        self.pending = []
+
+
+class Sink:
+    def __init__(self) -> None:
+        self.batches: list[Batch] = []
+
+    def submit(self, batch: Batch) -> bool:
+        self.batches.append(batch)
+        return True
+
+
+def _tracer(tmp_path: Path) -> tuple[Tracer, FakeProbes, Sink, ManualClock]:
+    (tmp_path / "proc" / "42").mkdir(parents=True)
+    (tmp_path / "proc" / "42" / "environ").write_bytes(b"SLURM_JOB_ID=8\0SLURM_PROCID=0\0")
+    probes, sink, clock = FakeProbes(), Sink(), ManualClock()
+    tags = TagCache(proc=tmp_path / "proc", job_dir=tmp_path / "jobs")
+    tracer = Tracer(probes, sink, clock, tags, proc=tmp_path / "proc")
+    tracer.start()
+    return tracer, probes, sink, clock
+
+
+def test_interval_rows_samples_and_exit_cleanup(tmp_path: Path) -> None:
+    tracer, probes, sink, clock = _tracer(tmp_path)
+    probes.pending = [_sample(42, KIND_NEW)]
+    tracer.pump()
+    assert probes.traced == [42]  # tagged and traced as soon as it first called
+    probes.stats[(42, OP)] = StatVal(100, 100_000, 100, 0)
+    probes.hist[(42, OP)] = {slot_of(1000): 100}
+    probes.pending = [_sample(42, ts=int(0.5e9))]
+    clock.advance(1.0)
+    result = tracer.tick()
+    (row,) = result.intervals
+    assert (row["pid"], row["op"], row["count"], row["job_id"], row["rank"]) == (
+        42, "cudaLaunchKernel", 100, "8", 0)  # fmt: skip
+    (raw,) = sink.batches[-1].raw_events
+    # Kernel monotonic ns become wall-clock seconds: 0.5 s before "now" (monotonic 1.0).
+    assert abs(float(raw["ts"]) - (clock.now() - 0.5)) < 1e-6  # type: ignore[arg-type]
+    assert raw["ret"] == 35 and raw["job_id"] == "8"
+
+    probes.stats[(42, OP)] = StatVal(150, 150_000, 150, 0)
+    probes.hist[(42, OP)] = {slot_of(1000): 150}
+    probes.pending = [_sample(42, KIND_EXIT)]
+    clock.advance(1.0)
+    (row,) = tracer.tick().intervals
+    assert row["count"] == 50  # the last calls are written before the state is freed
+    assert probes.forgotten == {42}
+    clock.advance(1.0)
+    assert tracer.tick().intervals == []
+
+
+def test_bad_samples_are_counted_and_the_loop_goes_on(tmp_path: Path) -> None:
+    tracer, probes, sink, clock = _tracer(tmp_path)
+    probes.pending = [b"short", _sample(42, kind=77), _sample(42)]
+    clock.advance(1.0)
+    result = tracer.tick()
+    assert result.bad_samples == 2
+    assert result.samples == 1
+    assert len(sink.batches[-1].raw_events) == 1
+
+
+def test_system_libraries(tmp_path: Path) -> None:
+    lib = tmp_path / "libcudart.so.13"
+    lib.write_bytes(b"")
+    found = {"cudart": str(lib), "cuda": str(tmp_path / "missing.so")}
+    libs = system_libraries(lambda name: found.get(name))
+    assert [(x.kind, x.path) for x in libs] == [("cudart", str(lib))]

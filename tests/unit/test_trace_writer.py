@@ -1,0 +1,87 @@
+"""writer: batched writes, size-bounded pruning (oldest first), retry after a failed write."""
+
+from __future__ import annotations
+
+import sqlite3
+from pathlib import Path
+
+from ingero.nodedb.schema import SCHEMA_VERSION, connect
+from ingero.trace.writer import Batch, NodeDbWriter, prune, used_bytes, write_batch
+
+
+def _interval(ts: float, pid: int = 1) -> dict[str, object]:
+    return {"ts_start": ts - 1, "ts_end": ts, "pid": pid, "source": "cuda_runtime",
+            "op": "cudaMalloc", "count": 10, "total_ns": 1000, "p50_ns": 90, "p95_ns": 100,
+            "p99_ns": 110, "errors": 0, "bytes": 0, "job_id": None, "rank": None}  # fmt: skip
+
+
+def _raw(ts: float) -> dict[str, object]:
+    return {"ts": ts, "pid": 1, "tid": 1, "source": "cuda_runtime", "op": "cudaMalloc",
+            "duration_ns": 100, "ret": 0, "bytes": 0, "detail": "x" * 200,
+            "job_id": None, "rank": None}  # fmt: skip
+
+
+def _proc(pid: int, ts: float, job: str | None = None) -> dict[str, object]:
+    return {"pid": pid, "comm": "a", "exe": "/a", "job_id": job, "rank": None,
+            "first_seen": ts, "last_seen": ts}  # fmt: skip
+
+
+def test_write_batch_and_process_upsert() -> None:
+    db = connect(":memory:")
+    assert db.execute("PRAGMA user_version").fetchone()[0] == SCHEMA_VERSION
+    n = write_batch(db, Batch([_interval(10.0)], [_raw(9.5)], [], [_proc(1, 10.0, "7")]))
+    assert n == 3
+    write_batch(db, Batch(processes=[_proc(1, 20.0)]))
+    row = db.execute("SELECT job_id, first_seen, last_seen FROM processes").fetchone()
+    assert row == ("7", 10.0, 20.0)  # job kept, last_seen advanced
+
+
+def test_prune_deletes_oldest_first_until_it_fits() -> None:
+    db = connect(":memory:")
+    for i in range(200):
+        write_batch(db, Batch([_interval(1000.0 + i)], [_raw(1000.0 + i + 0.5)] * 20))
+    before = used_bytes(db)
+    limit = before // 3
+    deleted = prune(db, limit)
+    assert deleted > 0
+    assert used_bytes(db) <= limit
+    oldest_kept = db.execute("SELECT MIN(ts) FROM raw_events").fetchone()[0]
+    newest = db.execute("SELECT MAX(ts) FROM raw_events").fetchone()[0]
+    assert newest == 1199.5  # the newest data survives
+    assert oldest_kept > 1000.5
+    # Nothing newer than a kept row was deleted: kept rows are one contiguous recent range.
+    kept = db.execute("SELECT COUNT(*) FROM raw_events").fetchone()[0]
+    assert kept == 20 * (1199 - int(oldest_kept) + 1)
+
+
+def test_prune_is_a_no_op_under_the_limit() -> None:
+    db = connect(":memory:")
+    write_batch(db, Batch([_interval(1.0)]))
+    assert prune(db, 10**9) == 0
+
+
+def test_writer_retries_after_a_locked_database(tmp_path: Path) -> None:
+    path = tmp_path / "node.db"
+    writer = NodeDbWriter(path)
+    writer._db.conn.execute("PRAGMA busy_timeout = 0")
+    blocker = sqlite3.connect(path, timeout=0)
+    blocker.execute("BEGIN EXCLUSIVE")
+    writer._write(Batch([_interval(1.0)]))  # fails: the DB is locked
+    assert writer.stats.errors == 1 and "locked" in (writer.stats.last_error or "")
+    blocker.rollback()
+    blocker.close()
+    writer._write(Batch([_interval(2.0)]))  # succeeds, and writes the kept batch first
+    writer.close()
+    rows = connect(path).execute("SELECT ts_end FROM intervals ORDER BY ts_end").fetchall()
+    assert rows == [(1.0,), (2.0,)]
+
+
+def test_writer_thread_writes_everything_before_close(tmp_path: Path) -> None:
+    path = tmp_path / "node.db"
+    writer = NodeDbWriter(path, max_bytes=10**8)
+    writer.start()
+    for i in range(50):
+        assert writer.submit(Batch([_interval(float(i))]))
+    writer.close()
+    assert connect(path).execute("SELECT COUNT(*) FROM intervals").fetchone()[0] == 50
+    assert writer.stats.batches == 50 and writer.stats.errors == 0
