@@ -435,28 +435,49 @@ def test_coverage_low_is_informational() -> None:
 
 
 def test_concurrent_ingest_and_ticks_keep_a_consistent_map() -> None:
-    state, _, _ = make()
+    """Pushes (with job moves and silences that expire) race ticks; the map stays whole."""
+    state, clock, config = make()
     errors: list[BaseException] = []
 
     def pusher(prefix: str) -> None:
         try:
-            for round_ in range(50):
+            for round_ in range(60):
                 for i in range(40):
-                    state.ingest(push(f"{prefix}{i}", 0.8 + 0.001 * (i + round_ % 3)))
-        except BaseException as exc:  # pragma: no cover - reported below
+                    if (i + round_) % 7 == 0:
+                        continue  # some nodes fall silent now and then
+                    job = str((i + round_ // 10) % 3)  # and move between jobs
+                    score = 0.5 + 0.01 * ((i * 7 + round_) % 40)
+                    state.ingest(push(f"{prefix}{i}", score, job=job))
+        except BaseException as exc:  # reported by the assertion below
             errors.append(exc)
 
     threads = [threading.Thread(target=pusher, args=(p,)) for p in "abcd"]
     for t in threads:
         t.start()
+    ticks = 0
     while any(t.is_alive() for t in threads):
         state.tick()
+        clock.advance(config.node_ttl / 4)
+        ticks += 1
     for t in threads:
         t.join()
-    assert errors == []
+    assert errors == [] and ticks > 1
+    # After the race, one clean round must give exactly the per-job statistics.
+    clock.advance(config.node_ttl)
+    final: dict[str, list[float]] = {}
+    for p in "abcd":
+        for i in range(40):
+            score = 0.6 + 0.005 * i
+            job = str(i % 3)
+            state.ingest(push(f"{p}{i}", score, job=job))
+            final.setdefault(job, []).append(score)
     result = state.tick()
     assert state.node_count() == 160
-    assert result.groups[0].active_nodes == 160
+    assert {g.job_id: g.active_nodes for g in result.groups} == {
+        j: len(v) for j, v in final.items()
+    }
+    for group in result.groups:
+        assert group.median == statistics.median(final[str(group.job_id)])
 
 
 @settings(max_examples=40, deadline=None)
