@@ -3,7 +3,8 @@
 Rules (documented in docs/fleet-push.md):
 
 - only ``active`` intervals with a threshold are classified;
-- an episode starts when ``score < threshold``: ``straggler_state`` is emitted at once and
+- an episode starts when ``score < threshold`` for ``enter_intervals`` consecutive classified
+  intervals (default 2, so one noisy sample is not an episode): ``straggler_state`` is emitted and
   re-emitted every ``reemit_intervals`` intervals while it lasts (journald readers and a sink
   that restarted still see it), all with the episode's one ``event_id``;
 - it ends once, with ``straggler_resolved`` (same ``event_id``), when
@@ -41,6 +42,7 @@ class Classifier:
     def __init__(self, config: ClassifierConfig) -> None:
         self._config = config
         self._episode: str | None = None
+        self._below = 0
         self._since_emit = 0
         self._emits = 0
 
@@ -51,13 +53,16 @@ class Classifier:
     def observe(self, obs: Observation) -> list[Event]:
         """Events for this interval (usually none)."""
         if obs.state != "active":
+            self._below = 0
             if self._episode is None:
                 return []
             return [self._end(obs, f"node is {obs.state}")]
         if obs.threshold is None:
             return []
         if self._episode is None:
-            if obs.score < obs.threshold:
+            self._below = self._below + 1 if obs.score < obs.threshold else 0
+            if self._below >= self._config.enter_intervals:
+                self._below = 0
                 self._episode = new_event_id()
                 self._since_emit = 0
                 self._emits = 1

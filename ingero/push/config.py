@@ -44,6 +44,9 @@ class DetectionConfig:
 class ClassifierConfig:
     # A straggler recovers only at threshold + hysteresis, so a node on the edge does not flap.
     hysteresis: float = field(default=0.02, metadata=in_range(0.0, 1.0))
+    # Consecutive intervals below the threshold before an episode starts: one noisy sample
+    # among thousands of node-intervals an hour must not page anyone.
+    enter_intervals: int = field(default=2, metadata=positive())
     # While a straggler, straggler_state is re-sent every N intervals (0: only on entry).
     reemit_intervals: int = field(default=12, metadata=check(lambda v: v >= 0, "must be >= 0"))
 

@@ -104,7 +104,9 @@ def make(
 
 
 def test_push_carries_the_sample_and_straggler_episode_reaches_channels() -> None:
-    agent, clock, sampler, client, rec = make()
+    agent, clock, sampler, client, rec = make(
+        config=PushConfig(classifier=ClassifierConfig(enter_intervals=1))
+    )
     agent.step()
     decoded = decode_health(client.pushed[0])
     assert decoded.pushes[0].node_id == "n1" and decoded.pushes[0].score == 0.9
@@ -167,7 +169,7 @@ def test_stalled_event_consumer_does_not_hold_the_loop(tmp_path: Path) -> None:
     server.bind(path)
     server.listen(1)  # accepts, never reads
     uds = UdsChannel(path, queue_size=4, send_timeout=60.0)
-    config = PushConfig(classifier=ClassifierConfig(reemit_intervals=1))
+    config = PushConfig(classifier=ClassifierConfig(reemit_intervals=1, enter_intervals=1))
     agent, clock, sampler, _client, rec = make(channels=[uds], config=config)
     try:
         sampler.score = 0.1
