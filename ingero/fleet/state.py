@@ -231,7 +231,7 @@ class FleetState:
         # The EMA runs only while a group has quorum; losing quorum restarts it.
         new_ema = np.where(quorum, th.ema(prev_ema, raw, tcfg.ema_alpha), np.nan)
         thr = np.where(quorum, new_ema, raw)
-        _below, n_below = th.below_counts(act_scores, thr, act_gids, gn)
+        n_below = th.below_counts(act_scores, thr, act_gids, gn)
         panic = th.panic_mask(n_below, n_active, quorum, tcfg.panic_fraction)
 
         same_group = ep_gid == gids

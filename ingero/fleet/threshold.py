@@ -70,11 +70,9 @@ def ema(previous: FloatArray, raw: FloatArray, alpha: float) -> FloatArray:
 
 def below_counts(
     scores: FloatArray, threshold: FloatArray, seg: IntArray, n_groups: int
-) -> tuple[BoolArray, IntArray]:
-    """Which nodes score strictly below their group's threshold, and how many per group."""
-    below: BoolArray = scores < threshold[seg]
-    counts = np.bincount(seg, weights=below, minlength=n_groups).astype(np.int64)
-    return below, counts
+) -> IntArray:
+    """How many nodes of each group score strictly below the group's threshold."""
+    return np.bincount(seg[scores < threshold[seg]], minlength=n_groups).astype(np.int64)
 
 
 def panic_mask(

@@ -126,3 +126,10 @@ def test_classify_hysteresis_edges() -> None:
         False,
         False,  # no quorum: nobody is a straggler
     ]
+
+
+def test_below_counts_are_strict_and_per_group() -> None:
+    scores = np.array([0.5, 0.8, 0.79, 0.9, 0.1])
+    seg = np.array([0, 0, 0, 1, 2], dtype=np.int64)
+    threshold = np.array([0.8, 0.95, np.nan, 0.5])  # group 2: no threshold; group 3: empty
+    assert th.below_counts(scores, threshold, seg, 4).tolist() == [2, 1, 0, 0]
