@@ -135,7 +135,9 @@ def build_app(
 
     async def http_error(request: Request, exc: Exception) -> Response:
         assert isinstance(exc, HTTPException)
-        return error(exc.status_code, str(exc.detail))
+        response = error(exc.status_code, str(exc.detail))
+        response.headers.update(exc.headers or {})
+        return response
 
     async def server_error(request: Request, exc: Exception) -> Response:
         log.exception("internal error on %s", request.url.path)

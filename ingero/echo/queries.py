@@ -25,6 +25,9 @@ from ingero.echo.auth import Principal
 from ingero.errors import ConfigError
 
 
+_MAX_STRING = 10_000
+
+
 class BadRequest(ValueError):
     """A question's parameters are missing, unknown or of the wrong type."""
 
@@ -42,6 +45,8 @@ class Param:
 
     def schema(self) -> dict[str, Any]:
         out: dict[str, Any] = {"type": self.type, "description": self.description}
+        if self.type == "string":
+            out.update(minLength=1, maxLength=_MAX_STRING)
         if self.default is not None:
             out["default"] = self.default
         if self.enum:
@@ -57,7 +62,7 @@ class Param:
         if self.type == "string":
             if not isinstance(value, str) or not value:
                 raise BadRequest(f"parameter {self.name} must be a non-empty string")
-            if len(value) > 10_000:
+            if len(value) > _MAX_STRING:
                 raise BadRequest(f"parameter {self.name} is too long")
             if self.enum and value not in self.enum:
                 raise BadRequest(f"parameter {self.name} must be one of {', '.join(self.enum)}")
