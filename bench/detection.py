@@ -15,6 +15,7 @@ over repeated runs, median and p95; and false straggler events per node-hour in 
 simulated hour with no slowdown.
 
     .venv/bin/python bench/detection.py [--nodes 64] [--runs 40] [--slowdown 0.2]
+        [--hours 1] [--enter-intervals 2]
 """
 
 from __future__ import annotations
@@ -30,7 +31,7 @@ from ingero.fleet.model import NodePush
 from ingero.fleet.state import FleetState
 from ingero.push.baseline import EmaBaseline
 from ingero.push.classifier import Classifier, Observation
-from ingero.push.config import PushConfig
+from ingero.push.config import ClassifierConfig, PushConfig
 from ingero.push.detection import DetectionSelector, FleetReading
 from ingero.push.score import ScoreInputs, compute_score
 
@@ -101,11 +102,11 @@ class SimNode:
 
 
 class Sim:
-    def __init__(self, nodes: int, seed: int) -> None:
+    def __init__(self, nodes: int, seed: int, enter_intervals: int = 2) -> None:
         self.clock = ManualClock()
         self.fleet = FleetState(FleetConfig(push_interval=Duration(INTERVAL)), self.clock)
         rng = random.Random(seed)
-        config = PushConfig()
+        config = PushConfig(classifier=ClassifierConfig(enter_intervals=enter_intervals))
         self.nodes = [SimNode(f"n{i:03d}", config, self.clock, rng) for i in range(nodes)]
 
     def step(self) -> dict[str, list[str]]:
@@ -123,8 +124,10 @@ class Sim:
         return out
 
 
-def latency_run(nodes: int, seed: int, slowdown: float, warmup: int, limit: int) -> int | None:
-    sim = Sim(nodes, seed)
+def latency_run(
+    nodes: int, seed: int, slowdown: float, warmup: int, limit: int, enter: int
+) -> int | None:
+    sim = Sim(nodes, seed, enter)
     for _ in range(warmup):
         sim.step()
     target = sim.nodes[0]
@@ -135,8 +138,8 @@ def latency_run(nodes: int, seed: int, slowdown: float, warmup: int, limit: int)
     return None
 
 
-def false_events(nodes: int, seed: int, hours: float, warmup: int) -> tuple[int, float]:
-    sim = Sim(nodes, seed)
+def false_events(nodes: int, seed: int, hours: float, warmup: int, enter: int) -> tuple[int, float]:
+    sim = Sim(nodes, seed, enter)
     for _ in range(warmup):
         sim.step()
     steps = int(hours * 3600 / INTERVAL)
@@ -161,17 +164,23 @@ def main() -> None:
     parser.add_argument("--hours", type=float, default=1.0)
     parser.add_argument("--warmup", type=int, default=30, help="intervals before injecting")
     parser.add_argument("--limit", type=int, default=60, help="intervals to wait for detection")
+    parser.add_argument("--enter-intervals", type=int, default=2, help="classifier debounce")
     args = parser.parse_args()
 
     latencies: list[int] = []
     missed = 0
     for seed in range(args.runs):
-        got = latency_run(args.nodes, seed, args.slowdown, args.warmup, args.limit)
+        got = latency_run(
+            args.nodes, seed, args.slowdown, args.warmup, args.limit, args.enter_intervals
+        )
         if got is None:
             missed += 1
         else:
             latencies.append(got)
-    print(f"nodes={args.nodes} push_interval={INTERVAL}s slowdown={args.slowdown:.0%}")
+    print(
+        f"nodes={args.nodes} push_interval={INTERVAL}s slowdown={args.slowdown:.0%} "
+        f"enter_intervals={args.enter_intervals}"
+    )
     if latencies:
         print(
             f"detection latency over {args.runs} runs: median {statistics.median(latencies):g} "
@@ -180,7 +189,9 @@ def main() -> None:
         )
     else:
         print(f"detection latency: no detection in {args.runs} runs")
-    entries, node_hours = false_events(args.nodes, 10_000, args.hours, args.warmup)
+    entries, node_hours = false_events(
+        args.nodes, 10_000, args.hours, args.warmup, args.enter_intervals
+    )
     print(
         f"steady state: {entries} false straggler events in {node_hours:g} node-hours "
         f"({entries / node_hours:.4f} per node-hour)"
