@@ -115,15 +115,19 @@ def _free_port() -> int:
         return int(s.getsockname()[1])
 
 
-def _wait_file(path: Path, timeout: float, children: Children) -> dict[str, Any]:
+def _wait_file(
+    path: Path, timeout: float, children: Children, stop: threading.Event
+) -> dict[str, Any]:
     deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
+    while time.monotonic() < deadline and not stop.is_set():
         if path.exists():
             data: dict[str, Any] = json.loads(path.read_text())
             return data
         for child in children.exited():
             raise RuntimeError(f"{child.name} exited early: {child.tail(3)}")
         time.sleep(0.05)
+    if stop.is_set():
+        raise RuntimeError("interrupted")
     raise RuntimeError(f"Fleet did not become ready within {timeout:g} s")
 
 
@@ -157,6 +161,8 @@ class Demo:
         try:
             listener = NotifyListener(workdir, opts.node_names())
             return self._run(workdir, children, listener)
+        except RuntimeError as exc:
+            return self._result(False, str(exc))
         finally:
             children.stop_all()
             if listener is not None:
@@ -184,7 +190,7 @@ class Demo:
         )  # fmt: skip
         st.note("starting Fleet")
         self.view.update(st)
-        bound = _wait_file(ready_file, 60.0, children)
+        bound = _wait_file(ready_file, 60.0, children, self.stop)
         st.api_url = f"http://{bound['api']}"
         otlp_http = f"http://{bound['otlp_http']}"
         st.note(f"Fleet up: OTLP/HTTP {otlp_http}, API {st.api_url}")

@@ -1,0 +1,130 @@
+"""Demo pieces without processes: status lines, options, the rich and plain views, summary."""
+
+from __future__ import annotations
+
+import io
+import socket
+from pathlib import Path
+
+import pytest
+from rich.console import Console
+
+from ingero.demo.runner import DemoOptions, DemoResult, DemoState, GroupView
+from ingero.demo.status import NotifyListener, parse_notify, parse_status
+from ingero.demo.view import LiveView, PlainView, summary
+
+
+def test_parse_status_line() -> None:
+    s = parse_status("active score=0.612 mode=fleet threshold=0.781 STRAGGLER")
+    assert (s.state, s.score, s.mode, s.threshold, s.straggling) == (
+        "active",
+        0.612,
+        "fleet",
+        0.781,
+        True,
+    )
+    s = parse_status("calibrating score=- mode=None threshold=-")
+    assert (s.state, s.score, s.mode, s.threshold, s.straggling) == (
+        "calibrating",
+        None,
+        None,
+        None,
+        False,
+    )
+    s = parse_status("active score=0.9 mode=local-cached threshold=0.7")
+    assert s.mode == "local-cached"
+
+
+def test_unknown_status_keeps_the_raw_text() -> None:
+    s = parse_status("something else entirely")
+    assert s.state == "unknown" and s.raw == "something else entirely" and s.score is None
+
+
+def test_parse_notify_datagram() -> None:
+    assert parse_notify(b"READY=1\nSTATUS=active score=1 mode=x threshold=-\n") == {
+        "READY": "1",
+        "STATUS": "active score=1 mode=x threshold=-",
+    }
+    assert parse_notify(b"\xff\xfegarbage") == {}
+
+
+def test_notify_listener_receives_per_node(tmp_path: Path) -> None:
+    listener = NotifyListener(tmp_path, ["node-01", "node-02"])
+    try:
+        with socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM) as s:
+            s.sendto(
+                b"READY=1\nSTATUS=active score=0.5 mode=fleet threshold=0.4",
+                str(listener.paths["node-02"]),
+            )
+            s.sendto(b"WATCHDOG=1", str(listener.paths["node-01"]))
+        updates = listener.poll(1.0)
+        assert set(updates) == {"node-02"}
+        assert updates["node-02"].score == 0.5
+        assert listener.ready == {"node-02"}
+    finally:
+        listener.close()
+    assert not list(tmp_path.iterdir())
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "message"),
+    [
+        ({"nodes": 2}, "--nodes"),
+        ({"push_interval": 0.1}, "--push-interval"),
+        ({"slowdown": 0.0}, "--slowdown"),
+        ({"slowdown": 1.0}, "--slowdown"),
+        ({"duration": 0}, "--duration"),
+        ({"straggler": "node-09"}, "--straggler"),
+    ],
+)
+def test_bad_options(kwargs: dict[str, object], message: str) -> None:
+    with pytest.raises(ValueError, match=message):
+        DemoOptions(**kwargs).validate()  # type: ignore[arg-type]
+
+
+def state() -> DemoState:
+    opts = DemoOptions(nodes=3, straggler="node-02")
+    st = DemoState(options=opts, straggler="node-02", phase="detected", started_at=1.0)
+    st.nodes = {
+        "node-01": parse_status("active score=0.830 mode=fleet threshold=0.780"),
+        "node-02": parse_status("active score=0.620 mode=fleet threshold=0.780 STRAGGLER"),
+    }
+    st.group = GroupView(threshold=0.78, median=0.83, quorum_met=True, active_nodes=3)
+    st.injected_at, st.detected_at = 10.0, 11.5
+    st.flagged = {"node-02": 11.5}
+    st.api_url = "http://127.0.0.1:1234"
+    st.sink_metrics_url = "http://127.0.0.1:5678/metrics"
+    st.note("injected")
+    return st
+
+
+def test_live_view_renders_table_with_highlight() -> None:
+    buffer = io.StringIO()
+    console = Console(file=buffer, width=120, force_terminal=False, color_system=None)
+    view = LiveView(console)
+    console.print(view.render(state()))
+    text = buffer.getvalue()
+    assert "threshold 0.780" in text and "quorum yes" in text
+    assert "node-02" in text and "STRAGGLER" in text and "0.620" in text
+    assert "node-03" in text and "starting" in text
+    assert "node-02 detected as a straggler" in text
+
+
+def test_plain_view_prints_changes_once() -> None:
+    out = io.StringIO()
+    view = PlainView(out)
+    st = state()
+    view.update(st)
+    view.update(st)
+    text = out.getvalue()
+    assert text.count("node-02: active score=0.620 mode=fleet threshold=0.780 STRAGGLER") == 1
+    assert text.count("injected") == 1
+
+
+def test_summary_names_latency_events_and_where_to_look() -> None:
+    result = DemoResult(True, "ok", "node-02", 1.5, 1.5, (), {"straggler_state": 1})
+    text = summary(state(), result)
+    assert "detected: node-02 after 1.5 s = 1.5 push intervals of 1 s" in text
+    assert "straggler_state=1" in text
+    assert "http://127.0.0.1:1234/metrics" in text
+    assert "journalctl" in text
