@@ -9,12 +9,14 @@ import socket
 import subprocess
 import sys
 import time
+import urllib.request
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TypeVar
 
 import yaml
+from prometheus_client.parser import text_string_to_metric_families
 
 from ingero.events import Event
 
@@ -134,10 +136,16 @@ class Cluster:
             self.tmp / f"{node}.workload.log",
         )
 
-    def start_push(self, i: int) -> subprocess.Popen[bytes]:
+    def start_push(self, i: int, transport: str = "http") -> subprocess.Popen[bytes]:
         node = self.node(i)
+        endpoint = (
+            f"http://127.0.0.1:{self.ports['otlp_http']}"
+            if transport == "http"
+            else f"127.0.0.1:{self.ports['otlp_grpc']}"
+        )
         cfg = {
-            "fleet_endpoint": f"http://127.0.0.1:{self.ports['otlp_http']}",
+            "transport": transport,
+            "fleet_endpoint": endpoint,
             "api_endpoint": f"http://127.0.0.1:{self.ports['api']}",
             "push_interval": f"{self.interval}s",
             "node_id": node,
@@ -189,6 +197,18 @@ class Cluster:
             for e in self.events()
             if e.type == "detection_mode" and e.node_id == node
         ]
+
+    def fleet_metric(self, name: str, **labels: str) -> float:
+        """Sum of Fleet's /metrics samples ``name`` whose labels include ``labels``."""
+        url = f"http://127.0.0.1:{self.ports['api']}/metrics"
+        with urllib.request.urlopen(url, timeout=10) as resp:
+            text = resp.read().decode()
+        return sum(
+            sample.value
+            for family in text_string_to_metric_families(text)
+            for sample in family.samples
+            if sample.name == name and set(labels.items()) <= set(sample.labels.items())
+        )
 
     def push_log(self, node: str) -> str:
         return (self.tmp / f"{node}.push.log").read_text(errors="replace")

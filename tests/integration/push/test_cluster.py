@@ -1,5 +1,7 @@
 """A real fleet and six real fleet-push processes fed by the synthetic workload.
 
+Half the nodes push over OTLP/HTTP, half over OTLP gRPC (threshold from headers/metadata).
+
 One scenario, in order: warm-up to ``fleet`` mode; a 30% slowdown on one node is reported
 as a straggler within a bounded number of push intervals and on no other node; Fleet is
 killed and every node steps down to fleet-cached, then local modes, without crashing; Fleet
@@ -40,7 +42,7 @@ def test_straggler_failover_and_restart(cluster: Cluster) -> None:
     c.start_sink()
     for i in range(NODES):
         c.start_workload(i)
-        c.start_push(i)
+        c.start_push(i, "http" if i < NODES // 2 else "grpc")
     nodes = [c.node(i) for i in range(NODES)]
 
     wait_for(lambda: all("fleet" in c.modes(n) for n in nodes), 90, "every node in fleet mode")
@@ -58,6 +60,15 @@ def test_straggler_failover_and_restart(cluster: Cluster) -> None:
     assert first.score is not None and first.threshold is not None
     assert first.score < first.threshold
     assert first.extra.get("panic") is False
+    # Both transports carried pushes; the agents' events reached Fleet as OTLP logs.
+    for transport in ("http", "grpc"):
+        assert c.fleet_metric("ingero_fleet_requests_total", transport=transport, signal="metrics")
+        assert c.fleet_metric("ingero_fleet_requests_total", transport=transport, signal="logs")
+    wait_for(
+        lambda: c.fleet_metric("ingero_fleet_events_total", type="straggler_state", source="otlp"),
+        30,
+        "the straggler event at Fleet as an OTLP log",
+    )
 
     # Fleet goes away: modes step down, nobody crashes.
     assert c.fleet is not None
