@@ -22,6 +22,7 @@ from types import FrameType
 import sdnotify
 
 from ingero.clock import Clock, SystemClock
+from ingero.echo.forwarder import Forwarder
 from ingero.fleet.api import ApiHandler
 from ingero.fleet.auth import grpc_server_credentials, load_auth, server_ssl_context
 from ingero.fleet.config import FleetConfig
@@ -67,6 +68,14 @@ class FleetDaemon:
         self.state = FleetState(config, clock or SystemClock())
         self.events = EventQueue(self.metrics)
         self.events.add_sink(log_sink, "log")
+        # Events go on to Echo when configured; the forwarder never blocks the tick thread.
+        self.echo_forwarder = (
+            Forwarder(config.echo.endpoint, token=os.environ.get("INGERO_ECHO_TOKEN"))
+            if config.echo.endpoint
+            else None
+        )
+        if self.echo_forwarder is not None:
+            self.events.add_sink(self.echo_forwarder, "echo")
         self.receiver = Receiver(self.state, self.metrics, self.events)
         self._notifier = notifier or sdnotify.SystemdNotifier()
         self._tick_listeners: list[tuple[str, TickListener]] = []
@@ -158,6 +167,8 @@ class FleetDaemon:
         if self._tick_thread is not None:
             self._tick_thread.join(timeout=10)
         self.events.deliver()  # what arrived before the listeners closed is not lost
+        if self.echo_forwarder is not None:
+            self.echo_forwarder.close(timeout=10)
 
     def ready(self) -> bool:
         """Listening, and the tick thread has ticked within three intervals."""
