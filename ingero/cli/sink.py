@@ -31,15 +31,15 @@ def command(socket_path: str, metrics_listen: str, print_events: bool) -> None:
         sys.stdout.write(event.to_json() + "\n")
         sys.stdout.flush()
 
+    host, _, port = metrics_listen.rpartition(":")
+    if metrics_listen and not port.isdigit():
+        raise UsageError(f"--metrics must be HOST:PORT, got {metrics_listen!r}")
     try:
         sink = Sink(socket_path, show if print_events else None)
     except OSError as exc:
         raise UsageError(f"cannot listen on {socket_path}: {exc.strerror or exc}") from None
     http = None
     if metrics_listen:
-        host, _, port = metrics_listen.rpartition(":")
-        if not port.isdigit():
-            raise UsageError(f"--metrics must be HOST:PORT, got {metrics_listen!r}")
         try:
             http = serve_metrics(sink.registry, host or "127.0.0.1", int(port))
         except OSError as exc:
