@@ -1,0 +1,156 @@
+"""HttpPushClient against a scripted HTTP server playing a misbehaving Fleet.
+
+The real Fleet never sends Retry-After, insane threshold headers or stalls on purpose, so
+these answers come from a small loopback server; the well-behaved path is covered against
+the real Fleet in test_cluster.py.
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+import time
+from collections.abc import Iterator
+from email.utils import formatdate
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+
+import pytest
+from opentelemetry.proto.collector.metrics.v1.metrics_service_pb2 import (
+    ExportMetricsServiceRequest,
+)
+
+from ingero.config import Duration
+from ingero.fleet.model import NodePush
+from ingero.otlp.health import encode_health
+from ingero.push.client import HttpPushClient
+from ingero.push.config import PushConfig
+from ingero.push.detection import FleetReading
+
+pytestmark = pytest.mark.integration
+
+
+class Script:
+    status = 200
+    headers: dict[str, str] = {}  # noqa: RUF012 - replaced per test
+    delay = 0.0
+    api: object = None
+    seen: list[tuple[str, str, bytes]] = []  # noqa: RUF012
+
+
+Served = tuple[ThreadingHTTPServer, type[Script]]
+
+
+@pytest.fixture
+def server() -> Iterator[Served]:
+    script = type("S", (Script,), {"headers": {}, "seen": []})
+
+    class Handler(BaseHTTPRequestHandler):
+        def _reply(self, status: int, headers: dict[str, str], body: bytes) -> None:
+            self.send_response(status)
+            for k, v in headers.items():
+                self.send_header(k, v)
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        def do_POST(self) -> None:
+            body = self.rfile.read(int(self.headers["Content-Length"]))
+            script.seen.append((self.path, self.headers.get("Authorization", ""), body))
+            time.sleep(script.delay)
+            self._reply(script.status, script.headers, b"")
+
+        def do_GET(self) -> None:
+            script.seen.append((self.path, self.headers.get("Authorization", ""), b""))
+            self._reply(200, {"Content-Type": "application/json"}, json.dumps(script.api).encode())
+
+        def log_message(self, format: str, *args: object) -> None:
+            pass
+
+    srv = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    srv.daemon_threads = True
+    thread = threading.Thread(target=srv.serve_forever, daemon=True)
+    thread.start()
+    try:
+        yield srv, script
+    finally:
+        srv.shutdown()
+        srv.server_close()
+
+
+def client(srv: ThreadingHTTPServer, **kw: object) -> HttpPushClient:
+    base = f"http://127.0.0.1:{srv.server_address[1]}"
+    return HttpPushClient(PushConfig(fleet_endpoint=base, api_endpoint=base, **kw))  # type: ignore[arg-type]
+
+
+def request() -> ExportMetricsServiceRequest:
+    return encode_health(NodePush(node_id="n1", cluster_id="c1", score=0.9), time.time_ns())
+
+
+def test_threshold_headers_and_token(server: Served, tmp_path: Path) -> None:
+    srv, script = server
+    token = tmp_path / "token"
+    token.write_text("s3cret\n")
+    script.headers = {
+        "X-Ingero-Threshold": "0.8",
+        "X-Ingero-Quorum-Met": "true",
+        "X-Ingero-Panic": "false",
+    }
+    result = client(srv, auth_token_file=str(token)).push(request())
+    assert result.ok and result.error is None
+    assert result.reading == FleetReading(0.8, True, False)
+    path, auth, body = script.seen[0]
+    assert (path, auth) == ("/v1/metrics", "Bearer s3cret")
+    assert ExportMetricsServiceRequest.FromString(body).resource_metrics[0].resource.attributes
+
+
+@pytest.mark.parametrize(
+    ("status", "retry_after", "expected"),
+    [(429, "7", 7.0), (503, "120", 120.0), (503, "garbage", None)],
+)
+def test_retry_after_on_refusal(
+    server: Served, status: int, retry_after: str, expected: float | None
+) -> None:
+    srv, script = server
+    script.status, script.headers = status, {"Retry-After": retry_after}
+    result = client(srv).push(request())
+    assert not result.ok and result.error == f"HTTP {status}"
+    assert result.retry_after == expected
+
+
+def test_retry_after_http_date(server: Served) -> None:
+    srv, script = server
+    script.status, script.headers = 503, {"Retry-After": formatdate(time.time() + 60, usegmt=True)}
+    result = client(srv).push(request())
+    assert result.retry_after is not None and 50 < result.retry_after <= 61
+
+
+def test_insane_threshold_rejected_and_not_polled(server: Served) -> None:
+    srv, script = server
+    script.headers = {"X-Ingero-Threshold": "inf", "X-Ingero-Quorum-Met": "true"}
+    result = client(srv).push(request())
+    assert result.ok and result.reading is None
+    assert result.error is not None and "rejected" in result.error
+
+
+def test_poll_api_and_reject_insane_answer(server: Served) -> None:
+    srv, script = server
+    script.api = {"threshold": 0.55, "quorum_met": True, "panic": False}
+    c = client(srv)
+    assert c.poll_threshold("c1", "42") == FleetReading(0.55, True, False)
+    assert script.seen[-1][0] == "/api/v1/threshold?cluster_id=c1&job_id=42"
+    script.api = {"threshold": 7, "quorum_met": True}
+    assert c.poll_threshold("c1", None) is None
+
+
+def test_a_stalled_fleet_costs_one_timeout(server: Served) -> None:
+    srv, script = server
+    script.delay = 3.0
+    result = client(srv, push_interval=Duration(1.0)).push(request())  # timeout: half the interval
+    assert not result.ok and result.error is not None and "timed out" in result.error
+
+
+def test_unreachable_fleet() -> None:
+    c = HttpPushClient(PushConfig(fleet_endpoint="http://127.0.0.1:1"))
+    result = c.push(request())
+    assert not result.ok and result.error
