@@ -102,6 +102,14 @@ def parse_sinfo_json(text: str) -> list[NodeInfo]:
         raise SlurmError(f"sinfo --json: not JSON: {exc}") from None
     if not isinstance(data, dict) or not isinstance(data.get("nodes"), list):
         raise SlurmError("sinfo --json: no 'nodes' list in the output")
+    # With slurmctld unresponsive, sinfo --json exits 0 with an empty list and errors inside.
+    errors = data.get("errors")
+    if errors:
+        first = errors[0] if isinstance(errors, list) else errors
+        detail = first.get("error", first) if isinstance(first, dict) else first
+        raise SlurmError(f"sinfo --json: Slurm reported an error: {detail}")
+    if not data["nodes"]:
+        raise SlurmError("sinfo --json: no nodes listed")
     nodes = []
     for item in data["nodes"]:
         if not isinstance(item, dict) or not isinstance(item.get("name"), str):

@@ -103,6 +103,15 @@ def test_bad_sinfo_json_is_a_clear_error(text: str) -> None:
         parse_sinfo_json(text)
 
 
+def test_sinfo_json_with_slurmctld_stopped_is_an_error_not_an_empty_cluster() -> None:
+    # captured: sinfo --json exits 0 with {"errors": [...], "nodes": []} when slurmctld hangs
+    text = (FIXTURES / "sinfo_json_2205_ctld_stopped.json").read_text()
+    with pytest.raises(SlurmError, match="Unspecified error"):
+        parse_sinfo_json(text)
+    with pytest.raises(SlurmError, match="no nodes"):
+        parse_sinfo_json('{"errors": [], "nodes": []}')
+
+
 @pytest.mark.parametrize("text", ["garbage line\n", "NodeName=a Arch=x86_64\n"])
 def test_bad_scontrol_output_is_a_clear_error(text: str) -> None:
     with pytest.raises(SlurmError, match="scontrol show node"):

@@ -11,6 +11,7 @@ from pathlib import Path
 
 import pytest
 
+from ingero.slurm.backend import ScontrolBackend
 from tests.integration.slurm.cluster import SlurmCluster, missing_reason, slurm_cluster
 
 REPO = Path(__file__).resolve().parents[3]
@@ -63,6 +64,12 @@ def slurm(cluster: SlurmCluster, monkeypatch: pytest.MonkeyPatch) -> SlurmCluste
         cluster.start_controller()
     for node in cluster.node_names:
         cluster.run(["scontrol", "update", f"nodename={node}", "state=resume"], check=False)
-    cluster.wait_idle()
     monkeypatch.setenv("SLURM_CONF", str(cluster.conf))
+    backend = ScontrolBackend(timeout=10)
+
+    def clean() -> bool:
+        # A resumed node shows NOT_RESPONDING until its slurmd registers again.
+        return all(n.state == "idle" and not n.flags and not n.reason for n in backend.nodes())
+
+    cluster.wait(clean, 60, "every node idle, undrained and responding")
     return cluster

@@ -1,0 +1,328 @@
+"""The drain controller against the real cluster: a real ScontrolBackend driven by Fleet's
+own verdict types (synthetic ticks), ``ingero drain`` as a process, and the real
+``ingero fleet`` daemon with ``drain.enabled`` fed by OTLP pushes."""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from ingero.events import Event
+from ingero.fleet.config import DrainConfig
+from ingero.fleet.model import NodePush, NodeVerdict, TickResult
+from ingero.slurm.backend import NodeInfo, ScontrolBackend
+from ingero.slurm.drain import DrainController
+from tests.integration.fleet.helpers import Fleet, start_fleet, wait_for
+from tests.integration.slurm.cluster import SlurmCluster
+
+pytestmark = pytest.mark.integration
+
+REPO = Path(__file__).resolve().parents[3]
+# 4 nodes: max_fraction 0.25 lets ingero hold one drained node.
+CONFIG = DrainConfig(enabled=True, max_fraction=0.25, min_intervals=2, cooldown=0)
+ADMIN = "admin: bad DIMM, ticket 42"
+
+
+def verdict(node: str, score: float = 0.30, **kw: object) -> NodeVerdict:
+    fields: dict[str, object] = {
+        "node_id": node,
+        "cluster_id": "ingerotest",
+        "group": "ingerotest/job/41",
+        "job_id": "41",
+        "rank": int(node[1:]) - 1,
+        "score": score,
+        "threshold": 0.86,
+        "straggler": True,
+        "consecutive_straggler_ticks": 3,
+        "since": 1_795_000_000.0,
+        "panic": False,
+        "quorum_met": True,
+        "dominant_signal": "compute",
+    }
+    fields.update(kw)
+    return NodeVerdict(**fields)  # type: ignore[arg-type]
+
+
+def tick(*verdicts: NodeVerdict) -> TickResult:
+    return TickResult(
+        computed_at=time.time(), groups=(), verdicts=verdicts, events=(), expired_nodes=()
+    )
+
+
+def nodes(slurm: SlurmCluster) -> dict[str, NodeInfo]:
+    return {n.name: n for n in ScontrolBackend(timeout=10).nodes()}
+
+
+class Run:
+    """A started controller with a real backend, collecting its events."""
+
+    def __init__(self, config: DrainConfig, timeout: float = 10) -> None:
+        self.events: list[Event] = []
+        self.backend = ScontrolBackend(timeout=timeout)
+        self.controller = DrainController(
+            config, self.backend, self.events.append, backoff_initial=0.2, backoff_max=1.0
+        )
+        self.controller.start()
+
+    def tick(self, *verdicts: NodeVerdict) -> None:
+        self.controller.on_tick(tick(*verdicts))
+        assert self.controller.wait_idle(60), "the controller did not finish the tick"
+
+    def of(self, kind: str) -> list[tuple[str, str]]:
+        return [(e.node_id, str(e.extra.get("skip", ""))) for e in self.events if e.type == kind]
+
+
+@pytest.fixture
+def run(slurm: SlurmCluster) -> Iterator[type[Run]]:
+    started: list[Run] = []
+
+    class Tracked(Run):
+        def __init__(self, config: DrainConfig, timeout: float = 10) -> None:
+            super().__init__(config, timeout)
+            started.append(self)
+
+    yield Tracked
+    for item in started:
+        item.controller.stop()
+
+
+def test_drains_exactly_the_straggler_with_an_ingero_reason(
+    slurm: SlurmCluster, run: type[Run]
+) -> None:
+    r = run(CONFIG)
+    r.tick(verdict("n2", consecutive_straggler_ticks=1))
+    assert not any(n.drained for n in nodes(slurm).values())  # min_intervals not reached
+    r.tick(verdict("n2"))
+    state = nodes(slurm)
+    assert [name for name, n in state.items() if n.drained] == ["n2"]
+    reason = "ingero: straggler score=0.30 threshold=0.86 job=41 since=2026-11-18T11:06:40Z"
+    assert state["n2"].reason == reason
+    assert r.of("node_drained") == [("n2", "")]
+    (event,) = [e for e in r.events if e.type == "node_drained"]
+    assert (event.job_id, event.rank, event.score, event.extra["reason"]) == ("41", 1, 0.30, reason)
+    # as an operator sees it
+    show = slurm.run(["scontrol", "show", "node", "n2"]).stdout
+    assert f"Reason={reason} [" in show and "DRAIN" in show
+    sinfo = slurm.run(["sinfo", "-R", "-h", "-o", "%N|%E"]).stdout.splitlines()
+    assert sinfo == [f"n2|{reason}"]
+    # the next tick leaves it as it is (already drained by ingero): no new decision
+    r.tick(verdict("n2", score=0.1))
+    assert nodes(slurm)["n2"].reason == reason and len(r.events) == 1
+
+
+def test_a_node_drained_by_someone_else_keeps_its_reason(
+    slurm: SlurmCluster, run: type[Run]
+) -> None:
+    slurm.run(["scontrol", "update", "nodename=n3", "state=drain", f"reason={ADMIN}"])
+    r = run(CONFIG)
+    r.tick(verdict("n3"))
+    r.tick(verdict("n3"))
+    assert nodes(slurm)["n3"].reason == ADMIN
+    assert r.of("drain_skipped") == [("n3", "foreign_reason")]  # once, not every tick
+
+
+def test_max_fraction_stops_a_second_drain(slurm: SlurmCluster, run: type[Run]) -> None:
+    r = run(CONFIG)
+    r.tick(verdict("n2", score=0.2), verdict("n3", score=0.4))
+    drained = sorted(name for name, n in nodes(slurm).items() if n.drained)
+    assert drained == ["n2"]
+    assert r.of("drain_skipped") == [("n3", "max_fraction")]
+    # a second controller (say, after a restart) counts what Slurm says ingero holds
+    r2 = run(CONFIG)
+    r2.tick(verdict("n4"))
+    assert not nodes(slurm)["n4"].drained and r2.of("drain_skipped") == [("n4", "max_fraction")]
+
+
+def test_panic_drains_nothing(slurm: SlurmCluster, run: type[Run]) -> None:
+    r = run(CONFIG)
+    r.tick(verdict("n2", panic=True), verdict("n3", panic=True))
+    assert not any(n.drained for n in nodes(slurm).values())
+    assert r.of("drain_skipped") == [("n2", "panic"), ("n3", "panic")]
+
+
+def test_no_quorum_drains_nothing(slurm: SlurmCluster, run: type[Run]) -> None:
+    r = run(CONFIG)
+    r.tick(verdict("n2", quorum_met=False))
+    assert not any(n.drained for n in nodes(slurm).values())
+    assert r.of("drain_skipped") == [("n2", "no_quorum")]
+
+
+def test_dry_run_changes_nothing(slurm: SlurmCluster, run: type[Run]) -> None:
+    before = nodes(slurm)
+    r = run(dataclasses.replace(CONFIG, dry_run=True, auto_resume=True))
+    r.tick(verdict("n2"))
+    r.tick(verdict("n2"))
+    assert nodes(slurm) == before
+    (event,) = r.events
+    assert (event.type, event.extra["skip"], event.extra["dry_run"]) == (
+        "drain_skipped",
+        "dry_run",
+        True,
+    )
+    assert "would drain with reason 'ingero: straggler score=0.30" in event.extra["reason"]
+
+
+def ingero(*args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "ingero.cli.main", *args],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env=os.environ.copy(),
+        cwd=REPO,
+    )
+
+
+def test_resume_restores_only_ingero_nodes(slurm: SlurmCluster, run: type[Run]) -> None:
+    slurm.run(["scontrol", "update", "nodename=n3", "state=drain", f"reason={ADMIN}"])
+    r = run(CONFIG)
+    r.tick(verdict("n2"))
+    listed = ingero("drain", "list")
+    assert listed.returncode == 0, listed.stderr
+    assert listed.stdout.split()[0] == "n2" and "n3" not in listed.stdout
+    assert "ingero: straggler score=0.30" in listed.stdout
+
+    refused = ingero("drain", "resume", "n3")
+    assert refused.returncode != 0 and "not written by ingero" in refused.stderr
+    assert nodes(slurm)["n3"].reason == ADMIN
+    unknown = ingero("drain", "resume", "n99")
+    assert unknown.returncode != 0 and "no node named" in unknown.stderr
+
+    done = ingero("drain", "resume", "n2")
+    assert done.returncode == 0, done.stderr
+    state = nodes(slurm)
+    assert not state["n2"].drained and state["n2"].reason is None
+    assert state["n3"].drained and state["n3"].reason == ADMIN
+    assert "no nodes drained by ingero" in ingero("drain", "list").stdout
+
+
+def test_auto_resume_after_recovery(slurm: SlurmCluster, run: type[Run]) -> None:
+    slurm.run(["scontrol", "update", "nodename=n3", "state=drain", f"reason={ADMIN}"])
+    r = run(dataclasses.replace(CONFIG, auto_resume=True))
+    r.tick(verdict("n2"))
+    assert nodes(slurm)["n2"].drained
+    r.tick()  # one healthy tick: not yet
+    assert nodes(slurm)["n2"].drained
+    r.tick()
+    state = nodes(slurm)
+    assert not state["n2"].drained and state["n3"].reason == ADMIN
+    assert r.of("node_resumed") == [("n2", "")]
+
+
+# ---- the real ingero fleet daemon -------------------------------------------------
+
+
+def push_all(fleet: Fleet, scores: dict[str, float], job: str = "41") -> None:
+    reply = fleet.push(
+        NodePush(
+            node_id=n,
+            cluster_id="ingerotest",
+            score=s,
+            job_id=job,
+            rank=int(n[1:]) - 1,
+            world_size=4,
+            workload_type="training",
+        )
+        for n, s in scores.items()
+    )
+    assert reply.status == 200, reply
+
+
+FLEET_DRAIN = {
+    "drain": {"enabled": True, "max_fraction": 0.25, "min_intervals": 3, "cooldown": "0s"},
+    "quorum": {"statistical_min": 3},
+    "threshold": {"ema_alpha": 1.0, "panic_fraction": 0.3},
+}
+SCORES = {"n1": 0.90, "n2": 0.91, "n3": 0.30, "n4": 0.92}
+
+
+def start_drain_fleet(
+    tmp_path: Path, slurm: SlurmCluster, extra: dict[str, object] | None = None
+) -> Fleet:
+    return start_fleet(
+        tmp_path, {**FLEET_DRAIN, **(extra or {})}, env={"SLURM_CONF": str(slurm.conf)}
+    )
+
+
+def test_fleet_drains_the_straggler_of_a_job(slurm: SlurmCluster, tmp_path: Path) -> None:
+    fleet = start_drain_fleet(tmp_path, slurm)
+    try:
+
+        def drained() -> list[str]:
+            push_all(fleet, SCORES)
+            return [name for name, n in nodes(slurm).items() if n.drained]
+
+        assert wait_for(drained, 60, "fleet to drain n3") == ["n3"]
+        reason = nodes(slurm)["n3"].reason
+        assert reason is not None and reason.startswith("ingero: straggler score=0.30 threshold=0.")
+        assert " job=41 since=" in reason
+        wait_for(lambda: "ingero node_drained: node n3 job 41" in fleet.log(), 20, "the event")
+        for _ in range(10):  # it stays the only one
+            push_all(fleet, SCORES)
+        assert [name for name, n in nodes(slurm).items() if n.drained] == ["n3"]
+    finally:
+        assert fleet.stop() == 0
+
+
+def test_fleet_in_panic_drains_nothing(slurm: SlurmCluster, tmp_path: Path) -> None:
+    # 8 nodes push (n5-n8 are not Slurm nodes), 2 of them low: 2/8 > panic_fraction 0.2
+    fleet = start_drain_fleet(
+        tmp_path, slurm, {"threshold": {"ema_alpha": 1.0, "panic_fraction": 0.2}}
+    )
+    try:
+        panic = {**SCORES, "n2": 0.3, "n5": 0.9, "n6": 0.91, "n7": 0.92, "n8": 0.9}
+        wait_for(
+            lambda: push_all(fleet, panic) or "drain_skipped" in fleet.log(), 60, "a panic skip"
+        )
+        assert "group_degraded" in fleet.log()
+        assert "the node's group is degraded as a whole (panic)" in fleet.log()
+        assert not any(n.drained for n in nodes(slurm).values())
+    finally:
+        assert fleet.stop() == 0
+
+
+def test_stopped_slurm_controller_does_not_stall_ingestion(
+    slurm: SlurmCluster, tmp_path: Path
+) -> None:
+    ctld = slurm.procs["slurmctld"]
+    fleet = start_drain_fleet(tmp_path, slurm)
+    try:
+        os.kill(ctld.pid, signal.SIGSTOP)  # every Slurm call now hangs until its timeout
+        try:
+            computed: set[float] = set()
+
+            def stalled_while_serving() -> bool:
+                push_all(fleet, SCORES)  # each push is answered (status 200)
+                reply = fleet.threshold("ingerotest", "41")
+                if reply.status == 200:  # 404 until the first tick saw the group
+                    computed.add(reply.json()["computed_at"])
+                # Slurm's own MessageTimeout (5s here) or ingero's (10s) ends each call.
+                return "drain controller:" in fleet.log() and "retrying in" in fleet.log()
+
+            try:
+                wait_for(stalled_while_serving, 60, "a timed-out Slurm call")
+            except AssertionError:
+                print(fleet.log()[-3000:])
+                raise
+            # ticks went on while the drain worker waited on Slurm
+            assert len(computed) > 5
+            assert fleet.proc.poll() is None
+        finally:
+            os.kill(ctld.pid, signal.SIGCONT)
+
+        def drained() -> bool:
+            push_all(fleet, SCORES)
+            return bool(nodes(slurm)["n3"].drained)
+
+        wait_for(drained, 90, "the retried drain after slurmctld came back")
+        assert nodes(slurm)["n3"].reason.startswith("ingero: straggler")  # type: ignore[union-attr]
+    finally:
+        assert fleet.stop() == 0
