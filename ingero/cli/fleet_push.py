@@ -98,6 +98,7 @@ def run_agent(
     from ingero.push.client import make_client
     from ingero.push.detection_store import DetectionStore
     from ingero.push.sampler import NodeSampler
+    from ingero.slurm.jobfile import current_jobs, jobs_dir
 
     clock = SystemClock()
     node = resolve_node_id(config.node_id)
@@ -125,7 +126,9 @@ def run_agent(
         resource = {"ingero.node.id": node, "ingero.cluster.id": config.cluster_id}
         channels.append(OtlpLogsChannel(client.export_logs, resource, ch.queue_size))
     store = DetectionStore(state_dir / "detection.json", node, clock)
-    agent = Agent(config, ident, sampler, client, channels, clock, store)
+    # An explicit --job-id pins the peer group; otherwise the prolog's job files say.
+    job_source = None if job_id else lambda: next(iter(current_jobs(jobs_dir())), None)
+    agent = Agent(config, ident, sampler, client, channels, clock, store, job_source=job_source)
 
     stop = threading.Event()
 

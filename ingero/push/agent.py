@@ -11,7 +11,8 @@ import logging
 import os
 import random
 import threading
-from dataclasses import dataclass, field
+from collections.abc import Callable
+from dataclasses import dataclass, field, replace
 from typing import Protocol
 
 from ingero.clock import Clock
@@ -25,6 +26,7 @@ from ingero.push.config import PushConfig
 from ingero.push.detection import Decision, DetectionSelector
 from ingero.push.detection_store import DetectionStore
 from ingero.push.sampler import NodeSample
+from ingero.slurm.jobfile import JobInfo
 
 log = logging.getLogger(__name__)
 
@@ -76,7 +78,10 @@ class Agent:
         clock: Clock,
         store: DetectionStore | None = None,
         rng: random.Random | None = None,
+        job_source: Callable[[], JobInfo | None] | None = None,
     ) -> None:
+        """``job_source`` names the Slurm job running here now (the prolog's job file); its
+        job id, rank and world size then override the identity's, interval by interval."""
         self.config = config
         self.identity = identity
         self.sampler = sampler
@@ -85,6 +90,7 @@ class Agent:
         self.clock = clock
         self.store = store
         self.rng = rng or random.Random()
+        self.job_source = job_source
         restored = store.load() if store is not None else None
         self.selector = DetectionSelector(
             config.detection,
@@ -174,8 +180,19 @@ class Agent:
         straggler = " STRAGGLER" if s.straggling else ""
         return f"{s.state} score={score} mode={s.mode} threshold={threshold}{straggler}"
 
+    def _current_identity(self) -> Identity:
+        job = None
+        if self.job_source is not None:
+            try:
+                job = self.job_source()
+            except (OSError, ValueError) as exc:
+                log.warning("cannot read the Slurm job file: %s", exc)
+        if job is None:
+            return self.identity
+        return replace(self.identity, job_id=job.job_id, rank=job.rank, world_size=job.world_size)
+
     def _node_push(self, sample: NodeSample) -> NodePush:
-        ident = self.identity
+        ident = self._current_identity()
         result = sample.result
         return NodePush(
             node_id=ident.node_id,

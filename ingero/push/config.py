@@ -103,7 +103,7 @@ def resolve_node_id(
     if configured:
         return configured
     env = os.environ if environ is None else environ
-    from_job = _node_name_from_jobs(jobs_dir)
+    from_job = _node_name_from_jobs(Path(env.get("INGERO_JOBS_DIR") or jobs_dir))
     if from_job:
         return from_job
     if env.get("SLURMD_NODENAME"):

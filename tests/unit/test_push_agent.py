@@ -23,6 +23,7 @@ from ingero.push.detection import FleetReading
 from ingero.push.detection_store import DetectionStore
 from ingero.push.sampler import NodeSample
 from ingero.push.score import ScoreResult
+from ingero.slurm.jobfile import JobInfo
 
 
 class Sampler:
@@ -181,3 +182,28 @@ def test_stalled_event_consumer_does_not_hold_the_loop(tmp_path: Path) -> None:
     finally:
         uds.close(timeout=0.1)
         server.close()
+
+
+def test_job_file_sets_the_peer_group_each_interval() -> None:
+    agent, _clock, _sampler, client, _rec = make()
+    jobs: list[object] = [
+        JobInfo(job_id="7", cluster_id="c1", node_id="n1", rank=2, world_size=8),
+        None,
+        ValueError("job file for job 9 is not JSON"),
+    ]
+
+    def source() -> JobInfo | None:
+        item = jobs.pop(0)
+        if isinstance(item, Exception):
+            raise item
+        return item  # type: ignore[return-value]
+
+    agent.job_source = source
+    for _ in range(3):
+        agent.step()
+    pushed = [decode_health(r).pushes[0] for r in client.pushed]
+    assert [(p.job_id, p.rank, p.world_size) for p in pushed] == [
+        ("7", 2, 8),
+        ("42", 1, None),
+        ("42", 1, None),
+    ]

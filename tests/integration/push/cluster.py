@@ -4,6 +4,7 @@ fleet-push`` pairs and one ``ingero sink --print`` that every fleet-push sends e
 from __future__ import annotations
 
 import json
+import os
 import signal
 import socket
 import subprocess
@@ -51,9 +52,17 @@ class Procs:
 
     running: list[subprocess.Popen[bytes]] = field(default_factory=list)
 
-    def start(self, argv: list[str], log: Path) -> subprocess.Popen[bytes]:
+    def start(
+        self, argv: list[str], log: Path, env: dict[str, str] | None = None
+    ) -> subprocess.Popen[bytes]:
         with log.open("ab") as out:
-            proc = subprocess.Popen(argv, cwd=ROOT, stdout=out, stderr=subprocess.STDOUT)
+            proc = subprocess.Popen(
+                argv,
+                cwd=ROOT,
+                stdout=out,
+                stderr=subprocess.STDOUT,
+                env={**os.environ, **(env or {})},
+            )
         self.running.append(proc)
         return proc
 
@@ -173,6 +182,8 @@ class Cluster:
         proc = self.procs.start(
             ingero("fleet-push", "--config", str(path), "--workload-type", "training"),
             self.tmp / f"{node}.push.log",
+            # Not the host's /run/ingero/jobs: no Slurm job runs in this test.
+            {"INGERO_JOBS_DIR": str(self.tmp / "jobs")},
         )
         self.pushers[node] = proc
         return proc
