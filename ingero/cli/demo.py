@@ -53,6 +53,11 @@ from ingero.errors import EXIT_FAILURE, UsageError
     help="Keep node DBs, state and logs here (default: a temporary directory).",
 )
 @click.option("--seed", type=int, default=None, help="Seed for the straggler choice and noise.")
+@click.option(
+    "--hold",
+    is_flag=True,
+    help="After the summary keep Fleet, the sink and the agents running until Ctrl-C.",
+)
 def demo(
     nodes: int,
     push_interval: float,
@@ -63,10 +68,11 @@ def demo(
     no_live: bool,
     workdir: Path | None,
     seed: int | None,
+    hold: bool,
 ) -> int:
     """Run a real Fleet and NODES real fleet-push agents on synthetic workloads, slow one
     node down and show the moment it is detected. Exits 0 when it was."""
-    from ingero.demo.runner import Demo, DemoOptions
+    from ingero.demo.runner import Demo, DemoOptions, DemoResult
     from ingero.demo.view import LiveView, PlainView, summary
 
     options = DemoOptions(
@@ -78,11 +84,21 @@ def demo(
         duration=duration,
         workdir=workdir,
         seed=seed,
+        hold=hold,
     )
     live = not no_live and sys.stdout.isatty()
     view: LiveView | PlainView = LiveView() if live else PlainView(sys.stdout)
+
+    def report(result: DemoResult) -> None:
+        view.close()
+        click.echo(summary(runner.state, result))
+        if not result.ok:
+            click.echo(f"ingero demo: {result.reason}", err=True)
+        elif hold:
+            click.echo("holding: everything keeps running; Ctrl-C to stop", err=True)
+
     try:
-        runner = Demo(options, view)
+        runner = Demo(options, view, on_result=report)
     except ValueError as exc:
         raise UsageError(str(exc)) from None
 
@@ -95,8 +111,4 @@ def demo(
         result = runner.run()
     finally:
         view.close()
-    click.echo(summary(runner.state, result))
-    if not result.ok:
-        click.echo(f"ingero demo: {result.reason}", err=True)
-        return EXIT_FAILURE
-    return 0
+    return 0 if result.ok else EXIT_FAILURE

@@ -20,6 +20,7 @@ import time
 import urllib.error
 import urllib.request
 from collections import Counter
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO, Any, Protocol
@@ -42,6 +43,7 @@ class DemoOptions:
     job_id: str = "demo-1"
     workdir: Path | None = None  # keep files here (else a temporary directory, removed)
     seed: int | None = None
+    hold: bool = False  # after the result, keep everything running until stopped
 
     def node_names(self) -> list[str]:
         return [f"node-{i:02d}" for i in range(1, self.nodes + 1)]
@@ -140,10 +142,16 @@ def _read_events(stream: IO[bytes], out: queue.Queue[dict[str, Any]]) -> None:
 
 
 class Demo:
-    def __init__(self, options: DemoOptions, view: View) -> None:
+    def __init__(
+        self,
+        options: DemoOptions,
+        view: View,
+        on_result: Callable[[DemoResult], None] | None = None,
+    ) -> None:
         options.validate()
         self.options = options
         self.view = view
+        self.on_result = on_result
         rng = random.Random(options.seed)
         straggler = options.straggler or rng.choice(options.node_names())
         self.state = DemoState(options=options, straggler=straggler)
@@ -160,9 +168,15 @@ class Demo:
         listener: NotifyListener | None = None
         try:
             listener = NotifyListener(workdir, opts.node_names())
-            return self._run(workdir, children, listener)
-        except RuntimeError as exc:
-            return self._result(False, str(exc))
+            try:
+                result = self._run(workdir, children, listener)
+            except RuntimeError as exc:
+                result = self._result(False, str(exc))
+            if self.on_result is not None:
+                self.on_result(result)
+            if opts.hold and not self.stop.is_set():
+                self.stop.wait()
+            return result
         finally:
             children.stop_all()
             if listener is not None:

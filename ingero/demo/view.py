@@ -44,6 +44,7 @@ class LiveView:
     def close(self) -> None:
         if self._started:
             self.live.stop()
+            self._started = False
 
     def render(self, state: DemoState) -> RenderableType:
         opts = state.options
@@ -156,7 +157,8 @@ def summary(state: DemoState, result: DemoResult) -> str:
         )
     else:
         lines.append("  journalctl: no journald on this host, so events went to the UDS sink only")
-    lines.append(f"  Fleet /metrics: {state.api_url}/metrics (while running)")
+    running = " (while running; --hold keeps it up)" if not opts.hold else ""
+    lines.append(f"  Fleet /metrics: {state.api_url}/metrics{running}")
     lines.append(
         f"  threshold API: {state.api_url}/api/v1/threshold?cluster_id={opts.cluster_id}"
         f"&job_id={opts.job_id}"

@@ -8,6 +8,7 @@ import signal
 import subprocess
 import sys
 import time
+import urllib.request
 from pathlib import Path
 
 import pytest
@@ -124,4 +125,38 @@ def test_ctrl_c_stops_every_child(tmp_path: Path) -> None:
     assert alive == [] or all(
         Path(f"/proc/{pid}/stat").read_text().split(")")[-1].split()[0] == "Z" for pid in alive
     )
+    assert processes_under(workdir, proc.pid) == []
+
+
+def test_hold_keeps_the_printed_urls_serving_until_ctrl_c(tmp_path: Path) -> None:
+    workdir = tmp_path / "demo"
+    proc = demo(
+        "--nodes", "5", "--warmup", "5", "--straggler", "node-01", "--hold", workdir=workdir
+    )
+    assert proc.stdout is not None
+    lines: list[str] = []
+    try:
+        deadline = time.monotonic() + 120
+        while not any("sink /metrics" in line for line in lines):
+            assert time.monotonic() < deadline, "".join(lines)
+            line = proc.stdout.readline()
+            assert line, "".join(lines)
+            lines.append(line)
+        text = "".join(lines)
+        fleet = re.search(r"Fleet /metrics: (\S+)", text)
+        sink = re.search(r"sink /metrics: (\S+)", text)
+        assert fleet is not None and sink is not None, text
+        with urllib.request.urlopen(fleet.group(1), timeout=5) as response:
+            assert b"ingero_fleet" in response.read()
+        with urllib.request.urlopen(sink.group(1), timeout=5) as response:
+            body = response.read().decode()
+        assert 'ingero_sink_events_total{type="straggler_state"} 1.0' in body, body
+        assert proc.poll() is None  # still holding
+        os.kill(proc.pid, signal.SIGINT)
+        finish(proc, timeout=60)
+    finally:
+        if proc.poll() is None:
+            os.kill(proc.pid, signal.SIGKILL)
+            proc.wait()
+    assert proc.returncode == 0
     assert processes_under(workdir, proc.pid) == []
