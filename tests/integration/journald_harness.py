@@ -33,7 +33,10 @@ def unavailable() -> str | None:
 
 
 def run_with_journald(
-    cmd: list[str], timeout: float = 60, env: dict[str, str] | None = None
+    cmd: list[str],
+    timeout: float = 60,
+    env: dict[str, str] | None = None,
+    cwd: str | os.PathLike[str] | None = None,
 ) -> subprocess.CompletedProcess[str]:
     """Run ``cmd`` beside a fresh journald; its output is returned (journald is stopped after)."""
     return subprocess.run(
@@ -42,4 +45,5 @@ def run_with_journald(
         text=True,
         timeout=timeout,
         env={**os.environ, **(env or {})},
+        cwd=cwd,
     )

@@ -4,11 +4,14 @@ from __future__ import annotations
 
 import json
 import sys
+from pathlib import Path
 
 import pytest
 
 from ingero.events import MESSAGE_IDS
 from tests.integration.journald_harness import run_with_journald, unavailable
+
+ROOT = Path(__file__).resolve().parents[3]
 
 pytestmark = pytest.mark.integration
 
@@ -63,3 +66,29 @@ def test_events_arrive_with_message_id_and_ingero_fields() -> None:
     big = by_id[written["ids"][2]]  # too large for a datagram: went through a memfd
     assert big["MESSAGE_ID"] == MESSAGE_IDS["detection_mode"]
     assert big["INGERO_BLOB"] == "x" * 400000
+
+
+def test_the_agent_writes_to_the_default_journal_socket(tmp_path: Path) -> None:
+    """``ingero fleet-push`` as a process, default journal path: its mode change is logged."""
+    reason = unavailable()
+    if reason:
+        pytest.skip(reason)
+    push = (
+        f"timeout -s TERM 4 {sys.executable} -m ingero.cli.main fleet-push"
+        f" --endpoint http://127.0.0.1:1 --node-id jd-node --cluster-id jd"
+        f" --node-db {tmp_path}/none.db --state-dir {tmp_path}/state"
+        f" --event-socket {tmp_path}/ev.sock --push-interval 1s > {tmp_path}/push.log 2>&1;"
+    )
+    query = (
+        f"journalctl -o json --no-pager MESSAGE_ID={MESSAGE_IDS['detection_mode']}"
+        " INGERO_NODE=jd-node"
+    )
+    result = run_with_journald(["bash", "-c", push + query], cwd=ROOT)
+    assert result.returncode == 0, result.stderr + (tmp_path / "push.log").read_text()
+    entries = [json.loads(line) for line in result.stdout.splitlines()]
+    assert len(entries) == 1, (tmp_path / "push.log").read_text()
+    entry = entries[0]
+    assert entry["INGERO_EVENT"] == "detection_mode"
+    assert entry["INGERO_DETECTION_MODE"] == "none"
+    assert entry["INGERO_CLUSTER"] == "jd"
+    assert entry["SYSLOG_IDENTIFIER"] == "ingero"
