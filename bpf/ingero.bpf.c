@@ -5,7 +5,8 @@
 // so no kernel struct offset is ever used. x86-64 calling convention.
 //
 // Aggregation happens here: per (tgid, op) counters and a log-linear histogram of
-// durations (4 sub-buckets per power of two). Python reads the cumulative maps every
+// durations (4 sub-buckets per power of two) in one map value, so a call costs one
+// lookup of its (tgid, op) entry besides the entry/return bookkeeping. Python reads the cumulative maps every
 // interval and takes differences. Individual calls are sampled into a ring buffer
 // without a wake-up per event; the reader polls it, and failed reservations are counted.
 //
@@ -33,18 +34,14 @@ struct stat_key {
     u32 op;
 };
 
+#define NSLOTS 160  // up to 2^40 ns (~18 min); longer durations share the last slot
+
 struct stat_val {
     u64 count;
     u64 total_ns;
     u64 errors;
     u64 bytes;
-};
-
-struct hist_key {
-    u32 tgid;
-    u32 op;
-    u32 slot;
-    u32 pad;
+    u64 slots[NSLOTS];
 };
 
 struct call_t {
@@ -91,14 +88,13 @@ struct bio_key {
     u64 sector;
 };
 
-BPF_HASH(calls, u64, struct call_t, 65536);
 BPF_HASH(stats, struct stat_key, struct stat_val, 16384);
-BPF_HASH(hist, struct hist_key, u64, 131072);
+BPF_PERCPU_ARRAY(zero_stat, struct stat_val, 1);  // an all-zero value too big for the stack
 BPF_HASH(comms, u64, struct comm_t, 4096);
 BPF_HASH(traced, u32, u8, 4096);
 BPF_HASH(offstart, u32, struct off_t, 65536);
 BPF_HASH(bio_start, struct bio_key, u64, 16384);
-BPF_HISTOGRAM(bio_hist, int, 256);
+BPF_HISTOGRAM(bio_hist, int, NSLOTS);
 BPF_PERCPU_ARRAY(host, u64, HOST_NSLOTS);
 BPF_PERCPU_ARRAY(sample_ctr, u64, 1);
 BPF_RINGBUF_OUTPUT(events, 64);
@@ -119,8 +115,47 @@ static __always_inline u32 slot_of(u64 d) {
     if (d < 4)
         return (u32)d;
     u32 l = bpf_log2l(d) - 1;  // BCC's bpf_log2l is floor(log2) + 1
-    return l * 4 + (u32)((d >> (l - 2)) & 3);
+    u32 slot = l * 4 + (u32)((d >> (l - 2)) & 3);
+    return slot < NSLOTS ? slot : NSLOTS - 1;
 }
+
+// The call in flight on each thread, from entry to return. Task-local storage is the
+// cheapest place (no hash insert/delete per call); kernels without BTF for
+// bpf_get_current_task_btf() get a hash keyed by thread (probes.py falls back to it).
+#ifdef USE_TASK_STORAGE
+BPF_TASK_STORAGE(calls, struct call_t);
+
+static __always_inline void call_put(u64 id, struct call_t *c) {
+    struct task_struct *t = (struct task_struct *)bpf_get_current_task_btf();
+    struct call_t *slot = calls.task_storage_get(t, 0, BPF_LOCAL_STORAGE_GET_F_CREATE);
+    if (slot)
+        *slot = *c;
+}
+
+static __always_inline struct call_t *call_get(u64 id) {
+    struct task_struct *t = (struct task_struct *)bpf_get_current_task_btf();
+    struct call_t *slot = calls.task_storage_get(t, 0, 0);
+    return slot && slot->ts ? slot : 0;
+}
+
+static __always_inline void call_done(u64 id, struct call_t *c) {
+    c->ts = 0;
+}
+#else
+BPF_HASH(calls, u64, struct call_t, 65536);
+
+static __always_inline void call_put(u64 id, struct call_t *c) {
+    calls.update(&id, c);
+}
+
+static __always_inline struct call_t *call_get(u64 id) {
+    return calls.lookup(&id);
+}
+
+static __always_inline void call_done(u64 id, struct call_t *c) {
+    calls.delete(&id);
+}
+#endif
 
 static __always_inline void host_add(u32 idx, u64 v) {
     u64 *p = host.lookup(&idx);
@@ -143,24 +178,6 @@ static __always_inline u64 arg_n(struct pt_regs *ctx, int n) {
         return v;
     }
     return 0;
-}
-
-static __always_inline void record(u32 tgid, u32 op, u64 dur, u64 bytes, int err) {
-    struct stat_key sk = {.tgid = tgid, .op = op};
-    struct stat_val zero = {};
-    struct stat_val *sv = stats.lookup_or_try_init(&sk, &zero);
-    if (sv) {
-        __sync_fetch_and_add(&sv->count, 1);
-        __sync_fetch_and_add(&sv->total_ns, dur);
-        __sync_fetch_and_add(&sv->bytes, bytes);
-        if (err)
-            __sync_fetch_and_add(&sv->errors, 1);
-    }
-    struct hist_key hk = {.tgid = tgid, .op = op, .slot = slot_of(dur)};
-    u64 one = 0;
-    u64 *hv = hist.lookup_or_try_init(&hk, &one);
-    if (hv)
-        __sync_fetch_and_add(hv, 1);
 }
 
 static __always_inline int should_sample(int always) {
@@ -201,10 +218,37 @@ static __always_inline void mark_traced(u64 id) {
     emit(&ev);
 }
 
+// Count one call or off-CPU period. The first of a (process, op) creates the entry,
+// and the first call of a process marks it traced: the hot path is a single lookup.
+static __always_inline void record(u64 id, u32 op, u64 dur, u64 bytes, int err) {
+    struct stat_key sk = {.tgid = id >> 32, .op = op};
+    struct stat_val *sv = stats.lookup(&sk);
+    if (!sv) {
+        u32 z = 0;
+        struct stat_val *zero = zero_stat.lookup(&z);
+        if (!zero)
+            return;
+        stats.insert(&sk, zero);
+        sv = stats.lookup(&sk);
+        if (!sv)
+            return;
+        if (op != OP_OFFCPU)
+            mark_traced(id);
+    }
+    __sync_fetch_and_add(&sv->count, 1);
+    __sync_fetch_and_add(&sv->total_ns, dur);
+    if (bytes)
+        __sync_fetch_and_add(&sv->bytes, bytes);
+    if (err)
+        __sync_fetch_and_add(&sv->errors, 1);
+    u32 slot = slot_of(dur);
+    if (slot < NSLOTS)
+        __sync_fetch_and_add(&sv->slots[slot], 1);
+}
+
 static __always_inline int call_enter(struct pt_regs *ctx, u32 op, int bytes_arg, int count_arg,
                                       int dtype_arg, int comm_arg) {
     u64 id = bpf_get_current_pid_tgid();
-    mark_traced(id);
     struct call_t c = {};
     c.ts = bpf_ktime_get_ns();
     c.op = op;
@@ -216,20 +260,20 @@ static __always_inline int call_enter(struct pt_regs *ctx, u32 op, int bytes_arg
     }
     if (comm_arg)
         c.comm = arg_n(ctx, comm_arg);
-    calls.update(&id, &c);
+    call_put(id, &c);
     return 0;
 }
 
 static __always_inline int call_leave(struct pt_regs *ctx, int always) {
     u64 id = bpf_get_current_pid_tgid();
-    struct call_t *c = calls.lookup(&id);
+    struct call_t *c = call_get(id);
     if (!c)
         return 0;
     u64 now = bpf_ktime_get_ns();
     u64 dur = now - c->ts;
     u32 tgid = id >> 32;
     s32 ret = (s32)PT_REGS_RC(ctx);
-    record(tgid, c->op, dur, c->bytes, ret != 0);
+    record(id, c->op, dur, c->bytes, ret != 0);
     if (should_sample(always)) {
         struct event_t ev = {};
         ev.ts = now;
@@ -253,7 +297,7 @@ static __always_inline int call_leave(struct pt_regs *ctx, int always) {
         }
         emit(&ev);
     }
-    calls.delete(&id);
+    call_done(id, c);
     return 0;
 }
 
@@ -268,7 +312,6 @@ static __always_inline int call_leave(struct pt_regs *ctx, int always) {
 // takes no register and rank arrives in the third integer register.
 int enter_comm_init(struct pt_regs *ctx) {
     u64 id = bpf_get_current_pid_tgid();
-    mark_traced(id);
     struct call_t c = {};
     c.ts = bpf_ktime_get_ns();
     c.op = OP_COMM_INIT;
@@ -284,13 +327,13 @@ int enter_comm_init(struct pt_regs *ctx) {
         h = (h ^ w) * 1099511628211ULL;
     }
     c.hash = h;
-    calls.update(&id, &c);
+    call_put(id, &c);
     return 0;
 }
 
 int leave_comm_init(struct pt_regs *ctx) {
     u64 id = bpf_get_current_pid_tgid();
-    struct call_t *c = calls.lookup(&id);
+    struct call_t *c = call_get(id);
     if (!c)
         return 0;
     u64 now = bpf_ktime_get_ns();
@@ -303,7 +346,7 @@ int leave_comm_init(struct pt_regs *ctx) {
         struct comm_t cm = {.hash = c->hash, .rank = c->rank, .nranks = c->nranks};
         comms.update(&handle, &cm);
     }
-    record(tgid, c->op, dur, 0, ret != 0);
+    record(id, c->op, dur, 0, ret != 0);
     struct event_t ev = {};
     ev.ts = now;
     ev.duration_ns = dur;
@@ -316,7 +359,7 @@ int leave_comm_init(struct pt_regs *ctx) {
     ev.nranks = c->nranks;
     ev.kind = KIND_COMM_INIT;
     emit(&ev);
-    calls.delete(&id);
+    call_done(id, c);
     return 0;
 }
 
@@ -327,7 +370,7 @@ int enter_comm_destroy(struct pt_regs *ctx) {
 
 int leave_comm_destroy(struct pt_regs *ctx) {
     u64 id = bpf_get_current_pid_tgid();
-    struct call_t *c = calls.lookup(&id);
+    struct call_t *c = call_get(id);
     u64 handle = c ? c->comm : 0;
     call_leave(ctx, 1);
     if (handle)
@@ -348,7 +391,7 @@ TRACEPOINT_PROBE(sched, sched_switch) {
     struct off_t *o = offstart.lookup(&next);
     if (o) {
         u64 d = now - o->ts;
-        record(o->tgid, OP_OFFCPU, d, 0, 0);
+        record((u64)o->tgid << 32, OP_OFFCPU, d, 0, 0);
         host_add(HOST_OFFCPU_NS, d);
         offstart.delete(&next);
     }

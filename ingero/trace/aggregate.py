@@ -5,7 +5,8 @@ log-linear duration histogram: values below 4 ns are exact, above that each powe
 [2^l, 2^(l+1)) is split into 4 equal sub-buckets (slot = 4·l + sub). Each interval is the
 difference of two snapshots. Percentiles use the nearest-rank method on the interval's
 histogram, interpolated linearly inside the chosen bucket, so the error is bounded by
-the bucket width (at most 25% of the value, typically under 12.5%).
+the bucket width (at most 25% of the value, typically under 12.5%). Durations of 2^40 ns
+(about 18 minutes) and more share the last bucket.
 """
 
 from __future__ import annotations
@@ -37,12 +38,15 @@ class Snapshot:
     host: Mapping[str, int]
 
 
+NSLOTS = 160  # as in bpf/ingero.bpf.c: the last slot also holds everything from 2^40 ns
+
+
 def slot_of(value: int) -> int:
     """The bucket of a duration, exactly as ``slot_of`` in bpf/ingero.bpf.c computes it."""
     if value < 4:
         return max(value, 0)
     log = value.bit_length() - 1
-    return log * 4 + ((value >> (log - 2)) & 3)
+    return min(log * 4 + ((value >> (log - 2)) & 3), NSLOTS - 1)
 
 
 def slot_bounds(slot: int) -> tuple[int, int]:

@@ -77,6 +77,7 @@ class Probes:
 
     bpf: Any
     pid: int = -1
+    task_storage: bool = False
     attached: dict[tuple[int, int], list[Attachment]] = field(default_factory=dict)
 
     def attach_library(self, lib: LibraryFile) -> list[Attachment]:
@@ -109,11 +110,10 @@ class Probes:
 
     def forget(self, pids: set[int]) -> None:
         """Drop kernel state of exited processes (after their last interval was read)."""
-        for name in ("stats", "hist"):
-            table = self.bpf[name]
-            for k in [k for k in table if k.tgid in pids]:
-                with contextlib.suppress(KeyError):
-                    del table[k]
+        table = self.bpf["stats"]
+        for k in [k for k in table if k.tgid in pids]:
+            with contextlib.suppress(KeyError):
+                del table[k]
         traced = self.bpf["traced"]
         for pid in pids:
             with contextlib.suppress(KeyError):
@@ -122,11 +122,10 @@ class Probes:
     def snapshot(self) -> tuple[Snapshot, dict[int, int]]:
         """Cumulative stats, histograms and host counters, plus the block I/O histogram."""
         stats: dict[Key, StatVal] = {}
+        hist: dict[Key, dict[int, int]] = {}
         for k, v in self.bpf["stats"].items():
             stats[(k.tgid, k.op)] = StatVal(v.count, v.total_ns, v.errors, v.bytes)
-        hist: dict[Key, dict[int, int]] = {}
-        for k, v in self.bpf["hist"].items():
-            hist.setdefault((k.tgid, k.op), {})[k.slot] = v.value
+            hist[(k.tgid, k.op)] = {i: int(n) for i, n in enumerate(v.slots) if n}
         host_table = self.bpf["host"]
         host = {
             name: int(sum(host_table[host_table.Key(i)])) for i, name in enumerate(HOST_COUNTERS)
@@ -151,12 +150,23 @@ class Probes:
         self.bpf.cleanup()
 
 
-def load(sample_every: int = DEFAULT_SAMPLE_EVERY, pid: int = -1) -> Probes:
-    """Compile and load the program (host tracepoints attach automatically)."""
+def load(
+    sample_every: int = DEFAULT_SAMPLE_EVERY, pid: int = -1, task_storage: bool = True
+) -> Probes:
+    """Compile and load the program (host tracepoints attach automatically).
+
+    Calls in flight live in task-local storage where the kernel allows it (BTF, 5.11+),
+    else in a hash map: same results, about 250 ns more per call.
+    """
     bcc = load_bcc()
     text = program_text(bpf_source_path().read_text(), sample_every)
-    try:
-        bpf = bcc.BPF(text=text, cflags=["-Wno-macro-redefined"])
-    except Exception as exc:  # compile/verifier errors arrive as bare Exception
-        raise ProbeError(f"cannot load the BPF program: {exc}") from exc
-    return Probes(bpf, pid)
+    variants = [["-DUSE_TASK_STORAGE"], []] if task_storage else [[]]
+    error: Exception | None = None
+    for flags in variants:
+        try:
+            bpf = bcc.BPF(text=text, cflags=["-Wno-macro-redefined", *flags])
+        except Exception as exc:  # compile/verifier errors arrive as bare Exception
+            error = exc
+            continue
+        return Probes(bpf, pid, task_storage=bool(flags))
+    raise ProbeError(f"cannot load the BPF program: {error}")

@@ -6,7 +6,7 @@ import re
 
 import pytest
 
-from ingero.trace.aggregate import HOST_COUNTERS
+from ingero.trace.aggregate import HOST_COUNTERS, NSLOTS
 from ingero.trace.ops import OP_COMM_INIT, OP_OFFCPU, OPS
 from ingero.trace.probes import bpf_source_path, probe_names, program_text
 from ingero.trace.symbols import Attachment
@@ -43,11 +43,21 @@ def test_host_counter_slots_match_the_c_source() -> None:
         assert HOST_COUNTERS.index(py_name) == int(slots[c_name])
 
 
+def test_slot_count_matches_the_c_source() -> None:
+    source = bpf_source_path().read_text()
+    assert re.search(rf"#define NSLOTS {NSLOTS}\b", source)
+
+
 def test_no_kernel_struct_reads() -> None:
     # Headers may not match the running kernel: only tracepoint args and uprobe registers.
     source = bpf_source_path().read_text()
-    assert "task_struct" not in source
     assert "bpf_probe_read_kernel" not in source
+    assert "bpf_core_read" not in source.lower()
+    # The task pointer is only a key for task-local storage, never dereferenced.
+    for line in source.splitlines():
+        if "task_struct" in line:
+            assert "bpf_get_current_task_btf()" in line, line
+    assert not re.search(r"\bt->", source)
 
 
 def test_sample_every_must_be_positive() -> None:

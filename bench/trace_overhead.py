@@ -1,0 +1,172 @@
+"""Overhead of ``ingero trace`` on a CUDA-calling workload, beside the uprobe floor.
+
+For a target rate (10,000 and 50,000 calls/s per process) the workload spins CPU work
+between cudaLaunchKernel calls, calibrated so that one untraced iteration lasts
+1/rate seconds. Three configurations run interleaved, round after round, each as a fresh
+process (uprobes attach by library path, so every new process is caught):
+
+- ``none``: no probes;
+- ``floor``: an empty entry + return uprobe pair on the same function: the cost of any
+  uprobe design that measures durations;
+- ``ingero``: ingero's full BPF program (every CUDA probe, host tracepoints, ring buffer).
+
+Printed per rate: median ns per iteration of each, the slowdown of ``ingero`` in percent,
+ns added per call by ``ingero`` and by the floor, and their ratio. Needs root, BCC and the
+CUDA toolkit (gcc against its libcudart). Usage: ``python bench/trace_overhead.py [--rounds 7]``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from ingero.trace.ops import CUDART  # noqa: E402
+from ingero.trace.probes import load  # noqa: E402
+from ingero.trace.procmaps import LibraryFile  # noqa: E402
+
+CUDA_HOME = Path(os.environ.get("CUDA_HOME", "/usr/local/cuda"))
+SYMBOL = "cudaLaunchKernel"
+FLOOR_PROGRAM = "int enter(void *ctx) { return 0; }\nint leave(void *ctx) { return 0; }\n"
+TRACEPOINTS = {
+    "sched:sched_switch": "tracepoint__sched__sched_switch",
+    "sched:sched_process_exit": "tracepoint__sched__sched_process_exit",
+    "kmem:mm_page_alloc": "tracepoint__kmem__mm_page_alloc",
+    "block:block_rq_issue": "tracepoint__block__block_rq_issue",
+    "block:block_rq_complete": "tracepoint__block__block_rq_complete",
+    "tcp:tcp_retransmit_skb": "tracepoint__tcp__tcp_retransmit_skb",
+}
+
+
+def build(out_dir: Path) -> Path:
+    exe = out_dir / "cuda_rate"
+    lib = CUDA_HOME / "lib64"
+    subprocess.run(
+        ["gcc", "-O2", "-o", str(exe), str(Path(__file__).with_name("cuda_rate.c")),
+         f"-I{CUDA_HOME}/include", f"-L{lib}", "-lcudart", f"-Wl,-rpath,{lib}"],
+        check=True,
+    )  # fmt: skip
+    return exe
+
+
+def run(exe: Path, spin: int, calls: int) -> float:
+    out = subprocess.run([str(exe), str(spin), str(calls)], capture_output=True, text=True,
+                         check=True).stdout  # fmt: skip
+    return float(out.split("=", 1)[1])
+
+
+def calibrate(exe: Path, rate: int) -> int:
+    """Spin rounds per iteration so that an untraced iteration lasts 1/rate s."""
+    target = 1e9 / rate
+    spin = 100
+    for _ in range(6):
+        per = run(exe, spin, 20000)
+        base = run(exe, 0, 20000)
+        per_spin = max((per - base) / spin, 1e-3)
+        spin = max(1, int((target - base) / per_spin))
+    return spin
+
+
+def library() -> LibraryFile:
+    path = os.path.realpath(CUDA_HOME / "lib64" / "libcudart.so")
+    st = os.stat(path)
+    return LibraryFile(CUDART, path, st.st_dev, st.st_ino)
+
+
+class Config:
+    def __init__(self, name: str) -> None:
+        self.name = name
+
+    def on(self) -> None: ...
+    def off(self) -> None: ...
+
+
+class Floor(Config):
+    def __init__(self, bcc_bpf: type, path: str) -> None:
+        super().__init__("floor")
+        self.bpf = bcc_bpf(text=FLOOR_PROGRAM)
+        self.path = path
+
+    def on(self) -> None:
+        self.bpf.attach_uprobe(name=self.path, sym=SYMBOL, fn_name="enter")
+        self.bpf.attach_uretprobe(name=self.path, sym=SYMBOL, fn_name="leave")
+
+    def off(self) -> None:
+        self.bpf.detach_uprobe(name=self.path, sym=SYMBOL)
+        self.bpf.detach_uretprobe(name=self.path, sym=SYMBOL)
+
+
+class Ingero(Config):
+    def __init__(self) -> None:
+        super().__init__("ingero")
+        self.probes = load()
+        self.lib = library()
+        self.attachments = self.probes.attach_library(self.lib)
+        self.probes.open_ring(lambda data: None)
+        self.off()
+
+    def on(self) -> None:
+        bpf = self.probes.bpf
+        for att in self.attachments:
+            bpf.attach_uprobe(name=self.lib.path, sym=att.symbol, fn_name=f"enter_{att.op_id}")
+            bpf.attach_uretprobe(name=self.lib.path, sym=att.symbol, fn_name=f"leave_{att.op_id}")
+        for tp, fn in TRACEPOINTS.items():
+            bpf.attach_tracepoint(tp=tp, fn_name=fn)
+
+    def off(self) -> None:
+        bpf = self.probes.bpf
+        for att in self.attachments:
+            bpf.detach_uprobe(name=self.lib.path, sym=att.symbol)
+            bpf.detach_uretprobe(name=self.lib.path, sym=att.symbol)
+        for tp in TRACEPOINTS:
+            bpf.detach_tracepoint(tp)
+        self.probes.poll()  # the reader's periodic poll, between runs
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--rounds", type=int, default=7)
+    parser.add_argument("--seconds", type=float, default=0.4, help="length of one run")
+    parser.add_argument("--rates", default="10000,50000")
+    args = parser.parse_args()
+    with tempfile.TemporaryDirectory() as tmp:
+        exe = build(Path(tmp))
+        ingero = Ingero()
+        floor = Floor(type(ingero.probes.bpf), ingero.lib.path)
+        configs = [Config("none"), floor, ingero]
+        print(f"# {time.strftime('%Y-%m-%d %H:%M:%S')} host={os.uname().nodename} "
+              f"cpus={os.cpu_count()} rounds={args.rounds}")  # fmt: skip
+        for rate in (int(r) for r in args.rates.split(",")):
+            spin = calibrate(exe, rate)
+            calls = int(rate * args.seconds)
+            results: dict[str, list[float]] = {c.name: [] for c in configs}
+            for _ in range(args.rounds):
+                for config in configs:
+                    config.on()
+                    try:
+                        results[config.name].append(run(exe, spin, calls))
+                    finally:
+                        config.off()
+            med = {k: statistics.median(v) for k, v in results.items()}
+            added = med["ingero"] - med["none"]
+            floor_added = med["floor"] - med["none"]
+            print(
+                f"rate={rate}/s  ns/iter: none={med['none']:.0f} floor={med['floor']:.0f} "
+                f"ingero={med['ingero']:.0f}  slowdown={100 * added / med['none']:.2f}%  "
+                f"added/call: ingero={added:.0f} ns floor={floor_added:.0f} ns  "
+                f"ratio={added / floor_added if floor_added > 0 else float('nan'):.2f}x  "
+                f"(throughput {1e9 / med['none']:.0f} -> {1e9 / med['ingero']:.0f} calls/s)"
+            )
+        ingero.probes.close()
+        floor.bpf.cleanup()
+
+
+if __name__ == "__main__":
+    main()
