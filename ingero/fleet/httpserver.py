@@ -17,6 +17,7 @@ import threading
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from http import HTTPStatus
+from typing import cast
 
 log = logging.getLogger(__name__)
 
@@ -72,8 +73,7 @@ class _Connection(asyncio.Protocol):
         self.last_active = 0.0
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
-        assert isinstance(transport, asyncio.Transport)
-        self.transport = transport
+        self.transport = cast(asyncio.Transport, transport)
         self.last_active = self._server.loop_time()
         self._server.connections.add(self)
 

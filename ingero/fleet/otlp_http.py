@@ -53,6 +53,8 @@ def threshold_headers(view: ThresholdView | None) -> list[tuple[str, str]]:
 
 
 def _encode(message: Message, media: str) -> HttpResponse:
+    if not message.ByteSize():  # the common reply: full success, nothing to say
+        return HttpResponse(200, b"{}" if media == JSON else b"", media)
     if media == JSON:
         return HttpResponse(200, json_format.MessageToJson(message, indent=None).encode(), JSON)
     return HttpResponse(200, message.SerializeToString(), PROTOBUF)

@@ -18,6 +18,7 @@ from typing import Any, cast
 from opentelemetry.proto.collector.metrics.v1.metrics_service_pb2 import (
     ExportMetricsServiceRequest,
 )
+from opentelemetry.proto.common.v1.common_pb2 import KeyValue
 from opentelemetry.proto.metrics.v1.metrics_pb2 import Metric, NumberDataPoint
 
 from ingero.fleet.model import NODE_STATES, NodePush, NodeState
@@ -126,27 +127,42 @@ def _number(point: NumberDataPoint) -> float:
     return float(point.as_int) if point.WhichOneof("value") == "as_int" else point.as_double
 
 
-def _text(value: Any) -> str | None:
+def _attributes(kvs: Iterable[KeyValue]) -> dict[str, Any]:
+    """Attributes as a dict; scalars inline because this runs for every push (hot path)."""
+    out: dict[str, Any] = {}
+    for kv in kvs:
+        value = kv.value
+        kind = value.WhichOneof("value")
+        if kind == "string_value":
+            out[kv.key] = value.string_value
+        elif kind is not None:
+            out[kv.key] = getattr(value, kind) if kind[0] in "ibd" else any_to_python(value)
+    return out
+
+
+def _text(source: dict[str, Any], name: str) -> str | None:
     """A string attribute; ints are accepted too (Slurm job ids are numbers to some clients)."""
+    value = source.get(name)
     if value is None or value == "":
         return None
-    if isinstance(value, bool) or not isinstance(value, str | int):
-        raise ValueError(f"must be a string, got {value!r}")
+    if type(value) is str:
+        return value
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise ValueError(f"{name} must be a string, got {value!r}")
     return str(value)
 
 
-def _integer(value: Any) -> int | None:
+def _integer(source: dict[str, Any], name: str) -> int | None:
+    value = source.get(name)
     if value is None or value == "":
         return None
-    if isinstance(value, bool):
-        raise ValueError(f"must be an integer, got {value!r}")
-    if isinstance(value, int):
+    if type(value) is int:
         return value
     if isinstance(value, str) and value.lstrip("-").isdigit():
         return int(value)
     if isinstance(value, float) and value.is_integer():
         return int(value)
-    raise ValueError(f"must be an integer, got {value!r}")
+    raise ValueError(f"{name} must be an integer, got {value!r}")
 
 
 def _gauge_points(metric: Metric) -> Iterable[NumberDataPoint] | None:
@@ -166,7 +182,11 @@ def _keyed_values(
         result.reject(BAD_METRIC_TYPE, f"{metric.name} must be a gauge")
         return
     for point in points:
-        key = next((kv.value.string_value for kv in point.attributes if kv.key == key_attr), "")
+        key = ""
+        for kv in point.attributes:
+            if kv.key == key_attr:
+                key = kv.value.string_value
+                break
         value = _number(point)
         if not key or not math.isfinite(value):
             result.reject(BAD_ATTRIBUTE, f"{metric.name} point needs {key_attr} and a finite value")
@@ -174,24 +194,32 @@ def _keyed_values(
         out[key] = value
 
 
-def decode_health(request: ExportMetricsServiceRequest) -> HealthDecode:
-    """Validate every ``ingero.node.health_score`` point; other metrics are ignored."""
+def decode_health(request: ExportMetricsServiceRequest, details: bool = True) -> HealthDecode:
+    """Validate every ``ingero.node.health_score`` point; other metrics are ignored.
+
+    ``details=False`` skips the per-signal and raw-rate gauges (left empty in the pushes):
+    Fleet's threshold needs only the score, and they are a third of the decoding time.
+    """
     result = HealthDecode()
     for rm in request.resource_metrics:
-        res: dict[str, Any] = {kv.key: any_to_python(kv.value) for kv in rm.resource.attributes}
         scores: list[Metric] = []
         signals: dict[str, float] = {}
         rates: dict[str, float] = {}
         for sm in rm.scope_metrics:
             for metric in sm.metrics:
-                if metric.name == SCORE_METRIC:
+                name = metric.name
+                if name == SCORE_METRIC:
                     scores.append(metric)
-                elif metric.name == SIGNAL_METRIC:
+                elif not details:
+                    continue
+                elif name == SIGNAL_METRIC:
                     _keyed_values(metric, ATTR_SIGNAL, signals, result)
-                elif metric.name == RATE_METRIC:
+                elif name == RATE_METRIC:
                     _keyed_values(metric, ATTR_RATE, rates, result)
-        for metric in scores:
-            _decode_scores(metric, res, signals, rates, result)
+        if scores:
+            res = _attributes(rm.resource.attributes)
+            for metric in scores:
+                _decode_scores(metric, res, signals, rates, result)
     return result
 
 
@@ -208,10 +236,10 @@ def _decode_scores(
         return
     for point in points:
         try:
-            node_id = _text(res.get(ATTR_NODE_ID))
-            cluster_id = _text(res.get(ATTR_CLUSTER_ID))
+            node_id = _text(res, ATTR_NODE_ID)
+            cluster_id = _text(res, ATTR_CLUSTER_ID)
         except ValueError as exc:
-            result.reject(BAD_ATTRIBUTE, f"resource attribute: {exc}")
+            result.reject(BAD_ATTRIBUTE, f"resource attribute {exc}")
             continue
         if node_id is None:
             result.reject(MISSING_NODE_ID, f"resource attribute {ATTR_NODE_ID} is missing")
@@ -226,48 +254,33 @@ def _decode_scores(
         if not (math.isfinite(score) and 0.0 <= score <= 1.0):
             result.reject(BAD_SCORE, f"node {node_id}: score {score!r} is not in [0, 1]")
             continue
-        attrs = {kv.key: any_to_python(kv.value) for kv in point.attributes}
+        attrs = _attributes(point.attributes)
+        state = attrs.get(ATTR_STATE) or "active"
+        if state not in NODE_STATES:
+            result.reject(
+                BAD_ATTRIBUTE,
+                f"node {node_id}: {ATTR_STATE} {state!r} is not one of {sorted(NODE_STATES)}",
+            )
+            continue
         try:
-            push = _build(node_id, cluster_id, score, res, attrs, signals, rates)
+            push = NodePush(
+                node_id=node_id,
+                cluster_id=cluster_id,
+                score=score,
+                state=cast(NodeState, state),
+                host_name=_text(res, ATTR_HOST_NAME),
+                job_id=_text(attrs, ATTR_JOB_ID),
+                rank=_integer(attrs, ATTR_RANK),
+                world_size=_integer(attrs, ATTR_WORLD_SIZE),
+                workload_type=_text(attrs, ATTR_WORKLOAD),
+                dominant_signal=_text(attrs, ATTR_DOMINANT),
+                signals=signals,
+                rates=rates,
+                gpu_model=_text(res, ATTR_GPU_MODEL),
+                gpu_count=_integer(res, ATTR_GPU_COUNT),
+                provider=_text(res, ATTR_PROVIDER),
+            )
         except ValueError as exc:
             result.reject(BAD_ATTRIBUTE, f"node {node_id}: {exc}")
             continue
         result.pushes.append(push)
-
-
-def _build(
-    node_id: str,
-    cluster_id: str,
-    score: float,
-    res: dict[str, Any],
-    attrs: dict[str, Any],
-    signals: dict[str, float],
-    rates: dict[str, float],
-) -> NodePush:
-    state = attrs.get(ATTR_STATE) or "active"
-    if state not in NODE_STATES:
-        raise ValueError(f"{ATTR_STATE} {state!r} is not one of {sorted(NODE_STATES)}")
-
-    def attr(getter: Any, source: dict[str, Any], name: str) -> Any:
-        try:
-            return getter(source.get(name))
-        except ValueError as exc:
-            raise ValueError(f"{name} {exc}") from None
-
-    return NodePush(
-        node_id=node_id,
-        cluster_id=cluster_id,
-        score=score,
-        state=cast(NodeState, state),
-        host_name=attr(_text, res, ATTR_HOST_NAME),
-        job_id=attr(_text, attrs, ATTR_JOB_ID),
-        rank=attr(_integer, attrs, ATTR_RANK),
-        world_size=attr(_integer, attrs, ATTR_WORLD_SIZE),
-        workload_type=attr(_text, attrs, ATTR_WORKLOAD),
-        dominant_signal=attr(_text, attrs, ATTR_DOMINANT),
-        signals=dict(signals),
-        rates=dict(rates),
-        gpu_model=attr(_text, res, ATTR_GPU_MODEL),
-        gpu_count=attr(_integer, res, ATTR_GPU_COUNT),
-        provider=attr(_text, res, ATTR_PROVIDER),
-    )
