@@ -63,9 +63,14 @@ class DrainController:
         self._expired: list[str] = []
 
     def start(self) -> None:
-        if self._thread is None:
+        if not self.running:
+            self._stopping = False
             self._thread = threading.Thread(target=self._run, name="ingero-drain", daemon=True)
             self._thread.start()
+
+    @property
+    def running(self) -> bool:
+        return self._thread is not None and self._thread.is_alive()
 
     def stop(self, timeout: float = 5.0) -> None:
         """Stop the worker; a Slurm call in flight ends at its own timeout at the latest."""
@@ -74,7 +79,6 @@ class DrainController:
             self._cond.notify_all()
         if self._thread is not None:
             self._thread.join(timeout)
-            self._thread = None
 
     def on_tick(self, tick: Tick) -> None:
         """Called from Fleet's tick thread: O(1), never waits on Slurm."""

@@ -191,7 +191,7 @@ def test_resume_restores_only_ingero_nodes(slurm: SlurmCluster, run: type[Run]) 
     assert "ingero: straggler score=0.30" in listed.stdout
 
     refused = ingero("drain", "resume", "n3")
-    assert refused.returncode != 0 and "not written by ingero" in refused.stderr
+    assert refused.returncode == 2 and "not written by ingero" in refused.stderr
     assert nodes(slurm)["n3"].reason == ADMIN
     unknown = ingero("drain", "resume", "n99")
     assert unknown.returncode != 0 and "no node named" in unknown.stderr

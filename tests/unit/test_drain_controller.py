@@ -1,0 +1,170 @@
+"""The drain controller's threading: ticks never wait on Slurm, coalesce while it is slow,
+failed calls are retried with backoff, and every decision becomes an event.
+
+Slurm is replaced by a stand-in (Slurm is an external program; the real one is exercised
+in tests/integration/slurm)."""
+
+from __future__ import annotations
+
+import threading
+from dataclasses import dataclass
+
+import pytest
+
+from ingero.clock import ManualClock
+from ingero.events import Event
+from ingero.fleet.config import DrainConfig
+from ingero.fleet.model import NodeVerdict, TickResult
+from ingero.slurm.backend import NodeInfo, SlurmError
+from ingero.slurm.drain import DrainController
+
+CONFIG = DrainConfig(enabled=True, max_fraction=0.5, min_intervals=1, cooldown=0)
+
+
+@dataclass
+class StandInSlurm:
+    """Nodes n1..n4; ``gate`` blocks nodes() until set; ``fail`` makes the next calls fail."""
+
+    name: str = "stand-in"
+
+    def __post_init__(self) -> None:
+        self.state = {f"n{i}": NodeInfo(f"n{i}", "idle") for i in range(1, 5)}
+        self.gate = threading.Event()
+        self.gate.set()
+        self.entered = threading.Event()
+        self.fail = 0
+        self.reads = 0
+        self.calls: list[tuple[str, str]] = []
+
+    def nodes(self) -> list[NodeInfo]:
+        self.entered.set()
+        assert self.gate.wait(30)
+        self.reads += 1
+        if self.fail:
+            self.fail -= 1
+            raise SlurmError("sinfo --json: no answer within 10s")
+        return list(self.state.values())
+
+    def drain(self, node: str, reason: str) -> None:
+        self.calls.append(("drain", node))
+        self.state[node] = NodeInfo(node, "idle", frozenset({"DRAIN"}), reason)
+
+    def resume(self, node: str) -> None:
+        self.calls.append(("resume", node))
+        self.state[node] = NodeInfo(node, "idle")
+
+
+def verdict(node: str, score: float = 0.3) -> NodeVerdict:
+    return NodeVerdict(node, "c", "c/job/1", "1", 0, score, 0.8, True, 3, 1e9, False, True, None)
+
+
+def tick(*verdicts: NodeVerdict) -> TickResult:
+    return TickResult(0.0, (), verdicts, (), ())
+
+
+@pytest.fixture
+def slurm() -> StandInSlurm:
+    return StandInSlurm()
+
+
+def make(slurm: StandInSlurm, events: list[Event], config: DrainConfig = CONFIG) -> DrainController:
+    controller = DrainController(
+        config, slurm, events.append, ManualClock(), backoff_initial=0.01, backoff_max=0.02
+    )
+    controller.start()
+    return controller
+
+
+def test_drain_emits_node_drained(slurm: StandInSlurm) -> None:
+    events: list[Event] = []
+    controller = make(slurm, events)
+    try:
+        controller.on_tick(tick(verdict("n2")))
+        assert controller.wait_idle(10)
+    finally:
+        controller.stop()
+    assert slurm.calls == [("drain", "n2")]
+    (event,) = events
+    assert (event.type, event.node_id, event.job_id, event.score) == (
+        "node_drained",
+        "n2",
+        "1",
+        0.3,
+    )
+    assert event.extra["reason"].startswith("ingero: straggler score=0.30 threshold=0.80 job=1")
+    assert event.extra["backend"] == "stand-in"
+
+
+def test_ticks_do_not_wait_for_slurm_and_coalesce(slurm: StandInSlurm) -> None:
+    events: list[Event] = []
+    controller = make(slurm, events)
+    try:
+        slurm.gate.clear()
+        controller.on_tick(tick())
+        assert slurm.entered.wait(10)  # the worker is now stuck inside Slurm
+        for i in range(100):  # returns every time, though Slurm answers nothing
+            controller.on_tick(tick(verdict("n3")) if i == 99 else tick())
+        assert not controller.wait_idle(0.05)
+        slurm.gate.set()
+        assert controller.wait_idle(10)
+    finally:
+        controller.stop()
+    assert slurm.reads == 2  # the stuck tick, then only the newest of the 100
+    assert slurm.calls == [("drain", "n3")]
+
+
+def test_failures_are_retried_with_backoff(
+    slurm: StandInSlurm, caplog: pytest.LogCaptureFixture
+) -> None:
+    events: list[Event] = []
+    slurm.fail = 3
+    controller = make(slurm, events)
+    try:
+        controller.on_tick(tick(verdict("n2")))
+        assert controller.wait_idle(10)
+    finally:
+        controller.stop()
+    assert controller.failures == 3 and slurm.reads == 4
+    assert slurm.calls == [("drain", "n2")]
+    assert "no answer within 10s; retrying in" in caplog.text
+
+
+def test_an_event_sink_that_raises_does_not_stop_the_worker(slurm: StandInSlurm) -> None:
+    def broken(event: Event) -> None:
+        raise RuntimeError("sink down")
+
+    controller = DrainController(CONFIG, slurm, broken, ManualClock())
+    controller.start()
+    try:
+        controller.on_tick(tick(verdict("n2")))
+        assert controller.wait_idle(10)
+        controller.on_tick(tick(verdict("n3")))
+        assert controller.wait_idle(10)
+    finally:
+        controller.stop()
+    assert slurm.calls == [("drain", "n2"), ("drain", "n3")]
+
+
+def test_skips_are_events_too(slurm: StandInSlurm) -> None:
+    events: list[Event] = []
+    controller = make(slurm, events)
+    try:
+        panicked = NodeVerdict("n2", "c", "g", "1", 0, 0.3, 0.8, True, 3, 1e9, True, True, None)
+        controller.on_tick(tick(panicked))
+        assert controller.wait_idle(10)
+    finally:
+        controller.stop()
+    (event,) = events
+    assert (event.type, event.extra["skip"]) == ("drain_skipped", "panic")
+    assert slurm.calls == []
+
+
+def test_stop_while_backing_off(slurm: StandInSlurm) -> None:
+    slurm.fail = 1000
+    controller = DrainController(CONFIG, slurm, lambda e: None, ManualClock(), backoff_initial=60)
+    controller.start()
+    assert controller.running
+    controller.on_tick(tick())
+    assert slurm.entered.wait(10)
+    controller.stop(timeout=10)  # does not sit out the 60s backoff
+    assert not controller.running
