@@ -10,7 +10,8 @@ keep-alive connections from separate client processes. Two phases per server:
           falls behind shows it).
 The no-op servers answer every request with an empty 200 / empty OTLP response on the same
 transport stack (the asyncio HTTP server, grpcio), so the ratio is what Fleet's decode,
-ingest and reply cost on top of the transport. CPU s/1k pushes is the server process's
+ingest and reply cost on top of the transport; ``--stdlib`` adds a no-op
+``http.server.ThreadingHTTPServer`` (why Fleet has its own HTTP server). CPU s/1k pushes is the server process's
 user+system time.
 """
 
@@ -25,6 +26,7 @@ import signal
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from pathlib import Path
 from typing import Any
@@ -209,7 +211,25 @@ def serve_noop(kind: str, ready_file: str) -> None:
         stop = True
 
     signal.signal(signal.SIGTERM, on_term)
-    if kind == "noop-http":
+    if kind == "noop-stdlib":
+        from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+        class Noop(BaseHTTPRequestHandler):
+            protocol_version = "HTTP/1.1"  # keep-alive, like the other servers
+
+            def do_POST(self) -> None:
+                self.rfile.read(int(self.headers["Content-Length"]))
+                self.send_response(200)
+                self.send_header("Content-Length", "0")
+                self.end_headers()
+
+            def log_message(self, *args: object) -> None:
+                pass
+
+        httpd = ThreadingHTTPServer(("127.0.0.1", 0), Noop)
+        threading.Thread(target=httpd.serve_forever, daemon=True).start()
+        bound = {"otlp_http": f"127.0.0.1:{httpd.server_address[1]}"}
+    elif kind == "noop-http":
         from ingero.fleet.httpserver import HttpResponse, HttpServer
 
         server = HttpServer("noop", "127.0.0.1", 0, lambda _r: HttpResponse(200, b"", "x"))
@@ -244,6 +264,9 @@ def main() -> None:
     parser.add_argument("--clients", type=int, default=2, help="client processes")
     parser.add_argument("--connections", type=int, default=16, help="connections per client")
     parser.add_argument("--transports", default="http,grpc")
+    parser.add_argument(
+        "--stdlib", action="store_true", help="also a no-op http.server.ThreadingHTTPServer"
+    )
     parser.add_argument("--serve", help=argparse.SUPPRESS)
     parser.add_argument("--ready-file", help=argparse.SUPPRESS)
     opts = parser.parse_args()
@@ -261,7 +284,10 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as tmp:
         for transport in opts.transports.split(","):
             best: dict[str, float] = {}
-            for kind in ("fleet", f"noop-{transport}"):
+            kinds = ["fleet", f"noop-{transport}"]
+            if transport == "http" and opts.stdlib:
+                kinds.append("noop-stdlib")
+            for kind in kinds:
                 proc, bound = start_server(kind, Path(tmp))
                 address = bound["otlp_http" if transport == "http" else "otlp_grpc"]
                 try:
