@@ -90,6 +90,7 @@ def run_agent(
 ) -> None:
     # Imported here so `--help` and `--print-config` stay fast.
     from ingero.collectors.gpu import GpuQuery, NoGpu, NvidiaSmi
+    from ingero.otlp.health import ATTR_CLUSTER_ID, ATTR_HOST_NAME, ATTR_NODE_ID
     from ingero.push.agent import Agent, Identity
     from ingero.push.channels import Channel
     from ingero.push.channels.journald import JournaldChannel
@@ -123,7 +124,7 @@ def run_agent(
     if ch.uds:
         channels.append(UdsChannel(ch.event_socket, ch.queue_size))
     if ch.otlp_logs:
-        resource = {"ingero.node.id": node, "ingero.cluster.id": config.cluster_id}
+        resource = {ATTR_NODE_ID: node, ATTR_CLUSTER_ID: config.cluster_id, ATTR_HOST_NAME: host}
         channels.append(OtlpLogsChannel(client.export_logs, resource, ch.queue_size))
     store = DetectionStore(state_dir / "detection.json", node, clock)
     # An explicit --job-id pins the peer group; otherwise the prolog's job files say.

@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import logging
 import random
 import socket
 from pathlib import Path
 from types import MappingProxyType
 
+import pytest
 from opentelemetry.proto.collector.logs.v1.logs_service_pb2 import ExportLogsServiceRequest
 from opentelemetry.proto.collector.metrics.v1.metrics_service_pb2 import (
     ExportMetricsServiceRequest,
@@ -207,3 +209,21 @@ def test_job_file_sets_the_peer_group_each_interval() -> None:
         ("42", 1, None),
         ("42", 1, None),
     ]
+
+
+def test_each_mode_change_is_logged_once(caplog: pytest.LogCaptureFixture) -> None:
+    agent, clock, _sampler, client, _rec = make()
+    caplog.set_level(logging.INFO, logger="ingero.push.agent")
+    agent.step()
+    client.result = PushResult(False, error="refused")
+    for _ in range(80):
+        clock.advance(5)
+        agent.step()
+    mode_lines = [r.getMessage() for r in caplog.records if "detection mode" in r.getMessage()]
+    assert mode_lines == [
+        "detection mode (start) -> fleet",
+        "detection mode fleet -> fleet-cached",
+        "detection mode fleet-cached -> local-cached",
+    ]
+    push_lines = [r.getMessage() for r in caplog.records if "push to Fleet" in r.getMessage()]
+    assert push_lines == ["push to Fleet: refused"]  # not once per failed interval
