@@ -11,6 +11,7 @@ exponential backoff on the newest tick.
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import threading
 from collections.abc import Callable, Iterable, Sequence
@@ -19,7 +20,7 @@ from typing import Any, Protocol
 from ingero.clock import Clock, SystemClock
 from ingero.events import Event
 from ingero.fleet.config import DrainConfig
-from ingero.slurm.backend import SlurmBackend, SlurmError, make_backend
+from ingero.slurm.backend import NodeInfo, SlurmBackend, SlurmError, make_backend
 from ingero.slurm.drain_policy import Decision, DrainMemory, Verdict, decide
 
 log = logging.getLogger(__name__)
@@ -137,6 +138,11 @@ class DrainController:
             self._clock.monotonic(),
             expired,
         )
+        if any(d.action == "drain" for d in decisions):
+            # Read again right before acting: someone may have drained or annotated a node
+            # since the first read, and their reason must not be overwritten.
+            fresh = {n.name: n for n in self._backend.nodes()}
+            decisions = [self._recheck(d, fresh.get(d.node)) for d in decisions]
         for decision in decisions:
             if decision.action == "drain":
                 self._backend.drain(decision.node, decision.reason)
@@ -149,6 +155,19 @@ class DrainController:
             else:
                 log.info("not draining %s: %s", decision.node, decision.reason)
             self._send(decision)
+
+    @staticmethod
+    def _recheck(decision: Decision, info: NodeInfo | None) -> Decision:
+        if decision.action != "drain":
+            return decision
+        if info is not None and not (
+            info.drained or info.reason or info.down or info.reboot_pending
+        ):
+            return decision
+        why = "the node changed before ingero acted" + (
+            f": {info.reason or info.state.upper()}" if info else ": gone from Slurm"
+        )
+        return dataclasses.replace(decision, action="skip", code="foreign_reason", reason=why)
 
     def _send(self, decision: Decision) -> None:
         extra: dict[str, object] = {"reason": decision.reason, "backend": self._backend.name}

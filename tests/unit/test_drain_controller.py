@@ -7,6 +7,7 @@ in tests/integration/slurm)."""
 from __future__ import annotations
 
 import threading
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import pytest
@@ -35,8 +36,11 @@ class StandInSlurm:
         self.fail = 0
         self.reads = 0
         self.calls: list[tuple[str, str]] = []
+        self.before_read: Callable[[int], None] | None = None
 
     def nodes(self) -> list[NodeInfo]:
+        if self.before_read is not None:
+            self.before_read(self.reads)
         self.entered.set()
         assert self.gate.wait(30)
         self.reads += 1
@@ -109,7 +113,7 @@ def test_ticks_do_not_wait_for_slurm_and_coalesce(slurm: StandInSlurm) -> None:
         assert controller.wait_idle(10)
     finally:
         controller.stop()
-    assert slurm.reads == 2  # the stuck tick, then only the newest of the 100
+    assert slurm.reads == 3  # the stuck tick, the newest of the 100, its re-read to drain
     assert slurm.calls == [("drain", "n3")]
 
 
@@ -124,7 +128,7 @@ def test_failures_are_retried_with_backoff(
         assert controller.wait_idle(10)
     finally:
         controller.stop()
-    assert controller.failures == 3 and slurm.reads == 4
+    assert controller.failures == 3 and slurm.reads == 5  # + 1 good read + 1 re-read
     assert slurm.calls == [("drain", "n2")]
     assert "no answer within 10s; retrying in" in caplog.text
 
@@ -168,3 +172,22 @@ def test_stop_while_backing_off(slurm: StandInSlurm) -> None:
     assert slurm.entered.wait(10)
     controller.stop(timeout=10)  # does not sit out the 60s backoff
     assert not controller.running
+
+
+def test_a_reason_set_between_read_and_drain_is_not_overwritten(slurm: StandInSlurm) -> None:
+    def admin_acts(reads: int) -> None:
+        if reads == 1:  # after ingero's first read, before its drain
+            slurm.state["n2"] = NodeInfo("n2", "idle", frozenset({"DRAIN"}), "admin: fan")
+
+    slurm.before_read = admin_acts
+    events: list[Event] = []
+    controller = make(slurm, events)
+    try:
+        controller.on_tick(tick(verdict("n2")))
+        assert controller.wait_idle(10)
+    finally:
+        controller.stop()
+    assert slurm.calls == [] and slurm.state["n2"].reason == "admin: fan"
+    (event,) = events
+    assert (event.type, event.extra["skip"]) == ("drain_skipped", "foreign_reason")
+    assert "admin: fan" in event.extra["reason"]
