@@ -5,7 +5,8 @@ Half the nodes push over OTLP/HTTP, half over OTLP gRPC (threshold from headers/
 One scenario, in order: warm-up to ``fleet`` mode; a 30% slowdown on one node is reported
 as a straggler within a bounded number of push intervals and on no other node; Fleet is
 killed and every node steps down to fleet-cached, then local modes, without crashing; Fleet
-comes back and ``fleet`` mode returns; a restarted fleet-push skips warm-up.
+comes back and ``fleet`` mode returns; the slow node recovers (one ``straggler_resolved``
+under its episode's ``event_id``); a restarted fleet-push skips warm-up.
 """
 
 from __future__ import annotations
@@ -92,6 +93,17 @@ def test_straggler_failover_and_restart(cluster: Cluster) -> None:
     )
     others = {e.node_id for e in c.events() if e.type == "straggler_state"}
     assert others <= {nodes[0]}, f"false straggler events on {others - {nodes[0]}}"
+
+    # The slow node recovers: its episode ends once, under the episode's event id.
+    c.slow_down(0, 0.0)
+    resolved = wait_for(
+        lambda: [e for e in c.events() if e.type == "straggler_resolved" and e.node_id == nodes[0]],
+        60,
+        "the straggler to recover",
+    )
+    states = [e for e in c.events() if e.type == "straggler_state" and e.node_id == nodes[0]]
+    assert resolved[-1].event_id == states[-1].event_id
+    assert resolved[-1].extra.get("reason") == "recovered"
 
     # A restarted fleet-push restores its baselines and skips warm-up.
     restarted = nodes[1]
