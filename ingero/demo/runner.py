@@ -49,8 +49,9 @@ class DemoOptions:
         return [f"node-{i:02d}" for i in range(1, self.nodes + 1)]
 
     def validate(self) -> None:
-        if not 3 <= self.nodes <= 64:
-            raise ValueError("--nodes must be between 3 and 64")
+        if not 5 <= self.nodes <= 64:
+            # Fleet's threshold needs a quorum of 5 active nodes (quorum.statistical_min).
+            raise ValueError("--nodes must be between 5 and 64")
         if not 0.2 <= self.push_interval <= 30:
             raise ValueError("--push-interval must be between 0.2 and 30 seconds")
         if not 0 < self.slowdown < 1:

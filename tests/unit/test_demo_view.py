@@ -69,7 +69,8 @@ def test_notify_listener_receives_per_node(tmp_path: Path) -> None:
 @pytest.mark.parametrize(
     ("kwargs", "message"),
     [
-        ({"nodes": 2}, "--nodes"),
+        ({"nodes": 4}, "--nodes"),
+        ({"nodes": 65}, "--nodes"),
         ({"push_interval": 0.1}, "--push-interval"),
         ({"slowdown": 0.0}, "--slowdown"),
         ({"slowdown": 1.0}, "--slowdown"),
@@ -83,7 +84,7 @@ def test_bad_options(kwargs: dict[str, object], message: str) -> None:
 
 
 def state() -> DemoState:
-    opts = DemoOptions(nodes=3, straggler="node-02")
+    opts = DemoOptions(nodes=5, straggler="node-02")
     st = DemoState(options=opts, straggler="node-02", phase="detected", started_at=1.0)
     st.nodes = {
         "node-01": parse_status("active score=0.830 mode=fleet threshold=0.780"),

@@ -104,10 +104,10 @@ def test_demo_fails_with_a_reason_when_nothing_is_detected(tmp_path: Path) -> No
 
 def test_ctrl_c_stops_every_child(tmp_path: Path) -> None:
     workdir = tmp_path / "demo"
-    proc = demo("--nodes", "3", "--warmup", "60", workdir=workdir)
+    proc = demo("--nodes", "5", "--warmup", "60", workdir=workdir)
     try:
         deadline = time.monotonic() + 60
-        while len(processes_under(workdir, proc.pid)) < 3 * 2 + 2:  # fleet, sink, workloads, agents
+        while len(processes_under(workdir, proc.pid)) < 5 * 2 + 2:  # fleet, sink, workloads, agents
             assert proc.poll() is None, proc.communicate()[0]
             assert time.monotonic() < deadline, (
                 f"children did not start: {processes_under(workdir, proc.pid)} {workdir}"
