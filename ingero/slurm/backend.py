@@ -211,15 +211,16 @@ class ScontrolBackend:
                 nodes = parse_sinfo_json(self._run(["sinfo", "--json"], self._timeout))
                 self._json = True
                 return nodes
-            except SlurmError as exc:
-                # A timeout says nothing about JSON support; an error on a first try might.
-                if self._json is None and "no answer" not in str(exc):
-                    self._json = False
-                else:
+            except SlurmError:
+                # Once JSON worked, a failure is Slurm's trouble, not a missing feature.
+                if self._json:
                     raise
-        return parse_scontrol_nodes(
+        nodes = parse_scontrol_nodes(
             self._run(["scontrol", "show", "node", "--oneliner"], self._timeout)
         )
+        # scontrol works where sinfo --json did not: JSON output is missing here.
+        self._json = False
+        return nodes
 
     def drain(self, node: str, reason: str) -> None:
         _check_node_name(node)

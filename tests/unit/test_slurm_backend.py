@@ -153,12 +153,23 @@ def test_falls_back_to_scontrol_when_json_is_unsupported_and_remembers() -> None
     assert fake.calls.count(["sinfo", "--json"]) == 1
 
 
-def test_a_timeout_is_raised_not_taken_for_missing_json() -> None:
-    fake = FakeSlurm({"sinfo --json": SlurmError("sinfo --json: no answer within 3s")})
+def test_a_failure_once_json_worked_is_raised() -> None:
+    fake = FakeSlurm({"sinfo --json": SINFO_JSON})
     backend = ScontrolBackend(timeout=3.0, runner=fake)
+    assert len(backend.nodes()) == 6
+    fake.outputs["sinfo --json"] = SlurmError("sinfo --json: no answer within 3s")
     with pytest.raises(SlurmError, match="no answer"):
         backend.nodes()
-    fake.outputs["sinfo --json"] = SINFO_JSON
+    assert ["scontrol", "show", "node", "--oneliner"] not in fake.calls
+
+
+def test_slurm_down_at_start_does_not_give_up_json() -> None:
+    down = SlurmError("exit 1: Unable to contact slurm controller")
+    fake = FakeSlurm({"sinfo --json": down, "scontrol show": down})
+    backend = ScontrolBackend(timeout=3.0, runner=fake)
+    with pytest.raises(SlurmError, match="Unable to contact"):
+        backend.nodes()
+    fake.outputs = {"sinfo --json": SINFO_JSON}
     assert len(backend.nodes()) == 6
 
 
