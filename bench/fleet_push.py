@@ -256,6 +256,52 @@ def serve_noop(kind: str, ready_file: str) -> None:
         time.sleep(0.2)
 
 
+def hot_path(n: int) -> None:
+    """CPU microseconds per push of each stage of the OTLP/HTTP hot path, in this process."""
+    from opentelemetry.proto.collector.metrics.v1.metrics_service_pb2 import (
+        ExportMetricsServiceRequest,
+    )
+
+    from ingero.fleet.auth import BearerAuth
+    from ingero.fleet.config import FleetConfig, LimitsConfig
+    from ingero.fleet.daemon import FleetDaemon
+    from ingero.fleet.httpserver import _parse_head, render
+    from ingero.fleet.otlp_http import OtlpHttpHandler
+    from ingero.otlp.health import decode_health
+
+    bodies = agent_bodies(0, n)
+    daemon = FleetDaemon(FleetConfig(limits=LimitsConfig(max_nodes=10 * n)))
+    handler = OtlpHttpHandler(daemon.receiver, daemon.metrics, BearerAuth(None), 1 << 22)
+    head = http_request("127.0.0.1", 4318, b"").split(b"\r\n\r\n")[0]
+    parse = ExportMetricsServiceRequest.FromString
+
+    def whole() -> None:
+        for body in bodies:
+            request, _, _ = _parse_head(head)
+            request.body = body
+            render(handler(request), True)
+
+    whole()  # every node known, as in steady state
+    daemon.state.tick()
+    requests = [parse(b) for b in bodies]
+    pushes = [decode_health(r, details=False).pushes[0] for r in requests]
+    stages = {
+        "HTTP head parse": lambda: [_parse_head(head) for _ in bodies],
+        "protobuf parse": lambda: [parse(b) for b in bodies],
+        "decode + validate": lambda: [decode_health(r, details=False) for r in requests],
+        "FleetState.ingest": lambda: [daemon.state.ingest(p) for p in pushes],
+        "whole handler": whole,
+    }
+    print(f"# hot path, CPU us per push (best of 3 x {n:,} pushes, no sockets)")
+    for name, stage in stages.items():
+        best = float("inf")
+        for _ in range(3):
+            start = time.process_time()
+            stage()
+            best = min(best, time.process_time() - start)
+        print(f"{name:<20}{best / n * 1e6:>8.1f}")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--agents", type=int, default=25_000)
@@ -273,6 +319,7 @@ def main() -> None:
     if opts.serve:
         serve_noop(opts.serve, opts.ready_file)
         return
+    hot_path(20_000)
     target = opts.agents / opts.interval
     print(
         f"# {opts.agents} agents every {opts.interval:g}s (target {target:,.0f} pushes/s), "
