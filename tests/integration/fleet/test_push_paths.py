@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable
+from pathlib import Path
 
 import grpc
 import pytest
@@ -25,7 +26,13 @@ from opentelemetry.sdk.resources import Resource
 from ingero.events import Event
 from ingero.fleet.model import NodePush
 from ingero.otlp.logs import encode_events
-from tests.integration.fleet.helpers import Fleet, expected_threshold, health_request, wait_for
+from tests.integration.fleet.helpers import (
+    Fleet,
+    expected_threshold,
+    health_request,
+    start_fleet,
+    wait_for,
+)
 
 pytestmark = pytest.mark.integration
 
@@ -173,3 +180,34 @@ def test_events_as_otlp_logs_on_both_transports(fleet: Fleet) -> None:
     )
     assert fleet.log().count(f"event_id={event.event_id}") == 2
     assert fleet.metric("ingero_fleet_rejected_total", reason="bad_event") == 1
+
+
+def test_ema_smoothing_matches_an_independent_computation(tmp_path: Path) -> None:
+    """Default ema_alpha 0.2: after a step from scores A to B, every published threshold
+    is raw_B + 0.8^m (raw_A - raw_B) for a whole number m of ticks since the step."""
+    fleet = start_fleet(tmp_path, {"push_interval": "0.5s", "threshold": {"ema_alpha": 0.2}})
+    try:
+        a = [0.90, 0.92, 0.88, 0.91, 0.50, 0.89]
+        b = [0.70, 0.75, 0.72, 0.71, 0.74, 0.73]
+        fleet.push([NodePush(node_id=f"e{i}", cluster_id="ema", score=s) for i, s in enumerate(a)])
+        first = settled(fleet, "ema", 6)
+        raw_a, raw_b = expected_threshold(a), expected_threshold(b)
+        assert first["threshold"] == pytest.approx(raw_a, abs=1e-12)  # the EMA starts at raw
+        fleet.push([NodePush(node_id=f"e{i}", cluster_id="ema", score=s) for i, s in enumerate(b)])
+        seen: dict[float, float] = {}
+
+        def three_ticks_after_step() -> bool:
+            view = fleet.threshold("ema").json()
+            if view["threshold"] != first["threshold"]:
+                seen[view["computed_at"]] = view["threshold"]
+            return len(seen) >= 3
+
+        wait_for(three_ticks_after_step, what="three smoothed thresholds")
+        steps = []
+        for _, value in sorted(seen.items()):
+            m = math.log((value - raw_b) / (raw_a - raw_b)) / math.log(0.8)
+            assert abs(m - round(m)) < 1e-6, (value, m)
+            steps.append(round(m))
+        assert steps == sorted(steps) and steps[0] >= 1 and len(set(steps)) == len(steps)
+    finally:
+        fleet.stop()
