@@ -99,6 +99,9 @@ class NodeSampler:
         host_mem_free: float | None = None
         try:
             cpu_busy = self.proc.cpu_busy_fraction()
+        except ProcfsError as exc:
+            log.warning("%s", exc)
+        try:
             host_mem_free = self.proc.meminfo().available_fraction
         except ProcfsError as exc:
             log.warning("%s", exc)

@@ -138,3 +138,21 @@ def test_quarantined_baseline_means_warmup_again(tmp_path: Path) -> None:
     assert s.restore_reason is not None and s.restore_reason.startswith("corrupt")
     assert s.sample().state == "calibrating"
     assert list(tmp_path.glob("baseline.json.quarantined.*"))
+
+
+def test_broken_proc_files_leave_those_signals_out(tmp_path: Path) -> None:
+    clock = ManualClock()
+    node = Node(tmp_path, clock)
+    s = sampler(tmp_path, clock)
+    (tmp_path / "proc" / "stat").write_text("garbage\n")
+    node.run(2.0)
+    result = s.sample().result
+    assert result is not None
+    assert result.missing_signals == ("cpu",)
+    assert result.signals["memory"] == pytest.approx(0.9)
+    (tmp_path / "proc" / "meminfo").unlink()
+    node.run(2.0)
+    result = s.sample().result
+    assert result is not None
+    assert result.missing_signals == ("memory", "cpu")
+    assert 0.0 < result.score <= 1.0

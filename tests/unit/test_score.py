@@ -6,6 +6,8 @@ import itertools
 import math
 
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 
 from ingero.config import build
 from ingero.errors import ConfigError
@@ -243,3 +245,59 @@ def test_result_is_frozen() -> None:
         result.score = 0.5  # type: ignore[misc]
     with pytest.raises(TypeError):
         result.signals["cpu"] = 0.0  # type: ignore[index]
+
+
+any_float = st.one_of(st.none(), st.floats(allow_nan=True, allow_infinity=True))
+
+
+@given(
+    rate=any_float,
+    baseline=any_float,
+    busy=any_float,
+    mem=any_float,
+    cpu=any_float,
+    extra=st.dictionaries(st.sampled_from(["kernel_launch_rate", "step_rate"]), any_float),
+)
+def test_any_input_gives_a_finite_score_in_unit_interval(
+    rate: float | None,
+    baseline: float | None,
+    busy: float | None,
+    mem: float | None,
+    cpu: float | None,
+    extra: dict[str, float | None],
+) -> None:
+    result = compute_score(ScoreInputs(rate, baseline, busy, mem, cpu, extra), CFG)
+    assert 0.0 <= result.score <= 1.0
+    assert all(0.0 <= v <= 1.0 for v in result.signals.values())
+    assert all(math.isfinite(v) for v in result.rates.values())
+    assert 0.5 <= result.penalty <= 1.0
+    for name, value in (("throughput_rate", rate), ("cpu_busy_fraction", cpu)):
+        bad = value is not None and (not math.isfinite(value) or value < 0)
+        assert (name in result.invalid_inputs) == bad
+
+
+@given(
+    signals=st.lists(st.floats(min_value=0.0, max_value=1.0), min_size=4, max_size=4),
+    drop=st.floats(min_value=0.01, max_value=0.5),
+)
+def test_score_never_rises_when_a_signal_falls(signals: list[float], drop: float) -> None:
+    t, c, m, u = signals
+    base = compute_score(
+        full(
+            throughput_rate=1000.0 * t,
+            gpu_busy_fraction=c,
+            mem_free_fraction=m,
+            cpu_busy_fraction=1 - u,
+        ),
+        CFG,
+    )
+    lower = compute_score(
+        full(
+            throughput_rate=1000.0 * max(0.0, t - drop),
+            gpu_busy_fraction=c,
+            mem_free_fraction=m,
+            cpu_busy_fraction=1 - u,
+        ),
+        CFG,
+    )
+    assert lower.score <= base.score + 1e-12
