@@ -10,8 +10,11 @@ process (uprobes attach by library path, so every new process is caught):
   uprobe design that measures durations;
 - ``ingero``: ingero's full BPF program (every CUDA probe, host tracepoints, ring buffer).
 
-Printed per rate: median ns per iteration of each, the slowdown of ``ingero`` in percent,
-ns added per call by ``ingero`` and by the floor, and their ratio. Needs root, BCC and the
+Times are the workload thread's CPU time (uprobe handlers run in its context; waiting for
+a CPU on a shared machine does not count). First, back-to-back calls (no work between)
+give the ns each configuration adds per call and the ratio of ingero to the floor. Then,
+per rate: median ns per iteration of each configuration and the slowdown of ``ingero``
+in percent (throughput with and without tracing). Needs root, BCC and the
 CUDA toolkit (gcc against its libcudart). Usage: ``python bench/trace_overhead.py [--rounds 7]``.
 """
 
@@ -28,9 +31,9 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from ingero.trace.ops import CUDART  # noqa: E402
-from ingero.trace.probes import load  # noqa: E402
-from ingero.trace.procmaps import LibraryFile  # noqa: E402
+from ingero.trace.ops import CUDART
+from ingero.trace.probes import load
+from ingero.trace.procmaps import LibraryFile
 
 CUDA_HOME = Path(os.environ.get("CUDA_HOME", "/usr/local/cuda"))
 SYMBOL = "cudaLaunchKernel"
@@ -130,31 +133,50 @@ class Ingero(Config):
         self.probes.poll()  # the reader's periodic poll, between runs
 
 
+def measure(
+    exe: Path, configs: list[Config], spin: int, calls: int, rounds: int
+) -> dict[str, float]:
+    """Median ns per iteration of each configuration, run interleaved round by round."""
+    results: dict[str, list[float]] = {c.name: [] for c in configs}
+    for _ in range(rounds):
+        for config in configs:
+            config.on()
+            try:
+                results[config.name].append(run(exe, spin, calls))
+            finally:
+                config.off()
+    return {k: statistics.median(v) for k, v in results.items()}
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--rounds", type=int, default=7)
     parser.add_argument("--seconds", type=float, default=0.4, help="length of one run")
     parser.add_argument("--rates", default="10000,50000")
+    parser.add_argument("--calls", type=int, default=200000, help="back-to-back calls per run")
     args = parser.parse_args()
     with tempfile.TemporaryDirectory() as tmp:
         exe = build(Path(tmp))
         ingero = Ingero()
         floor = Floor(type(ingero.probes.bpf), ingero.lib.path)
         configs = [Config("none"), floor, ingero]
-        print(f"# {time.strftime('%Y-%m-%d %H:%M:%S')} host={os.uname().nodename} "
-              f"cpus={os.cpu_count()} rounds={args.rounds}")  # fmt: skip
+        print(
+            f"# {time.strftime('%Y-%m-%d %H:%M:%S')} host={os.uname().nodename} "
+            f"cpus={os.cpu_count()} load={os.getloadavg()[0]:.1f} rounds={args.rounds} "
+            f"calls-in-flight={'task storage' if ingero.probes.task_storage else 'hash'}"
+        )
+        per_call = measure(exe, configs, 0, args.calls, args.rounds)
+        added = per_call["ingero"] - per_call["none"]
+        floor_added = per_call["floor"] - per_call["none"]
+        print(
+            f"per call (back to back, {args.calls} calls): none={per_call['none']:.0f} ns "
+            f"floor={per_call['floor']:.0f} ns ingero={per_call['ingero']:.0f} ns  "
+            f"added: floor={floor_added:.0f} ns ingero={added:.0f} ns  "
+            f"ratio={added / floor_added:.2f}x"
+        )
         for rate in (int(r) for r in args.rates.split(",")):
             spin = calibrate(exe, rate)
-            calls = int(rate * args.seconds)
-            results: dict[str, list[float]] = {c.name: [] for c in configs}
-            for _ in range(args.rounds):
-                for config in configs:
-                    config.on()
-                    try:
-                        results[config.name].append(run(exe, spin, calls))
-                    finally:
-                        config.off()
-            med = {k: statistics.median(v) for k, v in results.items()}
+            med = measure(exe, configs, spin, int(rate * args.seconds), args.rounds)
             added = med["ingero"] - med["none"]
             floor_added = med["floor"] - med["none"]
             print(
