@@ -10,7 +10,8 @@ the journal (native socket) and stderr.
 - taskprolog (job user, every task): prints ``export INGERO_...=...`` lines, which Slurm adds
   to the task's environment.
 - epilog (root): writes a ``job_summary`` event (time spent as straggler, worst score) from
-  the node's event log, then removes the job file.
+  the node's events (the NDJSON event log, and the journal where journald runs: fleet-push
+  journals its straggler events), then removes the job file.
 
 Environment (besides Slurm's): ``INGERO_JOBS_DIR`` (default ``/run/ingero/jobs``),
 ``INGERO_EVENT_LOG`` (NDJSON event log, default ``/var/lib/ingero/events.ndjson``),
@@ -35,6 +36,7 @@ EVENT_LOG = "/var/lib/ingero/events.ndjson"
 JOURNAL_SOCKET = "/run/systemd/journal/socket"
 # The epilog reads at most this much of the end of the event log, so a huge log stays fast.
 EVENT_LOG_TAIL_BYTES = 4 << 20
+JOURNALCTL_TIMEOUT = 5.0
 # Stable journald MESSAGE_ID for hook problems (not an event type: nothing downstream parses it).
 HOOK_PROBLEM_MESSAGE_ID = "6f3c2a1e9b8d4c7a8e5f0a1b2c3d4e60"
 
@@ -131,6 +133,51 @@ def read_events(path: Path, tail_bytes: int = EVENT_LOG_TAIL_BYTES) -> list[dict
     return events
 
 
+def read_journal_events(
+    job_id: str, node_id: str, start: float, timeout: float = JOURNALCTL_TIMEOUT
+) -> list[dict[str, Any]]:
+    """This node's straggler events of the job from the journal (fleet-push journals them).
+
+    Runs ``journalctl`` with field matches (indexed, fast) and a timeout; a journal that
+    cannot be read gives [] (the summary then says so: no episodes).
+    """
+    import shutil
+    import subprocess
+
+    from ingero.journal.journalctl import Query
+    from ingero.journal.records import RecordError, parse_line
+
+    binary = shutil.which("journalctl")  # hooks run without PATH: which() falls back to /bin
+    if binary is None:
+        return []
+    query = Query(
+        types=("straggler_state", "straggler_resolved"),
+        node=node_id,
+        job=job_id,
+        since=f"@{int(start)}",
+    )
+    try:
+        proc = subprocess.run(
+            [binary, *query.args()],
+            capture_output=True,
+            text=True,
+            errors="replace",
+            timeout=timeout,
+            stdin=subprocess.DEVNULL,
+        )
+    except (OSError, subprocess.TimeoutExpired):
+        return []
+    events = []
+    for line in proc.stdout.splitlines():
+        try:
+            parsed = parse_line(line)
+        except RecordError:
+            continue
+        if parsed is not None:
+            events.append(parsed.event.to_dict())
+    return events
+
+
 def _number(value: object) -> float | None:
     if isinstance(value, bool) or not isinstance(value, int | float):
         return None
@@ -183,7 +230,7 @@ def summarize(
     }
 
 
-def _journal(fields: Mapping[str, str], socket_path: str) -> bool:
+def journal_send(fields: Mapping[str, str], socket_path: str) -> bool:
     """Send one entry to journald's native socket; False when there is no journal."""
     payload = bytearray()
     for name, value in fields.items():
@@ -205,7 +252,7 @@ def report_problem(hook: str, message: str, env: Mapping[str, str]) -> None:
     text = f"ingero slurm {hook}: {message}"
     with contextlib.suppress(OSError):
         print(text, file=sys.stderr)
-    _journal(
+    journal_send(
         {
             "MESSAGE": text,
             "MESSAGE_ID": HOOK_PROBLEM_MESSAGE_ID,
@@ -256,7 +303,12 @@ def run_epilog(env: Mapping[str, str], now: float) -> dict[str, Any]:
         info = job_info_from_env(env, now)
     start = info.started_at if info.started_at is not None else now
     log_path = Path(env.get("INGERO_EVENT_LOG") or EVENT_LOG)
-    summary = summarize(read_events(log_path), job_id, info.node_id, start, now)
+    journal_socket = env.get("INGERO_JOURNAL_SOCKET") or JOURNAL_SOCKET
+    events = read_events(log_path)
+    if Path(journal_socket).exists():  # journald runs here: fleet-push journals its events
+        events += read_journal_events(job_id, info.node_id, start)
+    unique = {str(e.get("event_id") or id(e)): e for e in events}
+    summary = summarize(unique.values(), job_id, info.node_id, start, now)
     event = Event(
         type="job_summary",
         node_id=info.node_id,
@@ -267,7 +319,7 @@ def run_epilog(env: Mapping[str, str], now: float) -> dict[str, Any]:
         score=summary["worst_score"],
         extra={**summary, "world_size": info.world_size, "user": info.user},
     )
-    _journal(event.journal_fields(), env.get("INGERO_JOURNAL_SOCKET") or JOURNAL_SOCKET)
+    journal_send(event.journal_fields(), journal_socket)
     if log_path.parent.is_dir():
         try:
             with log_path.open("a") as out:

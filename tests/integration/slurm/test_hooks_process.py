@@ -176,3 +176,46 @@ def test_missing_directories_are_created_readable(hooks: Path, tmp_path: Path) -
     assert (tmp_path / "run" / "ingero" / "jobs" / "77.json").is_file()
     for sub in ("run", "run/ingero", "run/ingero/jobs"):
         assert os.stat(tmp_path / sub).st_mode & 0o777 == 0o755, sub
+
+
+JOURNAL_SCRIPT = """set -e
+"$HOOKS/prolog"
+"$PY" -c '
+import time
+from ingero.events import Event
+from ingero.slurm.hooks import journal_send
+t = time.time()
+for kind, delay, score in (("straggler_state", 0.01, 0.35), ("straggler_resolved", 0.5, 0.9)):
+    event = Event(type=kind, node_id="n2", cluster_id="lab", timestamp=t + delay, job_id="77", score=score)
+    assert journal_send(event.journal_fields(), "/run/systemd/journal/socket")
+'
+sleep 1
+"$HOOKS/epilog"
+journalctl -o json --no-pager INGERO_EVENT=job_summary
+"""
+
+
+def test_epilog_summarises_from_the_journal(hooks: Path, tmp_path: Path) -> None:
+    from tests.integration.journald_harness import run_with_journald, unavailable
+
+    reason = unavailable()
+    if reason:
+        pytest.skip(reason)
+    # journald at its default socket, no event log: the journal is the only source
+    env_file = hooks / "ingero-slurm.env"
+    env_file.write_text(
+        "\n".join(line for line in env_file.read_text().splitlines() if "JOURNAL" not in line)
+    )
+    (tmp_path / "events.ndjson").unlink(missing_ok=True)
+    proc = run_with_journald(
+        ["bash", "-c", JOURNAL_SCRIPT],
+        env={**ENV, "HOOKS": str(hooks), "PY": sys.executable},
+        cwd=REPO,
+    )
+    assert proc.returncode == 0, proc.stderr
+    (record,) = [json.loads(line) for line in proc.stdout.splitlines() if line.startswith("{")]
+    assert record["INGERO_NODE"] == "n2" and record["INGERO_JOB"] == "77"
+    assert float(record["INGERO_WORST_SCORE"]) == 0.35
+    assert record["INGERO_STRAGGLER_EPISODES"] == "1"
+    assert float(record["INGERO_STRAGGLER_SECONDS"]) == pytest.approx(0.49, abs=0.01)
+    assert not (tmp_path / "jobs" / "77.json").exists()
