@@ -114,6 +114,10 @@ class _Connection(asyncio.Protocol):
             refused.close = True
             self._respond(refused)
             return False
+        if length and request.headers.get("expect", "").lower() == "100-continue":
+            # curl waits for this before sending a body over 1 KiB.
+            assert self.transport is not None
+            self.transport.write(b"HTTP/1.1 100 Continue\r\n\r\n")
         self._head = request
         self._need = length
         return True

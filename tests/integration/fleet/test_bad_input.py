@@ -120,6 +120,22 @@ def test_gzip_bomb_stops_at_the_limit(fleet: Fleet) -> None:
     intact(fleet)
 
 
+def test_expect_100_continue(fleet: Fleet) -> None:
+    from tests.integration.fleet.helpers import health_request
+
+    body = health_request(GOOD[:1]).SerializeToString()
+    host, _, port = fleet.otlp_http.rpartition(":")
+    with socket.create_connection((host, int(port)), timeout=10) as sock:
+        sock.sendall(
+            b"POST /v1/metrics HTTP/1.1\r\nContent-Type: application/x-protobuf\r\n"
+            b"Expect: 100-continue\r\nContent-Length: %d\r\n\r\n" % len(body)
+        )
+        assert sock.recv(65536) == b"HTTP/1.1 100 Continue\r\n\r\n"
+        sock.sendall(body)
+        assert sock.recv(65536).startswith(b"HTTP/1.1 200 OK\r\n")
+    intact(fleet)
+
+
 def test_chunked_and_garbage_requests(fleet: Fleet) -> None:
     host, _, port = fleet.otlp_http.rpartition(":")
     for raw, status in (

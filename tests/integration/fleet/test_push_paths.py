@@ -131,7 +131,9 @@ def test_grpc_initial_metadata_carries_the_threshold(fleet: Fleet) -> None:
             request_serializer=lambda m: m.SerializeToString(),
             response_deserializer=ExportMetricsServiceResponse.FromString,
         )
-        response, call = export.with_call(health_request(pushes[:2]), timeout=10)
+        response, call = export.with_call(
+            health_request(pushes[:2]), timeout=10, compression=grpc.Compression.Gzip
+        )
     metadata = dict(call.initial_metadata())
     assert float(metadata["ingero-threshold"]) == view["threshold"]
     assert metadata["ingero-quorum-met"] == "true"
