@@ -37,6 +37,14 @@ def scrape(port: int) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
     }
 
 
+def reachable(port: int) -> bool:
+    try:
+        scrape(port)
+    except OSError:
+        return False
+    return True
+
+
 def test_sink_counts_events_stragglers_and_bad_lines(tmp_path: Path, procs: Procs) -> None:
     sock_path, port = tmp_path / "ev.sock", free_port()
     out = tmp_path / "sink.out"
@@ -45,6 +53,7 @@ def test_sink_counts_events_stragglers_and_bad_lines(tmp_path: Path, procs: Proc
         out,
     )
     wait_for(lambda: sock_path.exists(), 30, "the sink socket")
+    wait_for(lambda: reachable(port), 30, "the sink's /metrics")
 
     def event(kind: str, node: str) -> bytes:
         ev = Event(type=kind, node_id=node, cluster_id="c1", timestamp=1.0)
