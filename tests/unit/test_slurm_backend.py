@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from ingero.errors import ConfigError
+from ingero.errors import ConfigError, UnavailableError
 from ingero.slurm.backend import (
     NodeInfo,
     ScontrolBackend,
@@ -208,3 +208,11 @@ def test_backend_choice() -> None:
 def test_nodeinfo_defaults() -> None:
     node = NodeInfo("a", "idle")
     assert not (node.down or node.drained or node.reboot_pending or node.ingero_reason)
+
+
+def test_auto_without_scontrol_is_a_clear_error(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    monkeypatch.setenv("PATH", str(tmp_path))
+    with pytest.raises(UnavailableError, match="scontrol not found"):
+        make_backend("auto")
