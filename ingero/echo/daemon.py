@@ -119,7 +119,12 @@ class EchoDaemon:
         api_sock = _bind(self.config.listen.api, "the API")
         otlp_sock = _bind(self.config.listen.otlp_http, "OTLP/HTTP")
         self._servers = [
-            _Server(uvicorn.Config(app, log_level="warning", lifespan="on")),
+            # room for long query strings, so the app (not h11) answers them, as JSON
+            _Server(
+                uvicorn.Config(
+                    app, log_level="warning", lifespan="on", h11_max_incomplete_event_size=256_000
+                )
+            ),
             _Server(uvicorn.Config(self.ingest.http_app(), log_level="warning", lifespan="off")),
         ]
         try:

@@ -25,9 +25,6 @@ from ingero.echo.auth import Principal
 from ingero.errors import ConfigError
 
 
-_MAX_STRING = 10_000
-
-
 class BadRequest(ValueError):
     """A question's parameters are missing, unknown or of the wrong type."""
 
@@ -42,11 +39,12 @@ class Param:
     enum: tuple[str, ...] | None = None
     minimum: float | None = None
     maximum: float | None = None
+    max_length: int = 256  # ids and names; the SQL text allows more
 
     def schema(self) -> dict[str, Any]:
         out: dict[str, Any] = {"type": self.type, "description": self.description}
         if self.type == "string":
-            out.update(minLength=1, maxLength=_MAX_STRING)
+            out.update(minLength=1, maxLength=self.max_length)
         if self.default is not None:
             out["default"] = self.default
         if self.enum:
@@ -62,8 +60,10 @@ class Param:
         if self.type == "string":
             if not isinstance(value, str) or not value:
                 raise BadRequest(f"parameter {self.name} must be a non-empty string")
-            if len(value) > _MAX_STRING:
-                raise BadRequest(f"parameter {self.name} is too long")
+            if len(value) > self.max_length:
+                raise BadRequest(
+                    f"parameter {self.name} is longer than {self.max_length} characters"
+                )
             if self.enum and value not in self.enum:
                 raise BadRequest(f"parameter {self.name} must be one of {', '.join(self.enum)}")
             return value

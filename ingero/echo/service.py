@@ -13,7 +13,9 @@ from ingero.echo.sql import SQL_OUTPUT_SCHEMA, run_sql
 from ingero.echo.store import connect_readonly
 
 SQL_QUESTION = "sql"
-SQL_PARAM = Param("query", "string", "One read-only SQLite SELECT statement", required=True)
+SQL_PARAM = Param(
+    "query", "string", "One read-only SQLite SELECT statement", required=True, max_length=20_000
+)
 SQL_SUMMARY = (
     "Read-only SQL (SQLite dialect) over tables events, episodes, scores and nodes;"
     " bounded in rows and time, limited to the clusters of the caller's token"

@@ -17,7 +17,7 @@ import os
 import queue
 import sqlite3
 import threading
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import IO, Any
@@ -31,6 +31,7 @@ log = logging.getLogger("ingero.echo.store")
 
 _STRAGGLER_TYPES = frozenset({"straggler_state", "straggler_resolved"})
 _MAX_JOBS_PER_TX = 256
+_ID_CHUNK = 900  # below SQLite's default limit of host parameters per statement
 
 
 @dataclass(frozen=True)
@@ -46,6 +47,18 @@ class ScorePoint:
     gpu_model: str | None = None
     gpu_count: int | None = None
     provider: str | None = None
+
+
+@dataclass
+class _Episode:
+    """An open straggler episode as the writer keeps it between commits."""
+
+    id: int  # 0 until inserted
+    start_ts: float
+    last_ts: float
+    max_depth: float | None
+    min_score: float | None
+    n_events: int
 
 
 @dataclass
@@ -96,6 +109,8 @@ class Store:
             self._conn.execute("PRAGMA synchronous = FULL")
             self._conn.execute("PRAGMA busy_timeout = 5000")
             migrate(self._conn)
+            self._open: dict[tuple[str, str, str], _Episode] = {}
+            self._load_open_episodes()
         except BaseException:
             self._release_lock()
             raise
@@ -180,15 +195,17 @@ class Store:
 
     def _commit(self, jobs: list[_Job]) -> None:
         conn = self._conn
-        counts: list[int] = []
         try:
             conn.execute("BEGIN IMMEDIATE")
+            counts = self._apply_events(jobs)
             for job in jobs:
-                counts.append(self._apply(job))
+                for point in job.scores:
+                    self._score(point)
             conn.execute("COMMIT")
         except sqlite3.Error as exc:
             if conn.in_transaction:
                 conn.execute("ROLLBACK")
+            self._load_open_episodes()  # the cache may hold what was rolled back
             self.stats["commit_errors"] += 1
             log.error("commit of %d batches failed: %s", len(jobs), exc)
             for job in jobs:
@@ -200,18 +217,39 @@ class Store:
             if job.future is not None:
                 job.future.set_result(count)
 
-    def _apply(self, job: _Job) -> int:
+    def _apply_events(self, jobs: list[_Job]) -> list[int]:
+        """Insert the new events of every batch (in one go), then fold them into episodes
+        and node facts; returns the number of new events per batch."""
         conn = self._conn
-        now = self.clock.now()
-        new = 0
-        for ev in job.events:
-            extra = (
-                json.dumps(ev.extra, separators=(",", ":"), allow_nan=False) if ev.extra else None
+        ids = [ev.event_id for job in jobs for ev in job.events]
+        known: set[str] = set()
+        for i in range(0, len(ids), _ID_CHUNK):
+            chunk = ids[i : i + _ID_CHUNK]
+            known.update(
+                row[0]
+                for row in conn.execute(
+                    f"SELECT event_id FROM events WHERE event_id IN ({','.join('?' * len(chunk))})",
+                    chunk,
+                )
             )
-            cur = conn.execute(
-                "INSERT OR IGNORE INTO events (event_id, type, cluster_id, node_id, job_id, rank,"
-                " score, threshold, detection_mode, dominant_signal, ts, received, extra)"
-                " VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?)",
+        now = self.clock.now()
+        counts: list[int] = []
+        fresh: list[Event] = []
+        for job in jobs:
+            new = 0
+            for ev in job.events:
+                if ev.event_id in known:
+                    continue
+                known.add(ev.event_id)  # a duplicate inside this transaction, too
+                fresh.append(ev)
+                new += 1
+            counts.append(new)
+        self.stats["events_duplicate"] += len(ids) - len(fresh)
+        conn.executemany(
+            "INSERT INTO events (event_id, type, cluster_id, node_id, job_id, rank,"
+            " score, threshold, detection_mode, dominant_signal, ts, received, extra)"
+            " VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?)",
+            [
                 (
                     ev.event_id,
                     ev.type,
@@ -225,73 +263,96 @@ class Store:
                     ev.dominant_signal,
                     ev.timestamp,
                     now,
-                    extra,
-                ),
-            )
-            if cur.rowcount != 1:
-                self.stats["events_duplicate"] += 1
-                continue
-            new += 1
-            if ev.type in _STRAGGLER_TYPES:
-                self._episode(ev)
-            self._touch_node(ev)
-        self.stats["events_stored"] += new
-        for point in job.scores:
-            self._score(point)
-        return new
-
-    def _episode(self, ev: Event) -> None:
-        conn = self._conn
-        job = ev.job_id or ""
-        row = conn.execute(
-            "SELECT id FROM episodes WHERE cluster_id=? AND node_id=? AND job_id=? AND end_ts IS NULL"
-            " ORDER BY start_ts DESC LIMIT 1",
-            (ev.cluster_id, ev.node_id, job),
-        ).fetchone()
-        depth = (
-            ev.threshold - ev.score if ev.score is not None and ev.threshold is not None else None
-        )
-        if ev.type == "straggler_resolved":
-            if row is not None:
-                conn.execute(
-                    "UPDATE episodes SET end_ts = max(last_ts, ?), n_events = n_events + 1"
-                    " WHERE id = ?",
-                    (ev.timestamp, row[0]),
+                    json.dumps(ev.extra, separators=(",", ":"), allow_nan=False)
+                    if ev.extra
+                    else None,
                 )
-            return
-        if row is None:
-            conn.execute(
-                "INSERT INTO episodes (cluster_id, node_id, job_id, start_ts, last_ts, max_depth,"
-                " min_score, n_events) VALUES (?,?,?,?,?,?,?,1)",
-                (ev.cluster_id, ev.node_id, job, ev.timestamp, ev.timestamp, depth, ev.score),
+                for ev in fresh
+            ],
+        )
+        self.stats["events_stored"] += len(fresh)
+        self._fold_episodes(ev for ev in fresh if ev.type in _STRAGGLER_TYPES)
+        self._touch_nodes(fresh)
+        return counts
+
+    def _load_open_episodes(self) -> None:
+        """The open episode of each (cluster, node, job): the writer's authoritative cache."""
+        self._open = {
+            (c, n, j): _Episode(i, s, last, d, m, k)
+            for i, c, n, j, s, last, d, m, k in self._conn.execute(
+                "SELECT id, cluster_id, node_id, job_id, start_ts, last_ts, max_depth,"
+                " min_score, n_events FROM episodes WHERE end_ts IS NULL"
             )
+        }
+
+    def _fold_episodes(self, events: Iterable[Event]) -> None:
+        conn = self._conn
+        dirty: dict[tuple[str, str, str], _Episode] = {}
+        closed: list[tuple[float, int, int]] = []
+        for ev in events:
+            key = (ev.cluster_id, ev.node_id, ev.job_id or "")
+            ep = self._open.get(key)
+            if ev.type == "straggler_resolved":
+                if ep is not None:
+                    self._write_episode(ep, key)
+                    closed.append((max(ep.last_ts, ev.timestamp), ep.n_events + 1, ep.id))
+                    del self._open[key]
+                    dirty.pop(key, None)
+                continue
+            depth = (
+                ev.threshold - ev.score
+                if ev.score is not None and ev.threshold is not None
+                else None
+            )
+            if ep is None:
+                ep = self._open[key] = _Episode(0, ev.timestamp, ev.timestamp, depth, ev.score, 0)
+            else:
+                ep.start_ts = min(ep.start_ts, ev.timestamp)
+                ep.last_ts = max(ep.last_ts, ev.timestamp)
+                if depth is not None and (ep.max_depth is None or depth > ep.max_depth):
+                    ep.max_depth = depth
+                if ev.score is not None and (ep.min_score is None or ev.score < ep.min_score):
+                    ep.min_score = ev.score
+            ep.n_events += 1
+            dirty[key] = ep
+        for key, ep in dirty.items():
+            self._write_episode(ep, key)
+        conn.executemany("UPDATE episodes SET end_ts = ?, n_events = ? WHERE id = ?", closed)
+
+    def _write_episode(self, ep: _Episode, key: tuple[str, str, str]) -> None:
+        values = (ep.start_ts, ep.last_ts, ep.max_depth, ep.min_score, ep.n_events)
+        if ep.id == 0:
+            cur = self._conn.execute(
+                "INSERT INTO episodes (cluster_id, node_id, job_id, start_ts, last_ts,"
+                " max_depth, min_score, n_events) VALUES (?,?,?,?,?,?,?,?)",
+                (*key, *values),
+            )
+            ep.id = int(cur.lastrowid or 0)
         else:
-            conn.execute(
-                "UPDATE episodes SET last_ts = max(last_ts, ?), start_ts = min(start_ts, ?),"
-                " max_depth = CASE WHEN max_depth IS NULL OR ? > max_depth THEN ? ELSE max_depth END,"
-                " min_score = CASE WHEN min_score IS NULL OR ? < min_score THEN ? ELSE min_score END,"
-                " n_events = n_events + 1 WHERE id = ?",
-                (ev.timestamp, ev.timestamp, depth, depth, ev.score, ev.score, row[0]),
+            self._conn.execute(
+                "UPDATE episodes SET start_ts = ?, last_ts = ?, max_depth = ?, min_score = ?,"
+                " n_events = ? WHERE id = ?",
+                (*values, ep.id),
             )
 
-    def _touch_node(self, ev: Event) -> None:
-        gpu_model = ev.extra.get("gpu_model")
-        gpu_count = ev.extra.get("gpu_count")
-        self._conn.execute(
+    def _touch_nodes(self, events: list[Event]) -> None:
+        facts: dict[tuple[str, str], list[Any]] = {}
+        for ev in events:
+            model = ev.extra.get("gpu_model")
+            count = ev.extra.get("gpu_count")
+            row = facts.setdefault((ev.cluster_id, ev.node_id), [None, None, ev.timestamp])
+            if isinstance(model, str):
+                row[0] = model
+            if isinstance(count, int) and not isinstance(count, bool):
+                row[1] = count
+            row[2] = max(row[2], ev.timestamp)
+        self._conn.executemany(
             "INSERT INTO nodes (cluster_id, node_id, gpu_model, gpu_count, last_seen)"
             " VALUES (?,?,?,?,?) ON CONFLICT (cluster_id, node_id) DO UPDATE SET"
             " gpu_model = coalesce(excluded.gpu_model, gpu_model),"
             " gpu_count = coalesce(excluded.gpu_count, gpu_count),"
             " last_seen = max(coalesce(last_seen, 0), excluded.last_seen)",
-            (
-                ev.cluster_id,
-                ev.node_id,
-                gpu_model if isinstance(gpu_model, str) else None,
-                gpu_count
-                if isinstance(gpu_count, int) and not isinstance(gpu_count, bool)
-                else None,
-                ev.timestamp,
-            ),
+            [(c, n, *row) for (c, n), row in facts.items()],
         )
 
     def _score(self, p: ScorePoint) -> None:
@@ -375,6 +436,7 @@ class Store:
                     )
                     conn.execute("DELETE FROM scores WHERE bucket <= ?", (oldest,))
         self.stats["retention_deleted"] += deleted
+        self._load_open_episodes()  # retention may have removed stale open episodes
         return deleted
 
     def retain_now(self) -> int:
