@@ -129,7 +129,13 @@ class DrainController:
                 self._cond.notify_all()
 
     def _handle(self, tick: Tick, expired: Sequence[str]) -> None:
-        nodes = self._backend.nodes()
+        # Most ticks have no node ready for a decision: then Slurm is not asked at all
+        # (auto-resume needs the node list every tick to find ingero's drained nodes).
+        ready = any(
+            v.straggler and v.consecutive_straggler_ticks >= self.config.min_intervals
+            for v in tick.verdicts
+        )
+        nodes = self._backend.nodes() if ready or self.config.auto_resume else []
         decisions = decide(
             tick.verdicts,
             nodes,

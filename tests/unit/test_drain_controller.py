@@ -6,6 +6,7 @@ in tests/integration/slurm)."""
 
 from __future__ import annotations
 
+import dataclasses
 import threading
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -58,8 +59,10 @@ class StandInSlurm:
         self.state[node] = NodeInfo(node, "idle")
 
 
-def verdict(node: str, score: float = 0.3) -> NodeVerdict:
-    return NodeVerdict(node, "c", "c/job/1", "1", 0, score, 0.8, True, 3, 1e9, False, True, None)
+def verdict(node: str, score: float = 0.3, panic: bool = False, ticks: int = 3) -> NodeVerdict:
+    return NodeVerdict(
+        node, "c", "c/job/1", "1", 0, score, 0.8, True, ticks, 1e9, panic, True, None
+    )
 
 
 def tick(*verdicts: NodeVerdict) -> TickResult:
@@ -104,7 +107,7 @@ def test_ticks_do_not_wait_for_slurm_and_coalesce(slurm: StandInSlurm) -> None:
     controller = make(slurm, events)
     try:
         slurm.gate.clear()
-        controller.on_tick(tick())
+        controller.on_tick(tick(verdict("n4", panic=True)))
         assert slurm.entered.wait(10)  # the worker is now stuck inside Slurm
         for i in range(100):  # returns every time, though Slurm answers nothing
             controller.on_tick(tick(verdict("n3")) if i == 99 else tick())
@@ -153,8 +156,7 @@ def test_skips_are_events_too(slurm: StandInSlurm) -> None:
     events: list[Event] = []
     controller = make(slurm, events)
     try:
-        panicked = NodeVerdict("n2", "c", "g", "1", 0, 0.3, 0.8, True, 3, 1e9, True, True, None)
-        controller.on_tick(tick(panicked))
+        controller.on_tick(tick(verdict("n2", panic=True)))
         assert controller.wait_idle(10)
     finally:
         controller.stop()
@@ -168,7 +170,7 @@ def test_stop_while_backing_off(slurm: StandInSlurm) -> None:
     controller = DrainController(CONFIG, slurm, lambda e: None, ManualClock(), backoff_initial=60)
     controller.start()
     assert controller.running
-    controller.on_tick(tick())
+    controller.on_tick(tick(verdict("n2")))
     assert slurm.entered.wait(10)
     controller.stop(timeout=10)  # does not sit out the 60s backoff
     assert not controller.running
@@ -191,3 +193,19 @@ def test_a_reason_set_between_read_and_drain_is_not_overwritten(slurm: StandInSl
     (event,) = events
     assert (event.type, event.extra["skip"]) == ("drain_skipped", "foreign_reason")
     assert "admin: fan" in event.extra["reason"]
+
+
+def test_slurm_is_not_asked_while_no_node_is_ready(slurm: StandInSlurm) -> None:
+    events: list[Event] = []
+    controller = make(slurm, events, dataclasses.replace(CONFIG, min_intervals=5))
+    try:
+        for _ in range(3):
+            controller.on_tick(tick())
+            controller.on_tick(tick(verdict("n2", ticks=4)))
+            assert controller.wait_idle(10)
+        assert slurm.reads == 0
+        controller.on_tick(tick(verdict("n2", ticks=5)))
+        assert controller.wait_idle(10)
+    finally:
+        controller.stop()
+    assert slurm.reads == 2 and slurm.calls == [("drain", "n2")]
