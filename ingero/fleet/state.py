@@ -6,10 +6,11 @@ node's latest score and returns the threshold computed at the last tick) and
 by a slot per node, so a tick is a handful of vectorised passes over all nodes.
 
 A tick works in three phases so that pushes are never blocked by the sorts: under the lock
-it expires silent nodes and copies the columns; without the lock it computes the group
-statistics and classifies nodes; under the lock again it stores the new per-node state and
-publishes the views. Only ticks free slots and groups (ticks are serialised), so the slots
-copied in phase one still belong to the same nodes in phase three.
+it expires silent nodes and copies the columns (``_snapshot``); without the lock it computes
+the group statistics, classifies nodes and builds the group summaries (``_compute``,
+``_summaries``, pure); under the lock again it stores the new per-node state, builds events
+and verdicts and publishes the views. Only ticks free slots and groups (ticks are
+serialised), so the slots copied in phase one still belong to the same nodes in phase three.
 """
 
 from __future__ import annotations
@@ -35,6 +36,7 @@ from ingero.fleet.model import (
     TickResult,
     group_key,
 )
+from ingero.fleet.threshold import BoolArray, FloatArray, IntArray
 
 _INITIAL_CAPACITY = 1024
 DETECTION_MODE = "fleet"
@@ -73,6 +75,53 @@ class _Closing:
     dominant_signal: str | None
     threshold: float | None
     panic: bool
+
+
+@dataclass
+class _Snapshot:
+    """Phase 1's copies: per tracked node (``idx`` are their slots) and per group index."""
+
+    now: float
+    expired: list[_Closing]
+    expired_ids: list[str]
+    idx: IntArray
+    live_groups: IntArray
+    scores: FloatArray
+    gids: IntArray
+    active: BoolArray
+    idle: BoolArray
+    was: BoolArray
+    consec: IntArray
+    since: FloatArray
+    episode_gids: IntArray
+    prev_ema: FloatArray
+    prev_panic: BoolArray
+    gkeys: list[str]
+    gcluster: list[str]
+    gjob: list[str | None]
+    gworkload: list[str | None]
+
+
+@dataclass
+class _Outcome:
+    """Phase 2's results: per group index, then per node of the snapshot."""
+
+    figs: th.GroupFigures
+    raw: FloatArray
+    ema: FloatArray
+    threshold: FloatArray
+    quorum: BoolArray
+    panic: BoolArray
+    n_active: IntArray
+    n_idle: IntArray
+    n_tracked: IntArray
+    n_below: IntArray
+    n_straggler: IntArray
+    straggler: BoolArray
+    entering: BoolArray
+    leaving: BoolArray
+    consec: IntArray
+    since: FloatArray
 
 
 class FleetState:
@@ -194,197 +243,165 @@ class FleetState:
             return self._tick()
 
     def _tick(self) -> TickResult:
-        cfg = self._config
-        tcfg = cfg.threshold
-        # Phase 1 (locked): expire, drop empty groups, copy the columns.
         with self._lock:
-            now = self._clock.now()
-            mono = self._clock.monotonic()
-            closing_expired, expired_ids = self._expire(mono, cfg.node_ttl)
-            n, gn = self._n, self._gn
-            idx = np.flatnonzero(self._occupied[:n])
-            live_groups = self._drop_empty_groups(idx)
-            scores = self._score[idx]
-            gids = self._gid[idx]
-            active = self._active[idx]
-            idle = self._idle[idx]
-            was = self._straggler[idx]
-            consec = self._consec[idx]
-            since = self._since[idx]
-            ep_gid = self._episode_gid[idx]
-            prev_ema = self._ema[:gn].copy()
-            prev_panic = self._panic[:gn].copy()
-            gkeys = self._gkey[:gn]
-            gcluster = self._gcluster[:gn]
-            gjob = self._gjob[:gn]
-            gworkload = self._gworkload[:gn]
-
-        # Phase 2 (unlocked): statistics and classification on the copies.
-        act_gids = gids[active]
-        act_scores = scores[active]
-        figs = th.group_figures(act_scores, act_gids, gn)
-        n_active = figs.counts
-        n_idle = np.bincount(gids[idle], minlength=gn)
-        n_tracked = np.bincount(gids, minlength=gn)
-        quorum = n_active >= cfg.quorum.statistical_min
-        raw = th.raw_thresholds(figs.median, figs.mad, tcfg.k, tcfg.min_margin)
-        # The EMA runs only while a group has quorum; losing quorum restarts it.
-        new_ema = np.where(quorum, th.ema(prev_ema, raw, tcfg.ema_alpha), np.nan)
-        thr = np.where(quorum, new_ema, raw)
-        n_below = th.below_counts(act_scores, thr, act_gids, gn)
-        panic = th.panic_mask(n_below, n_active, quorum, tcfg.panic_fraction)
-
-        same_group = ep_gid == gids
-        prev_here = was & same_group
-        now_straggler = np.zeros(idx.size, dtype=np.bool_)
-        now_straggler[active] = th.classify(
-            act_scores, thr[act_gids], tcfg.hysteresis, prev_here[active], quorum[act_gids]
-        )
-        continuing = now_straggler & prev_here
-        entering = now_straggler & ~prev_here
-        leaving = was & ~continuing
-        new_consec = np.where(now_straggler, np.where(continuing, consec + 1, 1), 0)
-        new_since = np.where(entering, now, np.where(now_straggler, since, np.nan))
-        n_straggler = np.bincount(gids[now_straggler], minlength=gn)
-
-        groups, clusters, views = self._summaries(
-            live_groups,
-            now,
-            gkeys=gkeys,
-            gcluster=gcluster,
-            gjob=gjob,
-            gworkload=gworkload,
-            figs=figs,
-            raw=raw,
-            thr=thr,
-            quorum=quorum,
-            panic=panic,
-            n_active=n_active,
-            n_idle=n_idle,
-            n_tracked=n_tracked,
-            n_below=n_below,
-            n_straggler=n_straggler,
-        )
-        # Phase 3 (locked): store per-node state, build events and verdicts, publish.
+            snap = self._snapshot()
+        out = _compute(snap, self._config)
+        groups, clusters, views = _summaries(snap, out, self._config)
         with self._lock:
-            self._straggler[idx] = now_straggler
-            self._consec[idx] = new_consec
-            self._since[idx] = new_since
-            self._episode_gid[idx] = np.where(now_straggler, gids, -1)
-            self._ema[live_groups] = new_ema[live_groups]
-            self._panic[live_groups] = panic[live_groups]
-
-            events = [_resolved_event(c, now, "expired") for c in closing_expired]
-            for pos in np.flatnonzero(leaving).tolist():
-                slot = int(idx[pos])
-                g_old = int(ep_gid[pos])
-                g_new = int(gids[pos])
-                if not active[pos]:
-                    reason = "inactive"
-                elif g_new != g_old:
-                    reason = "group_changed"
-                elif not quorum[g_new]:
-                    reason = "quorum_lost"
-                else:
-                    reason = "recovered"
-                g_ev = g_new if reason in ("recovered", "quorum_lost") else g_old
-                closing = _Closing(
-                    node_id=self._node_id[slot],
-                    cluster_id=gcluster[g_old],
-                    group=gkeys[g_old],
-                    job_id=gjob[g_old],
-                    rank=self._rank[slot],
-                    score=float(scores[pos]),
-                    event_id=self._episode_id[slot],
-                    since=float(since[pos]),
-                    dominant_signal=self._signal[slot],
-                    threshold=_finite(thr[g_ev]),
-                    panic=bool(panic[g_ev]),
-                )
-                events.append(_resolved_event(closing, now, reason))
-            for g in np.flatnonzero(panic & ~prev_panic).tolist():
-                events.append(
-                    Event(
-                        type="group_degraded",
-                        node_id="",
-                        cluster_id=gcluster[g],
-                        timestamp=now,
-                        job_id=gjob[g],
-                        threshold=_finite(thr[g]),
-                        detection_mode=DETECTION_MODE,
-                        extra={
-                            "group": gkeys[g],
-                            "panic": True,
-                            "below_nodes": int(n_below[g]),
-                            "active_nodes": int(n_active[g]),
-                            "median": _finite(figs.median[g]),
-                        },
-                    )
-                )
-            verdicts: list[NodeVerdict] = []
-            sel = np.flatnonzero(now_straggler)
-            thr_l = thr.tolist()
-            panic_l = panic.tolist()
-            rows = zip(
-                idx[sel].tolist(),
-                gids[sel].tolist(),
-                scores[sel].tolist(),
-                entering[sel].tolist(),
-                new_consec[sel].tolist(),
-                new_since[sel].tolist(),
-                strict=True,
-            )
-            for slot, g, score, enters, ticks, began in rows:
-                if enters:
-                    self._episode_id[slot] = new_event_id()
-                    events.append(
-                        Event(
-                            type="straggler_state",
-                            node_id=self._node_id[slot],
-                            cluster_id=gcluster[g],
-                            timestamp=now,
-                            event_id=self._episode_id[slot],
-                            job_id=gjob[g],
-                            rank=self._rank[slot],
-                            score=score,
-                            threshold=thr_l[g],
-                            detection_mode=DETECTION_MODE,
-                            dominant_signal=self._signal[slot],
-                            extra={"group": gkeys[g], "panic": panic_l[g]},
-                        )
-                    )
-                verdicts.append(
-                    NodeVerdict(
-                        node_id=self._node_id[slot],
-                        cluster_id=gcluster[g],
-                        group=gkeys[g],
-                        job_id=gjob[g],
-                        rank=self._rank[slot],
-                        score=score,
-                        threshold=thr_l[g],
-                        straggler=True,
-                        consecutive_straggler_ticks=ticks,
-                        since=began,
-                        panic=panic_l[g],
-                        quorum_met=True,
-                        dominant_signal=self._signal[slot],
-                        event_id=self._episode_id[slot],
-                    )
-                )
-
+            self._store(snap, out)
+            events = [_resolved_event(c, snap.now, "expired") for c in snap.expired]
+            events.extend(self._closing_events(snap, out))
+            events.extend(_degraded_events(snap, out))
+            verdicts, started = self._open_episodes(snap, out)
+            events.extend(started)
             self._views = views
             self._groups = groups
             self._clusters = clusters
-            result = TickResult(
-                computed_at=now,
+            self._last = TickResult(
+                computed_at=snap.now,
                 groups=groups,
                 verdicts=tuple(verdicts),
                 events=tuple(events),
-                expired_nodes=tuple(expired_ids),
+                expired_nodes=tuple(snap.expired_ids),
                 clusters=clusters,
             )
-            self._last = result
-            return result
+            return self._last
+
+    # ---- tick phases (the methods are called with the lock held) ---------------------
+
+    def _snapshot(self) -> _Snapshot:
+        """Phase 1: expire silent nodes, drop empty groups, copy the columns."""
+        now = self._clock.now()
+        expired, expired_ids = self._expire(self._clock.monotonic(), self._config.node_ttl)
+        n, gn = self._n, self._gn
+        idx = np.flatnonzero(self._occupied[:n])
+        live_groups = self._drop_empty_groups(idx)
+        return _Snapshot(
+            now=now,
+            expired=expired,
+            expired_ids=expired_ids,
+            idx=idx,
+            live_groups=live_groups,
+            scores=self._score[idx],
+            gids=self._gid[idx],
+            active=self._active[idx],
+            idle=self._idle[idx],
+            was=self._straggler[idx],
+            consec=self._consec[idx],
+            since=self._since[idx],
+            episode_gids=self._episode_gid[idx],
+            prev_ema=self._ema[:gn].copy(),
+            prev_panic=self._panic[:gn].copy(),
+            gkeys=self._gkey[:gn],
+            gcluster=self._gcluster[:gn],
+            gjob=self._gjob[:gn],
+            gworkload=self._gworkload[:gn],
+        )
+
+    def _store(self, snap: _Snapshot, out: _Outcome) -> None:
+        """Phase 3: keep the per-node and per-group state for the next tick.
+
+        Only the slots and groups of the snapshot are written: a slot or group freed in
+        phase 1 may have been handed to a new node or group since.
+        """
+        idx, live = snap.idx, snap.live_groups
+        self._straggler[idx] = out.straggler
+        self._consec[idx] = out.consec
+        self._since[idx] = out.since
+        self._episode_gid[idx] = np.where(out.straggler, snap.gids, -1)
+        self._ema[live] = out.ema[live]
+        self._panic[live] = out.panic[live]
+
+    def _closing_events(self, snap: _Snapshot, out: _Outcome) -> list[Event]:
+        """``straggler_resolved`` for every episode that ended this tick (except expiry)."""
+        events: list[Event] = []
+        for pos in np.flatnonzero(out.leaving).tolist():
+            slot = int(snap.idx[pos])
+            g_old = int(snap.episode_gids[pos])
+            g_new = int(snap.gids[pos])
+            if not snap.active[pos]:
+                reason = "inactive"
+            elif g_new != g_old:
+                reason = "group_changed"
+            elif not out.quorum[g_new]:
+                reason = "quorum_lost"
+            else:
+                reason = "recovered"
+            # The figures of the group the node is judged in now, if it still is.
+            g_now = g_new if reason in ("recovered", "quorum_lost") else g_old
+            closing = _Closing(
+                node_id=self._node_id[slot],
+                cluster_id=snap.gcluster[g_old],
+                group=snap.gkeys[g_old],
+                job_id=snap.gjob[g_old],
+                rank=self._rank[slot],
+                score=float(snap.scores[pos]),
+                event_id=self._episode_id[slot],
+                since=float(snap.since[pos]),
+                dominant_signal=self._signal[slot],
+                threshold=_finite(out.threshold[g_now]),
+                panic=bool(out.panic[g_now]),
+            )
+            events.append(_resolved_event(closing, snap.now, reason))
+        return events
+
+    def _open_episodes(
+        self, snap: _Snapshot, out: _Outcome
+    ) -> tuple[list[NodeVerdict], list[Event]]:
+        """Verdicts for every straggler; a ``straggler_state`` event for each new one."""
+        verdicts: list[NodeVerdict] = []
+        events: list[Event] = []
+        sel = np.flatnonzero(out.straggler)
+        thr = out.threshold.tolist()
+        panic = out.panic.tolist()
+        # Plain lists: indexing numpy scalars one by one costs more than the conversion.
+        rows = zip(
+            snap.idx[sel].tolist(),
+            snap.gids[sel].tolist(),
+            snap.scores[sel].tolist(),
+            out.entering[sel].tolist(),
+            out.consec[sel].tolist(),
+            out.since[sel].tolist(),
+            strict=True,
+        )
+        for slot, g, score, enters, ticks, began in rows:
+            if enters:
+                self._episode_id[slot] = new_event_id()
+                events.append(
+                    Event(
+                        type="straggler_state",
+                        node_id=self._node_id[slot],
+                        cluster_id=snap.gcluster[g],
+                        timestamp=snap.now,
+                        event_id=self._episode_id[slot],
+                        job_id=snap.gjob[g],
+                        rank=self._rank[slot],
+                        score=score,
+                        threshold=thr[g],
+                        detection_mode=DETECTION_MODE,
+                        dominant_signal=self._signal[slot],
+                        extra={"group": snap.gkeys[g], "panic": panic[g]},
+                    )
+                )
+            verdicts.append(
+                NodeVerdict(
+                    node_id=self._node_id[slot],
+                    cluster_id=snap.gcluster[g],
+                    group=snap.gkeys[g],
+                    job_id=snap.gjob[g],
+                    rank=self._rank[slot],
+                    score=score,
+                    threshold=thr[g],
+                    straggler=True,
+                    consecutive_straggler_ticks=ticks,
+                    since=began,
+                    panic=panic[g],
+                    quorum_met=True,
+                    dominant_signal=self._signal[slot],
+                    event_id=self._episode_id[slot],
+                )
+            )
+        return verdicts, events
 
     # ---- bookkeeping (called with the lock held) --------------------------------------
 
@@ -482,7 +499,7 @@ class FleetState:
             self._free_slots.append(slot)
         return closing, expired
 
-    def _drop_empty_groups(self, idx: np.ndarray) -> np.ndarray:
+    def _drop_empty_groups(self, idx: IntArray) -> IntArray:
         """Forget groups no tracked node belongs to; return the indices of the others."""
         gn = self._gn
         tracked = np.bincount(self._gid[idx], minlength=gn) > 0
@@ -493,107 +510,6 @@ class FleetState:
                 self._gkey[gid] = ""
                 self._free_gids.append(gid)
         return np.flatnonzero(tracked)
-
-    def _summaries(
-        self,
-        live_groups: np.ndarray,
-        now: float,
-        *,
-        gkeys: list[str],
-        gcluster: list[str],
-        gjob: list[str | None],
-        gworkload: list[str | None],
-        figs: th.GroupFigures,
-        raw: np.ndarray,
-        thr: np.ndarray,
-        quorum: np.ndarray,
-        panic: np.ndarray,
-        n_active: np.ndarray,
-        n_idle: np.ndarray,
-        n_tracked: np.ndarray,
-        n_below: np.ndarray,
-        n_straggler: np.ndarray,
-    ) -> tuple[tuple[GroupStats, ...], tuple[ClusterStats, ...], dict[str, ThresholdView]]:
-        qcfg = self._config.quorum
-        live = live_groups.tolist()
-        # Plain lists: indexing numpy scalars one by one costs more than the conversion.
-        active_l = n_active[live_groups].tolist()
-        idle_l = n_idle[live_groups].tolist()
-        tracked_l = n_tracked[live_groups].tolist()
-        per_cluster: dict[str, list[int]] = {}
-        for g, act, idl, tracked in zip(live, active_l, idle_l, tracked_l, strict=True):
-            counts = per_cluster.setdefault(gcluster[g], [0, 0, 0, 0])
-            counts[0] += act
-            counts[1] += idl
-            counts[2] += tracked
-            counts[3] += 1
-        low_of: dict[str, bool] = {}
-        clusters: list[ClusterStats] = []
-        for cluster_id, (act, idl, tracked, ngroups) in sorted(per_cluster.items()):
-            low = act < qcfg.coverage_fraction * qcfg.max_expected_nodes
-            low_of[cluster_id] = low
-            clusters.append(
-                ClusterStats(
-                    cluster_id=cluster_id,
-                    active_nodes=act,
-                    idle_nodes=idl,
-                    tracked_nodes=tracked,
-                    groups=ngroups,
-                    coverage_low=low,
-                    computed_at=now,
-                )
-            )
-        columns = zip(
-            live,
-            _floats(thr[live_groups]),
-            _floats(raw[live_groups]),
-            _floats(figs.median[live_groups]),
-            _floats(figs.mad[live_groups]),
-            quorum[live_groups].tolist(),
-            panic[live_groups].tolist(),
-            active_l,
-            idle_l,
-            tracked_l,
-            n_below[live_groups].tolist(),
-            n_straggler[live_groups].tolist(),
-            strict=True,
-        )
-        groups: list[GroupStats] = []
-        views: dict[str, ThresholdView] = {}
-        for g, t, r, median, mad, q, p, act, idl, tracked, below, stragglers in columns:
-            groups.append(
-                GroupStats(
-                    cluster_id=gcluster[g],
-                    group=gkeys[g],
-                    job_id=gjob[g],
-                    workload_type=gworkload[g],
-                    threshold=t,
-                    raw_threshold=r,
-                    median=median,
-                    mad=mad,
-                    quorum_met=q,
-                    panic=p,
-                    active_nodes=act,
-                    idle_nodes=idl,
-                    straggler_count=stragglers,
-                    coverage_low=low_of[gcluster[g]],
-                    computed_at=now,
-                    below_count=below,
-                    tracked_nodes=tracked,
-                )
-            )
-            views[gkeys[g]] = ThresholdView(
-                cluster_id=gcluster[g],
-                group=gkeys[g],
-                threshold=t if q else None,
-                median=median,
-                mad=mad,
-                quorum_met=q,
-                panic=p,
-                active_nodes=act,
-                computed_at=now,
-            )
-        return tuple(groups), tuple(clusters), views
 
 
 def _finite(value: float | np.floating) -> float | None:
@@ -643,3 +559,157 @@ def _resolved_event(closing: _Closing, now: float, reason: str) -> Event:
             "duration_s": now - closing.since,
         },
     )
+
+
+def _compute(snap: _Snapshot, config: FleetConfig) -> _Outcome:
+    """Phase 2 (pure, unlocked): group statistics and the straggler state of every node."""
+    tcfg = config.threshold
+    gn = snap.prev_ema.size
+    act_gids = snap.gids[snap.active]
+    act_scores = snap.scores[snap.active]
+    figs = th.group_figures(act_scores, act_gids, gn)
+    quorum = figs.counts >= config.quorum.statistical_min
+    raw = th.raw_thresholds(figs.median, figs.mad, tcfg.k, tcfg.min_margin)
+    # The EMA runs only while a group has quorum; losing quorum restarts it.
+    ema = np.where(quorum, th.ema(snap.prev_ema, raw, tcfg.ema_alpha), np.nan)
+    threshold = np.where(quorum, ema, raw)
+    n_below = th.below_counts(act_scores, threshold, act_gids, gn)
+    panic = th.panic_mask(n_below, figs.counts, quorum, tcfg.panic_fraction)
+    # An episode belongs to a group: after a move the node starts afresh in its new one.
+    was_here = snap.was & (snap.episode_gids == snap.gids)
+    straggler = np.zeros(snap.idx.size, dtype=np.bool_)
+    straggler[snap.active] = th.classify(
+        act_scores, threshold[act_gids], tcfg.hysteresis, was_here[snap.active], quorum[act_gids]
+    )
+    continuing = straggler & was_here
+    entering = straggler & ~was_here
+    return _Outcome(
+        figs=figs,
+        raw=raw,
+        ema=ema,
+        threshold=threshold,
+        quorum=quorum,
+        panic=panic,
+        n_active=figs.counts,
+        n_idle=np.bincount(snap.gids[snap.idle], minlength=gn),
+        n_tracked=np.bincount(snap.gids, minlength=gn),
+        n_below=n_below,
+        n_straggler=np.bincount(snap.gids[straggler], minlength=gn),
+        straggler=straggler,
+        entering=entering,
+        leaving=snap.was & ~continuing,
+        consec=np.where(straggler, np.where(continuing, snap.consec + 1, 1), 0),
+        since=np.where(entering, snap.now, np.where(straggler, snap.since, np.nan)),
+    )
+
+
+def _degraded_events(snap: _Snapshot, out: _Outcome) -> list[Event]:
+    """One ``group_degraded`` per group whose panic episode began this tick."""
+    return [
+        Event(
+            type="group_degraded",
+            node_id="",
+            cluster_id=snap.gcluster[g],
+            timestamp=snap.now,
+            job_id=snap.gjob[g],
+            threshold=_finite(out.threshold[g]),
+            detection_mode=DETECTION_MODE,
+            extra={
+                "group": snap.gkeys[g],
+                "panic": True,
+                "below_nodes": int(out.n_below[g]),
+                "active_nodes": int(out.n_active[g]),
+                "median": _finite(out.figs.median[g]),
+            },
+        )
+        for g in np.flatnonzero(out.panic & ~snap.prev_panic).tolist()
+    ]
+
+
+def _summaries(
+    snap: _Snapshot, out: _Outcome, config: FleetConfig
+) -> tuple[tuple[GroupStats, ...], tuple[ClusterStats, ...], dict[str, ThresholdView]]:
+    """Per-group figures, per-cluster counts and the views served until the next tick."""
+    qcfg = config.quorum
+    now = snap.now
+    live_groups = snap.live_groups
+    gkeys, gcluster = snap.gkeys, snap.gcluster
+    live = live_groups.tolist()
+    # Plain lists: indexing numpy scalars one by one costs more than the conversion.
+    active_l = out.n_active[live_groups].tolist()
+    idle_l = out.n_idle[live_groups].tolist()
+    tracked_l = out.n_tracked[live_groups].tolist()
+    per_cluster: dict[str, list[int]] = {}
+    for g, act, idl, tracked in zip(live, active_l, idle_l, tracked_l, strict=True):
+        counts = per_cluster.setdefault(gcluster[g], [0, 0, 0, 0])
+        counts[0] += act
+        counts[1] += idl
+        counts[2] += tracked
+        counts[3] += 1
+    low_of: dict[str, bool] = {}
+    clusters: list[ClusterStats] = []
+    for cluster_id, (act, idl, tracked, ngroups) in sorted(per_cluster.items()):
+        low = act < qcfg.coverage_fraction * qcfg.max_expected_nodes
+        low_of[cluster_id] = low
+        clusters.append(
+            ClusterStats(
+                cluster_id=cluster_id,
+                active_nodes=act,
+                idle_nodes=idl,
+                tracked_nodes=tracked,
+                groups=ngroups,
+                coverage_low=low,
+                computed_at=now,
+            )
+        )
+    columns = zip(
+        live,
+        _floats(out.threshold[live_groups]),
+        _floats(out.raw[live_groups]),
+        _floats(out.figs.median[live_groups]),
+        _floats(out.figs.mad[live_groups]),
+        out.quorum[live_groups].tolist(),
+        out.panic[live_groups].tolist(),
+        active_l,
+        idle_l,
+        tracked_l,
+        out.n_below[live_groups].tolist(),
+        out.n_straggler[live_groups].tolist(),
+        strict=True,
+    )
+    groups: list[GroupStats] = []
+    views: dict[str, ThresholdView] = {}
+    for g, t, r, median, mad, q, p, act, idl, tracked, below, stragglers in columns:
+        groups.append(
+            GroupStats(
+                cluster_id=gcluster[g],
+                group=gkeys[g],
+                job_id=snap.gjob[g],
+                workload_type=snap.gworkload[g],
+                threshold=t,
+                raw_threshold=r,
+                median=median,
+                mad=mad,
+                quorum_met=q,
+                panic=p,
+                active_nodes=act,
+                idle_nodes=idl,
+                straggler_count=stragglers,
+                coverage_low=low_of[gcluster[g]],
+                computed_at=now,
+                below_count=below,
+                tracked_nodes=tracked,
+            )
+        )
+        views[gkeys[g]] = ThresholdView(
+            cluster_id=gcluster[g],
+            group=gkeys[g],
+            threshold=t if q else None,
+            median=median,
+            mad=mad,
+            quorum_met=q,
+            panic=p,
+            active_nodes=act,
+            computed_at=now,
+        )
+    return tuple(groups), tuple(clusters), views
