@@ -288,11 +288,18 @@ def run_taskprolog(env: Mapping[str, str], now: float) -> list[str]:
 
 
 def run_epilog(env: Mapping[str, str], now: float) -> dict[str, Any]:
-    """Emit the job summary event, then remove the job file; returns the event as a dict."""
-    from ingero.events import Event
-
+    """Emit the job summary event, then remove the job file (also when the summary fails)."""
     directory = jobs_dir(dict(env))
     job_id = _env_job_id(env)
+    try:
+        return _summarise(env, directory, job_id, now)
+    finally:
+        remove_job(directory, job_id)
+
+
+def _summarise(env: Mapping[str, str], directory: Path, job_id: str, now: float) -> dict[str, Any]:
+    from ingero.events import Event
+
     info: JobInfo | None
     try:
         info = read_job(directory, job_id)
@@ -326,7 +333,6 @@ def run_epilog(env: Mapping[str, str], now: float) -> dict[str, Any]:
                 out.write(event.to_json() + "\n")
         except OSError as exc:
             report_problem("epilog", f"cannot append the job summary to {log_path}: {exc}", env)
-    remove_job(directory, job_id)
     return event.to_dict()
 
 

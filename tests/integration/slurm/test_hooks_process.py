@@ -137,6 +137,16 @@ def test_a_corrupt_job_file_does_not_stop_the_epilog(hooks: Path, tmp_path: Path
     assert json.loads((tmp_path / "events.ndjson").read_text())["rank"] == 1
 
 
+def test_the_job_file_goes_even_when_the_summary_fails(hooks: Path, tmp_path: Path) -> None:
+    assert run_hook(hooks, "prolog", ENV).returncode == 0
+    (tmp_path / "jobs" / "77.json").write_text("{corrupt")
+    # corrupt file and no SLURMD_NODENAME: no summary can be made
+    env = {k: v for k, v in ENV.items() if k != "SLURMD_NODENAME"}
+    proc = run_hook(hooks, "epilog", env)
+    assert proc.returncode == 0 and "SLURMD_NODENAME" in proc.stderr
+    assert not (tmp_path / "jobs" / "77.json").exists()
+
+
 def test_unwritable_jobs_dir_exits_0(hooks: Path, tmp_path: Path) -> None:
     (tmp_path / "jobs").write_text("a file where the directory should be")
     proc = run_hook(hooks, "prolog", ENV)
