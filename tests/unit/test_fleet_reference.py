@@ -54,7 +54,7 @@ class Reference:
         events: set[tuple] = set()
         for name in [n for n, r in self.nodes.items() if mono - r.seen >= self.config.node_ttl]:
             if self.nodes[name].straggler:
-                events.add(("straggler_resolved", name, "expired"))
+                events.add(("straggler_resolved", name, "expired", None))
             del self.nodes[name]
         live = {r.group for r in self.nodes.values()}
         for gone in set(self.ema) - live:
@@ -85,7 +85,7 @@ class Reference:
             below = sum(v < thresholds[group] for v in members)  # type: ignore[operator]
             panic[group] = quorum[group] and below / len(members) > t.panic_fraction
             if panic[group] and not self.panic.get(group, False):
-                events.add(("group_degraded", "", group))
+                events.add(("group_degraded", "", group, True))
         self.panic = panic
         for name, r in self.nodes.items():
             here = r.straggler and r.episode_group == r.group
@@ -105,9 +105,10 @@ class Reference:
                     reason = "quorum_lost"
                 else:
                     reason = "recovered"
-                events.add(("straggler_resolved", name, reason))
+                judged_in = r.group if reason in ("recovered", "quorum_lost") else r.episode_group
+                events.add(("straggler_resolved", name, reason, panic.get(str(judged_in), False)))
             if now_straggler and not here:
-                events.add(("straggler_state", name, r.group))
+                events.add(("straggler_state", name, (r.group, thr), panic[r.group]))
                 r.consec, r.since = 1, now
             elif now_straggler:
                 r.consec += 1
@@ -122,9 +123,12 @@ def observed(result: TickResult) -> set[tuple]:
     out: set[tuple] = set()
     for e in result.events:
         if e.type == "straggler_resolved":
-            out.add((e.type, e.node_id, e.extra["reason"]))
+            expired = e.extra["reason"] == "expired"
+            out.add((e.type, e.node_id, e.extra["reason"], None if expired else e.extra["panic"]))
+        elif e.type == "straggler_state":
+            out.add((e.type, e.node_id, (e.extra["group"], e.threshold), e.extra["panic"]))
         else:
-            out.add((e.type, e.node_id, e.extra["group"]))
+            out.add((e.type, e.node_id, e.extra["group"], e.extra["panic"]))
     return out
 
 
