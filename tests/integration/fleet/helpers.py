@@ -29,7 +29,7 @@ T = TypeVar("T")
 ROOT = Path(__file__).resolve().parents[3]
 
 
-def wait_for(predicate: Callable[[], T], timeout: float = 20.0, what: str = "condition") -> T:
+def wait_for(predicate: Callable[[], T], timeout: float = 60.0, what: str = "condition") -> T:
     """Poll until ``predicate()`` is truthy; fail with ``what`` after ``timeout`` seconds."""
     deadline = time.monotonic() + timeout
     while True:

@@ -157,7 +157,7 @@ def test_tls_on_every_listener(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) 
         # The official exporter over HTTPS, trusting the test's CA.
         port = fleet.otlp_http.rpartition(":")[2]
         exporter = HttpMetricExporter(
-            endpoint=f"https://localhost:{port}/v1/metrics", certificate_file=str(cert)
+            endpoint=f"https://localhost:{port}/v1/metrics", certificate_file=str(cert), timeout=30
         )
         sdk_push(exporter, "tls-node", 0.8, "c")
         credentials = grpc.ssl_channel_credentials(cert.read_bytes())

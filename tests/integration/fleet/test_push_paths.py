@@ -3,8 +3,8 @@
 from __future__ import annotations
 
 import math
-from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import grpc
 import pytest
@@ -20,7 +20,11 @@ from opentelemetry.proto.collector.metrics.v1.metrics_service_pb2 import (
     ExportMetricsServiceResponse,
 )
 from opentelemetry.sdk.metrics import MeterProvider
-from opentelemetry.sdk.metrics.export import MetricExporter, PeriodicExportingMetricReader
+from opentelemetry.sdk.metrics.export import (
+    MetricExporter,
+    MetricExportResult,
+    PeriodicExportingMetricReader,
+)
 from opentelemetry.sdk.resources import Resource
 
 from ingero.events import Event
@@ -58,10 +62,20 @@ def sdk_push(exporter: MetricExporter, node: str, score: float, cluster: str) ->
     provider.get_meter("ingero").create_observable_gauge(
         "ingero.node.health_score", callbacks=[observe]
     )
+    results: list[MetricExportResult] = []
+    export = exporter.export
+
+    def recording(*args: Any, **kwargs: Any) -> MetricExportResult:
+        results.append(export(*args, **kwargs))
+        return results[-1]
+
+    exporter.export = recording  # type: ignore[method-assign]
     try:
-        assert provider.force_flush(10_000)
+        provider.force_flush(30_000)
     finally:
         provider.shutdown()
+    # force_flush reports success even when the export failed; the exporter's result does not.
+    assert results and all(r is MetricExportResult.SUCCESS for r in results), results
 
 
 def settled(fleet: Fleet, cluster: str, n: int, **query: str) -> dict[str, object]:
@@ -77,11 +91,11 @@ def settled(fleet: Fleet, cluster: str, n: int, **query: str) -> dict[str, objec
 
 @pytest.mark.parametrize("transport", ["http", "grpc"])
 def test_official_sdk_exporters(fleet: Fleet, transport: str) -> None:
-    make: Callable[[], MetricExporter]
-    if transport == "http":
-        make = lambda: HttpMetricExporter(endpoint=f"http://{fleet.otlp_http}/v1/metrics")  # noqa: E731
-    else:
-        make = lambda: GrpcMetricExporter(endpoint=fleet.otlp_grpc, insecure=True)  # noqa: E731
+    def make() -> MetricExporter:
+        if transport == "http":
+            return HttpMetricExporter(endpoint=f"http://{fleet.otlp_http}/v1/metrics", timeout=30)
+        return GrpcMetricExporter(endpoint=fleet.otlp_grpc, insecure=True, timeout=30)
+
     for node, score in SCORES.items():
         sdk_push(make(), node, score, "sdk")
     view = settled(fleet, "sdk", len(SCORES), workload_type="llm")
