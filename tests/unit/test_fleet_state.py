@@ -26,10 +26,10 @@ def make(
     ema_alpha: float = 1.0,
     max_nodes: int = 100_000,
     quorum: QuorumConfig | None = None,
-    **threshold: float,
 ) -> tuple[FleetState, ManualClock, FleetConfig]:
+    """A state with default rules, except ema_alpha 1 (threshold = this tick's raw one)."""
     config = FleetConfig(
-        threshold=ThresholdConfig(ema_alpha=ema_alpha, **threshold),  # type: ignore[arg-type]
+        threshold=ThresholdConfig(ema_alpha=ema_alpha),
         quorum=quorum or QuorumConfig(),
         limits=LimitsConfig(max_nodes=max_nodes),
     )
