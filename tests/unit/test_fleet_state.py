@@ -80,6 +80,19 @@ def test_one_straggler_among_eight() -> None:
     assert verdict.since == clock.now() and verdict.event_id == event.event_id
 
 
+def test_default_config_flags_a_node_that_slows_down_mid_job() -> None:
+    state = FleetState(FleetConfig(), clock := ManualClock())
+    base = {f"n{i}": 0.90 + 0.004 * (i % 3) for i in range(8)}
+    for _ in range(5):
+        feed(state, base)
+        assert state.tick().events == ()
+        clock.advance(5)
+    feed(state, {**base, "n5": 0.70})  # a 20% slowdown of one node
+    result = state.tick()
+    assert [(e.type, e.node_id) for e in result.events] == [("straggler_state", "n5")]
+    assert result.groups[0].quorum_met and not result.groups[0].panic
+
+
 def test_two_stragglers_among_eight_is_not_panic() -> None:
     state, _, _ = make()
     scores = healthy(8)
