@@ -326,7 +326,7 @@ def main() -> None:
         f"{opts.clients} client processes x {opts.connections} connections, "
         f"{opts.duration:g}s per phase, {os.cpu_count()} CPUs"
     )
-    print(f"{'server':<11}{'transport':<10}{'phase':<7}{'pushes/s':>10}{'p50 ms':>9}"
+    print(f"{'server':<13}{'transport':<10}{'phase':<7}{'pushes/s':>10}{'p50 ms':>9}"
           f"{'p99 ms':>9}{'CPU s/1k':>10}")  # fmt: skip
     with tempfile.TemporaryDirectory() as tmp:
         for transport in opts.transports.split(","):
@@ -355,7 +355,7 @@ def main() -> None:
                         if phase == "max":
                             best[kind] = result["rate"]
                         print(
-                            f"{kind:<11}{transport:<10}{phase:<7}{result['rate']:>10,.0f}"
+                            f"{kind:<13}{transport:<10}{phase:<7}{result['rate']:>10,.0f}"
                             f"{result['p50_ms']:>9.2f}{result['p99_ms']:>9.2f}"
                             f"{result['cpu_per_1k']:>10.3f}"
                         )
