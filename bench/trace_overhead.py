@@ -36,7 +36,7 @@ from ingero.trace.probes import load
 from ingero.trace.procmaps import LibraryFile
 
 CUDA_HOME = Path(os.environ.get("CUDA_HOME", "/usr/local/cuda"))
-SYMBOL = "cudaLaunchKernel"
+SYMBOL = b"cudaLaunchKernel"
 FLOOR_PROGRAM = "int enter(void *ctx) { return 0; }\nint leave(void *ctx) { return 0; }\n"
 TRACEPOINTS = {
     "sched:sched_switch": "tracepoint__sched__sched_switch",
@@ -94,12 +94,12 @@ class Config:
 class Floor(Config):
     def __init__(self, bcc_bpf: type, path: str) -> None:
         super().__init__("floor")
-        self.bpf = bcc_bpf(text=FLOOR_PROGRAM)
-        self.path = path
+        self.bpf = bcc_bpf(text=FLOOR_PROGRAM.encode())
+        self.path = path.encode()
 
     def on(self) -> None:
-        self.bpf.attach_uprobe(name=self.path, sym=SYMBOL, fn_name="enter")
-        self.bpf.attach_uretprobe(name=self.path, sym=SYMBOL, fn_name="leave")
+        self.bpf.attach_uprobe(name=self.path, sym=SYMBOL, fn_name=b"enter")
+        self.bpf.attach_uretprobe(name=self.path, sym=SYMBOL, fn_name=b"leave")
 
     def off(self) -> None:
         self.bpf.detach_uprobe(name=self.path, sym=SYMBOL)
@@ -116,20 +116,21 @@ class Ingero(Config):
         self.off()
 
     def on(self) -> None:
-        bpf = self.probes.bpf
+        bpf, path = self.probes.bpf, self.lib.path.encode()
         for att in self.attachments:
-            bpf.attach_uprobe(name=self.lib.path, sym=att.symbol, fn_name=f"enter_{att.op_id}")
-            bpf.attach_uretprobe(name=self.lib.path, sym=att.symbol, fn_name=f"leave_{att.op_id}")
+            sym = att.symbol.encode()
+            bpf.attach_uprobe(name=path, sym=sym, fn_name=f"enter_{att.op_id}".encode())
+            bpf.attach_uretprobe(name=path, sym=sym, fn_name=f"leave_{att.op_id}".encode())
         for tp, fn in TRACEPOINTS.items():
-            bpf.attach_tracepoint(tp=tp, fn_name=fn)
+            bpf.attach_tracepoint(tp=tp.encode(), fn_name=fn.encode())
 
     def off(self) -> None:
-        bpf = self.probes.bpf
+        bpf, path = self.probes.bpf, self.lib.path.encode()
         for att in self.attachments:
-            bpf.detach_uprobe(name=self.lib.path, sym=att.symbol)
-            bpf.detach_uretprobe(name=self.lib.path, sym=att.symbol)
+            bpf.detach_uprobe(name=path, sym=att.symbol.encode())
+            bpf.detach_uretprobe(name=path, sym=att.symbol.encode())
         for tp in TRACEPOINTS:
-            bpf.detach_tracepoint(tp)
+            bpf.detach_tracepoint(tp.encode())
         self.probes.poll()  # the reader's periodic poll, between runs
 
 

@@ -6,8 +6,8 @@
 //
 // Aggregation happens here: per (tgid, op) counters and a log-linear histogram of
 // durations (4 sub-buckets per power of two) in one map value, so a call costs one
-// lookup of its (tgid, op) entry besides the entry/return bookkeeping. Python reads the cumulative maps every
-// interval and takes differences. Individual calls are sampled into a ring buffer
+// lookup of its (tgid, op) entry besides the entry/return bookkeeping. Python reads
+// the cumulative maps every interval and takes differences. Individual calls are sampled into a ring buffer
 // without a wake-up per event; the reader polls it, and failed reservations are counted.
 //
 // ingero/trace/probes.py appends one PROBE_PAIR(...) line per traced operation and

@@ -91,10 +91,10 @@ class Probes:
         for att in chosen:
             enter, leave = probe_names(att)
             try:
-                self.bpf.attach_uprobe(name=lib.path, sym=att.symbol, fn_name=enter, pid=self.pid)
-                self.bpf.attach_uretprobe(
-                    name=lib.path, sym=att.symbol, fn_name=leave, pid=self.pid
-                )
+                # BCC wants bytes (str is deprecated there).
+                path, sym = lib.path.encode(), att.symbol.encode()
+                self.bpf.attach_uprobe(name=path, sym=sym, fn_name=enter.encode(), pid=self.pid)
+                self.bpf.attach_uretprobe(name=path, sym=sym, fn_name=leave.encode(), pid=self.pid)
             except Exception as exc:  # BCC raises bare Exception on attach failures
                 print(f"ingero trace: {lib.path}:{att.symbol}: {exc}", file=sys.stderr)
                 continue
@@ -104,17 +104,17 @@ class Probes:
 
     def mark_traced(self, pids: list[int]) -> None:
         """Processes whose threads' off-CPU time is measured."""
-        table = self.bpf["traced"]
+        table = self.bpf[b"traced"]
         for pid in pids:
             table[table.Key(pid)] = table.Leaf(1)
 
     def forget(self, pids: set[int]) -> None:
         """Drop kernel state of exited processes (after their last interval was read)."""
-        table = self.bpf["stats"]
+        table = self.bpf[b"stats"]
         for k in [k for k in table if k.tgid in pids]:
             with contextlib.suppress(KeyError):
                 del table[k]
-        traced = self.bpf["traced"]
+        traced = self.bpf[b"traced"]
         for pid in pids:
             with contextlib.suppress(KeyError):
                 del traced[traced.Key(pid)]
@@ -123,14 +123,14 @@ class Probes:
         """Cumulative stats, histograms and host counters, plus the block I/O histogram."""
         stats: dict[Key, StatVal] = {}
         hist: dict[Key, dict[int, int]] = {}
-        for k, v in self.bpf["stats"].items():
+        for k, v in self.bpf[b"stats"].items():
             stats[(k.tgid, k.op)] = StatVal(v.count, v.total_ns, v.errors, v.bytes)
             hist[(k.tgid, k.op)] = {i: int(n) for i, n in enumerate(v.slots) if n}
-        host_table = self.bpf["host"]
+        host_table = self.bpf[b"host"]
         host = {
             name: int(sum(host_table[host_table.Key(i)])) for i, name in enumerate(HOST_COUNTERS)
         }
-        bio = {int(k.value): int(v.value) for k, v in self.bpf["bio_hist"].items() if v.value}
+        bio = {int(k.value): int(v.value) for k, v in self.bpf[b"bio_hist"].items() if v.value}
         return Snapshot(stats, hist, host), bio
 
     def open_ring(self, callback: Callable[[bytes], None]) -> None:
@@ -140,7 +140,7 @@ class Probes:
             callback(ctypes.string_at(data, size))
             return 0
 
-        self.bpf["events"].open_ring_buffer(_cb)
+        self.bpf[b"events"].open_ring_buffer(_cb)
 
     def poll(self) -> None:
         """Consume every pending sample (the program never wakes us per event)."""
@@ -164,7 +164,7 @@ def load(
     error: Exception | None = None
     for flags in variants:
         try:
-            bpf = bcc.BPF(text=text, cflags=["-Wno-macro-redefined", *flags])
+            bpf = bcc.BPF(text=text.encode(), cflags=["-Wno-macro-redefined", *flags])
         except Exception as exc:  # compile/verifier errors arrive as bare Exception
             error = exc
             continue
