@@ -42,6 +42,8 @@ class LimitsConfig:
 @dataclass(frozen=True)
 class AuthConfig:
     tokens_file: str | None = None
+    # With a tokens file, OTLP senders (Fleet) need a token too, scoped like readers'.
+    ingest_requires_token: bool = True
 
 
 @dataclass(frozen=True)

@@ -79,7 +79,10 @@ class EchoDaemon:
             retention_interval=float(config.retention.check_interval),
         )
         self.ingest = Ingest(
-            self.store, config.limits.max_request_bytes, config.limits.max_events_per_request
+            self.store,
+            config.limits.max_request_bytes,
+            config.limits.max_events_per_request,
+            self.tokens if config.auth.ingest_requires_token else None,
         )
         self.service = Service(
             config.db,

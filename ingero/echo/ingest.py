@@ -13,7 +13,7 @@ import logging
 import threading
 from collections.abc import Iterator
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, NoReturn
 
 import grpc
 from google.protobuf.message import Message
@@ -32,6 +32,7 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
+from ingero.echo.auth import ANONYMOUS, Principal, TokenTable
 from ingero.echo.store import ScorePoint, Store
 from ingero.errors import UnavailableError
 from ingero.events import Event
@@ -151,15 +152,42 @@ def metrics_to_scores(
 class Ingest:
     """Decoding, validation, counting and the commit wait shared by both transports."""
 
-    def __init__(self, store: Store, max_request_bytes: int, max_events: int) -> None:
+    def __init__(
+        self,
+        store: Store,
+        max_request_bytes: int,
+        max_events: int,
+        tokens: TokenTable | None = None,
+    ) -> None:
         self.store = store
         self.max_request_bytes = max_request_bytes
         self.max_events = max_events
+        self.tokens = tokens or TokenTable([])
         self.stats = IngestStats()
 
-    def logs_future(self, request: ExportLogsServiceRequest) -> concurrent.futures.Future[int]:
+    def authorize(self, authorization: str | None) -> Principal:
+        """The sender's principal; with tokens configured, writing needs one too."""
+        principal = self.tokens.authenticate(authorization)
+        if principal is None:
+            self.stats.reject("unauthenticated")
+            raise IngestError("unauthenticated", "a valid bearer token is required", 401)
+        return principal
+
+    def _check_scope(self, principal: Principal, clusters: set[str]) -> None:
+        outside = sorted(c for c in clusters if not principal.allows(c))
+        if outside:
+            raise IngestError(
+                "forbidden_cluster",
+                f"this token may not write cluster {outside[0]!r}; nothing stored",
+                403,
+            )
+
+    def logs_future(
+        self, request: ExportLogsServiceRequest, principal: Principal = ANONYMOUS
+    ) -> concurrent.futures.Future[int]:
         try:
             events = logs_to_events(request, self.max_events)
+            self._check_scope(principal, {e.cluster_id for e in events})
         except IngestError as exc:
             self.stats.reject(exc.reason)
             raise
@@ -167,10 +195,11 @@ class Ingest:
         return self.store.submit(events=events)
 
     def metrics_future(
-        self, request: ExportMetricsServiceRequest
+        self, request: ExportMetricsServiceRequest, principal: Principal = ANONYMOUS
     ) -> concurrent.futures.Future[int]:
         try:
             scores = metrics_to_scores(request, self.max_events, self.store.clock.now())
+            self._check_scope(principal, {p.cluster_id for p in scores})
         except IngestError as exc:
             self.stats.reject(exc.reason)
             raise
@@ -198,6 +227,10 @@ class Ingest:
     ) -> Response:
         content_type = request.headers.get("content-type", "").split(";")[0].strip()
         try:
+            principal = self.authorize(request.headers.get("authorization"))
+        except IngestError as exc:
+            return _error(exc.http_status, str(exc))
+        try:
             body = await _read_limited(request, self.max_request_bytes)
             if content_type == "application/x-protobuf":
                 message = parse_protobuf(body, req_cls)
@@ -217,10 +250,10 @@ class Ingest:
             return _error(exc.http_status, str(exc))
         try:
             if isinstance(message, ExportLogsServiceRequest):
-                future = self.logs_future(message)
+                future = self.logs_future(message, principal)
             else:
                 assert isinstance(message, ExportMetricsServiceRequest)
-                future = self.metrics_future(message)
+                future = self.metrics_future(message, principal)
             await asyncio.wait_for(asyncio.wrap_future(future), COMMIT_TIMEOUT)
         except IngestError as exc:
             return _error(exc.http_status, str(exc))
@@ -251,6 +284,26 @@ class Ingest:
         return server, port
 
 
+_GRPC_CODES = {
+    401: grpc.StatusCode.UNAUTHENTICATED,
+    403: grpc.StatusCode.PERMISSION_DENIED,
+    413: grpc.StatusCode.RESOURCE_EXHAUSTED,
+}
+
+
+def _grpc_principal(ingest: Ingest, context: grpc.ServicerContext) -> Principal:
+    metadata = dict(context.invocation_metadata() or ())
+    try:
+        return ingest.authorize(metadata.get("authorization"))
+    except IngestError as exc:
+        _grpc_abort(exc, context)
+
+
+def _grpc_abort(exc: IngestError, context: grpc.ServicerContext) -> NoReturn:
+    context.abort(_GRPC_CODES.get(exc.http_status, grpc.StatusCode.INVALID_ARGUMENT), str(exc))
+    raise AssertionError("grpc's abort() raises; its type stubs do not say so")
+
+
 def _grpc_wait(future: concurrent.futures.Future[int], context: grpc.ServicerContext) -> None:
     try:
         future.result(timeout=COMMIT_TIMEOUT)
@@ -265,10 +318,11 @@ class _LogsServicer(logs_service_pb2_grpc.LogsServiceServicer):
     def Export(  # the gRPC method name
         self, request: ExportLogsServiceRequest, context: grpc.ServicerContext
     ) -> ExportLogsServiceResponse:
+        principal = _grpc_principal(self.ingest, context)
         try:
-            future = self.ingest.logs_future(request)
+            future = self.ingest.logs_future(request, principal)
         except IngestError as exc:
-            context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(exc))
+            _grpc_abort(exc, context)
         _grpc_wait(future, context)
         return ExportLogsServiceResponse()
 
@@ -280,10 +334,11 @@ class _MetricsServicer(metrics_service_pb2_grpc.MetricsServiceServicer):
     def Export(  # the gRPC method name
         self, request: ExportMetricsServiceRequest, context: grpc.ServicerContext
     ) -> ExportMetricsServiceResponse:
+        principal = _grpc_principal(self.ingest, context)
         try:
-            future = self.ingest.metrics_future(request)
+            future = self.ingest.metrics_future(request, principal)
         except IngestError as exc:
-            context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(exc))
+            _grpc_abort(exc, context)
         _grpc_wait(future, context)
         return ExportMetricsServiceResponse()
 

@@ -33,10 +33,22 @@ pytestmark = pytest.mark.integration
 PROTOBUF = "application/x-protobuf"
 
 
-def post_logs(echo: EchoProcess, request: ExportLogsServiceRequest, json_body: bool = False) -> Any:
+def post_logs(
+    echo: EchoProcess,
+    request: ExportLogsServiceRequest,
+    json_body: bool = False,
+    token: str | None = TOKEN_OPS,
+) -> Any:
     body = to_json(request) if json_body else request.SerializeToString()
     ctype = "application/json" if json_body else PROTOBUF
-    return http("POST", f"http://{echo.otlp_http}/v1/logs", body, content_type=ctype)
+    return http("POST", f"http://{echo.otlp_http}/v1/logs", body, token, content_type=ctype)
+
+
+def grpc_export(echo: EchoProcess, request: ExportLogsServiceRequest, token: str | None) -> None:
+    metadata = [("authorization", f"Bearer {token}")] if token else None
+    with grpc.insecure_channel(echo.otlp_grpc) as channel:
+        stub = logs_service_pb2_grpc.LogsServiceStub(channel)  # type: ignore[no-untyped-call]
+        stub.Export(request, timeout=30, metadata=metadata)
 
 
 def ask(echo: EchoProcess, name: str, token: str | None = TOKEN_OPS, **params: Any) -> Any:
@@ -62,9 +74,7 @@ def seeded(echo: EchoProcess) -> None:
     assert status == 200
     b = [straggler(f"bravo{i}", "B", 1000.0 + i, score=0.2) for i in range(3)]
     b.append(straggler("bravo0", "B", 1100.0, kind="node_drained", reason="ingero: test"))
-    with grpc.insecure_channel(echo.otlp_grpc) as channel:
-        stub = logs_service_pb2_grpc.LogsServiceStub(channel)  # type: ignore[no-untyped-call]
-        stub.Export(encode_events(b), timeout=30)
+    grpc_export(echo, encode_events(b), TOKEN_OPS)
 
 
 def test_both_transports_store_and_the_api_answers(echo: EchoProcess) -> None:
@@ -107,7 +117,7 @@ def test_bad_input_gets_a_clear_error_is_counted_and_nothing_is_stored_half(
         (bad_record.SerializeToString(), PROTOBUF, 400, "score must be a finite number"),
     ]
     for body, ctype, want, message in cases:
-        status, answer = http("POST", url, body, content_type=ctype)
+        status, answer = http("POST", url, body, TOKEN_OPS, content_type=ctype)
         assert status == want, (message, answer)
         assert message in answer["error"]
     missing = encode_events([good])
@@ -115,10 +125,8 @@ def test_bad_input_gets_a_clear_error_is_counted_and_nothing_is_stored_half(
     del attrs[[kv.key for kv in attrs].index("node_id")]
     status, answer = post_logs(echo, missing)
     assert status == 400 and "missing node_id" in answer["error"]
-    with grpc.insecure_channel(echo.otlp_grpc) as channel:
-        stub = logs_service_pb2_grpc.LogsServiceStub(channel)  # type: ignore[no-untyped-call]
-        with pytest.raises(grpc.RpcError) as err:
-            stub.Export(bad_record, timeout=30)
+    with pytest.raises(grpc.RpcError) as err:
+        grpc_export(echo, bad_record, TOKEN_OPS)
     assert err.value.code() == grpc.StatusCode.INVALID_ARGUMENT
     assert stored(echo) == before
     assert stored(echo, "node_id LIKE 'half%'") == 0
@@ -149,7 +157,13 @@ def test_bad_input_gets_a_clear_error_is_counted_and_nothing_is_stored_half(
 
 
 def test_no_token_or_a_wrong_token_is_401_everywhere(echo: EchoProcess) -> None:
+    event = encode_events([straggler("intruder", "A", 5000.0)])
     for token in (None, "wrong-token-0123456789abcdef"):
+        status, body = post_logs(echo, event, token=token)
+        assert status == 401 and "bearer token" in body["error"]
+        with pytest.raises(grpc.RpcError) as err:
+            grpc_export(echo, event, token)
+        assert err.value.code() == grpc.StatusCode.UNAUTHENTICATED
         status, body = ask(echo, "summary", token=token)
         assert status == 401 and "bearer token" in body["error"]
         assert sql(echo, "SELECT 1", token=token or "")[0] == 401
@@ -178,6 +192,20 @@ def test_a_cluster_a_token_gets_nothing_of_cluster_b_from_api_and_sql(echo: Echo
     status, body = sql(echo, "SELECT count(*) FROM main.events", TOKEN_A)
     assert status == 400 and "refused" in body["error"]
     assert http("GET", f"{echo.url}/api/v1/status", token=TOKEN_A)[0] == 403
+    assert stored(echo, "node_id = 'intruder'") == 0
+
+
+def test_a_cluster_a_token_cannot_write_cluster_b(echo: EchoProcess) -> None:
+    mixed = encode_events([straggler("sneak-a", "A", 6000.0), straggler("sneak-b", "B", 6000.0)])
+    status, body = post_logs(echo, mixed, token=TOKEN_A)
+    assert status == 403 and "may not write cluster 'B'" in body["error"]
+    with pytest.raises(grpc.RpcError) as err:
+        grpc_export(echo, mixed, TOKEN_A)
+    assert err.value.code() == grpc.StatusCode.PERMISSION_DENIED
+    assert stored(echo, "node_id LIKE 'sneak%'") == 0
+    own = encode_events([straggler("sneak-a", "A", 6000.0)])
+    assert post_logs(echo, own, token=TOKEN_A)[0] == 200
+    assert stored(echo, "node_id = 'sneak-a'") == 1
 
 
 async def _mcp_session(client: Client) -> dict[str, Any]:
@@ -211,7 +239,7 @@ def _check_mcp(out: dict[str, Any]) -> None:
     ]
     assert out["prompts"] == ["investigate"] and "ingero explain --job 7" in out["prompt"]
     nodes = {r["node_id"] for r in out["stragglers"]["stragglers"]}
-    assert nodes and all(n.startswith("a") for n in nodes)
+    assert nodes and not any(n.startswith("bravo") for n in nodes)
     assert out["sql"]["rows"] and all(not r[0].startswith("bravo") for r in out["sql"]["rows"])
     assert out["denied"][0] and "no access to cluster 'B'" in out["denied"][1]
     assert out["bad"][0] and "limit must be an integer" in out["bad"][1]

@@ -12,7 +12,7 @@ from ingero.events import Event
 from ingero.otlp.logs import encode_events
 from tests.integration.fleet.helpers import Fleet, start_fleet, wait_for
 
-from .helpers import EchoProcess
+from .helpers import TOKEN_OPS, EchoProcess
 
 pytestmark = pytest.mark.integration
 
@@ -47,7 +47,9 @@ def test_fleet_forwards_events_to_echo_through_an_outage(tmp_path: Path, transpo
     endpoint = f"http://{echo.otlp_http}" if transport == "http" else f"grpc://{echo.otlp_grpc}"
     fleet_dir = tmp_path / "fleet"
     fleet_dir.mkdir()
-    fleet = start_fleet(fleet_dir, {"echo": {"endpoint": endpoint}})
+    fleet = start_fleet(
+        fleet_dir, {"echo": {"endpoint": endpoint}}, env={"INGERO_ECHO_TOKEN": TOKEN_OPS}
+    )
     try:
         first = Event("straggler_state", "n1", "A", 1.7e9, score=0.4, threshold=0.8)
         push_event(fleet, first)

@@ -16,7 +16,7 @@ import pytest
 from ingero.echo.forwarder import Forwarder
 from ingero.events import Event
 
-from .helpers import EchoProcess, straggler
+from .helpers import TOKEN_OPS, EchoProcess, straggler
 
 pytestmark = pytest.mark.integration
 
@@ -48,7 +48,13 @@ def test_every_event_is_stored_exactly_once_through_retries_and_a_crash(tmp_path
             # half the producers speak OTLP/HTTP, half OTLP/gRPC
             endpoint = f"http://{echo.otlp_http}" if p % 2 else f"grpc://{echo.otlp_grpc}"
             forwarders.append(
-                Forwarder(endpoint, batch_size=CHUNK, backoff_initial=0.05, backoff_max=0.5)
+                Forwarder(
+                    endpoint,
+                    batch_size=CHUNK,
+                    backoff_initial=0.05,
+                    backoff_max=0.5,
+                    token=TOKEN_OPS,
+                )
             )
 
         def produce(p: int) -> None:
