@@ -62,8 +62,8 @@ def trace(
     max_bytes = parse_size(max_db) if max_db else None
     if pid is not None and not Path(f"/proc/{pid}").exists():
         raise UsageError(f"--pid {pid}: no such process")
-    db_path.parent.mkdir(parents=True, exist_ok=True)
     try:
+        db_path.parent.mkdir(parents=True, exist_ok=True)
         writer = NodeDbWriter(db_path, max_bytes)
     except Exception as exc:
         raise UnavailableError(f"{db_path}: cannot open the node DB: {exc}") from exc

@@ -6,7 +6,7 @@ import pytest
 from click.testing import CliRunner
 
 from ingero.cli.trace import parse_size, trace
-from ingero.errors import UsageError
+from ingero.errors import UnavailableError, UsageError
 
 
 def test_parse_size() -> None:
@@ -32,3 +32,9 @@ def test_bad_max_db_and_pid(tmp_path: object) -> None:
 def test_bad_interval_is_rejected() -> None:
     result = CliRunner().invoke(trace, ["--interval", "0"])
     assert result.exit_code == 2 and "--interval" in result.output
+
+
+def test_unwritable_db_is_one_clear_error() -> None:
+    result = CliRunner().invoke(trace, ["--record", "--db", "/proc/self/nope/node.db"])
+    assert isinstance(result.exception, UnavailableError)
+    assert "cannot open the node DB" in str(result.exception)
