@@ -34,7 +34,7 @@ def rate_since(path: Path, since: float, rows: int = 5) -> float:
     Each interval's count reflects its own length, so the result does not depend on how
     promptly a loaded machine ran the workload.
     """
-    deadline = time.monotonic() + 30
+    deadline = time.monotonic() + 60
     while True:
         conn = sqlite3.connect(f"file:{path}?mode=ro", uri=True)
         try:
@@ -65,7 +65,7 @@ def stop(proc: subprocess.Popen[str]) -> str:
 
 
 def wait_for_db(path: Path, proc: subprocess.Popen[str]) -> None:
-    deadline = time.monotonic() + 30
+    deadline = time.monotonic() + 60
     while True:
         with contextlib.suppress(NodeDbUnavailable):  # created but not yet migrated
             if read_window(path, time.time(), 1.0).kernel_launches > 0:
