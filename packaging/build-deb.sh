@@ -48,7 +48,7 @@ for d in systemd/examples/*.service.d; do
 done
 # configuration files: every key optional, the defaults documented in each daemon's docs
 install -d "$stage/etc/ingero"
-for daemon in fleet echo fleet-push sink trace; do
+for daemon in fleet echo fleet-push; do
   printf '# ingero %s configuration; every key is optional (see the docs for the defaults).\n{}\n' \
     "$daemon" > "$stage/etc/ingero/$daemon.yaml"
   chmod 644 "$stage/etc/ingero/$daemon.yaml"
