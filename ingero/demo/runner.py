@@ -307,7 +307,7 @@ class Demo:
                 next_poll = now + opts.push_interval / 2
                 self._poll_fleet()
             self._drain_events(events)
-            dead = [c for c in children.exited()]
+            dead = children.exited()
             if dead:
                 child = dead[0]
                 return self._result(False, f"{child.name} exited: {child.tail(2) or 'no output'}")
