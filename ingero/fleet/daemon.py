@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 import logging
 import os
+import resource
 import signal
 import threading
 import time
@@ -124,6 +125,7 @@ class FleetDaemon:
 
     def start(self) -> BoundAddresses:
         """Bind every listener (OSError when one cannot), start ticking, send READY=1."""
+        raise_open_files_limit()
         started: list[Callable[[], None]] = []
         try:
             grpc_port = self._grpc.start()
@@ -252,6 +254,20 @@ class FleetDaemon:
             f"{stragglers} stragglers, {panics} groups in panic"
         )
         return result
+
+
+def raise_open_files_limit() -> None:
+    """Every agent holds a keep-alive connection: lift the soft fd limit to the hard one."""
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if hard == resource.RLIM_INFINITY:  # NOFILE cannot be set to infinity
+        hard = 1 << 20
+    if soft < hard:
+        try:
+            resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
+        except (ValueError, OSError) as exc:
+            log.warning("fleet: cannot raise the open files limit from %d: %s", soft, exc)
+            return
+    log.info("fleet: up to %s open connections (RLIMIT_NOFILE)", hard)
 
 
 def write_ready_file(path: str, bound: BoundAddresses) -> None:

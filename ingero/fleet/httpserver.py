@@ -81,6 +81,16 @@ class _Connection(asyncio.Protocol):
         self._server.connections.discard(self)
         self.transport = None
 
+    # A client that sends requests but never reads the replies stops being read from
+    # once the transport's write buffer is full, so memory stays bounded.
+    def pause_writing(self) -> None:
+        if self.transport is not None:
+            self.transport.pause_reading()
+
+    def resume_writing(self) -> None:
+        if self.transport is not None and not self.transport.is_closing():
+            self.transport.resume_reading()
+
     def data_received(self, data: bytes) -> None:
         self.last_active = self._server.loop_time()
         self._buffer += data

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import gzip
+import math
 
 import pytest
 
@@ -156,3 +157,21 @@ def test_request_counters() -> None:
     assert 'ingero_fleet_requests_total{code="200",signal="metrics",transport="http"} 2.0' in text
     assert 'ingero_fleet_rejected_total{reason="bad_score"} 3.0' in text
     assert 'ingero_fleet_request_seconds_count{signal="metrics",transport="http"} 2.0' in text
+
+
+def test_group_gauges_parse_back_with_escaped_labels() -> None:
+    from prometheus_client.parser import text_string_to_metric_families
+
+    metrics = FleetMetrics()
+    odd = 'c/workload/a "quoted" \\ back\nline'
+    metrics.update_groups([stats(odd, 0.75), stats("c/b", None)])
+    samples = {
+        (s.name, s.labels["group"]): s.value
+        for family in text_string_to_metric_families(metrics.render().decode())
+        for s in family.samples
+        if family.name.startswith("ingero_fleet_") and "group" in s.labels
+    }
+    assert samples[("ingero_fleet_threshold", odd)] == 0.75
+    assert samples[("ingero_fleet_active_nodes", odd)] == 6
+    assert math.isnan(samples[("ingero_fleet_threshold", "c/b")])
+    assert len(samples) == 2 * 9

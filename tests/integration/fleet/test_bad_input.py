@@ -136,6 +136,28 @@ def test_expect_100_continue(fleet: Fleet) -> None:
     intact(fleet)
 
 
+def test_pipelined_requests_each_get_a_reply(fleet: Fleet) -> None:
+    from tests.integration.fleet.helpers import health_request
+
+    body = health_request(GOOD[:1]).SerializeToString()
+    one = (
+        b"POST /v1/metrics HTTP/1.1\r\nContent-Type: application/x-protobuf\r\n"
+        b"Content-Length: %d\r\n\r\n" % len(body)
+    ) + body
+    host, _, port = fleet.otlp_http.rpartition(":")
+    with socket.create_connection((host, int(port)), timeout=10) as sock:
+        sock.sendall(one * 3 + b"GET /v1/metrics HTTP/1.1\r\n\r\n")
+        answer = b""
+        while answer.count(b"HTTP/1.1 ") < 4:
+            chunk = sock.recv(65536)
+            assert chunk, answer
+            answer += chunk
+    assert answer.count(b"HTTP/1.1 200 OK") == 3
+    assert answer.count(b"X-Ingero-Threshold: ") == 3
+    assert b"HTTP/1.1 405 " in answer
+    intact(fleet)
+
+
 def test_chunked_and_garbage_requests(fleet: Fleet) -> None:
     host, _, port = fleet.otlp_http.rpartition(":")
     for raw, status in (
