@@ -111,7 +111,6 @@ class Question:
     params: tuple[Param, ...]
     output: dict[str, Any]
     run: Callable[[sqlite3.Connection, Context, dict[str, Any]], dict[str, Any]]
-    method: str = "GET"
 
     def parse(self, raw: Mapping[str, Any]) -> dict[str, Any]:
         known = {p.name: p for p in self.params}

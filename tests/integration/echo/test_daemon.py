@@ -22,7 +22,12 @@ from mcp.client.streamable_http import streamable_http_client
 from openapi_spec_validator import validate
 from opentelemetry.proto.collector.logs.v1 import logs_service_pb2_grpc
 from opentelemetry.proto.collector.logs.v1.logs_service_pb2 import ExportLogsServiceRequest
+from opentelemetry.proto.collector.metrics.v1.metrics_service_pb2 import (
+    ExportMetricsServiceRequest,
+)
 
+from ingero.fleet.model import NodePush
+from ingero.otlp.health import encode_health
 from ingero.otlp.logs import encode_events
 from ingero.otlp.values import to_json
 
@@ -311,3 +316,33 @@ def test_a_second_echo_on_the_same_database_is_refused(echo: EchoProcess, tmp_pa
     )
     assert result.returncode == 69
     assert "another ingero echo is already writing this database" in result.stderr
+
+
+def test_health_scores_become_history_and_outliers_and_bad_metrics_are_refused(
+    echo: EchoProcess,
+) -> None:
+    request = ExportMetricsServiceRequest()
+    for minute in range(3):
+        for i in range(6):
+            push = NodePush(
+                node_id=f"gpu{i}",
+                cluster_id="A",
+                score=0.3 if i == 0 else 0.9,
+                gpu_model="NVIDIA H100",
+                gpu_count=8,
+            )
+            part = encode_health(push, int((10_000 + 60 * minute) * 1e9))
+            request.resource_metrics.extend(part.resource_metrics)
+    url = f"http://{echo.otlp_http}/v1/metrics"
+    for _ in range(2):  # a resend must not count twice
+        status, _ = http("POST", url, request.SerializeToString(), TOKEN_OPS, PROTOBUF)
+        assert status == 200
+    status, body = sql(echo, "SELECT sum(n), count(*) FROM scores WHERE node_id LIKE 'gpu%'")
+    assert body["rows"] == [[18, 18]]
+    status, body = ask(echo, "outliers", cluster_id="A", since=0, until=20_000)
+    assert [o["node_id"] for o in body["outliers"]] == ["gpu0"]
+    bad = encode_health(NodePush(node_id="gpu9", cluster_id="A", score=0.5), 10**9)
+    bad.resource_metrics[0].scope_metrics[0].metrics[0].gauge.data_points[0].as_double = 7.0
+    status, body = http("POST", url, bad.SerializeToString(), TOKEN_OPS, PROTOBUF)
+    assert status == 400 and "not in [0, 1]" in body["error"]
+    assert sql(echo, "SELECT count(*) FROM scores WHERE node_id = 'gpu9'")[1]["rows"] == [[0]]
