@@ -64,14 +64,19 @@ def command(
         },
     )
     daemon = FleetDaemon(config)
+    drain = None
     if config.drain.enabled:  # opt-in: ingero.slurm.drain carries decisions to Slurm
         from ingero.slurm.drain import attach
 
-        attach(daemon, config.drain)
+        drain = attach(daemon, config.drain)
     try:
-        bound = daemon.start()
-    except OSError as exc:
-        raise UnavailableError(f"fleet: cannot listen: {exc}") from None
-    if ready_file:
-        write_ready_file(ready_file, bound)
-    daemon.run_until_signal()
+        try:
+            bound = daemon.start()
+        except OSError as exc:
+            raise UnavailableError(f"fleet: cannot listen: {exc}") from None
+        if ready_file:
+            write_ready_file(ready_file, bound)
+        daemon.run_until_signal()
+    finally:
+        if drain is not None:  # let a Slurm call in flight finish before exiting
+            drain.stop()
