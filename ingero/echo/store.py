@@ -246,7 +246,7 @@ class Store:
             counts.append(new)
         self.stats["events_duplicate"] += len(ids) - len(fresh)
         conn.executemany(
-            "INSERT INTO events (event_id, type, cluster_id, node_id, job_id, rank,"
+            "INSERT OR IGNORE INTO events (event_id, type, cluster_id, node_id, job_id, rank,"
             " score, threshold, detection_mode, dominant_signal, ts, received, extra)"
             " VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?)",
             [
