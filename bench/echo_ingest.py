@@ -34,6 +34,50 @@ def free_port() -> int:
         return int(s.getsockname()[1])
 
 
+def cpu_seconds(pid: int) -> float:
+    """user+system CPU time of a process, from /proc (clock ticks)."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def hot_path(batch: int, kind: str) -> None:
+    """CPU µs per event of each stage, in this process: decode+validate, then the commit."""
+    from opentelemetry.proto.collector.logs.v1.logs_service_pb2 import ExportLogsServiceRequest
+
+    from ingero.echo.ingest import logs_to_events
+    from ingero.echo.store import Store
+
+    events = [
+        Event(kind, f"node{i}", "c0", 1.7e9 + i, job_id="1", score=0.5, threshold=0.8)
+        for i in range(batch)
+    ]
+    body = encode_events(events).SerializeToString()
+    t = time.process_time()
+    for _ in range(5):
+        decoded = logs_to_events(ExportLogsServiceRequest.FromString(body), batch)
+    decode = (time.process_time() - t) / (5 * batch)
+    store = Store(Path(tempfile.mkdtemp(prefix="echo-hot-")) / "e.db")
+    try:
+        t0, c0 = time.perf_counter(), time.process_time()
+        for r in range(5):
+            store.write(
+                [
+                    Event(
+                        kind, e.node_id, "c0", e.timestamp + r, job_id="1", score=0.5, threshold=0.8
+                    )
+                    for e in decoded
+                ]
+            )
+        wall = (time.perf_counter() - t0) / (5 * batch)
+        cpu = (time.process_time() - c0) / (5 * batch)
+    finally:
+        store.close()
+    print(
+        f"hot path per event: decode+validate {decode * 1e6:.1f} µs CPU; "
+        f"store commit {wall * 1e6:.1f} µs wall, {cpu * 1e6:.1f} µs CPU (process)"
+    )
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--events", type=int, default=200_000)
@@ -41,6 +85,7 @@ def main() -> None:
     parser.add_argument("--senders", type=int, default=4)
     parser.add_argument("--type", default="straggler_state", help="event type to send")
     args = parser.parse_args()
+    hot_path(args.batch, args.type)
 
     work = Path(tempfile.mkdtemp(prefix="echo-bench-"))
     api, otlp = free_port(), free_port()
@@ -111,11 +156,13 @@ def main() -> None:
 
         threads = [threading.Thread(target=sender) for _ in range(args.senders)]
         start = time.perf_counter()
+        cpu_start = cpu_seconds(proc.pid)
         for t in threads:
             t.start()
         for t in threads:
             t.join()
         elapsed = time.perf_counter() - start
+        server_cpu = cpu_seconds(proc.pid) - cpu_start
         if failures:
             raise SystemExit(f"{len(failures)} requests failed: {failures[0]}")
         total = n_requests * args.batch
@@ -129,8 +176,12 @@ def main() -> None:
             f"type {args.type}; latency p50 {statistics.median(lat) * 1e3:.0f} ms, "
             f"p99 {lat[int(len(lat) * 0.99) - 1] * 1e3:.0f} ms"
         )
-        print(f"stored: {stored} (expected {total})")
-        print(f"cpus: {os.cpu_count()}")
+        print(
+            f"stored: {stored} (expected {total}); echo process CPU "
+            f"{server_cpu / total * 1e6:.1f} µs per event "
+            f"(= {total / server_cpu:,.0f} events per CPU-second)"
+        )
+        print(f"cpus: {os.cpu_count()}, load average {os.getloadavg()[0]:.1f}")
     finally:
         proc.send_signal(signal.SIGTERM)
         proc.wait(timeout=60)

@@ -28,6 +28,7 @@ from opentelemetry.proto.collector.metrics.v1.metrics_service_pb2 import (
     ExportMetricsServiceResponse,
 )
 from starlette.applications import Starlette
+from starlette.exceptions import HTTPException
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
@@ -209,11 +210,18 @@ class Ingest:
     # -- OTLP/HTTP ---------------------------------------------------------------------------
 
     def http_app(self) -> Starlette:
+        async def http_error(request: Request, exc: Exception) -> Response:
+            assert isinstance(exc, HTTPException)
+            response = _error(exc.status_code, str(exc.detail))
+            response.headers.update(exc.headers or {})
+            return response
+
         return Starlette(
             routes=[
                 Route("/v1/logs", self._http_logs, methods=["POST"]),
                 Route("/v1/metrics", self._http_metrics, methods=["POST"]),
-            ]
+            ],
+            exception_handlers={HTTPException: http_error},
         )
 
     async def _http_logs(self, request: Request) -> Response:

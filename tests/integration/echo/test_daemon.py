@@ -125,6 +125,8 @@ def test_bad_input_gets_a_clear_error_is_counted_and_nothing_is_stored_half(
         status, answer = http("POST", url, body, TOKEN_OPS, content_type=ctype)
         assert status == want, (message, answer)
         assert message in answer["error"]
+    status, answer = http("POST", f"http://{echo.otlp_http}/v1/traces", b"", TOKEN_OPS)
+    assert status == 404 and answer["error"] == "Not Found"
     missing = encode_events([good])
     attrs = missing.resource_logs[0].scope_logs[0].log_records[0].attributes
     del attrs[[kv.key for kv in attrs].index("node_id")]
