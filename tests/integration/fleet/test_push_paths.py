@@ -227,3 +227,28 @@ def test_ema_smoothing_matches_an_independent_computation(tmp_path: Path) -> Non
         assert steps == sorted(steps) and steps[0] >= 1 and len(set(steps)) == len(steps)
     finally:
         fleet.stop()
+
+
+def test_hand_written_otlp_json_as_curl_would_send(fleet: Fleet) -> None:
+    body = b"""{"resourceMetrics": [{
+      "resource": {"attributes": [
+        {"key": "ingero.node.id", "value": {"stringValue": "curl-node"}},
+        {"key": "ingero.cluster.id", "value": {"stringValue": "hpc"}},
+        {"key": "ingero.gpu.count", "value": {"intValue": "8"}}]},
+      "scopeMetrics": [{"scope": {"name": "manual"}, "metrics": [{
+        "name": "ingero.node.health_score", "unit": "1",
+        "gauge": {"dataPoints": [{
+          "timeUnixNano": "1700000000000000000", "asDouble": 0.87,
+          "attributes": [{"key": "slurm.job.id", "value": {"intValue": "4242"}},
+                         {"key": "ingero.rank", "value": {"intValue": 3}}],
+          "spanId": "00f067aa0ba902b7"}]}}]}]}]}"""
+    reply = fleet.post_metrics(body, "application/json")
+    assert reply.status == 200, reply.body
+    assert reply.json() == {}
+    assert reply.headers["x-ingero-quorum-met"] == "false"
+    reply = wait_for(
+        lambda: (r := fleet.threshold("hpc", "4242")).status == 200 and r,
+        what="the curl node's group after a tick",
+    )
+    view = reply.json()
+    assert view["group"] == "hpc/job/4242" and view["active_nodes"] == 1
