@@ -38,9 +38,10 @@ class SystemdContainer:
         self.name = name
         self.booted = False
 
-    def up(self, timeout: float = 90) -> None:
+    def up(self, net: bool = False, timeout: float = 90) -> None:
+        """Boot; ``net`` gives the container its own network namespace (loopback only)."""
         result = subprocess.run(
-            [str(SCRIPT), "up", self.name],
+            [str(SCRIPT), "up", self.name, *(["--net"] if net else [])],
             capture_output=True,
             text=True,
             timeout=timeout,
@@ -52,7 +53,9 @@ class SystemdContainer:
         self.booted = True
 
     def down(self) -> None:
-        subprocess.run([str(SCRIPT), "down", self.name], capture_output=True, timeout=60, check=False)
+        subprocess.run(
+            [str(SCRIPT), "down", self.name], capture_output=True, timeout=60, check=False
+        )
         self.booted = False
 
     @property

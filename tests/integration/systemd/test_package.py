@@ -1,0 +1,147 @@
+"""The .deb in a real systemd (PID 1 in namespaces): install, run the units, remove, purge."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable
+
+import pytest
+
+from ingero.events import MESSAGE_IDS
+from ingero.journal.records import parse_line
+from tests.integration.systemd.conftest import Artefacts
+from tests.integration.systemd.sysdns import SystemdContainer, wait_for
+
+pytestmark = pytest.mark.integration
+
+Boot = Callable[[str], SystemdContainer]
+UNITS = ["ingero-trace", "ingero-push", "ingero-sink", "ingero-fleet", "ingero-echo"]
+
+
+def install(boot: Boot, artefacts: Artefacts, tag: str) -> SystemdContainer:
+    box = boot(tag)
+    box.run("dpkg", "-i", str(artefacts.deb), timeout=300)
+    return box
+
+
+def drop_in(box: SystemdContainer, unit: str, text: str) -> None:
+    path = box.root / f"etc/systemd/system/{unit}.service.d/test.conf"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(text)
+    box.run("systemctl", "daemon-reload")
+
+
+def test_install_starts_nothing_and_sets_up_user_and_dirs(boot: Boot, artefacts: Artefacts) -> None:
+    box = install(boot, artefacts, "pkg")
+    assert box.run("id", "-u", "ingero").stdout.strip().isdigit()
+    assert box.run("stat", "-c", "%U:%G %a", "/var/lib/ingero").stdout.split() == [
+        "root:ingero",
+        "770",
+    ]
+    assert box.run("stat", "-c", "%U:%G %a", "/run/ingero").stdout.split() == ["root:ingero", "775"]
+    for unit in UNITS:
+        assert box.prop(unit, "LoadState") == "loaded"
+        assert box.prop(unit, "ActiveState") == "inactive"
+        assert box.prop(unit, "UnitFileState") == "disabled"
+    assert "ingero, version" in box.run("ingero", "--version").stdout
+    # every unit as installed passes verify inside the target system too
+    for unit in UNITS:
+        verify = box.run("systemd-analyze", "verify", f"/lib/systemd/system/{unit}.service")
+        assert verify.stderr == "", verify.stderr
+
+
+def test_notify_ready_status_and_watchdog_restart(boot: Boot, artefacts: Artefacts) -> None:
+    box = install(boot, artefacts, "wd")
+    drop_in(box, "ingero-fleet", "[Service]\nWatchdogSec=2s\nRestartSec=200ms\n")
+    # Type=notify: `systemctl start` returns only once fleet sent READY=1
+    box.run("systemctl", "start", "ingero-fleet.service")
+    assert box.prop("ingero-fleet", "ActiveState") == "active"
+    assert box.prop("ingero-fleet", "SubState") == "running"
+    assert box.prop("ingero-fleet", "StatusText") != ""
+    first = int(box.prop("ingero-fleet", "MainPID"))
+    assert first > 0 and box.prop("ingero-fleet", "NRestarts") == "0"
+    # a healthy daemon keeps pinging: two watchdog periods pass without a restart
+    assert not wait_for(lambda: box.prop("ingero-fleet", "NRestarts") != "0", timeout=5)
+    # hang it: a stopped process sends no WATCHDOG=1
+    box.run("kill", "-STOP", str(first))  # MainPID and kill both live in the container's pid ns
+    assert wait_for(lambda: box.prop("ingero-fleet", "NRestarts") == "1", timeout=30)
+    assert wait_for(lambda: box.prop("ingero-fleet", "ActiveState") == "active", timeout=30)
+    assert int(box.prop("ingero-fleet", "MainPID")) != first
+    log = box.journal("-u", "ingero-fleet", "-o", "cat")
+    assert "Watchdog timeout" in log and "Failed with result 'watchdog'" in log
+
+
+def test_running_service_events_are_found_by_their_fields(boot: Boot, artefacts: Artefacts) -> None:
+    box = install(boot, artefacts, "ev")
+    box.run("systemctl", "start", "ingero-sink.service", "ingero-push.service")
+    assert box.prop("ingero-push", "ActiveState") == "active"
+
+    # fleet-push logs its detection mode as an event when it starts
+    def found() -> list[str]:
+        out = box.journal(
+            "-o",
+            "json",
+            "-u",
+            "ingero-push",
+            "INGERO_EVENT=detection_mode",
+            f"MESSAGE_ID={MESSAGE_IDS['detection_mode']}",
+        )
+        return out.splitlines()
+
+    assert wait_for(lambda: bool(found()), timeout=30)
+    record = parse_line(found()[0])
+    assert record is not None and record.event.type == "detection_mode"
+    assert record.unit == "ingero-push.service"
+    assert record.event.node_id == box.run("hostname").stdout.strip()
+    assert json.loads(found()[0])["SYSLOG_IDENTIFIER"] == "ingero"
+
+
+def test_ingero_events_reads_episodes_a_service_wrote(boot: Boot, artefacts: Artefacts) -> None:
+    box = install(boot, artefacts, "iev")
+    # a transient service writes through fleet-push's own journald channel
+    writer = (
+        "from ingero.events import Event;"
+        "from ingero.push.channels.journald import JournaldChannel;"
+        "import time; c = JournaldChannel(); t = time.time();"
+        "c.send(Event(type='straggler_state', node_id='n7', cluster_id='c', job_id='99',"
+        " timestamp=t - 60, score=0.4, threshold=0.7, dominant_signal='compute'));"
+        "c.send(Event(type='straggler_resolved', node_id='n7', cluster_id='c', job_id='99',"
+        " timestamp=t - 15, score=0.9, threshold=0.7));"
+        "c.send(Event(type='node_drained', node_id='n8', cluster_id='c', timestamp=t,"
+        " extra={'reason': 'ingero: test'}))"
+    )
+    box.run(
+        "systemd-run",
+        "--wait",
+        "--unit",
+        "ingero-writer",
+        "/opt/ingero/venv/bin/python",
+        "-c",
+        writer,
+    )
+    box.run("journalctl", "--sync")
+    out = box.run("ingero", "events", "--json", "--unit", "ingero-writer").stdout
+    rows = json.loads(out)
+    assert [(r["kind"], r["node_id"]) for r in rows] == [("straggler", "n7"), ("drain", "n8")]
+    assert rows[0]["duration"] == pytest.approx(45.0) and rows[0]["job_id"] == "99"
+    only = json.loads(box.run("ingero", "events", "--json", "--node", "n8").stdout)
+    assert [r["node_id"] for r in only] == ["n8"]
+    table = box.run("ingero", "events", "--job", "99").stdout
+    assert "n7" in table and "45s" in table and "n8" not in table
+
+
+def test_remove_and_purge_are_clean(boot: Boot, artefacts: Artefacts) -> None:
+    box = install(boot, artefacts, "rm")
+    box.run("systemctl", "enable", "--now", "ingero-sink.service")
+    assert box.prop("ingero-sink", "ActiveState") == "active"
+    box.run("dpkg", "-r", "ingero", timeout=300)
+    assert box.prop("ingero-sink", "ActiveState") == "inactive"
+    assert box.prop("ingero-sink", "LoadState") == "not-found"
+    for gone in ("/opt/ingero", "/usr/bin/ingero", "/usr/lib/ingero"):
+        assert box.run("test", "-e", gone, check=False).returncode == 1, gone
+    assert box.run("test", "-d", "/etc/ingero").returncode == 0  # conffiles stay until purge
+    box.run("dpkg", "--purge", "ingero", timeout=120)
+    for gone in ("/etc/ingero", "/var/lib/ingero", "/run/ingero"):
+        assert box.run("test", "-e", gone, check=False).returncode == 1, gone
+    assert box.run("dpkg", "-s", "ingero", check=False).returncode != 0
+    assert "ingero" not in box.run("systemctl", "list-unit-files", "--no-legend").stdout
