@@ -214,7 +214,9 @@ class FleetDaemon:
                 return
             now = time.monotonic()
             if now >= next_tick:
-                next_tick = max(next_tick + interval, now)  # no burst of ticks after a stall
+                next_tick += interval
+                if next_tick <= now:  # after a stall, realign rather than tick in a burst
+                    next_tick = now + interval
                 self.tick_once()
             if watchdog and now >= next_ping:
                 next_ping = now + watchdog

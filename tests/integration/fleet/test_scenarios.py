@@ -179,3 +179,56 @@ def test_failing_tick_listener_is_counted_not_fatal(fleet: Running) -> None:
     assert fleet.client.metric("ingero_fleet_tick_listener_errors_total", listener="broken") >= 1
     fleet.tick_after(group(HEALTHY))  # ticks go on
     assert fleet.daemon.ready()
+
+
+class RecordingNotifier:
+    """Stands in for systemd's notify socket (sdnotify's API), recording every message."""
+
+    def __init__(self) -> None:
+        self.messages: list[str] = []
+        self._lock = threading.Lock()
+
+    def notify(self, state: str) -> None:
+        with self._lock:
+            self.messages.extend(state.split("\n"))
+
+    def count(self, prefix: str) -> int:
+        with self._lock:
+            return sum(m.startswith(prefix) for m in self.messages)
+
+
+def test_watchdog_pings_stop_while_ticks_fail(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("WATCHDOG_USEC", "200000")  # ping every 0.1 s
+    monkeypatch.delenv("WATCHDOG_PID", raising=False)
+    notifier = RecordingNotifier()
+    config = FleetConfig(
+        listen=ListenConfig("127.0.0.1:0", "127.0.0.1:0", "127.0.0.1:0"),
+        push_interval=Duration(0.1),
+    )
+    daemon = FleetDaemon(config, notifier=notifier)  # type: ignore[arg-type]
+    daemon.start()
+    try:
+        wait_for(lambda: notifier.count("WATCHDOG=1") >= 3, what="watchdog pings")
+        assert notifier.count("READY=1") == 1
+
+        def broken_tick() -> TickResult:
+            raise RuntimeError("tick bug")
+
+        monkeypatch.setattr(daemon.state, "tick", broken_tick)
+        registry = daemon.metrics.registry
+
+        def failures() -> float:
+            return registry.get_sample_value("ingero_fleet_tick_failures_total") or 0.0
+
+        # Pings stop 2 intervals + 1 watchdog period (0.3 s) after the last good tick; six
+        # failed ticks are at least 0.5 s.
+        wait_for(lambda: failures() >= 6, what="six failed ticks")
+        pings = notifier.count("WATCHDOG=1")
+        wait_for(lambda: failures() >= 12, what="six more failed ticks")
+        assert notifier.count("WATCHDOG=1") == pings
+        assert not daemon.ready()  # /readyz says 503 too
+        monkeypatch.undo()
+        wait_for(lambda: notifier.count("WATCHDOG=1") > pings, what="pings after recovery")
+    finally:
+        daemon.stop()
+    assert notifier.count("STOPPING=1") == 1
