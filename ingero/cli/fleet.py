@@ -6,7 +6,7 @@ import logging
 
 import click
 
-from ingero.errors import UnavailableError
+from ingero.errors import UnavailableError, UsageError
 
 
 @click.command("fleet")
@@ -75,7 +75,11 @@ def command(
         except OSError as exc:
             raise UnavailableError(f"fleet: cannot listen: {exc}") from None
         if ready_file:
-            write_ready_file(ready_file, bound)
+            try:
+                write_ready_file(ready_file, bound)
+            except OSError as exc:
+                daemon.stop()
+                raise UsageError(f"--ready-file {ready_file}: {exc.strerror or exc}") from None
         daemon.run_until_signal()
     finally:
         if drain is not None:  # let a Slurm call in flight finish before exiting

@@ -212,14 +212,23 @@ def test_api_bad_queries(fleet: Fleet) -> None:
     assert fleet.request(fleet.api, "POST", "/metrics", b"x").status == 405
 
 
-def test_bad_config_is_one_line_and_exit_78(tmp_path: Path) -> None:
+@pytest.mark.parametrize(
+    ("text", "key"),
+    [
+        ("threshold: {k: -1}\n", "threshold.k"),
+        ("limits: {max_body_bytes: 0}\n", "limits.max_body_bytes"),
+        ("auth: {bearer_token_file: /nonexistent/token}\n", "auth.bearer_token_file"),
+        ("auth: {tls_cert: /nonexistent/c.pem, tls_key: /nonexistent/k.pem}\n", "auth.tls"),
+    ],
+)
+def test_bad_config_is_one_line_and_exit_78(tmp_path: Path, text: str, key: str) -> None:
     import subprocess
     import sys
 
     from tests.integration.fleet.helpers import ROOT
 
     config = tmp_path / "fleet.yaml"
-    config.write_text("threshold: {k: -1}\n")
+    config.write_text(text)
     result = subprocess.run(
         [sys.executable, "-m", "ingero.cli.main", "fleet", "--config", str(config)],
         cwd=ROOT,
@@ -228,4 +237,4 @@ def test_bad_config_is_one_line_and_exit_78(tmp_path: Path) -> None:
         timeout=60,
     )
     assert result.returncode == 78
-    assert result.stderr.count("\n") == 1 and "threshold.k" in result.stderr
+    assert result.stderr.count("\n") == 1 and key in result.stderr, result.stderr
