@@ -67,6 +67,10 @@ class SlurmBackend(Protocol):
         """Every node of the cluster; raises SlurmError."""
         ...
 
+    def cluster_name(self) -> str:
+        """The cluster's ClusterName (Fleet's ``cluster_id`` of its nodes); raises SlurmError."""
+        ...
+
     def drain(self, node: str, reason: str) -> None:
         """Drain ``node`` with ``reason``; raises SlurmError."""
         ...
@@ -195,6 +199,17 @@ def parse_scontrol_nodes(text: str) -> list[NodeInfo]:
     return nodes
 
 
+_CLUSTER_NAME_RE = re.compile(r"^ClusterName\s*=\s*(\S+)\s*$", re.MULTILINE)
+
+
+def parse_cluster_name(text: str) -> str:
+    """ClusterName from ``scontrol show config``."""
+    match = _CLUSTER_NAME_RE.search(text)
+    if not match or match[1] == "(null)":
+        raise SlurmError("scontrol show config: no ClusterName")
+    return match[1]
+
+
 class ScontrolBackend:
     """Slurm through its command-line tools (``SLURM_CONF`` in the environment picks the cluster)."""
 
@@ -204,6 +219,13 @@ class ScontrolBackend:
         self._timeout = timeout
         self._run = runner
         self._json: bool | None = None  # unknown until the first read
+        self._cluster: str | None = None
+
+    def cluster_name(self) -> str:
+        if self._cluster is None:  # fixed for the life of slurmctld: read once
+            text = self._run(["scontrol", "show", "config"], self._timeout)
+            self._cluster = parse_cluster_name(text)
+        return self._cluster
 
     def nodes(self) -> list[NodeInfo]:
         if self._json is not False:

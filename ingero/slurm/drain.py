@@ -135,9 +135,17 @@ class DrainController:
             v.straggler and v.consecutive_straggler_ticks >= self.config.min_intervals
             for v in tick.verdicts
         )
-        nodes = self._backend.nodes() if ready or self.config.auto_resume else []
+        if not ready and not self.config.auto_resume:
+            nodes: list[NodeInfo] = []
+            verdicts: Sequence[Verdict] = ()
+        else:
+            # Fleet may serve several clusters; this Slurm owns only its own nodes (another
+            # cluster may well have a node of the same name).
+            cluster = self._backend.cluster_name()
+            verdicts = [v for v in tick.verdicts if v.cluster_id == cluster]
+            nodes = self._backend.nodes()
         decisions = decide(
-            tick.verdicts,
+            verdicts,
             nodes,
             self.config,
             self._memory,

@@ -50,6 +50,9 @@ class StandInSlurm:
             raise SlurmError("sinfo --json: no answer within 10s")
         return list(self.state.values())
 
+    def cluster_name(self) -> str:
+        return "c"
+
     def drain(self, node: str, reason: str) -> None:
         self.calls.append(("drain", node))
         self.state[node] = NodeInfo(node, "idle", frozenset({"DRAIN"}), reason)
@@ -59,9 +62,11 @@ class StandInSlurm:
         self.state[node] = NodeInfo(node, "idle")
 
 
-def verdict(node: str, score: float = 0.3, panic: bool = False, ticks: int = 3) -> NodeVerdict:
+def verdict(
+    node: str, score: float = 0.3, panic: bool = False, ticks: int = 3, cluster: str = "c"
+) -> NodeVerdict:
     return NodeVerdict(
-        node, "c", "c/job/1", "1", 0, score, 0.8, True, ticks, 1e9, panic, True, None
+        node, cluster, f"{cluster}/job/1", "1", 0, score, 0.8, True, ticks, 1e9, panic, True, None
     )
 
 
@@ -209,3 +214,14 @@ def test_slurm_is_not_asked_while_no_node_is_ready(slurm: StandInSlurm) -> None:
     finally:
         controller.stop()
     assert slurm.reads == 2 and slurm.calls == [("drain", "n2")]
+
+
+def test_verdicts_of_another_cluster_are_not_this_slurms_business(slurm: StandInSlurm) -> None:
+    events: list[Event] = []
+    controller = make(slurm, events)
+    try:
+        controller.on_tick(tick(verdict("n2", cluster="other")))
+        assert controller.wait_idle(10)
+    finally:
+        controller.stop()
+    assert slurm.calls == [] and events == []

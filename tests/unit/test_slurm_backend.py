@@ -15,6 +15,7 @@ from ingero.slurm.backend import (
     ScontrolBackend,
     SlurmError,
     make_backend,
+    parse_cluster_name,
     parse_scontrol_nodes,
     parse_sinfo_json,
 )
@@ -216,3 +217,14 @@ def test_auto_without_scontrol_is_a_clear_error(
     monkeypatch.setenv("PATH", str(tmp_path))
     with pytest.raises(UnavailableError, match="scontrol not found"):
         make_backend("auto")
+
+
+def test_cluster_name_from_scontrol_show_config() -> None:
+    text = (FIXTURES / "scontrol_show_config_2205.txt").read_text()
+    assert parse_cluster_name(text) == "ingerotest"
+    with pytest.raises(SlurmError, match="no ClusterName"):
+        parse_cluster_name("Configuration data as of 2026-11-22T21:31:09\nSlurmUser = root\n")
+    fake = FakeSlurm({"scontrol show": text})
+    backend = ScontrolBackend(timeout=3.0, runner=fake)
+    assert backend.cluster_name() == backend.cluster_name() == "ingerotest"
+    assert fake.calls == [["scontrol", "show", "config"]]  # read once

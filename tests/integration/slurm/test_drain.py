@@ -148,6 +148,14 @@ def test_panic_drains_nothing(slurm: SlurmCluster, run: type[Run]) -> None:
     assert r.of("drain_skipped") == [("n2", "panic"), ("n3", "panic")]
 
 
+def test_a_node_of_the_same_name_in_another_cluster_is_not_drained(
+    slurm: SlurmCluster, run: type[Run]
+) -> None:
+    r = run(CONFIG)
+    r.tick(verdict("n2", cluster_id="othercluster"))
+    assert not any(n.drained for n in nodes(slurm).values()) and r.events == []
+
+
 def test_no_quorum_drains_nothing(slurm: SlurmCluster, run: type[Run]) -> None:
     r = run(CONFIG)
     r.tick(verdict("n2", quorum_met=False))
