@@ -202,6 +202,19 @@ def test_grpc_malformed_message(fleet: Fleet) -> None:
     intact(fleet)
 
 
+def test_grpc_oversized_message(fleet: Fleet) -> None:
+    with grpc.insecure_channel(fleet.otlp_grpc) as channel:
+        export = channel.unary_unary(
+            "/opentelemetry.proto.collector.metrics.v1.MetricsService/Export",
+            request_serializer=lambda b: b,
+            response_deserializer=ExportMetricsServiceResponse.FromString,
+        )
+        with pytest.raises(grpc.RpcError) as info:
+            export(b"\x0a" + b"\x80\x80\x08" + b"\0" * (2 * MAX_BODY), timeout=10)
+    assert info.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
+    intact(fleet)
+
+
 def test_api_bad_queries(fleet: Fleet) -> None:
     reply = fleet.request(fleet.api, "GET", "/api/v1/threshold")
     assert reply.status == 400 and "cluster_id" in reply.json()["error"]
