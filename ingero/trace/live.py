@@ -4,11 +4,14 @@ from __future__ import annotations
 
 from collections import defaultdict
 
+from rich import box
 from rich.console import Group
 from rich.table import Table
 from rich.text import Text
 
 from ingero.trace.tracer import TickResult
+
+_SHORT = {"cuda_runtime": "rt", "cuda_driver": "drv"}
 
 
 def _us(ns: object) -> str:
@@ -28,13 +31,16 @@ def render(result: TickResult) -> Group:
             value = row[key]
             m[key] = max(m[key], value if isinstance(value, int) else 0)
         m["pids"] += 1
-    table = Table(title=f"ingero trace — last {seconds:.1f}s", expand=False)
-    for name in ("source", "op", "calls/s", "p50 µs", "p95 µs", "p99 µs", "errors", "MB", "pids"):
-        table.add_column(name, justify="left" if name in ("source", "op") else "right")
+    table = Table(title=f"ingero trace — last {seconds:.1f}s", box=box.SIMPLE_HEAD, show_edge=False)
+    table.add_column("src", no_wrap=True, min_width=4)
+    table.add_column("op", no_wrap=True, min_width=21)
+    for name in ("calls/s", "p50µs", "p95µs", "p99µs", "err/s", "MB/s", "pids"):
+        table.add_column(name, justify="right", no_wrap=True, min_width=len(name))
     for (source, op), m in sorted(merged.items(), key=lambda kv: -kv[1]["total_ns"]):
         table.add_row(
-            source, op, f"{m['count'] / seconds:.0f}", _us(m["p50_ns"]), _us(m["p95_ns"]),
-            _us(m["p99_ns"]), str(m["errors"]), f"{m['bytes'] / 1e6:.1f}", str(m["pids"]),
+            _SHORT.get(source, source), op, f"{m['count'] / seconds:.0f}", _us(m["p50_ns"]),
+            _us(m["p95_ns"]), _us(m["p99_ns"]), f"{m['errors'] / seconds:.0f}",
+            f"{m['bytes'] / seconds / 1e6:.1f}", str(m["pids"]),
         )  # fmt: skip
     h = result.host
     line = Text(

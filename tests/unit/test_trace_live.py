@@ -29,6 +29,6 @@ def test_render_merges_processes_and_shows_host_context() -> None:
     malloc = next(line for line in text.splitlines() if "cudaMalloc" in line)
     assert "200" in malloc  # (100 + 300) calls over 2 s
     assert "8.0" in malloc  # worst process's p99, in µs
-    assert "1.6" in malloc  # 400 calls of 4096 bytes, in MB
+    assert "0.8" in malloc  # 400 calls of 4096 bytes in 2 s, in MB/s
     assert text.index("cudaMalloc") < text.index("cudaFree")  # busiest first
     assert "off-CPU 5.0 ms" in text and "dropped 4" in text and "TCP retrans 1" in text

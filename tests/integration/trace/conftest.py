@@ -23,10 +23,11 @@ NCCL_WHEEL = "nvidia-nccl-cu13"
 
 
 @pytest.fixture(scope="session")
-def bpf_ready() -> None:
+def bpf_ready(tmp_path_factory: pytest.TempPathFactory) -> None:
     """Skip unless ``ingero check`` says tracing can run here (root, BCC, headers, tracefs)."""
+    db = tmp_path_factory.mktemp("check") / "node.db"
     out = subprocess.run(
-        [sys.executable, "-m", "ingero.cli.main", "check", "--json", "--db", "/tmp/ingero-check.db"],
+        [sys.executable, "-m", "ingero.cli.main", "check", "--json", "--db", str(db)],
         capture_output=True, text=True, cwd=REPO, timeout=120, check=False,
     )  # fmt: skip
     try:
