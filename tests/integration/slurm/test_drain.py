@@ -297,6 +297,38 @@ def test_fleet_in_panic_drains_nothing(slurm: SlurmCluster, tmp_path: Path) -> N
         assert fleet.stop() == 0
 
 
+def test_fleet_dry_run_changes_nothing(slurm: SlurmCluster, tmp_path: Path) -> None:
+    fleet = start_drain_fleet(tmp_path, slurm, {"drain": {**FLEET_DRAIN["drain"], "dry_run": True}})
+    try:
+        before = nodes(slurm)
+        wait_for(
+            lambda: push_all(fleet, SCORES) or "would drain with reason" in fleet.log(),
+            60,
+            "a dry-run decision",
+        )
+        # the event leaves through Fleet's event exit point on a later tick
+        wait_for(lambda: "ingero drain_skipped: node n3 job 41" in fleet.log(), 20, "the event")
+        assert nodes(slurm) == before
+    finally:
+        assert fleet.stop() == 0
+
+
+def test_fleet_keeps_a_reason_it_did_not_write(slurm: SlurmCluster, tmp_path: Path) -> None:
+    slurm.run(["scontrol", "update", "nodename=n3", "state=drain", f"reason={ADMIN}"])
+    fleet = start_drain_fleet(tmp_path, slurm)
+    try:
+        wait_for(
+            lambda: push_all(fleet, SCORES) or "a reason ingero did not write" in fleet.log(),
+            60,
+            "a foreign-reason skip",
+        )
+        state = nodes(slurm)
+        assert state["n3"].reason == ADMIN
+        assert [name for name, n in state.items() if n.drained] == ["n3"]
+    finally:
+        assert fleet.stop() == 0
+
+
 def test_stopped_slurm_controller_does_not_stall_ingestion(
     slurm: SlurmCluster, tmp_path: Path
 ) -> None:
