@@ -229,3 +229,17 @@ def test_epilog_summarises_from_the_journal(hooks: Path, tmp_path: Path) -> None
     assert record["INGERO_STRAGGLER_EPISODES"] == "1"
     assert float(record["INGERO_STRAGGLER_SECONDS"]) == pytest.approx(0.49, abs=0.01)
     assert not (tmp_path / "jobs" / "77.json").exists()
+
+
+def test_hooks_never_run_a_slurm_command(hooks: Path, tmp_path: Path) -> None:
+    tripwires = tmp_path / "bin"
+    tripwires.mkdir()
+    for name in ("scontrol", "sinfo", "squeue", "sacct", "srun", "sbatch", "scancel"):
+        script = tripwires / name
+        script.write_text(f"#!/bin/sh\necho {name} >> {tmp_path}/called\nexit 0\n")
+        script.chmod(0o755)
+    env = {**ENV, "PATH": f"{tripwires}:/usr/bin:/bin", "SLURM_PROCID": "0"}
+    for name in ("prolog", "taskprolog", "epilog"):
+        assert run_hook(hooks, name, env).returncode == 0
+    assert not (tmp_path / "called").exists()
+    assert not (tmp_path / "jobs" / "77.json").exists()  # the cycle ran to the end
