@@ -53,12 +53,14 @@ class ScorePoint:
 class _Episode:
     """An open straggler episode as the writer keeps it between commits."""
 
-    id: int  # 0 until inserted
+    id: int
     start_ts: float
     last_ts: float
     max_depth: float | None
     min_score: float | None
     n_events: int
+    end_ts: float | None = None
+    new: bool = False  # not yet in the table
 
 
 @dataclass
@@ -276,7 +278,8 @@ class Store:
         return counts
 
     def _load_open_episodes(self) -> None:
-        """The open episode of each (cluster, node, job): the writer's authoritative cache."""
+        """The open episode of each (cluster, node, job): the writer's authoritative cache.
+        Episode ids are handed out here too (one writer), so new ones insert in one go."""
         self._open = {
             (c, n, j): _Episode(i, s, last, d, m, k)
             for i, c, n, j, s, last, d, m, k in self._conn.execute(
@@ -284,20 +287,21 @@ class Store:
                 " min_score, n_events FROM episodes WHERE end_ts IS NULL"
             )
         }
+        self._next_episode = int(
+            self._conn.execute("SELECT coalesce(max(id), 0) + 1 FROM episodes").fetchone()[0]
+        )
 
     def _fold_episodes(self, events: Iterable[Event]) -> None:
-        conn = self._conn
-        dirty: dict[tuple[str, str, str], _Episode] = {}
-        closed: list[tuple[float, int, int]] = []
+        touched: dict[int, tuple[tuple[str, str, str], _Episode]] = {}
         for ev in events:
             key = (ev.cluster_id, ev.node_id, ev.job_id or "")
             ep = self._open.get(key)
             if ev.type == "straggler_resolved":
                 if ep is not None:
-                    self._write_episode(ep, key)
-                    closed.append((max(ep.last_ts, ev.timestamp), ep.n_events + 1, ep.id))
+                    ep.end_ts = max(ep.last_ts, ev.timestamp)
+                    ep.n_events += 1
+                    touched[ep.id] = (key, ep)
                     del self._open[key]
-                    dirty.pop(key, None)
                 continue
             depth = (
                 ev.threshold - ev.score
@@ -305,7 +309,10 @@ class Store:
                 else None
             )
             if ep is None:
-                ep = self._open[key] = _Episode(0, ev.timestamp, ev.timestamp, depth, ev.score, 0)
+                ep = _Episode(self._next_episode, ev.timestamp, ev.timestamp, depth, ev.score, 0)
+                ep.new = True
+                self._next_episode += 1
+                self._open[key] = ep
             else:
                 ep.start_ts = min(ep.start_ts, ev.timestamp)
                 ep.last_ts = max(ep.last_ts, ev.timestamp)
@@ -314,26 +321,25 @@ class Store:
                 if ev.score is not None and (ep.min_score is None or ev.score < ep.min_score):
                     ep.min_score = ev.score
             ep.n_events += 1
-            dirty[key] = ep
-        for key, ep in dirty.items():
-            self._write_episode(ep, key)
-        conn.executemany("UPDATE episodes SET end_ts = ?, n_events = ? WHERE id = ?", closed)
-
-    def _write_episode(self, ep: _Episode, key: tuple[str, str, str]) -> None:
-        values = (ep.start_ts, ep.last_ts, ep.max_depth, ep.min_score, ep.n_events)
-        if ep.id == 0:
-            cur = self._conn.execute(
-                "INSERT INTO episodes (cluster_id, node_id, job_id, start_ts, last_ts,"
-                " max_depth, min_score, n_events) VALUES (?,?,?,?,?,?,?,?)",
-                (*key, *values),
-            )
-            ep.id = int(cur.lastrowid or 0)
-        else:
-            self._conn.execute(
-                "UPDATE episodes SET start_ts = ?, last_ts = ?, max_depth = ?, min_score = ?,"
-                " n_events = ? WHERE id = ?",
-                (*values, ep.id),
-            )
+            touched[ep.id] = (key, ep)
+        inserts, updates = [], []
+        for key, ep in touched.values():
+            values = (ep.start_ts, ep.last_ts, ep.end_ts, ep.max_depth, ep.min_score, ep.n_events)
+            if ep.new:
+                inserts.append((ep.id, *key, *values))
+                ep.new = False
+            else:
+                updates.append((*values, ep.id))
+        self._conn.executemany(
+            "INSERT INTO episodes (id, cluster_id, node_id, job_id, start_ts, last_ts, end_ts,"
+            " max_depth, min_score, n_events) VALUES (?,?,?,?,?,?,?,?,?,?)",
+            inserts,
+        )
+        self._conn.executemany(
+            "UPDATE episodes SET start_ts = ?, last_ts = ?, end_ts = ?, max_depth = ?,"
+            " min_score = ?, n_events = ? WHERE id = ?",
+            updates,
+        )
 
     def _touch_nodes(self, events: list[Event]) -> None:
         facts: dict[tuple[str, str], list[Any]] = {}
