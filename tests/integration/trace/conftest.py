@@ -213,3 +213,15 @@ def finish(proc: subprocess.Popen[str]) -> dict[str, str]:
     out, err = proc.communicate("go\n", timeout=120)
     assert proc.returncode == 0, err
     return dict(line.split("=", 1) for line in out.splitlines() if "=" in line)
+
+
+@pytest.fixture(scope="session")
+def driver_loop(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """driver_loop.c linked against fake_libcuda.c built as libcuda.so.1 (no driver here).
+
+    -O0 keeps identical function bodies at distinct addresses (no identical-code folding).
+    """
+    out = tmp_path_factory.mktemp("driver")
+    _gcc(HERE / "fake_libcuda.c", out / "libcuda.so.1", "-O0", "-shared", "-fPIC")
+    return _gcc(HERE / "driver_loop.c", out / "driver_loop", str(out / "libcuda.so.1"),
+                f"-Wl,-rpath,{out}")  # fmt: skip

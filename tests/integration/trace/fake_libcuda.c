@@ -1,0 +1,40 @@
+/* A stand-in libcuda.so.1 for machines without the NVIDIA driver: the driver API entry
+ * points ingero probes, with their real signatures, each failing with FAKE_ERROR.
+ * cuMemAlloc is an alias of cuMemAlloc_v2 (one address, two names), like NCCL's
+ * ncclX/pncclX, so the test also proves each address is probed once. */
+#include <stddef.h>
+
+#define FAKE_ERROR 999
+typedef unsigned long long CUdeviceptr;
+typedef void *CUstream;
+typedef void *CUfunction;
+
+int cuMemAlloc_v2(CUdeviceptr *dptr, size_t bytes) {
+    (void)dptr;
+    return bytes ? FAKE_ERROR : 1;
+}
+int cuMemAlloc(CUdeviceptr *dptr, size_t bytes) __attribute__((alias("cuMemAlloc_v2")));
+
+int cuMemcpyHtoD_v2(CUdeviceptr dst, const void *src, size_t bytes) {
+    (void)dst, (void)src;
+    return bytes ? FAKE_ERROR : 1;
+}
+
+int cuMemcpyDtoH_v2(void *dst, CUdeviceptr src, size_t bytes) {
+    (void)dst, (void)src;
+    return bytes ? FAKE_ERROR : 1;
+}
+
+int cuLaunchKernel(CUfunction f, unsigned gx, unsigned gy, unsigned gz, unsigned bx, unsigned by,
+                   unsigned bz, unsigned shmem, CUstream stream, void **params, void **extra) {
+    (void)f, (void)gx, (void)gy, (void)gz, (void)bx, (void)by, (void)bz, (void)shmem;
+    (void)stream, (void)params, (void)extra;
+    return FAKE_ERROR;
+}
+
+int cuCtxSynchronize(void) { return FAKE_ERROR; }
+
+int cuStreamSynchronize(CUstream stream) {
+    (void)stream;
+    return FAKE_ERROR;
+}
