@@ -1,0 +1,124 @@
+"""The Ansible playbook, linted, and run in a real systemd (PID 1 in namespaces), offline."""
+
+from __future__ import annotations
+
+import json
+import re
+import shutil
+import subprocess
+import sys
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+
+from tests.integration.systemd.conftest import ROOT, Artefacts
+from tests.integration.systemd.sysdns import SystemdContainer
+
+pytestmark = pytest.mark.integration
+
+Boot = Callable[[str], SystemdContainer]
+ANSIBLE = ROOT / "ansible"
+BIN = Path(sys.executable).parent
+CENTRAL = ["ingero-fleet", "ingero-echo"]
+AGENT = ["ingero-push", "ingero-sink"]
+INVENTORY = """[gpu_nodes]
+localhost ansible_connection=local
+[fleet_host]
+localhost ansible_connection=local
+"""
+
+
+def playbook(
+    box: SystemdContainer, artefacts: Artefacts, tmp_path: Path, *extra: str
+) -> dict[str, int]:
+    """Run site.yml inside the container; returns the PLAY RECAP counters for localhost."""
+    inventory = tmp_path / "hosts.ini"
+    inventory.write_text(INVENTORY)
+    result = box.run(
+        "env",
+        f"ANSIBLE_CONFIG={ANSIBLE / 'ansible.cfg'}",
+        f"ANSIBLE_LOCAL_TEMP={tmp_path / 'ansible-tmp'}",
+        "ANSIBLE_NOCOLOR=1",
+        str(BIN / "ansible-playbook"),
+        "-i",
+        str(inventory),
+        str(ANSIBLE / "site.yml"),
+        "-e",
+        f"ingero_wheelhouse={artefacts.wheelhouse_tar}",
+        # the container mounts /sys read-only with no tracefs: BPF probes cannot attach there
+        "-e",
+        "agent_trace_enabled=false",
+        *extra,
+        check=False,
+        timeout=600,
+    )
+    recap = re.search(r"^localhost\s+:\s+(.*)$", result.stdout, re.M)
+    assert recap, result.stdout[-3000:] + result.stderr[-2000:]
+    counters = {k: int(v) for k, v in re.findall(r"(\w+)=(\d+)", recap.group(1))}
+    assert result.returncode == 0 and counters["failed"] == 0, result.stdout[-4000:]
+    return counters
+
+
+@pytest.mark.skipif(shutil.which("ansible-lint", path=str(BIN)) is None, reason="no ansible-lint")
+def test_ansible_lint_production_profile() -> None:
+    result = subprocess.run(
+        [str(BIN / "ansible-lint"), "--profile", "production", "--nocolor"],
+        cwd=ANSIBLE,
+        capture_output=True,
+        text=True,
+        timeout=300,
+        check=False,
+    )
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    assert "Profile 'production' was required, and it passed" in result.stderr
+
+
+def test_playbook_installs_starts_restarts_on_change_and_is_idempotent(
+    boot: Boot, artefacts: Artefacts, tmp_path: Path
+) -> None:
+    box = boot("ans")
+    slurm_conf = box.root / "etc/slurm/slurm.conf"
+    before = slurm_conf.read_bytes() if slurm_conf.exists() else None
+
+    first = playbook(box, artefacts, tmp_path)
+    assert first["changed"] > 0
+    for unit in CENTRAL + AGENT:
+        assert box.prop(unit, "ActiveState") == "active", unit
+        assert box.prop(unit, "UnitFileState") == "enabled", unit
+        assert box.prop(unit, "FragmentPath") == f"/etc/systemd/system/{unit}.service"
+    assert box.run("/usr/local/bin/ingero", "--version").stdout.startswith("ingero, version")
+    push_conf = (box.root / "etc/ingero/fleet-push.yaml").read_text()
+    assert "fleet_endpoint: http://localhost:4318" in push_conf
+    assert box.run("test", "-x", "/usr/lib/ingero/slurm/prolog").returncode == 0
+    hooks_env = (box.root / "etc/default/ingero-slurm").read_text()
+    assert "INGERO_PYTHON=/opt/ingero/venv/bin/python" in hooks_env
+    assert "Prolog=/usr/lib/ingero/slurm/prolog" in (box.root / "etc/slurm/ingero.conf").read_text()
+    # the site's slurm.conf is not edited without slurm_hooks_edit_slurm_conf
+    assert (slurm_conf.read_bytes() if slurm_conf.exists() else None) == before
+
+    # a running service's event, found in the journal by its fields
+    out = box.journal("-o", "json", "-u", "ingero-push", "INGERO_EVENT=detection_mode")
+    assert any(json.loads(line)["INGERO_CLUSTER"] == "default" for line in out.splitlines())
+
+    assert playbook(box, artefacts, tmp_path)["changed"] == 0
+
+    # a changed fleet.yaml restarts fleet (handler), and only fleet
+    pids = {unit: box.prop(unit, "MainPID") for unit in CENTRAL + AGENT}
+    changed = playbook(box, artefacts, tmp_path, "-e", '{"fleet_config": {"push_interval": "7s"}}')
+    assert changed["changed"] == 2  # fleet.yaml + its restart handler
+    assert "push_interval: 7s" in (box.root / "etc/ingero/fleet.yaml").read_text()
+    assert box.prop("ingero-fleet", "MainPID") != pids["ingero-fleet"]
+    assert box.prop("ingero-fleet", "ActiveState") == "active"
+    for unit in ["ingero-echo", *AGENT]:
+        assert box.prop(unit, "MainPID") == pids[unit], unit
+
+
+def test_check_mode_on_a_fresh_host_changes_nothing(
+    boot: Boot, artefacts: Artefacts, tmp_path: Path
+) -> None:
+    box = boot("chk")
+    counters = playbook(box, artefacts, tmp_path, "--check")
+    assert counters["changed"] > 0  # it reports what it would do ...
+    for path in ("/opt/ingero", "/etc/ingero", "/etc/systemd/system/ingero-fleet.service"):
+        assert box.run("test", "-e", path, check=False).returncode == 1, path  # ... does none
