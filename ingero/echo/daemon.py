@@ -119,8 +119,17 @@ class EchoDaemon:
             mcp_routes=mcp_routes,
             mcp_lifespan=mcp.session_manager.run if self.config.mcp_http else None,
         )
-        api_sock = _bind(self.config.listen.api, "the API")
-        otlp_sock = _bind(self.config.listen.otlp_http, "OTLP/HTTP")
+        try:
+            api_sock = _bind(self.config.listen.api, "the API")
+        except BaseException:
+            self.store.close()
+            raise
+        try:
+            otlp_sock = _bind(self.config.listen.otlp_http, "OTLP/HTTP")
+        except BaseException:
+            api_sock.close()
+            self.store.close()
+            raise
         self._servers = [
             # room for long query strings, so the app (not h11) answers them, as JSON
             _Server(
