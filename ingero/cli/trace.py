@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import re
 import signal
+import sys
 import threading
 import time
 from pathlib import Path
@@ -16,7 +17,7 @@ from ingero.clock import SystemClock
 from ingero.errors import UnavailableError, UsageError
 
 if TYPE_CHECKING:
-    from ingero.trace.tracer import Tracer
+    from ingero.trace.tracer import TickResult, Tracer
 
 DEFAULT_DB = Path("/var/lib/ingero/ingero.db")
 _SIZE_RE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([kmgt]?)i?b?\s*$", re.IGNORECASE)
@@ -104,6 +105,7 @@ def trace(
 
 
 PUMP_S = 0.05
+RESCAN_S = 5.0
 
 
 def _wait(tracer: Tracer, interval: float, stop: threading.Event) -> bool:
@@ -112,8 +114,23 @@ def _wait(tracer: Tracer, interval: float, stop: threading.Event) -> bool:
     while (left := deadline - time.monotonic()) > 0:
         if stop.wait(min(PUMP_S, left)):
             return False
-        tracer.pump()
+        try:
+            tracer.pump()
+        except Exception as exc:  # the next pump or tick retries; tracing goes on
+            print(f"ingero trace: reading samples failed: {exc}", file=sys.stderr)
     return not stop.is_set()
+
+
+def step(tracer: Tracer, n: int, interval: float) -> TickResult | None:
+    """Interval ``n``: tick (and rescan every RESCAN_S); None when it failed (logged)."""
+    try:
+        result = tracer.tick()
+        if n % max(1, round(RESCAN_S / interval)) == 0:
+            tracer.rescan()
+    except Exception as exc:  # a transient map or /proc error must not end the service
+        print(f"ingero trace: interval failed: {type(exc).__name__}: {exc}", file=sys.stderr)
+        return None
+    return result
 
 
 def _run_headless(tracer: Tracer, interval: float, stop: threading.Event) -> None:
@@ -121,13 +138,14 @@ def _run_headless(tracer: Tracer, interval: float, stop: threading.Event) -> Non
 
     notifier = sdnotify.SystemdNotifier()
     notifier.notify(f"READY=1\nSTATUS=tracing, {tracer.probe_count} probes attached")
-    rescan_every = max(1, round(5.0 / interval))
     n = 0
     while _wait(tracer, interval, stop):
-        result = tracer.tick()
         n += 1
-        if n % rescan_every == 0:
-            tracer.rescan()
+        result = step(tracer, n, interval)
+        if result is None:
+            # No watchdog ping: if intervals keep failing, systemd restarts the service.
+            notifier.notify("STATUS=the last interval failed (see the journal)")
+            continue
         calls = sum(r["count"] for r in result.intervals if isinstance(r["count"], int))
         notifier.notify(
             f"WATCHDOG=1\nSTATUS={calls} calls, {result.processes} processes, "
@@ -141,12 +159,10 @@ def _run_live(tracer: Tracer, interval: float, stop: threading.Event) -> None:
 
     from ingero.trace.live import render
 
-    rescan_every = max(1, round(5.0 / interval))
     n = 0
     with Live(auto_refresh=False) as live:
         while _wait(tracer, interval, stop):
-            result = tracer.tick()
             n += 1
-            if n % rescan_every == 0:
-                tracer.rescan()
-            live.update(render(result), refresh=True)
+            result = step(tracer, n, interval)
+            if result is not None:
+                live.update(render(result), refresh=True)

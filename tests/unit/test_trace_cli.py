@@ -2,11 +2,15 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+from typing import Any
+
 import pytest
 from click.testing import CliRunner
 
-from ingero.cli.trace import parse_size, trace
+from ingero.cli.trace import parse_size, step, trace
 from ingero.errors import UnavailableError, UsageError
+from tests.unit.test_trace_tracer import make_tracer
 
 
 def test_parse_size() -> None:
@@ -38,3 +42,21 @@ def test_unwritable_db_is_one_clear_error() -> None:
     result = CliRunner().invoke(trace, ["--record", "--db", "/proc/self/nope/node.db"])
     assert isinstance(result.exception, UnavailableError)
     assert "cannot open the node DB" in str(result.exception)
+
+
+def test_a_failing_interval_is_logged_and_the_next_one_runs(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    tracer, probes, _, clock = make_tracer(tmp_path)
+    real = probes.snapshot
+
+    def broken() -> Any:
+        raise OSError("map read failed")
+
+    probes.snapshot = broken  # type: ignore[method-assign]
+    clock.advance(1.0)
+    assert step(tracer, 1, 1.0) is None
+    assert "interval failed: OSError: map read failed" in capsys.readouterr().err
+    probes.snapshot = real  # type: ignore[method-assign]
+    clock.advance(1.0)
+    assert step(tracer, 2, 1.0) is not None

@@ -66,7 +66,7 @@ class Sink:
         return True
 
 
-def _tracer(tmp_path: Path) -> tuple[Tracer, FakeProbes, Sink, ManualClock]:
+def make_tracer(tmp_path: Path) -> tuple[Tracer, FakeProbes, Sink, ManualClock]:
     (tmp_path / "proc" / "42").mkdir(parents=True)
     (tmp_path / "proc" / "42" / "environ").write_bytes(b"SLURM_JOB_ID=8\0SLURM_PROCID=0\0")
     probes, sink, clock = FakeProbes(), Sink(), ManualClock()
@@ -77,7 +77,7 @@ def _tracer(tmp_path: Path) -> tuple[Tracer, FakeProbes, Sink, ManualClock]:
 
 
 def test_interval_rows_samples_and_exit_cleanup(tmp_path: Path) -> None:
-    tracer, probes, sink, clock = _tracer(tmp_path)
+    tracer, probes, sink, clock = make_tracer(tmp_path)
     probes.pending = [_sample(42, KIND_NEW)]
     tracer.pump()
     assert probes.traced == [42]  # tagged and traced as soon as it first called
@@ -106,7 +106,7 @@ def test_interval_rows_samples_and_exit_cleanup(tmp_path: Path) -> None:
 
 
 def test_bad_samples_are_counted_and_the_loop_goes_on(tmp_path: Path) -> None:
-    tracer, probes, sink, clock = _tracer(tmp_path)
+    tracer, probes, sink, clock = make_tracer(tmp_path)
     probes.pending = [b"short", _sample(42, kind=77), _sample(42)]
     clock.advance(1.0)
     result = tracer.tick()
