@@ -130,6 +130,29 @@ def test_ingero_events_reads_episodes_a_service_wrote(boot: Boot, artefacts: Art
     assert "n7" in table and "45s" in table and "n8" not in table
 
 
+def test_trace_loads_bpf_and_push_reads_its_node_db(boot: Boot, artefacts: Artefacts) -> None:
+    box = install(boot, artefacts, "bpf")
+    start = box.run("systemctl", "start", "ingero-trace.service", check=False, timeout=300)
+    if start.returncode != 0 and box.prop("ingero-trace", "ExecMainStatus") == "69":
+        # EX_UNAVAILABLE: no BCC, or the kernel refused the programs (the journal says which)
+        last = box.journal("-u", "ingero-trace", "-o", "cat").strip().splitlines()
+        pytest.skip(f"BPF cannot load here: {[x for x in last if 'ingero:' in x][-1:]}")
+    assert start.returncode == 0, start.stderr
+    assert box.prop("ingero-trace", "StatusText").startswith("tracing")
+    # hardened as it is (bounded capabilities, syscall filter), trace writes the node DB ...
+    assert box.run("stat", "-c", "%U:%G", "/var/lib/ingero/ingero.db").stdout.strip() == (
+        "root:ingero"
+    )
+    # ... and unprivileged fleet-push, ordered after it, reads it
+    box.run("systemctl", "start", "ingero-push.service")
+
+    def reads_db() -> bool:
+        status = box.prop("ingero-push", "StatusText")
+        return "score=" in status and not status.startswith("stale")  # stale: DB unreadable
+
+    assert wait_for(reads_db, timeout=30), box.prop("ingero-push", "StatusText")
+
+
 def test_remove_and_purge_are_clean(boot: Boot, artefacts: Artefacts) -> None:
     box = install(boot, artefacts, "rm")
     box.run("systemctl", "enable", "--now", "ingero-sink.service")
