@@ -9,10 +9,13 @@ from __future__ import annotations
 
 import json
 import logging
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from contextlib import asynccontextmanager
 from typing import Any
 
+from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
+from prometheus_client.core import CounterMetricFamily
+from prometheus_client.registry import Collector
 from starlette.applications import Starlette
 from starlette.concurrency import run_in_threadpool
 from starlette.exceptions import HTTPException
@@ -112,6 +115,11 @@ def build_app(
             raise AccessDenied("status covers every cluster; it needs an unscoped token")
         return JSONResponse({"version": __version__, **service.status()})
 
+    async def metrics_handler(request: Request, principal: Principal) -> Response:
+        if principal.clusters is not None:
+            raise AccessDenied("metrics cover every cluster; they need an unscoped token")
+        return Response(prometheus_text(service.status()), media_type=CONTENT_TYPE_LATEST)
+
     openapi = openapi_document()
 
     async def openapi_endpoint(request: Request) -> Response:
@@ -124,6 +132,7 @@ def build_app(
         Route(f"{PREFIX}/openapi.json", openapi_endpoint, methods=["GET"]),
         Route("/healthz", healthz, methods=["GET"]),
         Route(f"{PREFIX}/status", guarded(status_handler), methods=["GET"]),
+        Route("/metrics", guarded(metrics_handler), methods=["GET"]),
         Route(f"{PREFIX}/sql", guarded(sql_handler), methods=["POST"]),
     ]
     routes += [
@@ -156,6 +165,48 @@ def build_app(
         exception_handlers={HTTPException: http_error, Exception: server_error},
         lifespan=lifespan,
     )
+
+
+_STORE_COUNTERS = {
+    "events_stored": "Events stored (new event_ids)",
+    "events_duplicate": "Events received again and not stored twice",
+    "scores_stored": "Health-score samples kept in the history",
+    "commits": "Write transactions committed",
+    "commit_errors": "Write transactions that failed (their senders were told to retry)",
+    "retention_deleted": "Events deleted by retention",
+}
+
+
+class _StatusCollector(Collector):
+    def __init__(self, status: dict[str, Any]) -> None:
+        self.status = status
+
+    def collect(self) -> Iterator[CounterMetricFamily]:
+        ingest = self.status.get("ingest", {})
+        store = self.status.get("store", {})
+        for key, help_text in (
+            ("requests", "OTLP requests received"),
+            ("events_received", "Events in accepted OTLP requests"),
+            ("scores_received", "Health-score points in accepted OTLP requests"),
+        ):
+            yield CounterMetricFamily(
+                f"ingero_echo_ingest_{key}", help_text, value=ingest.get(key, 0)
+            )
+        rejected = CounterMetricFamily(
+            "ingero_echo_ingest_rejected", "OTLP requests refused, by reason", labels=["reason"]
+        )
+        for reason, count in sorted(ingest.get("rejected", {}).items()):
+            rejected.add_metric([reason], count)
+        yield rejected
+        for key, help_text in _STORE_COUNTERS.items():
+            yield CounterMetricFamily(f"ingero_echo_{key}", help_text, value=store.get(key, 0))
+
+
+def prometheus_text(status: dict[str, Any]) -> bytes:
+    """Echo's counters in the Prometheus text format."""
+    registry = CollectorRegistry(auto_describe=False)
+    registry.register(_StatusCollector(status))
+    return generate_latest(registry)
 
 
 def openapi_document() -> dict[str, Any]:

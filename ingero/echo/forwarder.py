@@ -14,6 +14,7 @@ import http.client
 import logging
 import random
 import threading
+import time
 import urllib.parse
 from collections import deque
 from collections.abc import Iterable, Sequence
@@ -29,6 +30,7 @@ from ingero.otlp.logs import encode_events
 
 log = logging.getLogger("ingero.echo.forwarder")
 
+_DROP_LOG_INTERVAL = 10.0
 _RETRY_HTTP = frozenset({408, 429, 500, 502, 503, 504})
 _RETRY_GRPC = frozenset(
     {
@@ -163,6 +165,7 @@ class Forwarder:
         self._cond = threading.Condition()
         self._closing = False
         self._inflight = 0
+        self._next_drop_log = 0.0
         self._thread = threading.Thread(target=self._run, name="echo-forwarder", daemon=True)
         self._thread.start()
 
@@ -185,6 +188,11 @@ class Forwarder:
         with self.stats._lock:
             self.stats.queued += accepted
             self.stats.dropped_full += dropped
+            total = self.stats.dropped_full
+        now = time.monotonic()
+        if dropped and now >= self._next_drop_log:
+            self._next_drop_log = now + _DROP_LOG_INTERVAL  # one line per interval, not per drop
+            log.warning("echo forwarder queue full: dropped %d events (%d in all)", dropped, total)
         return accepted
 
     def pending(self) -> int:

@@ -141,6 +141,15 @@ def test_bad_input_gets_a_clear_error_is_counted_and_nothing_is_stored_half(
     rejected = body["ingest"]["rejected"]
     assert rejected["malformed"] >= 3 and rejected["too_large"] >= 1
     assert rejected["invalid_event"] >= 3 and rejected["bad_content_type"] >= 1
+    status, text = http("GET", f"{echo.url}/metrics", token=TOKEN_OPS)
+    assert status == 200
+    metrics = text.decode()
+    assert (
+        f'ingero_echo_ingest_rejected_total{{reason="malformed"}} {rejected["malformed"]}.0'
+        in metrics
+    )
+    assert "ingero_echo_events_stored_total" in metrics
+    assert http("GET", f"{echo.url}/metrics", token=TOKEN_A)[0] == 403
     # the API refuses bad questions the same way
     for name, params, message in [
         ("stragglers", {"limit": "lots"}, "limit must be an integer"),
