@@ -6,6 +6,7 @@ import json
 import os
 import sqlite3
 import statistics
+import subprocess
 from pathlib import Path
 from typing import Any
 
@@ -30,6 +31,13 @@ OPS = {
     "cudaGraphLaunch": 0,
 }
 COUNT_SQL = "SELECT SUM(count) FROM intervals WHERE pid = ? AND op = 'cudaGraphLaunch'"
+
+
+def _block_backed(path: Path) -> bool:
+    """Whether ``path`` lives on a block device (so writes there reach block I/O)."""
+    out = subprocess.run(["findmnt", "-no", "SOURCE", "--target", str(path)],
+                         capture_output=True, text=True, check=False).stdout  # fmt: skip
+    return out.strip().startswith("/dev/")
 
 
 def _rows(db: Path, sql: str, *args: object) -> list[sqlite3.Row]:
@@ -60,6 +68,16 @@ def test_cuda_calls_counted_timed_and_sampled(
     codes = finish(workload)
     got = wait_rows(tracer.db, COUNT_SQL, (workload.pid,), ITERS, tracer.notify)
     assert got == ITERS
+    # Block I/O for the host context: synced writes to the disk under the test's tmp dir.
+    on_disk = _block_backed(tracer.db.parent)
+    if on_disk:
+        with open(tracer.db.parent / "io.bin", "wb") as f:
+            for _ in range(8):
+                f.write(os.urandom(1 << 20))
+                f.flush()
+                os.fsync(f.fileno())
+        wait_rows(tracer.db, "SELECT SUM(block_io_count) FROM host_intervals", (), 1,
+                  tracer.notify)  # fmt: skip
     code, err = tracer.stop()
     assert code == 0, err
 
@@ -101,9 +119,14 @@ def test_cuda_calls_counted_timed_and_sampled(
     off = per_op["offcpu"]
     assert off["n"] >= 0.9 * ITERS
     assert off["total"] >= 0.9 * ITERS * SLEEP_US * 1000
-    host = _rows(tracer.db, "SELECT SUM(offcpu_ns) s, SUM(dropped_events) d FROM host_intervals")[0]
+    host = _rows(tracer.db, "SELECT SUM(offcpu_ns) s, SUM(dropped_events) d, "
+                 "SUM(page_allocs) pages, SUM(block_io_count) io, MAX(block_io_p99_ns) io99 "
+                 "FROM host_intervals")[0]  # fmt: skip
     assert host["s"] >= off["total"]
     assert host["d"] == 0
+    assert host["pages"] > 0
+    if on_disk:
+        assert host["io"] > 0 and host["io99"] > 0
 
 
 def test_later_processes_caught_and_tagged(start_tracer: Any, spawn: Any, cuda_loop: Path) -> None:
