@@ -1,10 +1,7 @@
 """ingero: GPU-cluster straggler detection and GPU observability."""
 
-from importlib.metadata import PackageNotFoundError, version
-
-try:
-    __version__ = version("ingero")
-except PackageNotFoundError:  # running from a source tree that was never installed
-    __version__ = "0.0.0+unknown"
+# The one place the version is written; pyproject.toml reads it from here. A literal rather
+# than importlib.metadata, whose package scan costs tens of ms on every CLI and Slurm hook start.
+__version__ = "0.1.0"
 
 __all__ = ["__version__"]
