@@ -28,6 +28,7 @@ from opentelemetry.proto.collector.metrics.v1.metrics_service_pb2 import (
     ExportMetricsServiceResponse,
 )
 from starlette.applications import Starlette
+from starlette.concurrency import run_in_threadpool
 from starlette.exceptions import HTTPException
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
@@ -239,30 +240,26 @@ class Ingest:
         except IngestError as exc:
             return _error(exc.http_status, str(exc))
         try:
-            body = await _read_limited(request, self.max_request_bytes)
-            if content_type == "application/x-protobuf":
-                message = parse_protobuf(body, req_cls)
-            elif content_type == "application/json":
-                message = parse_json(body, req_cls)
-            else:
+            if content_type not in ("application/x-protobuf", "application/json"):
                 raise IngestError(
                     "bad_content_type",
                     "Content-Type must be application/x-protobuf or application/json",
                     415,
                 )
-        except OtlpDecodeError as exc:
-            self.stats.reject("malformed")
-            return _error(400, str(exc))
+            body = await _read_limited(request, self.max_request_bytes)
         except IngestError as exc:
             self.stats.reject(exc.reason)
             return _error(exc.http_status, str(exc))
         try:
-            if isinstance(message, ExportLogsServiceRequest):
-                future = self.logs_future(message, principal)
-            else:
-                assert isinstance(message, ExportMetricsServiceRequest)
-                future = self.metrics_future(message, principal)
+            # Decoding a big batch takes milliseconds: off the event loop, so small requests
+            # (health checks, other senders' replies) are not held up behind it.
+            future = await run_in_threadpool(
+                self._decode_submit, body, content_type, req_cls, principal
+            )
             await asyncio.wait_for(asyncio.wrap_future(future), COMMIT_TIMEOUT)
+        except OtlpDecodeError as exc:
+            self.stats.reject("malformed")
+            return _error(400, str(exc))
         except IngestError as exc:
             return _error(exc.http_status, str(exc))
         except (UnavailableError, TimeoutError) as exc:
@@ -270,6 +267,18 @@ class Ingest:
         if content_type == "application/json":
             return Response(to_json(resp_cls()), media_type="application/json")
         return Response(resp_cls().SerializeToString(), media_type="application/x-protobuf")
+
+    def _decode_submit(
+        self, body: bytes, content_type: str, req_cls: type[Message], principal: Principal
+    ) -> concurrent.futures.Future[int]:
+        if content_type == "application/json":
+            message = parse_json(body, req_cls)
+        else:
+            message = parse_protobuf(body, req_cls)
+        if isinstance(message, ExportLogsServiceRequest):
+            return self.logs_future(message, principal)
+        assert isinstance(message, ExportMetricsServiceRequest)
+        return self.metrics_future(message, principal)
 
     # -- OTLP/gRPC ---------------------------------------------------------------------------
 
