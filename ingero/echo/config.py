@@ -44,6 +44,12 @@ class AuthConfig:
     tokens_file: str | None = None
     # With a tokens file, OTLP senders (Fleet) need a token too, scoped like readers'.
     ingest_requires_token: bool = True
+    tls_cert: str | None = None  # PEM; with tls_key, every listener speaks TLS
+    tls_key: str | None = None
+
+    def validate(self) -> None:
+        if (self.tls_cert is None) != (self.tls_key is None):
+            raise ValueError("auth.tls_cert and auth.tls_key must be set together")
 
 
 @dataclass(frozen=True)

@@ -29,6 +29,8 @@ from ingero.echo.queries import GpuRates
 from ingero.echo.service import Service
 from ingero.echo.store import Store
 from ingero.errors import UnavailableError
+from ingero.fleet.auth import grpc_server_credentials, server_ssl_context
+from ingero.fleet.config import AuthConfig as FleetAuthConfig
 
 log = logging.getLogger("ingero.echo")
 
@@ -70,6 +72,10 @@ class EchoDaemon:
         rates = GpuRates.load(config.gpu_rates_file)
         if config.currency != rates.currency and config.gpu_rates_file is None:
             rates = GpuRates(config.currency, rates.default, rates.models)
+        # Checked now, so a bad certificate is one configuration error before anything runs.
+        tls_paths = FleetAuthConfig(tls_cert=config.auth.tls_cert, tls_key=config.auth.tls_key)
+        self._tls = server_ssl_context(tls_paths) is not None
+        self._grpc_credentials = grpc_server_credentials(tls_paths)
         self.store = Store(
             config.db,
             clock=self.clock,
@@ -103,6 +109,11 @@ class EchoDaemon:
 
     async def run(self) -> None:
         api_host, _ = _split(self.config.listen.api)
+        tls: dict[str, Any] = (
+            {"ssl_certfile": self.config.auth.tls_cert, "ssl_keyfile": self.config.auth.tls_key}
+            if self._tls
+            else {}
+        )
         mcp = build_server(LocalBackend(self.service, self.tokens))
         mcp_routes = []
         if self.config.mcp_http:
@@ -134,13 +145,21 @@ class EchoDaemon:
             # room for long query strings, so the app (not h11) answers them, as JSON
             _Server(
                 uvicorn.Config(
-                    app, log_level="warning", lifespan="on", h11_max_incomplete_event_size=256_000
+                    app,
+                    log_level="warning",
+                    lifespan="on",
+                    h11_max_incomplete_event_size=256_000,
+                    **tls,
                 )
             ),
-            _Server(uvicorn.Config(self.ingest.http_app(), log_level="warning", lifespan="off")),
+            _Server(
+                uvicorn.Config(self.ingest.http_app(), log_level="warning", lifespan="off", **tls)
+            ),
         ]
         try:
-            grpc_server, grpc_port = self.ingest.grpc_server(self.config.listen.otlp_grpc)
+            grpc_server, grpc_port = self.ingest.grpc_server(
+                self.config.listen.otlp_grpc, self._grpc_credentials
+            )
         except BaseException:
             api_sock.close()
             otlp_sock.close()

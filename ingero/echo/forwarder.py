@@ -58,7 +58,8 @@ class Sender(Protocol):
 
 
 class HttpSender:
-    """OTLP/HTTP protobuf to ``<endpoint>/v1/logs``."""
+    """OTLP/HTTP protobuf to ``<endpoint>/v1/logs``; ``https://`` verifies the server against
+    the system's CAs (or ``SSL_CERT_FILE``)."""
 
     def __init__(self, endpoint: str, token: str | None = None, timeout: float = 10.0) -> None:
         url = urllib.parse.urlsplit(endpoint)
@@ -99,11 +100,17 @@ class HttpSender:
 
 
 class GrpcSender:
-    """OTLP/gRPC to ``HOST:PORT`` (``grpc://`` prefix optional)."""
+    """OTLP/gRPC to ``HOST:PORT`` (``grpc://`` prefix optional), or with TLS to
+    ``grpcs://HOST:PORT`` (trusted roots: grpc's defaults, which honour
+    ``GRPC_DEFAULT_SSL_ROOTS_FILE_PATH``)."""
 
     def __init__(self, endpoint: str, token: str | None = None, timeout: float = 10.0) -> None:
-        target = endpoint.removeprefix("grpc://")
-        self.channel = grpc.insecure_channel(target)
+        if endpoint.startswith("grpcs://"):
+            self.channel = grpc.secure_channel(
+                endpoint.removeprefix("grpcs://"), grpc.ssl_channel_credentials()
+            )
+        else:
+            self.channel = grpc.insecure_channel(endpoint.removeprefix("grpc://"))
         self.stub = logs_service_pb2_grpc.LogsServiceStub(self.channel)  # type: ignore[no-untyped-call]
         self.metadata = [("authorization", f"Bearer {token}")] if token else None
         self.timeout = timeout

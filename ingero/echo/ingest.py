@@ -282,8 +282,14 @@ class Ingest:
 
     # -- OTLP/gRPC ---------------------------------------------------------------------------
 
-    def grpc_server(self, address: str, workers: int = 16) -> tuple[grpc.Server, int]:
-        """A started gRPC server on ``address``; returns it and the bound port."""
+    def grpc_server(
+        self,
+        address: str,
+        credentials: grpc.ServerCredentials | None = None,
+        workers: int = 16,
+    ) -> tuple[grpc.Server, int]:
+        """A started gRPC server on ``address`` (TLS with ``credentials``); returns it and
+        the bound port."""
         server = grpc.server(
             concurrent.futures.ThreadPoolExecutor(max_workers=workers, thread_name_prefix="otlp"),
             options=[("grpc.max_receive_message_length", self.max_request_bytes)],
@@ -294,7 +300,11 @@ class Ingest:
         metrics_service_pb2_grpc.add_MetricsServiceServicer_to_server(  # type: ignore[no-untyped-call]
             _MetricsServicer(self), server
         )
-        port = server.add_insecure_port(address)
+        port = (
+            server.add_secure_port(address, credentials)
+            if credentials is not None
+            else server.add_insecure_port(address)
+        )
         if port == 0:
             raise UnavailableError(f"cannot listen for OTLP/gRPC on {address}")
         server.start()

@@ -58,6 +58,7 @@ class EchoProcess:
 
     workdir: Path
     tokens: bool = True
+    tls: tuple[Path, Path] | None = None  # (cert, key)
     db: Path = field(init=False)
     api: str = field(init=False)
     otlp_http: str = field(init=False)
@@ -90,11 +91,15 @@ class EchoProcess:
                 )
             )
             config["auth"] = {"tokens_file": str(tokens)}
+        if self.tls is not None:
+            config.setdefault("auth", {}).update(
+                tls_cert=str(self.tls[0]), tls_key=str(self.tls[1])
+            )
         (self.workdir / "echo.yaml").write_text(json.dumps(config))
 
     @property
     def url(self) -> str:
-        return f"http://{self.api}"
+        return f"{'https' if self.tls else 'http'}://{self.api}"
 
     def start(self) -> EchoProcess:
         log = open(self.workdir / "echo.log", "ab")  # noqa: SIM115 - closed with the process
@@ -117,10 +122,14 @@ class EchoProcess:
             if self.proc.poll() is not None:
                 raise RuntimeError(f"echo exited {self.proc.returncode}: {self.log()}")
             try:
-                with urllib.request.urlopen(self.url + "/healthz", timeout=1):
-                    pass
-                with socket.create_connection(_split(self.otlp_grpc), timeout=1):
-                    return self
+                # a TCP connect to every listener: the process binds them all before serving
+                for address in (self.api, self.otlp_http, self.otlp_grpc):
+                    with socket.create_connection(_split(address), timeout=1):
+                        pass
+                if self.tls is None:
+                    with urllib.request.urlopen(self.url + "/healthz", timeout=1):
+                        pass
+                return self
             except OSError:
                 time.sleep(0.1)
         raise RuntimeError(f"echo did not start: {self.log()}")
