@@ -12,9 +12,8 @@ repo=$PWD
 out=$(realpath -m "${1:-build}")
 py=/usr/bin/python3.11
 wheelhouse=$out/wheelhouse
-packaging/build-wheelhouse.sh "$wheelhouse" >/dev/null
-
-version=$("$py" -c 'import tomllib; print(tomllib.load(open("pyproject.toml","rb"))["project"]["version"])')
+wheel=$(packaging/build-wheelhouse.sh "$wheelhouse" | tail -1)
+version=$(basename "$wheel" | cut -d- -f2)
 arch=$(dpkg --print-architecture)
 stage=$out/deb/ingero_${version}_${arch}
 rm -rf "$stage"

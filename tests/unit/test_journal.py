@@ -197,3 +197,9 @@ def test_cli_missing_input_is_one_line_error() -> None:
     result = CliRunner().invoke(cli, ["events", "--input", "/nonexistent/j.json"])
     assert result.exit_code != 0
     assert "No such file" in str(result.exception) or "No such file" in result.output
+
+
+def test_operations_doc_lists_every_message_id() -> None:
+    doc = (Path(__file__).resolve().parents[2] / "docs/operations.md").read_text()
+    for kind, message_id in MESSAGE_IDS.items():
+        assert f"| `{kind}` | `{message_id}` |" in doc, kind

@@ -15,7 +15,8 @@ UNITS = ROOT / "systemd"
 INSTALLED_BINARY = "/opt/ingero/venv/bin/ingero"
 SERVICES = sorted(p.name for p in UNITS.glob("*.service"))
 DROP_INS = sorted(UNITS.glob("examples/*.service.d/*.conf"))
-NOTIFY = {"ingero-fleet.service", "ingero-push.service", "ingero-trace.service"}
+WATCHDOG = {"ingero-fleet.service", "ingero-push.service", "ingero-trace.service"}
+NOTIFY = WATCHDOG | {"ingero-echo.service"}
 COMMAND = {
     "ingero-fleet.service": "fleet --config /etc/ingero/fleet.yaml",
     "ingero-echo.service": "echo --config /etc/ingero/echo.yaml",
@@ -63,11 +64,15 @@ def test_hardening_and_restart_policy(name: str) -> None:
     assert int(unit["StartLimitBurst"]) > 1 and unit["StartLimitIntervalSec"]
 
 
-@pytest.mark.parametrize("name", sorted(NOTIFY))
-def test_notify_daemons_have_a_watchdog(name: str) -> None:
+@pytest.mark.parametrize("name", SERVICES)
+def test_notify_daemons_and_watchdogs(name: str) -> None:
     svc = service(name)
-    assert svc["Type"] == "notify" and svc["NotifyAccess"] == "main"
-    assert svc["WatchdogSec"]
+    if name in NOTIFY:
+        assert svc["Type"] == "notify" and svc["NotifyAccess"] == "main"
+    else:
+        assert svc["Type"] == "exec"
+    # a watchdog on a daemon that never pings would kill it every WatchdogSec
+    assert ("WatchdogSec" in svc) == (name in WATCHDOG)
 
 
 @pytest.mark.parametrize("name", sorted(set(SERVICES) - {"ingero-trace.service"}))
