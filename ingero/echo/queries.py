@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import math
+import re
 import sqlite3
 import statistics
 from collections.abc import Callable, Mapping
@@ -21,6 +22,7 @@ from typing import Any
 
 import yaml
 
+from ingero.config import parse_duration
 from ingero.echo.auth import Principal
 from ingero.errors import ConfigError
 
@@ -40,11 +42,14 @@ class Param:
     minimum: float | None = None
     maximum: float | None = None
     max_length: int = 256  # ids and names; the SQL text allows more
+    pattern: str | None = None
 
     def schema(self) -> dict[str, Any]:
         out: dict[str, Any] = {"type": self.type, "description": self.description}
         if self.type == "string":
             out.update(minLength=1, maxLength=self.max_length)
+            if self.pattern:
+                out["pattern"] = self.pattern
         if self.default is not None:
             out["default"] = self.default
         if self.enum:
@@ -66,6 +71,8 @@ class Param:
                 )
             if self.enum and value not in self.enum:
                 raise BadRequest(f"parameter {self.name} must be one of {', '.join(self.enum)}")
+            if self.pattern and not re.search(self.pattern, value):
+                raise BadRequest(f"parameter {self.name} must look like 24h, 30m or 7d")
             return value
         number: float | int
         try:
@@ -131,6 +138,8 @@ class Question:
         since, until = args.get("since"), args.get("until")
         if since is not None and until is not None and since > until:
             raise BadRequest("since must not be after until")
+        if since is not None and args.get("last") is not None:
+            raise BadRequest("give since or last, not both")
         return args
 
     def input_schema(self) -> dict[str, Any]:
@@ -221,8 +230,10 @@ def _window(args: dict[str, Any], ctx: Context) -> tuple[float, float]:
     until = args.get("until")
     since = args.get("since")
     until_f = float(until) if until is not None else ctx.now
-    since_f = float(since) if since is not None else until_f - 7 * 86400.0
-    return since_f, until_f
+    if since is not None:
+        return float(since), until_f
+    last = parse_duration(args["last"]) if args.get("last") else 7 * 86400.0
+    return until_f - last, until_f
 
 
 def _limit(args: dict[str, Any], ctx: Context) -> int:
@@ -251,6 +262,13 @@ P_JOB = Param("job_id", "string", "Slurm job id")
 P_NODE = Param("node_id", "string", "Node id (Slurm NodeName or host name)")
 P_SINCE = Param("since", "number", "Window start, Unix seconds; default: until - 7 days")
 P_UNTIL = Param("until", "number", "Window end, Unix seconds; default: now")
+P_LAST = Param(
+    "last",
+    "string",
+    "Window length ending at until, e.g. 30m, 24h, 7d (instead of since)",
+    max_length=32,
+    pattern=r"^[0-9]{1,9}(\.[0-9]{1,6})?(ms|s|m|h|d)$",
+)
 P_LIMIT = Param("limit", "integer", "Most rows to return", default=50, minimum=1, maximum=10_000)
 
 NUM = {"type": "number"}
@@ -560,7 +578,7 @@ QUESTIONS: dict[str, Question] = {
         Question(
             "summary",
             "Cluster summary: nodes, events, drains and straggler episodes per cluster",
-            (P_CLUSTER, P_SINCE, P_UNTIL),
+            (P_CLUSTER, P_SINCE, P_UNTIL, P_LAST),
             _obj(
                 {
                     "window": WINDOW,
@@ -590,6 +608,7 @@ QUESTIONS: dict[str, Question] = {
                 P_JOB,
                 P_SINCE,
                 P_UNTIL,
+                P_LAST,
                 Param(
                     "order_by",
                     "string",
@@ -609,6 +628,7 @@ QUESTIONS: dict[str, Question] = {
                 P_CLUSTER,
                 P_SINCE,
                 P_UNTIL,
+                P_LAST,
                 Param("k", "number", "MADs below the median", default=3.0, minimum=0.1),
                 P_LIMIT,
             ),
@@ -642,6 +662,7 @@ QUESTIONS: dict[str, Question] = {
                 Param("type", "string", "Event type, e.g. straggler_state"),
                 P_SINCE,
                 P_UNTIL,
+                P_LAST,
                 P_LIMIT,
             ),
             _obj({"window": WINDOW, "events": _list(EVENT)}),
@@ -669,14 +690,14 @@ QUESTIONS: dict[str, Question] = {
         Question(
             "drains",
             "Drain history: nodes drained, resumed, or drains skipped (and why)",
-            (P_CLUSTER, P_NODE, P_SINCE, P_UNTIL, P_LIMIT),
+            (P_CLUSTER, P_NODE, P_SINCE, P_UNTIL, P_LAST, P_LIMIT),
             _obj({"window": WINDOW, "drains": _list(EVENT)}),
             drains,
         ),
         Question(
             "cost",
             "Cost of straggling: GPU-hours lost x the hourly rate of each node's GPU model",
-            (P_CLUSTER, P_JOB, P_SINCE, P_UNTIL, P_LIMIT),
+            (P_CLUSTER, P_JOB, P_SINCE, P_UNTIL, P_LAST, P_LIMIT),
             _obj(
                 {
                     "window": WINDOW,

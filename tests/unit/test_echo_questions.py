@@ -35,6 +35,14 @@ def test_parameters_are_validated_with_clear_messages() -> None:
             q.parse(raw)
     with pytest.raises(BadRequest, match="job_id is required"):
         QUESTIONS["job_report"].parse({})
+    assert q.parse({"last": "24h"})["last"] == "24h"
+    for raw, message in [
+        ({"last": "yesterday"}, "must look like 24h"),
+        ({"last": "-5m"}, "must look like 24h"),
+        ({"last": "1h", "since": "5"}, "since or last, not both"),
+    ]:
+        with pytest.raises(BadRequest, match=message):
+            q.parse(raw)
 
 
 def test_gpu_rates_match_models_by_substring_and_overrides_layer(tmp_path: Path) -> None:

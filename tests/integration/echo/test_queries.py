@@ -74,6 +74,9 @@ def test_stragglers_ranked_by_time_depth_and_episodes(service: Service) -> None:
     assert [r["node_id"] for r in by_eps["stragglers"]] == ["n2", "n1"]
     windowed = ask(service, "stragglers", cluster_id="A", since=1200, until=2025)["stragglers"]
     assert [(r["node_id"], r["seconds_below"]) for r in windowed] == [("n1", 100.0), ("n2", 25.0)]
+    last = ask(service, "stragglers", cluster_id="A", until=2025, last="825s")
+    assert last["window"] == {"since": 1200.0, "until": 2025.0}
+    assert last["stragglers"] == windowed
     everyone = ask(service, "stragglers", since=0)["stragglers"]
     assert everyone[0]["node_id"] == "beta-node" and everyone[0]["seconds_below"] == 4000.0
 
