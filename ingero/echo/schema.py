@@ -1,7 +1,8 @@
 """Echo's SQLite schema, versioned with ``user_version`` and migrated forward in order.
 
 Tables (timestamps are Unix seconds):
-- ``events``: every event once (``event_id`` UNIQUE), the schema fields plus ``extra`` JSON.
+- ``events``: every event once (``event_id``, ``type``, ``ts`` UNIQUE: an episode's events
+  share one ``event_id``), the schema fields plus ``extra`` JSON.
 - ``episodes``: pre-aggregated straggler episodes (first ``straggler_state`` of a node in a
   job until its ``straggler_resolved``), so ranking never scans raw events.
 - ``scores``: downsampled health-score history, one row per node per bucket.
@@ -42,7 +43,7 @@ def _v1(db: sqlite_utils.Database) -> None:
         pk="id",
         not_null={"event_id", "type", "cluster_id", "node_id", "ts", "received"},
     )
-    db.table("events").create_index(["event_id"], unique=True)
+    db.table("events").create_index(["event_id", "type", "ts"], unique=True)
     db.table("events").create_index(["cluster_id", "ts"])
     db.table("events").create_index(["node_id", "ts"])
     db.table("events").create_index(["job_id"])

@@ -2,9 +2,11 @@
 
 Receivers hand validated batches to ``submit_*``; the writer thread groups whatever is
 queued into one transaction and resolves each batch's future only after COMMIT, so an
-acknowledgement always means the data is durable. ``event_id`` is UNIQUE and inserted
-with OR IGNORE, so a retried batch never doubles an event. A lock file held with
-``flock`` keeps a second Echo process from ever writing the same database.
+acknowledgement always means the data is durable. An event is identified by
+(``event_id``, ``type``, ``timestamp``), UNIQUE and inserted with OR IGNORE, so a retried
+batch never doubles an event: an episode's events share one ``event_id`` (its
+``straggler_state``, re-emits and ``straggler_resolved``), and each is its own row. A lock
+file held with ``flock`` keeps a second Echo process from ever writing the same database.
 """
 
 from __future__ import annotations
@@ -223,30 +225,33 @@ class Store:
         """Insert the new events of every batch (in one go), then fold them into episodes
         and node facts; returns the number of new events per batch."""
         conn = self._conn
-        ids = [ev.event_id for job in jobs for ev in job.events]
-        known: set[str] = set()
+        ids = list({ev.event_id for job in jobs for ev in job.events})
+        known: set[tuple[str, str, float]] = set()
         for i in range(0, len(ids), _ID_CHUNK):
             chunk = ids[i : i + _ID_CHUNK]
             known.update(
-                row[0]
-                for row in conn.execute(
-                    f"SELECT event_id FROM events WHERE event_id IN ({','.join('?' * len(chunk))})",
+                conn.execute(
+                    "SELECT event_id, type, ts FROM events"
+                    f" WHERE event_id IN ({','.join('?' * len(chunk))})",
                     chunk,
                 )
             )
         now = self.clock.now()
         counts: list[int] = []
         fresh: list[Event] = []
+        received = 0
         for job in jobs:
             new = 0
             for ev in job.events:
-                if ev.event_id in known:
+                received += 1
+                key = (ev.event_id, ev.type, ev.timestamp)
+                if key in known:
                     continue
-                known.add(ev.event_id)  # a duplicate inside this transaction, too
+                known.add(key)  # a duplicate inside this transaction, too
                 fresh.append(ev)
                 new += 1
             counts.append(new)
-        self.stats["events_duplicate"] += len(ids) - len(fresh)
+        self.stats["events_duplicate"] += received - len(fresh)
         conn.executemany(
             "INSERT OR IGNORE INTO events (event_id, type, cluster_id, node_id, job_id, rank,"
             " score, threshold, detection_mode, dominant_signal, ts, received, extra)"

@@ -10,6 +10,9 @@ import pytest
 
 from ingero.clock import ManualClock
 from ingero.echo.store import ScorePoint, Store, StoreLockedError
+from ingero.events import Event
+from ingero.push.classifier import Classifier, Observation
+from ingero.push.config import ClassifierConfig
 
 from .helpers import straggler
 
@@ -123,5 +126,32 @@ def test_retention_by_age_and_by_size(tmp_path: Path) -> None:
         assert store.used_bytes() <= size // 2
         kept = count(store, "SELECT min(ts) FROM events")
         assert kept > 9000  # the oldest went first
+    finally:
+        store.close()
+
+
+def test_an_episode_from_the_real_classifier_is_stored_whole(tmp_path: Path) -> None:
+    """fleet-push's classifier gives an episode's events one event_id: each is still a row,
+    the episode spans them, and a resend of any of them is not stored twice."""
+    classifier = Classifier(ClassifierConfig(enter_intervals=2, reemit_intervals=3))
+    events: list[Event] = []
+    for i in range(12):
+        score = 0.5 if 2 <= i < 10 else 0.95  # below threshold for intervals 2..9
+        events += classifier.observe(
+            Observation("n1", "A", 1000.0 + 5 * i, "active", score, 0.8, "fleet", job_id="7")
+        )
+    assert [e.type for e in events] == ["straggler_state"] * 3 + ["straggler_resolved"]
+    assert len({e.event_id for e in events}) == 1
+    store = Store(tmp_path / "e.db")
+    try:
+        assert store.write(events) == 4
+        assert store.write(events) == 0  # a retry of the whole stream
+        conn = store.reader()
+        episode = conn.execute(
+            "SELECT start_ts, last_ts, end_ts, n_events FROM episodes"
+        ).fetchall()
+        conn.close()
+        assert episode == [(1015.0, 1045.0, 1050.0, 4)]
+        assert count(store, "SELECT count(*) FROM events") == 4
     finally:
         store.close()
