@@ -498,14 +498,17 @@ def job_report(conn: sqlite3.Connection, ctx: Context, args: dict[str, Any]) -> 
     ]
     window_args = {**args, "since": 0.0, "until": max(ctx.now, last or 0.0), "limit": None}
     ranked = stragglers(conn, ctx, window_args)["stragglers"]
-    summaries = [
-        _event_row(r)
-        for r in conn.execute(
-            f"SELECT {_EVENT_COLUMNS} FROM events WHERE job_id = ? AND type = 'job_summary'"
-            f" AND {where} ORDER BY ts",
-            [job, *params],
-        )
-    ]
+
+    def of_type(kind: str) -> list[dict[str, Any]]:
+        return [
+            _event_row(r)
+            for r in conn.execute(
+                f"SELECT {_EVENT_COLUMNS} FROM events WHERE job_id = ? AND type = ?"
+                f" AND {where} ORDER BY ts LIMIT ?",
+                [job, kind, *params, ctx.max_rows],
+            )
+        ]
+
     drained = [
         _event_row(r)
         for r in conn.execute(
@@ -523,7 +526,8 @@ def job_report(conn: sqlite3.Connection, ctx: Context, args: dict[str, Any]) -> 
         "nodes": nodes,
         "stragglers": ranked,
         "drains": drained,
-        "summaries": summaries,
+        "summaries": of_type("job_summary"),
+        "peer_lag": of_type("peer_lag"),
     }
 
 
@@ -670,7 +674,8 @@ QUESTIONS: dict[str, Question] = {
         ),
         Question(
             "job_report",
-            "Everything about one Slurm job: nodes, event counts, stragglers, drains, summaries",
+            "Everything about one Slurm job: nodes, event counts, stragglers, drains,"
+            " NCCL peer-lag events and job summaries",
             (Param("job_id", "string", "Slurm job id", required=True), P_CLUSTER),
             _obj(
                 {
@@ -683,6 +688,7 @@ QUESTIONS: dict[str, Question] = {
                     "stragglers": _list(STRAGGLER),
                     "drains": _list(EVENT),
                     "summaries": _list(EVENT),
+                    "peer_lag": _list(EVENT),
                 }
             ),
             job_report,

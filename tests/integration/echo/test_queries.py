@@ -45,6 +45,7 @@ def service(tmp_path: Path) -> Iterator[Service]:
                     "beta-node", "B", 5000.0, kind="node_drained", reason="ingero: score 0.1"
                 ),
                 straggler("n1", "A", 1400.0, kind="job_summary", job="7", steps=100),
+                straggler("n2", "A", 1500.0, kind="peer_lag", job="7", lag_ms=40.0, peer="n1"),
             ],
             scores=[
                 ScorePoint("A", f"h{i}", 1000.0 + t, 0.9 if i else 0.2)
@@ -95,14 +96,16 @@ def test_cost_uses_gpu_count_and_model_rate(service: Service) -> None:
 def test_outliers_events_drains_job_report_summary(service: Service) -> None:
     out = ask(service, "outliers", cluster_id="A", since=0)["outliers"]
     assert [r["node_id"] for r in out] == ["h0"]
-    ev = ask(service, "events", cluster_id="A", node_id="n2", since=0)["events"]
-    assert len(ev) == 5 and ev[0]["timestamp"] == 2050.0
+    ev = ask(service, "events", cluster_id="A", node_id="n2", type="straggler_state", since=0)
+    assert len(ev["events"]) == 4 and ev["events"][0]["timestamp"] == 2050.0
+    assert len(ask(service, "events", cluster_id="A", node_id="n2", since=0)["events"]) == 6
     drains = ask(service, "drains", since=0)["drains"]
     assert [d["node_id"] for d in drains] == ["beta-node"]
     assert drains[0]["extra"] == {"reason": "ingero: score 0.1"}
     report = ask(service, "job_report", job_id="7", cluster_id="A")
     assert report["found"] and report["event_counts"]["job_summary"] == 1
     assert report["summaries"][0]["extra"]["steps"] == 100
+    assert report["peer_lag"][0]["extra"] == {"lag_ms": 40.0, "peer": "n1"}
     assert [n["node_id"] for n in report["stragglers"]] == ["n1", "n2"]
     summary = ask(service, "summary", since=0)["clusters"]
     assert [(c["cluster_id"], c["drains"], c["straggler_nodes"]) for c in summary] == [
@@ -128,5 +131,5 @@ def test_a_tenant_gets_nothing_of_another_cluster_from_any_question(service: Ser
             with pytest.raises(AccessDenied):
                 service.answer(name, {"cluster_id": "B"}, TENANT_A)
     assert service.answer("sql", {"query": "SELECT count(*) FROM events"}, TENANT_A)["rows"] == [
-        [9]
+        [10]
     ]
