@@ -137,7 +137,8 @@ def investigate_text(cluster_id: str, job_id: str | None) -> str:
     return (
         f"Investigate stragglers in {scope} with ingero echo's tools, step by step.\n"
         f'1. Call `summary` with {{"cluster_id": "{cluster_id}"}}: how many nodes, events,'
-        " drains and straggler episodes, and whether any episode is still open.\n"
+        " drains and straggler episodes, and whether any episode is still open. Every question"
+        ' takes a window: "last": "24h" (or "30m", "7d"), or since/until in Unix seconds.\n'
         f'2. Call `stragglers` with {{"cluster_id": "{cluster_id}"{job_arg}, "order_by": "time"}}'
         ' and again with "order_by": "depth": which nodes spent the most time below the'
         " threshold, and which fell furthest below it. A node high on both is the first suspect.\n"
