@@ -33,6 +33,7 @@ log = logging.getLogger("ingero.echo.store")
 
 _STRAGGLER_TYPES = frozenset({"straggler_state", "straggler_resolved"})
 _MAX_JOBS_PER_TX = 256
+_RETENTION_WINDOW = 100_000  # rows of a table one retention step looks at
 _ID_CHUNK = 900  # below SQLite's default limit of host parameters per statement
 
 
@@ -411,44 +412,81 @@ class Store:
     # -- retention -------------------------------------------------------------------------
 
     def _maybe_retain(self) -> None:
-        if self.clock.monotonic() < self._next_retention:
+        now = self.clock.monotonic()
+        if now < self._next_retention:
             return
-        self._next_retention = self.clock.monotonic() + self.retention_interval
         try:
-            self.retain()
+            more = self._retain_step()[1]
         except sqlite3.Error as exc:
             log.error("retention failed: %s", exc)
+            more = False
+        # A backlog is worked off one bounded transaction at a time, between ingest batches,
+        # so acknowledgements are never held up behind one huge DELETE.
+        self._next_retention = now if more else now + self.retention_interval
 
     def retain(self) -> int:
-        """Delete what is older than ``max_age``, then the oldest events over ``max_bytes``.
-
-        Runs on the writer thread only; others ask for it with ``retain_now``."""
-        conn = self._conn
+        """Delete what is older than ``max_age``, then the oldest events while over
+        ``max_bytes``; returns the events deleted. Writer thread only (see ``retain_now``)."""
         deleted = 0
-        if self.max_age is not None:
-            cutoff = self.clock.now() - self.max_age
-            with _tx(conn):
-                deleted += conn.execute("DELETE FROM events WHERE ts < ?", (cutoff,)).rowcount
-                conn.execute("DELETE FROM episodes WHERE coalesce(end_ts, last_ts) < ?", (cutoff,))
-                conn.execute("DELETE FROM scores WHERE bucket < ?", (cutoff,))
-        if self.max_bytes is not None:
-            while self.used_bytes() > self.max_bytes:
-                total = conn.execute("SELECT count(*) FROM events").fetchone()[0]
-                if total == 0:
-                    break
-                chunk = max(1, total // 10)
-                with _tx(conn):
-                    oldest = conn.execute(
-                        "SELECT ts FROM events ORDER BY ts LIMIT 1 OFFSET ?", (chunk - 1,)
-                    ).fetchone()[0]
-                    deleted += conn.execute("DELETE FROM events WHERE ts <= ?", (oldest,)).rowcount
-                    conn.execute(
-                        "DELETE FROM episodes WHERE coalesce(end_ts, last_ts) <= ?", (oldest,)
-                    )
-                    conn.execute("DELETE FROM scores WHERE bucket <= ?", (oldest,))
-        self.stats["retention_deleted"] += deleted
-        self._load_open_episodes()  # retention may have removed stale open episodes
-        return deleted
+        while True:
+            count, more = self._retain_step()
+            deleted += count
+            if not more:
+                return deleted
+
+    def _retain_step(self) -> tuple[int, bool]:
+        """One bounded retention transaction: (events deleted, whether more is due).
+
+        It works from the oldest stored rows forward (insertion order, ``_RETENTION_WINDOW``
+        rows of each table at a time), so it never scans or sorts a whole table; a row that
+        arrived late with an old timestamp goes once the rows stored before it have gone."""
+        conn = self._conn
+        events = episodes = scores = 0
+        with _tx(conn):
+            if self.max_age is not None:
+                cutoff = self.clock.now() - self.max_age
+                events, episodes, scores = self._delete_before(cutoff, None)
+            if self.max_bytes is not None and self.used_bytes() > self.max_bytes:
+                # about a tenth of the events per step (ids estimate the count for free)
+                lo, hi = conn.execute("SELECT min(id), max(id) FROM events").fetchone()
+                chunk = min(_RETENTION_WINDOW // 5, max(1, (hi - lo + 1) // 10)) if hi else 1
+                newest = conn.execute(
+                    "SELECT max(id), max(ts) FROM (SELECT id, ts FROM events ORDER BY id LIMIT ?)",
+                    (chunk,),
+                ).fetchone()
+                if newest[0] is not None:
+                    e, p, c = self._delete_before(newest[1], newest[0])
+                    events, episodes, scores = events + e, episodes + p, scores + c
+        if episodes:
+            self._load_open_episodes()  # stale open episodes may have gone
+        self.stats["retention_deleted"] += events
+        more = bool(events or episodes or scores)
+        return events, more
+
+    def _delete_before(self, cutoff: float, max_event_id: int | None) -> tuple[int, int, int]:
+        """Delete, among the oldest stored rows, events (with id <= ``max_event_id`` if given,
+        else older than ``cutoff``), and episodes and score buckets older than ``cutoff``."""
+        conn = self._conn
+        n = _RETENTION_WINDOW
+        if max_event_id is not None:
+            events = conn.execute("DELETE FROM events WHERE id <= ?", (max_event_id,)).rowcount
+        else:
+            events = conn.execute(
+                "DELETE FROM events WHERE id IN (SELECT id FROM"
+                " (SELECT id, ts FROM events ORDER BY id LIMIT ?) WHERE ts < ?)",
+                (n, cutoff),
+            ).rowcount
+        episodes = conn.execute(
+            "DELETE FROM episodes WHERE id IN (SELECT id FROM (SELECT id, end_ts, last_ts"
+            " FROM episodes ORDER BY id LIMIT ?) WHERE coalesce(end_ts, last_ts) <= ?)",
+            (n, cutoff),
+        ).rowcount
+        scores = conn.execute(
+            "DELETE FROM scores WHERE rowid IN (SELECT rowid FROM"
+            " (SELECT rowid, bucket FROM scores ORDER BY rowid LIMIT ?) WHERE bucket < ?)",
+            (n, cutoff),
+        ).rowcount
+        return events, episodes, scores
 
     def retain_now(self) -> int:
         """Run retention on the writer thread and wait for it (for tests and the CLI)."""
