@@ -94,6 +94,9 @@ def test_playbook_installs_starts_restarts_on_change_and_is_idempotent(
         assert box.prop(unit, "ActiveState") == "active", unit
         assert box.prop(unit, "UnitFileState") == "enabled", unit
         assert box.prop(unit, "FragmentPath") == f"/etc/systemd/system/{unit}.service"
+    for unit in units:  # as Ansible rendered them, in the target system
+        verify = box.run("systemd-analyze", "verify", f"/etc/systemd/system/{unit}.service")
+        assert verify.stderr == "", verify.stderr
     assert box.run("/usr/local/bin/ingero", "--version").stdout.startswith("ingero, version")
     push_conf = (box.root / "etc/ingero/fleet-push.yaml").read_text()
     assert "fleet_endpoint: http://localhost:4318" in push_conf
