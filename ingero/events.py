@@ -115,7 +115,7 @@ class Event:
             "INGERO_EVENT": self.type,
         }
         for key, value in self.to_dict().items():
-            if value is None or key == "type":
+            if value is None or value == "" or key == "type":
                 continue
             name = "INGERO_" + {"node_id": "NODE", "cluster_id": "CLUSTER", "job_id": "JOB"}.get(
                 key, key.upper()

@@ -1,0 +1,104 @@
+"""The shared event schema: parsing, JSON, and journald fields."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from ingero.events import MESSAGE_IDS, Event
+
+
+def straggler(**extra: object) -> Event:
+    return Event(
+        type="straggler_state",
+        node_id="n1",
+        cluster_id="c1",
+        timestamp=1_700_000_000.0,
+        job_id="42",
+        rank=3,
+        score=0.41,
+        threshold=0.87,
+        detection_mode="fleet",
+        dominant_signal="throughput",
+        extra=dict(extra),
+    )
+
+
+def test_round_trip_through_json_keeps_every_field_and_extra() -> None:
+    event = straggler(panic=True)
+    back = Event.from_dict(json.loads(event.to_json()))
+    assert back == event
+    assert back.extra == {"panic": True}
+
+
+def test_extra_cannot_shadow_schema_fields() -> None:
+    assert straggler(node_id="evil").to_dict()["node_id"] == "n1"
+
+
+def test_journal_fields_carry_message_id_and_ingero_names() -> None:
+    fields = straggler(panic=True).journal_fields()
+    assert fields["MESSAGE_ID"] == MESSAGE_IDS["straggler_state"]
+    assert fields["INGERO_EVENT"] == "straggler_state"
+    assert (fields["INGERO_NODE"], fields["INGERO_CLUSTER"], fields["INGERO_JOB"]) == (
+        "n1",
+        "c1",
+        "42",
+    )
+    assert fields["INGERO_RANK"] == "3"
+    assert fields["INGERO_PANIC"] == "True"
+    assert fields["PRIORITY"] == "4"
+    assert "score=0.410 threshold=0.870" in fields["MESSAGE"]
+
+
+def test_group_event_without_node_writes_no_empty_node_field() -> None:
+    event = Event(type="group_degraded", node_id="", cluster_id="c1", timestamp=1.0)
+    assert "INGERO_NODE" not in event.journal_fields()
+
+
+@pytest.mark.parametrize(
+    ("data", "needle"),
+    [
+        ({"type": "straggler_state", "node_id": "n"}, "missing cluster_id, timestamp"),
+        ({"type": "nope", "node_id": "n", "cluster_id": "c", "timestamp": 1}, "unknown event type"),
+        ({"type": "straggler_state", "node_id": 5, "cluster_id": "c", "timestamp": 1}, "node_id"),
+        (
+            {"type": "straggler_state", "node_id": "n", "cluster_id": "c", "timestamp": "x"},
+            "timestamp",
+        ),
+        (
+            {
+                "type": "straggler_state",
+                "node_id": "n",
+                "cluster_id": "c",
+                "timestamp": 1,
+                "score": float("nan"),
+            },
+            "score",
+        ),
+        (
+            {
+                "type": "straggler_state",
+                "node_id": "n",
+                "cluster_id": "c",
+                "timestamp": 1,
+                "rank": "2",
+            },
+            "rank",
+        ),
+        (
+            {
+                "type": "straggler_state",
+                "node_id": "n",
+                "cluster_id": "c",
+                "timestamp": 1,
+                "event_id": "x",
+            },
+            "UUID",
+        ),
+        ({"type": "straggler_state", "node_id": "", "cluster_id": "c", "timestamp": 1}, "node_id"),
+    ],
+)
+def test_bad_events_are_refused_with_the_field_named(data: dict[str, object], needle: str) -> None:
+    with pytest.raises(ValueError, match=needle):
+        Event.from_dict(data)
