@@ -168,8 +168,12 @@ class Store:
     def _run(self) -> None:
         stopping = False
         while not stopping:
+            # wake up for retention when it is due (at once while a backlog is worked off)
+            due_in = self._next_retention - self.clock.monotonic()
             try:
-                first = self._queue.get(timeout=max(0.05, self.retention_interval / 10))
+                first = self._queue.get(
+                    timeout=min(max(0.05, self.retention_interval / 10), max(0.0, due_in))
+                )
             except queue.Empty:
                 self._maybe_retain()
                 continue
@@ -194,7 +198,7 @@ class Store:
                 if isinstance(job, _RetainJob) and job.future is not None:
                     try:
                         job.future.set_result(self.retain())
-                    except sqlite3.Error as exc:
+                    except Exception as exc:
                         job.future.set_exception(exc)
             self._maybe_retain()
 
@@ -207,7 +211,7 @@ class Store:
                 for point in job.scores:
                     self._score(point)
             conn.execute("COMMIT")
-        except sqlite3.Error as exc:
+        except Exception as exc:  # whatever it is, the writer lives on and senders retry
             if conn.in_transaction:
                 conn.execute("ROLLBACK")
             self._load_open_episodes()  # the cache may hold what was rolled back
@@ -417,7 +421,7 @@ class Store:
             return
         try:
             more = self._retain_step()[1]
-        except sqlite3.Error as exc:
+        except Exception as exc:
             log.error("retention failed: %s", exc)
             more = False
         # A backlog is worked off one bounded transaction at a time, between ingest batches,

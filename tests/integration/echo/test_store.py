@@ -11,6 +11,7 @@ import pytest
 from ingero.clock import ManualClock
 from ingero.echo import store as store_module
 from ingero.echo.store import ScorePoint, Store, StoreLockedError
+from ingero.errors import UnavailableError
 from ingero.events import Event
 from ingero.push.classifier import Classifier, Observation
 from ingero.push.config import ClassifierConfig
@@ -172,5 +173,20 @@ def test_retention_works_off_a_backlog_in_bounded_steps(
         assert store.stats["retention_deleted"] == 55
         assert count(store, "SELECT count(*) FROM events") == 1
         assert count(store, "SELECT count(*) FROM episodes") == 1
+    finally:
+        store.close()
+
+
+def test_a_batch_that_cannot_be_written_fails_alone_and_the_writer_lives_on(
+    tmp_path: Path,
+) -> None:
+    store = Store(tmp_path / "e.db")
+    try:
+        poison = straggler("n1", "A", 100.0, lag_ms=float("nan"))  # not storable as JSON
+        with pytest.raises(UnavailableError, match="store write failed"):
+            store.write([straggler("n0", "A", 99.0), poison])
+        assert store.write([straggler("n2", "A", 101.0)]) == 1
+        assert count(store, "SELECT count(*) FROM events") == 1  # nothing of the failed batch
+        assert store.stats["commit_errors"] == 1
     finally:
         store.close()
