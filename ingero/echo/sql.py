@@ -12,6 +12,7 @@ any read of the real table that does not come through that view (``main.events``
 from __future__ import annotations
 
 import base64
+import math
 import os
 import sqlite3
 import time
@@ -132,6 +133,6 @@ def run_sql(
 def _json_value(value: Any) -> Any:
     if isinstance(value, bytes):
         return base64.b64encode(value).decode()
-    if isinstance(value, float) and value != value:  # NaN has no JSON form
+    if isinstance(value, float) and not math.isfinite(value):  # no JSON form
         return None
     return value

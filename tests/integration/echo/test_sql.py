@@ -81,6 +81,7 @@ def test_reads_work_and_rows_are_capped(db: Path) -> None:
     assert result["columns"] == ["node_id"]
     assert rows(db, "SELECT count(*) FROM episodes") == [[12]]
     assert rows(db, "SELECT name FROM sqlite_master WHERE name = 'events'") == [["events"]]
+    assert rows(db, "SELECT 1e308 * 10, -1e308 * 10, x'00ff'") == [[None, None, "AP8="]]
 
 
 def test_a_runaway_query_is_stopped_by_the_time_limit(db: Path) -> None:
