@@ -60,5 +60,4 @@ class EchoConfig:
     limits: LimitsConfig = field(default_factory=LimitsConfig)
     auth: AuthConfig = field(default_factory=AuthConfig)
     gpu_rates_file: str | None = None
-    currency: str = "USD"
     mcp_http: bool = True

@@ -70,8 +70,6 @@ class EchoDaemon:
         self.clock = clock or SystemClock()
         self.tokens = TokenTable.load(config.auth.tokens_file)
         rates = GpuRates.load(config.gpu_rates_file)
-        if config.currency != rates.currency and config.gpu_rates_file is None:
-            rates = GpuRates(config.currency, rates.default, rates.models)
         # Checked now, so a bad certificate is one configuration error before anything runs.
         tls_paths = FleetAuthConfig(tls_cert=config.auth.tls_cert, tls_key=config.auth.tls_key)
         self._tls = server_ssl_context(tls_paths) is not None

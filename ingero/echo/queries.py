@@ -189,7 +189,10 @@ class GpuRates:
 
     @classmethod
     def load(cls, override: str | None = None) -> GpuRates:
-        """The shipped table, with ``override`` (a file of the same format) laid over it."""
+        """The shipped table, with ``override`` (a file of the same format) laid over it.
+
+        An override in another currency replaces the table instead: mixing its prices with
+        the shipped ones would label dollars as euros."""
         shipped = yaml.safe_load(
             resources.files("ingero.echo").joinpath("data/gpu_rates.yaml").read_text()
         )
@@ -200,11 +203,13 @@ class GpuRates:
             raw = yaml.safe_load(Path(override).read_text())
         except (OSError, yaml.YAMLError) as exc:
             raise ConfigError(f"{override}: cannot read GPU rates: {exc}") from None
-        extra = cls.parse(raw, override)
+        mine = cls.parse(raw, override)
+        if mine.currency != base.currency:
+            return mine
         return cls(
-            raw.get("currency", base.currency),
-            float(raw["default"]) if "default" in raw else base.default,
-            {**base.models, **extra.models},
+            base.currency,
+            mine.default if "default" in raw else base.default,
+            {**base.models, **mine.models},
         )
 
 

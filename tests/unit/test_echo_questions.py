@@ -52,9 +52,12 @@ def test_gpu_rates_match_models_by_substring_and_overrides_layer(tmp_path: Path)
     assert rates.rate("NVIDIA L40S") == rates.models["L40S"]  # not L4: longest match wins
     assert rates.rate(None) == rates.default
     override = tmp_path / "rates.yaml"
-    override.write_text("currency: EUR\nmodels: {H100: 9.5}\n")
+    override.write_text("models: {H100: 9.5}\n")
     mine = GpuRates.load(str(override))
-    assert (mine.currency, mine.rate("H100"), mine.rate("A100")) == ("EUR", 9.5, rates.rate("A100"))
+    assert (mine.currency, mine.rate("H100"), mine.rate("A100")) == ("USD", 9.5, rates.rate("A100"))
+    override.write_text("currency: EUR\ndefault: 1.5\nmodels: {H100: 9.5}\n")
+    euro = GpuRates.load(str(override))  # another currency: its table alone, no dollar prices
+    assert (euro.currency, euro.rate("H100"), euro.rate("A100")) == ("EUR", 9.5, 1.5)
     override.write_text("models: {H100: -1}\n")
     with pytest.raises(ConfigError, match="H100 must be a number >= 0"):
         GpuRates.load(str(override))
