@@ -95,6 +95,19 @@ def test_running_service_events_are_found_by_their_fields(boot: Boot, artefacts:
     assert record.event.node_id == box.run("hostname").stdout.strip()
     assert json.loads(found()[0])["SYSLOG_IDENTIFIER"] == "ingero"
 
+    # the same event reached ingero-sink over /run/ingero/events.sock (both units hardened)
+    def sink_counted() -> bool:
+        scrape = box.run(
+            "/opt/ingero/venv/bin/python",
+            "-c",
+            "import urllib.request;"
+            "print(urllib.request.urlopen('http://127.0.0.1:9465/metrics').read().decode())",
+            check=False,
+        ).stdout
+        return 'ingero_sink_events_total{type="detection_mode"} 1.0' in scrape
+
+    assert wait_for(sink_counted, timeout=30)
+
 
 def test_ingero_events_reads_episodes_a_service_wrote(boot: Boot, artefacts: Artefacts) -> None:
     box = install(boot, artefacts, "iev")
