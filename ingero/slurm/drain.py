@@ -14,7 +14,7 @@ from __future__ import annotations
 import dataclasses
 import logging
 import threading
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any, Protocol
 
 from ingero.clock import Clock, SystemClock
@@ -35,6 +35,14 @@ class Tick(Protocol):
     def verdicts(self) -> Sequence[Verdict]: ...
     @property
     def expired_nodes(self) -> Sequence[str]: ...
+    @property
+    def events(self) -> Sequence[Event]: ...
+
+
+def is_recovery(event: Event) -> bool:
+    """Whether a ``straggler_resolved`` event is evidence that the node recovered: Fleet
+    ended the episode ``recovered`` (it says ``quorum_lost`` without quorum) outside panic."""
+    return event.extra.get("reason") == "recovered" and not event.extra.get("panic")
 
 
 class DrainController:
@@ -61,7 +69,11 @@ class DrainController:
         self._stopping = False
         self._thread: threading.Thread | None = None
         self.failures = 0
+        # Episode endings of ticks not yet handled, in order: nodes that lost auto-resume
+        # eligibility (expired, or their episode ended other than recovered), and the
+        # nodes (-> their clusters) whose recovery no later ending cancelled.
         self._expired: list[str] = []
+        self._recovered: dict[str, set[str]] = {}
 
     def start(self) -> None:
         if not self.running:
@@ -82,11 +94,12 @@ class DrainController:
             self._thread.join(timeout)
 
     def on_tick(self, tick: Tick) -> None:
-        """Called from Fleet's tick thread: O(1), never waits on Slurm."""
+        """Called from Fleet's tick thread: O(events of the tick), never waits on Slurm."""
         with self._cond:
             self._pending = tick
-            # Expiries of coalesced ticks must not be lost (they reset auto-resume counts).
-            self._expired.extend(tick.expired_nodes)
+            # Endings in coalesced ticks must not be lost (they make or end auto-resume
+            # eligibility).
+            self._note_endings(tick)
             self._submitted += 1
             self._cond.notify_all()
 
@@ -105,10 +118,11 @@ class DrainController:
                     return
                 tick, self._pending = self._pending, None
                 expired, self._expired = self._expired, []
+                recovered, self._recovered = self._recovered, {}
                 seq = self._submitted
             assert tick is not None
             try:
-                self._handle(tick, expired)
+                self._handle(tick, expired, recovered)
                 backoff = self._backoff_initial
             except SlurmError as exc:
                 self.failures += 1
@@ -117,6 +131,11 @@ class DrainController:
                     if self._pending is None:  # retry this tick unless a newer one came
                         self._pending = tick
                     self._expired[:0] = expired
+                    # a newer ending of a node cancels its older recovery
+                    lost = set(self._expired[len(expired) :])
+                    for node, clusters in recovered.items():
+                        if node not in lost:
+                            self._recovered.setdefault(node, set()).update(clusters)
                     if self._cond.wait_for(lambda: self._stopping, backoff):
                         return
                 backoff = min(backoff * 2, self._backoff_max)
@@ -128,7 +147,23 @@ class DrainController:
                 self._done = max(self._done, seq)
                 self._cond.notify_all()
 
-    def _handle(self, tick: Tick, expired: Sequence[str]) -> None:
+    def _note_endings(self, tick: Tick) -> None:
+        """Fold one tick's episode endings into the pending ones (caller holds the lock)."""
+        for node in tick.expired_nodes:
+            self._recovered.pop(node, None)
+        self._expired.extend(tick.expired_nodes)
+        for event in tick.events:
+            if event.type != "straggler_resolved":
+                continue
+            if is_recovery(event):
+                self._recovered.setdefault(event.node_id, set()).add(event.cluster_id)
+            else:
+                self._recovered.pop(event.node_id, None)
+                self._expired.append(event.node_id)
+
+    def _handle(
+        self, tick: Tick, expired: Sequence[str], recovered: Mapping[str, set[str]]
+    ) -> None:
         # Most ticks have no node ready for a decision: then Slurm is not asked at all
         # (auto-resume needs the node list every tick to find ingero's drained nodes).
         ready = any(
@@ -138,11 +173,13 @@ class DrainController:
         if not ready and not self.config.auto_resume:
             nodes: list[NodeInfo] = []
             verdicts: Sequence[Verdict] = ()
+            mine: list[str] = []
         else:
             # Fleet may serve several clusters; this Slurm owns only its own nodes (another
             # cluster may well have a node of the same name).
             cluster = self._backend.cluster_name()
             verdicts = [v for v in tick.verdicts if v.cluster_id == cluster]
+            mine = [node for node, clusters in recovered.items() if cluster in clusters]
             nodes = self._backend.nodes()
         decisions = decide(
             verdicts,
@@ -151,6 +188,7 @@ class DrainController:
             self._memory,
             self._clock.monotonic(),
             expired,
+            mine,
         )
         if any(d.action == "drain" for d in decisions):
             # Read again right before acting: someone may have drained or annotated a node

@@ -18,10 +18,15 @@ controller to carry out. Rules, in order, for a node in its straggler state:
 9. ``dry_run``: skip ``dry_run`` (the event says what would have been done);
 10. otherwise drain, with the reason ``ingero: straggler score=… threshold=… job=… since=…``.
 
-With ``auto_resume``, a node ingero drained is resumed once it has not been a straggler for
-``min_intervals`` ticks in a row (its absence from the verdicts counts: Fleet lists only
-stragglers), with quorum and outside panic. A skip is reported once per reason change, not
-every tick.
+With ``auto_resume``, a node ingero drained is resumed only on positive evidence: Fleet
+ended its straggler episode with reason ``recovered`` (which Fleet reports only with quorum;
+a recovery inside a panicking group is no evidence), and from that tick on (the first) it
+stayed out of the verdicts for ``min_intervals`` ticks in a row. Absence alone proves
+nothing: Fleet lists only stragglers, and an episode also ends when the node goes idle
+(as a drained node does once its job ends), changes group, loses quorum or expires. Any
+such ending, an expiry, or a new straggler verdict takes the eligibility away; a node with
+no recovery evidence (e.g. after a Fleet restart) stays drained for a person to resume. A
+skip is reported once per reason change, not every tick.
 """
 
 from __future__ import annotations
@@ -90,7 +95,8 @@ class DrainMemory:
     last_action: dict[str, float] = field(default_factory=dict)
     # node -> the skip code last reported (so a skip is reported once, not every tick)
     last_skip: dict[str, str] = field(default_factory=dict)
-    # node drained by ingero -> consecutive ticks it was not a straggler
+    # node with recovery evidence -> ticks out of the verdicts since (the recovery tick is
+    # the first); a node absent here is not eligible for auto-resume
     healthy_ticks: dict[str, int] = field(default_factory=dict)
     # node -> the cluster its verdicts named (resume decisions carry it)
     clusters: dict[str, str] = field(default_factory=dict)
@@ -121,12 +127,15 @@ def decide(
     memory: DrainMemory,
     monotonic_now: float,
     expired: Iterable[str] = (),
+    recovered: Iterable[str] = (),
 ) -> list[Decision]:
     """The decisions of one tick; updates ``memory`` for the skips it reports and the
     resume counters (the controller records drains and resumes it carries out).
 
-    ``expired`` names nodes Fleet stopped hearing from this tick: silence is no evidence of
-    recovery, so their resume count starts over.
+    ``expired`` names nodes Fleet stopped hearing from, or whose straggler episode ended
+    any other way than recovered: they lose auto-resume eligibility. ``recovered`` names
+    nodes whose episode Fleet ended ``recovered`` (after the expiries, which it overrides:
+    the controller keeps only recoveries that came after a node's last other ending).
     """
     if not config.enabled:
         return []
@@ -134,8 +143,6 @@ def decide(
     stragglers = {v.node_id: v for v in verdicts if v.straggler}
     for verdict in stragglers.values():
         memory.clusters[verdict.node_id] = verdict.cluster_id
-    for node in expired:
-        memory.healthy_ticks[node] = -1
     ingero_drained = {name for name, info in by_name.items() if info.ingero_reason and info.drained}
     budget = max_drained(len(by_name), config.max_fraction) - len(ingero_drained)
     decisions: list[Decision] = []
@@ -159,6 +166,10 @@ def decide(
         decisions.append(_decision("drain", verdict, drain_reason(verdict)))
 
     if config.auto_resume:
+        for node in expired:
+            memory.healthy_ticks.pop(node, None)
+        for node in recovered:
+            memory.healthy_ticks[node] = 0
         decisions.extend(_resumes(stragglers, by_name, ingero_drained, config, memory))
     for node in list(memory.last_skip):
         if node not in stragglers:
@@ -216,9 +227,11 @@ def _resumes(
     out = []
     for name in sorted(ingero_drained):
         if name in stragglers:
-            memory.healthy_ticks[name] = 0
+            memory.healthy_ticks.pop(name, None)
             continue
-        memory.healthy_ticks[name] = memory.healthy_ticks.get(name, 0) + 1
+        if name not in memory.healthy_ticks:  # no evidence that it recovered
+            continue
+        memory.healthy_ticks[name] += 1
         if memory.healthy_ticks[name] < config.min_intervals:
             continue
         info = by_name[name]

@@ -70,8 +70,16 @@ def verdict(
     )
 
 
-def tick(*verdicts: NodeVerdict) -> TickResult:
-    return TickResult(0.0, (), verdicts, (), ())
+def tick(*verdicts: NodeVerdict, events: tuple[Event, ...] = ()) -> TickResult:
+    return TickResult(0.0, (), verdicts, events, ())
+
+
+def resolved(node: str, reason: str, panic: bool = False, cluster: str = "c") -> Event:
+    """Fleet's event for a straggler episode that ended this tick."""
+    extra = {"reason": reason, "panic": panic, "group": f"{cluster}/job/1"}
+    return Event(
+        type="straggler_resolved", node_id=node, cluster_id=cluster, timestamp=1e9, extra=extra
+    )
 
 
 @pytest.fixture
@@ -225,3 +233,106 @@ def test_verdicts_of_another_cluster_are_not_this_slurms_business(slurm: StandIn
     finally:
         controller.stop()
     assert slurm.calls == [] and events == []
+
+
+AUTO = dataclasses.replace(CONFIG, auto_resume=True, min_intervals=2)
+
+
+def drained_by_ingero(slurm: StandInSlurm, node: str = "n2") -> None:
+    slurm.state[node] = NodeInfo(node, "idle", frozenset({"DRAIN"}), "ingero: straggler x")
+
+
+def handle(controller: DrainController, *ticks: TickResult) -> None:
+    for t in ticks:
+        controller.on_tick(t)
+        assert controller.wait_idle(10)
+
+
+def test_auto_resume_after_a_recovered_episode(slurm: StandInSlurm) -> None:
+    drained_by_ingero(slurm)
+    events: list[Event] = []
+    controller = make(slurm, events, AUTO)
+    try:
+        handle(controller, tick(), tick(), tick(events=(resolved("n2", "recovered"),)))
+        assert slurm.calls == []  # the recovery tick is the first of min_intervals
+        handle(controller, tick())
+    finally:
+        controller.stop()
+    assert slurm.calls == [("resume", "n2")]
+    assert [(e.type, e.node_id) for e in events] == [("node_resumed", "n2")]
+
+
+@pytest.mark.parametrize(
+    "ending",
+    [
+        resolved("n2", "inactive"),  # its job ended: the usual fate of a drained node
+        resolved("n2", "group_changed"),
+        resolved("n2", "quorum_lost"),
+        resolved("n2", "expired"),
+        resolved("n2", "recovered", panic=True),
+        resolved("n2", "recovered", cluster="other"),
+    ],
+    ids=["inactive", "group_changed", "quorum_lost", "expired", "panic", "other_cluster"],
+)
+def test_no_auto_resume_without_evidence_of_recovery(slurm: StandInSlurm, ending: Event) -> None:
+    drained_by_ingero(slurm)
+    controller = make(slurm, [], AUTO)
+    try:
+        handle(controller, tick(events=(ending,)), *[tick() for _ in range(5)])
+    finally:
+        controller.stop()
+    assert slurm.calls == []
+
+
+def coalesce(slurm: StandInSlurm, controller: DrainController, *ticks: TickResult) -> None:
+    """Hand in ``ticks`` while the worker is stuck in Slurm, so they are coalesced."""
+    slurm.gate.clear()
+    slurm.entered.clear()
+    controller.on_tick(tick())
+    assert slurm.entered.wait(10)
+    for t in ticks:
+        controller.on_tick(t)
+    slurm.gate.set()
+    assert controller.wait_idle(10)
+
+
+def test_coalesced_ticks_keep_their_recoveries(slurm: StandInSlurm) -> None:
+    drained_by_ingero(slurm)
+    controller = make(slurm, [], AUTO)
+    try:
+        coalesce(slurm, controller, tick(events=(resolved("n2", "recovered"),)), tick(), tick())
+        assert slurm.calls == [] and slurm.reads == 2  # the stuck tick and the newest one
+        handle(controller, tick())
+    finally:
+        controller.stop()
+    assert slurm.calls == [("resume", "n2")]
+
+
+def test_a_later_ending_in_coalesced_ticks_cancels_the_recovery(slurm: StandInSlurm) -> None:
+    drained_by_ingero(slurm)
+    controller = make(slurm, [], AUTO)
+    try:
+        coalesce(
+            slurm,
+            controller,
+            tick(events=(resolved("n2", "recovered"),)),
+            tick(verdict("n2")),  # straggling again, then its job ends
+            tick(events=(resolved("n2", "inactive"),)),
+        )
+        handle(controller, *[tick() for _ in range(5)])
+    finally:
+        controller.stop()
+    assert slurm.calls == []
+
+
+def test_a_failed_tick_keeps_its_recoveries_for_the_retry(slurm: StandInSlurm) -> None:
+    drained_by_ingero(slurm)
+    slurm.fail = 2
+    controller = make(slurm, [], AUTO)
+    try:
+        handle(controller, tick(events=(resolved("n2", "recovered"),)))
+        assert controller.failures == 2 and slurm.calls == []
+        handle(controller, tick())
+    finally:
+        controller.stop()
+    assert slurm.calls == [("resume", "n2")]

@@ -43,8 +43,12 @@ def run(
     config: DrainConfig = ON,
     memory: DrainMemory | None = None,
     now: float = 10_000.0,
+    expired: list[str] | None = None,
+    recovered: list[str] | None = None,
 ) -> list[Decision]:
-    return decide(verdicts, nodes, config, memory or DrainMemory(), now)
+    return decide(
+        verdicts, nodes, config, memory or DrainMemory(), now, expired or [], recovered or []
+    )
 
 
 def test_off_by_default_decides_nothing() -> None:
@@ -150,32 +154,83 @@ def test_dry_run_only_says_what_it_would_do() -> None:
     assert drain_reason(V("n3")) in d.reason
 
 
-def test_auto_resume_after_min_intervals_healthy_ticks() -> None:
-    config = dataclasses.replace(ON, auto_resume=True, min_intervals=2)
-    nodes = [
-        idle("n3", flags=frozenset({"DRAIN"}), reason="ingero: x"),
-        idle("n4", flags=frozenset({"DRAIN"}), reason="admin"),
-        *NODES[4:],
-    ]
-    memory = DrainMemory()
-    assert run([V("n3", consecutive_straggler_ticks=9)], nodes, config, memory) == []
-    assert run([], nodes, config, memory) == []
-    (d,) = run([], nodes, config, memory)
-    assert (d.action, d.node) == ("resume", "n3")  # never n4: its reason is not ingero's
+AUTO = dataclasses.replace(ON, auto_resume=True, min_intervals=2)
+DRAINED = [
+    idle("n3", flags=frozenset({"DRAIN"}), reason="ingero: x"),
+    idle("n4", flags=frozenset({"DRAIN"}), reason="admin"),
+    *NODES[4:],
+]
 
 
-def test_auto_resume_starts_over_when_the_node_expires() -> None:
-    config = dataclasses.replace(ON, auto_resume=True, min_intervals=2)
-    nodes = [idle("n3", flags=frozenset({"DRAIN"}), reason="ingero: x"), *NODES[3:]]
+def auto(
+    memory: DrainMemory,
+    verdicts: list[V] | None = None,
+    expired: list[str] | None = None,
+    recovered: list[str] | None = None,
+) -> list[str]:
+    """One auto-resume tick on DRAINED: the nodes it resumes."""
+    decisions = run(verdicts or [], DRAINED, AUTO, memory, expired=expired, recovered=recovered)
+    assert all(d.action == "resume" for d in decisions)
+    return [d.node for d in decisions]
+
+
+def test_auto_resume_after_recovery_and_min_intervals_ticks() -> None:
     memory = DrainMemory()
-    assert run([], nodes, config, memory) == []
-    assert decide([], nodes, config, memory, 0.0, expired=["n3"]) == []
-    assert run([], nodes, config, memory) == []
-    assert [d.action for d in run([], nodes, config, memory)] == ["resume"]
+    assert auto(memory, [V("n3", consecutive_straggler_ticks=9)]) == []
+    assert auto(memory, recovered=["n3", "n4"]) == []  # the recovery tick counts as the first
+    # never n4: its reason is not ingero's
+    assert auto(memory) == ["n3"]
+
+
+def test_an_episode_that_ended_idle_never_resumes() -> None:
+    memory = DrainMemory()
+    assert auto(memory, [V("n3")]) == []
+    # the drained node's job ended: Fleet ends the episode "inactive", never "recovered"
+    assert auto(memory, expired=["n3"]) == []
+    for _ in range(10):
+        assert auto(memory) == []
+
+
+def test_no_evidence_no_resume() -> None:
+    # e.g. after a Fleet restart: drained by ingero, but nobody saw it recover
+    memory = DrainMemory()
+    for _ in range(10):
+        assert auto(memory) == []
+
+
+def test_straggling_again_after_recovery_starts_over() -> None:
+    memory = DrainMemory()
+    assert auto(memory, recovered=["n3"]) == []
+    assert auto(memory, [V("n3")]) == []  # straggler again: eligibility gone
+    assert auto(memory) == [] and auto(memory) == []
+    assert auto(memory, recovered=["n3"]) == []
+    assert auto(memory) == ["n3"]
+
+
+def test_another_ending_after_recovery_takes_eligibility_away() -> None:
+    memory = DrainMemory()
+    assert auto(memory, recovered=["n3"]) == []
+    assert auto(memory, expired=["n3"]) == []  # expired (or another episode ended otherwise)
+    for _ in range(5):
+        assert auto(memory) == []
+
+
+def test_a_recovery_after_an_ending_in_the_same_tick_counts() -> None:
+    memory = DrainMemory()
+    assert auto(memory, expired=["n3"], recovered=["n3"]) == []
+    assert auto(memory) == ["n3"]
+
+
+def test_any_straggler_verdict_ends_eligibility_panic_or_not() -> None:
+    memory = DrainMemory()
+    assert auto(memory, recovered=["n3"]) == []
+    assert auto(memory, [V("n3", panic=True)]) == []
+    assert auto(memory, [V("n3", quorum_met=False)]) == []
+    assert auto(memory) == []
 
 
 def test_no_auto_resume_unless_enabled() -> None:
-    nodes = [idle("n3", flags=frozenset({"DRAIN"}), reason="ingero: x"), *NODES[3:]]
     memory = DrainMemory()
     for _ in range(10):
-        assert run([], nodes, ON, memory) == []
+        assert run([], DRAINED, ON, memory, recovered=["n3"]) == []
+    assert memory.healthy_ticks == {}

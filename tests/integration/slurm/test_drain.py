@@ -51,9 +51,20 @@ def verdict(node: str, score: float = 0.30, **kw: object) -> NodeVerdict:
     return NodeVerdict(**fields)  # type: ignore[arg-type]
 
 
-def tick(*verdicts: NodeVerdict) -> TickResult:
+def tick(*verdicts: NodeVerdict, events: tuple[Event, ...] = ()) -> TickResult:
     return TickResult(
-        computed_at=time.time(), groups=(), verdicts=verdicts, events=(), expired_nodes=()
+        computed_at=time.time(), groups=(), verdicts=verdicts, events=events, expired_nodes=()
+    )
+
+
+def resolved(node: str, reason: str) -> Event:
+    """Fleet's event for a straggler episode that ended this tick, and why."""
+    return Event(
+        type="straggler_resolved",
+        node_id=node,
+        cluster_id="ingerotest",
+        timestamp=time.time(),
+        extra={"reason": reason, "panic": False, "group": "ingerotest/job/41"},
     )
 
 
@@ -72,8 +83,8 @@ class Run:
         )
         self.controller.start()
 
-    def tick(self, *verdicts: NodeVerdict) -> None:
-        self.controller.on_tick(tick(*verdicts))
+    def tick(self, *verdicts: NodeVerdict, events: tuple[Event, ...] = ()) -> None:
+        self.controller.on_tick(tick(*verdicts, events=events))
         assert self.controller.wait_idle(60), "the controller did not finish the tick"
 
     def of(self, kind: str) -> list[tuple[str, str]]:
@@ -217,12 +228,28 @@ def test_auto_resume_after_recovery(slurm: SlurmCluster, run: type[Run]) -> None
     r = run(dataclasses.replace(CONFIG, auto_resume=True))
     r.tick(verdict("n2"))
     assert nodes(slurm)["n2"].drained
-    r.tick()  # one healthy tick: not yet
+    r.tick()  # not listed, but no evidence of recovery: stays drained
+    assert nodes(slurm)["n2"].drained
+    r.tick(events=(resolved("n2", "recovered"),))  # the first of min_intervals: not yet
     assert nodes(slurm)["n2"].drained
     r.tick()
     state = nodes(slurm)
     assert not state["n2"].drained and state["n3"].reason == ADMIN
     assert r.of("node_resumed") == [("n2", "")]
+
+
+def test_no_auto_resume_when_the_episode_ended_idle(slurm: SlurmCluster, run: type[Run]) -> None:
+    r = run(dataclasses.replace(CONFIG, auto_resume=True))
+    r.tick(verdict("n2"))
+    assert nodes(slurm)["n2"].drained
+    # the drained node's job ended: Fleet ends its episode "inactive", which proves nothing
+    r.tick(events=(resolved("n2", "inactive"),))
+    for _ in range(4):
+        r.tick()
+    state = nodes(slurm)
+    assert state["n2"].drained and state["n2"].reason is not None
+    assert state["n2"].reason.startswith("ingero: straggler")
+    assert r.of("node_resumed") == []
 
 
 # ---- the real ingero fleet daemon -------------------------------------------------
