@@ -28,6 +28,8 @@ COMMANDS: dict[str, str] = {
     "demo": "ingero.cli.demo:demo",
     "echo": "ingero.cli.echo:echo",
     "mcp": "ingero.cli.mcp:mcp",
+    "explain": "ingero.cli.explain:explain",
+    "query": "ingero.cli.query:query",
 }
 
 

@@ -1,0 +1,223 @@
+"""``ingero explain``: why this node may be slow, from its node DB (read-only)."""
+
+from __future__ import annotations
+
+import json
+import sys
+import time
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import click
+
+from ingero.errors import EXIT_OK, UsageError
+from ingero.explain.reader import DEFAULT_DB
+
+if TYPE_CHECKING:
+    from ingero.explain.analysis import Report
+
+_TOP_OPS = 12
+
+
+def _utc(ts: float) -> str:
+    return datetime.fromtimestamp(ts, UTC).strftime("%Y-%m-%d %H:%M:%S UTC")
+
+
+def _window(value: str) -> float:
+    from ingero.config import parse_duration
+
+    try:
+        seconds = float(parse_duration(value))
+    except ValueError as exc:
+        raise UsageError(f"--window: {exc}") from None
+    if seconds <= 0:
+        raise UsageError("--window: must be longer than 0s")
+    return seconds
+
+
+@click.command("explain")
+@click.option(
+    "--db",
+    "db_path",
+    type=click.Path(path_type=Path),
+    default=DEFAULT_DB,
+    show_default=True,
+    help="Node DB written by `ingero trace --record`.",
+)
+@click.option(
+    "--window",
+    "window",
+    default="5m",
+    show_default=True,
+    help="Recent window, compared with the same length just before it (30s, 5m, 1h).",
+)
+@click.option("--job", "job_id", default=None, help="Only the calls of this Slurm job.")
+@click.option(
+    "--until",
+    "until",
+    default=None,
+    help="End of the recent window: Unix seconds or 'latest' (newest row); default now.",
+)
+@click.option("--json", "as_json", is_flag=True, help="Print the report as JSON.")
+def explain(db_path: Path, window: str, job_id: str | None, until: str | None,
+            as_json: bool) -> int:  # fmt: skip
+    """Explain why this node may be slow: the last window against the one before it.
+
+    Ranks what changed: kernel-launch rate, CUDA call latency and time share per op,
+    sync/memcpy waits, NCCL collectives, errors, GPU busy and memory, off-CPU time, page
+    allocations, block I/O, TCP retransmits, dropped samples. Exit 0 (also for an empty
+    window), 69 when the node DB is missing, 65 when the file is not a node DB.
+    """
+    from ingero.explain.analysis import explain as analyse
+    from ingero.explain.reader import latest_ts, open_node_db, read_processes, read_window_data
+
+    window_s = _window(window)
+    db = open_node_db(db_path)
+    try:
+        latest = latest_ts(db)
+        if until is None:
+            end = time.time()
+        elif until == "latest":
+            end = latest if latest is not None else time.time()
+        else:
+            try:
+                end = float(until)
+            except ValueError:
+                raise UsageError(
+                    f"--until: expected Unix seconds or 'latest', got {until!r}"
+                ) from None
+        recent = read_window_data(db, db_path, end, window_s, job_id)
+        baseline = read_window_data(db, db_path, end - window_s, window_s, job_id)
+        processes = read_processes(db, job_id)
+    finally:
+        db.conn.close()
+    report = analyse(recent, baseline, window_s, job_id, processes)
+    if as_json:
+        click.echo(json.dumps(_as_json(report, db_path, latest), indent=2))
+        return EXIT_OK
+    if recent.empty:
+        job = f" for job {job_id}" if job_id else ""
+        hint = (
+            f"; the newest row is from {_utc(latest)} (try --until latest)"
+            if latest is not None
+            else "; the DB holds no intervals yet"
+        )
+        click.echo(
+            f"nothing recorded{job} in {db_path} between {_utc(end - window_s)}"
+            f" and {_utc(end)}{hint}"
+        )
+        return EXIT_OK
+    _print(report, db_path)
+    return EXIT_OK
+
+
+def _as_json(report: Report, db_path: Path, latest: float | None) -> dict[str, Any]:
+    return {
+        "db": str(db_path),
+        "job_id": report.job_id,
+        "window_s": report.window_s,
+        "recent": {"start": report.recent.start, "end": report.recent.end},
+        "baseline": {"start": report.baseline.start, "end": report.baseline.end},
+        "latest_ts": latest,
+        "empty": report.recent.empty,
+        "summary": report.summary,
+        "findings": [f.as_dict() for f in report.findings],
+        "ops": [
+            {
+                "source": o.source,
+                "op": o.op,
+                "count": o.count,
+                "p50_ns": o.p50_ns,
+                "p95_ns": o.p95_ns,
+                "p99_ns": o.p99_ns,
+                "share": o.share,
+                "errors": o.errors,
+                "baseline_p95_ns": o.baseline_p95_ns,
+                "baseline_share": o.baseline_share,
+                "p95_ratio": o.p95_ratio,
+            }
+            for o in report.ops
+        ],
+        "gpus": [g.__dict__ for g in report.recent.gpus],
+        "host": None if report.recent.host is None else report.recent.host.__dict__,
+        "processes": [p.__dict__ for p in report.processes],
+    }
+
+
+def _print(report: Report, db_path: Path) -> None:
+    from rich.console import Console
+    from rich.table import Table
+    from rich.text import Text
+
+    from ingero.explain.analysis import TIMES, fmt_ns, fmt_pct, fmt_window
+
+    console = Console(highlight=False, width=None if sys.stdout.isatty() else 120)
+    scope = f", job {report.job_id}" if report.job_id else ""
+    console.print(
+        f"{db_path}{scope}: {fmt_window(report.window_s)} to {_utc(report.recent.end)}"
+        f" vs the {fmt_window(report.window_s)} before",
+        markup=False,
+    )
+    s = report.summary
+    parts = []
+    if s["kernel_launch_rate"] is not None:
+        was = s["kernel_launch_rate_baseline"]
+        parts.append(
+            f"kernel launches {s['kernel_launch_rate']:,.0f}/s"
+            + (f" (was {was:,.0f}/s)" if was is not None else "")
+        )
+    if s["gpu_busy_fraction"] is not None:
+        parts.append(f"GPU busy {fmt_pct(float(s['gpu_busy_fraction']))}")
+    if s["sync_memcpy_share"] is not None:
+        parts.append(f"sync/memcpy {fmt_pct(float(s['sync_memcpy_share']))} of wall")
+    if s["offcpu_fraction"] is not None:
+        parts.append(f"off-CPU {fmt_pct(float(s['offcpu_fraction']))} of wall")
+    if parts:
+        console.print(" · ".join(parts), markup=False)
+
+    if report.findings:
+        table = Table(title="Findings, most likely cause first", title_justify="left")
+        table.add_column("#", justify="right")
+        table.add_column("finding")
+        table.add_column("kind")
+        for i, f in enumerate(report.findings, 1):
+            table.add_row(str(i), Text(f.message), Text(f.kind))
+        console.print(table)
+    else:
+        console.print(
+            f"nothing stands out against the previous {fmt_window(report.window_s)}", markup=False
+        )
+
+    if report.ops:
+        ops = Table(title="Traced calls, most time first", title_justify="left")
+        for name in ("source", "op", "calls", "p50", "p95", "p99", "p95 vs before", "wall", "err"):
+            ops.add_column(name, justify="left" if name in ("source", "op") else "right")
+        for o in report.ops[:_TOP_OPS]:
+            ratio = o.p95_ratio
+            ops.add_row(
+                Text(o.source),
+                Text(o.op),
+                f"{o.count:,}",
+                fmt_ns(o.p50_ns),
+                fmt_ns(o.p95_ns),
+                fmt_ns(o.p99_ns),
+                f"{ratio:.2f}{TIMES}" if ratio is not None else "-",
+                fmt_pct(o.share) if o.share is not None else "-",
+                str(o.errors) if o.errors else "",
+            )
+        console.print(ops)
+
+    if report.processes:
+        procs = Table(title="Traced processes", title_justify="left")
+        for name in ("pid", "comm", "job", "rank", "last seen"):
+            procs.add_column(name)
+        for p in report.processes:
+            procs.add_row(
+                str(p.pid),
+                Text(p.comm or "-"),
+                Text(p.job_id or "-"),
+                "-" if p.rank is None else str(p.rank),
+                "-" if p.last_seen is None else _utc(p.last_seen),
+            )
+        console.print(procs)
