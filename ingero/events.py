@@ -103,6 +103,11 @@ class Event:
             except ValueError:
                 raise ValueError("event field event_id must be a UUID") from None
         extra = {k: v for k, v in data.items() if k not in names}
+        try:
+            # The same check every channel's serialiser makes: refuse here, not in a sink.
+            json.dumps(extra, allow_nan=False)
+        except (TypeError, ValueError) as exc:
+            raise ValueError(f"event extra fields must be finite JSON values: {exc}") from None
         return cls(**kwargs, extra=extra)
 
     def journal_fields(self) -> dict[str, str]:

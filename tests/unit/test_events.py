@@ -97,6 +97,16 @@ def test_group_event_without_node_writes_no_empty_node_field() -> None:
             "UUID",
         ),
         ({"type": "straggler_state", "node_id": "", "cluster_id": "c", "timestamp": 1}, "node_id"),
+        (
+            {
+                "type": "straggler_state",
+                "node_id": "n",
+                "cluster_id": "c",
+                "timestamp": 1,
+                "x": float("inf"),
+            },
+            "finite JSON",
+        ),
     ],
 )
 def test_bad_events_are_refused_with_the_field_named(data: dict[str, object], needle: str) -> None:
