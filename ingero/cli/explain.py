@@ -93,10 +93,12 @@ def explain(db_path: Path, window: str, job_id: str | None, until: str | None,
     finally:
         db.conn.close()
     report = analyse(recent, baseline, window_s, job_id, processes)
+    # Host and GPU rows are node-wide: with --job, a window without that job's calls is empty.
+    empty = recent.empty or (job_id is not None and not recent.ops)
     if as_json:
-        click.echo(json.dumps(_as_json(report, db_path, latest), indent=2))
+        click.echo(json.dumps(_as_json(report, db_path, latest, empty), indent=2))
         return EXIT_OK
-    if recent.empty:
+    if empty:
         job = f" for job {job_id}" if job_id else ""
         hint = (
             f"; the newest row is from {_utc(latest)} (try --until latest)"
@@ -112,7 +114,7 @@ def explain(db_path: Path, window: str, job_id: str | None, until: str | None,
     return EXIT_OK
 
 
-def _as_json(report: Report, db_path: Path, latest: float | None) -> dict[str, Any]:
+def _as_json(report: Report, db_path: Path, latest: float | None, empty: bool) -> dict[str, Any]:
     return {
         "db": str(db_path),
         "job_id": report.job_id,
@@ -120,7 +122,7 @@ def _as_json(report: Report, db_path: Path, latest: float | None) -> dict[str, A
         "recent": {"start": report.recent.start, "end": report.recent.end},
         "baseline": {"start": report.baseline.start, "end": report.baseline.end},
         "latest_ts": latest,
-        "empty": report.recent.empty,
+        "empty": empty,
         "summary": report.summary,
         "findings": [f.as_dict() for f in report.findings],
         "ops": [
