@@ -129,3 +129,15 @@ def test_explain_never_writes_the_db(slowed: Path, capsys: pytest.CaptureFixture
     before = slowed.read_bytes()
     run(capsys, "--db", str(slowed), "--until", "latest")
     assert slowed.read_bytes() == before
+
+
+def test_the_command_echo_investigate_prompt_names_runs(
+    slowed: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from ingero.echo.mcp_server import investigate_text
+
+    text = investigate_text("c1", "77")
+    command = text.split("`ingero explain")[1].split("`")[0].split()
+    assert command == ["--job", "77"]
+    code, out, _ = run(capsys, *command, "--db", str(slowed), "--until", "latest")
+    assert code == 0 and "kernel-launch rate down" in out
