@@ -66,6 +66,8 @@ class DrainConfig:
 @dataclass(frozen=True)
 class EchoConfig:
     endpoint: str | None = None
+    # Every this-many seconds one score sample per active or idle node goes to Echo; 0: none.
+    score_history_interval: Duration = Duration(30.0)  # noqa: RUF009 - an immutable float
 
 
 @dataclass(frozen=True)

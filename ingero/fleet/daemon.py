@@ -34,6 +34,7 @@ from ingero.fleet.metrics import FleetMetrics
 from ingero.fleet.model import TickResult
 from ingero.fleet.otlp_http import OtlpHttpHandler
 from ingero.fleet.receiver import Receiver
+from ingero.fleet.score_history import ScoreHistory
 from ingero.fleet.state import FleetState
 
 log = logging.getLogger(__name__)
@@ -66,7 +67,8 @@ class FleetDaemon:
     ) -> None:
         self.config = config
         self.metrics = FleetMetrics()
-        self.state = FleetState(config, clock or SystemClock())
+        clock = clock or SystemClock()
+        self.state = FleetState(config, clock)
         self.events = EventQueue(self.metrics)
         self.events.add_sink(log_sink, "log")
         # Events go on to Echo when configured; the forwarder never blocks the tick thread.
@@ -77,6 +79,10 @@ class FleetDaemon:
         )
         if self.echo_forwarder is not None:
             self.events.add_sink(self.echo_forwarder, "echo")
+        interval = float(config.echo.score_history_interval)
+        self.score_history = (
+            ScoreHistory(interval, clock) if self.echo_forwarder is not None and interval else None
+        )
         self.receiver = Receiver(self.state, self.metrics, self.events)
         self._notifier = notifier or sdnotify.SystemdNotifier()
         self._tick_listeners: list[tuple[str, TickListener]] = []
@@ -84,6 +90,8 @@ class FleetDaemon:
         self._tick_thread: threading.Thread | None = None
         self._last_tick_ok: float | None = None
         self._started = False
+        if self.score_history is not None:
+            self.add_tick_listener(self._forward_scores, "echo-score-history")
 
         auth = load_auth(config.auth)
         ssl_context = server_ssl_context(config.auth)
@@ -120,6 +128,12 @@ class FleetDaemon:
     def add_event_sink(self, sink: EventSink, name: str | None = None) -> None:
         """Every event Fleet publishes (its own and those pushed as OTLP logs) goes here."""
         self.events.add_sink(sink, name)
+
+    def _forward_scores(self, result: TickResult) -> None:
+        """A downsampled score sample per node to Echo; only queued here, sent elsewhere."""
+        history, forwarder = self.score_history, self.echo_forwarder
+        if history is not None and forwarder is not None and history.due():
+            forwarder.submit_scores(history.take(self.state.scores_snapshot()))
 
     # ---- life cycle -----------------------------------------------------------------
 

@@ -18,6 +18,7 @@ from __future__ import annotations
 import math
 import threading
 from dataclasses import dataclass
+from typing import Literal, NamedTuple
 
 import numpy as np
 
@@ -58,6 +59,29 @@ def validate_push(push: NodePush) -> float:
     if push.rank is not None and (isinstance(push.rank, bool) or not isinstance(push.rank, int)):
         raise ValueError(f"push from {push.node_id}: rank must be an integer, got {push.rank!r}")
     return float(score)
+
+
+class NodeScore(NamedTuple):
+    """One active or idle node's latest push, as :meth:`FleetState.scores_snapshot` copies it."""
+
+    node_id: str
+    cluster_id: str
+    group: str
+    job_id: str | None
+    workload_type: str | None
+    rank: int | None
+    score: float
+    state: Literal["active", "idle"]
+    dominant_signal: str | None
+    seen: float  # the clock's monotonic reading at the node's last push
+    host_name: str | None
+    gpu_model: str | None
+    gpu_count: int | None
+    provider: str | None
+
+
+# What Echo keeps about a node's hardware, from its last push (host, GPU model/count, provider).
+_Meta = tuple[str | None, str | None, int | None, str | None]
 
 
 @dataclass
@@ -152,6 +176,7 @@ class FleetState:
         self._rank: list[int | None] = [None] * cap
         self._signal: list[str | None] = [None] * cap
         self._episode_id: list[str] = [""] * cap
+        self._meta: list[_Meta | None] = [None] * cap
         # Groups: an index per group key, with its metadata and smoothed threshold.
         self._gid_of: dict[str, int] = {}
         self._free_gids: list[int] = []
@@ -200,6 +225,7 @@ class FleetState:
             self._seen[slot] = self._clock.monotonic()
             self._rank[slot] = push.rank
             self._signal[slot] = push.dominant_signal
+            self._meta[slot] = (push.host_name, push.gpu_model, push.gpu_count, push.provider)
             view = self._views.get(key)
         if view is None:
             return _empty_view(push.cluster_id, key)
@@ -234,6 +260,61 @@ class FleetState:
     def last_tick(self) -> TickResult | None:
         with self._lock:
             return self._last
+
+    def scores_snapshot(self) -> list[NodeScore]:
+        """Every active or idle node's latest push (for Echo's score history).
+
+        Only column copies are taken under the lock, so pushes wait a few milliseconds even
+        with 100,000 nodes; the rows are built after it is released.
+        """
+        with self._lock:
+            n = self._n
+            live = self._occupied[:n] & (self._active[:n] | self._idle[:n])
+            idx = np.flatnonzero(live)
+            scores, gids, active, seen = (
+                self._score[idx],
+                self._gid[idx],
+                self._active[idx],
+                self._seen[idx],
+            )
+            node_ids, ranks, signals, metas = (
+                self._node_id[:n],
+                self._rank[:n],
+                self._signal[:n],
+                self._meta[:n],
+            )
+            gn = self._gn
+            gkeys, gclusters = self._gkey[:gn], self._gcluster[:gn]
+            gjobs, gworkloads = self._gjob[:gn], self._gworkload[:gn]
+        rows: list[NodeScore] = []
+        for slot, score, gid, is_active, mono in zip(
+            idx.tolist(),
+            scores.tolist(),
+            gids.tolist(),
+            active.tolist(),
+            seen.tolist(),
+            strict=True,
+        ):
+            host, model, gpus, provider = metas[slot] or (None, None, None, None)
+            rows.append(
+                NodeScore(
+                    node_id=node_ids[slot],
+                    cluster_id=gclusters[gid],
+                    group=gkeys[gid],
+                    job_id=gjobs[gid],
+                    workload_type=gworkloads[gid],
+                    rank=ranks[slot],
+                    score=score,
+                    state="active" if is_active else "idle",
+                    dominant_signal=signals[slot],
+                    seen=mono,
+                    host_name=host,
+                    gpu_model=model,
+                    gpu_count=gpus,
+                    provider=provider,
+                )
+            )
+        return rows
 
     # ---- tick -----------------------------------------------------------------------
 
@@ -439,6 +520,7 @@ class FleetState:
         self._rank.extend([None] * extra)
         self._signal.extend([None] * extra)
         self._episode_id.extend([""] * extra)
+        self._meta.extend([None] * extra)
 
     def _new_group(self, key: str, push: NodePush) -> int:
         if self._free_gids:
@@ -496,6 +578,7 @@ class FleetState:
             self._occupied[slot] = False
             self._straggler[slot] = False
             self._node_id[slot] = ""
+            self._meta[slot] = None
             self._free_slots.append(slot)
         return closing, expired
 
