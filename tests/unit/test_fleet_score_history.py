@@ -5,8 +5,10 @@ from __future__ import annotations
 import pytest
 
 from ingero.clock import ManualClock
+from ingero.config import load_config
 from ingero.echo.forwarder import encode_scores
 from ingero.echo.ingest import metrics_to_scores
+from ingero.errors import ConfigError
 from ingero.fleet.config import FleetConfig
 from ingero.fleet.model import NodePush
 from ingero.fleet.score_history import ScoreHistory
@@ -159,3 +161,12 @@ def test_samples_encode_as_the_health_pushes_echo_stores() -> None:
     assert [(p.node_id, p.score, p.ts, p.gpu_model, p.job_id) for p in points] == [
         (f"n{i}", 0.5 + i / 100, clock.now(), "H100", "7") for i in range(5)
     ]
+
+
+def test_the_interval_key_defaults_to_30s_and_refuses_bad_values_by_name() -> None:
+    assert load_config(FleetConfig, "fleet").echo.score_history_interval == 30.0
+    off = {"echo": {"score_history_interval": 0}}
+    assert load_config(FleetConfig, "fleet", None, off).echo.score_history_interval == 0.0
+    for bad in ("-1s", "soon", True):
+        with pytest.raises(ConfigError, match=r"echo\.score_history_interval"):
+            load_config(FleetConfig, "fleet", None, {"echo": {"score_history_interval": bad}})
