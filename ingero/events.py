@@ -125,7 +125,8 @@ class Event:
             name = "INGERO_" + {"node_id": "NODE", "cluster_id": "CLUSTER", "job_id": "JOB"}.get(
                 key, key.upper()
             )
-            out[name] = json.dumps(value) if isinstance(value, dict | list) else str(value)
+            # Booleans and structures as JSON (true/false), so journalctl filters read naturally.
+            out[name] = json.dumps(value) if isinstance(value, dict | list | bool) else str(value)
         return out
 
     def message(self) -> str:

@@ -46,7 +46,7 @@ def test_journal_fields_carry_message_id_and_ingero_names() -> None:
         "42",
     )
     assert fields["INGERO_RANK"] == "3"
-    assert fields["INGERO_PANIC"] == "True"
+    assert fields["INGERO_PANIC"] == "true"
     assert fields["PRIORITY"] == "4"
     assert "score=0.410 threshold=0.870" in fields["MESSAGE"]
 

@@ -12,11 +12,13 @@ under its episode's ``event_id``); a restarted fleet-push skips warm-up.
 from __future__ import annotations
 
 import signal
+from collections import Counter
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
+from ingero.events import Event
 from tests.integration.push.cluster import Cluster, Procs, wait_for
 
 pytestmark = pytest.mark.integration
@@ -96,14 +98,24 @@ def test_straggler_failover_and_restart(cluster: Cluster) -> None:
 
     # The slow node recovers: its episode ends once, under the episode's event id.
     c.slow_down(0, 0.0)
-    resolved = wait_for(
-        lambda: [e for e in c.events() if e.type == "straggler_resolved" and e.node_id == nodes[0]],
+
+    # (An earlier episode may already have ended while Fleet was away; wait for the last one.)
+    def of_node(kind: str) -> list[Event]:
+        return [e for e in c.events() if e.type == kind and e.node_id == nodes[0]]
+
+    last = wait_for(
+        lambda: [
+            e
+            for e in of_node("straggler_resolved")
+            if e.event_id == of_node("straggler_state")[-1].event_id
+        ],
         60,
-        "the straggler to recover",
+        "the straggler's last episode to end",
     )
-    states = [e for e in c.events() if e.type == "straggler_state" and e.node_id == nodes[0]]
-    assert resolved[-1].event_id == states[-1].event_id
-    assert resolved[-1].extra.get("reason") == "recovered"
+    assert len(last) == 1 and last[0].extra.get("reason") == "recovered"
+    ends = Counter(e.event_id for e in of_node("straggler_resolved"))
+    assert all(n == 1 for n in ends.values()), f"an episode ended more than once: {ends}"
+    assert set(ends) <= {e.event_id for e in of_node("straggler_state")}
 
     # A restarted fleet-push restores its baselines and skips warm-up.
     restarted = nodes[1]

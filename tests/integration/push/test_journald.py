@@ -57,7 +57,7 @@ def test_events_arrive_with_message_id_and_ingero_fields() -> None:
         "c1",
         "4242",
     )
-    assert state["INGERO_RANK"] == "7" and state["INGERO_PANIC"] == "True"
+    assert state["INGERO_RANK"] == "7" and state["INGERO_PANIC"] == "true"
     assert state["INGERO_DETECTION_MODE"] == "fleet-cached"
     assert state["PRIORITY"] == "4"
     assert state["INGERO_REASON"] == "line one\nline two"
