@@ -62,6 +62,15 @@ def positive() -> dict[str, Any]:
     return check(lambda v: v > 0, "must be greater than 0")
 
 
+def _is_hostport(value: str) -> bool:
+    _host, sep, port = value.rpartition(":")
+    return bool(sep) and port.isdigit() and 0 <= int(port) <= 65535
+
+
+HOSTPORT = check(_is_hostport, "must be HOST:PORT")
+"""Field metadata for a listen address such as ``0.0.0.0:4317`` (port 0: any free port)."""
+
+
 def find_config_file(daemon: str, explicit: str | os.PathLike[str] | None) -> Path | None:
     """The file to read, or None when no file exists and none was asked for."""
     if explicit:

@@ -4,22 +4,14 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from ingero.config import Duration, check, positive
-
-
-def _is_hostport(value: str) -> bool:
-    _host, sep, port = value.rpartition(":")
-    return bool(sep) and port.isdigit() and 0 <= int(port) <= 65535
-
-
-_HOSTPORT = check(_is_hostport, "must be HOST:PORT")
+from ingero.config import HOSTPORT, Duration, positive
 
 
 @dataclass(frozen=True)
 class ListenConfig:
-    otlp_grpc: str = field(default="0.0.0.0:4327", metadata=_HOSTPORT)
-    otlp_http: str = field(default="0.0.0.0:4328", metadata=_HOSTPORT)
-    api: str = field(default="0.0.0.0:8081", metadata=_HOSTPORT)
+    otlp_grpc: str = field(default="0.0.0.0:4327", metadata=HOSTPORT)
+    otlp_http: str = field(default="0.0.0.0:4328", metadata=HOSTPORT)
+    api: str = field(default="0.0.0.0:8081", metadata=HOSTPORT)
 
 
 @dataclass(frozen=True)

@@ -5,22 +5,14 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Literal
 
-from ingero.config import Duration, check, in_range, positive
-
-
-def _is_hostport(value: str) -> bool:
-    _host, sep, port = value.rpartition(":")
-    return bool(sep) and port.isdigit() and 0 <= int(port) <= 65535
-
-
-_HOSTPORT = check(_is_hostport, "must be HOST:PORT")
+from ingero.config import HOSTPORT, Duration, check, in_range, positive
 
 
 @dataclass(frozen=True)
 class ListenConfig:
-    otlp_grpc: str = field(default="0.0.0.0:4317", metadata=_HOSTPORT)
-    otlp_http: str = field(default="0.0.0.0:4318", metadata=_HOSTPORT)
-    api: str = field(default="0.0.0.0:8080", metadata=_HOSTPORT)
+    otlp_grpc: str = field(default="0.0.0.0:4317", metadata=HOSTPORT)
+    otlp_http: str = field(default="0.0.0.0:4318", metadata=HOSTPORT)
+    api: str = field(default="0.0.0.0:8080", metadata=HOSTPORT)
 
 
 @dataclass(frozen=True)

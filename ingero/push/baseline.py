@@ -11,12 +11,11 @@ from __future__ import annotations
 import json
 import logging
 import math
-import os
-import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Final
 
+from ingero.atomicfile import quarantine, write_atomic
 from ingero.clock import Clock
 
 log = logging.getLogger(__name__)
@@ -194,31 +193,11 @@ class BaselineStore:
         return LoadResult(baselines)
 
     def quarantine(self) -> Path | None:
-        target = self.path.with_name(f"{self.path.name}.quarantined.{int(self.clock.now())}")
-        try:
-            os.replace(self.path, target)
-        except OSError as exc:
-            log.warning("cannot quarantine %s: %s", self.path, exc.strerror)
-            return None
-        return target
+        return quarantine(self.path, self.clock.now())
 
     def save(self, baselines: BaselineSet) -> None:
         """Write atomically: a reader sees the old file or the new one, never a partial one."""
         baselines.updated = self.clock.now()
         payload = json.dumps(baselines.to_json(), indent=1, allow_nan=False).encode()
         self.path.parent.mkdir(parents=True, exist_ok=True)
-        fd, tmp = tempfile.mkstemp(prefix=f".{self.path.name}.", dir=self.path.parent)
-        try:
-            with os.fdopen(fd, "wb") as handle:
-                handle.write(payload)
-                handle.flush()
-                os.fsync(handle.fileno())
-            os.replace(tmp, self.path)
-        except BaseException:
-            Path(tmp).unlink(missing_ok=True)
-            raise
-        dir_fd = os.open(self.path.parent, os.O_RDONLY)
-        try:
-            os.fsync(dir_fd)
-        finally:
-            os.close(dir_fd)
+        write_atomic(self.path, payload)

@@ -10,12 +10,11 @@ from __future__ import annotations
 import json
 import logging
 import math
-import os
-import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from ingero.atomicfile import quarantine, write_atomic
 from ingero.clock import Clock
 from ingero.push.detection import CachedThreshold, LocalBaseline
 
@@ -77,11 +76,7 @@ class DetectionStore:
         return DetectionState(cached, LocalBaseline(ema, samples))
 
     def _quarantine(self, reason: str, empty: DetectionState) -> DetectionState:
-        target = self.path.with_name(f"{self.path.name}.quarantined.{int(self._clock.now())}")
-        try:
-            os.replace(self.path, target)
-        except OSError as exc:
-            log.warning("cannot quarantine %s: %s", self.path, exc.strerror)
+        target = quarantine(self.path, self._clock.now())
         log.warning("detection state %s not trusted (%s); moved to %s", self.path, reason, target)
         return empty
 
@@ -96,16 +91,7 @@ class DetectionStore:
         }
         payload = json.dumps(data, allow_nan=False).encode()
         self.path.parent.mkdir(parents=True, exist_ok=True)
-        fd, tmp = tempfile.mkstemp(prefix=f".{self.path.name}.", dir=self.path.parent)
-        try:
-            with os.fdopen(fd, "wb") as handle:
-                handle.write(payload)
-                handle.flush()
-                os.fsync(handle.fileno())
-            os.replace(tmp, self.path)
-        except BaseException:
-            Path(tmp).unlink(missing_ok=True)
-            raise
+        write_atomic(self.path, payload)
 
 
 def _finite(value: Any) -> float:

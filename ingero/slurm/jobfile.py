@@ -7,14 +7,14 @@ the prolog must start fast.
 
 from __future__ import annotations
 
-import contextlib
 import json
 import os
 import re
-import tempfile
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
+
+from ingero.atomicfile import write_atomic
 
 JOBS_DIR = Path("/run/ingero/jobs")
 JOBS_DIR_ENV = "INGERO_JOBS_DIR"
@@ -102,17 +102,10 @@ def write_job(directory: Path, info: JobInfo) -> Path:
     """Write ``info`` atomically (temp file + rename), world-readable; returns the path."""
     path = job_path(directory, info.job_id)
     _make_dirs(directory)
-    fd, tmp = tempfile.mkstemp(prefix=f".{info.job_id}.", suffix=".tmp", dir=directory)
-    try:
-        with os.fdopen(fd, "w") as out:
-            json.dump(info.to_dict(), out, separators=(",", ":"))
-        # Task prologs and fleet-push run as other users and must read it.
-        os.chmod(tmp, 0o644)
-        os.replace(tmp, path)
-    except BaseException:
-        with contextlib.suppress(OSError):
-            os.unlink(tmp)
-        raise
+    # World-readable: task prologs and fleet-push run as other users. /run is tmpfs and the
+    # file lives as long as the job, so the prolog skips the fsyncs (it must stay fast).
+    payload = json.dumps(info.to_dict(), separators=(",", ":")).encode()
+    write_atomic(path, payload, mode=0o644, durable=False)
     return path
 
 
