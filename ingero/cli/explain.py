@@ -11,8 +11,8 @@ from typing import TYPE_CHECKING, Any
 
 import click
 
+from ingero.cli.options import node_db_option, seconds
 from ingero.errors import EXIT_OK, UsageError
-from ingero.explain.reader import DEFAULT_DB
 
 if TYPE_CHECKING:
     from ingero.explain.analysis import Report
@@ -24,27 +24,8 @@ def _utc(ts: float) -> str:
     return datetime.fromtimestamp(ts, UTC).strftime("%Y-%m-%d %H:%M:%S UTC")
 
 
-def _window(value: str) -> float:
-    from ingero.config import parse_duration
-
-    try:
-        seconds = float(parse_duration(value))
-    except ValueError as exc:
-        raise UsageError(f"--window: {exc}") from None
-    if seconds <= 0:
-        raise UsageError("--window: must be longer than 0s")
-    return seconds
-
-
 @click.command("explain")
-@click.option(
-    "--db",
-    "db_path",
-    type=click.Path(path_type=Path),
-    default=DEFAULT_DB,
-    show_default=True,
-    help="Node DB written by `ingero trace --record`.",
-)
+@node_db_option
 @click.option(
     "--window",
     "window",
@@ -72,7 +53,7 @@ def explain(db_path: Path, window: str, job_id: str | None, until: str | None,
     from ingero.explain.analysis import explain as analyse
     from ingero.explain.reader import latest_ts, open_node_db, read_processes, read_window_data
 
-    window_s = _window(window)
+    window_s = seconds("--window", window, positive=True)
     db = open_node_db(db_path)
     try:
         latest = latest_ts(db)

@@ -10,8 +10,9 @@ from pathlib import Path
 
 import click
 
+from ingero.cli.options import node_db_option, seconds
 from ingero.errors import EXIT_DATAERR, EXIT_OK, IngeroError, UsageError
-from ingero.explain.reader import DEFAULT_DB, NODE_TABLES
+from ingero.explain.reader import NODE_TABLES
 
 # The column each table's rows are placed in time by, for --since and newest-first order.
 TIME_COLUMNS = {
@@ -29,25 +30,9 @@ class QueryError(IngeroError):
     exit_code = EXIT_DATAERR
 
 
-def _seconds(option: str, value: str) -> float:
-    from ingero.config import parse_duration
-
-    try:
-        return float(parse_duration(value))
-    except ValueError as exc:
-        raise UsageError(f"{option}: {exc}") from None
-
-
 @click.command("query")
 @click.argument("sql", required=False)
-@click.option(
-    "--db",
-    "db_path",
-    type=click.Path(path_type=Path),
-    default=DEFAULT_DB,
-    show_default=True,
-    help="Node DB written by `ingero trace --record`.",
-)
+@node_db_option
 @click.option(
     "--table",
     type=click.Choice(sorted(TIME_COLUMNS)),
@@ -89,14 +74,14 @@ def query(sql: str | None, db_path: Path, table: str | None, since: str | None, 
         raise UsageError("give either an SQL statement or --table")
     if since is not None and table is None:
         raise UsageError("--since goes with --table (in SQL, filter on ts_end or ts)")
-    timeout_s = _seconds("--timeout", timeout)
+    timeout_s = seconds("--timeout", timeout)
     params: tuple[float | int, ...] = ()
     if table is not None:
         column = TIME_COLUMNS[table]
         where = ""
         if since is not None:
             where = f" WHERE {column} > ?"
-            params = (time.time() - _seconds("--since", since),)
+            params = (time.time() - seconds("--since", since),)
         sql = f"SELECT * FROM {table}{where} ORDER BY {column} DESC LIMIT ?"
         params = (*params, limit)
     assert sql is not None
