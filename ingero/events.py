@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import math
+import re
 import uuid
 from dataclasses import asdict, dataclass, field, fields
 from typing import Any
@@ -72,16 +73,25 @@ class Event:
         """Parse a mapping; raises ValueError with the offending field on bad input."""
         if not isinstance(data, dict):
             raise ValueError("an event must be a JSON object")
-        names = {f.name for f in fields(cls)} - {"extra"}
+        names = _FIELD_NAMES if cls is Event else {f.name for f in fields(cls)} - {"extra"}
         missing = [k for k in ("type", "node_id", "cluster_id", "timestamp") if k not in data]
         if missing:
             raise ValueError(f"event is missing {', '.join(missing)}")
-        kwargs: dict[str, Any] = {k: data[k] for k in names if k in data}
+        # One pass splits schema fields from extras (this runs for every ingested event).
+        kwargs: dict[str, Any] = {}
+        extra: dict[str, Any] = {}
+        for key, value in data.items():
+            if key in names:
+                kwargs[key] = value
+            else:
+                extra[key] = value
         for key in ("type", "node_id", "cluster_id", "event_id"):
             if key in kwargs and not isinstance(kwargs[key], str):
                 raise ValueError(f"event field {key} must be a string")
         for key in ("timestamp", "score", "threshold"):
             value = kwargs.get(key)
+            if type(value) is float and math.isfinite(value):
+                continue  # the common case, already what the checks below would give
             if value is None and key != "timestamp":
                 continue
             if (
@@ -95,19 +105,21 @@ class Event:
             rank = kwargs["rank"]
             if isinstance(rank, bool) or not isinstance(rank, int):
                 raise ValueError("event field rank must be an integer")
-        if kwargs.get("job_id") is not None:
-            kwargs["job_id"] = str(kwargs["job_id"])
-        if "event_id" in kwargs:
+        job_id = kwargs.get("job_id")
+        if job_id is not None and type(job_id) is not str:
+            kwargs["job_id"] = str(job_id)
+        event_id = kwargs.get("event_id")
+        if event_id is not None and not _CANONICAL_UUID.fullmatch(event_id):
             try:
-                uuid.UUID(kwargs["event_id"])
+                uuid.UUID(event_id)  # the other spellings uuid accepts (braces, urn:, no dashes)
             except ValueError:
                 raise ValueError("event field event_id must be a UUID") from None
-        extra = {k: v for k, v in data.items() if k not in names}
-        try:
-            # The same check every channel's serialiser makes: refuse here, not in a sink.
-            json.dumps(extra, allow_nan=False)
-        except (TypeError, ValueError) as exc:
-            raise ValueError(f"event extra fields must be finite JSON values: {exc}") from None
+        if extra and not _plain_json(extra):
+            try:
+                # The same check every channel's serialiser makes: refuse here, not in a sink.
+                json.dumps(extra, allow_nan=False)
+            except (TypeError, ValueError) as exc:
+                raise ValueError(f"event extra fields must be finite JSON values: {exc}") from None
         return cls(**kwargs, extra=extra)
 
     def journal_fields(self) -> dict[str, str]:
@@ -142,3 +154,18 @@ class Event:
         reason = self.extra.get("reason")
         tail = f" ({reason})" if reason else ""
         return f"ingero {self.type}: {where}{figures}{tail}"
+
+
+_FIELD_NAMES = frozenset(f.name for f in fields(Event)) - {"extra"}
+_CANONICAL_UUID = re.compile(
+    r"[0-9a-fA-F]{8}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{12}"
+)
+
+
+def _plain_json(extra: dict[str, Any]) -> bool:
+    """True when every extra is a str key with a str/int/None value: JSON-safe as is, so
+    the json.dumps check can be skipped (floats, containers and the rest still take it)."""
+    for key, value in extra.items():
+        if type(key) is not str or not (value is None or type(value) in (str, int, bool)):
+            return False
+    return True

@@ -64,11 +64,13 @@ def encode_events(
 def decode_events(request: ExportLogsServiceRequest) -> LogsDecode:
     """Every record must be a valid ingero event; others are rejected with the reason."""
     result = LogsDecode()
+    append = result.events.append
+    parse = Event.from_dict
     for rl in request.resource_logs:
         for sl in rl.scope_logs:
             for record in sl.log_records:
                 try:
-                    result.events.append(Event.from_dict(attributes_dict(record.attributes)))
+                    append(parse(attributes_dict(record.attributes)))
                 except (ValueError, TypeError) as exc:
                     result.reject(f"log record is not an ingero event: {exc}")
     return result

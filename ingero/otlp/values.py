@@ -68,7 +68,24 @@ def any_to_python(value: AnyValue) -> Any:
 
 
 def attributes_dict(attributes: Iterable[KeyValue]) -> dict[str, Any]:
-    return {kv.key: any_to_python(kv.value) for kv in attributes}
+    """Attributes as a dict; scalars inline, since this runs for every ingested record."""
+    out: dict[str, Any] = {}
+    for kv in attributes:
+        value = kv.value
+        text = value.string_value  # most attributes are strings: one call, no oneof lookup
+        if text:
+            out[kv.key] = text
+            continue
+        kind = value.WhichOneof("value")
+        if kind == "string_value":
+            out[kv.key] = text
+        elif kind is None:
+            out[kv.key] = None
+        elif kind[0] in "ibd":  # int_value, bool_value, double_value, bytes_value
+            out[kv.key] = getattr(value, kind)
+        else:
+            out[kv.key] = any_to_python(value)
+    return out
 
 
 def parse_protobuf(body: bytes, message_cls: type[M]) -> M:

@@ -112,3 +112,25 @@ def test_group_event_without_node_writes_no_empty_node_field() -> None:
 def test_bad_events_are_refused_with_the_field_named(data: dict[str, object], needle: str) -> None:
     with pytest.raises(ValueError, match=needle):
         Event.from_dict(data)
+
+
+def test_parse_fast_paths_accept_and_normalise_what_the_general_checks_do() -> None:
+    event_id = "6F3C2A1E-9B8D-4C7A-8E5F-0A1B2C3D4E51"
+    base = {"type": "peer_lag", "node_id": "n", "cluster_id": "c", "timestamp": 5}
+    for spelling in (
+        event_id,
+        "{" + event_id + "}",
+        "urn:uuid:" + event_id,
+        event_id.replace("-", ""),
+    ):
+        assert Event.from_dict({**base, "event_id": spelling}).event_id == spelling
+    ev = Event.from_dict({**base, "job_id": 42, "score": 1, "peer": "n2", "n": 3, "ok": True})
+    assert (ev.timestamp, ev.score, ev.job_id) == (5.0, 1.0, "42")
+    assert type(ev.timestamp) is float and type(ev.score) is float
+    assert ev.extra == {"peer": "n2", "n": 3, "ok": True}
+    with pytest.raises(ValueError, match="finite JSON"):
+        Event.from_dict({**base, "lags": {"n2": float("nan")}})
+    with pytest.raises(ValueError, match="finite JSON"):
+        Event.from_dict({**base, "blob": object()})
+    with pytest.raises(ValueError, match="timestamp"):
+        Event.from_dict({**base, "timestamp": True})

@@ -56,3 +56,19 @@ def test_invalid_records_rejected_with_reason() -> None:
     decoded = decode_events(request)
     assert len(decoded.events) == 1 and decoded.rejected == 2
     assert "missing" in decoded.error_message and "score" in decoded.error_message
+
+
+def test_attributes_dict_reads_every_value_kind_like_any_to_python() -> None:
+    from opentelemetry.proto.common.v1.common_pb2 import KeyValue
+
+    from ingero.otlp.values import add_attributes, any_to_python, attributes_dict
+
+    request = encode_events([])
+    attrs = request.resource_logs[0].resource.attributes
+    values = {"s": "x", "e": "", "i": -3, "f": 0.5, "t": True, "no": False, "z": 0, "b": b"\x00"}
+    add_attributes(attrs, {**values, "m": {"k": [1, "a"]}, "a": [True, 2.5]})
+    attrs.append(KeyValue(key="unset"))
+    out = attributes_dict(attrs)
+    assert out == {kv.key: any_to_python(kv.value) for kv in attrs}
+    assert out == {**values, "m": {"k": [1, "a"]}, "a": [True, 2.5], "unset": None}
+    assert type(out["t"]) is bool and type(out["i"]) is int
