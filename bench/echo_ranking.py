@@ -22,11 +22,14 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import sqlite_utils
+
 from ingero.clock import ManualClock
 from ingero.echo.auth import Principal
 from ingero.echo.queries import GpuRates
-from ingero.echo.schema import migrate
+from ingero.echo.schema import MIGRATIONS
 from ingero.echo.service import Service
+from ingero.sqlitemigrate import migrate
 
 CLUSTERS = 4
 NODES = 1000
@@ -38,7 +41,7 @@ TICK = 5.0
 
 def generate(db: Path, episodes: int, per_episode: int, seed: int) -> int:
     conn = sqlite3.connect(db, isolation_level=None)
-    migrate(conn)
+    migrate(sqlite_utils.Database(conn), MIGRATIONS)
     indexes = conn.execute(
         "SELECT name, sql FROM sqlite_master WHERE type = 'index' AND tbl_name IN"
         " ('events', 'episodes') AND sql IS NOT NULL"

@@ -11,12 +11,9 @@ Tables (timestamps are Unix seconds):
 
 from __future__ import annotations
 
-import sqlite3
 from collections.abc import Callable
 
 import sqlite_utils
-
-SCHEMA_VERSION = 1
 
 # Tables a tenant may read through SQL, each with its cluster column.
 TENANT_TABLES: tuple[str, ...] = ("events", "episodes", "scores", "nodes")
@@ -103,18 +100,3 @@ def _v1(db: sqlite_utils.Database) -> None:
 
 
 MIGRATIONS: list[Callable[[sqlite_utils.Database], None]] = [_v1]
-
-
-def migrate(conn: sqlite3.Connection) -> int:
-    """Bring the database to SCHEMA_VERSION; returns the version it was at before."""
-    version = int(conn.execute("PRAGMA user_version").fetchone()[0])
-    if version > SCHEMA_VERSION:
-        raise RuntimeError(
-            f"database schema v{version} is newer than this ingero (v{SCHEMA_VERSION})"
-        )
-    db = sqlite_utils.Database(conn)
-    for step in range(version, SCHEMA_VERSION):
-        with conn:
-            MIGRATIONS[step](db)
-            conn.execute(f"PRAGMA user_version = {step + 1}")
-    return version

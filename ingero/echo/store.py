@@ -24,10 +24,13 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import IO, Any
 
+import sqlite_utils
+
 from ingero.clock import Clock, SystemClock
-from ingero.echo.schema import migrate
+from ingero.echo.schema import MIGRATIONS
 from ingero.errors import UnavailableError
 from ingero.events import Event
+from ingero.sqlitemigrate import migrate
 
 log = logging.getLogger("ingero.echo.store")
 
@@ -121,7 +124,7 @@ class Store:
             # 68 -> 45 µs per event for the writer at 200k stored (docs/benchmarks.md, Echo).
             self._conn.execute(f"PRAGMA cache_size = -{_CACHE_KIB}")
             self._conn.execute(f"PRAGMA wal_autocheckpoint = {_CHECKPOINT_PAGES}")
-            migrate(self._conn)
+            migrate(sqlite_utils.Database(self._conn), MIGRATIONS)
             self._open: dict[tuple[str, str, str], _Episode] = {}
             self._load_open_episodes()
         except BaseException:

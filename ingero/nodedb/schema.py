@@ -18,6 +18,9 @@ from pathlib import Path
 
 import sqlite_utils
 
+from ingero import sqlitemigrate
+from ingero.sqlitemigrate import SchemaError as SchemaError  # re-exported for readers
+
 SCHEMA_VERSION = 1
 
 
@@ -106,10 +109,6 @@ MIGRATIONS: list[Callable[[sqlite_utils.Database], None]] = [_v1]
 assert len(MIGRATIONS) == SCHEMA_VERSION
 
 
-class SchemaError(RuntimeError):
-    """The DB was written by a newer ingero (or is not a node DB)."""
-
-
 def connect(
     path: str | Path, *, readonly: bool = False, timeout: float = 5.0
 ) -> sqlite_utils.Database:
@@ -131,13 +130,5 @@ def connect(
 
 
 def migrate(db: sqlite_utils.Database) -> int:
-    """Apply pending migrations in one transaction each; returns the resulting version."""
-    version: int = db.execute("PRAGMA user_version").fetchone()[0]
-    if version > SCHEMA_VERSION:
-        raise SchemaError(f"schema version {version} is newer than this ingero ({SCHEMA_VERSION})")
-    while version < SCHEMA_VERSION:
-        with db.conn:
-            MIGRATIONS[version](db)
-            version += 1
-            db.execute(f"PRAGMA user_version = {version}")
-    return version
+    """Apply the node DB's pending migrations; returns the resulting version."""
+    return sqlitemigrate.migrate(db, MIGRATIONS)
