@@ -86,18 +86,7 @@ class SimNode:
     def classify(self, push: NodePush, reading: FleetReading) -> list[str]:
         self.selector.on_fleet(reading)
         decision = self.selector.decide(push.score if push.state == "active" else None)
-        events = self.classifier.observe(
-            Observation(
-                node_id=self.name,
-                cluster_id=push.cluster_id,
-                timestamp=self.clock.now(),
-                state=push.state,
-                score=push.score,
-                threshold=decision.threshold,
-                mode=decision.mode,
-                panic=decision.panic,
-            )
-        )
+        events = self.classifier.observe(Observation.of(push, decision, self.clock.now()))
         return [e.type for e in events]
 
 

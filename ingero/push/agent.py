@@ -133,7 +133,7 @@ class Agent:
         if decision.transition is not None:
             self._emit(self._mode_event(decision, push))
         status.mode, status.threshold = decision.mode, decision.threshold
-        for event in self.classifier.observe(self._observation(push, decision)):
+        for event in self.classifier.observe(Observation.of(push, decision, self.clock.now())):
             log.warning("%s", event.message())
             self._emit(event)
         status.straggling = self.classifier.straggling
@@ -207,21 +207,6 @@ class Agent:
             dominant_signal=result.dominant_signal if result else None,
             signals=dict(result.signals) if result else {},
             rates=dict(result.rates) if result else {},
-        )
-
-    def _observation(self, push: NodePush, decision: Decision) -> Observation:
-        return Observation(
-            node_id=push.node_id,
-            cluster_id=push.cluster_id,
-            timestamp=self.clock.now(),
-            state=push.state,
-            score=push.score,
-            threshold=decision.threshold,
-            mode=decision.mode,
-            panic=decision.panic,
-            job_id=push.job_id,
-            rank=push.rank,
-            dominant_signal=push.dominant_signal,
         )
 
     def _mode_event(self, decision: Decision, push: NodePush) -> Event:

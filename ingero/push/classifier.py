@@ -18,7 +18,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from ingero.events import Event, new_event_id
+from ingero.fleet.model import NodePush
 from ingero.push.config import ClassifierConfig
+from ingero.push.detection import Decision
 
 
 @dataclass(frozen=True)
@@ -36,6 +38,23 @@ class Observation:
     job_id: str | None = None
     rank: int | None = None
     dominant_signal: str | None = None
+
+    @classmethod
+    def of(cls, push: NodePush, decision: Decision, timestamp: float) -> Observation:
+        """The interval a push and its detection decision describe."""
+        return cls(
+            node_id=push.node_id,
+            cluster_id=push.cluster_id,
+            timestamp=timestamp,
+            state=push.state,
+            score=push.score,
+            threshold=decision.threshold,
+            mode=decision.mode,
+            panic=decision.panic,
+            job_id=push.job_id,
+            rank=push.rank,
+            dominant_signal=push.dominant_signal,
+        )
 
 
 class Classifier:
