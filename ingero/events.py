@@ -73,18 +73,22 @@ class Event:
         """Parse a mapping; raises ValueError with the offending field on bad input."""
         if not isinstance(data, dict):
             raise ValueError("an event must be a JSON object")
-        names = _FIELD_NAMES if cls is Event else {f.name for f in fields(cls)} - {"extra"}
-        missing = [k for k in ("type", "node_id", "cluster_id", "timestamp") if k not in data]
-        if missing:
+        if not data.keys() >= _REQUIRED:
+            missing = [k for k in ("type", "node_id", "cluster_id", "timestamp") if k not in data]
             raise ValueError(f"event is missing {', '.join(missing)}")
-        # One pass splits schema fields from extras (this runs for every ingested event).
-        kwargs: dict[str, Any] = {}
+        names = _FIELD_NAMES if cls is Event else {f.name for f in fields(cls)} - {"extra"}
+        # This runs for every ingested event: one C-level subset test and copy when there are
+        # no extras (OTLP records carry only schema fields), else one pass splits them off.
         extra: dict[str, Any] = {}
-        for key, value in data.items():
-            if key in names:
-                kwargs[key] = value
-            else:
-                extra[key] = value
+        if names.issuperset(data):
+            kwargs = dict(data)
+        else:
+            kwargs = {}
+            for key, value in data.items():
+                if key in names:
+                    kwargs[key] = value
+                else:
+                    extra[key] = value
         for key in ("type", "node_id", "cluster_id", "event_id"):
             if key in kwargs and not isinstance(kwargs[key], str):
                 raise ValueError(f"event field {key} must be a string")
@@ -101,10 +105,9 @@ class Event:
             ):
                 raise ValueError(f"event field {key} must be a finite number")
             kwargs[key] = float(value)
-        if kwargs.get("rank") is not None:
-            rank = kwargs["rank"]
-            if isinstance(rank, bool) or not isinstance(rank, int):
-                raise ValueError("event field rank must be an integer")
+        rank = kwargs.get("rank")
+        if rank is not None and (isinstance(rank, bool) or not isinstance(rank, int)):
+            raise ValueError("event field rank must be an integer")
         job_id = kwargs.get("job_id")
         if job_id is not None and type(job_id) is not str:
             kwargs["job_id"] = str(job_id)
@@ -120,7 +123,8 @@ class Event:
                 json.dumps(extra, allow_nan=False)
             except (TypeError, ValueError) as exc:
                 raise ValueError(f"event extra fields must be finite JSON values: {exc}") from None
-        return cls(**kwargs, extra=extra)
+        kwargs["extra"] = extra  # one dict for the call: `**kwargs, extra=extra` merges a copy
+        return cls(**kwargs)
 
     def journal_fields(self) -> dict[str, str]:
         """journald fields: MESSAGE, MESSAGE_ID, PRIORITY and INGERO_* (upper-case names)."""
@@ -157,6 +161,7 @@ class Event:
 
 
 _FIELD_NAMES = frozenset(f.name for f in fields(Event)) - {"extra"}
+_REQUIRED = frozenset(("type", "node_id", "cluster_id", "timestamp"))
 _CANONICAL_UUID = re.compile(
     r"[0-9a-fA-F]{8}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{12}"
 )

@@ -76,6 +76,17 @@ def attributes_dict(attributes: Iterable[KeyValue]) -> dict[str, Any]:
         if text:
             out[kv.key] = text
             continue
+        # Then doubles (timestamp, score, threshold) and ints (rank, counts): a oneof member
+        # reads as zero unless it is the one set, so a non-zero (or NaN) one is the set kind
+        # and needs no oneof lookup either; zeros, bools and the rest take WhichOneof below.
+        number = value.double_value
+        if number:
+            out[kv.key] = number
+            continue
+        integer = value.int_value
+        if integer:
+            out[kv.key] = integer
+            continue
         kind = value.WhichOneof("value")
         if kind == "string_value":
             out[kv.key] = text

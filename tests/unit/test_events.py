@@ -134,3 +134,33 @@ def test_parse_fast_paths_accept_and_normalise_what_the_general_checks_do() -> N
         Event.from_dict({**base, "blob": object()})
     with pytest.raises(ValueError, match="timestamp"):
         Event.from_dict({**base, "timestamp": True})
+
+
+BASE = {"type": "peer_lag", "node_id": "n", "cluster_id": "c", "timestamp": 5}
+
+
+# from_dict copies a dict with no extras in one step and splits the others in a loop: both
+# normalise alike, leave the caller's dict as it was, and send unknown keys to extra.
+@pytest.mark.parametrize(
+    ("data", "expected"),
+    [
+        (BASE, {**BASE, "timestamp": 5.0}),
+        ({**BASE, "job_id": 42, "rank": 0}, {**BASE, "timestamp": 5.0, "job_id": "42", "rank": 0}),
+        (
+            {**BASE, "score": 0, "threshold": 0.0},
+            {**BASE, "timestamp": 5.0, "score": 0.0, "threshold": 0.0},
+        ),
+        ({**BASE, "job_id": 42, "n": 0}, {**BASE, "timestamp": 5.0, "job_id": "42", "n": 0}),
+        ({**BASE, "extra": {"a": 1}}, {**BASE, "timestamp": 5.0, "extra": {"a": 1}}),
+        ({**BASE, "ok": False, "why": ""}, {**BASE, "timestamp": 5.0, "ok": False, "why": ""}),
+    ],
+)
+def test_from_dict_with_and_without_extras(
+    data: dict[str, object], expected: dict[str, object]
+) -> None:
+    before = json.dumps(data)
+    event = Event.from_dict(data)
+    assert json.dumps(data) == before
+    got = {k: v for k, v in event.to_dict().items() if k != "event_id" and v is not None}
+    assert got == expected
+    assert {k: type(v) for k, v in got.items()} == {k: type(v) for k, v in expected.items()}
