@@ -20,6 +20,16 @@ from ingero.echo.store import Store
 from ingero.events import Event
 
 
+class _Rows(list[Any]):
+    """Rows already fetched, read back like a cursor."""
+
+    def fetchone(self) -> Any:
+        return self[0] if self else None
+
+    def fetchall(self) -> list[Any]:
+        return list(self)
+
+
 class _Timed:
     """The writer's connection, timing each statement by its first words."""
 
@@ -31,7 +41,7 @@ class _Timed:
         t = time.perf_counter()
         result = getattr(self._conn, method)(sql, *args)
         if sql.startswith("SELECT"):
-            result = list(result)
+            result = _Rows(result.fetchall())  # fetched inside the timing
         self._totals[" ".join(sql.split()[:3])] += time.perf_counter() - t
         return result
 

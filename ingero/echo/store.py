@@ -11,6 +11,7 @@ file held with ``flock`` keeps a second Echo process from ever writing the same 
 
 from __future__ import annotations
 
+import collections
 import concurrent.futures
 import fcntl
 import json
@@ -37,7 +38,8 @@ log = logging.getLogger("ingero.echo.store")
 _STRAGGLER_TYPES = frozenset({"straggler_state", "straggler_resolved"})
 _MAX_JOBS_PER_TX = 256
 _RETENTION_WINDOW = 100_000  # rows of a table one retention step looks at
-_ID_CHUNK = 900  # below SQLite's default limit of host parameters per statement
+_RECENT_CLOSED = 50_000  # closed episodes kept by event id, for their late events
+_LAST_SEEN_STEP = 60.0  # seconds: how stale an event's nodes.last_seen may be
 _CACHE_KIB = 64 * 1024  # the writer connection's page cache
 _CHECKPOINT_PAGES = 10_000  # WAL pages between automatic checkpoints (~40 MiB)
 
@@ -59,16 +61,56 @@ class ScorePoint:
 
 @dataclass
 class _Episode:
-    """An open straggler episode as the writer keeps it between commits."""
+    """A straggler episode as the writer keeps it between commits."""
 
     id: int
+    event_id: str  # of the event that opened it
     start_ts: float
     last_ts: float
-    max_depth: float | None
-    min_score: float | None
-    n_events: int
+    max_depth: float | None = None
+    min_score: float | None = None
+    n_events: int = 0
     end_ts: float | None = None
     new: bool = False  # not yet in the table
+
+
+def _fold_state(ep: _Episode, ev: Event) -> None:
+    """Widen an episode by one ``straggler_state``: its time span, depth and lowest score."""
+    ep.start_ts = min(ep.start_ts, ev.timestamp)
+    ep.last_ts = max(ep.last_ts, ev.timestamp)
+    if ev.score is not None:
+        if ev.threshold is not None:
+            depth = ev.threshold - ev.score
+            if ep.max_depth is None or depth > ep.max_depth:
+                ep.max_depth = depth
+        if ep.min_score is None or ev.score < ep.min_score:
+            ep.min_score = ev.score
+
+
+_INSERT_EVENT = (
+    "INSERT OR IGNORE INTO events (event_id, type, cluster_id, node_id, job_id, rank, score,"
+    " threshold, detection_mode, dominant_signal, ts, received, extra)"
+    " VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?)"
+)
+
+
+def _event_row(ev: Event, received: float) -> tuple[Any, ...]:
+    extra = json.dumps(ev.extra, separators=(",", ":"), allow_nan=False) if ev.extra else None
+    return (
+        ev.event_id,
+        ev.type,
+        ev.cluster_id,
+        ev.node_id,
+        ev.job_id,
+        ev.rank,
+        ev.score,
+        ev.threshold,
+        ev.detection_mode,
+        ev.dominant_signal,
+        ev.timestamp,
+        received,
+        extra,
+    )
 
 
 @dataclass
@@ -126,6 +168,10 @@ class Store:
             self._conn.execute(f"PRAGMA wal_autocheckpoint = {_CHECKPOINT_PAGES}")
             migrate(sqlite_utils.Database(self._conn), MIGRATIONS)
             self._open: dict[tuple[str, str, str], _Episode] = {}
+            self._recently_closed: dict[str, _Episode] = {}  # oldest first
+            self._cache_stale = True
+            # (cluster, node) -> (gpu_model, gpu_count, last_seen) as last written
+            self._node_facts: dict[tuple[str, str], tuple[str | None, int | None, float]] = {}
             self._load_open_episodes()
         except BaseException:
             self._release_lock()
@@ -216,6 +262,8 @@ class Store:
     def _commit(self, jobs: list[_Job]) -> None:
         conn = self._conn
         try:
+            if self._cache_stale:
+                self._load_open_episodes()
             conn.execute("BEGIN IMMEDIATE")
             counts = self._apply_events(jobs)
             for job in jobs:
@@ -223,9 +271,14 @@ class Store:
                     self._score(point)
             conn.execute("COMMIT")
         except Exception as exc:  # whatever it is, the writer lives on and senders retry
-            if conn.in_transaction:
-                conn.execute("ROLLBACK")
-            self._load_open_episodes()  # the cache may hold what was rolled back
+            # The caches may hold what is rolled back: reloaded before the next commit, which
+            # fails in turn (and not the writer thread) while the database cannot be read.
+            self._cache_stale = True
+            try:
+                if conn.in_transaction:
+                    conn.execute("ROLLBACK")
+            except sqlite3.Error as rollback_exc:
+                log.error("rollback failed: %s", rollback_exc)
             self.stats["commit_errors"] += 1
             log.error("commit of %d batches failed: %s", len(jobs), exc)
             for job in jobs:
@@ -238,122 +291,132 @@ class Store:
                 job.future.set_result(count)
 
     def _apply_events(self, jobs: list[_Job]) -> list[int]:
-        """Insert the new events of every batch (in one go), then fold them into episodes
-        and node facts; returns the number of new events per batch."""
+        """Insert each batch's events (OR IGNORE: the unique key de-duplicates), then fold the
+        new ones into episodes and node facts; returns the number of new events per batch."""
         conn = self._conn
-        ids = list({ev.event_id for job in jobs for ev in job.events})
-        known: set[tuple[str, str, float]] = set()
-        for i in range(0, len(ids), _ID_CHUNK):
-            chunk = ids[i : i + _ID_CHUNK]
-            known.update(
-                conn.execute(
-                    "SELECT event_id, type, ts FROM events"
-                    f" WHERE event_id IN ({','.join('?' * len(chunk))})",
-                    chunk,
-                )
-            )
         now = self.clock.now()
         counts: list[int] = []
         fresh: list[Event] = []
         received = 0
         for job in jobs:
-            new = 0
-            for ev in job.events:
-                received += 1
-                key = (ev.event_id, ev.type, ev.timestamp)
-                if key in known:
-                    continue
-                known.add(key)  # a duplicate inside this transaction, too
-                fresh.append(ev)
-                new += 1
+            if not job.events:
+                counts.append(0)
+                continue
+            received += len(job.events)
+            last_id = conn.execute("SELECT coalesce(max(id), 0) FROM events").fetchone()[0]
+            before = conn.total_changes
+            conn.executemany(_INSERT_EVENT, [_event_row(ev, now) for ev in job.events])
+            new = conn.total_changes - before
             counts.append(new)
-        self.stats["events_duplicate"] += received - len(fresh)
-        conn.executemany(
-            "INSERT OR IGNORE INTO events (event_id, type, cluster_id, node_id, job_id, rank,"
-            " score, threshold, detection_mode, dominant_signal, ts, received, extra)"
-            " VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?)",
-            [
-                (
-                    ev.event_id,
-                    ev.type,
-                    ev.cluster_id,
-                    ev.node_id,
-                    ev.job_id,
-                    ev.rank,
-                    ev.score,
-                    ev.threshold,
-                    ev.detection_mode,
-                    ev.dominant_signal,
-                    ev.timestamp,
-                    now,
-                    json.dumps(ev.extra, separators=(",", ":"), allow_nan=False)
-                    if ev.extra
-                    else None,
+            if new == len(job.events):
+                fresh.extend(job.events)  # the common case: no retry, nothing to sort out
+            elif new:
+                # Part of a retried batch: the rows this batch added are those after last_id.
+                added = collections.Counter(
+                    conn.execute(
+                        "SELECT ts, event_id, type FROM events WHERE id > ?", (last_id,)
+                    ).fetchall()
                 )
-                for ev in fresh
-            ],
-        )
+                for ev in job.events:
+                    key = (ev.timestamp, ev.event_id, ev.type)
+                    if added[key] > 0:
+                        added[key] -= 1
+                        fresh.append(ev)
+        self.stats["events_duplicate"] += received - len(fresh)
         self.stats["events_stored"] += len(fresh)
         self._fold_episodes(ev for ev in fresh if ev.type in _STRAGGLER_TYPES)
         self._touch_nodes(fresh)
         return counts
 
     def _load_open_episodes(self) -> None:
-        """The open episode of each (cluster, node, job): the writer's authoritative cache.
-        Episode ids are handed out here too (one writer), so new ones insert in one go."""
+        """The open episode of each (cluster, node, job) and the recently closed ones by
+        event id: the writer's authoritative cache. Episode ids are handed out here too (one
+        writer), so new ones insert in one go."""
+        columns = (
+            "id, event_id, cluster_id, node_id, job_id, start_ts, last_ts, max_depth,"
+            " min_score, n_events, end_ts"
+        )
         self._open = {
-            (c, n, j): _Episode(i, s, last, d, m, k)
-            for i, c, n, j, s, last, d, m, k in self._conn.execute(
-                "SELECT id, cluster_id, node_id, job_id, start_ts, last_ts, max_depth,"
-                " min_score, n_events FROM episodes WHERE end_ts IS NULL"
+            (c, n, j): _Episode(i, e or "", s, last, d, m, k, end)  # v1 stored no event_id
+            for i, e, c, n, j, s, last, d, m, k, end in self._conn.execute(
+                f"SELECT {columns} FROM episodes WHERE end_ts IS NULL"
+            )
+        }
+        self._recently_closed = {
+            e: _Episode(i, e, s, last, d, m, k, end)
+            for i, e, c, n, j, s, last, d, m, k, end in reversed(
+                self._conn.execute(
+                    f"SELECT {columns} FROM episodes WHERE end_ts IS NOT NULL"
+                    " AND event_id IS NOT NULL ORDER BY id DESC LIMIT ?",
+                    (_RECENT_CLOSED,),
+                ).fetchall()
             )
         }
         self._next_episode = int(
             self._conn.execute("SELECT coalesce(max(id), 0) + 1 FROM episodes").fetchone()[0]
         )
+        self._node_facts.clear()
+        self._cache_stale = False
+
+    def _remember_closed(self, event_id: str, ep: _Episode) -> None:
+        closed = self._recently_closed
+        closed[event_id] = ep
+        if len(closed) > _RECENT_CLOSED:
+            del closed[next(iter(closed))]  # the oldest
 
     def _fold_episodes(self, events: Iterable[Event]) -> None:
+        """Fold straggler events into episodes. Events may arrive out of order (retries,
+        two forwarders): a late event of an episode already closed folds into it, found by
+        its ``event_id``, and a ``straggler_resolved`` that comes before its episode's
+        ``straggler_state`` stores the episode closed, for that state to fold into."""
         touched: dict[int, tuple[tuple[str, str, str], _Episode]] = {}
         for ev in events:
             key = (ev.cluster_id, ev.node_id, ev.job_id or "")
             ep = self._open.get(key)
-            if ev.type == "straggler_resolved":
-                if ep is not None:
-                    ep.end_ts = max(ep.last_ts, ev.timestamp)
-                    ep.n_events += 1
-                    touched[ep.id] = (key, ep)
-                    del self._open[key]
+            late = self._recently_closed.get(ev.event_id)
+            if late is not None and late.end_ts is not None and ev.timestamp <= late.end_ts:
+                if ev.type == "straggler_resolved":
+                    late.end_ts = max(late.end_ts, ev.timestamp)
+                else:
+                    if late.n_events == 1:  # it holds only its resolution, which came first
+                        late.start_ts = late.last_ts = ev.timestamp
+                    _fold_state(late, ev)
+                late.n_events += 1
+                touched[late.id] = (key, late)
                 continue
-            depth = (
-                ev.threshold - ev.score
-                if ev.score is not None and ev.threshold is not None
-                else None
-            )
+            if ev.type == "straggler_resolved":
+                if ep is None:  # it came first: its straggler_state will fold in later
+                    ep = _Episode(self._next_episode, ev.event_id, ev.timestamp, ev.timestamp)
+                    ep.new = True
+                    self._next_episode += 1
+                else:
+                    del self._open[key]
+                    if ep.event_id != ev.event_id:
+                        self._remember_closed(ep.event_id, ep)
+                ep.end_ts = max(ep.last_ts, ev.timestamp)
+                ep.n_events += 1
+                self._remember_closed(ev.event_id, ep)
+                touched[ep.id] = (key, ep)
+                continue
             if ep is None:
-                ep = _Episode(self._next_episode, ev.timestamp, ev.timestamp, depth, ev.score, 0)
+                ep = _Episode(self._next_episode, ev.event_id, ev.timestamp, ev.timestamp)
                 ep.new = True
                 self._next_episode += 1
                 self._open[key] = ep
-            else:
-                ep.start_ts = min(ep.start_ts, ev.timestamp)
-                ep.last_ts = max(ep.last_ts, ev.timestamp)
-                if depth is not None and (ep.max_depth is None or depth > ep.max_depth):
-                    ep.max_depth = depth
-                if ev.score is not None and (ep.min_score is None or ev.score < ep.min_score):
-                    ep.min_score = ev.score
+            _fold_state(ep, ev)
             ep.n_events += 1
             touched[ep.id] = (key, ep)
         inserts, updates = [], []
         for key, ep in touched.values():
             values = (ep.start_ts, ep.last_ts, ep.end_ts, ep.max_depth, ep.min_score, ep.n_events)
             if ep.new:
-                inserts.append((ep.id, *key, *values))
+                inserts.append((ep.id, ep.event_id, *key, *values))
                 ep.new = False
             else:
                 updates.append((*values, ep.id))
         self._conn.executemany(
-            "INSERT INTO episodes (id, cluster_id, node_id, job_id, start_ts, last_ts, end_ts,"
-            " max_depth, min_score, n_events) VALUES (?,?,?,?,?,?,?,?,?,?)",
+            "INSERT INTO episodes (id, event_id, cluster_id, node_id, job_id, start_ts,"
+            " last_ts, end_ts, max_depth, min_score, n_events) VALUES (?,?,?,?,?,?,?,?,?,?,?)",
             inserts,
         )
         self._conn.executemany(
@@ -363,27 +426,52 @@ class Store:
         )
 
     def _touch_nodes(self, events: list[Event]) -> None:
+        """Node facts from events. A node's row is rewritten only when a fact changes or
+        ``last_seen`` moves on by a minute: one node sends many events a second."""
+        known = self._node_facts
         facts: dict[tuple[str, str], list[Any]] = {}
         for ev in events:
-            model = ev.extra.get("gpu_model")
-            count = ev.extra.get("gpu_count")
-            row = facts.setdefault((ev.cluster_id, ev.node_id), [None, None, ev.timestamp])
+            node = (ev.cluster_id, ev.node_id)
+            extra = ev.extra
+            model = extra.get("gpu_model") if extra else None
+            count = extra.get("gpu_count") if extra else None
+            if model is None and count is None:
+                old = known.get(node)
+                if old is not None and ev.timestamp < old[2] + _LAST_SEEN_STEP:
+                    continue  # the common case: nothing to write
+            row = facts.setdefault(node, [None, None, ev.timestamp])
             if isinstance(model, str):
                 row[0] = model
             if isinstance(count, int) and not isinstance(count, bool):
                 row[1] = count
             row[2] = max(row[2], ev.timestamp)
+        changed = []
+        for node, (model, count, seen) in facts.items():
+            old = known.get(node)
+            if (
+                old is None
+                or (model is not None and model != old[0])
+                or (count is not None and count != old[1])
+                or seen >= old[2] + _LAST_SEEN_STEP
+            ):
+                changed.append((*node, model, count, seen))
+                known[node] = (
+                    model if model is not None else old[0] if old else None,
+                    count if count is not None else old[1] if old else None,
+                    seen if old is None else max(seen, old[2]),
+                )
         self._conn.executemany(
             "INSERT INTO nodes (cluster_id, node_id, gpu_model, gpu_count, last_seen)"
             " VALUES (?,?,?,?,?) ON CONFLICT (cluster_id, node_id) DO UPDATE SET"
             " gpu_model = coalesce(excluded.gpu_model, gpu_model),"
             " gpu_count = coalesce(excluded.gpu_count, gpu_count),"
             " last_seen = max(coalesce(last_seen, 0), excluded.last_seen)",
-            [(c, n, *row) for (c, n), row in facts.items()],
+            changed,
         )
 
     def _score(self, p: ScorePoint) -> None:
         conn = self._conn
+        self._node_facts.pop((p.cluster_id, p.node_id), None)  # this rewrites the row
         row = conn.execute(
             "SELECT last_score_ts FROM nodes WHERE cluster_id=? AND node_id=?",
             (p.cluster_id, p.node_id),

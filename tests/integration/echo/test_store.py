@@ -2,19 +2,25 @@
 
 from __future__ import annotations
 
+import sqlite3
 import subprocess
 import sys
+import uuid
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
+import sqlite_utils
 
 from ingero.clock import ManualClock
 from ingero.echo import store as store_module
+from ingero.echo.schema import MIGRATIONS
 from ingero.echo.store import ScorePoint, Store, StoreLockedError
 from ingero.errors import UnavailableError
 from ingero.events import Event
 from ingero.push.classifier import Classifier, Observation
 from ingero.push.config import ClassifierConfig
+from ingero.sqlitemigrate import migrate
 
 from .helpers import straggler
 
@@ -81,6 +87,128 @@ def test_episodes_aggregate_time_depth_and_resolution(tmp_path: Path) -> None:
             ("n1", "7", 200.0, 200.0, None, 0.1, 1),
             ("n2", "8", 100.0, 100.0, None, 0.05, 1),
         ]
+    finally:
+        store.close()
+
+
+def episode_rows(store: Store) -> list[tuple[object, ...]]:
+    conn = store.reader()
+    try:
+        return conn.execute(
+            "SELECT node_id, start_ts, last_ts, end_ts, round(max_depth, 3), n_events"
+            " FROM episodes ORDER BY node_id, start_ts"
+        ).fetchall()
+    finally:
+        conn.close()
+
+
+def episode_events(node: str, event_id: str) -> list[Event]:
+    """One episode as Fleet emits it: a state, a re-emit and the resolution, one event id."""
+    return [
+        replace(straggler(node, "A", 100.0, score=0.6), event_id=event_id),
+        replace(straggler(node, "A", 110.0, score=0.3), event_id=event_id),
+        replace(
+            straggler(node, "A", 120.0, kind="straggler_resolved", score=0.85), event_id=event_id
+        ),
+    ]
+
+
+@pytest.mark.parametrize(
+    "order",
+    [(0, 1, 2), (2, 0, 1), (2, 1, 0), (0, 2, 1), (1, 2, 0)],
+    ids=["in-order", "resolved-first", "reversed", "re-emit-late", "state-last"],
+)
+def test_an_episode_is_the_same_whatever_order_its_events_arrive_in(
+    tmp_path: Path, order: tuple[int, int, int]
+) -> None:
+    """Each event in its own batch, then once more after a restart (a full retry)."""
+    events = episode_events("n1", str(uuid.uuid4()))
+    store = Store(tmp_path / "e.db")
+    try:
+        for i in order:
+            store.write([events[i]])
+    finally:
+        store.close()
+    expected = [("n1", 100.0, 110.0, 120.0, 0.5, 3)]
+    store = Store(tmp_path / "e.db")
+    try:
+        assert episode_rows(store) == expected
+        assert store.write(events) == 0
+        assert episode_rows(store) == expected
+    finally:
+        store.close()
+
+
+def test_a_late_event_of_a_closed_episode_folds_into_it_after_a_restart(tmp_path: Path) -> None:
+    first, reemit, resolved = episode_events("n1", str(uuid.uuid4()))
+    store = Store(tmp_path / "e.db")
+    try:
+        store.write([first, resolved])
+    finally:
+        store.close()
+    store = Store(tmp_path / "e.db")  # the closed episode is found again by its event id
+    try:
+        store.write([reemit, straggler("n1", "A", 300.0, score=0.7)])  # and a new episode
+        assert episode_rows(store) == [
+            ("n1", 100.0, 110.0, 120.0, 0.5, 3),
+            ("n1", 300.0, 300.0, None, 0.1, 1),
+        ]
+    finally:
+        store.close()
+
+
+def test_a_retry_mixed_with_new_events_stores_and_folds_only_the_new(tmp_path: Path) -> None:
+    store = Store(tmp_path / "e.db")
+    try:
+        old = [straggler(f"n{i}", "A", 100.0 + i, score=0.6) for i in range(5)]
+        assert store.write(old) == 5
+        new = [straggler(f"n{i}", "A", 200.0 + i, score=0.2) for i in range(3)]
+        # the retry interleaves, and carries one new event twice
+        assert store.write([old[0], new[0], old[1], new[1], new[1], old[2], new[2]]) == 3
+        assert [r[5] for r in episode_rows(store)] == [2, 2, 2, 1, 1]
+        assert store.stats["events_duplicate"] == 4
+    finally:
+        store.close()
+
+
+def test_a_v1_database_is_migrated_and_keeps_de_duplicating(tmp_path: Path) -> None:
+    db = tmp_path / "e.db"
+    conn = sqlite3.connect(db, isolation_level=None)
+    migrate(sqlite_utils.Database(conn), MIGRATIONS[:1])
+    event = straggler("n1", "A", 100.0)
+    conn.execute(
+        "INSERT INTO events (event_id, type, cluster_id, node_id, job_id, ts, received)"
+        " VALUES (?,?,?,?,?,?,?)",
+        (event.event_id, event.type, "A", "n1", "7", 100.0, 100.0),
+    )
+    conn.execute(
+        "INSERT INTO episodes (cluster_id, node_id, job_id, start_ts, last_ts, n_events)"
+        " VALUES ('A', 'n1', '7', 100.0, 100.0, 1)"
+    )
+    conn.close()
+    store = Store(db)
+    try:
+        assert store.write([event]) == 0
+        assert store.write([straggler("n1", "A", 110.0, kind="straggler_resolved")]) == 1
+        assert episode_rows(store) == [("n1", 100.0, 100.0, 110.0, None, 2)]
+        assert count(store, "PRAGMA user_version") == len(MIGRATIONS)
+    finally:
+        store.close()
+
+
+def test_node_facts_change_at_once_but_last_seen_only_by_the_minute(tmp_path: Path) -> None:
+    store = Store(tmp_path / "e.db")
+    try:
+        store.write([straggler("n1", "A", 100.0, gpu_model="A100")])
+        store.write([straggler("n1", "A", 110.0, gpu_model="H100", gpu_count=8)])
+        store.write([straggler("n1", "A", 150.0)])
+        conn = store.reader()
+        assert conn.execute("SELECT gpu_model, gpu_count, last_seen FROM nodes").fetchall() == [
+            ("H100", 8, 110.0)
+        ]
+        store.write([straggler("n1", "A", 170.0)])  # a minute after the last write
+        assert conn.execute("SELECT last_seen FROM nodes").fetchall() == [(170.0,)]
+        conn.close()
     finally:
         store.close()
 
@@ -188,5 +316,31 @@ def test_a_batch_that_cannot_be_written_fails_alone_and_the_writer_lives_on(
         assert store.write([straggler("n2", "A", 101.0)]) == 1
         assert count(store, "SELECT count(*) FROM events") == 1  # nothing of the failed batch
         assert store.stats["commit_errors"] == 1
+    finally:
+        store.close()
+
+
+def test_the_writer_lives_on_when_its_caches_cannot_be_reloaded_after_a_failure(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    store = Store(tmp_path / "e.db")
+    try:
+        reload = Store._load_open_episodes
+        failures = iter([sqlite3.OperationalError("disk I/O error")])
+
+        def flaky_reload(self: Store) -> None:
+            failure = next(failures, None)
+            if failure is not None:
+                raise failure
+            reload(self)
+
+        monkeypatch.setattr(Store, "_load_open_episodes", flaky_reload)
+        poison = straggler("n1", "A", 100.0, lag_ms=float("nan"))
+        with pytest.raises(UnavailableError, match="store write failed"):
+            store.submit([poison]).result(timeout=30)
+        with pytest.raises(UnavailableError, match="disk I/O error"):
+            store.submit([straggler("n2", "A", 101.0)]).result(timeout=30)
+        assert store.submit([straggler("n2", "A", 101.0)]).result(timeout=30) == 1
+        assert store.stats["commit_errors"] == 2
     finally:
         store.close()
