@@ -2,9 +2,10 @@
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass, field
 
-from ingero.config import HOSTPORT, Duration, positive
+from ingero.config import HOSTPORT, Duration, check, positive
 
 
 @dataclass(frozen=True)
@@ -29,6 +30,16 @@ class LimitsConfig:
     sql_timeout: Duration = field(default=Duration(5.0), metadata=positive())
     query_max_rows: int = field(default=1_000, metadata=positive())
     score_bucket: Duration = field(default=Duration(60.0), metadata=positive())
+    # Processes decoding OTLP requests; unset: one per CPU beyond the first, at most 4;
+    # 0 decodes in the daemon's own process.
+    decode_workers: int | None = field(
+        default=None, metadata=check(lambda v: v is None or 0 <= v <= 64, "must be 0 to 64")
+    )
+
+    def decode_worker_count(self) -> int:
+        if self.decode_workers is not None:
+            return self.decode_workers
+        return max(0, min(4, (os.cpu_count() or 1) - 1))
 
 
 @dataclass(frozen=True)

@@ -23,6 +23,7 @@ from ingero.clock import Clock, SystemClock
 from ingero.echo.api import build_app
 from ingero.echo.auth import TokenTable
 from ingero.echo.config import EchoConfig
+from ingero.echo.decoding import DecodePool
 from ingero.echo.ingest import Ingest
 from ingero.echo.mcp_server import LocalBackend, build_server
 from ingero.echo.queries import GpuRates
@@ -82,11 +83,14 @@ class EchoDaemon:
             max_bytes=config.retention.max_bytes,
             retention_interval=float(config.retention.check_interval),
         )
+        workers = config.limits.decode_worker_count()
+        self.decoder = DecodePool(workers) if workers else None
         self.ingest = Ingest(
             self.store,
             config.limits.max_request_bytes,
             config.limits.max_events_per_request,
             self.tokens if config.auth.ingest_requires_token else None,
+            self.decoder,
         )
         self.service = Service(
             config.db,
@@ -131,13 +135,13 @@ class EchoDaemon:
         try:
             api_sock = _bind(self.config.listen.api, "the API")
         except BaseException:
-            self.store.close()
+            self._close()
             raise
         try:
             otlp_sock = _bind(self.config.listen.otlp_http, "OTLP/HTTP")
         except BaseException:
             api_sock.close()
-            self.store.close()
+            self._close()
             raise
         self._servers = [
             # room for long query strings, so the app (not h11) answers them, as JSON
@@ -161,7 +165,7 @@ class EchoDaemon:
         except BaseException:
             api_sock.close()
             otlp_sock.close()
-            self.store.close()
+            self._close()
             raise
         loop = asyncio.get_running_loop()
         for sig in (signal.SIGTERM, signal.SIGINT):
@@ -185,9 +189,15 @@ class EchoDaemon:
         finally:
             sdnotify.SystemdNotifier().notify("STOPPING=1")
             grpc_server.stop(grace=5).wait()
-            self.store.close()
+            self._close()
             api_sock.close()
             otlp_sock.close()
+
+    def _close(self) -> None:
+        """Stop the decoding workers, then commit what is queued and release the store."""
+        if self.decoder is not None:
+            self.decoder.close()
+        self.store.close()
 
     def stop(self) -> None:
         for server in self._servers:

@@ -3,6 +3,8 @@
 A request is all or nothing: every record must decode and validate, else the whole request
 is refused with a clear reason and counted, so nothing is ever stored half. The reply (and
 so the sender's acknowledgement) is sent only after the store has committed the batch.
+Both transports hand the raw body to ``ingero.echo.decoding`` (in worker processes when a
+``DecodePool`` is given).
 """
 
 from __future__ import annotations
@@ -11,20 +13,14 @@ import asyncio
 import concurrent.futures
 import logging
 import threading
-from collections.abc import Iterator
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, NoReturn
 
 import grpc
 from google.protobuf.message import Message
-from opentelemetry.proto.collector.logs.v1 import logs_service_pb2_grpc
-from opentelemetry.proto.collector.logs.v1.logs_service_pb2 import (
-    ExportLogsServiceRequest,
-    ExportLogsServiceResponse,
-)
-from opentelemetry.proto.collector.metrics.v1 import metrics_service_pb2_grpc
+from opentelemetry.proto.collector.logs.v1.logs_service_pb2 import ExportLogsServiceResponse
 from opentelemetry.proto.collector.metrics.v1.metrics_service_pb2 import (
-    ExportMetricsServiceRequest,
     ExportMetricsServiceResponse,
 )
 from starlette.applications import Starlette
@@ -34,27 +30,32 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
-from ingero.echo.auth import ANONYMOUS, Principal, TokenTable
-from ingero.echo.store import ScorePoint, Store
+from ingero.echo.auth import Principal, TokenTable
+from ingero.echo.decoding import (
+    JSON,
+    PROTOBUF,
+    Decoded,
+    DecodePool,
+    IngestError,
+    Kind,
+    decode_body,
+)
+from ingero.echo.store import Store
 from ingero.errors import UnavailableError
-from ingero.events import Event
-from ingero.otlp.health import SCORE_METRIC, decode_health
-from ingero.otlp.logs import decode_events
-from ingero.otlp.values import OtlpDecodeError, parse_json, parse_protobuf, to_json
+from ingero.otlp.values import OtlpDecodeError, to_json
 
 log = logging.getLogger("ingero.echo.ingest")
 
 # How long a receiver waits for the commit before telling the sender to retry.
 COMMIT_TIMEOUT = 30.0
-
-
-class IngestError(Exception):
-    """A request refused as a whole; ``reason`` labels the rejection counter."""
-
-    def __init__(self, reason: str, message: str, http_status: int = 400) -> None:
-        super().__init__(message)
-        self.reason = reason
-        self.http_status = http_status
+_RESPONSES: dict[Kind, type[Message]] = {
+    "logs": ExportLogsServiceResponse,
+    "metrics": ExportMetricsServiceResponse,
+}
+_GRPC_SERVICES: dict[Kind, str] = {
+    "logs": "opentelemetry.proto.collector.logs.v1.LogsService",
+    "metrics": "opentelemetry.proto.collector.metrics.v1.MetricsService",
+}
 
 
 @dataclass
@@ -88,69 +89,6 @@ class IngestStats:
             }
 
 
-def logs_to_events(request: ExportLogsServiceRequest, max_events: int) -> list[Event]:
-    """Every log record as an Event, or IngestError naming what is wrong."""
-    total = sum(len(sl.log_records) for rl in request.resource_logs for sl in rl.scope_logs)
-    if total > max_events:
-        raise IngestError(
-            "too_many_records",
-            f"{total} log records in one request, the limit is {max_events}",
-            413,
-        )
-    decoded = decode_events(request)
-    if decoded.rejected:
-        raise IngestError(
-            "invalid_event",
-            f"{decoded.rejected} of {total} log records rejected, nothing stored: "
-            + decoded.error_message,
-        )
-    return decoded.events
-
-
-def _score_times(request: ExportMetricsServiceRequest) -> Iterator[int]:
-    # Same walk as decode_health: per resource, score metrics in order, then their points.
-    for rm in request.resource_metrics:
-        for sm in rm.scope_metrics:
-            for metric in sm.metrics:
-                if metric.name == SCORE_METRIC:
-                    kind = metric.WhichOneof("data")
-                    points = metric.gauge.data_points if kind == "gauge" else metric.sum.data_points
-                    for point in points:
-                        yield point.time_unix_nano
-
-
-def metrics_to_scores(
-    request: ExportMetricsServiceRequest, max_points: int, now: float
-) -> list[ScorePoint]:
-    """Every health-score point as a ScorePoint (other metrics are ignored)."""
-    decoded = decode_health(request)
-    if decoded.rejected:
-        raise IngestError(
-            "invalid_metric",
-            f"{decoded.rejected} data points rejected, nothing stored: {decoded.error_message}",
-        )
-    if len(decoded.pushes) > max_points:
-        raise IngestError(
-            "too_many_records",
-            f"{len(decoded.pushes)} score points in one request, the limit is {max_points}",
-            413,
-        )
-    return [
-        ScorePoint(
-            cluster_id=p.cluster_id,
-            node_id=p.node_id,
-            ts=(t / 1e9) if t else now,
-            score=p.score,
-            job_id=p.job_id,
-            host_name=p.host_name,
-            gpu_model=p.gpu_model,
-            gpu_count=p.gpu_count,
-            provider=p.provider,
-        )
-        for p, t in zip(decoded.pushes, _score_times(request), strict=True)
-    ]
-
-
 class Ingest:
     """Decoding, validation, counting and the commit wait shared by both transports."""
 
@@ -160,11 +98,13 @@ class Ingest:
         max_request_bytes: int,
         max_events: int,
         tokens: TokenTable | None = None,
+        decoder: DecodePool | None = None,
     ) -> None:
         self.store = store
         self.max_request_bytes = max_request_bytes
         self.max_events = max_events
         self.tokens = tokens or TokenTable([])
+        self.decoder = decoder
         self.stats = IngestStats()
 
     def authorize(self, authorization: str | None) -> Principal:
@@ -175,7 +115,10 @@ class Ingest:
             raise IngestError("unauthenticated", "a valid bearer token is required", 401)
         return principal
 
-    def _check_scope(self, principal: Principal, clusters: set[str]) -> None:
+    def accept(self, decoded: Decoded, principal: Principal) -> concurrent.futures.Future[int]:
+        """Queue decoded records for the store once the principal may write every cluster
+        in them; the future resolves once they are committed."""
+        clusters = {row[2] for row in decoded.rows} | {p.cluster_id for p in decoded.scores}
         outside = sorted(c for c in clusters if not principal.allows(c))
         if outside:
             raise IngestError(
@@ -183,30 +126,18 @@ class Ingest:
                 f"this token may not write cluster {outside[0]!r}; nothing stored",
                 403,
             )
+        self.stats.count(events=len(decoded.rows), scores=len(decoded.scores))
+        return self.store.submit(rows=decoded.rows, scores=decoded.scores)
 
-    def logs_future(
-        self, request: ExportLogsServiceRequest, principal: Principal = ANONYMOUS
-    ) -> concurrent.futures.Future[int]:
-        try:
-            events = logs_to_events(request, self.max_events)
-            self._check_scope(principal, {e.cluster_id for e in events})
-        except IngestError as exc:
+    def _refused(self, exc: Exception) -> tuple[int, str]:
+        """Count a refused request; its HTTP status and message."""
+        if isinstance(exc, OtlpDecodeError):
+            self.stats.reject("malformed")
+            return 400, str(exc)
+        if isinstance(exc, IngestError):
             self.stats.reject(exc.reason)
-            raise
-        self.stats.count(events=len(events))
-        return self.store.submit(events=events)
-
-    def metrics_future(
-        self, request: ExportMetricsServiceRequest, principal: Principal = ANONYMOUS
-    ) -> concurrent.futures.Future[int]:
-        try:
-            scores = metrics_to_scores(request, self.max_events, self.store.clock.now())
-            self._check_scope(principal, {p.cluster_id for p in scores})
-        except IngestError as exc:
-            self.stats.reject(exc.reason)
-            raise
-        self.stats.count(scores=len(scores))
-        return self.store.submit(scores=scores)
+            return exc.http_status, str(exc)
+        return 503, f"not stored, retry: {exc or 'commit timed out'}"
 
     # -- OTLP/HTTP ---------------------------------------------------------------------------
 
@@ -226,59 +157,40 @@ class Ingest:
         )
 
     async def _http_logs(self, request: Request) -> Response:
-        return await self._http(request, ExportLogsServiceRequest, ExportLogsServiceResponse)
+        return await self._http(request, "logs")
 
     async def _http_metrics(self, request: Request) -> Response:
-        return await self._http(request, ExportMetricsServiceRequest, ExportMetricsServiceResponse)
+        return await self._http(request, "metrics")
 
-    async def _http(
-        self, request: Request, req_cls: type[Message], resp_cls: type[Message]
-    ) -> Response:
+    async def _http(self, request: Request, kind: Kind) -> Response:
         content_type = request.headers.get("content-type", "").split(";")[0].strip()
         try:
             principal = self.authorize(request.headers.get("authorization"))
         except IngestError as exc:
             return _error(exc.http_status, str(exc))
         try:
-            if content_type not in ("application/x-protobuf", "application/json"):
+            if content_type not in (PROTOBUF, JSON):
                 raise IngestError(
-                    "bad_content_type",
-                    "Content-Type must be application/x-protobuf or application/json",
-                    415,
+                    "bad_content_type", f"Content-Type must be {PROTOBUF} or {JSON}", 415
                 )
             body = await _read_limited(request, self.max_request_bytes)
-        except IngestError as exc:
-            self.stats.reject(exc.reason)
-            return _error(exc.http_status, str(exc))
-        try:
-            # Decoding a big batch takes milliseconds: off the event loop, so small requests
-            # (health checks, other senders' replies) are not held up behind it.
-            future = await run_in_threadpool(
-                self._decode_submit, body, content_type, req_cls, principal
-            )
+            records = await self._decode(body, content_type, kind)
+            future = self.accept(records, principal)
             await asyncio.wait_for(asyncio.wrap_future(future), COMMIT_TIMEOUT)
-        except OtlpDecodeError as exc:
-            self.stats.reject("malformed")
-            return _error(400, str(exc))
-        except IngestError as exc:
-            return _error(exc.http_status, str(exc))
-        except (UnavailableError, TimeoutError) as exc:
-            return _error(503, f"not stored, retry: {exc or 'commit timed out'}")
-        if content_type == "application/json":
-            return Response(to_json(resp_cls()), media_type="application/json")
-        return Response(resp_cls().SerializeToString(), media_type="application/x-protobuf")
+        except (OtlpDecodeError, IngestError, UnavailableError, TimeoutError) as exc:
+            return _error(*self._refused(exc))
+        response = _RESPONSES[kind]()
+        if content_type == JSON:
+            return Response(to_json(response), media_type=JSON)
+        return Response(response.SerializeToString(), media_type=PROTOBUF)
 
-    def _decode_submit(
-        self, body: bytes, content_type: str, req_cls: type[Message], principal: Principal
-    ) -> concurrent.futures.Future[int]:
-        if content_type == "application/json":
-            message = parse_json(body, req_cls)
-        else:
-            message = parse_protobuf(body, req_cls)
-        if isinstance(message, ExportLogsServiceRequest):
-            return self.logs_future(message, principal)
-        assert isinstance(message, ExportMetricsServiceRequest)
-        return self.metrics_future(message, principal)
+    async def _decode(self, body: bytes, content_type: str, kind: Kind) -> Decoded:
+        now = self.store.clock.now()
+        if self.decoder is not None:
+            return await self.decoder.decode(body, content_type, kind, self.max_events, now)
+        # Decoding a big batch takes milliseconds: off the event loop, so small requests
+        # (health checks, other senders' replies) are not held up behind it.
+        return await run_in_threadpool(decode_body, body, content_type, kind, self.max_events, now)
 
     # -- OTLP/gRPC ---------------------------------------------------------------------------
 
@@ -289,16 +201,25 @@ class Ingest:
         workers: int = 16,
     ) -> tuple[grpc.Server, int]:
         """A started gRPC server on ``address`` (TLS with ``credentials``); returns it and
-        the bound port."""
+        the bound port. Requests reach the handler as raw bytes, so decoding is ours (and
+        can run in the decoding workers), not grpcio's."""
         server = grpc.server(
             concurrent.futures.ThreadPoolExecutor(max_workers=workers, thread_name_prefix="otlp"),
             options=[("grpc.max_receive_message_length", self.max_request_bytes)],
         )
-        logs_service_pb2_grpc.add_LogsServiceServicer_to_server(  # type: ignore[no-untyped-call]
-            _LogsServicer(self), server
-        )
-        metrics_service_pb2_grpc.add_MetricsServiceServicer_to_server(  # type: ignore[no-untyped-call]
-            _MetricsServicer(self), server
+        server.add_generic_rpc_handlers(
+            tuple(
+                grpc.method_handlers_generic_handler(
+                    service,
+                    {
+                        "Export": grpc.unary_unary_rpc_method_handler(
+                            self._grpc_export(kind),
+                            response_serializer=_RESPONSES[kind].SerializeToString,
+                        )
+                    },
+                )
+                for kind, service in _GRPC_SERVICES.items()
+            )
         )
         port = (
             server.add_secure_port(address, credentials)
@@ -310,64 +231,43 @@ class Ingest:
         server.start()
         return server, port
 
+    def _grpc_export(self, kind: Kind) -> Callable[[bytes, grpc.ServicerContext], Message]:
+        def export(body: bytes, context: grpc.ServicerContext) -> Message:
+            metadata = dict(context.invocation_metadata() or ())
+            try:
+                principal = self.authorize(metadata.get("authorization"))
+            except IngestError as exc:
+                _grpc_abort(context, exc.http_status, str(exc))
+            try:
+                now = self.store.clock.now()
+                if self.decoder is not None:
+                    records = self.decoder.decode_sync(body, PROTOBUF, kind, self.max_events, now)
+                else:
+                    records = decode_body(body, PROTOBUF, kind, self.max_events, now)
+                self.accept(records, principal).result(timeout=COMMIT_TIMEOUT)
+            except (
+                OtlpDecodeError,
+                IngestError,
+                UnavailableError,
+                concurrent.futures.TimeoutError,
+            ) as exc:
+                _grpc_abort(context, *self._refused(exc))
+            return _RESPONSES[kind]()
+
+        return export
+
 
 _GRPC_CODES = {
     401: grpc.StatusCode.UNAUTHENTICATED,
     403: grpc.StatusCode.PERMISSION_DENIED,
     413: grpc.StatusCode.RESOURCE_EXHAUSTED,
+    503: grpc.StatusCode.UNAVAILABLE,
 }
 
 
-def _grpc_principal(ingest: Ingest, context: grpc.ServicerContext) -> Principal:
-    metadata = dict(context.invocation_metadata() or ())
-    try:
-        return ingest.authorize(metadata.get("authorization"))
-    except IngestError as exc:
-        _grpc_abort(exc, context)
-
-
-def _grpc_abort(exc: IngestError, context: grpc.ServicerContext) -> NoReturn:
-    context.abort(_GRPC_CODES.get(exc.http_status, grpc.StatusCode.INVALID_ARGUMENT), str(exc))
+def _grpc_abort(context: grpc.ServicerContext, http_status: int, message: str) -> NoReturn:
+    context.abort(_GRPC_CODES.get(http_status, grpc.StatusCode.INVALID_ARGUMENT), message)
     raise AssertionError("grpc's abort() raises; its type stubs do not say so")
-
-
-def _grpc_wait(future: concurrent.futures.Future[int], context: grpc.ServicerContext) -> None:
-    try:
-        future.result(timeout=COMMIT_TIMEOUT)
-    except (UnavailableError, concurrent.futures.TimeoutError) as exc:
-        context.abort(grpc.StatusCode.UNAVAILABLE, f"not stored, retry: {exc}")
-
-
-class _LogsServicer(logs_service_pb2_grpc.LogsServiceServicer):
-    def __init__(self, ingest: Ingest) -> None:
-        self.ingest = ingest
-
-    def Export(  # the gRPC method name
-        self, request: ExportLogsServiceRequest, context: grpc.ServicerContext
-    ) -> ExportLogsServiceResponse:
-        principal = _grpc_principal(self.ingest, context)
-        try:
-            future = self.ingest.logs_future(request, principal)
-        except IngestError as exc:
-            _grpc_abort(exc, context)
-        _grpc_wait(future, context)
-        return ExportLogsServiceResponse()
-
-
-class _MetricsServicer(metrics_service_pb2_grpc.MetricsServiceServicer):
-    def __init__(self, ingest: Ingest) -> None:
-        self.ingest = ingest
-
-    def Export(  # the gRPC method name
-        self, request: ExportMetricsServiceRequest, context: grpc.ServicerContext
-    ) -> ExportMetricsServiceResponse:
-        principal = _grpc_principal(self.ingest, context)
-        try:
-            future = self.ingest.metrics_future(request, principal)
-        except IngestError as exc:
-            _grpc_abort(exc, context)
-        _grpc_wait(future, context)
-        return ExportMetricsServiceResponse()
 
 
 async def _read_limited(request: Request, limit: int) -> bytes:

@@ -6,8 +6,8 @@ import pytest
 
 from ingero.clock import ManualClock
 from ingero.config import load_config
+from ingero.echo.decoding import metrics_to_scores
 from ingero.echo.forwarder import encode_scores
-from ingero.echo.ingest import metrics_to_scores
 from ingero.errors import ConfigError
 from ingero.fleet.config import FleetConfig
 from ingero.fleet.model import NodePush

@@ -59,6 +59,7 @@ class EchoProcess:
     workdir: Path
     tokens: bool = True
     tls: tuple[Path, Path] | None = None  # (cert, key)
+    decode_workers: int | None = None  # None: the daemon's default
     db: Path = field(init=False)
     api: str = field(init=False)
     otlp_http: str = field(init=False)
@@ -77,6 +78,8 @@ class EchoProcess:
             # test events are stamped near 1970; keep them
             "retention": {"max_age": "30000d"},
         }
+        if self.decode_workers is not None:
+            config["limits"]["decode_workers"] = self.decode_workers
         if self.tokens:
             tokens = self.workdir / "tokens.yaml"
             tokens.write_text(

@@ -33,6 +33,11 @@ def test_echo_refuses_a_bad_config_with_the_key_named(tmp_path: Path) -> None:
     config.write_text(f"db: {tmp_path / 'e.db'}\nauth: {{tokens_file: {tokens}}}\n")
     result = ingero("echo", "--config", str(config))
     assert result.returncode == 78 and "16+ characters" in result.stderr
+    for bad, message in [("-1", "must be 0 to 64"), ("many", "expected an integer")]:
+        config.write_text(f"db: {tmp_path / 'e.db'}\nlimits: {{decode_workers: {bad}}}\n")
+        result = ingero("echo", "--config", str(config))
+        assert result.returncode == 78, result.stderr
+        assert f"limits.decode_workers: {message}" in result.stderr, result.stderr
 
 
 def test_echo_says_which_port_is_taken(tmp_path: Path) -> None:

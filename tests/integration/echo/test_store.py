@@ -15,7 +15,7 @@ import sqlite_utils
 from ingero.clock import ManualClock
 from ingero.echo import store as store_module
 from ingero.echo.schema import MIGRATIONS
-from ingero.echo.store import ScorePoint, Store, StoreLockedError
+from ingero.echo.store import EventRow, ScorePoint, Store, StoreLockedError, event_row
 from ingero.errors import UnavailableError
 from ingero.events import Event
 from ingero.push.classifier import Classifier, Observation
@@ -25,6 +25,11 @@ from ingero.sqlitemigrate import migrate
 from .helpers import straggler
 
 pytestmark = pytest.mark.integration
+
+
+def poison_row() -> EventRow:
+    """A row SQLite cannot bind (a list for the extra JSON): the writer's commit fails."""
+    return (*event_row(straggler("n9", "A", 98.0), 1.0)[:12], ["x"])  # type: ignore[return-value]
 
 
 def count(store: Store, sql: str) -> int:
@@ -310,9 +315,11 @@ def test_a_batch_that_cannot_be_written_fails_alone_and_the_writer_lives_on(
 ) -> None:
     store = Store(tmp_path / "e.db")
     try:
-        poison = straggler("n1", "A", 100.0, lag_ms=float("nan"))  # not storable as JSON
-        with pytest.raises(UnavailableError, match="store write failed"):
-            store.write([straggler("n0", "A", 99.0), poison])
+        unstorable = straggler("n1", "A", 100.0, lag_ms=float("nan"))  # not JSON
+        with pytest.raises(ValueError, match="Out of range float"):
+            store.write([straggler("n0", "A", 99.0), unstorable])
+        with pytest.raises(UnavailableError, match="store write failed: Error binding"):
+            store.submit(rows=[poison_row(), event_row(straggler("n0", "A", 99.0), 1.0)]).result()
         assert store.write([straggler("n2", "A", 101.0)]) == 1
         assert count(store, "SELECT count(*) FROM events") == 1  # nothing of the failed batch
         assert store.stats["commit_errors"] == 1
@@ -335,9 +342,8 @@ def test_the_writer_lives_on_when_its_caches_cannot_be_reloaded_after_a_failure(
             reload(self)
 
         monkeypatch.setattr(Store, "_load_open_episodes", flaky_reload)
-        poison = straggler("n1", "A", 100.0, lag_ms=float("nan"))
         with pytest.raises(UnavailableError, match="store write failed"):
-            store.submit([poison]).result(timeout=30)
+            store.submit(rows=[poison_row()]).result(timeout=30)
         with pytest.raises(UnavailableError, match="disk I/O error"):
             store.submit([straggler("n2", "A", 101.0)]).result(timeout=30)
         assert store.submit([straggler("n2", "A", 101.0)]).result(timeout=30) == 1

@@ -1,0 +1,216 @@
+"""OTLP request bodies decoded into events and score points, optionally in worker processes.
+
+Decoding and validating costs ~8 µs of Python per event. In the daemon's one process that
+time holds the GIL the store's writer needs, so the two would take turns on one core; a
+pool of worker processes (``limits.decode_workers``) decodes on the other cores and sends
+back the validated events as the rows the store inserts (a tuple unpickles in ~0.3 µs).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures
+import logging
+import multiprocessing
+import os
+import threading
+import time
+from collections.abc import Iterator
+from concurrent.futures.process import BrokenProcessPool
+from dataclasses import dataclass, field
+from typing import Literal
+
+from opentelemetry.proto.collector.logs.v1.logs_service_pb2 import ExportLogsServiceRequest
+from opentelemetry.proto.collector.metrics.v1.metrics_service_pb2 import (
+    ExportMetricsServiceRequest,
+)
+
+from ingero.echo.store import EventRow, ScorePoint, event_row
+from ingero.errors import UnavailableError
+from ingero.events import Event
+from ingero.otlp.health import SCORE_METRIC, decode_health
+from ingero.otlp.logs import decode_events
+from ingero.otlp.values import parse_json, parse_protobuf
+
+log = logging.getLogger("ingero.echo.decoding")
+
+Kind = Literal["logs", "metrics"]
+
+
+@dataclass(frozen=True)
+class Decoded:
+    """One request's validated records: events as the rows the store inserts, or scores."""
+
+    rows: list[EventRow] = field(default_factory=list)
+    scores: list[ScorePoint] = field(default_factory=list)
+
+
+PROTOBUF = "application/x-protobuf"
+JSON = "application/json"
+
+
+class IngestError(Exception):
+    """A request refused as a whole; ``reason`` labels the rejection counter."""
+
+    def __init__(self, reason: str, message: str, http_status: int = 400) -> None:
+        super().__init__(message)
+        self.reason = reason
+        self.http_status = http_status
+
+    def __reduce__(self) -> tuple[type[IngestError], tuple[str, str, int]]:
+        # raised in a worker process, it must unpickle whole in the daemon
+        return (IngestError, (self.reason, str(self), self.http_status))
+
+
+def logs_to_events(request: ExportLogsServiceRequest, max_events: int) -> list[Event]:
+    """Every log record as an Event, or IngestError naming what is wrong."""
+    total = sum(len(sl.log_records) for rl in request.resource_logs for sl in rl.scope_logs)
+    if total > max_events:
+        raise IngestError(
+            "too_many_records",
+            f"{total} log records in one request, the limit is {max_events}",
+            413,
+        )
+    decoded = decode_events(request)
+    if decoded.rejected:
+        raise IngestError(
+            "invalid_event",
+            f"{decoded.rejected} of {total} log records rejected, nothing stored: "
+            + decoded.error_message,
+        )
+    return decoded.events
+
+
+def _score_times(request: ExportMetricsServiceRequest) -> Iterator[int]:
+    # Same walk as decode_health: per resource, score metrics in order, then their points.
+    for rm in request.resource_metrics:
+        for sm in rm.scope_metrics:
+            for metric in sm.metrics:
+                if metric.name == SCORE_METRIC:
+                    kind = metric.WhichOneof("data")
+                    points = metric.gauge.data_points if kind == "gauge" else metric.sum.data_points
+                    for point in points:
+                        yield point.time_unix_nano
+
+
+def metrics_to_scores(
+    request: ExportMetricsServiceRequest, max_points: int, now: float
+) -> list[ScorePoint]:
+    """Every health-score point as a ScorePoint (other metrics are ignored)."""
+    decoded = decode_health(request)
+    if decoded.rejected:
+        raise IngestError(
+            "invalid_metric",
+            f"{decoded.rejected} data points rejected, nothing stored: {decoded.error_message}",
+        )
+    if len(decoded.pushes) > max_points:
+        raise IngestError(
+            "too_many_records",
+            f"{len(decoded.pushes)} score points in one request, the limit is {max_points}",
+            413,
+        )
+    return [
+        ScorePoint(
+            cluster_id=p.cluster_id,
+            node_id=p.node_id,
+            ts=(t / 1e9) if t else now,
+            score=p.score,
+            job_id=p.job_id,
+            host_name=p.host_name,
+            gpu_model=p.gpu_model,
+            gpu_count=p.gpu_count,
+            provider=p.provider,
+        )
+        for p, t in zip(decoded.pushes, _score_times(request), strict=True)
+    ]
+
+
+def decode_body(
+    body: bytes, content_type: str, kind: Kind, max_records: int, now: float
+) -> Decoded:
+    """A whole request body, parsed and validated (events as rows received at ``now``);
+    raises OtlpDecodeError or IngestError."""
+    if kind == "logs":
+        logs_request = (
+            parse_json(body, ExportLogsServiceRequest)
+            if content_type == JSON
+            else parse_protobuf(body, ExportLogsServiceRequest)
+        )
+        return Decoded(
+            rows=[event_row(ev, now) for ev in logs_to_events(logs_request, max_records)]
+        )
+    metrics_request = (
+        parse_json(body, ExportMetricsServiceRequest)
+        if content_type == JSON
+        else parse_protobuf(body, ExportMetricsServiceRequest)
+    )
+    return Decoded(scores=metrics_to_scores(metrics_request, max_records, now))
+
+
+def _ready() -> None:
+    """Submitted once per worker at start, so workers spawn (and import) before traffic."""
+
+
+def _exit_with(parent: int) -> None:
+    """Worker initializer: exit once the daemon is gone. A worker holds both ends of the
+    pool's pipes, so it would never see EOF and outlive a daemon that was SIGKILLed."""
+
+    def watch() -> None:
+        while os.getppid() == parent:
+            time.sleep(1.0)
+        os._exit(0)
+
+    threading.Thread(target=watch, name="parent-watch", daemon=True).start()
+
+
+class DecodePool:
+    """``workers`` processes running ``decode_body``. A pool whose worker died is replaced,
+    and the requests it held are answered "retry" (UnavailableError): none is lost."""
+
+    def __init__(self, workers: int) -> None:
+        self.workers = workers
+        self._lock = threading.Lock()
+        self._pool = self._start()
+
+    def _start(self) -> concurrent.futures.ProcessPoolExecutor:
+        # spawn, not fork: the daemon has threads (gRPC, the writer) a fork would copy stopped
+        pool = concurrent.futures.ProcessPoolExecutor(
+            self.workers,
+            mp_context=multiprocessing.get_context("spawn"),
+            initializer=_exit_with,
+            initargs=(os.getpid(),),
+        )
+        for _ in range(self.workers):
+            pool.submit(_ready)
+        return pool
+
+    async def decode(
+        self, body: bytes, content_type: str, kind: Kind, max_records: int, now: float
+    ) -> Decoded:
+        pool = self._pool
+        try:
+            return await asyncio.wrap_future(
+                pool.submit(decode_body, body, content_type, kind, max_records, now)
+            )
+        except BrokenProcessPool:
+            raise self._replace(pool) from None
+
+    def decode_sync(
+        self, body: bytes, content_type: str, kind: Kind, max_records: int, now: float
+    ) -> Decoded:
+        pool = self._pool
+        try:
+            return pool.submit(decode_body, body, content_type, kind, max_records, now).result()
+        except BrokenProcessPool:
+            raise self._replace(pool) from None
+
+    def _replace(self, broken: concurrent.futures.ProcessPoolExecutor) -> UnavailableError:
+        with self._lock:
+            if self._pool is broken:  # the first request to notice replaces it
+                log.error("a decoding worker process died; starting a new pool")
+                broken.shutdown(wait=False, cancel_futures=True)
+                self._pool = self._start()
+        return UnavailableError("a decoding worker died; not stored, retry")
+
+    def close(self) -> None:
+        self._pool.shutdown(wait=True, cancel_futures=True)
