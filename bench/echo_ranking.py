@@ -193,6 +193,24 @@ def main() -> None:
         ("one job, 30 days", "stragglers", {"job_id": "42", **month}, ops),
         ("scoped token, 30 days", "stragglers", month, tenant),
         ("cost, cluster, 30 days", "cost", {"cluster_id": "c1", **month}, ops),
+        # event history: node filters scan the time range of the (cluster_id, ts, node_id)
+        # index; a node with no events in the window is the worst case (the whole range)
+        ("events, one node, 7 days", "events", {"node_id": "c1-n0042", **week}, ops),
+        (
+            "events, one node of a cluster, 7 days",
+            "events",
+            {"cluster_id": "c1", "node_id": "c1-n0042", **week},
+            ops,
+        ),
+        (
+            "events, one node, scoped token, 7 days",
+            "events",
+            {"node_id": "c1-n0042", **week},
+            tenant,
+        ),
+        ("events, unknown node, 7 days", "events", {"node_id": "c1-n9999", **week}, ops),
+        ("events, one job, 30 days", "events", {"job_id": "42", **month}, ops),
+        ("job report", "job_report", {"job_id": "42"}, ops),
     ]
     print(f"database: {db} ({db.stat().st_size / 1e9:.2f} GB)")
     for label, name, raw, who in cases:
@@ -201,7 +219,7 @@ def main() -> None:
             t = time.perf_counter()
             answer = service.answer(name, raw, who)
             times.append(time.perf_counter() - t)
-        rows = len(answer.get("stragglers", answer.get("nodes", [])))
+        rows = len(answer.get("stragglers", answer.get("nodes", answer.get("events", []))))
         print(
             f"{label:38s} median {statistics.median(times) * 1e3:7.1f} ms"
             f"  max {max(times) * 1e3:7.1f} ms  ({rows} rows)"

@@ -1,6 +1,6 @@
 """Echo's writer alone: wall µs per event of each SQL statement as the database grows.
 
-Commits ``--batches`` batches of ``--batch`` straggler events (the mix of
+Commits ``--batches`` batches of ``--batch`` events of ``--type`` (the stream of
 ``bench/echo_ingest.py``) through the real ``Store`` writer thread, in this process, and
 times every statement of the second half (so the b-trees already hold half the events).
 Usage: .venv/bin/python bench/echo_writer.py [--batches N] [--batch B]
@@ -59,12 +59,13 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--batches", type=int, default=100)
     parser.add_argument("--batch", type=int, default=2_000)
+    parser.add_argument("--type", default="straggler_state", help="event type to write")
     args = parser.parse_args()
     b = args.batch
     batches = [
         [
             Event(
-                "straggler_state",
+                args.type,
                 f"node{(r * b + i) % 2000}",
                 f"c{i % 4}",
                 1.7e9 + r + i / b,

@@ -133,3 +133,33 @@ def test_a_tenant_gets_nothing_of_another_cluster_from_any_question(service: Ser
     assert service.answer("sql", {"query": "SELECT count(*) FROM events"}, TENANT_A)["rows"] == [
         [10]
     ]
+
+
+def test_a_node_filter_finds_the_node_in_every_cluster_it_is_in(tmp_path: Path) -> None:
+    """Events are indexed by (cluster, time, node); a node filter without a cluster goes
+    through the nodes table to the node's clusters, and scoping still applies."""
+    clock = ManualClock(start=10_000.0)
+    store = Store(tmp_path / "e.db", clock=clock)
+    try:
+        store.write(
+            [
+                straggler("twin", "A", 1000.0),
+                straggler("twin", "B", 1500.0),
+                straggler("twin", "A", 2000.0, kind="straggler_resolved"),
+                straggler("other", "A", 1200.0),
+            ]
+        )
+        service = Service(store.path, GpuRates("USD", 1.0, {}), clock=clock)
+        everywhere = ask(service, "events", node_id="twin", since=0)["events"]
+        assert [(e["cluster_id"], e["timestamp"]) for e in everywhere] == [
+            ("A", 2000.0),
+            ("B", 1500.0),
+            ("A", 1000.0),
+        ]
+        scoped = ask(service, "events", TENANT_A, node_id="twin", since=0)["events"]
+        assert [(e["cluster_id"], e["timestamp"]) for e in scoped] == [("A", 2000.0), ("A", 1000.0)]
+        assert ask(service, "events", node_id="nobody", since=0)["events"] == []
+        in_b = ask(service, "events", cluster_id="B", node_id="twin", since=0)["events"]
+        assert [e["timestamp"] for e in in_b] == [1500.0]
+    finally:
+        store.close()
