@@ -12,6 +12,7 @@ import argparse
 import http.client
 import json
 import os
+import random
 import signal
 import socket
 import sqlite3
@@ -22,7 +23,9 @@ import tempfile
 import threading
 import time
 import urllib.request
+import uuid
 from pathlib import Path
+from typing import Any
 
 from ingero.events import Event
 from ingero.otlp.logs import encode_events
@@ -82,14 +85,102 @@ def hot_path(batch: int, kind: str) -> None:
     )
 
 
+def episode_stream(count: int, seed: int = 1) -> list[Event]:
+    """Straggler events as Fleet emits them, in time order: 10,000 nodes (4 clusters, jobs
+    of 100 nodes), 500 of them in an episode at any time; each episode is a
+    ``straggler_state``, re-emits every 12 intervals of 10 s (3-30 of them), then its
+    ``straggler_resolved``, all with the episode's one ``event_id``; 5% of episodes also
+    drain their node. A new episode starts on another node as one ends."""
+    rng = random.Random(seed)
+    nodes = [(f"c{n % 4}", f"c{n % 4}-n{n:05d}", str(n // 100)) for n in range(10_000)]
+    free = list(range(len(nodes)))
+    rng.shuffle(free)
+    # per episode: node index, event id, re-emits left, next time it emits
+    live: list[list[Any]] = []
+    t = 1.7e9
+    events: list[Event] = []
+
+    def start(at: float) -> None:
+        n = free.pop()
+        live.append([n, str(uuid.uuid4()), rng.randint(3, 30), at + 120.0])
+        cluster, node, job = nodes[n]
+        events.append(
+            Event(
+                "straggler_state",
+                node,
+                cluster,
+                at,
+                event_id=live[-1][1],
+                job_id=job,
+                score=0.4 + 0.3 * rng.random(),
+                threshold=0.8,
+            )
+        )
+        if rng.random() < 0.05:
+            events.append(
+                Event(
+                    "node_drained",
+                    node,
+                    cluster,
+                    at,
+                    job_id=job,
+                    extra={"reason": "ingero: straggler", "backend": "scontrol"},
+                )
+            )
+
+    for _ in range(500):
+        start(t + 120 * rng.random())
+    while len(events) < count:
+        live.sort(key=lambda e: e[3])
+        episode = live[0]
+        n, event_id, left, t = episode
+        cluster, node, job = nodes[n]
+        if left:
+            events.append(
+                Event(
+                    "straggler_state",
+                    node,
+                    cluster,
+                    t,
+                    event_id=event_id,
+                    job_id=job,
+                    score=0.4 + 0.3 * rng.random(),
+                    threshold=0.8,
+                )
+            )
+            episode[2], episode[3] = left - 1, t + 120.0
+        else:
+            events.append(
+                Event(
+                    "straggler_resolved",
+                    node,
+                    cluster,
+                    t,
+                    event_id=event_id,
+                    job_id=job,
+                    score=0.9,
+                    threshold=0.8,
+                    extra={"reason": "recovered"},
+                )
+            )
+            live.pop(0)
+            free.insert(rng.randrange(len(free) + 1), n)
+            start(t + 10.0 * rng.random())
+    return events[:count]
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--events", type=int, default=200_000)
     parser.add_argument("--batch", type=int, default=2_000)
     parser.add_argument("--senders", type=int, default=4)
-    parser.add_argument("--type", default="straggler_state", help="event type to send")
+    parser.add_argument(
+        "--type",
+        default="straggler_state",
+        help="event type to send to 2,000 nodes x 50 jobs, or 'episodes' (episode_stream)",
+    )
     args = parser.parse_args()
-    hot_path(args.batch, args.type)
+    hot_path(args.batch, "straggler_state" if args.type == "episodes" else args.type)
 
     work = Path(tempfile.mkdtemp(prefix="echo-bench-"))
     api, otlp = free_port(), free_port()
@@ -117,21 +208,26 @@ def main() -> None:
             except OSError:
                 time.sleep(0.1)
         n_requests = args.events // args.batch
-        bodies = []
-        for r in range(n_requests):
-            events = [
-                Event(
-                    args.type,
-                    f"node{(r * args.batch + i) % 2000}",
-                    f"c{i % 4}",
-                    1.7e9 + r + i / args.batch,
-                    job_id=str(r % 50),
-                    score=0.5,
-                    threshold=0.8,
-                )
-                for i in range(args.batch)
+        if args.type == "episodes":
+            stream = episode_stream(n_requests * args.batch)
+            batches = [stream[r * args.batch : (r + 1) * args.batch] for r in range(n_requests)]
+        else:
+            batches = [
+                [
+                    Event(
+                        args.type,
+                        f"node{(r * args.batch + i) % 2000}",
+                        f"c{i % 4}",
+                        1.7e9 + r + i / args.batch,
+                        job_id=str(r % 50),
+                        score=0.5,
+                        threshold=0.8,
+                    )
+                    for i in range(args.batch)
+                ]
+                for r in range(n_requests)
             ]
-            bodies.append(encode_events(events).SerializeToString())
+        bodies = [encode_events(events).SerializeToString() for events in batches]
         latencies: list[float] = []
         failures: list[str] = []
         lock = threading.Lock()
@@ -184,6 +280,12 @@ def main() -> None:
         print(
             f"stored: {stored} (expected {total}); CPU per event: echo process "
             f"{own_cpu / total * 1e6:.1f} µs + decoding workers {children_cpu / total * 1e6:.1f} µs"
+        )
+        with urllib.request.urlopen(f"http://127.0.0.1:{api}/api/v1/status", timeout=10) as r:
+            store_stats = json.load(r)["store"]
+        print(
+            f"commits: {store_stats['commits']}, "
+            f"{store_stats['events_stored'] / max(1, store_stats['commits']):,.0f} events each"
         )
         print(f"cpus: {os.cpu_count()}, load average {os.getloadavg()[0]:.1f}")
     finally:

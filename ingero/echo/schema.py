@@ -8,7 +8,7 @@ Tables (timestamps are Unix seconds):
   the id of the event that opened it, so late events of a closed episode find it.
 - ``scores``: downsampled health-score history, one row per node per bucket.
 - ``nodes``: last known facts per node (GPU model and count for the cost of straggling);
-  ``last_seen`` from events is kept to within a minute (the writer skips rewrites).
+  ``last_seen`` from events is kept to within 5 minutes (the writer skips rewrites).
 """
 
 from __future__ import annotations

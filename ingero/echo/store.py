@@ -39,7 +39,7 @@ _STRAGGLER_TYPES = frozenset({"straggler_state", "straggler_resolved"})
 _MAX_JOBS_PER_TX = 256
 _RETENTION_WINDOW = 100_000  # rows of a table one retention step looks at
 _RECENT_CLOSED = 50_000  # closed episodes kept by event id, for their late events
-_LAST_SEEN_STEP = 60.0  # seconds: how stale an event's nodes.last_seen may be
+_LAST_SEEN_STEP = 300.0  # seconds: how stale an event's nodes.last_seen may be
 _CACHE_KIB = 64 * 1024  # the writer connection's page cache
 _CHECKPOINT_PAGES = 10_000  # WAL pages between automatic checkpoints (~40 MiB)
 
@@ -131,10 +131,8 @@ def _fold_state(ep: _Episode, row: EventRow) -> None:
             ep.min_score = score
 
 
-def _gpu_facts(extra: str | None) -> tuple[str | None, int | None]:
-    """The GPU model and count an event's extra fields carry, if any."""
-    if extra is None or '"gpu_' not in extra:  # most events carry none: no JSON parse
-        return None, None
+def _gpu_facts(extra: str) -> tuple[str | None, int | None]:
+    """The GPU model and count an event's extra fields (JSON) carry, if any."""
     fields = json.loads(extra)
     model, count = fields.get("gpu_model"), fields.get("gpu_count")
     return (
@@ -411,11 +409,12 @@ class Store:
         its ``event_id``, and a ``straggler_resolved`` that comes before its episode's
         ``straggler_state`` stores the episode closed, for that state to fold into."""
         touched: dict[int, tuple[tuple[str, str, str], _Episode]] = {}
+        open_episode, closed_episode = self._open.get, self._recently_closed.get
         for row in rows:
             event_id, kind, ts = row[0], row[1], row[10]
             key = (row[2], row[3], row[4] or "")
-            ep = self._open.get(key)
-            late = self._recently_closed.get(event_id)
+            ep = open_episode(key)
+            late = closed_episode(event_id)
             if late is not None and late.end_ts is not None and ts <= late.end_ts:
                 if kind == "straggler_resolved":
                     late.end_ts = max(late.end_ts, ts)
@@ -469,16 +468,18 @@ class Store:
 
     def _touch_nodes(self, rows: list[EventRow]) -> None:
         """Node facts from events. A node's row is rewritten only when a fact changes or
-        ``last_seen`` moves on by a minute: one node sends many events a second."""
+        ``last_seen`` moves on by 5 minutes: a straggling node sends an event every few."""
         known = self._node_facts
         facts: dict[tuple[str, str], list[Any]] = {}
         for row in rows:
-            node, ts = (row[2], row[3]), row[10]
-            model, count = _gpu_facts(row[12])
-            if model is None and count is None:
+            node, ts, extra = (row[2], row[3]), row[10], row[12]
+            if extra is None or '"gpu_' not in extra:  # most events carry no GPU facts
+                model = count = None
                 old = known.get(node)
                 if old is not None and ts < old[2] + _LAST_SEEN_STEP:
                     continue  # the common case: nothing to write
+            else:
+                model, count = _gpu_facts(extra)
             fact = facts.setdefault(node, [None, None, ts])
             if model is not None:
                 fact[0] = model

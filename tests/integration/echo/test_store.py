@@ -201,18 +201,18 @@ def test_a_v1_database_is_migrated_and_keeps_de_duplicating(tmp_path: Path) -> N
         store.close()
 
 
-def test_node_facts_change_at_once_but_last_seen_only_by_the_minute(tmp_path: Path) -> None:
+def test_node_facts_change_at_once_but_last_seen_only_every_5_minutes(tmp_path: Path) -> None:
     store = Store(tmp_path / "e.db")
     try:
         store.write([straggler("n1", "A", 100.0, gpu_model="A100")])
         store.write([straggler("n1", "A", 110.0, gpu_model="H100", gpu_count=8)])
-        store.write([straggler("n1", "A", 150.0)])
+        store.write([straggler("n1", "A", 390.0)])
         conn = store.reader()
         assert conn.execute("SELECT gpu_model, gpu_count, last_seen FROM nodes").fetchall() == [
             ("H100", 8, 110.0)
         ]
-        store.write([straggler("n1", "A", 170.0)])  # a minute after the last write
-        assert conn.execute("SELECT last_seen FROM nodes").fetchall() == [(170.0,)]
+        store.write([straggler("n1", "A", 410.0)])  # 5 minutes after the last write
+        assert conn.execute("SELECT last_seen FROM nodes").fetchall() == [(410.0,)]
         conn.close()
     finally:
         store.close()
