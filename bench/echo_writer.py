@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import argparse
 import collections
+import shutil
 import sqlite3
 import tempfile
 import time
@@ -78,7 +79,8 @@ def main() -> None:
         for r in range(args.batches)
     ]
     half = args.batches // 2
-    store = Store(Path(tempfile.mkdtemp(prefix="echo-writer-")) / "e.db")
+    work = Path(tempfile.mkdtemp(prefix="echo-writer-"))
+    store = Store(work / "e.db")
     totals: dict[str, float] = collections.defaultdict(float)
     try:
         for events in batches[:half]:
@@ -92,6 +94,7 @@ def main() -> None:
         store._conn = conn
     finally:
         store.close()
+        shutil.rmtree(work)
     n = (args.batches - half) * b
     print(
         f"writer: {wall / n * 1e6:.1f} µs wall per event ({half * b:,} to {args.batches * b:,} stored)"
