@@ -3,7 +3,9 @@
 Starts a real Echo on free loopback ports with a fresh database, then ``--senders`` threads
 post pre-encoded OTLP/HTTP protobuf requests of ``--batch`` events each until ``--events``
 events are acknowledged. Prints events/s and the per-request latency (p50/p99), and checks
-the stored count. Usage: .venv/bin/python bench/echo_ingest.py [--events N] [--batch B]
+the stored count. The default stream is straggler events as Fleet emits them
+(``episode_stream``). Usage:
+.venv/bin/python bench/echo_ingest.py [--events N] [--batch B] [--type episodes|<event type>]
 """
 
 from __future__ import annotations
@@ -179,8 +181,9 @@ def main() -> None:
     parser.add_argument("--senders", type=int, default=4)
     parser.add_argument(
         "--type",
-        default="straggler_state",
-        help="event type to send to 2,000 nodes x 50 jobs, or 'episodes' (episode_stream)",
+        default="episodes",
+        help="'episodes' (episode_stream), or one event type to send to 2,000 nodes x 50 jobs"
+        " (straggler_state: the worst case, every event a different episode)",
     )
     args = parser.parse_args()
     hot_path(args.batch, "straggler_state" if args.type == "episodes" else args.type)

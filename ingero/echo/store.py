@@ -1,6 +1,7 @@
 """The event store: SQLite in WAL mode, written by ONE thread in batched transactions.
 
-Receivers hand validated batches to ``submit_*``; the writer thread groups whatever is
+Receivers hand validated batches to ``submit`` (as events, or already as the rows they are
+stored as, from the decoding workers); the writer thread groups whatever is
 queued into one transaction and resolves each batch's future only after COMMIT, so an
 acknowledgement always means the data is durable. An event is identified by
 (``event_id``, ``type``, ``timestamp``), UNIQUE and inserted with OR IGNORE, so a retried
@@ -188,10 +189,10 @@ class Store:
             # the fsync per commit is shared by every batch in it.
             self._conn.execute("PRAGMA synchronous = FULL")
             self._conn.execute("PRAGMA busy_timeout = 5000")
-            # The events' unique key starts with a random UUID, so inserts land all over its
-            # b-tree: a 64 MiB page cache (default 2 MiB) keeps the hot pages, and checkpoints
-            # every 10,000 WAL pages (default 1,000) rewrite each page less often. Measured
-            # 68 -> 45 µs per event for the writer at 200k stored (docs/benchmarks.md, Echo).
+            # Batches update episodes all over their ranking index: a 64 MiB page cache
+            # (default 2 MiB) keeps those pages, and checkpoints every 10,000 WAL pages
+            # (default 1,000) rewrite each page less often. Measured with schema v1, whose
+            # de-dup key scattered the same way: 68 -> 45 µs per event for the writer.
             self._conn.execute(f"PRAGMA cache_size = -{_CACHE_KIB}")
             self._conn.execute(f"PRAGMA wal_autocheckpoint = {_CHECKPOINT_PAGES}")
             migrate(sqlite_utils.Database(self._conn), MIGRATIONS)
