@@ -90,12 +90,16 @@ def hot_path(batch: int, kind: str) -> None:
     )
 
 
+REEMIT = 60.0  # seconds between an episode's straggler_state events
+
+
 def episode_stream(count: int, seed: int = 1) -> list[Event]:
     """Straggler events as Fleet emits them, in time order: 10,000 nodes (4 clusters, jobs
     of 100 nodes), 500 of them in an episode at any time; each episode is a
-    ``straggler_state``, re-emits every 12 intervals of 10 s (3-30 of them), then its
-    ``straggler_resolved``, all with the episode's one ``event_id``; 5% of episodes also
-    drain their node. A new episode starts on another node as one ends."""
+    ``straggler_state``, 3-30 re-emits a minute apart (fleet-push's default: every 12
+    intervals of 5 s), then its ``straggler_resolved``, all with the episode's one
+    ``event_id``; 5% of episodes also drain their node. A new episode starts on another
+    node as one ends."""
     rng = random.Random(seed)
     nodes = [(f"c{n % 4}", f"c{n % 4}-n{n:05d}", str(n // 100)) for n in range(10_000)]
     free = list(range(len(nodes)))
@@ -107,7 +111,7 @@ def episode_stream(count: int, seed: int = 1) -> list[Event]:
 
     def start(at: float) -> None:
         n = free.pop()
-        live.append([n, str(uuid.uuid4()), rng.randint(3, 30), at + 120.0])
+        live.append([n, str(uuid.uuid4()), rng.randint(3, 30), at + REEMIT])
         cluster, node, job = nodes[n]
         events.append(
             Event(
@@ -134,7 +138,7 @@ def episode_stream(count: int, seed: int = 1) -> list[Event]:
             )
 
     for _ in range(500):
-        start(t + 120 * rng.random())
+        start(t + REEMIT * rng.random())
     while len(events) < count:
         live.sort(key=lambda e: e[3])
         episode = live[0]
@@ -153,7 +157,7 @@ def episode_stream(count: int, seed: int = 1) -> list[Event]:
                     threshold=0.8,
                 )
             )
-            episode[2], episode[3] = left - 1, t + 120.0
+            episode[2], episode[3] = left - 1, t + REEMIT
         else:
             events.append(
                 Event(
