@@ -143,6 +143,31 @@ def test_ingero_events_reads_episodes_a_service_wrote(boot: Boot, artefacts: Art
     assert "n7" in table and "45s" in table and "n8" not in table
 
 
+def test_hardened_echo_decodes_in_its_worker_and_stores(boot: Boot, artefacts: Artefacts) -> None:
+    box = install(boot, artefacts, "echo")
+    box.run("systemctl", "start", "ingero-echo.service")
+    assert box.prop("ingero-echo", "ActiveState") == "active"
+    main = box.prop("ingero-echo", "MainPID")
+    # the decoding worker runs inside the unit's sandbox, as the unit's user
+    workers = box.run("pgrep", "-u", "ingero", "-P", main, "-f", "spawn_main", check=False)
+    assert workers.stdout.split(), box.journal("-u", "ingero-echo", "-o", "cat")
+    sender = (
+        "import json, urllib.request;"
+        "from ingero.events import Event; from ingero.otlp.logs import encode_events;"
+        "body = encode_events([Event('straggler_state', f'n{i}', 'c', 1000.0 + i,"
+        " score=0.4, threshold=0.8) for i in range(50)]).SerializeToString();"
+        "r = urllib.request.urlopen(urllib.request.Request('http://127.0.0.1:4328/v1/logs',"
+        " body, {'Content-Type': 'application/x-protobuf'}), timeout=30); print(r.status);"
+        "q = json.dumps({'query': 'SELECT count(*) FROM events'}).encode();"
+        "a = urllib.request.urlopen('http://127.0.0.1:8081/api/v1/sql', q, timeout=30);"
+        "print(json.load(a)['rows'][0][0])"
+    )
+    out = box.run("/opt/ingero/venv/bin/python", "-c", sender).stdout.split()
+    assert out == ["200", "50"], box.journal("-u", "ingero-echo", "-o", "cat")
+    box.run("systemctl", "stop", "ingero-echo.service")
+    assert box.run("pgrep", "-f", "spawn_main", check=False).stdout.strip() == ""
+
+
 def test_trace_loads_bpf_and_push_reads_its_node_db(boot: Boot, artefacts: Artefacts) -> None:
     box = install(boot, artefacts, "bpf")
     start = box.run("systemctl", "start", "ingero-trace.service", check=False, timeout=300)
