@@ -163,14 +163,21 @@ def _exit_with(parent: int) -> None:
     threading.Thread(target=watch, name="parent-watch", daemon=True).start()
 
 
+_DEATHS_TO_GIVE_UP = 3  # worker deaths within _DEATH_WINDOW that end decoding in workers
+_DEATH_WINDOW = 60.0
+
+
 class DecodePool:
     """``workers`` processes running ``decode_body``. A pool whose worker died is replaced,
-    and the requests it held are answered "retry" (UnavailableError): none is lost."""
+    and the requests it held are answered "retry" (UnavailableError): none is lost. When
+    workers keep dying (3 times in a minute: killed for memory, or a sandbox that forbids
+    them), decoding goes on in the daemon's own process, slower but never refused."""
 
     def __init__(self, workers: int) -> None:
         self.workers = workers
         self._lock = threading.Lock()
-        self._pool = self._start()
+        self._deaths: list[float] = []
+        self._pool: concurrent.futures.ProcessPoolExecutor | None = self._start()
 
     def _start(self) -> concurrent.futures.ProcessPoolExecutor:
         # spawn, not fork: the daemon has threads (gRPC, the writer) a fork would copy stopped
@@ -188,6 +195,8 @@ class DecodePool:
         self, body: bytes, content_type: str, kind: Kind, max_records: int, now: float
     ) -> Decoded:
         pool = self._pool
+        if pool is None:
+            return await asyncio.to_thread(decode_body, body, content_type, kind, max_records, now)
         try:
             return await asyncio.wrap_future(
                 pool.submit(decode_body, body, content_type, kind, max_records, now)
@@ -199,6 +208,8 @@ class DecodePool:
         self, body: bytes, content_type: str, kind: Kind, max_records: int, now: float
     ) -> Decoded:
         pool = self._pool
+        if pool is None:
+            return decode_body(body, content_type, kind, max_records, now)
         try:
             return pool.submit(decode_body, body, content_type, kind, max_records, now).result()
         except BrokenProcessPool:
@@ -207,10 +218,22 @@ class DecodePool:
     def _replace(self, broken: concurrent.futures.ProcessPoolExecutor) -> UnavailableError:
         with self._lock:
             if self._pool is broken:  # the first request to notice replaces it
-                log.error("a decoding worker process died; starting a new pool")
                 broken.shutdown(wait=False, cancel_futures=True)
-                self._pool = self._start()
+                now = time.monotonic()
+                self._deaths = [t for t in self._deaths if now - t < _DEATH_WINDOW] + [now]
+                if len(self._deaths) >= _DEATHS_TO_GIVE_UP:
+                    log.error(
+                        "decoding workers died %d times in %.0f s; decoding in this process"
+                        " from now on",
+                        len(self._deaths),
+                        _DEATH_WINDOW,
+                    )
+                    self._pool = None
+                else:
+                    log.error("a decoding worker process died; starting a new pool")
+                    self._pool = self._start()
         return UnavailableError("a decoding worker died; not stored, retry")
 
     def close(self) -> None:
-        self._pool.shutdown(wait=True, cancel_futures=True)
+        if self._pool is not None:
+            self._pool.shutdown(wait=True, cancel_futures=True)

@@ -109,3 +109,24 @@ def test_decoding_workers_end_with_the_daemon(tmp_path: Path, sig: signal.Signal
     while any(Path(f"/proc/{pid}").exists() for pid in workers) and time.monotonic() < deadline:
         time.sleep(0.2)
     assert not [pid for pid in workers if Path(f"/proc/{pid}").exists()]
+
+
+@pytest.mark.parametrize("echo_with", [1], indirect=True)
+def test_workers_that_keep_dying_leave_decoding_to_the_daemon(echo_with: EchoProcess) -> None:
+    echo = echo_with
+    assert echo.proc is not None
+    for death in range(3):
+        deadline = time.monotonic() + 30
+        while not (workers := decoding_workers(echo.proc.pid)) and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert workers, f"no worker before death {death + 1}"
+        for pid in workers:
+            os.kill(pid, signal.SIGKILL)
+        body = encode_events([straggler(f"d{death}", "A", 8000.0 + death)])
+        statuses = [post_logs(echo, body)[0] for _ in range(2)]  # the retry is stored
+        assert statuses[-1] == 200 and set(statuses) <= {200, 503}, statuses
+    assert "decoding in this process from now on" in echo.log()
+    assert post_logs(echo, encode_events([straggler("d-after", "A", 9000.0)]))[0] == 200
+    grpc_export(echo, encode_events([straggler("d-grpc", "A", 9001.0)]), TOKEN_OPS)
+    assert stored(echo, "node_id LIKE 'd%'") == 5
+    assert decoding_workers(echo.proc.pid) == []
