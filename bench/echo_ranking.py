@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import argparse
 import random
+import shutil
 import sqlite3
 import statistics
 import tempfile
@@ -164,9 +165,21 @@ def main() -> None:
     parser.add_argument("--episodes", type=int, default=500_000)
     parser.add_argument("--per-episode", type=int, default=20)
     parser.add_argument("--repeat", type=int, default=5)
-    parser.add_argument("--db", type=Path, help="reuse (or create) this database")
+    parser.add_argument(
+        "--db", type=Path, help="reuse (or create, and keep) this database; else a temporary one"
+    )
     args = parser.parse_args()
-    db = args.db or Path(tempfile.mkdtemp(prefix="echo-rank-")) / "echo.db"
+    if args.db is not None:
+        run(args.db, args)
+        return
+    work = Path(tempfile.mkdtemp(prefix="echo-rank-"))
+    try:
+        run(work / "echo.db", args)
+    finally:
+        shutil.rmtree(work)  # ~2.8 GB at the defaults
+
+
+def run(db: Path, args: argparse.Namespace) -> None:
     if not db.exists():
         generate(db, args.episodes, args.per_episode, seed=1)
     clock = ManualClock(start=T0 + DAYS * 86400.0)
