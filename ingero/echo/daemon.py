@@ -83,8 +83,7 @@ class EchoDaemon:
             max_bytes=config.retention.max_bytes,
             retention_interval=float(config.retention.check_interval),
         )
-        workers = config.limits.decode_worker_count()
-        self.decoder = DecodePool(workers) if workers else None
+        self.decoder = DecodePool(config.limits.decode_worker_count())
         self.ingest = Ingest(
             self.store,
             config.limits.max_request_bytes,
@@ -195,8 +194,7 @@ class EchoDaemon:
 
     def _close(self) -> None:
         """Stop the decoding workers, then commit what is queued and release the store."""
-        if self.decoder is not None:
-            self.decoder.close()
+        self.decoder.close()
         self.store.close()
 
     def stop(self) -> None:

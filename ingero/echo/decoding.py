@@ -168,16 +168,19 @@ _DEATH_WINDOW = 60.0
 
 
 class DecodePool:
-    """``workers`` processes running ``decode_body``. A pool whose worker died is replaced,
-    and the requests it held are answered "retry" (UnavailableError): none is lost. When
-    workers keep dying (3 times in a minute: killed for memory, or a sandbox that forbids
-    them), decoding goes on in the daemon's own process, slower but never refused."""
+    """``workers`` processes running ``decode_body`` (0: it runs in this process, on a
+    thread). A pool whose worker died is replaced, and the requests it held are answered
+    "retry" (UnavailableError): none is lost. When workers keep dying (3 times in a minute:
+    killed for memory, or a sandbox that forbids them), decoding goes on in this process,
+    slower but never refused."""
 
     def __init__(self, workers: int) -> None:
         self.workers = workers
         self._lock = threading.Lock()
         self._deaths: list[float] = []
-        self._pool: concurrent.futures.ProcessPoolExecutor | None = self._start()
+        self._pool: concurrent.futures.ProcessPoolExecutor | None = (
+            self._start() if workers else None
+        )
 
     def _start(self) -> concurrent.futures.ProcessPoolExecutor:
         # spawn, not fork: the daemon has threads (gRPC, the writer) a fork would copy stopped
@@ -196,6 +199,8 @@ class DecodePool:
     ) -> Decoded:
         pool = self._pool
         if pool is None:
+            # Decoding a big batch takes milliseconds: off the event loop, so small requests
+            # (health checks, other senders' replies) are not held up behind it.
             return await asyncio.to_thread(decode_body, body, content_type, kind, max_records, now)
         try:
             return await asyncio.wrap_future(

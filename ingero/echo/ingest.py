@@ -3,8 +3,8 @@
 A request is all or nothing: every record must decode and validate, else the whole request
 is refused with a clear reason and counted, so nothing is ever stored half. The reply (and
 so the sender's acknowledgement) is sent only after the store has committed the batch.
-Both transports hand the raw body to ``ingero.echo.decoding`` (in worker processes when a
-``DecodePool`` is given).
+Both transports hand the raw body to a ``DecodePool`` (``ingero.echo.decoding``), which
+decodes it in worker processes, or in this process when it has none.
 """
 
 from __future__ import annotations
@@ -24,7 +24,6 @@ from opentelemetry.proto.collector.metrics.v1.metrics_service_pb2 import (
     ExportMetricsServiceResponse,
 )
 from starlette.applications import Starlette
-from starlette.concurrency import run_in_threadpool
 from starlette.exceptions import HTTPException
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
@@ -38,7 +37,6 @@ from ingero.echo.decoding import (
     DecodePool,
     IngestError,
     Kind,
-    decode_body,
 )
 from ingero.echo.store import Store
 from ingero.errors import UnavailableError
@@ -104,7 +102,7 @@ class Ingest:
         self.max_request_bytes = max_request_bytes
         self.max_events = max_events
         self.tokens = tokens or TokenTable([])
-        self.decoder = decoder
+        self.decoder = decoder or DecodePool(0)
         self.stats = IngestStats()
 
     def authorize(self, authorization: str | None) -> Principal:
@@ -186,11 +184,7 @@ class Ingest:
 
     async def _decode(self, body: bytes, content_type: str, kind: Kind) -> Decoded:
         now = self.store.clock.now()
-        if self.decoder is not None:
-            return await self.decoder.decode(body, content_type, kind, self.max_events, now)
-        # Decoding a big batch takes milliseconds: off the event loop, so small requests
-        # (health checks, other senders' replies) are not held up behind it.
-        return await run_in_threadpool(decode_body, body, content_type, kind, self.max_events, now)
+        return await self.decoder.decode(body, content_type, kind, self.max_events, now)
 
     # -- OTLP/gRPC ---------------------------------------------------------------------------
 
@@ -240,10 +234,7 @@ class Ingest:
                 _grpc_abort(context, exc.http_status, str(exc))
             try:
                 now = self.store.clock.now()
-                if self.decoder is not None:
-                    records = self.decoder.decode_sync(body, PROTOBUF, kind, self.max_events, now)
-                else:
-                    records = decode_body(body, PROTOBUF, kind, self.max_events, now)
+                records = self.decoder.decode_sync(body, PROTOBUF, kind, self.max_events, now)
                 self.accept(records, principal).result(timeout=COMMIT_TIMEOUT)
             except (
                 OtlpDecodeError,
