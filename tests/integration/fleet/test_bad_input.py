@@ -185,15 +185,20 @@ def test_flood_of_unknown_nodes_beyond_the_cap(fleet: Fleet) -> None:
     intact(fleet)
 
 
-def test_grpc_malformed_message(fleet: Fleet) -> None:
+def export_raw(fleet: Fleet, body: bytes) -> None:
+    """MetricsService/Export with ``body`` sent as it is, not a serialised request."""
     with grpc.insecure_channel(fleet.otlp_grpc) as channel:
         export = channel.unary_unary(
             "/opentelemetry.proto.collector.metrics.v1.MetricsService/Export",
             request_serializer=lambda b: b,
             response_deserializer=ExportMetricsServiceResponse.FromString,
         )
-        with pytest.raises(grpc.RpcError) as info:
-            export(b"\x0a\xff\xff\xff\xff\x0f", timeout=10)
+        export(body, timeout=10)
+
+
+def test_grpc_malformed_message(fleet: Fleet) -> None:
+    with pytest.raises(grpc.RpcError) as info:
+        export_raw(fleet, b"\x0a\xff\xff\xff\xff\x0f")
     assert info.value.code() == grpc.StatusCode.INVALID_ARGUMENT
     assert "malformed protobuf" in info.value.details()
     assert (
@@ -203,14 +208,8 @@ def test_grpc_malformed_message(fleet: Fleet) -> None:
 
 
 def test_grpc_oversized_message(fleet: Fleet) -> None:
-    with grpc.insecure_channel(fleet.otlp_grpc) as channel:
-        export = channel.unary_unary(
-            "/opentelemetry.proto.collector.metrics.v1.MetricsService/Export",
-            request_serializer=lambda b: b,
-            response_deserializer=ExportMetricsServiceResponse.FromString,
-        )
-        with pytest.raises(grpc.RpcError) as info:
-            export(b"\x0a" + b"\x80\x80\x08" + b"\0" * (2 * MAX_BODY), timeout=10)
+    with pytest.raises(grpc.RpcError) as info:
+        export_raw(fleet, b"\x0a" + b"\x80\x80\x08" + b"\0" * (2 * MAX_BODY))
     assert info.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
     intact(fleet)
 
