@@ -16,6 +16,7 @@ from ingero.errors import EXIT_OK, UsageError
 
 if TYPE_CHECKING:
     from ingero.explain.analysis import Report
+    from ingero.explain.chains import Chain
 
 _TOP_OPS = 12
 
@@ -51,7 +52,14 @@ def explain(db_path: Path, window: str, job_id: str | None, until: str | None,
     window), 69 when the node DB is missing, 65 when the file is not a node DB.
     """
     from ingero.explain.analysis import explain as analyse
-    from ingero.explain.reader import latest_ts, open_node_db, read_processes, read_window_data
+    from ingero.explain.chains import explain_chains
+    from ingero.explain.reader import (
+        latest_ts,
+        open_node_db,
+        read_processes,
+        read_timeline,
+        read_window_data,
+    )
 
     window_s = seconds("--window", window, positive=True)
     db = open_node_db(db_path)
@@ -71,13 +79,15 @@ def explain(db_path: Path, window: str, job_id: str | None, until: str | None,
         recent = read_window_data(db, db_path, end, window_s, job_id)
         baseline = read_window_data(db, db_path, end - window_s, window_s, job_id)
         processes = read_processes(db, job_id)
+        timeline = read_timeline(db, end, window_s, job_id)
     finally:
         db.conn.close()
     report = analyse(recent, baseline, window_s, job_id, processes)
+    chains = explain_chains(timeline)
     # Host and GPU rows are node-wide: with --job, a window without that job's calls is empty.
     empty = recent.empty or (job_id is not None and not recent.ops)
     if as_json:
-        click.echo(json.dumps(_as_json(report, db_path, latest, empty), indent=2))
+        click.echo(json.dumps(_as_json(report, chains, db_path, latest, empty), indent=2))
         return EXIT_OK
     if empty:
         job = f" for job {job_id}" if job_id else ""
@@ -91,11 +101,13 @@ def explain(db_path: Path, window: str, job_id: str | None, until: str | None,
             f" and {_utc(end)}{hint}"
         )
         return EXIT_OK
-    _print(report, db_path)
+    _print(report, chains, db_path)
     return EXIT_OK
 
 
-def _as_json(report: Report, db_path: Path, latest: float | None, empty: bool) -> dict[str, Any]:
+def _as_json(
+    report: Report, chains: list[Chain], db_path: Path, latest: float | None, empty: bool
+) -> dict[str, Any]:
     return {
         "db": str(db_path),
         "job_id": report.job_id,
@@ -105,6 +117,7 @@ def _as_json(report: Report, db_path: Path, latest: float | None, empty: bool) -
         "latest_ts": latest,
         "empty": empty,
         "summary": report.summary,
+        "chains": [] if empty else [c.as_dict() for c in chains],
         "findings": [f.as_dict() for f in report.findings],
         "ops": [
             {
@@ -128,7 +141,7 @@ def _as_json(report: Report, db_path: Path, latest: float | None, empty: bool) -
     }
 
 
-def _print(report: Report, db_path: Path) -> None:
+def _print(report: Report, chains: list[Chain], db_path: Path) -> None:
     from rich.console import Console
     from rich.table import Table
     from rich.text import Text
@@ -158,6 +171,23 @@ def _print(report: Report, db_path: Path) -> None:
         parts.append(f"off-CPU {fmt_pct(float(s['offcpu_fraction']))} of wall")
     if parts:
         console.print(" · ".join(parts), markup=False)
+
+    if chains:
+        console.print("Causal chains, most likely first:", markup=False)
+        for i, chain in enumerate(chains, 1):
+            console.print(
+                f"{i}. {chain.name} ({chain.level} confidence, {chain.confidence:.2f}):"
+                f" {chain.headline()}",
+                markup=False,
+            )
+            for lk in chain.links:
+                console.print(
+                    f"   {lk.cause} → {lk.effect} ({lk.confidence:.2f}): {lk.time}; {lk.process}",
+                    markup=False,
+                )
+            if chain.missing:
+                console.print(f"   not found: {', '.join(chain.missing)} layer", markup=False)
+            console.print(f"   fix: {chain.fix}", markup=False)
 
     if report.findings:
         table = Table(title="Findings, most likely cause first", title_justify="left")
