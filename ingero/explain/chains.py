@@ -870,7 +870,7 @@ def _throughput_signal(t: Timeline) -> Signal | None:
     return None
 
 
-def _peer_lag_signal(t: Timeline) -> Signal | None:
+def peer_lag_signal(t: Timeline) -> Signal | None:
     """The rank that reaches a communicator's collectives last, most of the time.
 
     Every rank of a communicator calls its collectives in the same order, so the i-th call
@@ -937,7 +937,7 @@ def _peer_lag_signal(t: Timeline) -> Signal | None:
 def signals(t: Timeline) -> dict[str, Signal]:
     """Every signal present in the timeline, by id (the strongest of a kind)."""
     found: list[Signal] = []
-    for sig in (_offcpu_signal(t), _throughput_signal(t), _peer_lag_signal(t)):
+    for sig in (_offcpu_signal(t), _throughput_signal(t), peer_lag_signal(t)):
         if sig is not None:
             found.append(sig)
     found += _host_signals(t) + _gpu_signals(t) + _op_signals(t)

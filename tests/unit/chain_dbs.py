@@ -74,6 +74,8 @@ def real_db(
     slow_from: int | None = None,
     gpu_columns: bool = False,
     gpu_rows: bool = False,
+    peers: tuple[Proc, ...] = (),
+    late_pid: int | None = None,
     seed: int = 3,
 ) -> Path:
     """``TICKS`` intervals of ``TICK_S``; ``cause`` from tick ``cause_from`` on.
@@ -81,6 +83,9 @@ def real_db(
     ``cause_pids`` limits a per-process cause to those PIDs (default: all), ``slow_pids`` the
     throughput drop (default: ``cause_pids``);
     ``slow_from`` moves the throughput drop to another tick than the cause's.
+    ``peers`` are all ranks of one NCCL communicator (on this node and others): this DB
+    samples the collectives of its own ``procs`` among them, ``late_pid`` arriving last
+    from ``cause_from`` on (a "peer" cause with several ``procs`` does this on one node).
     ``gpu_rows`` writes ``gpu_intervals`` rows of schema version 1; ``gpu_columns`` adds the
     NVML columns (throttle_reasons, xid) a newer schema has.
     """
@@ -215,8 +220,15 @@ def real_db(
                 row["throttle_reasons"] = 0x40 if on and cause == "throttle" else 0x1
                 row["xid"] = 79 if on and cause == "xid" and i % 10 == 0 else None
             gpus.append(row)
-        if cause == "peer" and len(procs) > 1:
-            raw += _collectives(a, procs, late=procs[-1].pid if on else None, rnd=rnd)
+        if cause == "peer" and len(procs) > 1 and not peers:
+            peers, late_pid = procs, procs[-1].pid
+        if peers:
+            own = {p.pid for p in procs}
+            # Seeded by the interval alone: every node's DB sees the same collectives.
+            calls = _collectives(
+                a, peers, late_pid if i >= cause_from else None, random.Random(int(a))
+            )
+            raw += [c for c in calls if c["pid"] in own]
     with db.conn:
         db.table("intervals").insert_all(intervals)
         db.table("host_intervals").insert_all(host)

@@ -23,9 +23,11 @@ pytestmark = [
 ]
 
 INGERO = str(Path(sys.prefix) / "bin" / "ingero")
-# gpu1 has CPU contention, gpu2 is steady, gpu3 allocator churn; gpu9 is down.
-CAUSES = {"gpu1": "cpu", "gpu2": None, "gpu3": "alloc"}
+# One job, one NCCL communicator over three nodes: gpu1 has CPU contention and reaches the
+# collectives last, gpu2 only waits for it, gpu3 has allocator churn; gpu9 is down.
+CAUSES = {"gpu1": "cpu", "gpu2": "peer", "gpu3": "alloc"}
 RANKS = {"gpu1": 0, "gpu2": 1, "gpu3": 2}
+PROCS = {name: Proc(pid=4000 + rank, rank=rank) for name, rank in RANKS.items()}
 
 
 @pytest.fixture(scope="module")
@@ -33,8 +35,14 @@ def nodes(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Nodes]:
     root = tmp_path_factory.mktemp("nodes")
     dbs = {}
     for name, cause in CAUSES.items():
-        proc = Proc(pid=4000 + RANKS[name], rank=RANKS[name])
-        dbs[name] = real_db(root / f"{name}.db", cause, procs=(proc,), seed=RANKS[name])
+        dbs[name] = real_db(
+            root / f"{name}.db",
+            cause,
+            procs=(PROCS[name],),
+            peers=tuple(PROCS.values()),
+            late_pid=PROCS["gpu1"].pid,
+            seed=RANKS[name],
+        )
     with ssh_nodes(root / "ssh", dbs, unreachable=["gpu9"]) as cluster:
         yield cluster
 
@@ -112,3 +120,24 @@ def test_a_hung_node_times_out_and_the_others_answer(tmp_path: Path) -> None:
 def test_bad_node_set_is_a_usage_error(nodes: Nodes) -> None:
     proc = ingero(nodes, "query", "--nodes", "gpu[3-", "SELECT 1")
     assert proc.returncode == 2 and proc.stderr.startswith("ingero: --nodes: not a node set")
+
+
+def test_explain_across_nodes_names_each_cause_and_the_lagging_peer(nodes: Nodes) -> None:
+    proc = ingero(nodes, "explain", "--nodes", "gpu[1-3,9]", "--until", "latest", "--json")
+    assert proc.returncode == 0, proc.stderr
+    answer = json.loads(proc.stdout)
+    top = {node: r["chains"][0]["rule"] for node, r in answer["nodes"].items()}
+    assert top == {"gpu1": "cpu_contention", "gpu2": "peer_lag", "gpu3": "allocator_churn"}
+    assert [f["node"] for f in answer["failed"]] == ["gpu9"]
+    # only the nodes together show who the others wait for: rank 0, on gpu1
+    peer = answer["across"]["peer_lag"]
+    assert peer["evidence"]["late_node"] == "gpu1" and peer["evidence"]["late_rank"] == 0
+    assert peer["evidence"]["ranks"] == 3 and peer["evidence"]["last_in"] >= 100
+    assert 35e6 < peer["evidence"]["median_lag_ns"] < 45e6  # the builder's 40 ms
+
+    text = ingero(nodes, "explain", "--nodes", "gpu[1-3]", "--until", "latest")
+    assert text.returncode == 0, text.stderr
+    lines = text.stdout.splitlines()
+    assert lines[0].startswith("gpu1: CPU contention (high")
+    assert any(ln.startswith("gpu2: peer lag") for ln in lines)
+    assert lines[-1].startswith("across nodes: rank 0 on gpu1 reaches ncclAllReduce last")
