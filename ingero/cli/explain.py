@@ -12,13 +12,13 @@ from typing import TYPE_CHECKING, Any
 import click
 
 from ingero.cli.options import (
-    Fanout,
     explicit,
     fanout_from,
     fanout_options,
     node_db_option,
     seconds,
 )
+from ingero.cluster.fanout import Fanout
 from ingero.errors import EXIT_DATAERR, EXIT_OK, IngeroError, UnavailableError, UsageError
 
 if TYPE_CHECKING:

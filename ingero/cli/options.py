@@ -3,14 +3,13 @@
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TypeVar
 
 import click
 
 from ingero.cluster import fanout as f
-from ingero.cluster.fanout import FanoutOptions
+from ingero.cluster.fanout import Fanout, FanoutOptions
 from ingero.config import parse_duration
 from ingero.errors import UsageError
 from ingero.explain.reader import DEFAULT_DB
@@ -88,12 +87,6 @@ def fanout_options(func: F) -> F:
     ):
         func = option(func)
     return func
-
-
-@dataclass(frozen=True)
-class Fanout:
-    nodes: list[str]
-    options: FanoutOptions
 
 
 def fanout_from(

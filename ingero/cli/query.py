@@ -11,13 +11,13 @@ from pathlib import Path
 import click
 
 from ingero.cli.options import (
-    Fanout,
     explicit,
     fanout_from,
     fanout_options,
     node_db_option,
     seconds,
 )
+from ingero.cluster.fanout import Fanout
 from ingero.errors import EXIT_DATAERR, EXIT_OK, IngeroError, UnavailableError, UsageError
 from ingero.explain.reader import NODE_TABLES
 

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import shlex
+import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, Final
@@ -34,6 +35,14 @@ class FanoutOptions:
     ssh_options: str | None = None  # e.g. "-F ~/.ssh/ingero_config -p 2222 -i ~/.ssh/id"
     ssh_user: str | None = None
     remote_ingero: str = DEFAULT_REMOTE_INGERO
+
+
+@dataclass(frozen=True)
+class Fanout:
+    """The nodes to run on, and how."""
+
+    nodes: list[str]
+    options: FanoutOptions
 
 
 @dataclass(frozen=True)
@@ -82,11 +91,23 @@ def expand_nodes(spec: str) -> list[str]:
 
 
 def run_on_nodes(
-    nodes: Sequence[str], argv: Sequence[str], options: FanoutOptions
+    nodes: Sequence[str],
+    argv: Sequence[str],
+    options: FanoutOptions,
+    arrivals: dict[str, float] | None = None,
 ) -> list[NodeResult]:
-    """Run ``argv`` (quoted for the remote shell) on every node; one result per node, in order."""
+    """Run ``argv`` (quoted for the remote shell) on every node; one result per node, in order.
+
+    ``arrivals``, when given, receives the local time each node's first output line arrived.
+    """
+    from ClusterShell.Event import EventHandler
     from ClusterShell.NodeSet import NodeSet
     from ClusterShell.Task import task_cleanup, task_self
+
+    class FirstLine(EventHandler):  # type: ignore[misc]
+        def ev_read(self, worker: Any, node: str, sname: str, msg: bytes) -> None:
+            if arrivals is not None and sname == "stdout":
+                arrivals.setdefault(str(node), time.time())
 
     task = task_self()
     try:
@@ -98,6 +119,7 @@ def run_on_nodes(
             shlex.join(argv),
             nodes=NodeSet.fromlist(nodes),
             timeout=options.node_timeout_s,
+            handler=FirstLine(),
             stderr=True,
             stdin=False,
         )
@@ -175,3 +197,23 @@ def merge_query_results(results: Sequence[NodeResult], timeout_s: float) -> Merg
         for row in rows:
             merged.rows.append([node, *(None if i is None else row[i] for i in where)])
     return merged
+
+
+def clock_offsets(nodes: Sequence[str], options: FanoutOptions) -> dict[str, float]:
+    """Each reachable node's clock minus this host's, in seconds (NTP-style, one sample).
+
+    The node prints its time as the command runs; the line arrives here one network delay
+    later, so the error is about that delay (milliseconds), far below the 100 ms at which
+    ``ingero export`` warns that clocks disagree.
+    """
+    arrivals: dict[str, float] = {}
+    results = run_on_nodes(nodes, ["date", "+%s.%N"], options, arrivals)
+    offsets = {}
+    for r in results:
+        try:
+            remote = float(r.stdout.strip())
+        except ValueError:
+            continue
+        if r.ok and r.node in arrivals:
+            offsets[r.node] = remote - arrivals[r.node]
+    return offsets

@@ -7,6 +7,7 @@ root, reading that node's own node DB; one node is unreachable (nobody listens o
 from __future__ import annotations
 
 import json
+import sqlite3
 import subprocess
 import sys
 from collections.abc import Iterator
@@ -141,3 +142,30 @@ def test_explain_across_nodes_names_each_cause_and_the_lagging_peer(nodes: Nodes
     assert lines[0].startswith("gpu1: CPU contention (high")
     assert any(ln.startswith("gpu2: peer lag") for ln in lines)
     assert lines[-1].startswith("across nodes: rank 0 on gpu1 reaches ncclAllReduce last")
+
+
+def test_merge_over_ssh_keeps_every_node_and_measures_clock_offsets(
+    nodes: Nodes, tmp_path: Path
+) -> None:
+    out = tmp_path / "job.db"
+    # the DBs hold rows from 2023: --since reaches back that far
+    args = ["merge", str(out), "--nodes", "gpu[1-3,9]", "--since", "100000d"]
+    proc = ingero(nodes, *args)
+    assert proc.returncode == 0, proc.stderr
+    assert "ingero: gpu9: intervals: unreachable:" in proc.stderr
+    conn = sqlite3.connect(out)
+    try:
+        rows = conn.execute(
+            "SELECT node, job_id, rank, COUNT(*) FROM host_intervals GROUP BY node ORDER BY node"
+        ).fetchall()
+        assert rows == [("gpu1", "77", 0, 120), ("gpu2", "77", 1, 120), ("gpu3", "77", 2, 120)]
+        offsets = dict(conn.execute("SELECT node, clock_offset_s FROM merged_nodes").fetchall())
+    finally:
+        conn.close()
+    # one host, one clock: every measured offset is a loopback delay, far below 100 ms
+    assert set(offsets) == {"gpu1", "gpu2", "gpu3"}
+    assert all(abs(v) < 0.1 for v in offsets.values()), offsets
+    assert ingero(nodes, *args).returncode == 0  # again: the same rows, not twice
+    conn = sqlite3.connect(out)
+    assert conn.execute("SELECT COUNT(*) FROM host_intervals").fetchone()[0] == 360
+    conn.close()
