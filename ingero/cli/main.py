@@ -31,6 +31,7 @@ COMMANDS: dict[str, str] = {
     "explain": "ingero.cli.explain:explain",
     "query": "ingero.cli.query:query",
     "merge": "ingero.cli.merge:merge",
+    "export": "ingero.cli.export:export",
 }
 
 

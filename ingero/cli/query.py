@@ -19,16 +19,7 @@ from ingero.cli.options import (
 )
 from ingero.cluster.fanout import Fanout
 from ingero.errors import EXIT_DATAERR, EXIT_OK, IngeroError, UnavailableError, UsageError
-from ingero.explain.reader import NODE_TABLES
-
-# The column each table's rows are placed in time by, for --since and newest-first order.
-TIME_COLUMNS = {
-    "intervals": "ts_end",
-    "raw_events": "ts",
-    "host_intervals": "ts_end",
-    "gpu_intervals": "ts_end",
-    "processes": "last_seen",
-}
+from ingero.explain.reader import NODE_TABLES, TIME_COLUMNS
 
 
 class QueryError(IngeroError):

@@ -32,6 +32,14 @@ DEFAULT_DB = Path(str(next(f.default for f in fields(PushConfig) if f.name == "n
 # NCCL calls that are not one collective of a communicator (no alignment across ranks).
 NON_COLLECTIVE_OPS = ("ncclGroupEnd", "ncclCommInitRank", "ncclCommDestroy")
 NODE_TABLES = ("intervals", "raw_events", "host_intervals", "gpu_intervals", "processes")
+# The column each table's rows are placed in time by (query --since, merge, export).
+TIME_COLUMNS = {
+    "intervals": "ts_end",
+    "raw_events": "ts",
+    "host_intervals": "ts_end",
+    "gpu_intervals": "ts_end",
+    "processes": "last_seen",
+}
 
 
 class NodeDbError(IngeroError):

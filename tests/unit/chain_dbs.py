@@ -76,6 +76,7 @@ def real_db(
     gpu_rows: bool = False,
     peers: tuple[Proc, ...] = (),
     late_pid: int | None = None,
+    skew_s: float = 0.0,
     seed: int = 3,
 ) -> Path:
     """``TICKS`` intervals of ``TICK_S``; ``cause`` from tick ``cause_from`` on.
@@ -86,6 +87,7 @@ def real_db(
     ``peers`` are all ranks of one NCCL communicator (on this node and others): this DB
     samples the collectives of its own ``procs`` among them, ``late_pid`` arriving last
     from ``cause_from`` on (a "peer" cause with several ``procs`` does this on one node).
+    ``skew_s`` shifts every time (a node whose clock is that far ahead).
     ``gpu_rows`` writes ``gpu_intervals`` rows of schema version 1; ``gpu_columns`` adds the
     NVML columns (throttle_reasons, xid) a newer schema has.
     """
@@ -105,7 +107,7 @@ def real_db(
     gpus: list[dict[str, Any]] = []
     raw: list[dict[str, Any]] = []
     for i in range(TICKS):
-        a, b = T0 + TICK_S * i, T0 + TICK_S * (i + 1)
+        a, b = T0 + skew_s + TICK_S * i, T0 + skew_s + TICK_S * (i + 1)
         on = cause is not None and i >= cause_from
         slow = cause is not None and i >= slow_from
 
@@ -226,7 +228,7 @@ def real_db(
             own = {p.pid for p in procs}
             # Seeded by the interval alone: every node's DB sees the same collectives.
             calls = _collectives(
-                a, peers, late_pid if i >= cause_from else None, random.Random(int(a))
+                a, peers, late_pid if i >= cause_from else None, random.Random(int(a - skew_s))
             )
             raw += [c for c in calls if c["pid"] in own]
     with db.conn:

@@ -17,6 +17,7 @@ import pytest
 
 from tests.integration.cluster.sshd import Nodes, missing_reason, silent_listener, ssh_nodes
 from tests.unit.chain_dbs import Proc, real_db
+from tests.unit.tef import problems
 
 pytestmark = [
     pytest.mark.integration,
@@ -169,3 +170,26 @@ def test_merge_over_ssh_keeps_every_node_and_measures_clock_offsets(
     conn = sqlite3.connect(out)
     assert conn.execute("SELECT COUNT(*) FROM host_intervals").fetchone()[0] == 360
     conn.close()
+
+
+def test_export_over_ssh_is_a_valid_timeline_with_a_track_per_node(
+    nodes: Nodes, tmp_path: Path
+) -> None:
+    out = tmp_path / "job.json"
+    args = ["export", "--nodes", "gpu[1-3,9]", "--since", "100000d", "-o", str(out)]
+    proc = ingero(nodes, *args)
+    assert proc.returncode == 0, proc.stderr
+    assert "ingero: gpu9: intervals: unreachable:" in proc.stderr
+    assert "clocks disagree" not in proc.stderr  # one host: the measured offsets agree
+    trace = json.loads(out.read_text())
+    assert problems(trace) == []
+    processes = {e["args"]["name"] for e in trace["traceEvents"] if e["name"] == "process_name"}
+    assert processes == {"gpu1", "gpu2", "gpu3"}
+    offsets = trace["otherData"]["clock_offsets_s"]
+    assert set(offsets) == {"gpu1", "gpu2", "gpu3"} and all(abs(v) < 0.1 for v in offsets.values())
+    collectives = {
+        e["args"]["collective"]
+        for e in trace["traceEvents"]
+        if e["ph"] == "X" and "collective" in e["args"]
+    }
+    assert len(collectives) == 240
