@@ -263,21 +263,20 @@ def _print(report: Report, chains: list[Chain], db_path: Path) -> None:
         console.print(" · ".join(parts), markup=False)
 
     if chains:
-        console.print("Causal chains, most likely first:", markup=False)
+        # Plain lines, never wrapped: a chain is read (and pasted) as one line.
+        click.echo("Causal chains, most likely first:")
         for i, chain in enumerate(chains, 1):
-            console.print(
+            click.echo(
                 f"{i}. {chain.name} ({chain.level} confidence, {chain.confidence:.2f}):"
-                f" {chain.headline()}",
-                markup=False,
+                f" {chain.headline()}"
             )
             for lk in chain.links:
-                console.print(
-                    f"   {lk.cause} → {lk.effect} ({lk.confidence:.2f}): {lk.time}; {lk.process}",
-                    markup=False,
+                click.echo(
+                    f"   {lk.cause} → {lk.effect} ({lk.confidence:.2f}): {lk.time}; {lk.process}"
                 )
             if chain.missing:
-                console.print(f"   not found: {', '.join(chain.missing)} layer", markup=False)
-            console.print(f"   fix: {chain.fix}", markup=False)
+                click.echo(f"   not found: {', '.join(chain.missing)} layer")
+            click.echo(f"   fix: {chain.fix}")
 
     if report.findings:
         table = Table(title="Findings, most likely cause first", title_justify="left")
