@@ -19,7 +19,7 @@ from ingero.cli.options import (
     seconds,
 )
 from ingero.cluster.fanout import Fanout
-from ingero.errors import EXIT_DATAERR, EXIT_OK, IngeroError, UnavailableError, UsageError
+from ingero.errors import EXIT_OK, UsageError
 
 if TYPE_CHECKING:
     from ingero.explain.analysis import Report
@@ -137,8 +137,8 @@ def _across(spread: Fanout, args: list[str], as_json: bool) -> int:
         top_line,
     )
     from ingero.cluster.fanout import (
-        all_failed_exit,
         merge_query_results,
+        no_node_answered,
         remote_json,
         run_on_nodes,
     )
@@ -183,16 +183,8 @@ def _across(spread: Fanout, args: list[str], as_json: bool) -> int:
         if peer is not None:
             click.echo(f"across nodes: {peer.text}")
     if not reports:
-        message = f"no node answered ({len(failed)} failed)"
-        failures = [r for r in results if not r.ok or remote_json(r) is None]
-        if all_failed_exit(failures) == EXIT_DATAERR:
-            raise _DataError(message)
-        raise UnavailableError(message)
+        raise no_node_answered(failed)
     return EXIT_OK
-
-
-class _DataError(IngeroError):
-    exit_code = EXIT_DATAERR
 
 
 def _as_json(

@@ -11,13 +11,12 @@ from typing import TYPE_CHECKING
 import click
 
 from ingero.cli.options import explicit, fanout_from, fanout_options, node_db_option, seconds
-from ingero.errors import EXIT_OK, UnavailableError, UsageError
+from ingero.cluster.fanout import no_node_answered
+from ingero.cluster.remote import DEFAULT_LIMIT, DEFAULT_SINCE
+from ingero.errors import EXIT_OK, UsageError
 
 if TYPE_CHECKING:
     from ingero.cluster.export import Slice
-
-DEFAULT_SINCE = "15m"
-DEFAULT_LIMIT = 200_000
 
 
 @click.command("export")
@@ -124,7 +123,7 @@ def export(
         for failure in fetched.failed:
             click.echo(f"ingero: {failure['node']}: {failure['error']}", err=True)
         if not fetched.tables:
-            raise UnavailableError(f"no node answered ({len(fetched.failed)} failed)")
+            raise no_node_answered(fetched.failed)
         data = [
             NodeData(
                 node, {t: (c, list(r)) for t, (c, r) in tables.items()}, fetched.offsets.get(node)

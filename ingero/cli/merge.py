@@ -8,14 +8,12 @@ from typing import TYPE_CHECKING
 import click
 
 from ingero.cli.options import explicit, fanout_from, fanout_options, node_db_option, seconds
-from ingero.errors import EXIT_OK, UnavailableError, UsageError
+from ingero.cluster.fanout import no_node_answered
+from ingero.cluster.remote import DEFAULT_LIMIT, DEFAULT_SINCE
+from ingero.errors import EXIT_OK, UsageError
 
 if TYPE_CHECKING:
     from ingero.cluster.remote import Fetched
-
-# With --nodes each table's newest rows come over SSH as JSON: bounded by time and count.
-DEFAULT_SINCE = "15m"
-DEFAULT_LIMIT = 200_000
 
 
 @click.command("merge")
@@ -76,7 +74,7 @@ def merge(ctx: click.Context, out: Path, inputs: tuple[str, ...], db_path: Path,
     for failure in fetched.failed:
         click.echo(f"ingero: {failure['node']}: {failure['error']}", err=True)
     if not fetched.tables:
-        raise UnavailableError(f"no node answered ({len(fetched.failed)} failed)")
+        raise no_node_answered(fetched.failed)
     _write(out, fetched)
     return EXIT_OK
 

@@ -18,7 +18,7 @@ from ingero.cli.options import (
     seconds,
 )
 from ingero.cluster.fanout import Fanout
-from ingero.errors import EXIT_DATAERR, EXIT_OK, IngeroError, UnavailableError, UsageError
+from ingero.errors import EXIT_DATAERR, EXIT_OK, IngeroError, UsageError
 from ingero.explain.reader import NODE_TABLES, TIME_COLUMNS
 
 
@@ -120,7 +120,7 @@ def query(ctx: click.Context, sql: str | None, db_path: Path, table: str | None,
 
 
 def _across(spread: Fanout, args: list[str], limit: int, *, as_json: bool, as_csv: bool) -> int:
-    from ingero.cluster.fanout import all_failed_exit, merge_query_results, run_on_nodes
+    from ingero.cluster.fanout import merge_query_results, no_node_answered, run_on_nodes
 
     options = spread.options
     results = run_on_nodes(spread.nodes, [options.remote_ingero, *args], options)
@@ -142,10 +142,7 @@ def _across(spread: Fanout, args: list[str], limit: int, *, as_json: bool, as_cs
         )
     if not merged.ok:
         # Never fatal while one node answers; when none did, say whether they refused.
-        message = f"no node answered ({len(merged.failed)} failed)"
-        if all_failed_exit([r for r in results if not r.ok]) == EXIT_DATAERR:
-            raise QueryError(message)
-        raise UnavailableError(message)
+        raise no_node_answered(merged.failed)
     if not as_json:
         rows = [tuple(r) for r in merged.rows]
         _output(merged.columns, rows, truncated=False, as_json=False, as_csv=as_csv)

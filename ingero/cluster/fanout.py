@@ -16,7 +16,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, Final
 
-from ingero.errors import EXIT_DATAERR, EXIT_UNAVAILABLE, UsageError
+from ingero.errors import EXIT_DATAERR, EXIT_UNAVAILABLE, IngeroError, UsageError
 
 DEFAULT_FANOUT: Final = 64  # as clush: ssh processes running at once
 DEFAULT_NODE_TIMEOUT_S: Final = 60.0
@@ -154,10 +154,17 @@ def remote_json(result: NodeResult) -> dict[str, Any] | None:
     return value if isinstance(value, dict) else None
 
 
-def all_failed_exit(failures: Sequence[NodeResult]) -> int:
-    """Exit code when no node answered: 65 when a node's ingero refused, else 69."""
-    refused = any(r.reachable and r.rc not in (None, COMMAND_NOT_FOUND) for r in failures)
-    return EXIT_DATAERR if refused else EXIT_UNAVAILABLE
+class NoNodeAnswered(IngeroError):
+    """Every node failed: exit 65 when their ingero refused (a bad query), else 69."""
+
+
+def no_node_answered(failures: Sequence[NodeResult | dict[str, Any]]) -> NoNodeAnswered:
+    """The error for a fan-out where no node answered (results or their ``as_failure``)."""
+    codes = [f.rc if isinstance(f, NodeResult) else f.get("exit") for f in failures]
+    refused = any(c not in (None, SSH_ERROR, COMMAND_NOT_FOUND) for c in codes)
+    error = NoNodeAnswered(f"no node answered ({len(failures)} failed)")
+    error.exit_code = EXIT_DATAERR if refused else EXIT_UNAVAILABLE
+    return error
 
 
 @dataclass

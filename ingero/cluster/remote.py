@@ -15,6 +15,9 @@ from typing import Any, Final
 from ingero.cluster.fanout import Fanout, clock_offsets, remote_json, run_on_nodes
 from ingero.explain.reader import NODE_TABLES
 
+# Rows come over SSH as JSON held in memory: bounded by time and count (merge, export).
+DEFAULT_SINCE: Final = "15m"
+DEFAULT_LIMIT: Final = 200_000
 # A remote query of a large table needs longer than an interactive one.
 REMOTE_QUERY_TIMEOUT: Final = "60s"
 

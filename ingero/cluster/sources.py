@@ -2,13 +2,12 @@
 
 from __future__ import annotations
 
-import sqlite3
 from pathlib import Path
 from typing import Any
 
 from ingero.cluster.export import NodeData
 from ingero.cluster.merge import MERGED_TABLE
-from ingero.explain.reader import NODE_TABLES, TIME_COLUMNS, open_node_db
+from ingero.explain.reader import NODE_TABLES, TIME_COLUMNS, latest_ts, open_node_db
 
 
 def read_db(
@@ -24,7 +23,7 @@ def read_db(
     conn = db.conn
     try:
         merged = MERGED_TABLE in db.table_names()
-        end = until if until is not None else _latest(conn)
+        end = until if until is not None else latest_ts(db)
         if end is None:
             return [], None
         start = end - since_s
@@ -60,12 +59,3 @@ def read_db(
         return out, end
     finally:
         conn.close()
-
-
-def _latest(conn: sqlite3.Connection) -> float | None:
-    row = conn.execute(
-        "SELECT MAX(t) FROM (SELECT MAX(ts_end) AS t FROM intervals"
-        " UNION ALL SELECT MAX(ts) FROM raw_events"
-        " UNION ALL SELECT MAX(ts_end) FROM host_intervals)"
-    ).fetchone()
-    return None if row[0] is None else float(row[0])

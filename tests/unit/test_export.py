@@ -212,9 +212,9 @@ def test_trace_processor_loads_the_export(
     assert code == 0, err
     # A local trace_processor_shell can be named; otherwise the package downloads one.
     binary = os.environ.get("PERFETTO_TRACE_PROCESSOR")
-    config = tp_module.TraceProcessorConfig(bin_path=binary) if binary else None
+    kwargs = {"config": tp_module.TraceProcessorConfig(bin_path=binary)} if binary else {}
     try:
-        tp = tp_module.TraceProcessor(trace=str(path), config=config)
+        tp = tp_module.TraceProcessor(trace=str(path), **kwargs)
     except Exception as exc:  # the binary is downloaded on first use
         pytest.skip(f"perfetto's trace_processor binary cannot be fetched offline here: {exc}")
     try:
