@@ -11,11 +11,19 @@ from typing import TYPE_CHECKING, Any
 
 import click
 
-from ingero.cli.options import node_db_option, seconds
+from ingero.cli.options import (
+    explicit,
+    fanout_from,
+    fanout_options,
+    node_db_option,
+    seconds,
+)
+from ingero.cluster.fanout import Fanout
 from ingero.errors import EXIT_OK, UsageError
 
 if TYPE_CHECKING:
     from ingero.explain.analysis import Report
+    from ingero.explain.chains import Chain
 
 _TOP_OPS = 12
 
@@ -41,17 +49,40 @@ def _utc(ts: float) -> str:
     help="End of the recent window: Unix seconds or 'latest' (newest row); default now.",
 )
 @click.option("--json", "as_json", is_flag=True, help="Print the report as JSON.")
-def explain(db_path: Path, window: str, job_id: str | None, until: str | None,
-            as_json: bool) -> int:  # fmt: skip
+@fanout_options
+@click.pass_context
+def explain(ctx: click.Context, db_path: Path, window: str, job_id: str | None,
+            until: str | None, as_json: bool, nodes: str | None, job_nodes: str | None,
+            fanout: int, node_timeout: str, ssh_options: str | None,
+            remote_ingero: str) -> int:  # fmt: skip
     """Explain why this node may be slow: the last window against the one before it.
 
-    Ranks what changed: kernel-launch rate, CUDA call latency and time share per op,
-    sync/memcpy waits, NCCL collectives, errors, GPU busy and memory, off-CPU time, page
-    allocations, block I/O, TCP retransmits, dropped samples. Exit 0 (also for an empty
+    Causal chains first (host, GPU and CUDA/NCCL changes linked to the throughput drop by
+    time and process, each with a confidence and a fix hint), then what changed:
+    kernel-launch rate, CUDA call latency and time share per op, sync/memcpy waits, NCCL
+    collectives, errors, GPU busy and memory, off-CPU time, page allocations, block I/O,
+    TCP retransmits, dropped samples. With --nodes or --job-nodes each node explains
+    itself over SSH and the nodes' NCCL calls are aligned to find a lagging peer; --job
+    still filters the calls (and defaults to --job-nodes' job). Exit 0 (also for an empty
     window), 69 when the node DB is missing, 65 when the file is not a node DB.
     """
+    spread = fanout_from(nodes, job_nodes, fanout, node_timeout, ssh_options, remote_ingero)
+    if spread is not None:
+        args = ["explain", "--json", "--window", window]
+        job = job_id if job_id is not None else job_nodes
+        args += [*(["--job", job] if job else []), *(["--until", until] if until else [])]
+        if explicit(ctx, "db_path"):
+            args += ["--db", str(db_path)]
+        return _across(spread, args, as_json)
     from ingero.explain.analysis import explain as analyse
-    from ingero.explain.reader import latest_ts, open_node_db, read_processes, read_window_data
+    from ingero.explain.chains import explain_chains
+    from ingero.explain.reader import (
+        latest_ts,
+        open_node_db,
+        read_processes,
+        read_timeline,
+        read_window_data,
+    )
 
     window_s = seconds("--window", window, positive=True)
     db = open_node_db(db_path)
@@ -71,13 +102,15 @@ def explain(db_path: Path, window: str, job_id: str | None, until: str | None,
         recent = read_window_data(db, db_path, end, window_s, job_id)
         baseline = read_window_data(db, db_path, end - window_s, window_s, job_id)
         processes = read_processes(db, job_id)
+        timeline = read_timeline(db, end, window_s, job_id)
     finally:
         db.conn.close()
     report = analyse(recent, baseline, window_s, job_id, processes)
+    chains = explain_chains(timeline)
     # Host and GPU rows are node-wide: with --job, a window without that job's calls is empty.
     empty = recent.empty or (job_id is not None and not recent.ops)
     if as_json:
-        click.echo(json.dumps(_as_json(report, db_path, latest, empty), indent=2))
+        click.echo(json.dumps(_as_json(report, chains, db_path, latest, empty), indent=2))
         return EXIT_OK
     if empty:
         job = f" for job {job_id}" if job_id else ""
@@ -91,11 +124,72 @@ def explain(db_path: Path, window: str, job_id: str | None, until: str | None,
             f" and {_utc(end)}{hint}"
         )
         return EXIT_OK
-    _print(report, db_path)
+    _print(report, chains, db_path)
     return EXIT_OK
 
 
-def _as_json(report: Report, db_path: Path, latest: float | None, empty: bool) -> dict[str, Any]:
+def _across(spread: Fanout, args: list[str], as_json: bool) -> int:
+    from ingero.cluster.across import (
+        cross_node_peer_lag,
+        nccl_sql,
+        recent_window,
+        signal_dict,
+        top_line,
+    )
+    from ingero.cluster.fanout import (
+        merge_query_results,
+        no_node_answered,
+        remote_json,
+        run_on_nodes,
+    )
+
+    options = spread.options
+    results = run_on_nodes(spread.nodes, [options.remote_ingero, *args], options)
+    reports: dict[str, dict[str, Any]] = {}
+    failed = []
+    for r in results:
+        report = remote_json(r) if r.ok else None
+        if report is None:
+            failure = r.as_failure(options.node_timeout_s)
+            if r.ok:
+                failure["error"] = "answered something other than ingero explain --json output"
+            failed.append(failure)
+        else:
+            reports[r.node] = report
+    peer = None
+    window = recent_window(reports)
+    if window is not None:
+        # The second round reads every node's NCCL calls of the recent window (unbounded
+        # by --limit only up to the query's own cap) to align the collectives across nodes.
+        db = ["--db", args[args.index("--db") + 1]] if "--db" in args else []
+        sql = nccl_sql(*window)
+        rows = merge_query_results(
+            run_on_nodes(list(reports), [options.remote_ingero, "query", "--json", "--limit",
+                                         "100000", *db, sql], options),
+            options.node_timeout_s,
+        )  # fmt: skip
+        peer = cross_node_peer_lag(rows, *window)
+    for failure in failed:
+        click.echo(f"ingero: {failure['node']}: {failure['error']}", err=True)
+    if as_json:
+        across = {"peer_lag": signal_dict(peer)}
+        click.echo(json.dumps({"nodes": reports, "failed": failed, "across": across}, indent=2))
+    else:
+        for node, report in reports.items():
+            click.echo(top_line(node, report))
+            chains = report.get("chains") or []
+            if chains:
+                click.echo(f"   fix: {chains[0]['fix']}")
+        if peer is not None:
+            click.echo(f"across nodes: {peer.text}")
+    if not reports:
+        raise no_node_answered(failed)
+    return EXIT_OK
+
+
+def _as_json(
+    report: Report, chains: list[Chain], db_path: Path, latest: float | None, empty: bool
+) -> dict[str, Any]:
     return {
         "db": str(db_path),
         "job_id": report.job_id,
@@ -105,6 +199,7 @@ def _as_json(report: Report, db_path: Path, latest: float | None, empty: bool) -
         "latest_ts": latest,
         "empty": empty,
         "summary": report.summary,
+        "chains": [] if empty else [c.as_dict() for c in chains],
         "findings": [f.as_dict() for f in report.findings],
         "ops": [
             {
@@ -128,7 +223,7 @@ def _as_json(report: Report, db_path: Path, latest: float | None, empty: bool) -
     }
 
 
-def _print(report: Report, db_path: Path) -> None:
+def _print(report: Report, chains: list[Chain], db_path: Path) -> None:
     from rich.console import Console
     from rich.table import Table
     from rich.text import Text
@@ -158,6 +253,22 @@ def _print(report: Report, db_path: Path) -> None:
         parts.append(f"off-CPU {fmt_pct(float(s['offcpu_fraction']))} of wall")
     if parts:
         console.print(" · ".join(parts), markup=False)
+
+    if chains:
+        # Plain lines, never wrapped: a chain is read (and pasted) as one line.
+        click.echo("Causal chains, most likely first:")
+        for i, chain in enumerate(chains, 1):
+            click.echo(
+                f"{i}. {chain.name} ({chain.level} confidence, {chain.confidence:.2f}):"
+                f" {chain.headline()}"
+            )
+            for lk in chain.links:
+                click.echo(
+                    f"   {lk.cause} → {lk.effect} ({lk.confidence:.2f}): {lk.time}; {lk.process}"
+                )
+            if chain.missing:
+                click.echo(f"   not found: {', '.join(chain.missing)} layer")
+            click.echo(f"   fix: {chain.fix}")
 
     if report.findings:
         table = Table(title="Findings, most likely cause first", title_justify="left")

@@ -30,6 +30,8 @@ COMMANDS: dict[str, str] = {
     "mcp": "ingero.cli.mcp:mcp",
     "explain": "ingero.cli.explain:explain",
     "query": "ingero.cli.query:query",
+    "merge": "ingero.cli.merge:merge",
+    "export": "ingero.cli.export:export",
 }
 
 

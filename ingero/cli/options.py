@@ -2,21 +2,29 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any, TypeVar
 
 import click
 
+from ingero.cluster import fanout as f
+from ingero.cluster.fanout import Fanout, FanoutOptions
 from ingero.config import parse_duration
 from ingero.errors import UsageError
 from ingero.explain.reader import DEFAULT_DB
+
+F = TypeVar("F", bound=Callable[..., Any])
 
 node_db_option = click.option(
     "--db",
     "db_path",
     type=click.Path(path_type=Path),
+    envvar="INGERO_DB",
     default=DEFAULT_DB,
     show_default=True,
-    help="Node DB written by `ingero trace --record`.",
+    help="Node DB written by `ingero trace --record` [env INGERO_DB]; with --nodes, the path"
+    " on the nodes (default: each node's own).",
 )
 
 
@@ -29,3 +37,91 @@ def seconds(option: str, value: str, *, positive: bool = False) -> float:
     if positive and result <= 0:
         raise UsageError(f"{option}: must be longer than 0s")
     return result
+
+
+def fanout_options(func: F) -> F:
+    """``--nodes``/``--job-nodes`` and the SSH fan-out settings (ingero.cluster.fanout)."""
+    for option in reversed(
+        [
+            click.option(
+                "--nodes",
+                "nodes",
+                default=None,
+                help="Run on these nodes over SSH (ClusterShell node set: 'gpu[01-64]').",
+            ),
+            click.option(
+                "--job-nodes",
+                "job_nodes",
+                default=None,
+                metavar="JOB",
+                help="Run on the nodes of this Slurm job (squeue / scontrol show hostnames).",
+            ),
+            click.option(
+                "--fanout",
+                type=click.IntRange(min=1),
+                default=f.DEFAULT_FANOUT,
+                show_default=True,
+                help="With --nodes: nodes reached at once.",
+            ),
+            click.option(
+                "--node-timeout",
+                default=f"{f.DEFAULT_NODE_TIMEOUT_S:g}s",
+                show_default=True,
+                help="With --nodes: give up on a node after this long.",
+            ),
+            click.option(
+                "--ssh-options",
+                envvar="INGERO_SSH_OPTIONS",
+                default=None,
+                help="With --nodes: ssh options, e.g. '-F ~/.ssh/cluster -p 2222 -i KEY'"
+                " [env INGERO_SSH_OPTIONS].",
+            ),
+            click.option(
+                "--remote-ingero",
+                envvar="INGERO_REMOTE_INGERO",
+                default=f.DEFAULT_REMOTE_INGERO,
+                show_default=True,
+                help="With --nodes: the ingero command on the nodes [env INGERO_REMOTE_INGERO].",
+            ),
+        ]
+    ):
+        func = option(func)
+    return func
+
+
+def fanout_from(
+    nodes: str | None,
+    job_nodes: str | None,
+    fanout: int,
+    node_timeout: str,
+    ssh_options: str | None,
+    remote_ingero: str,
+) -> Fanout | None:
+    """The nodes to run on and how, or None to run here; UsageError for a bad combination."""
+    from ingero.cluster.fanout import expand_nodes
+
+    if nodes is not None and job_nodes is not None:
+        raise UsageError("--nodes and --job-nodes: pick one")
+    if nodes is None and job_nodes is None:
+        return None
+    if nodes is not None:
+        names = expand_nodes(nodes)
+    else:
+        from ingero.slurm.jobnodes import SlurmJobNodes
+
+        assert job_nodes is not None
+        names = SlurmJobNodes().nodes(job_nodes)
+    return Fanout(
+        names,
+        FanoutOptions(
+            fanout=fanout,
+            node_timeout_s=seconds("--node-timeout", node_timeout, positive=True),
+            ssh_options=ssh_options,
+            remote_ingero=remote_ingero,
+        ),
+    )
+
+
+def explicit(ctx: click.Context, name: str) -> bool:
+    """The option was given on the command line (so it is passed on to the nodes)."""
+    return ctx.get_parameter_source(name) == click.core.ParameterSource.COMMANDLINE

@@ -10,18 +10,16 @@ from pathlib import Path
 
 import click
 
-from ingero.cli.options import node_db_option, seconds
+from ingero.cli.options import (
+    explicit,
+    fanout_from,
+    fanout_options,
+    node_db_option,
+    seconds,
+)
+from ingero.cluster.fanout import Fanout
 from ingero.errors import EXIT_DATAERR, EXIT_OK, IngeroError, UsageError
-from ingero.explain.reader import NODE_TABLES
-
-# The column each table's rows are placed in time by, for --since and newest-first order.
-TIME_COLUMNS = {
-    "intervals": "ts_end",
-    "raw_events": "ts",
-    "host_intervals": "ts_end",
-    "gpu_intervals": "ts_end",
-    "processes": "last_seen",
-}
+from ingero.explain.reader import NODE_TABLES, TIME_COLUMNS
 
 
 class QueryError(IngeroError):
@@ -56,14 +54,20 @@ class QueryError(IngeroError):
 )
 @click.option("--json", "as_json", is_flag=True, help="Print JSON.")
 @click.option("--csv", "as_csv", is_flag=True, help="Print CSV.")
-def query(sql: str | None, db_path: Path, table: str | None, since: str | None, limit: int,
-          timeout: str, as_json: bool, as_csv: bool) -> int:  # fmt: skip
+@fanout_options
+@click.pass_context
+def query(ctx: click.Context, sql: str | None, db_path: Path, table: str | None,
+          since: str | None, limit: int, timeout: str, as_json: bool, as_csv: bool,
+          nodes: str | None, job_nodes: str | None, fanout: int, node_timeout: str,
+          ssh_options: str | None, remote_ingero: str) -> int:  # fmt: skip
     """Run one read-only SQL statement (or --table) against the node DB.
 
     Tables: intervals, raw_events, host_intervals, gpu_intervals, processes (see
     docs/explain.md). Writes, ATTACH, PRAGMA and extensions are refused; a query stops at
-    --limit rows and after --timeout. Exit 0, 65 for a refused or failed query, 69 when the
-    node DB is missing.
+    --limit rows and after --timeout. With --nodes or --job-nodes the query runs on every
+    node over SSH (`ingero query --json` there) and the rows gain a leading `node` column;
+    nodes that fail are listed on stderr. Exit 0, 65 for a refused or failed query, 69 when
+    the node DB is missing (with --nodes: only when no node answered).
     """
     from ingero.explain.reader import open_node_db
     from ingero.sqlguard import SqlError, read_only_authorizer, run_bounded
@@ -75,6 +79,15 @@ def query(sql: str | None, db_path: Path, table: str | None, since: str | None, 
     if since is not None and table is None:
         raise UsageError("--since goes with --table (in SQL, filter on ts_end or ts)")
     timeout_s = seconds("--timeout", timeout)
+    spread = fanout_from(nodes, job_nodes, fanout, node_timeout, ssh_options, remote_ingero)
+    if spread is not None:
+        args = ["query", "--json", "--limit", str(limit), "--timeout", timeout]
+        if explicit(ctx, "db_path"):
+            args += ["--db", str(db_path)]
+        if table is not None:
+            args += ["--table", table, *(["--since", since] if since else [])]
+        return _across(spread, [*args, *([sql] if sql is not None else [])], limit,
+                       as_json=as_json, as_csv=as_csv)  # fmt: skip
     params: tuple[float | int, ...] = ()
     if table is not None:
         column = TIME_COLUMNS[table]
@@ -103,6 +116,38 @@ def query(sql: str | None, db_path: Path, table: str | None, since: str | None, 
     _output(result.columns, result.rows, truncated=result.truncated, as_json=as_json, as_csv=as_csv)
     if result.truncated:
         click.echo(f"ingero: stopped at {limit} rows (raise --limit for more)", err=True)
+    return EXIT_OK
+
+
+def _across(spread: Fanout, args: list[str], limit: int, *, as_json: bool, as_csv: bool) -> int:
+    from ingero.cluster.fanout import merge_query_results, no_node_answered, run_on_nodes
+
+    options = spread.options
+    results = run_on_nodes(spread.nodes, [options.remote_ingero, *args], options)
+    merged = merge_query_results(results, options.node_timeout_s)
+    for failure in merged.failed:
+        click.echo(f"ingero: {failure['node']}: {failure['error']}", err=True)
+    if as_json:
+        nodes = {"ok": merged.ok, "failed": merged.failed, "truncated": merged.truncated}
+        click.echo(
+            json.dumps(
+                {
+                    "columns": merged.columns,
+                    "rows": merged.rows,
+                    "row_count": len(merged.rows),
+                    "truncated": bool(merged.truncated),
+                    "nodes": nodes,
+                }
+            )
+        )
+    if not merged.ok:
+        # Never fatal while one node answers; when none did, say whether they refused.
+        raise no_node_answered(merged.failed)
+    if not as_json:
+        rows = [tuple(r) for r in merged.rows]
+        _output(merged.columns, rows, truncated=False, as_json=False, as_csv=as_csv)
+    for node in merged.truncated:
+        click.echo(f"ingero: {node}: stopped at {limit} rows (raise --limit for more)", err=True)
     return EXIT_OK
 
 

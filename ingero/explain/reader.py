@@ -7,6 +7,7 @@ A window holds the rows whose ``ts_end`` lies in ``(end - window, end]``, as in
 
 from __future__ import annotations
 
+import json
 import sqlite3
 from dataclasses import fields
 from pathlib import Path
@@ -16,11 +17,29 @@ import sqlite_utils
 from ingero.collectors.nodedb import NodeDbUnavailable, read_window
 from ingero.errors import EXIT_DATAERR, IngeroError, UnavailableError
 from ingero.explain.analysis import GpuStats, HostStats, OpStats, ProcessInfo, WindowData
+from ingero.explain.chains import (
+    CollectiveCall,
+    GpuPoint,
+    HostPoint,
+    OpPoint,
+    Process,
+    Timeline,
+)
 from ingero.nodedb.schema import SCHEMA_VERSION, SchemaError, connect
 from ingero.push.config import PushConfig
 
 DEFAULT_DB = Path(str(next(f.default for f in fields(PushConfig) if f.name == "node_db")))
+# NCCL calls that are not one collective of a communicator (no alignment across ranks).
+NON_COLLECTIVE_OPS = ("ncclGroupEnd", "ncclCommInitRank", "ncclCommDestroy")
 NODE_TABLES = ("intervals", "raw_events", "host_intervals", "gpu_intervals", "processes")
+# The column each table's rows are placed in time by (query --since, merge, export).
+TIME_COLUMNS = {
+    "intervals": "ts_end",
+    "raw_events": "ts",
+    "host_intervals": "ts_end",
+    "gpu_intervals": "ts_end",
+    "processes": "last_seen",
+}
 
 
 class NodeDbError(IngeroError):
@@ -168,3 +187,150 @@ def read_processes(db: sqlite_utils.Database, job_id: str | None) -> list[Proces
         )
         for pid, comm, job, rank, seen in rows
     ]
+
+
+# gpu_intervals columns a newer schema may add (NVML sampler): read only where present.
+# A column named like ``*throttle_reasons*`` holds NVML's clocks-event bitmask, in which
+# GPU idle (0x1), the application clock setting (0x2) and the display clock (0x200) are not
+# a slowdown; any other ``*throttle*`` column counts as throttled when non-zero.
+_NOT_THROTTLE_BITS = 0x1 | 0x2 | 0x200
+
+
+def _gpu_extra_columns(conn: sqlite3.Connection) -> tuple[list[str], list[str]]:
+    names = [str(row[1]) for row in conn.execute("PRAGMA table_info(gpu_intervals)")]
+    return [n for n in names if "throttle" in n.lower()], [n for n in names if "xid" in n.lower()]
+
+
+def _throttle(column: str, value: object) -> bool:
+    if value is None or value == "" or value == 0:
+        return False
+    if isinstance(value, int | float):
+        if "reason" in column.lower() or "mask" in column.lower():
+            return bool(int(value) & ~_NOT_THROTTLE_BITS)
+        return value > 0
+    return str(value).strip().lower() not in ("0", "none", "no", "false", "idle")
+
+
+def _xid(value: object) -> int | None:
+    if value is None or value == "":
+        return None
+    try:
+        number = int(str(value).split(",")[0])
+    except ValueError:
+        return None
+    return number or None
+
+
+def read_timeline(
+    db: sqlite_utils.Database, end: float, window_s: float, job_id: str | None
+) -> Timeline:
+    """Per-interval rows of ``(end - window_s, end]`` and the window before it, for chains."""
+    start, split = end - 2 * window_s, end - window_s
+    conn = db.conn
+    job_sql, job_args = ("AND job_id = ?", (job_id,)) if job_id else ("", ())
+    ops = tuple(
+        OpPoint(
+            float(a),
+            float(b),
+            int(pid),
+            str(src),
+            str(op),
+            int(n),
+            int(tot or 0),
+            float(p95 or 0.0),
+            int(err or 0),
+            int(nbytes or 0),
+        )
+        for a, b, pid, src, op, n, tot, p95, err, nbytes in conn.execute(
+            "SELECT ts_start, ts_end, pid, source, op, count, total_ns, p95_ns, errors, bytes"
+            f" FROM intervals WHERE ts_end > ? AND ts_end <= ? {job_sql} ORDER BY ts_end",
+            (start, end, *job_args),
+        )
+    )
+    host = tuple(
+        HostPoint(
+            float(a),
+            float(b),
+            int(off or 0),
+            int(pages or 0),
+            int(n or 0),
+            None if p99 is None else int(p99),
+            int(retx or 0),
+        )
+        for a, b, off, pages, n, p99, retx in conn.execute(
+            "SELECT ts_start, ts_end, offcpu_ns, page_allocs, block_io_count, block_io_p99_ns,"
+            " tcp_retransmits FROM host_intervals WHERE ts_end > ? AND ts_end <= ?"
+            " ORDER BY ts_end",
+            (start, end),
+        )
+    )
+    throttle_cols, xid_cols = _gpu_extra_columns(conn)
+    extra = "".join(f', "{c}"' for c in (*throttle_cols, *xid_cols))
+    gpus = []
+    for row in conn.execute(
+        f"SELECT ts_start, ts_end, gpu, busy_ns{extra} FROM gpu_intervals"
+        " WHERE ts_end > ? AND ts_end <= ? ORDER BY ts_end",
+        (start, end),
+    ):
+        t_vals = dict(zip(throttle_cols, row[4 : 4 + len(throttle_cols)], strict=True))
+        x_vals = [_xid(v) for v in row[4 + len(throttle_cols) :]]
+        hot = {c: v for c, v in t_vals.items() if _throttle(c, v)}
+        detail = ", ".join(
+            f"{c}={v:#x}" if isinstance(v, int) and "reason" in c.lower() else f"{c}={v}"
+            for c, v in hot.items()
+        )
+        gpus.append(
+            GpuPoint(
+                float(row[0]),
+                float(row[1]),
+                int(row[2]),
+                None if row[3] is None else int(row[3]),
+                bool(hot),
+                detail or None,
+                next((x for x in x_vals if x), None),
+            )
+        )
+    collectives = []
+    for ts, dur, pid, rank, op, detail in conn.execute(
+        "SELECT ts, duration_ns, pid, rank, op, detail FROM raw_events"
+        f" WHERE source = 'nccl' AND ts > ? AND ts <= ? {job_sql} ORDER BY ts",
+        (start, end, *job_args),
+    ):
+        call = collective(ts, dur, pid, rank, op, detail)
+        if call is not None:
+            collectives.append(call)
+    processes = {
+        p.pid: Process(p.pid, p.comm, p.job_id, p.rank) for p in read_processes(db, job_id)
+    }
+    return Timeline(start, split, end, ops, host, tuple(gpus), tuple(collectives), processes)
+
+
+def collective(
+    ts: object,
+    duration_ns: object,
+    pid: object,
+    rank: object,
+    op: object,
+    detail: object,
+    node: str | None = None,
+) -> CollectiveCall | None:
+    """An NCCL ``raw_events`` row as a collective call, or None without a communicator."""
+    try:
+        info = json.loads(str(detail)) if detail else {}
+    except ValueError:
+        return None
+    comm = info.get("comm_hash") if isinstance(info, dict) else None
+    if not comm or ts is None or duration_ns is None or str(op) in NON_COLLECTIVE_OPS:
+        return None
+    detail_rank = info.get("rank")
+    return CollectiveCall(
+        ts=float(str(ts)),
+        duration_ns=int(str(duration_ns)),
+        pid=int(str(pid)),
+        op=str(op),
+        comm_hash=str(comm),
+        rank=int(detail_rank)
+        if isinstance(detail_rank, int)
+        else (None if rank is None else int(str(rank))),
+        node=node,
+    )

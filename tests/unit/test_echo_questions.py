@@ -80,6 +80,9 @@ def test_mcp_tools_mirror_the_questions_and_the_prompt_names_explain() -> None:
     text = investigate_text("A", "42")
     for step in ("summary", "stragglers", "job_report", "ingero explain --job 42", "cost"):
         assert step in text
+    # the node's explanation is its causal chains, and the job's nodes can be asked at once
+    assert "causal chains" in text and "ingero explain --job-nodes 42" in text
+    assert "ingero explain --nodes <its nodes>" in investigate_text("A", None)
 
 
 def test_config_defaults_and_bad_values() -> None:

@@ -1,0 +1,1 @@
+"""Commands across nodes: fan-out over SSH (ClusterShell), merged node DBs, timeline export."""

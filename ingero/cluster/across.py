@@ -1,0 +1,73 @@
+"""``ingero explain --nodes``: each node's own explain, and what only shows across nodes.
+
+Each node explains itself (``ingero explain --json`` there). Across nodes this adds the one
+cause a single node cannot see: which rank reaches the collectives of a communicator last
+(peer lag), from every node's sampled NCCL calls, aligned per communicator. Pure: takes the
+nodes' JSON answers and rows, returns plain values.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+from ingero.cluster.fanout import MergedRows
+from ingero.explain.chains import CollectiveCall, Signal, Timeline, peer_lag_signal
+
+# The columns the NCCL query reads from every node (see ``nccl_sql``).
+NCCL_COLUMNS = ("ts", "duration_ns", "pid", "rank", "op", "detail")
+
+
+def nccl_sql(start: float, end: float) -> str:
+    """The sampled NCCL calls of ``(start, end]`` (both are numbers: no quoting involved)."""
+    return (
+        f"SELECT {', '.join(NCCL_COLUMNS)} FROM raw_events WHERE source = 'nccl'"
+        f" AND ts > {float(start)!r} AND ts <= {float(end)!r} ORDER BY ts"
+    )
+
+
+def recent_window(reports: Mapping[str, Mapping[str, Any]]) -> tuple[float, float] | None:
+    """The span the nodes' recent windows cover together, or None when none has one."""
+    spans = [
+        (float(r["recent"]["start"]), float(r["recent"]["end"]))
+        for r in reports.values()
+        if isinstance(r.get("recent"), dict) and not r.get("empty")
+    ]
+    if not spans:
+        return None
+    return min(a for a, _ in spans), max(b for _, b in spans)
+
+
+def cross_node_peer_lag(rows: MergedRows, start: float, end: float) -> Signal | None:
+    """The rank (and node) that reaches a communicator's collectives last, from all nodes."""
+    from ingero.explain.reader import collective
+
+    index = {c: i for i, c in enumerate(rows.columns)}
+    if any(c not in index for c in ("node", *NCCL_COLUMNS)):
+        return None
+    calls: list[CollectiveCall] = []
+    for row in rows.rows:
+        ts, dur, pid, rank, op, detail = (row[index[c]] for c in NCCL_COLUMNS)
+        call = collective(ts, dur, pid, rank, op, detail, node=str(row[index["node"]]))
+        if call is not None:
+            calls.append(call)
+    return peer_lag_signal(Timeline(start, start, end, collectives=tuple(calls)))
+
+
+def top_line(node: str, report: Mapping[str, Any]) -> str:
+    """One line per node: its most likely chain, or that nothing stands out."""
+    chains = report.get("chains") or []
+    rate = (report.get("summary") or {}).get("kernel_launch_rate")
+    launches = f" (kernel launches {rate:,.0f}/s)" if isinstance(rate, int | float) else ""
+    if report.get("empty"):
+        return f"{node}: nothing recorded in the window"
+    if not chains:
+        return f"{node}: no causal chain{launches}"
+    top = chains[0]
+    return f"{node}: {top['name']} ({top['level']}, {top['confidence']:.2f}): {top['headline']}"
+
+
+def signal_dict(sig: Signal | None) -> dict[str, Any] | None:
+    if sig is None:
+        return None
+    return {"signal": sig.id, "text": sig.text, "evidence": sig.evidence, "onset": sig.onset}

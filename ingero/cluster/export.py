@@ -1,0 +1,371 @@
+"""``ingero export``: node DB rows as a Trace Event Format timeline (ui.perfetto.dev, chrome://tracing).
+
+Pure: takes each node's rows (``NodeData``) and the straggler episodes/drains, returns the
+trace object and the warnings to print. Layout:
+
+- one process track per node (``pid`` 1..N, named after the node), sorted by name;
+- a thread track per traced process (``tid`` = its PID; named with rank, PID and comm),
+  holding its sampled CUDA and NCCL calls as complete events (``ph: X``) that start at
+  return time minus duration;
+- counters (``ph: C``) per interval: calls per second of each op per process, and the
+  node's off-CPU seconds per second, page allocations, block I/O p99 and TCP retransmits,
+  and GPU busy where recorded;
+- thread 0 of each node, "ingero events": straggler episodes and drains as slices;
+- NCCL collectives: the i-th call of each rank of one communicator is one collective; its
+  calls carry the same ``collective`` argument and are chained by flow events.
+
+Clocks: a node's measured offset (``merged_nodes.clock_offset_s``, measured by
+``merge``/``export --nodes``) is subtracted from its times. Where none is known, the offset
+is estimated from the collectives it shares with other nodes (all ranks leave an
+all-reduce together) and applied. Nodes whose clocks disagree by more than
+``CLOCK_WARN_S`` are named in a warning.
+"""
+
+from __future__ import annotations
+
+import json
+import statistics
+import zlib
+from collections import defaultdict
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any, Final
+
+from ingero.explain.chains import CollectiveCall
+from ingero.explain.reader import collective
+
+CLOCK_WARN_S: Final = 0.1
+FORMATS: Final = ("perfetto", "chrome")
+EVENTS_TID: Final = 0
+
+
+@dataclass
+class NodeData:
+    node: str
+    tables: dict[str, tuple[list[str], list[Sequence[Any]]]] = field(default_factory=dict)
+    clock_offset_s: float | None = None  # this node's clock minus the reference clock
+
+    def rows(self, table: str) -> list[dict[str, Any]]:
+        cols, rows = self.tables.get(table, ([], []))
+        return [dict(zip(cols, row, strict=False)) for row in rows]
+
+
+@dataclass(frozen=True)
+class Slice:
+    """A straggler episode or a drain on one node (from the journal or Echo)."""
+
+    node: str
+    name: str
+    start: float
+    end: float | None  # None: still open at the end of the trace
+    args: Mapping[str, Any] = field(default_factory=dict)
+
+
+def _collectives(nodes: Sequence[NodeData]) -> list[CollectiveCall]:
+    calls = []
+    for n in nodes:
+        for r in n.rows("raw_events"):
+            if r.get("source") != "nccl":
+                continue
+            c = collective(
+                r.get("ts"),
+                r.get("duration_ns"),
+                r.get("pid"),
+                r.get("rank"),
+                r.get("op"),
+                r.get("detail"),
+                node=n.node,
+            )
+            if c is not None:
+                calls.append(c)
+    return calls
+
+
+def align_collectives(calls: Iterable[CollectiveCall]) -> dict[tuple[str | None, int, float], str]:
+    """Collective id of each call: the i-th call of every rank of a communicator and op."""
+    by_rank: dict[tuple[str, str], dict[tuple[str | None, int], list[CollectiveCall]]] = (
+        defaultdict(lambda: defaultdict(list))
+    )
+    for c in sorted(calls, key=lambda c: c.ts):
+        by_rank[(c.comm_hash, c.op)][(c.node, c.pid)].append(c)
+    ids = {}
+    for (comm, op), ranks in by_rank.items():
+        for seq_calls in ranks.values():
+            for i, c in enumerate(seq_calls):
+                ids[(c.node, c.pid, c.ts)] = f"{comm[:8]}:{op}:{i}"
+    return ids
+
+
+def estimate_offsets(
+    calls: Sequence[CollectiveCall], ids: Mapping[tuple[str | None, int, float], str]
+) -> dict[str, float]:
+    """Each node's clock offset judged by the collectives it shares (median return-time gap
+    to the median of all ranks); nodes with no shared collective are left out."""
+    ends: dict[str, list[tuple[str, float]]] = defaultdict(list)
+    for c in calls:
+        if c.node is not None:
+            ends[ids[(c.node, c.pid, c.ts)]].append((c.node, c.ts))
+    gaps: dict[str, list[float]] = defaultdict(list)
+    for members in ends.values():
+        if len({n for n, _ in members}) < 2:
+            continue
+        mid = statistics.median(t for _, t in members)
+        for node, t in members:
+            gaps[node].append(t - mid)
+    return {node: statistics.median(g) for node, g in gaps.items()}
+
+
+def _us(ts: float, t0: float) -> float:
+    return round((ts - t0) * 1e6, 3)
+
+
+def build_trace(
+    nodes: Sequence[NodeData], slices: Sequence[Slice] = (), fmt: str = "perfetto"
+) -> tuple[dict[str, Any], list[str]]:
+    """The Trace Event Format object and the warnings (clock disagreement) to show."""
+    if fmt not in FORMATS:
+        raise ValueError(f"unknown format {fmt!r}")
+    nodes = sorted(nodes, key=lambda n: n.node)
+    warnings: list[str] = []
+    calls = _collectives(nodes)
+    ids = align_collectives(calls)
+    # Offsets: measured where known; else judged by shared collectives, relative to the
+    # measured nodes' frame (their corrected collectives sit at the median).
+    offsets = {n.node: n.clock_offset_s for n in nodes if n.clock_offset_s is not None}
+    estimated = estimate_offsets(calls, ids)
+    # Estimates are relative to the ranks' median, measurements to this host: shift the
+    # estimates into the measured frame by the nodes that have both.
+    both = [estimated[k] - offsets[k] for k in offsets if k in estimated]
+    base = statistics.median(both) if both else 0.0
+    for node, est in estimated.items():
+        offsets.setdefault(node, est - base)
+    for n in nodes:
+        offsets.setdefault(n.node, 0.0)
+    if len(offsets) > 1:
+        lo = min(offsets, key=lambda k: offsets[k])
+        hi = max(offsets, key=lambda k: offsets[k])
+        spread = offsets[hi] - offsets[lo]
+        if spread > CLOCK_WARN_S:
+            how = {
+                k: "measured"
+                if any(n.node == k and n.clock_offset_s is not None for n in nodes)
+                else "from NCCL collectives"
+                for k in (lo, hi)
+            }
+            warnings.append(
+                f"nodes' clocks disagree by {spread * 1e3:.0f} ms ({hi} {offsets[hi] * 1e3:+.0f}"
+                f" ms, {how[hi]}; {lo} {offsets[lo] * 1e3:+.0f} ms, {how[lo]}):"
+                " offsets applied to the timeline"
+            )
+
+    def local(node: str, ts: float) -> float:
+        return ts - offsets[node]
+
+    starts = [
+        local(n.node, float(r["ts"]) - float(r.get("duration_ns") or 0) / 1e9)
+        for n in nodes
+        for r in n.rows("raw_events")
+    ]
+    starts += [
+        local(n.node, float(r["ts_start"]))
+        for n in nodes
+        for t in ("intervals", "host_intervals", "gpu_intervals")
+        for r in n.rows(t)
+    ]
+    starts += [s.start for s in slices]
+    t0 = min(starts) if starts else 0.0
+    events: list[dict[str, Any]] = []
+    pid_of = {n.node: i for i, n in enumerate(nodes, 1)}
+    flows: dict[str, list[dict[str, Any]]] = defaultdict(list)
+    for n in nodes:
+        pid = pid_of[n.node]
+        events.append(
+            {"ph": "M", "name": "process_name", "pid": pid, "tid": 0, "args": {"name": n.node}}
+        )
+        events.append(
+            {
+                "ph": "M",
+                "name": "process_sort_index",
+                "pid": pid,
+                "tid": 0,
+                "args": {"sort_index": pid},
+            }
+        )
+        events.append(
+            {
+                "ph": "M",
+                "name": "thread_name",
+                "pid": pid,
+                "tid": EVENTS_TID,
+                "args": {"name": "ingero events"},
+            }
+        )
+        procs = {int(p["pid"]): p for p in n.rows("processes")}
+        tids = {int(r["pid"]) for t in ("raw_events", "intervals") for r in n.rows(t)}
+        for tid in sorted(tids):
+            p = procs.get(tid, {})
+            rank = p.get("rank")
+            label = (
+                (f"rank {rank} · " if rank is not None else "")
+                + f"pid {tid}"
+                + (f" ({p['comm']})" if p.get("comm") else "")
+            )
+            events.append(
+                {"ph": "M", "name": "thread_name", "pid": pid, "tid": tid, "args": {"name": label}}
+            )
+            events.append(
+                {
+                    "ph": "M",
+                    "name": "thread_sort_index",
+                    "pid": pid,
+                    "tid": tid,
+                    "args": {"sort_index": rank if isinstance(rank, int) else tid},
+                }
+            )
+        for r in n.rows("raw_events"):
+            dur_ns = int(r.get("duration_ns") or 0)
+            end = local(n.node, float(r["ts"]))
+            args: dict[str, Any] = {"ret": r.get("ret"), "bytes": r.get("bytes")}
+            if r.get("detail"):
+                try:
+                    args.update(json.loads(str(r["detail"])))
+                except ValueError:
+                    args["detail"] = r["detail"]
+            cid = ids.get((n.node, int(r["pid"]), float(r["ts"])))
+            event = {
+                "ph": "X",
+                "name": str(r["op"]),
+                "cat": str(r["source"]),
+                "ts": _us(end - dur_ns / 1e9, t0),
+                "dur": round(dur_ns / 1e3, 3),
+                "pid": pid,
+                "tid": int(r["pid"]),
+                "args": args,
+            }
+            if cid is not None:
+                args["collective"] = cid
+                flows[cid].append(event)
+            events.append(event)
+        by_tick: dict[tuple[int, float, float], dict[str, float]] = defaultdict(dict)
+        for r in n.rows("intervals"):
+            span = float(r["ts_end"]) - float(r["ts_start"])
+            if span > 0:
+                key = (int(r["pid"]), float(r["ts_start"]), float(r["ts_end"]))
+                by_tick[key][str(r["op"])] = round(int(r["count"]) / span, 3)
+        for (tid, a, _), rates in sorted(by_tick.items()):
+            events.append(
+                {
+                    "ph": "C",
+                    "name": f"calls/s pid {tid}",
+                    "pid": pid,
+                    "tid": tid,
+                    "ts": _us(local(n.node, a), t0),
+                    "args": rates,
+                }
+            )
+        for r in n.rows("host_intervals"):
+            a, b = float(r["ts_start"]), float(r["ts_end"])
+            if b <= a:
+                continue
+            values = {
+                "off-CPU s/s": round((r.get("offcpu_ns") or 0) / 1e9 / (b - a), 4),
+                "page allocs/s": round((r.get("page_allocs") or 0) / (b - a), 1),
+                "block I/O p99 ms": round((r.get("block_io_p99_ns") or 0) / 1e6, 3),
+                "TCP retransmits": int(r.get("tcp_retransmits") or 0),
+            }
+            for name, value in values.items():
+                events.append(
+                    {
+                        "ph": "C",
+                        "name": name,
+                        "pid": pid,
+                        "tid": 0,
+                        "ts": _us(local(n.node, a), t0),
+                        "args": {"value": value},
+                    }
+                )
+        for r in n.rows("gpu_intervals"):
+            a, b = float(r["ts_start"]), float(r["ts_end"])
+            if b > a and r.get("busy_ns") is not None:
+                events.append(
+                    {
+                        "ph": "C",
+                        "name": f"GPU {r['gpu']} busy",
+                        "pid": pid,
+                        "tid": 0,
+                        "ts": _us(local(n.node, a), t0),
+                        "args": {"fraction": round(float(r["busy_ns"]) / 1e9 / (b - a), 4)},
+                    }
+                )
+    end_of_trace = max((e["ts"] + e.get("dur", 0) for e in events if "ts" in e), default=0.0)
+    for s in slices:
+        if s.node not in pid_of:
+            continue
+        begin = _us(s.start, t0)
+        finish = _us(s.end, t0) if s.end is not None else max(end_of_trace, begin)
+        events.append(
+            {
+                "ph": "X",
+                "name": s.name,
+                "cat": "ingero",
+                "ts": begin,
+                "dur": round(max(0.0, finish - begin), 3),
+                "pid": pid_of[s.node],
+                "tid": EVENTS_TID,
+                "args": dict(s.args),
+            }
+        )
+    for cid, members in flows.items():
+        if len(members) < 2:
+            continue
+        members.sort(key=lambda e: e["ts"])
+        fid = zlib.crc32(cid.encode())
+        for i, e in enumerate(members):
+            ph = "s" if i == 0 else "f" if i == len(members) - 1 else "t"
+            # at each call's start, inside its slice, so every point binds to that call
+            flow = {
+                "ph": ph,
+                "name": "collective",
+                "cat": "nccl",
+                "id": fid,
+                "pid": e["pid"],
+                "tid": e["tid"],
+                "ts": e["ts"],
+            }
+            if ph != "s":
+                flow["bp"] = "e"
+            events.append(flow)
+    trace = {
+        "traceEvents": events,
+        "displayTimeUnit": "ms",
+        "otherData": {
+            "producer": "ingero export",
+            "format": fmt,
+            "t0_unix_s": t0,
+            "clock_offsets_s": {k: round(v, 6) for k, v in sorted(offsets.items())},
+        },
+    }
+    return trace, warnings
+
+
+def slices_from_rows(rows: Iterable[Any]) -> list[Slice]:
+    """Straggler episodes and drains (``ingero.journal.episodes.Row``) as slices.
+
+    A drain lasts until the node's next resume, or to the end of the trace.
+    """
+    from ingero.journal.episodes import DRAIN, EPISODE, RESUME
+
+    out: list[Slice] = []
+    open_drains: dict[str, int] = {}
+    for row in sorted(rows, key=lambda r: r.start):
+        if row.kind == EPISODE:
+            what = f"straggler ({row.signal})" if row.signal else "straggler"
+            out.append(Slice(row.node_id, what, row.start, row.end, row.to_dict()))
+        elif row.kind == DRAIN:
+            open_drains[row.node_id] = len(out)
+            out.append(Slice(row.node_id, "drained", row.start, None, row.to_dict()))
+        elif row.kind == RESUME and row.node_id in open_drains:
+            i = open_drains.pop(row.node_id)
+            d = out[i]
+            out[i] = Slice(d.node, d.name, d.start, row.start, d.args)
+    return out

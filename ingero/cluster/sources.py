@@ -1,0 +1,61 @@
+"""Where ``ingero export`` reads its rows: a node DB, a merged DB, or the nodes over SSH."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from ingero.cluster.export import NodeData
+from ingero.cluster.merge import MERGED_TABLE
+from ingero.explain.reader import NODE_TABLES, TIME_COLUMNS, latest_ts, open_node_db
+
+
+def read_db(
+    path: Path, node: str, since_s: float, until: float | None, limit: int
+) -> tuple[list[NodeData], float | None]:
+    """Rows of ``(end - since_s, end]`` (``end``: ``until`` or the newest row), per node.
+
+    A merged DB (``ingero merge``) gives one ``NodeData`` per node with its measured clock
+    offset; a node DB gives one, named ``node``. At most ``limit`` rows per table and node,
+    the newest. Returns the nodes and the window's end.
+    """
+    db = open_node_db(path)
+    conn = db.conn
+    try:
+        merged = MERGED_TABLE in db.table_names()
+        end = until if until is not None else latest_ts(db)
+        if end is None:
+            return [], None
+        start = end - since_s
+        names = (
+            [str(r[0]) for r in conn.execute(f"SELECT node FROM {MERGED_TABLE} ORDER BY node")]
+            if merged
+            else [node]
+        )
+        offsets = (
+            dict(conn.execute(f"SELECT node, clock_offset_s FROM {MERGED_TABLE}").fetchall())
+            if merged
+            else {}
+        )
+        out = []
+        for name in names:
+            data = NodeData(name, clock_offset_s=offsets.get(name))
+            for table in NODE_TABLES:
+                col = TIME_COLUMNS[table]
+                where = "node = ? AND " if merged else ""
+                args: list[Any] = [name] if merged else []
+                if table == "processes":
+                    cur = conn.execute(
+                        f"SELECT * FROM processes {'WHERE node = ?' if merged else ''}", args
+                    )
+                else:
+                    cur = conn.execute(
+                        f"SELECT * FROM {table} WHERE {where}{col} > ? AND {col} <= ?"
+                        f" ORDER BY {col} DESC LIMIT ?",
+                        [*args, start, end, limit],
+                    )
+                data.tables[table] = ([d[0] for d in cur.description], cur.fetchall())
+            out.append(data)
+        return out, end
+    finally:
+        conn.close()
