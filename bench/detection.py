@@ -27,8 +27,8 @@ import statistics
 from ingero.clock import ManualClock
 from ingero.config import Duration
 from ingero.fleet.config import FleetConfig
-from ingero.fleet.model import NodePush
 from ingero.fleet.state import FleetState
+from ingero.otlp.health import NodePush
 from ingero.push.baseline import EmaBaseline
 from ingero.push.classifier import Classifier, Observation
 from ingero.push.config import ClassifierConfig, PushConfig

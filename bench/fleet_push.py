@@ -38,8 +38,7 @@ METRICS_PATH = "/opentelemetry.proto.collector.metrics.v1.MetricsService/Export"
 
 
 def agent_bodies(first: int, count: int) -> list[bytes]:
-    from ingero.fleet.model import NodePush
-    from ingero.otlp.health import encode_health
+    from ingero.otlp.health import NodePush, encode_health
 
     now = time.time_ns()
     return [

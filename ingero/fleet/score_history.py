@@ -13,8 +13,8 @@ from collections.abc import Iterable
 from typing import NamedTuple
 
 from ingero.clock import Clock
-from ingero.fleet.model import NodePush
 from ingero.fleet.state import NodeScore
+from ingero.otlp.health import NodePush
 
 
 class ScoreSample(NamedTuple):

@@ -27,17 +27,15 @@ from ingero.events import Event, new_event_id
 from ingero.fleet import threshold as th
 from ingero.fleet.config import FleetConfig
 from ingero.fleet.model import (
-    NODE_STATES,
     CapacityError,
     ClusterStats,
     GroupStats,
-    NodePush,
     NodeVerdict,
     ThresholdView,
     TickResult,
-    group_key,
 )
 from ingero.fleet.threshold import BoolArray, FloatArray, IntArray
+from ingero.otlp.health import NODE_STATES, NodePush, group_key
 
 _INITIAL_CAPACITY = 1024
 DETECTION_MODE = "fleet"

@@ -17,8 +17,7 @@ from typing import Protocol
 
 from ingero.clock import Clock
 from ingero.events import Event
-from ingero.fleet.model import NodePush
-from ingero.otlp.health import encode_health
+from ingero.otlp.health import NodePush, encode_health
 from ingero.push.channels import Channel
 from ingero.push.classifier import Classifier, Observation
 from ingero.push.client import PushClient, jittered

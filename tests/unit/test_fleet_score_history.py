@@ -10,9 +10,9 @@ from ingero.echo.decoding import metrics_to_scores
 from ingero.echo.forwarder import encode_scores
 from ingero.errors import ConfigError
 from ingero.fleet.config import FleetConfig
-from ingero.fleet.model import NodePush
 from ingero.fleet.score_history import ScoreHistory
 from ingero.fleet.state import FleetState, NodeScore
+from ingero.otlp.health import NodePush
 
 
 def state(ttl_multiplier: float = 5) -> tuple[FleetState, ManualClock]:

@@ -9,8 +9,8 @@ from opentelemetry.proto.collector.metrics.v1.metrics_service_pb2 import (
     ExportMetricsServiceRequest,
 )
 
-from ingero.fleet.model import NodePush
 from ingero.otlp import health
+from ingero.otlp.health import NodePush
 from ingero.otlp.values import OtlpDecodeError, parse_json, parse_protobuf, to_json
 
 FULL = NodePush(

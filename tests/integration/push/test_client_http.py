@@ -21,8 +21,7 @@ from opentelemetry.proto.collector.metrics.v1.metrics_service_pb2 import (
 )
 
 from ingero.config import Duration
-from ingero.fleet.model import NodePush
-from ingero.otlp.health import encode_health
+from ingero.otlp.health import NodePush, encode_health
 from ingero.push.client import HttpPushClient
 from ingero.push.config import PushConfig
 from ingero.push.detection import FleetReading

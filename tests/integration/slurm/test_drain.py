@@ -17,7 +17,8 @@ import pytest
 
 from ingero.events import Event
 from ingero.fleet.config import DrainConfig
-from ingero.fleet.model import NodePush, NodeVerdict, TickResult
+from ingero.fleet.model import NodeVerdict, TickResult
+from ingero.otlp.health import NodePush
 from ingero.slurm.backend import NodeInfo, ScontrolBackend
 from ingero.slurm.drain import DrainController
 from tests.integration.fleet.helpers import Fleet, start_fleet, wait_for
