@@ -6,13 +6,14 @@ from dataclasses import dataclass, field
 from typing import Literal
 
 from ingero.config import HOSTPORT, Duration, check, in_range, positive
+from ingero.otlp.ports import FLEET_API_PORT, FLEET_OTLP_GRPC_PORT, FLEET_OTLP_HTTP_PORT
 
 
 @dataclass(frozen=True)
 class ListenConfig:
-    otlp_grpc: str = field(default="0.0.0.0:4317", metadata=HOSTPORT)
-    otlp_http: str = field(default="0.0.0.0:4318", metadata=HOSTPORT)
-    api: str = field(default="0.0.0.0:8080", metadata=HOSTPORT)
+    otlp_grpc: str = field(default=f"0.0.0.0:{FLEET_OTLP_GRPC_PORT}", metadata=HOSTPORT)
+    otlp_http: str = field(default=f"0.0.0.0:{FLEET_OTLP_HTTP_PORT}", metadata=HOSTPORT)
+    api: str = field(default=f"0.0.0.0:{FLEET_API_PORT}", metadata=HOSTPORT)
 
 
 @dataclass(frozen=True)

@@ -1,7 +1,8 @@
 """Plain values passed between Fleet's receivers (I/O) and its pure state (core).
 
-The health push itself (``NodePush``, ``NodeState``, the peer group key) is a contract
-between processes and lives in :mod:`ingero.otlp.health`.
+The health push (``NodePush``, ``NodeState``, the peer group key) and the threshold reply
+(``ThresholdView``) are contracts between processes: they live in :mod:`ingero.otlp.health`
+and :mod:`ingero.otlp.threshold`.
 """
 
 from __future__ import annotations
@@ -10,34 +11,6 @@ from dataclasses import dataclass
 
 from ingero.errors import EXIT_UNAVAILABLE, IngeroError
 from ingero.events import Event
-
-
-@dataclass(frozen=True)
-class ThresholdView:
-    """A peer group's current threshold, as returned in push responses and the API."""
-
-    cluster_id: str
-    group: str
-    threshold: float | None
-    median: float | None
-    mad: float | None
-    quorum_met: bool
-    panic: bool
-    active_nodes: int
-    computed_at: float | None
-
-    def to_json(self) -> dict[str, object]:
-        return {
-            "cluster_id": self.cluster_id,
-            "group": self.group,
-            "threshold": self.threshold,
-            "median": self.median,
-            "mad": self.mad,
-            "quorum_met": self.quorum_met,
-            "panic": self.panic,
-            "active_nodes": self.active_nodes,
-            "computed_at": self.computed_at,
-        }
 
 
 class CapacityError(IngeroError):

@@ -31,11 +31,11 @@ from ingero.fleet.model import (
     ClusterStats,
     GroupStats,
     NodeVerdict,
-    ThresholdView,
     TickResult,
 )
 from ingero.fleet.threshold import BoolArray, FloatArray, IntArray
 from ingero.otlp.health import NODE_STATES, NodePush, group_key
+from ingero.otlp.threshold import ThresholdView
 
 _INITIAL_CAPACITY = 1024
 DETECTION_MODE = "fleet"

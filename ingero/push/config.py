@@ -10,6 +10,7 @@ from pathlib import Path
 from typing import Literal
 
 from ingero.config import Duration, check, in_range, positive
+from ingero.otlp.ports import FLEET_OTLP_HTTP_PORT
 from ingero.push.score import ScoreConfig
 
 DAEMON = "fleet-push"
@@ -63,7 +64,7 @@ class ChannelsConfig:
 
 @dataclass(frozen=True)
 class PushConfig:
-    fleet_endpoint: str = "http://127.0.0.1:4318"
+    fleet_endpoint: str = f"http://127.0.0.1:{FLEET_OTLP_HTTP_PORT}"
     transport: Literal["http", "grpc"] = "http"
     # Fleet's threshold API, polled only when a push response carries no threshold headers.
     api_endpoint: str | None = None
