@@ -261,7 +261,7 @@ def hot_path(n: int) -> None:
         ExportMetricsServiceRequest,
     )
 
-    from ingero.fleet.auth import BearerAuth
+    from ingero.bearer import BearerAuth
     from ingero.fleet.config import FleetConfig, LimitsConfig
     from ingero.fleet.daemon import FleetDaemon
     from ingero.fleet.httpserver import _parse_head, render

@@ -12,7 +12,7 @@ from urllib.parse import parse_qs
 
 from prometheus_client import CONTENT_TYPE_LATEST
 
-from ingero.fleet.auth import BearerAuth
+from ingero.bearer import BearerAuth
 from ingero.fleet.httpserver import HttpRequest, HttpResponse
 from ingero.fleet.metrics import FleetMetrics
 from ingero.fleet.state import FleetState

@@ -7,6 +7,7 @@ from typing import Literal
 
 from ingero.config import HOSTPORT, Duration, check, in_range, positive
 from ingero.otlp.ports import FLEET_API_PORT, FLEET_OTLP_GRPC_PORT, FLEET_OTLP_HTTP_PORT
+from ingero.tls import check_pair
 
 
 @dataclass(frozen=True)
@@ -41,8 +42,7 @@ class AuthConfig:
     tls_key: str | None = None
 
     def validate(self) -> None:
-        if (self.tls_cert is None) != (self.tls_key is None):
-            raise ValueError("auth.tls_cert and auth.tls_key must be set together")
+        check_pair(self.tls_cert, self.tls_key)
 
 
 @dataclass(frozen=True)

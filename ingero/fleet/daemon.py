@@ -22,10 +22,10 @@ from types import FrameType
 
 import sdnotify
 
+from ingero.bearer import BearerAuth, read_token
 from ingero.clock import Clock, SystemClock
 from ingero.echo.forwarder import Forwarder
 from ingero.fleet.api import ApiHandler
-from ingero.fleet.auth import grpc_server_credentials, load_auth, server_ssl_context
 from ingero.fleet.config import FleetConfig
 from ingero.fleet.events import EventQueue, EventSink, log_sink
 from ingero.fleet.grpc_server import OtlpGrpcServer
@@ -36,6 +36,7 @@ from ingero.fleet.otlp_http import OtlpHttpHandler
 from ingero.fleet.receiver import Receiver
 from ingero.fleet.score_history import ScoreHistory
 from ingero.fleet.state import FleetState
+from ingero.tls import grpc_server_credentials, server_ssl_context
 
 log = logging.getLogger(__name__)
 
@@ -93,8 +94,8 @@ class FleetDaemon:
         if self.score_history is not None:
             self.add_tick_listener(self._forward_scores, "echo-score-history")
 
-        auth = load_auth(config.auth)
-        ssl_context = server_ssl_context(config.auth)
+        auth = BearerAuth(read_token(config.auth.bearer_token_file, "auth.bearer_token_file"))
+        ssl_context = server_ssl_context(config.auth.tls_cert, config.auth.tls_key)
         max_body = config.limits.max_body_bytes
         otlp = OtlpHttpHandler(self.receiver, self.metrics, auth, max_body)
         api = ApiHandler(self.state, self.metrics, auth, self.ready)
@@ -114,7 +115,7 @@ class FleetDaemon:
             self.metrics,
             auth,
             max_body,
-            grpc_server_credentials(config.auth),
+            grpc_server_credentials(config.auth.tls_cert, config.auth.tls_key),
         )
 
     # ---- extension points ---------------------------------------------------------

@@ -22,7 +22,7 @@ from opentelemetry.proto.collector.metrics.v1.metrics_service_pb2 import (
     ExportMetricsServiceResponse,
 )
 
-from ingero.fleet.auth import BearerAuth
+from ingero.bearer import BearerAuth
 from ingero.fleet.metrics import FleetMetrics
 from ingero.fleet.receiver import Receiver
 from ingero.otlp.threshold import encode_metadata

@@ -13,14 +13,12 @@ import email.utils
 import json
 import logging
 import random
-import ssl
 import time
 import urllib.error
 import urllib.parse
 import urllib.request
 from collections.abc import Mapping
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Protocol
 
 from opentelemetry.proto.collector.logs.v1.logs_service_pb2 import ExportLogsServiceRequest
@@ -28,7 +26,7 @@ from opentelemetry.proto.collector.metrics.v1.metrics_service_pb2 import (
     ExportMetricsServiceRequest,
 )
 
-from ingero.errors import ConfigError
+from ingero.bearer import authorization, read_token
 from ingero.otlp.ports import FLEET_API_PORT
 from ingero.otlp.threshold import (
     API_PATH,
@@ -38,6 +36,7 @@ from ingero.otlp.threshold import (
     decode_metadata,
 )
 from ingero.push.config import PushConfig
+from ingero.tls import client_ssl_context, grpc_channel_credentials
 
 log = logging.getLogger(__name__)
 
@@ -96,27 +95,6 @@ def api_base(config: PushConfig) -> str:
     return f"{scheme}://{host}:{FLEET_API_PORT}"
 
 
-def read_token(path: str | None) -> str | None:
-    if not path:
-        return None
-    try:
-        token = Path(path).read_text().strip()
-    except OSError as exc:
-        raise ConfigError(f"auth_token_file: cannot read {path}: {exc}") from None
-    if not token:
-        raise ConfigError(f"auth_token_file: {path} is empty")
-    return token
-
-
-def ssl_context(ca_file: str | None) -> ssl.SSLContext | None:
-    if not ca_file:
-        return None
-    try:
-        return ssl.create_default_context(cafile=ca_file)
-    except (OSError, ssl.SSLError) as exc:
-        raise ConfigError(f"ca_file: cannot load {ca_file}: {exc}") from None
-
-
 class HttpPushClient:
     """OTLP/HTTP with protobuf bodies (``/v1/metrics``, ``/v1/logs``)."""
 
@@ -124,9 +102,9 @@ class HttpPushClient:
         self._base = config.fleet_endpoint.rstrip("/")
         self._api = api_base(config)
         self._timeout = config.push_timeout
-        self._ssl = ssl_context(config.ca_file)
-        token = read_token(config.auth_token_file)
-        self._auth = {"Authorization": f"Bearer {token}"} if token else {}
+        self._ssl = client_ssl_context(config.ca_file)
+        token = read_token(config.auth_token_file, "auth_token_file")
+        self._auth = {"Authorization": authorization(token)} if token else {}
 
     def _post(self, path: str, body: bytes) -> tuple[int, Mapping[str, str]]:
         headers = {"Content-Type": "application/x-protobuf", **self._auth}
@@ -188,18 +166,14 @@ class GrpcPushClient:
         self._grpc = grpc
         target = config.fleet_endpoint.split("://", 1)[-1].rstrip("/")
         if config.ca_file:
-            try:
-                roots = Path(config.ca_file).read_bytes()
-            except OSError as exc:
-                raise ConfigError(f"ca_file: cannot read {config.ca_file}: {exc}") from None
-            self._channel = grpc.secure_channel(target, grpc.ssl_channel_credentials(roots))
+            self._channel = grpc.secure_channel(target, grpc_channel_credentials(config.ca_file))
         else:
             self._channel = grpc.insecure_channel(target)
         self._metrics = metrics_service_pb2_grpc.MetricsServiceStub(self._channel)  # type: ignore[no-untyped-call]
         self._logs = logs_service_pb2_grpc.LogsServiceStub(self._channel)  # type: ignore[no-untyped-call]
         self._timeout = config.push_timeout
-        token = read_token(config.auth_token_file)
-        self._metadata = [("authorization", f"Bearer {token}")] if token else []
+        token = read_token(config.auth_token_file, "auth_token_file")
+        self._metadata = [("authorization", authorization(token))] if token else []
         self._http = HttpPushClient(config)
 
     def push(self, request: ExportMetricsServiceRequest) -> PushResult:

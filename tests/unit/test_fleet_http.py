@@ -7,7 +7,7 @@ import math
 
 import pytest
 
-from ingero.fleet.auth import BearerAuth
+from ingero.bearer import BearerAuth
 from ingero.fleet.httpserver import BadHead, HttpResponse, _parse_head, render
 from ingero.fleet.metrics import FleetMetrics
 from ingero.fleet.model import GroupStats
