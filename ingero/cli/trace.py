@@ -134,9 +134,9 @@ def step(tracer: Tracer, n: int, interval: float) -> TickResult | None:
 
 
 def _run_headless(tracer: Tracer, interval: float, stop: threading.Event) -> None:
-    import sdnotify
+    from ingero.systemd import notifier as systemd_notifier
 
-    notifier = sdnotify.SystemdNotifier()
+    notifier = systemd_notifier()
     notifier.notify(f"READY=1\nSTATUS=tracing, {tracer.probe_count} probes attached")
     n = 0
     while _wait(tracer, interval, stop):

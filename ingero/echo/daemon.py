@@ -16,7 +16,6 @@ import socket
 from collections.abc import Generator
 from typing import Any
 
-import sdnotify
 import uvicorn
 
 from ingero.clock import Clock, SystemClock
@@ -30,6 +29,7 @@ from ingero.echo.queries import GpuRates
 from ingero.echo.service import Service
 from ingero.echo.store import Store
 from ingero.errors import UnavailableError
+from ingero.systemd import notifier
 from ingero.tls import grpc_server_credentials, server_ssl_context
 
 log = logging.getLogger("ingero.echo")
@@ -182,10 +182,10 @@ class EchoDaemon:
                 grpc_port,
                 self.config.db,
             )
-            sdnotify.SystemdNotifier().notify("READY=1")
+            notifier().notify("READY=1")
             await asyncio.gather(*tasks)
         finally:
-            sdnotify.SystemdNotifier().notify("STOPPING=1")
+            notifier().notify("STOPPING=1")
             grpc_server.stop(grace=5).wait()
             self._close()
             api_sock.close()

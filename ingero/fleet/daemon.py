@@ -20,8 +20,6 @@ from dataclasses import dataclass
 from pathlib import Path
 from types import FrameType
 
-import sdnotify
-
 from ingero.bearer import BearerAuth, read_token
 from ingero.clock import Clock, SystemClock
 from ingero.echo.forwarder import Forwarder
@@ -36,6 +34,8 @@ from ingero.fleet.otlp_http import OtlpHttpHandler
 from ingero.fleet.receiver import Receiver
 from ingero.fleet.score_history import ScoreHistory
 from ingero.fleet.state import FleetState
+from ingero.systemd import Notifier, watchdog_interval
+from ingero.systemd import notifier as systemd_notifier
 from ingero.tls import grpc_server_credentials, server_ssl_context
 
 log = logging.getLogger(__name__)
@@ -64,7 +64,7 @@ class FleetDaemon:
         self,
         config: FleetConfig,
         clock: Clock | None = None,
-        notifier: sdnotify.SystemdNotifier | None = None,
+        notifier: Notifier | None = None,
     ) -> None:
         self.config = config
         self.metrics = FleetMetrics()
@@ -85,7 +85,7 @@ class FleetDaemon:
             ScoreHistory(interval, clock) if self.echo_forwarder is not None and interval else None
         )
         self.receiver = Receiver(self.state, self.metrics, self.events)
-        self._notifier = notifier or sdnotify.SystemdNotifier()
+        self._notifier = notifier or systemd_notifier()
         self._tick_listeners: list[tuple[str, TickListener]] = []
         self._stop = threading.Event()
         self._tick_thread: threading.Thread | None = None
@@ -208,18 +208,9 @@ class FleetDaemon:
 
     # ---- tick thread ----------------------------------------------------------------
 
-    def _watchdog_interval(self) -> float | None:
-        usec = os.environ.get("WATCHDOG_USEC")
-        if not usec or not usec.isdigit() or int(usec) == 0:
-            return None
-        pid = os.environ.get("WATCHDOG_PID")
-        if pid and pid.isdigit() and int(pid) != os.getpid():
-            return None
-        return int(usec) / 2e6
-
     def _tick_loop(self) -> None:
         interval = float(self.config.push_interval)
-        watchdog = self._watchdog_interval()
+        watchdog = watchdog_interval()
         next_tick = time.monotonic() + interval
         next_ping = time.monotonic()
         while True:

@@ -12,6 +12,7 @@ from typing import Literal
 from ingero.config import Duration, check, in_range, positive
 from ingero.otlp.ports import FLEET_OTLP_HTTP_PORT
 from ingero.push.score import ScoreConfig
+from ingero.systemd import JOURNAL_SOCKET
 
 DAEMON = "fleet-push"
 JOBS_DIR = Path("/run/ingero/jobs")
@@ -55,7 +56,7 @@ class ClassifierConfig:
 @dataclass(frozen=True)
 class ChannelsConfig:
     journald: bool = True
-    journal_socket: str = "/run/systemd/journal/socket"
+    journal_socket: str = JOURNAL_SOCKET
     uds: bool = True
     event_socket: str = "/run/ingero/events.sock"
     otlp_logs: bool = True

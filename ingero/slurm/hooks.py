@@ -31,9 +31,9 @@ from pathlib import Path
 from typing import Any
 
 from ingero.slurm.jobfile import JobInfo, check_job_id, jobs_dir, read_job, remove_job, write_job
+from ingero.systemd import JOURNAL_SOCKET
 
 EVENT_LOG = "/var/lib/ingero/events.ndjson"
-JOURNAL_SOCKET = "/run/systemd/journal/socket"
 # The epilog reads at most this much of the end of the event log, so a huge log stays fast.
 EVENT_LOG_TAIL_BYTES = 4 << 20
 JOURNALCTL_TIMEOUT = 5.0
