@@ -13,13 +13,14 @@ from typing import TYPE_CHECKING
 
 import click
 
+from ingero import nodedb
 from ingero.clock import SystemClock
 from ingero.errors import UnavailableError, UsageError
 
 if TYPE_CHECKING:
     from ingero.trace.tracer import TickResult, Tracer
 
-DEFAULT_DB = Path("/var/lib/ingero/ingero.db")
+DEFAULT_DB = Path(nodedb.DEFAULT_PATH)
 _SIZE_RE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([kmgt]?)i?b?\s*$", re.IGNORECASE)
 
 
