@@ -3,10 +3,10 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Literal
 
 from ingero.config import HOSTPORT, Duration, check, in_range, positive
 from ingero.otlp.ports import FLEET_API_PORT, FLEET_OTLP_GRPC_PORT, FLEET_OTLP_HTTP_PORT
+from ingero.slurm.drain_policy import DrainConfig
 from ingero.tls import check_pair
 
 
@@ -43,17 +43,6 @@ class AuthConfig:
 
     def validate(self) -> None:
         check_pair(self.tls_cert, self.tls_key)
-
-
-@dataclass(frozen=True)
-class DrainConfig:
-    enabled: bool = False
-    dry_run: bool = False
-    backend: Literal["auto", "scontrol", "pyslurm"] = "auto"
-    max_fraction: float = field(default=0.1, metadata=in_range(0.0, 1.0))
-    min_intervals: int = field(default=6, metadata=positive())
-    cooldown: Duration = Duration(1800.0)  # noqa: RUF009 - an immutable float
-    auto_resume: bool = False
 
 
 @dataclass(frozen=True)

@@ -22,10 +22,10 @@ from types import FrameType
 
 from ingero.bearer import BearerAuth, read_token
 from ingero.clock import Clock, SystemClock
-from ingero.echo.forwarder import Forwarder
 from ingero.fleet.api import ApiHandler
 from ingero.fleet.config import FleetConfig
 from ingero.fleet.events import EventQueue, EventSink, log_sink
+from ingero.fleet.forwarder import Forwarder
 from ingero.fleet.grpc_server import OtlpGrpcServer
 from ingero.fleet.httpserver import HttpServer
 from ingero.fleet.metrics import FleetMetrics

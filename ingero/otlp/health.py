@@ -159,6 +159,18 @@ def encode_health(push: NodePush, time_unix_nano: int) -> ExportMetricsServiceRe
     return request
 
 
+def encode_health_batch(
+    pushes: Iterable[tuple[NodePush, int]],
+) -> ExportMetricsServiceRequest:
+    """Many nodes' pushes in one request (Fleet's score history to Echo): each node's
+    :func:`encode_health` resource, with its own time, merged; decoded by
+    :func:`decode_health` like single pushes."""
+    request = ExportMetricsServiceRequest()
+    for push, time_unix_nano in pushes:
+        request.resource_metrics.extend(encode_health(push, time_unix_nano).resource_metrics)
+    return request
+
+
 def _number(point: NumberDataPoint) -> float:
     return float(point.as_int) if point.WhichOneof("value") == "as_int" else point.as_double
 

@@ -43,6 +43,18 @@ def test_roundtrip_keeps_every_field() -> None:
     assert result.pushes == [FULL]
 
 
+def test_batch_of_nodes_decodes_to_each_push_with_its_own_time() -> None:
+    other = NodePush(node_id="gpu-008", cluster_id="hpc", score=0.4, state="idle", job_id="9")
+    request = health.encode_health_batch([(FULL, 1_000), (other, 2_000)])
+    wire = parse_protobuf(request.SerializeToString(), ExportMetricsServiceRequest)
+    assert health.decode_health(wire).pushes == [FULL, other]
+    times = [
+        rm.scope_metrics[0].metrics[0].gauge.data_points[0].time_unix_nano
+        for rm in wire.resource_metrics
+    ]
+    assert times == [1_000, 2_000]
+
+
 def test_minimal_push_defaults_to_active() -> None:
     result = roundtrip(NodePush(node_id="n1", cluster_id="c", score=1.0))
     assert result.pushes == [NodePush(node_id="n1", cluster_id="c", score=1.0)]
