@@ -27,12 +27,13 @@ import statistics
 from ingero.clock import ManualClock
 from ingero.config import Duration
 from ingero.fleet.config import FleetConfig
-from ingero.fleet.model import NodePush
 from ingero.fleet.state import FleetState
+from ingero.otlp.health import NodePush
+from ingero.otlp.threshold import ThresholdView
 from ingero.push.baseline import EmaBaseline
 from ingero.push.classifier import Classifier, Observation
 from ingero.push.config import ClassifierConfig, PushConfig
-from ingero.push.detection import DetectionSelector, FleetReading
+from ingero.push.detection import DetectionSelector
 from ingero.push.score import ScoreInputs, compute_score
 
 INTERVAL = 5.0
@@ -83,7 +84,7 @@ class SimNode:
             dominant_signal=result.dominant_signal,
         )
 
-    def classify(self, push: NodePush, reading: FleetReading) -> list[str]:
+    def classify(self, push: NodePush, reading: ThresholdView) -> list[str]:
         self.selector.on_fleet(reading)
         decision = self.selector.decide(push.score if push.state == "active" else None)
         events = self.classifier.observe(Observation.of(push, decision, self.clock.now()))
@@ -104,7 +105,9 @@ class Sim:
         for node in self.nodes:
             push = node.push()
             view = self.fleet.ingest(push)
-            reading = FleetReading(view.threshold, view.quorum_met, view.panic)
+            reading = ThresholdView(
+                threshold=view.threshold, quorum_met=view.quorum_met, panic=view.panic
+            )
             events = [e for e in node.classify(push, reading) if e.startswith("straggler")]
             if events:
                 out[node.name] = events

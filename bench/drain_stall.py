@@ -20,7 +20,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from ingero.fleet.model import NodePush
+from ingero.otlp.health import NodePush
 from tests.integration.fleet.helpers import Fleet, start_fleet
 from tests.integration.slurm.cluster import missing_reason, slurm_cluster
 

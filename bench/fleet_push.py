@@ -38,8 +38,7 @@ METRICS_PATH = "/opentelemetry.proto.collector.metrics.v1.MetricsService/Export"
 
 
 def agent_bodies(first: int, count: int) -> list[bytes]:
-    from ingero.fleet.model import NodePush
-    from ingero.otlp.health import encode_health
+    from ingero.otlp.health import NodePush, encode_health
 
     now = time.time_ns()
     return [
@@ -262,7 +261,7 @@ def hot_path(n: int) -> None:
         ExportMetricsServiceRequest,
     )
 
-    from ingero.fleet.auth import BearerAuth
+    from ingero.bearer import BearerAuth
     from ingero.fleet.config import FleetConfig, LimitsConfig
     from ingero.fleet.daemon import FleetDaemon
     from ingero.fleet.httpserver import _parse_head, render

@@ -19,8 +19,8 @@ import numpy as np
 
 from ingero.clock import ManualClock
 from ingero.fleet.config import FleetConfig
-from ingero.fleet.model import NodePush
 from ingero.fleet.state import FleetState
+from ingero.otlp.health import NodePush
 
 GROUP_SIZE = 100
 

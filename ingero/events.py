@@ -27,6 +27,9 @@ MESSAGE_IDS: dict[str, str] = {
 }
 EVENT_TYPES = frozenset(MESSAGE_IDS)
 
+# The Unix socket fleet-push writes NDJSON events to, where a consumer (``ingero sink``) listens.
+EVENT_SOCKET = "/run/ingero/events.sock"
+
 # journald PRIORITY per type: stragglers and drains are warnings, the rest notices.
 _PRIORITY = {"straggler_state": 4, "node_drained": 4, "group_degraded": 4}
 

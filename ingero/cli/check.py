@@ -7,6 +7,7 @@ from pathlib import Path
 
 import click
 
+from ingero import nodedb
 from ingero.errors import EXIT_OK, EXIT_UNAVAILABLE
 
 _MARK = {"ok": "[green]✓[/]", "warn": "[yellow]![/]", "fail": "[red]✗[/]", "info": "[blue]·[/]"}
@@ -14,7 +15,7 @@ _MARK = {"ok": "[green]✓[/]", "warn": "[yellow]![/]", "fail": "[red]✗[/]", "
 
 @click.command("check")
 @click.option("--db", "db_path", type=click.Path(path_type=Path),
-              default=Path("/var/lib/ingero/ingero.db"), show_default=True,
+              default=Path(nodedb.DEFAULT_PATH), show_default=True,
               help="Node DB that must be writable.")  # fmt: skip
 @click.option("--json", "as_json", is_flag=True, help="Print the results as JSON.")
 def check(db_path: Path, as_json: bool) -> int:

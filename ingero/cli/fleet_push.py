@@ -100,6 +100,7 @@ def run_agent(
     from ingero.push.detection_store import DetectionStore
     from ingero.push.sampler import NodeSampler
     from ingero.slurm.jobfile import current_jobs, jobs_dir
+    from ingero.systemd import notifier
 
     clock = SystemClock()
     node = resolve_node_id(config.node_id)
@@ -147,17 +148,8 @@ def run_agent(
         float(config.push_interval),
     )
     try:
-        agent.run(stop, _notifier())
+        agent.run(stop, notifier())
     finally:
         agent.close()
         stats = {c.name: c.stats() for c in channels}
         logging.getLogger(__name__).info("stopped; channels %s", stats)
-
-
-def _notifier() -> Any:
-    """sdnotify's notifier under systemd (it connects at construction), else None."""
-    if not os.environ.get("NOTIFY_SOCKET"):
-        return None
-    import sdnotify
-
-    return sdnotify.SystemdNotifier()

@@ -10,10 +10,11 @@ from types import FrameType
 import click
 
 from ingero.errors import UsageError
+from ingero.events import EVENT_SOCKET
 
 
 @click.command("sink")
-@click.option("--socket", "socket_path", default="/run/ingero/events.sock", show_default=True)
+@click.option("--socket", "socket_path", default=EVENT_SOCKET, show_default=True)
 @click.option(
     "--metrics",
     "metrics_listen",

@@ -13,13 +13,14 @@ from typing import TYPE_CHECKING
 
 import click
 
+from ingero import nodedb
 from ingero.clock import SystemClock
 from ingero.errors import UnavailableError, UsageError
 
 if TYPE_CHECKING:
     from ingero.trace.tracer import TickResult, Tracer
 
-DEFAULT_DB = Path("/var/lib/ingero/ingero.db")
+DEFAULT_DB = Path(nodedb.DEFAULT_PATH)
 _SIZE_RE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([kmgt]?)i?b?\s*$", re.IGNORECASE)
 
 
@@ -134,9 +135,9 @@ def step(tracer: Tracer, n: int, interval: float) -> TickResult | None:
 
 
 def _run_headless(tracer: Tracer, interval: float, stop: threading.Event) -> None:
-    import sdnotify
+    from ingero.systemd import notifier as systemd_notifier
 
-    notifier = sdnotify.SystemdNotifier()
+    notifier = systemd_notifier()
     notifier.notify(f"READY=1\nSTATUS=tracing, {tracer.probe_count} probes attached")
     n = 0
     while _wait(tracer, interval, stop):

@@ -27,8 +27,7 @@ from typing import IO, Any, Protocol
 
 from ingero.demo.procs import Children
 from ingero.demo.status import NodeStatus, NotifyListener
-
-JOURNAL_SOCKET = Path("/run/systemd/journal/socket")
+from ingero.systemd import JOURNAL_SOCKET
 
 
 @dataclass(frozen=True)
@@ -232,7 +231,7 @@ class Demo:
             target=_read_events, args=(sink.process.stdout, events), daemon=True
         ).start()
 
-        st.journald = JOURNAL_SOCKET.is_socket()
+        st.journald = Path(JOURNAL_SOCKET).is_socket()
         workload_interval = max(0.05, opts.push_interval / 4)
         for rank, node in enumerate(opts.node_names()):
             node_dir = workdir / node

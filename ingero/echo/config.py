@@ -6,6 +6,7 @@ import os
 from dataclasses import dataclass, field
 
 from ingero.config import HOSTPORT, Duration, check, positive
+from ingero.tls import check_pair
 
 
 @dataclass(frozen=True)
@@ -51,8 +52,7 @@ class AuthConfig:
     tls_key: str | None = None
 
     def validate(self) -> None:
-        if (self.tls_cert is None) != (self.tls_key is None):
-            raise ValueError("auth.tls_cert and auth.tls_key must be set together")
+        check_pair(self.tls_cert, self.tls_key)
 
 
 @dataclass(frozen=True)

@@ -16,7 +16,6 @@ import socket
 from collections.abc import Generator
 from typing import Any
 
-import sdnotify
 import uvicorn
 
 from ingero.clock import Clock, SystemClock
@@ -30,8 +29,8 @@ from ingero.echo.queries import GpuRates
 from ingero.echo.service import Service
 from ingero.echo.store import Store
 from ingero.errors import UnavailableError
-from ingero.fleet.auth import grpc_server_credentials, server_ssl_context
-from ingero.fleet.config import AuthConfig as FleetAuthConfig
+from ingero.systemd import notifier
+from ingero.tls import grpc_server_credentials, server_ssl_context
 
 log = logging.getLogger("ingero.echo")
 
@@ -72,9 +71,9 @@ class EchoDaemon:
         self.tokens = TokenTable.load(config.auth.tokens_file)
         rates = GpuRates.load(config.gpu_rates_file)
         # Checked now, so a bad certificate is one configuration error before anything runs.
-        tls_paths = FleetAuthConfig(tls_cert=config.auth.tls_cert, tls_key=config.auth.tls_key)
-        self._tls = server_ssl_context(tls_paths) is not None
-        self._grpc_credentials = grpc_server_credentials(tls_paths)
+        cert, key = config.auth.tls_cert, config.auth.tls_key
+        self._tls = server_ssl_context(cert, key) is not None
+        self._grpc_credentials = grpc_server_credentials(cert, key)
         self.store = Store(
             config.db,
             clock=self.clock,
@@ -183,10 +182,10 @@ class EchoDaemon:
                 grpc_port,
                 self.config.db,
             )
-            sdnotify.SystemdNotifier().notify("READY=1")
+            notifier().notify("READY=1")
             await asyncio.gather(*tasks)
         finally:
-            sdnotify.SystemdNotifier().notify("STOPPING=1")
+            notifier().notify("STOPPING=1")
             grpc_server.stop(grace=5).wait()
             self._close()
             api_sock.close()

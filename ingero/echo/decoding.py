@@ -25,7 +25,7 @@ from opentelemetry.proto.collector.metrics.v1.metrics_service_pb2 import (
     ExportMetricsServiceRequest,
 )
 
-from ingero.echo.store import EventRow, ScorePoint, event_row
+from ingero.echo.rows import EventRow, ScorePoint, event_row
 from ingero.errors import UnavailableError
 from ingero.events import Event
 from ingero.otlp.health import SCORE_METRIC, decode_health

@@ -22,6 +22,7 @@ from mcp.server.context import ServerRequestContext
 from mcp.server.stdio import stdio_server
 
 from ingero import __version__
+from ingero.bearer import authorization
 from ingero.echo.auth import AccessDenied, TokenTable
 from ingero.echo.queries import QUESTIONS, BadRequest
 from ingero.echo.service import SQL_PARAM, SQL_QUESTION, SQL_SUMMARY, Service
@@ -87,7 +88,7 @@ class RemoteBackend:
         if data is not None:
             request.add_header("Content-Type", "application/json")
         if self.token:
-            request.add_header("Authorization", f"Bearer {self.token}")
+            request.add_header("Authorization", authorization(self.token))
         try:
             with urllib.request.urlopen(request, timeout=self.timeout) as response:
                 result: dict[str, Any] = json.loads(response.read())

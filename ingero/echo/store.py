@@ -8,6 +8,11 @@ acknowledgement always means the data is durable. An event is identified by
 batch never doubles an event: an episode's events share one ``event_id`` (its
 ``straggler_state``, re-emits and ``straggler_resolved``), and each is its own row. A lock
 file held with ``flock`` keeps a second Echo process from ever writing the same database.
+
+What is stored is defined in ``ingero.echo.rows`` (an event as its row, a score sample);
+straggler events are folded into the ``episodes`` table by the pure fold all readers
+share (``ingero.episodes``); this module is the writer around them: SQL, the thread,
+retention.
 """
 
 from __future__ import annotations
@@ -29,107 +34,35 @@ from typing import IO, Any
 import sqlite_utils
 
 from ingero.clock import Clock, SystemClock
+from ingero.echo.rows import (
+    CLUSTER_ID,
+    DOMINANT_SIGNAL,
+    EVENT_ID,
+    EXTRA,
+    INSERT_EVENT,
+    JOB_ID,
+    NODE_ID,
+    SCORE,
+    THRESHOLD,
+    TS,
+    TYPE,
+    EventRow,
+    ScorePoint,
+    event_row,
+)
 from ingero.echo.schema import MIGRATIONS
+from ingero.episodes import RECENTLY_CLOSED, TYPES, Episode, EpisodeFold, Mark
 from ingero.errors import UnavailableError
 from ingero.events import Event
 from ingero.sqlitemigrate import migrate
 
 log = logging.getLogger("ingero.echo.store")
 
-_STRAGGLER_TYPES = frozenset({"straggler_state", "straggler_resolved"})
 _MAX_JOBS_PER_TX = 256
 _RETENTION_WINDOW = 100_000  # rows of a table one retention step looks at
-_RECENT_CLOSED = 50_000  # closed episodes kept by event id, for their late events
 _LAST_SEEN_STEP = 300.0  # seconds: how stale an event's nodes.last_seen may be
 _CACHE_KIB = 64 * 1024  # the writer connection's page cache
 _CHECKPOINT_PAGES = 10_000  # WAL pages between automatic checkpoints (~40 MiB)
-
-
-@dataclass(frozen=True)
-class ScorePoint:
-    """One health-score sample of one node (from an OTLP metrics push)."""
-
-    cluster_id: str
-    node_id: str
-    ts: float
-    score: float
-    job_id: str | None = None
-    host_name: str | None = None
-    gpu_model: str | None = None
-    gpu_count: int | None = None
-    provider: str | None = None
-
-
-@dataclass
-class _Episode:
-    """A straggler episode as the writer keeps it between commits."""
-
-    id: int
-    event_id: str  # of the event that opened it
-    start_ts: float
-    last_ts: float
-    max_depth: float | None = None
-    min_score: float | None = None
-    n_events: int = 0
-    end_ts: float | None = None
-    new: bool = False  # not yet in the table
-
-
-# An event as the row it is stored as: the columns of _INSERT_EVENT, in order. Decoding
-# workers send rows, not Event objects: a tuple pickles in a quarter of the time.
-EventRow = tuple[
-    str,  # event_id
-    str,  # type
-    str,  # cluster_id
-    str,  # node_id
-    str | None,  # job_id
-    int | None,  # rank
-    float | None,  # score
-    float | None,  # threshold
-    str | None,  # detection_mode
-    str | None,  # dominant_signal
-    float,  # ts
-    float,  # received
-    str | None,  # extra, JSON
-]
-_INSERT_EVENT = (
-    "INSERT OR IGNORE INTO events (event_id, type, cluster_id, node_id, job_id, rank, score,"
-    " threshold, detection_mode, dominant_signal, ts, received, extra)"
-    " VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?)"
-)
-
-
-def event_row(ev: Event, received: float) -> EventRow:
-    extra = json.dumps(ev.extra, separators=(",", ":"), allow_nan=False) if ev.extra else None
-    return (
-        ev.event_id,
-        ev.type,
-        ev.cluster_id,
-        ev.node_id,
-        ev.job_id,
-        ev.rank,
-        ev.score,
-        ev.threshold,
-        ev.detection_mode,
-        ev.dominant_signal,
-        ev.timestamp,
-        received,
-        extra,
-    )
-
-
-def _fold_state(ep: _Episode, row: EventRow) -> None:
-    """Widen an episode by one ``straggler_state``: its time span, depth and lowest score."""
-    ts, score, threshold = row[10], row[6], row[7]
-    ep.start_ts = min(ep.start_ts, ts)
-    ep.last_ts = max(ep.last_ts, ts)
-    if score is not None:
-        if threshold is not None:
-            depth = threshold - score
-            if ep.max_depth is None or depth > ep.max_depth:
-                ep.max_depth = depth
-        if ep.min_score is None or score < ep.min_score:
-            ep.min_score = score
 
 
 def _gpu_facts(extra: str) -> tuple[str | None, int | None]:
@@ -196,8 +129,7 @@ class Store:
             self._conn.execute(f"PRAGMA cache_size = -{_CACHE_KIB}")
             self._conn.execute(f"PRAGMA wal_autocheckpoint = {_CHECKPOINT_PAGES}")
             migrate(sqlite_utils.Database(self._conn), MIGRATIONS)
-            self._open: dict[tuple[str, str, str], _Episode] = {}
-            self._recently_closed: dict[str, _Episode] = {}  # oldest first
+            self._episodes = EpisodeFold()
             self._cache_stale = True
             # (cluster, node) -> (gpu_model, gpu_count, last_seen) as last written
             self._node_facts: dict[tuple[str, str], tuple[str | None, int | None, float]] = {}
@@ -345,7 +277,7 @@ class Store:
             received += len(job.rows)
             last_id = conn.execute("SELECT coalesce(max(id), 0) FROM events").fetchone()[0]
             before = conn.total_changes
-            conn.executemany(_INSERT_EVENT, job.rows)
+            conn.executemany(INSERT_EVENT, job.rows)
             new = conn.total_changes - before
             counts.append(new)
             if new == len(job.rows):
@@ -358,102 +290,68 @@ class Store:
                     ).fetchall()
                 )
                 for row in job.rows:
-                    key = (row[10], row[0], row[1])
+                    key = (row[TS], row[EVENT_ID], row[TYPE])
                     if added[key] > 0:
                         added[key] -= 1
                         fresh.append(row)
         self.stats["events_duplicate"] += received - len(fresh)
         self.stats["events_stored"] += len(fresh)
-        self._fold_episodes([row for row in fresh if row[1] in _STRAGGLER_TYPES])
+        self._fold_episodes([row for row in fresh if row[TYPE] in TYPES])
         self._touch_nodes(fresh)
         return counts
 
     def _load_open_episodes(self) -> None:
         """The open episode of each (cluster, node, job) and the recently closed ones by
-        event id: the writer's authoritative cache. Episode ids are handed out here too (one
-        writer), so new ones insert in one go."""
+        event id: the writer's authoritative cache, restored into the fold. Episode ids are
+        handed out by the fold (one writer), so new ones insert in one go."""
         columns = (
             "id, event_id, cluster_id, node_id, job_id, start_ts, last_ts, max_depth,"
             " min_score, n_events, end_ts"
         )
-        self._open = {
-            (c, n, j): _Episode(i, e or "", s, last, d, m, k, end)  # v1 stored no event_id
-            for i, e, c, n, j, s, last, d, m, k, end in self._conn.execute(
-                f"SELECT {columns} FROM episodes WHERE end_ts IS NULL"
-            )
-        }
-        self._recently_closed = {
-            e: _Episode(i, e, s, last, d, m, k, end)
-            for i, e, c, n, j, s, last, d, m, k, end in reversed(
-                self._conn.execute(
-                    f"SELECT {columns} FROM episodes WHERE end_ts IS NOT NULL"
-                    " AND event_id IS NOT NULL ORDER BY id DESC LIMIT ?",
-                    (_RECENT_CLOSED,),
-                ).fetchall()
-            )
-        }
-        self._next_episode = int(
-            self._conn.execute("SELECT coalesce(max(id), 0) + 1 FROM episodes").fetchone()[0]
+
+        def episodes(sql: str, *args: object) -> list[Episode]:
+            return [
+                # v1 stored no event_id
+                Episode(i, e or "", c, n, j, s, last, d, m, k, end)
+                for i, e, c, n, j, s, last, d, m, k, end in self._conn.execute(sql, args)
+            ]
+
+        open_episodes = episodes(f"SELECT {columns} FROM episodes WHERE end_ts IS NULL")
+        closed = episodes(
+            f"SELECT {columns} FROM episodes WHERE end_ts IS NOT NULL"
+            " AND event_id IS NOT NULL ORDER BY id DESC LIMIT ?",
+            RECENTLY_CLOSED,
         )
+        next_id = self._conn.execute("SELECT coalesce(max(id), 0) + 1 FROM episodes").fetchone()
+        self._episodes = EpisodeFold(open_episodes, reversed(closed), int(next_id[0]))
         self._node_facts.clear()
         self._cache_stale = False
 
-    def _remember_closed(self, event_id: str, ep: _Episode) -> None:
-        closed = self._recently_closed
-        closed[event_id] = ep
-        if len(closed) > _RECENT_CLOSED:
-            del closed[next(iter(closed))]  # the oldest
-
     def _fold_episodes(self, rows: list[EventRow]) -> None:
-        """Fold straggler events into episodes. Events may arrive out of order (retries,
-        two forwarders): a late event of an episode already closed folds into it, found by
-        its ``event_id``, and a ``straggler_resolved`` that comes before its episode's
-        ``straggler_state`` stores the episode closed, for that state to fold into."""
-        touched: dict[int, tuple[tuple[str, str, str], _Episode]] = {}
-        open_episode, closed_episode = self._open.get, self._recently_closed.get
+        """Fold straggler events into episodes (in the order they arrive; the fold sorts out
+        late and early ones) and write the episodes they touched."""
+        fold = self._episodes
+        first_new = fold.next_id  # episodes from here on are not in the table yet
+        touched: dict[int, Episode] = {}
         for row in rows:
-            event_id, kind, ts = row[0], row[1], row[10]
-            key = (row[2], row[3], row[4] or "")
-            ep = open_episode(key)
-            late = closed_episode(event_id)
-            if late is not None and late.end_ts is not None and ts <= late.end_ts:
-                if kind == "straggler_resolved":
-                    late.end_ts = max(late.end_ts, ts)
-                else:
-                    if late.n_events == 1:  # it holds only its resolution, which came first
-                        late.start_ts = late.last_ts = ts
-                    _fold_state(late, row)
-                late.n_events += 1
-                touched[late.id] = (key, late)
-                continue
-            if kind == "straggler_resolved":
-                if ep is None:  # it came first: its straggler_state will fold in later
-                    ep = _Episode(self._next_episode, event_id, ts, ts)
-                    ep.new = True
-                    self._next_episode += 1
-                else:
-                    del self._open[key]
-                    if ep.event_id != event_id:
-                        self._remember_closed(ep.event_id, ep)
-                ep.end_ts = max(ep.last_ts, ts)
-                ep.n_events += 1
-                self._remember_closed(event_id, ep)
-                touched[ep.id] = (key, ep)
-                continue
-            if ep is None:
-                ep = _Episode(self._next_episode, event_id, ts, ts)
-                ep.new = True
-                self._next_episode += 1
-                self._open[key] = ep
-            _fold_state(ep, row)
-            ep.n_events += 1
-            touched[ep.id] = (key, ep)
+            mark = Mark(
+                row[EVENT_ID],
+                row[TYPE],
+                row[CLUSTER_ID],
+                row[NODE_ID],
+                row[JOB_ID],
+                row[TS],
+                row[SCORE],
+                row[THRESHOLD],
+                row[DOMINANT_SIGNAL],
+            )
+            ep = fold.add(mark)
+            touched[ep.id] = ep
         inserts, updates = [], []
-        for key, ep in touched.values():
+        for ep in touched.values():
             values = (ep.start_ts, ep.last_ts, ep.end_ts, ep.max_depth, ep.min_score, ep.n_events)
-            if ep.new:
-                inserts.append((ep.id, ep.event_id, *key, *values))
-                ep.new = False
+            if ep.id >= first_new:
+                inserts.append((ep.id, ep.event_id, *ep.key, *values))
             else:
                 updates.append((*values, ep.id))
         self._conn.executemany(
@@ -473,7 +371,7 @@ class Store:
         known = self._node_facts
         facts: dict[tuple[str, str], list[Any]] = {}
         for row in rows:
-            node, ts, extra = (row[2], row[3]), row[10], row[12]
+            node, ts, extra = (row[CLUSTER_ID], row[NODE_ID]), row[TS], row[EXTRA]
             if extra is None or '"gpu_' not in extra:  # most events carry no GPU facts
                 model = count = None
                 old = known.get(node)

@@ -9,11 +9,11 @@ from __future__ import annotations
 
 import json
 import sqlite3
-from dataclasses import fields
 from pathlib import Path
 
 import sqlite_utils
 
+from ingero import nodedb
 from ingero.collectors.nodedb import NodeDbUnavailable, read_window
 from ingero.errors import EXIT_DATAERR, IngeroError, UnavailableError
 from ingero.explain.analysis import GpuStats, HostStats, OpStats, ProcessInfo, WindowData
@@ -26,9 +26,8 @@ from ingero.explain.chains import (
     Timeline,
 )
 from ingero.nodedb.schema import SCHEMA_VERSION, SchemaError, connect
-from ingero.push.config import PushConfig
 
-DEFAULT_DB = Path(str(next(f.default for f in fields(PushConfig) if f.name == "node_db")))
+DEFAULT_DB = Path(nodedb.DEFAULT_PATH)
 # NCCL calls that are not one collective of a communicator (no alignment across ranks).
 NON_COLLECTIVE_OPS = ("ncclGroupEnd", "ncclCommInitRank", "ncclCommDestroy")
 NODE_TABLES = ("intervals", "raw_events", "host_intervals", "gpu_intervals", "processes")

@@ -12,10 +12,11 @@ from urllib.parse import parse_qs
 
 from prometheus_client import CONTENT_TYPE_LATEST
 
-from ingero.fleet.auth import BearerAuth
+from ingero.bearer import BearerAuth
 from ingero.fleet.httpserver import HttpRequest, HttpResponse
 from ingero.fleet.metrics import FleetMetrics
 from ingero.fleet.state import FleetState
+from ingero.otlp.threshold import API_PATH, encode_json
 
 _JSON = "application/json"
 
@@ -52,7 +53,7 @@ class ApiHandler:
         return None
 
     def __call__(self, request: HttpRequest) -> HttpResponse:
-        if request.path == "/api/v1/threshold":
+        if request.path == API_PATH:
             return self._threshold(request.query)
         if request.path == "/metrics":
             return HttpResponse(200, self._metrics.render(), CONTENT_TYPE_LATEST)
@@ -88,4 +89,4 @@ class ApiHandler:
                     "workload_type": workload,
                 },
             )
-        return json_response(200, view.to_json())
+        return json_response(200, encode_json(view))

@@ -3,16 +3,18 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Literal
 
 from ingero.config import HOSTPORT, Duration, check, in_range, positive
+from ingero.otlp.ports import FLEET_API_PORT, FLEET_OTLP_GRPC_PORT, FLEET_OTLP_HTTP_PORT
+from ingero.slurm.drain_policy import DrainConfig
+from ingero.tls import check_pair
 
 
 @dataclass(frozen=True)
 class ListenConfig:
-    otlp_grpc: str = field(default="0.0.0.0:4317", metadata=HOSTPORT)
-    otlp_http: str = field(default="0.0.0.0:4318", metadata=HOSTPORT)
-    api: str = field(default="0.0.0.0:8080", metadata=HOSTPORT)
+    otlp_grpc: str = field(default=f"0.0.0.0:{FLEET_OTLP_GRPC_PORT}", metadata=HOSTPORT)
+    otlp_http: str = field(default=f"0.0.0.0:{FLEET_OTLP_HTTP_PORT}", metadata=HOSTPORT)
+    api: str = field(default=f"0.0.0.0:{FLEET_API_PORT}", metadata=HOSTPORT)
 
 
 @dataclass(frozen=True)
@@ -40,19 +42,7 @@ class AuthConfig:
     tls_key: str | None = None
 
     def validate(self) -> None:
-        if (self.tls_cert is None) != (self.tls_key is None):
-            raise ValueError("auth.tls_cert and auth.tls_key must be set together")
-
-
-@dataclass(frozen=True)
-class DrainConfig:
-    enabled: bool = False
-    dry_run: bool = False
-    backend: Literal["auto", "scontrol", "pyslurm"] = "auto"
-    max_fraction: float = field(default=0.1, metadata=in_range(0.0, 1.0))
-    min_intervals: int = field(default=6, metadata=positive())
-    cooldown: Duration = Duration(1800.0)  # noqa: RUF009 - an immutable float
-    auto_resume: bool = False
+        check_pair(self.tls_cert, self.tls_key)
 
 
 @dataclass(frozen=True)

@@ -20,14 +20,12 @@ from dataclasses import dataclass
 from pathlib import Path
 from types import FrameType
 
-import sdnotify
-
+from ingero.bearer import BearerAuth, read_token
 from ingero.clock import Clock, SystemClock
-from ingero.echo.forwarder import Forwarder
 from ingero.fleet.api import ApiHandler
-from ingero.fleet.auth import grpc_server_credentials, load_auth, server_ssl_context
 from ingero.fleet.config import FleetConfig
 from ingero.fleet.events import EventQueue, EventSink, log_sink
+from ingero.fleet.forwarder import Forwarder
 from ingero.fleet.grpc_server import OtlpGrpcServer
 from ingero.fleet.httpserver import HttpServer
 from ingero.fleet.metrics import FleetMetrics
@@ -36,6 +34,9 @@ from ingero.fleet.otlp_http import OtlpHttpHandler
 from ingero.fleet.receiver import Receiver
 from ingero.fleet.score_history import ScoreHistory
 from ingero.fleet.state import FleetState
+from ingero.systemd import Notifier, watchdog_interval
+from ingero.systemd import notifier as systemd_notifier
+from ingero.tls import grpc_server_credentials, server_ssl_context
 
 log = logging.getLogger(__name__)
 
@@ -63,7 +64,7 @@ class FleetDaemon:
         self,
         config: FleetConfig,
         clock: Clock | None = None,
-        notifier: sdnotify.SystemdNotifier | None = None,
+        notifier: Notifier | None = None,
     ) -> None:
         self.config = config
         self.metrics = FleetMetrics()
@@ -84,7 +85,7 @@ class FleetDaemon:
             ScoreHistory(interval, clock) if self.echo_forwarder is not None and interval else None
         )
         self.receiver = Receiver(self.state, self.metrics, self.events)
-        self._notifier = notifier or sdnotify.SystemdNotifier()
+        self._notifier = notifier or systemd_notifier()
         self._tick_listeners: list[tuple[str, TickListener]] = []
         self._stop = threading.Event()
         self._tick_thread: threading.Thread | None = None
@@ -93,8 +94,8 @@ class FleetDaemon:
         if self.score_history is not None:
             self.add_tick_listener(self._forward_scores, "echo-score-history")
 
-        auth = load_auth(config.auth)
-        ssl_context = server_ssl_context(config.auth)
+        auth = BearerAuth(read_token(config.auth.bearer_token_file, "auth.bearer_token_file"))
+        ssl_context = server_ssl_context(config.auth.tls_cert, config.auth.tls_key)
         max_body = config.limits.max_body_bytes
         otlp = OtlpHttpHandler(self.receiver, self.metrics, auth, max_body)
         api = ApiHandler(self.state, self.metrics, auth, self.ready)
@@ -114,7 +115,7 @@ class FleetDaemon:
             self.metrics,
             auth,
             max_body,
-            grpc_server_credentials(config.auth),
+            grpc_server_credentials(config.auth.tls_cert, config.auth.tls_key),
         )
 
     # ---- extension points ---------------------------------------------------------
@@ -207,18 +208,9 @@ class FleetDaemon:
 
     # ---- tick thread ----------------------------------------------------------------
 
-    def _watchdog_interval(self) -> float | None:
-        usec = os.environ.get("WATCHDOG_USEC")
-        if not usec or not usec.isdigit() or int(usec) == 0:
-            return None
-        pid = os.environ.get("WATCHDOG_PID")
-        if pid and pid.isdigit() and int(pid) != os.getpid():
-            return None
-        return int(usec) / 2e6
-
     def _tick_loop(self) -> None:
         interval = float(self.config.push_interval)
-        watchdog = self._watchdog_interval()
+        watchdog = watchdog_interval()
         next_tick = time.monotonic() + interval
         next_ping = time.monotonic()
         while True:

@@ -22,24 +22,14 @@ from opentelemetry.proto.collector.metrics.v1.metrics_service_pb2 import (
     ExportMetricsServiceResponse,
 )
 
-from ingero.fleet.auth import BearerAuth
+from ingero.bearer import BearerAuth
 from ingero.fleet.metrics import FleetMetrics
-from ingero.fleet.model import ThresholdView
 from ingero.fleet.receiver import Receiver
+from ingero.otlp.threshold import encode_metadata
 from ingero.otlp.values import OtlpDecodeError, parse_protobuf
 
 METRICS_SERVICE = "opentelemetry.proto.collector.metrics.v1.MetricsService"
 LOGS_SERVICE = "opentelemetry.proto.collector.logs.v1.LogsService"
-
-
-def threshold_metadata(view: ThresholdView | None) -> tuple[tuple[str, str], ...]:
-    if view is None:
-        return ()
-    return (
-        ("ingero-threshold", "" if view.threshold is None else repr(view.threshold)),
-        ("ingero-quorum-met", "true" if view.quorum_met else "false"),
-        ("ingero-panic", "true" if view.panic else "false"),
-    )
 
 
 class OtlpGrpcServer:
@@ -150,7 +140,7 @@ class OtlpGrpcServer:
                 context, "metrics", grpc.StatusCode.INVALID_ARGUMENT, "malformed", str(exc), start
             )
         reply = self._receiver.metrics_request(request)
-        context.send_initial_metadata(threshold_metadata(reply.view))
+        context.send_initial_metadata(encode_metadata(reply.view))
         response = ExportMetricsServiceResponse()
         if reply.rejected:
             response.partial_success.rejected_data_points = reply.rejected

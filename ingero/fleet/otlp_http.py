@@ -22,10 +22,9 @@ from opentelemetry.proto.collector.metrics.v1.metrics_service_pb2 import (
     ExportMetricsServiceResponse,
 )
 
-from ingero.fleet.auth import BearerAuth
+from ingero.bearer import BearerAuth
 from ingero.fleet.httpserver import HttpRequest, HttpResponse
 from ingero.fleet.metrics import FleetMetrics
-from ingero.fleet.model import ThresholdView
 from ingero.fleet.receiver import (
     JSON,
     PROTOBUF,
@@ -36,20 +35,11 @@ from ingero.fleet.receiver import (
     media_type,
     parse_body,
 )
+from ingero.otlp.threshold import encode_headers
 
 _SIGNALS = {"/v1/metrics": "metrics", "/v1/logs": "logs"}
 # gRPC status codes for the google.rpc.Status body (INVALID_ARGUMENT, UNAUTHENTICATED, ...).
 _GRPC_CODES = {400: 3, 401: 16, 404: 5, 405: 12, 411: 3, 413: 8, 415: 3}
-
-
-def threshold_headers(view: ThresholdView | None) -> list[tuple[str, str]]:
-    if view is None:
-        return []
-    return [
-        ("X-Ingero-Threshold", "" if view.threshold is None else repr(view.threshold)),
-        ("X-Ingero-Quorum-Met", "true" if view.quorum_met else "false"),
-        ("X-Ingero-Panic", "true" if view.panic else "false"),
-    ]
 
 
 def _encode(message: Message, media: str) -> HttpResponse:
@@ -115,7 +105,7 @@ class OtlpHttpHandler:
                     parse_body(body, media, ExportMetricsServiceRequest)
                 )
                 response = _encode(_metrics_response(reply), media)
-                response.headers = threshold_headers(reply.view)
+                response.headers = encode_headers(reply.view)
             else:
                 reply = self._receiver.logs_request(
                     parse_body(body, media, ExportLogsServiceRequest)

@@ -18,10 +18,11 @@ from opentelemetry.proto.collector.metrics.v1.metrics_service_pb2 import (
 
 from ingero.fleet.events import EventQueue
 from ingero.fleet.metrics import FleetMetrics
-from ingero.fleet.model import CapacityError, ThresholdView
+from ingero.fleet.model import CapacityError
 from ingero.fleet.state import FleetState
 from ingero.otlp.health import decode_health
 from ingero.otlp.logs import decode_events
+from ingero.otlp.threshold import ThresholdView
 from ingero.otlp.values import OtlpDecodeError, parse_json, parse_protobuf
 
 M = TypeVar("M", bound=Message)

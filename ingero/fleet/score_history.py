@@ -4,7 +4,9 @@ Fleet holds only each node's latest score. Every ``interval`` seconds :class:`Sc
 takes one sample of each active or idle node that pushed since the previous sample (a
 silent node's old score is not repeated until it expires), stamped with the sampling time.
 Pure: it takes the rows and an injected clock; the daemon hands the samples to the Echo
-forwarder, which encodes and sends them off the tick thread.
+forwarder (``ingero.fleet.forwarder``), which encodes them with :func:`encode_scores` and
+sends them off the tick thread. On the wire a sample is a health push
+(``ingero.otlp.health``), so Echo decodes it like any other.
 """
 
 from __future__ import annotations
@@ -12,9 +14,13 @@ from __future__ import annotations
 from collections.abc import Iterable
 from typing import NamedTuple
 
+from opentelemetry.proto.collector.metrics.v1.metrics_service_pb2 import (
+    ExportMetricsServiceRequest,
+)
+
 from ingero.clock import Clock
-from ingero.fleet.model import NodePush
 from ingero.fleet.state import NodeScore
+from ingero.otlp.health import NodePush, encode_health_batch
 
 
 class ScoreSample(NamedTuple):
@@ -68,3 +74,8 @@ def to_push(node: NodeScore) -> NodePush:
         gpu_count=node.gpu_count,
         provider=node.provider,
     )
+
+
+def encode_scores(samples: Iterable[ScoreSample]) -> ExportMetricsServiceRequest:
+    """Many nodes' samples in one OTLP metrics request, each as its node's health push."""
+    return encode_health_batch((to_push(node), time_unix_nano) for node, time_unix_nano in samples)

@@ -11,6 +11,7 @@ the group statistics, classifies nodes and builds the group summaries (``_comput
 ``_summaries``, pure); under the lock again it stores the new per-node state, builds events
 and verdicts and publishes the views. Only ticks free slots and groups (ticks are
 serialised), so the slots copied in phase one still belong to the same nodes in phase three.
+What each episode event says (and why an episode ended) is ``ingero.fleet.episodes``.
 """
 
 from __future__ import annotations
@@ -26,21 +27,26 @@ from ingero.clock import Clock
 from ingero.events import Event, new_event_id
 from ingero.fleet import threshold as th
 from ingero.fleet.config import FleetConfig
+from ingero.fleet.episodes import (
+    Closing,
+    closing_reason,
+    degraded_event,
+    judged_in_new_group,
+    resolved_event,
+    started_event,
+)
 from ingero.fleet.model import (
-    NODE_STATES,
     CapacityError,
     ClusterStats,
     GroupStats,
-    NodePush,
     NodeVerdict,
-    ThresholdView,
     TickResult,
-    group_key,
 )
 from ingero.fleet.threshold import BoolArray, FloatArray, IntArray
+from ingero.otlp.health import NODE_STATES, NodePush, group_key
+from ingero.otlp.threshold import ThresholdView
 
 _INITIAL_CAPACITY = 1024
-DETECTION_MODE = "fleet"
 
 
 def validate_push(push: NodePush) -> float:
@@ -85,28 +91,11 @@ _Meta = tuple[str | None, str | None, int | None, str | None]
 
 
 @dataclass
-class _Closing:
-    """What an episode-ending event needs about a node (captured before its slot is freed)."""
-
-    node_id: str
-    cluster_id: str
-    group: str
-    job_id: str | None
-    rank: int | None
-    score: float
-    event_id: str
-    since: float
-    dominant_signal: str | None
-    threshold: float | None
-    panic: bool
-
-
-@dataclass
 class _Snapshot:
     """Phase 1's copies: per tracked node (``idx`` are their slots) and per group index."""
 
     now: float
-    expired: list[_Closing]
+    expired: list[Closing]
     expired_ids: list[str]
     idx: IntArray
     live_groups: IntArray
@@ -330,7 +319,7 @@ class FleetState:
         groups, clusters, views = _summaries(snap, out, self._config)
         with self._lock:
             self._store(snap, out)
-            events = [_resolved_event(c, snap.now, "expired") for c in snap.expired]
+            events = [resolved_event(c, snap.now, "expired") for c in snap.expired]
             events.extend(self._closing_events(snap, out))
             events.extend(_degraded_events(snap, out))
             verdicts, started = self._open_episodes(snap, out)
@@ -400,17 +389,9 @@ class FleetState:
             slot = int(snap.idx[pos])
             g_old = int(snap.episode_gids[pos])
             g_new = int(snap.gids[pos])
-            if not snap.active[pos]:
-                reason = "inactive"
-            elif g_new != g_old:
-                reason = "group_changed"
-            elif not out.quorum[g_new]:
-                reason = "quorum_lost"
-            else:
-                reason = "recovered"
-            # The figures of the group the node is judged in now, if it still is.
-            g_now = g_new if reason in ("recovered", "quorum_lost") else g_old
-            closing = _Closing(
+            reason = closing_reason(bool(snap.active[pos]), g_new != g_old, bool(out.quorum[g_new]))
+            g_now = g_new if judged_in_new_group(reason) else g_old
+            closing = Closing(
                 node_id=self._node_id[slot],
                 cluster_id=snap.gcluster[g_old],
                 group=snap.gkeys[g_old],
@@ -423,7 +404,7 @@ class FleetState:
                 threshold=_finite(out.threshold[g_now]),
                 panic=bool(out.panic[g_now]),
             )
-            events.append(_resolved_event(closing, snap.now, reason))
+            events.append(resolved_event(closing, snap.now, reason))
         return events
 
     def _open_episodes(
@@ -449,19 +430,18 @@ class FleetState:
             if enters:
                 self._episode_id[slot] = new_event_id()
                 events.append(
-                    Event(
-                        type="straggler_state",
+                    started_event(
                         node_id=self._node_id[slot],
                         cluster_id=snap.gcluster[g],
-                        timestamp=snap.now,
-                        event_id=self._episode_id[slot],
+                        group=snap.gkeys[g],
                         job_id=snap.gjob[g],
                         rank=self._rank[slot],
                         score=score,
                         threshold=thr[g],
-                        detection_mode=DETECTION_MODE,
                         dominant_signal=self._signal[slot],
-                        extra={"group": snap.gkeys[g], "panic": panic[g]},
+                        panic=panic[g],
+                        event_id=self._episode_id[slot],
+                        now=snap.now,
                     )
                 )
             verdicts.append(
@@ -548,11 +528,11 @@ class FleetState:
         self._gjob.extend([None] * extra)
         self._gworkload.extend([None] * extra)
 
-    def _expire(self, mono: float, ttl: float) -> tuple[list[_Closing], list[str]]:
+    def _expire(self, mono: float, ttl: float) -> tuple[list[Closing], list[str]]:
         """Free the slots of nodes silent for ``ttl`` seconds or more."""
         n = self._n
         stale = np.flatnonzero(self._occupied[:n] & (mono - self._seen[:n] >= ttl))
-        closing: list[_Closing] = []
+        closing: list[Closing] = []
         expired: list[str] = []
         for slot in stale.tolist():
             node_id = self._node_id[slot]
@@ -560,7 +540,7 @@ class FleetState:
             if self._straggler[slot]:
                 gid = int(self._episode_gid[slot])
                 closing.append(
-                    _Closing(
+                    Closing(
                         node_id=node_id,
                         cluster_id=self._gcluster[gid],
                         group=self._gkey[gid],
@@ -620,30 +600,6 @@ def _empty_view(cluster_id: str, group: str) -> ThresholdView:
     )
 
 
-def _resolved_event(closing: _Closing, now: float, reason: str) -> Event:
-    """The event that ends a straggler episode; it reuses the episode's event id."""
-    return Event(
-        type="straggler_resolved",
-        node_id=closing.node_id,
-        cluster_id=closing.cluster_id,
-        timestamp=now,
-        event_id=closing.event_id,
-        job_id=closing.job_id,
-        rank=closing.rank,
-        score=closing.score,
-        threshold=closing.threshold,
-        detection_mode=DETECTION_MODE,
-        dominant_signal=closing.dominant_signal,
-        extra={
-            "group": closing.group,
-            "panic": closing.panic,
-            "reason": reason,
-            "since": closing.since,
-            "duration_s": now - closing.since,
-        },
-    )
-
-
 def _compute(snap: _Snapshot, config: FleetConfig) -> _Outcome:
     """Phase 2 (pure, unlocked): group statistics and the straggler state of every node."""
     tcfg = config.threshold
@@ -689,21 +645,15 @@ def _compute(snap: _Snapshot, config: FleetConfig) -> _Outcome:
 def _degraded_events(snap: _Snapshot, out: _Outcome) -> list[Event]:
     """One ``group_degraded`` per group whose panic episode began this tick."""
     return [
-        Event(
-            type="group_degraded",
-            node_id="",
+        degraded_event(
             cluster_id=snap.gcluster[g],
-            timestamp=snap.now,
+            group=snap.gkeys[g],
             job_id=snap.gjob[g],
             threshold=_finite(out.threshold[g]),
-            detection_mode=DETECTION_MODE,
-            extra={
-                "group": snap.gkeys[g],
-                "panic": True,
-                "below_nodes": int(out.n_below[g]),
-                "active_nodes": int(out.n_active[g]),
-                "median": _finite(out.figs.median[g]),
-            },
+            below_nodes=int(out.n_below[g]),
+            active_nodes=int(out.n_active[g]),
+            median=_finite(out.figs.median[g]),
+            now=snap.now,
         )
         for g in np.flatnonzero(out.panic & ~snap.prev_panic).tolist()
     ]

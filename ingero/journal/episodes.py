@@ -1,8 +1,9 @@
 """Group ingero events into what a person asks about: straggler episodes, drains, resumes.
 
 A straggler episode on a node (per job) opens at its first ``straggler_state`` event and
-closes at the next ``straggler_resolved``; repeated state events extend it. Drains and
-resumes are single rows. Pure: takes events, returns rows.
+closes at the next ``straggler_resolved``; repeated state events extend it (the fold of
+``ingero.episodes``, which Echo and the Slurm epilog share). Drains and resumes are single
+rows. Pure: takes events, returns rows.
 """
 
 from __future__ import annotations
@@ -11,12 +12,13 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
+from ingero.episodes import RESOLVED, STATE, EpisodeFold, Mark, identity
 from ingero.events import Event
 
 EPISODE, DRAIN, RESUME = "straggler", "drain", "resume"
 
 # the event types this view reads; the others (peer_lag, job_summary, ...) are left out
-EVENT_TYPES = ("straggler_state", "straggler_resolved", "node_drained", "node_resumed")
+EVENT_TYPES = (STATE, RESOLVED, "node_drained", "node_resumed")
 
 
 @dataclass
@@ -83,51 +85,59 @@ def _single(kind: str, event: Event) -> Row:
 
 
 def group(events: Iterable[Event]) -> list[Row]:
-    """Rows ordered by start time; each event counted once (by ``event_id``)."""
-    seen: set[str] = set()
+    """Rows ordered by start time; each event counted once (by its identity: an episode's
+    events share one ``event_id``)."""
+    seen: set[tuple[str, str, object]] = set()
     ordered = []
     for event in events:
-        if event.event_id in seen or event.type not in EVENT_TYPES:
+        key = identity(event.event_id, event.type, event.timestamp)
+        if key in seen or event.type not in EVENT_TYPES:
             continue
-        seen.add(event.event_id)
+        seen.add(key)
         ordered.append(event)
     ordered.sort(key=lambda e: e.timestamp)
 
     rows: list[Row] = []
-    open_episodes: dict[tuple[str, str, str | None], Row] = {}
+    fold = EpisodeFold()
+    row_of: dict[int, Row] = {}  # episode id -> its row
     for event in ordered:
-        key = (event.cluster_id, event.node_id, event.job_id)
         if event.type == "node_drained":
             rows.append(_single(DRAIN, event))
-        elif event.type == "node_resumed":
+            continue
+        if event.type == "node_resumed":
             rows.append(_single(RESUME, event))
-        elif event.type == "straggler_state":
-            episode = open_episodes.get(key)
-            if episode is None:
-                episode = _single(EPISODE, event)
-                episode.end = None
-                open_episodes[key] = episode
-                rows.append(episode)
-                continue
-            episode.events += 1
-            episode.event_ids.append(event.event_id)
-            episode.panic = episode.panic or event.extra.get("panic") is True
-            # the worst score of the episode is what a person wants to see
-            if event.score is not None and (episode.score is None or event.score < episode.score):
-                episode.score = event.score
-                episode.threshold = event.threshold
-                episode.signal = event.dominant_signal or episode.signal
-        else:  # straggler_resolved
-            episode = open_episodes.pop(key, None)
-            if episode is None:
-                # the episode began before the window that was read
-                episode = _single(EPISODE, event)
-                episode.score = None
-                episode.truncated = True
-                rows.append(episode)
+            continue
+        episode = fold.add(
+            Mark(
+                event.event_id,
+                event.type,
+                event.cluster_id,
+                event.node_id,
+                event.job_id,
+                event.timestamp,
+                event.score,
+                event.threshold,
+                event.dominant_signal,
+            )
+        )
+        row = row_of.get(episode.id)
+        if row is None:
+            row = row_of[episode.id] = _single(EPISODE, event)
+            rows.append(row)
+            if event.type == RESOLVED:  # the episode began before the window that was read
+                row.score = None
+                row.truncated = True
             else:
-                episode.events += 1
-                episode.event_ids.append(event.event_id)
-                episode.end = event.timestamp
+                row.end = None
+            continue
+        row.events += 1
+        row.event_ids.append(event.event_id)
+        if event.type == STATE:
+            row.panic = row.panic or event.extra.get("panic") is True
+            # the worst score of the episode is what a person wants to see
+            row.score, row.threshold = episode.min_score, episode.threshold
+            row.signal = episode.signal
+        else:
+            row.end = episode.end_ts
     rows.sort(key=lambda r: r.start)
     return rows

@@ -1,6 +1,23 @@
 """The node DB: what ``ingero trace`` (or the demo's workload generator) records and
-``ingero fleet-push`` reads. One SQLite file per node, WAL mode, one writer."""
+``ingero fleet-push`` reads. One SQLite file per node, WAL mode, one writer.
 
-from ingero.nodedb.schema import SCHEMA_VERSION, connect, migrate
+:data:`DEFAULT_PATH` is where every command looks for it unless told otherwise; it is
+defined here, and importing it stays cheap (the schema module, which loads sqlite-utils,
+is imported only when one of its names is used).
+"""
 
-__all__ = ["SCHEMA_VERSION", "connect", "migrate"]
+from __future__ import annotations
+
+from typing import Any
+
+DEFAULT_PATH = "/var/lib/ingero/ingero.db"
+
+__all__ = ["DEFAULT_PATH", "SCHEMA_VERSION", "connect", "migrate"]
+
+
+def __getattr__(name: str) -> Any:
+    if name in ("SCHEMA_VERSION", "connect", "migrate"):
+        from ingero.nodedb import schema
+
+        return getattr(schema, name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -1,4 +1,5 @@
-"""A node's health push as an OTLP metrics request, and its validating decoder.
+"""The health push, a node's score to Fleet (and Fleet's score history to Echo): its plain
+type (:class:`NodePush`), its OTLP metrics encoder and its validating decoder, side by side.
 
 Names are the public contract of DESIGN.md: resource attributes ``ingero.node.id``,
 ``ingero.cluster.id``, ``host.name``, ``ingero.gpu.model``, ``ingero.gpu.count``,
@@ -13,7 +14,7 @@ from __future__ import annotations
 import math
 from collections.abc import Iterable
 from dataclasses import dataclass, field
-from typing import Any, cast
+from typing import Any, Literal, cast
 
 from opentelemetry.proto.collector.metrics.v1.metrics_service_pb2 import (
     ExportMetricsServiceRequest,
@@ -21,7 +22,6 @@ from opentelemetry.proto.collector.metrics.v1.metrics_service_pb2 import (
 from opentelemetry.proto.common.v1.common_pb2 import KeyValue
 from opentelemetry.proto.metrics.v1.metrics_pb2 import Metric, NumberDataPoint
 
-from ingero.fleet.model import NODE_STATES, NodePush, NodeState
 from ingero.otlp.values import add_attributes, any_to_python
 
 SCORE_METRIC = "ingero.node.health_score"
@@ -44,6 +44,42 @@ ATTR_SIGNAL = "ingero.signal"
 ATTR_RATE = "ingero.rate"
 
 SCOPE_NAME = "ingero"
+
+NodeState = Literal["calibrating", "active", "idle", "stale"]
+NODE_STATES: frozenset[str] = frozenset({"calibrating", "active", "idle", "stale"})
+
+
+def group_key(cluster_id: str, job_id: str | None, workload_type: str | None) -> str:
+    """The peer group a node is compared within: its Slurm job, else cluster + workload."""
+    if job_id:
+        return f"{cluster_id}/job/{job_id}"
+    return f"{cluster_id}/workload/{workload_type or 'unknown'}"
+
+
+@dataclass(frozen=True)
+class NodePush:
+    """One health push of one node: what fleet-push encodes and Fleet's receivers decode."""
+
+    node_id: str
+    cluster_id: str
+    score: float
+    state: NodeState = "active"
+    host_name: str | None = None
+    job_id: str | None = None
+    rank: int | None = None
+    world_size: int | None = None
+    workload_type: str | None = None
+    dominant_signal: str | None = None
+    signals: dict[str, float] = field(default_factory=dict)
+    rates: dict[str, float] = field(default_factory=dict)
+    gpu_model: str | None = None
+    gpu_count: int | None = None
+    provider: str | None = None
+
+    @property
+    def group(self) -> str:
+        return group_key(self.cluster_id, self.job_id, self.workload_type)
+
 
 # Rejection reasons, also the label values of ingero_fleet_rejected_total.
 MISSING_NODE_ID = "missing_node_id"
@@ -120,6 +156,18 @@ def encode_health(push: NodePush, time_unix_nano: int) -> ExportMetricsServiceRe
             p.time_unix_nano = time_unix_nano
             p.as_double = value
             add_attributes(p.attributes, {attr: key})
+    return request
+
+
+def encode_health_batch(
+    pushes: Iterable[tuple[NodePush, int]],
+) -> ExportMetricsServiceRequest:
+    """Many nodes' pushes in one request (Fleet's score history to Echo): each node's
+    :func:`encode_health` resource, with its own time, merged; decoded by
+    :func:`decode_health` like single pushes."""
+    request = ExportMetricsServiceRequest()
+    for push, time_unix_nano in pushes:
+        request.resource_metrics.extend(encode_health(push, time_unix_nano).resource_metrics)
     return request
 
 

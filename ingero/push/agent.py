@@ -8,7 +8,6 @@ iteration, and no event channel can block it.
 from __future__ import annotations
 
 import logging
-import os
 import random
 import threading
 from collections.abc import Callable
@@ -17,8 +16,7 @@ from typing import Protocol
 
 from ingero.clock import Clock
 from ingero.events import Event
-from ingero.fleet.model import NodePush
-from ingero.otlp.health import encode_health
+from ingero.otlp.health import NodePush, encode_health
 from ingero.push.channels import Channel
 from ingero.push.classifier import Classifier, Observation
 from ingero.push.client import PushClient, jittered
@@ -27,16 +25,13 @@ from ingero.push.detection import Decision, DetectionSelector
 from ingero.push.detection_store import DetectionStore
 from ingero.push.sampler import NodeSample
 from ingero.slurm.jobfile import JobInfo
+from ingero.systemd import Notifier, watchdog_interval
 
 log = logging.getLogger(__name__)
 
 
 class Sampler(Protocol):
     def sample(self) -> NodeSample: ...
-
-
-class Notifier(Protocol):
-    def notify(self, state: str) -> None: ...
 
 
 @dataclass(frozen=True)
@@ -144,7 +139,7 @@ class Agent:
 
     def run(self, stop: threading.Event, notifier: Notifier | None = None) -> None:
         """Loop until ``stop`` is set; READY after the first iteration, WATCHDOG between them."""
-        watchdog = _watchdog_period()
+        watchdog = watchdog_interval()
         ready = False
         while not stop.is_set():
             try:
@@ -236,14 +231,3 @@ class Agent:
             self.store.save(self.selector.cached, self.selector.baseline)
         except OSError as exc:
             log.warning("cannot save detection state to %s: %s", self.store.path, exc)
-
-
-def _watchdog_period() -> float | None:
-    """Half of systemd's WatchdogSec (from $WATCHDOG_USEC), when this process is watched."""
-    usec = os.environ.get("WATCHDOG_USEC")
-    pid = os.environ.get("WATCHDOG_PID")
-    if not usec or not usec.isdigit() or int(usec) <= 0:
-        return None
-    if pid and pid.isdigit() and int(pid) != os.getpid():
-        return None
-    return int(usec) / 2e6

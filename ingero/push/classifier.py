@@ -18,7 +18,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from ingero.events import Event, new_event_id
-from ingero.fleet.model import NodePush
+from ingero.otlp.health import NodePush
 from ingero.push.config import ClassifierConfig
 from ingero.push.detection import Decision
 

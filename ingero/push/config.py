@@ -9,11 +9,15 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Literal
 
+from ingero import nodedb
 from ingero.config import Duration, check, in_range, positive
+from ingero.events import EVENT_SOCKET
+from ingero.otlp.ports import FLEET_OTLP_HTTP_PORT
 from ingero.push.score import ScoreConfig
+from ingero.slurm.jobfile import JOBS_DIR, JOBS_DIR_ENV
+from ingero.systemd import JOURNAL_SOCKET
 
 DAEMON = "fleet-push"
-JOBS_DIR = Path("/run/ingero/jobs")
 
 
 @dataclass(frozen=True)
@@ -54,16 +58,16 @@ class ClassifierConfig:
 @dataclass(frozen=True)
 class ChannelsConfig:
     journald: bool = True
-    journal_socket: str = "/run/systemd/journal/socket"
+    journal_socket: str = JOURNAL_SOCKET
     uds: bool = True
-    event_socket: str = "/run/ingero/events.sock"
+    event_socket: str = EVENT_SOCKET
     otlp_logs: bool = True
     queue_size: int = field(default=1000, metadata=positive())
 
 
 @dataclass(frozen=True)
 class PushConfig:
-    fleet_endpoint: str = "http://127.0.0.1:4318"
+    fleet_endpoint: str = f"http://127.0.0.1:{FLEET_OTLP_HTTP_PORT}"
     transport: Literal["http", "grpc"] = "http"
     # Fleet's threshold API, polled only when a push response carries no threshold headers.
     api_endpoint: str | None = None
@@ -74,7 +78,7 @@ class PushConfig:
     node_id: str | None = None
     cluster_id: str = "default"
     host_name: str | None = None
-    node_db: str = "/var/lib/ingero/ingero.db"
+    node_db: str = nodedb.DEFAULT_PATH
     state_dir: str = "/var/lib/ingero/state"
     auth_token_file: str | None = None
     ca_file: str | None = None
@@ -103,7 +107,7 @@ def resolve_node_id(
     if configured:
         return configured
     env = os.environ if environ is None else environ
-    from_job = _node_name_from_jobs(Path(env.get("INGERO_JOBS_DIR") or jobs_dir))
+    from_job = _node_name_from_jobs(Path(env.get(JOBS_DIR_ENV) or jobs_dir))
     if from_job:
         return from_job
     if env.get("SLURMD_NODENAME"):

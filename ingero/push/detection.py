@@ -20,19 +20,11 @@ from dataclasses import dataclass
 from typing import Literal
 
 from ingero.clock import Clock
+from ingero.otlp.threshold import ThresholdView
 from ingero.push.config import DetectionConfig
 
 Mode = Literal["fleet", "fleet-cached", "local-cached", "local-baseline", "none"]
 MODES: tuple[Mode, ...] = ("fleet", "fleet-cached", "local-cached", "local-baseline", "none")
-
-
-@dataclass(frozen=True)
-class FleetReading:
-    """What Fleet said in one push response (already range-checked by the client)."""
-
-    threshold: float | None
-    quorum_met: bool
-    panic: bool
 
 
 @dataclass(frozen=True)
@@ -98,7 +90,7 @@ class DetectionSelector:
         """The threshold to persist (changes only when Fleet sends a new one with quorum)."""
         return self._cached
 
-    def on_fleet(self, reading: FleetReading | None) -> bool:
+    def on_fleet(self, reading: ThresholdView | None) -> bool:
         """Record a push response; True when a new threshold should be persisted."""
         if reading is None or not reading.quorum_met or reading.threshold is None:
             return False

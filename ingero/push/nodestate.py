@@ -9,7 +9,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from ingero.clock import Clock
-from ingero.fleet.model import NodeState
+from ingero.otlp.health import NodeState
 
 
 @dataclass(frozen=True)

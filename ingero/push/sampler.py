@@ -14,7 +14,7 @@ from ingero.clock import Clock
 from ingero.collectors.gpu import GpuQuery, NoGpu
 from ingero.collectors.nodedb import NodeDbUnavailable, WindowAggregates, read_window
 from ingero.collectors.procfs import ProcfsError, ProcReader
-from ingero.fleet.model import NodeState
+from ingero.otlp.health import NodeState
 from ingero.push.baseline import BaselineSet, BaselineStore, EmaBaseline
 from ingero.push.nodestate import NodeStateMachine, Transition
 from ingero.push.score import ScoreConfig, ScoreInputs, ScoreResult, compute_score

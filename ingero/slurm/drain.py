@@ -19,9 +19,8 @@ from typing import Any, Protocol
 
 from ingero.clock import Clock, SystemClock
 from ingero.events import Event
-from ingero.fleet.config import DrainConfig
 from ingero.slurm.backend import NodeInfo, SlurmBackend, SlurmError, make_backend
-from ingero.slurm.drain_policy import Decision, DrainMemory, Verdict, decide
+from ingero.slurm.drain_policy import Decision, DrainConfig, DrainMemory, Verdict, decide
 
 log = logging.getLogger(__name__)
 

@@ -37,10 +37,23 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Literal, Protocol
 
-from ingero.fleet.config import DrainConfig
+from ingero.config import Duration, in_range, positive
 from ingero.slurm.backend import INGERO_REASON_PREFIX, NodeInfo
 
 Action = Literal["drain", "resume", "skip"]
+
+
+@dataclass(frozen=True)
+class DrainConfig:
+    """The ``drain:`` section of Fleet's configuration (opt-in; defaults in DESIGN.md)."""
+
+    enabled: bool = False
+    dry_run: bool = False
+    backend: Literal["auto", "scontrol", "pyslurm"] = "auto"
+    max_fraction: float = field(default=0.1, metadata=in_range(0.0, 1.0))
+    min_intervals: int = field(default=6, metadata=positive())
+    cooldown: Duration = Duration(1800.0)  # noqa: RUF009 - an immutable float
+    auto_resume: bool = False
 
 
 class Verdict(Protocol):

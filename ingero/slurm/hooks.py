@@ -30,10 +30,11 @@ from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any
 
+from ingero.episodes import RESOLVED, STATE, TYPES, EpisodeFold, Mark, identity
 from ingero.slurm.jobfile import JobInfo, check_job_id, jobs_dir, read_job, remove_job, write_job
+from ingero.systemd import JOURNAL_SOCKET
 
 EVENT_LOG = "/var/lib/ingero/events.ndjson"
-JOURNAL_SOCKET = "/run/systemd/journal/socket"
 # The epilog reads at most this much of the end of the event log, so a huge log stays fast.
 EVENT_LOG_TAIL_BYTES = 4 << 20
 JOURNALCTL_TIMEOUT = 5.0
@@ -151,7 +152,7 @@ def read_journal_events(
     if binary is None:
         return []
     query = Query(
-        types=("straggler_state", "straggler_resolved"),
+        types=(STATE, RESOLVED),
         node=node_id,
         job=job_id,
         since=f"@{int(start)}",
@@ -191,7 +192,8 @@ def summarize(
 
     A straggler episode runs from a ``straggler_state`` event to the next
     ``straggler_resolved`` (or the job's end); re-sent ``straggler_state`` events inside an
-    episode do not restart it. Lower scores are worse.
+    episode do not restart it (``ingero.episodes`` folds them). A resolution whose episode
+    began before the job is not an episode of it. Lower scores are worse.
     """
     relevant = []
     for event in events:
@@ -201,33 +203,41 @@ def summarize(
             and event.get("node_id") == node_id
             and str(event.get("job_id")) == job_id
             and start <= ts <= end
-            and event.get("type") in ("straggler_state", "straggler_resolved")
+            and event.get("type") in TYPES
         ):
             relevant.append((ts, event))
     relevant.sort(key=lambda item: item[0])
-    straggler_seconds = 0.0
-    episodes = 0
-    worst: float | None = None
-    opened: float | None = None
+    fold = EpisodeFold()
+    opened = {}  # the episodes a straggler_state of this job opened or extended, by id
     for ts, event in relevant:
-        if event["type"] == "straggler_state":
-            score = _number(event.get("score"))
-            if score is not None:
-                worst = score if worst is None else min(worst, score)
-            if opened is None:
-                opened = ts
-                episodes += 1
-        elif opened is not None:
-            straggler_seconds += ts - opened
-            opened = None
-    if opened is not None:
-        straggler_seconds += end - opened
+        kind = str(event["type"])
+        event_id = str(event.get("event_id") or "")
+        # one node, one job: the cluster does not matter here
+        score = _number(event.get("score"))
+        episode = fold.add(Mark(event_id, kind, "", node_id, job_id, ts, score))
+        if kind == STATE:
+            opened[episode.id] = episode
+    straggler_seconds = sum(
+        (ep.end_ts if ep.end_ts is not None else end) - ep.start_ts for ep in opened.values()
+    )
+    scores = [ep.min_score for ep in opened.values() if ep.min_score is not None]
     return {
         "straggler_seconds": round(straggler_seconds, 3),
-        "straggler_episodes": episodes,
-        "worst_score": worst,
+        "straggler_episodes": len(opened),
+        "worst_score": min(scores) if scores else None,
         "job_seconds": round(max(0.0, end - start), 3),
     }
+
+
+def _distinct(events: Iterable[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Each event once (read from the log and the journal); an event without an id (not
+    written by ingero) is kept as it is."""
+    unique: dict[object, dict[str, Any]] = {}
+    for event in events:
+        event_id = event.get("event_id")
+        key = identity(str(event_id), str(event.get("type")), event.get("timestamp"))
+        unique[key if event_id else id(event)] = event
+    return list(unique.values())
 
 
 def journal_send(fields: Mapping[str, str], socket_path: str) -> bool:
@@ -314,8 +324,7 @@ def _summarise(env: Mapping[str, str], directory: Path, job_id: str, now: float)
     events = read_events(log_path)
     if Path(journal_socket).exists():  # journald runs here: fleet-push journals its events
         events += read_journal_events(job_id, info.node_id, start)
-    unique = {str(e.get("event_id") or id(e)): e for e in events}
-    summary = summarize(unique.values(), job_id, info.node_id, start, now)
+    summary = summarize(_distinct(events), job_id, info.node_id, start, now)
     event = Event(
         type="job_summary",
         node_id=info.node_id,

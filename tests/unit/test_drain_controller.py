@@ -15,10 +15,10 @@ import pytest
 
 from ingero.clock import ManualClock
 from ingero.events import Event
-from ingero.fleet.config import DrainConfig
 from ingero.fleet.model import NodeVerdict, TickResult
 from ingero.slurm.backend import NodeInfo, SlurmError
 from ingero.slurm.drain import DrainController
+from ingero.slurm.drain_policy import DrainConfig
 
 CONFIG = DrainConfig(enabled=True, max_fraction=0.5, min_intervals=1, cooldown=0)
 

@@ -7,9 +7,15 @@ from dataclasses import dataclass
 
 import pytest
 
-from ingero.fleet.config import DrainConfig
 from ingero.slurm.backend import NodeInfo
-from ingero.slurm.drain_policy import Decision, DrainMemory, decide, drain_reason, max_drained
+from ingero.slurm.drain_policy import (
+    Decision,
+    DrainConfig,
+    DrainMemory,
+    decide,
+    drain_reason,
+    max_drained,
+)
 
 SINCE = 1_795_000_000.0  # 2026-11-18T11:06:40Z
 

@@ -7,12 +7,13 @@ import math
 
 import pytest
 
-from ingero.fleet.auth import BearerAuth
+from ingero.bearer import BearerAuth
 from ingero.fleet.httpserver import BadHead, HttpResponse, _parse_head, render
 from ingero.fleet.metrics import FleetMetrics
-from ingero.fleet.model import GroupStats, ThresholdView
-from ingero.fleet.otlp_http import threshold_headers
+from ingero.fleet.model import GroupStats
 from ingero.fleet.receiver import RequestError, inflate, media_type
+from ingero.otlp.threshold import ThresholdView
+from ingero.otlp.threshold import encode_headers as threshold_headers
 
 
 def test_parse_head_keep_alive_rules() -> None:
@@ -101,7 +102,17 @@ def test_bearer_auth() -> None:
 
 
 def view(threshold: float | None, quorum: bool, panic: bool) -> ThresholdView:
-    return ThresholdView("c", "c/job/1", threshold, 0.9, 0.01, quorum, panic, 5, 1.0)
+    return ThresholdView(
+        cluster_id="c",
+        group="c/job/1",
+        threshold=threshold,
+        median=0.9,
+        mad=0.01,
+        quorum_met=quorum,
+        panic=panic,
+        active_nodes=5,
+        computed_at=1.0,
+    )
 
 
 def test_threshold_headers() -> None:

@@ -16,8 +16,9 @@ import pytest
 
 from ingero.clock import ManualClock
 from ingero.fleet.config import FleetConfig, ThresholdConfig
-from ingero.fleet.model import NodePush, TickResult
+from ingero.fleet.model import TickResult
 from ingero.fleet.state import FleetState
+from ingero.otlp.health import NodePush
 
 INTERVAL = 5.0
 SCORES = [0.9, 0.91, 0.89, 0.92, 0.88, 0.86, 0.85, 0.84, 0.3, 0.5, 0.7]

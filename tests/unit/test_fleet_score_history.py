@@ -7,12 +7,11 @@ import pytest
 from ingero.clock import ManualClock
 from ingero.config import load_config
 from ingero.echo.decoding import metrics_to_scores
-from ingero.echo.forwarder import encode_scores
 from ingero.errors import ConfigError
 from ingero.fleet.config import FleetConfig
-from ingero.fleet.model import NodePush
-from ingero.fleet.score_history import ScoreHistory
+from ingero.fleet.score_history import ScoreHistory, encode_scores
 from ingero.fleet.state import FleetState, NodeScore
+from ingero.otlp.health import NodePush
 
 
 def state(ttl_multiplier: float = 5) -> tuple[FleetState, ManualClock]:

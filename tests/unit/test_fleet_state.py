@@ -15,8 +15,9 @@ from hypothesis import strategies as st
 from ingero.clock import ManualClock
 from ingero.events import Event
 from ingero.fleet.config import FleetConfig, LimitsConfig, QuorumConfig, ThresholdConfig
-from ingero.fleet.model import CapacityError, NodePush, TickResult
+from ingero.fleet.model import CapacityError, TickResult
 from ingero.fleet.state import FleetState
+from ingero.otlp.health import NodePush
 
 JOB = "42"
 

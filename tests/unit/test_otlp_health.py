@@ -9,8 +9,8 @@ from opentelemetry.proto.collector.metrics.v1.metrics_service_pb2 import (
     ExportMetricsServiceRequest,
 )
 
-from ingero.fleet.model import NodePush
 from ingero.otlp import health
+from ingero.otlp.health import NodePush
 from ingero.otlp.values import OtlpDecodeError, parse_json, parse_protobuf, to_json
 
 FULL = NodePush(
@@ -41,6 +41,18 @@ def test_roundtrip_keeps_every_field() -> None:
     result = roundtrip(FULL)
     assert result.rejected == 0
     assert result.pushes == [FULL]
+
+
+def test_batch_of_nodes_decodes_to_each_push_with_its_own_time() -> None:
+    other = NodePush(node_id="gpu-008", cluster_id="hpc", score=0.4, state="idle", job_id="9")
+    request = health.encode_health_batch([(FULL, 1_000), (other, 2_000)])
+    wire = parse_protobuf(request.SerializeToString(), ExportMetricsServiceRequest)
+    assert health.decode_health(wire).pushes == [FULL, other]
+    times = [
+        rm.scope_metrics[0].metrics[0].gauge.data_points[0].time_unix_nano
+        for rm in wire.resource_metrics
+    ]
+    assert times == [1_000, 2_000]
 
 
 def test_minimal_push_defaults_to_active() -> None:

@@ -17,11 +17,11 @@ from opentelemetry.proto.collector.metrics.v1.metrics_service_pb2 import (
 from ingero.clock import ManualClock
 from ingero.events import Event
 from ingero.otlp.health import decode_health
+from ingero.otlp.threshold import ThresholdView
 from ingero.push.agent import Agent, Identity
 from ingero.push.channels.uds import UdsChannel
 from ingero.push.client import PushResult
 from ingero.push.config import ClassifierConfig, PushConfig
-from ingero.push.detection import FleetReading
 from ingero.push.detection_store import DetectionStore
 from ingero.push.sampler import NodeSample
 from ingero.push.score import ScoreResult
@@ -49,8 +49,8 @@ class Sampler:
 
 class Client:
     def __init__(self) -> None:
-        self.result = PushResult(True, FleetReading(0.7, True, False))
-        self.poll: FleetReading | None = None
+        self.result = PushResult(True, ThresholdView(threshold=0.7, quorum_met=True, panic=False))
+        self.poll: ThresholdView | None = None
         self.pushed: list[ExportMetricsServiceRequest] = []
         self.polls = 0
 
@@ -58,7 +58,7 @@ class Client:
         self.pushed.append(request)
         return self.result
 
-    def poll_threshold(self, cluster_id: str, job_id: str | None) -> FleetReading | None:
+    def poll_threshold(self, cluster_id: str, job_id: str | None) -> ThresholdView | None:
         self.polls += 1
         return self.poll
 
@@ -141,7 +141,7 @@ def test_fleet_down_steps_down_without_raising() -> None:
 def test_poll_only_when_headers_absent() -> None:
     agent, _clock, _sampler, client, _rec = make()
     client.result = PushResult(True, None)
-    client.poll = FleetReading(0.6, True, False)
+    client.poll = ThresholdView(threshold=0.6, quorum_met=True, panic=False)
     agent.step()
     assert client.polls == 1 and agent.status.mode == "fleet" and agent.status.threshold == 0.6
     client.result = PushResult(True, None, error="rejected: threshold 'nan' is not sane")

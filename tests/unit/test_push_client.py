@@ -1,4 +1,4 @@
-"""Push client rules: Retry-After, threshold headers and API answers, jitter, API address."""
+"""Push client rules: Retry-After, jitter, API address (the threshold codec: test_otlp_threshold)."""
 
 from __future__ import annotations
 
@@ -8,15 +8,8 @@ from email.utils import format_datetime
 
 import pytest
 
-from ingero.push.client import (
-    api_base,
-    jittered,
-    parse_retry_after,
-    reading_from_api,
-    reading_from_headers,
-)
+from ingero.push.client import api_base, jittered, parse_retry_after
 from ingero.push.config import PushConfig
-from ingero.push.detection import FleetReading
 
 NOW = 1_700_000_000.0
 
@@ -43,61 +36,6 @@ def test_retry_after_http_date() -> None:
     assert parse_retry_after(when, NOW) == pytest.approx(30.0)
     past = format_datetime(datetime.fromtimestamp(NOW - 30, UTC), usegmt=True)
     assert parse_retry_after(past, NOW) == 0.0
-
-
-def test_headers_absent_is_none_and_names_are_case_insensitive() -> None:
-    assert reading_from_headers({"Content-Type": "x"}) is None
-    got = reading_from_headers(
-        {"x-ingero-threshold": "0.75", "X-INGERO-QUORUM-MET": "true", "X-Ingero-Panic": "False"}
-    )
-    assert got == FleetReading(0.75, quorum_met=True, panic=False)
-
-
-def test_quorum_without_threshold() -> None:
-    assert reading_from_headers({"X-Ingero-Quorum-Met": "false"}) == FleetReading(
-        None, False, False
-    )
-
-
-@pytest.mark.parametrize(
-    "headers",
-    [
-        {"X-Ingero-Threshold": "nan", "X-Ingero-Quorum-Met": "true"},
-        {"X-Ingero-Threshold": "inf", "X-Ingero-Quorum-Met": "true"},
-        {"X-Ingero-Threshold": "-0.1", "X-Ingero-Quorum-Met": "true"},
-        {"X-Ingero-Threshold": "1.01", "X-Ingero-Quorum-Met": "true"},
-        {"X-Ingero-Threshold": "abc", "X-Ingero-Quorum-Met": "true"},
-        {"X-Ingero-Threshold": "0.5", "X-Ingero-Quorum-Met": "yes"},
-        {"X-Ingero-Threshold": "0.5", "X-Ingero-Panic": "1"},
-    ],
-)
-def test_insane_headers_rejected(headers: dict[str, str]) -> None:
-    with pytest.raises(ValueError):
-        reading_from_headers(headers)
-
-
-def test_api_answer() -> None:
-    body = {"threshold": 0.6, "quorum_met": True, "panic": True, "median": 0.9}
-    assert reading_from_api(body) == FleetReading(0.6, True, True)
-    assert reading_from_api({"threshold": None, "quorum_met": False}) == FleetReading(
-        None, False, False
-    )
-
-
-@pytest.mark.parametrize(
-    "body",
-    [
-        [],
-        {"threshold": "0.5"},
-        {"threshold": 2},
-        {"threshold": True},
-        {"threshold": 0.5, "quorum_met": "true"},
-        {"threshold": -1},
-    ],
-)
-def test_insane_api_answers_rejected(body: object) -> None:
-    with pytest.raises(ValueError):
-        reading_from_api(body)
 
 
 def test_jitter_stays_within_bounds_and_spreads() -> None:

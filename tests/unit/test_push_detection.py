@@ -7,8 +7,9 @@ import math
 import pytest
 
 from ingero.clock import ManualClock
+from ingero.otlp.threshold import ThresholdView
 from ingero.push.config import DetectionConfig
-from ingero.push.detection import CachedThreshold, DetectionSelector, FleetReading, LocalBaseline
+from ingero.push.detection import CachedThreshold, DetectionSelector, LocalBaseline
 
 CFG = DetectionConfig(
     fleet_max_age=15, fleet_cached_max_age=300, local_cached_max_age=3600, local_warmup=3
@@ -39,7 +40,7 @@ def test_no_input_is_none() -> None:
 def test_fleet_threshold_ages_through_the_modes(age: float, mode: str) -> None:
     clock = ManualClock()
     s = selector(clock)
-    assert s.on_fleet(FleetReading(0.8, quorum_met=True, panic=False))
+    assert s.on_fleet(ThresholdView(threshold=0.8, quorum_met=True, panic=False))
     clock.advance(age)
     d = s.decide(None)
     assert d.mode == mode
@@ -64,14 +65,14 @@ def test_future_dated_persisted_threshold_is_not_used() -> None:
 @pytest.mark.parametrize(
     "reading",
     [
-        FleetReading(0.8, quorum_met=False, panic=False),
-        FleetReading(None, True, False),
-        FleetReading(math.nan, True, False),
-        FleetReading(1.5, True, False),
+        ThresholdView(threshold=0.8, quorum_met=False, panic=False),
+        ThresholdView(threshold=None, quorum_met=True, panic=False),
+        ThresholdView(threshold=math.nan, quorum_met=True, panic=False),
+        ThresholdView(threshold=1.5, quorum_met=True, panic=False),
         None,
     ],
 )
-def test_readings_without_a_usable_threshold_are_ignored(reading: FleetReading | None) -> None:
+def test_readings_without_a_usable_threshold_are_ignored(reading: ThresholdView | None) -> None:
     s = selector(ManualClock())
     assert not s.on_fleet(reading)
     assert s.decide(None).mode == "none"
@@ -95,7 +96,7 @@ def test_fleet_beats_local_baseline_and_each_transition_reported_once() -> None:
     seen = []
     for step in range(400):
         if step < 5:
-            s.on_fleet(FleetReading(0.7, True, panic=step == 4))
+            s.on_fleet(ThresholdView(threshold=0.7, quorum_met=True, panic=step == 4))
         d = s.decide(0.9)
         if d.transition:
             seen.append(d.transition)
@@ -106,7 +107,7 @@ def test_fleet_beats_local_baseline_and_each_transition_reported_once() -> None:
 def test_panic_only_while_fresh() -> None:
     clock = ManualClock()
     s = selector(clock)
-    s.on_fleet(FleetReading(0.7, True, True))
+    s.on_fleet(ThresholdView(threshold=0.7, quorum_met=True, panic=True))
     assert s.decide(None).panic
     clock.advance(20)
     d = s.decide(None)

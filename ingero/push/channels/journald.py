@@ -19,10 +19,10 @@ import struct
 import threading
 
 from ingero.events import Event
+from ingero.systemd import JOURNAL_SOCKET
 
 log = logging.getLogger(__name__)
 
-DEFAULT_SOCKET = "/run/systemd/journal/socket"
 _NAME_RE = re.compile(r"^[A-Z0-9][A-Z0-9_]{0,63}$")
 _SEALS = fcntl.F_SEAL_SHRINK | fcntl.F_SEAL_GROW | fcntl.F_SEAL_WRITE | fcntl.F_SEAL_SEAL
 
@@ -44,7 +44,7 @@ def encode_fields(fields: dict[str, str]) -> bytes:
 class JournaldChannel:
     name = "journald"
 
-    def __init__(self, path: str = DEFAULT_SOCKET) -> None:
+    def __init__(self, path: str = JOURNAL_SOCKET) -> None:
         self._path = path
         self._sock = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM | socket.SOCK_CLOEXEC)
         self._lock = threading.Lock()

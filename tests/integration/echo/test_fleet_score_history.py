@@ -10,7 +10,7 @@ from typing import Any
 
 import pytest
 
-from ingero.fleet.model import NodePush
+from ingero.otlp.health import NodePush
 from tests.integration.fleet.helpers import start_fleet, wait_for
 
 from .helpers import TOKEN_OPS, EchoProcess, http

@@ -14,8 +14,9 @@ import sqlite_utils
 
 from ingero.clock import ManualClock
 from ingero.echo import store as store_module
+from ingero.echo.rows import EventRow, ScorePoint, event_row
 from ingero.echo.schema import MIGRATIONS
-from ingero.echo.store import EventRow, ScorePoint, Store, StoreLockedError, event_row
+from ingero.echo.store import Store, StoreLockedError
 from ingero.errors import UnavailableError
 from ingero.events import Event
 from ingero.push.classifier import Classifier, Observation

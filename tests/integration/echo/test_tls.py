@@ -18,7 +18,7 @@ from mcp.client import Client
 from mcp.client.stdio import StdioServerParameters
 from opentelemetry.proto.collector.logs.v1 import logs_service_pb2_grpc
 
-from ingero.echo.forwarder import Forwarder
+from ingero.fleet.forwarder import Forwarder
 from ingero.otlp.logs import encode_events
 
 from .helpers import TOKEN_OPS, EchoProcess, straggler
@@ -74,7 +74,7 @@ def test_every_listener_speaks_tls(tmp_path: Path, monkeypatch: pytest.MonkeyPat
             )
         # the forwarder over grpcs, in a process whose gRPC roots are the certificate
         code = (
-            "import sys\nfrom ingero.echo.forwarder import Forwarder\n"
+            "import sys\nfrom ingero.fleet.forwarder import Forwarder\n"
             "from ingero.events import Event\n"
             f"f = Forwarder({'grpcs://' + echo.otlp_grpc!r}, token={TOKEN_OPS!r})\n"
             "f.submit([Event('straggler_state', 'tls-grpcs', 'A', 300.0)])\n"

@@ -13,8 +13,8 @@ from pathlib import Path
 
 import pytest
 
-from ingero.echo.forwarder import Forwarder
 from ingero.events import Event
+from ingero.fleet.forwarder import Forwarder
 
 from .helpers import TOKEN_OPS, EchoProcess, straggler
 

@@ -22,8 +22,7 @@ from opentelemetry.proto.collector.metrics.v1.metrics_service_pb2 import (
 )
 from prometheus_client.parser import text_string_to_metric_families
 
-from ingero.fleet.model import NodePush
-from ingero.otlp.health import encode_health
+from ingero.otlp.health import NodePush, encode_health
 
 T = TypeVar("T")
 ROOT = Path(__file__).resolve().parents[3]

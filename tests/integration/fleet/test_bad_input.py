@@ -13,7 +13,7 @@ from opentelemetry.proto.collector.metrics.v1.metrics_service_pb2 import (
     ExportMetricsServiceResponse,
 )
 
-from ingero.fleet.model import NodePush
+from ingero.otlp.health import NodePush
 from tests.integration.fleet.helpers import Fleet, expected_threshold, start_fleet, wait_for
 
 pytestmark = pytest.mark.integration

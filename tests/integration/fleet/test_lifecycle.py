@@ -17,7 +17,7 @@ from opentelemetry.proto.collector.metrics.v1.metrics_service_pb2 import (
     ExportMetricsServiceResponse,
 )
 
-from ingero.fleet.model import NodePush
+from ingero.otlp.health import NodePush
 from tests.integration.fleet.helpers import ROOT, health_request, start_fleet, wait_for
 from tests.integration.fleet.test_push_paths import sdk_push
 

@@ -28,7 +28,7 @@ from opentelemetry.sdk.metrics.export import (
 from opentelemetry.sdk.resources import Resource
 
 from ingero.events import Event
-from ingero.fleet.model import NodePush
+from ingero.otlp.health import NodePush
 from ingero.otlp.logs import encode_events
 from tests.integration.fleet.helpers import (
     Fleet,

@@ -15,7 +15,8 @@ from ingero.config import Duration
 from ingero.events import Event
 from ingero.fleet.config import FleetConfig, ListenConfig, ThresholdConfig
 from ingero.fleet.daemon import FleetDaemon
-from ingero.fleet.model import NodePush, TickResult
+from ingero.fleet.model import TickResult
+from ingero.otlp.health import NodePush
 from tests.integration.fleet.helpers import Fleet, expected_threshold, wait_for
 
 pytestmark = pytest.mark.integration

@@ -21,11 +21,10 @@ from opentelemetry.proto.collector.metrics.v1.metrics_service_pb2 import (
 )
 
 from ingero.config import Duration
-from ingero.fleet.model import NodePush
-from ingero.otlp.health import encode_health
+from ingero.otlp.health import NodePush, encode_health
+from ingero.otlp.threshold import ThresholdView
 from ingero.push.client import HttpPushClient
 from ingero.push.config import PushConfig
-from ingero.push.detection import FleetReading
 
 pytestmark = pytest.mark.integration
 
@@ -98,7 +97,7 @@ def test_threshold_headers_and_token(server: Served, tmp_path: Path) -> None:
     }
     result = client(srv, auth_token_file=str(token)).push(request())
     assert result.ok and result.error is None
-    assert result.reading == FleetReading(0.8, True, False)
+    assert result.reading == ThresholdView(threshold=0.8, quorum_met=True, panic=False)
     path, auth, body = script.seen[0]
     assert (path, auth) == ("/v1/metrics", "Bearer s3cret")
     assert ExportMetricsServiceRequest.FromString(body).resource_metrics[0].resource.attributes
@@ -137,7 +136,9 @@ def test_poll_api_and_reject_insane_answer(server: Served) -> None:
     srv, script = server
     script.api = {"threshold": 0.55, "quorum_met": True, "panic": False}
     c = client(srv)
-    assert c.poll_threshold("c1", "42") == FleetReading(0.55, True, False)
+    assert c.poll_threshold("c1", "42") == ThresholdView(
+        threshold=0.55, quorum_met=True, panic=False
+    )
     assert script.seen[-1][0] == "/api/v1/threshold?cluster_id=c1&job_id=42"
     script.api = {"threshold": 7, "quorum_met": True}
     assert c.poll_threshold("c1", None) is None

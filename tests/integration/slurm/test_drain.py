@@ -16,10 +16,11 @@ from pathlib import Path
 import pytest
 
 from ingero.events import Event
-from ingero.fleet.config import DrainConfig
-from ingero.fleet.model import NodePush, NodeVerdict, TickResult
+from ingero.fleet.model import NodeVerdict, TickResult
+from ingero.otlp.health import NodePush
 from ingero.slurm.backend import NodeInfo, ScontrolBackend
 from ingero.slurm.drain import DrainController
+from ingero.slurm.drain_policy import DrainConfig
 from tests.integration.fleet.helpers import Fleet, start_fleet, wait_for
 from tests.integration.slurm.cluster import SlurmCluster
 

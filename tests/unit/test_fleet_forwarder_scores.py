@@ -9,8 +9,8 @@ from opentelemetry.proto.collector.metrics.v1.metrics_service_pb2 import (
     ExportMetricsServiceRequest,
 )
 
-from ingero.echo.forwarder import Forwarder, HttpSender, SendError
 from ingero.events import Event
+from ingero.fleet.forwarder import Forwarder, HttpSender, SendError
 from ingero.fleet.score_history import ScoreSample
 from ingero.fleet.state import NodeScore
 from ingero.otlp.health import decode_health

@@ -6,8 +6,8 @@ import threading
 
 from opentelemetry.proto.collector.logs.v1.logs_service_pb2 import ExportLogsServiceRequest
 
-from ingero.echo.forwarder import Forwarder, SendError
 from ingero.events import Event
+from ingero.fleet.forwarder import Forwarder, SendError
 from ingero.otlp.logs import decode_events
 
 

@@ -1,5 +1,5 @@
-"""Forwards events (OTLP logs) and score samples (OTLP metrics) to Echo: bounded queues,
-batches, retries with backoff.
+"""Fleet's exporter to Echo: forwards events (OTLP logs) and score samples (OTLP metrics)
+with bounded queues, batches, retries with backoff.
 
 ``submit`` and ``submit_scores`` never block: they append to a bounded queue (one for
 events, one for score samples), and when it is full the new items are dropped and counted.
@@ -32,12 +32,13 @@ from opentelemetry.proto.collector.metrics.v1.metrics_service_pb2 import (
     ExportMetricsServiceRequest,
 )
 
+from ingero.bearer import authorization
 from ingero.events import Event
-from ingero.fleet.score_history import ScoreSample, to_push
-from ingero.otlp.health import encode_health
+from ingero.fleet.score_history import ScoreSample, encode_scores
 from ingero.otlp.logs import encode_events
+from ingero.tls import grpc_channel_credentials
 
-log = logging.getLogger("ingero.echo.forwarder")
+log = logging.getLogger(__name__)
 
 T = TypeVar("T")
 
@@ -62,16 +63,6 @@ class SendError(Exception):
 
 
 Request = ExportLogsServiceRequest | ExportMetricsServiceRequest
-
-
-def encode_scores(samples: Iterable[ScoreSample]) -> ExportMetricsServiceRequest:
-    """Many nodes' samples in one request: each node's ``encode_health`` resource, merged."""
-    request = ExportMetricsServiceRequest()
-    for node, time_unix_nano in samples:
-        request.resource_metrics.extend(
-            encode_health(to_push(node), time_unix_nano).resource_metrics
-        )
-    return request
 
 
 class Sender(Protocol):
@@ -105,7 +96,7 @@ class HttpSender:
         conn = cls(self.url.hostname or "", self.url.port, timeout=self.timeout)
         headers = {"Content-Type": "application/x-protobuf"}
         if self.token:
-            headers["Authorization"] = f"Bearer {self.token}"
+            headers["Authorization"] = authorization(self.token)
         try:
             conn.request("POST", path, request.SerializeToString(), headers)
             response = conn.getresponse()
@@ -133,13 +124,13 @@ class GrpcSender:
     def __init__(self, endpoint: str, token: str | None = None, timeout: float = 10.0) -> None:
         if endpoint.startswith("grpcs://"):
             self.channel = grpc.secure_channel(
-                endpoint.removeprefix("grpcs://"), grpc.ssl_channel_credentials()
+                endpoint.removeprefix("grpcs://"), grpc_channel_credentials(None)
             )
         else:
             self.channel = grpc.insecure_channel(endpoint.removeprefix("grpc://"))
         self.stub = logs_service_pb2_grpc.LogsServiceStub(self.channel)  # type: ignore[no-untyped-call]
         self.metrics_stub = metrics_service_pb2_grpc.MetricsServiceStub(self.channel)  # type: ignore[no-untyped-call]
-        self.metadata = [("authorization", f"Bearer {token}")] if token else None
+        self.metadata = [("authorization", authorization(token))] if token else None
         self.timeout = timeout
 
     def send(self, request: Request) -> None:

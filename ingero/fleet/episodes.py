@@ -1,0 +1,136 @@
+"""The events Fleet's tick says about straggler episodes: pure builders, no state.
+
+:class:`ingero.fleet.state.FleetState` decides, per tick, which node enters or leaves its
+straggler state and which group starts to panic; this module says why an episode ended
+(:func:`closing_reason`) and what each event carries: ``straggler_state`` when an episode
+begins, ``straggler_resolved`` (same ``event_id``) when it ends, ``group_degraded`` once
+per panic. Echo, ``ingero events`` and the epilog fold them back with ``ingero.episodes``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from ingero.events import Event
+
+DETECTION_MODE = "fleet"
+
+
+@dataclass
+class Closing:
+    """What an episode-ending event needs about a node (captured before its slot is freed)."""
+
+    node_id: str
+    cluster_id: str
+    group: str
+    job_id: str | None
+    rank: int | None
+    score: float
+    event_id: str
+    since: float
+    dominant_signal: str | None
+    threshold: float | None
+    panic: bool
+
+
+def closing_reason(active: bool, moved: bool, quorum: bool) -> str:
+    """Why an episode ended this tick (expiry aside): the node went idle or stale, moved to
+    another group, its group lost quorum, or it recovered."""
+    if not active:
+        return "inactive"
+    if moved:
+        return "group_changed"
+    if not quorum:
+        return "quorum_lost"
+    return "recovered"
+
+
+def judged_in_new_group(reason: str) -> bool:
+    """Whether the ending event carries the figures of the group the node is judged in now
+    (else those of the group its episode belonged to)."""
+    return reason in ("recovered", "quorum_lost")
+
+
+def started_event(
+    *,
+    node_id: str,
+    cluster_id: str,
+    group: str,
+    job_id: str | None,
+    rank: int | None,
+    score: float,
+    threshold: float,
+    dominant_signal: str | None,
+    panic: bool,
+    event_id: str,
+    now: float,
+) -> Event:
+    """The ``straggler_state`` that opens an episode; its id is the episode's."""
+    return Event(
+        type="straggler_state",
+        node_id=node_id,
+        cluster_id=cluster_id,
+        timestamp=now,
+        event_id=event_id,
+        job_id=job_id,
+        rank=rank,
+        score=score,
+        threshold=threshold,
+        detection_mode=DETECTION_MODE,
+        dominant_signal=dominant_signal,
+        extra={"group": group, "panic": panic},
+    )
+
+
+def resolved_event(closing: Closing, now: float, reason: str) -> Event:
+    """The event that ends a straggler episode; it reuses the episode's event id."""
+    return Event(
+        type="straggler_resolved",
+        node_id=closing.node_id,
+        cluster_id=closing.cluster_id,
+        timestamp=now,
+        event_id=closing.event_id,
+        job_id=closing.job_id,
+        rank=closing.rank,
+        score=closing.score,
+        threshold=closing.threshold,
+        detection_mode=DETECTION_MODE,
+        dominant_signal=closing.dominant_signal,
+        extra={
+            "group": closing.group,
+            "panic": closing.panic,
+            "reason": reason,
+            "since": closing.since,
+            "duration_s": now - closing.since,
+        },
+    )
+
+
+def degraded_event(
+    *,
+    cluster_id: str,
+    group: str,
+    job_id: str | None,
+    threshold: float | None,
+    below_nodes: int,
+    active_nodes: int,
+    median: float | None,
+    now: float,
+) -> Event:
+    """The one ``group_degraded`` of a group whose panic began this tick."""
+    return Event(
+        type="group_degraded",
+        node_id="",
+        cluster_id=cluster_id,
+        timestamp=now,
+        job_id=job_id,
+        threshold=threshold,
+        detection_mode=DETECTION_MODE,
+        extra={
+            "group": group,
+            "panic": True,
+            "below_nodes": below_nodes,
+            "active_nodes": active_nodes,
+            "median": median,
+        },
+    )

@@ -1,0 +1,229 @@
+"""Fleet's threshold reply: one type and one codec for all three ways it travels.
+
+Fleet answers every accepted health push with the pushing node's peer-group threshold, in
+the HTTP response headers (``X-Ingero-Threshold``, ``X-Ingero-Quorum-Met``,
+``X-Ingero-Panic``) or the gRPC **initial** metadata (``ingero-threshold``, …), and serves
+the whole view as JSON at ``GET /api/v1/threshold`` (docs/design.md, "Contracts").
+
+Every field is declared once, in :class:`ThresholdView`, with its kind and, for the few a
+push reply carries, its metadata key (the header name is derived from it). The encoders
+and decoders walk those declarations, so a later field (added, never renamed) is one line
+there, and a decoder returns everything its encoder wrote. Decoders refuse what is not
+sane (a threshold that is not a finite number in [0, 1], a flag that is not
+``true|false``, a count that is negative, …) with ValueError: such a value is never used.
+Unknown JSON keys and unknown headers are ignored, so an older node reads a newer Fleet.
+"""
+
+from __future__ import annotations
+
+import math
+from abc import ABC, abstractmethod
+from collections.abc import Iterable, Mapping
+from dataclasses import MISSING, Field, dataclass, field, fields
+from typing import Any
+
+API_PATH = "/api/v1/threshold"
+
+
+class _Kind(ABC):
+    """One kind of field value: how it is checked, and written as text for push replies."""
+
+    @abstractmethod
+    def check(self, value: object, label: str) -> Any:
+        """The value as the field holds it (from JSON, or parsed text); ValueError if insane."""
+
+    def parse(self, text: str, label: str) -> object:
+        """A push reply's non-empty text as the JSON value it stands for."""
+        return text
+
+    def to_text(self, value: Any) -> str:
+        """The value in a push reply; empty for none."""
+        return "" if value is None else str(value)
+
+    def from_text(self, text: str, label: str) -> Any:
+        return self.check(None if text == "" else self.parse(text, label), label)
+
+
+class _Number(_Kind):
+    """A finite number, or none."""
+
+    def check(self, value: object, label: str) -> float | None:
+        if value is None:
+            return None
+        if isinstance(value, bool) or not isinstance(value, int | float):
+            raise ValueError(f"{label} {value!r} is not a number")
+        if not math.isfinite(value):
+            raise ValueError(f"{label} {value!r} is not finite")
+        return float(value)
+
+    def parse(self, text: str, label: str) -> float:
+        try:
+            return float(text)
+        except ValueError:
+            raise ValueError(f"{label} {text!r} is not a number") from None
+
+    def to_text(self, value: Any) -> str:
+        return "" if value is None else repr(float(value))
+
+
+class _Unit(_Number):
+    """A number in [0, 1], or none."""
+
+    def check(self, value: object, label: str) -> float | None:
+        number = super().check(value, label)
+        if number is not None and not 0.0 <= number <= 1.0:
+            raise ValueError(f"{label} {value!r} is outside [0, 1]")
+        return number
+
+
+class _Flag(_Kind):
+    """``true`` or ``false``."""
+
+    def check(self, value: object, label: str) -> bool:
+        if not isinstance(value, bool):
+            raise ValueError(f"{label} {value!r} is not true or false")
+        return value
+
+    def parse(self, text: str, label: str) -> object:
+        word = text.strip().lower()
+        return word == "true" if word in ("true", "false") else text
+
+    def to_text(self, value: Any) -> str:
+        return "true" if value else "false"
+
+
+class _Count(_Kind):
+    """A whole number >= 0, or none."""
+
+    def check(self, value: object, label: str) -> int | None:
+        if value is None:
+            return None
+        if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+            raise ValueError(f"{label} {value!r} is not a count")
+        return value
+
+    def parse(self, text: str, label: str) -> object:
+        return int(text) if text.isdigit() else text
+
+
+class _Text(_Kind):
+    """A string, or none."""
+
+    def check(self, value: object, label: str) -> str | None:
+        if value is None or isinstance(value, str):
+            return value
+        raise ValueError(f"{label} {value!r} is not a string")
+
+
+UNIT, FLAG, NUMBER, COUNT, TEXT = _Unit(), _Flag(), _Number(), _Count(), _Text()
+
+
+def _wire(kind: _Kind, push_key: str | None = None) -> dict[str, Any]:
+    """Field metadata: the value's kind, and its gRPC metadata key if push replies carry it."""
+    return {"kind": kind, "push_key": push_key}
+
+
+@dataclass(frozen=True, kw_only=True)
+class ThresholdView:
+    """A peer group's threshold as Fleet serves it, in push replies and the API.
+
+    ``threshold`` is None while the group has no quorum (docs/fleet-threshold.md). A push
+    reply carries only the fields with a push key; the others are then None. Keyword-only,
+    so adding a field never shifts another.
+    """
+
+    cluster_id: str | None = field(default=None, metadata=_wire(TEXT))
+    group: str | None = field(default=None, metadata=_wire(TEXT))
+    threshold: float | None = field(default=None, metadata=_wire(UNIT, "ingero-threshold"))
+    median: float | None = field(default=None, metadata=_wire(NUMBER))
+    mad: float | None = field(default=None, metadata=_wire(NUMBER))
+    quorum_met: bool = field(default=False, metadata=_wire(FLAG, "ingero-quorum-met"))
+    panic: bool = field(default=False, metadata=_wire(FLAG, "ingero-panic"))
+    active_nodes: int | None = field(default=None, metadata=_wire(COUNT))
+    computed_at: float | None = field(default=None, metadata=_wire(NUMBER))
+
+
+def _header_name(key: str) -> str:
+    """``ingero-quorum-met`` -> ``X-Ingero-Quorum-Met``."""
+    return "X-" + "-".join(part.capitalize() for part in key.split("-"))
+
+
+_FIELDS: tuple[Field[Any], ...] = fields(ThresholdView)
+# (attribute, gRPC metadata key, HTTP header name, kind) of the fields push replies carry.
+_PUSH: tuple[tuple[str, str, str, _Kind], ...] = tuple(
+    (f.name, f.metadata["push_key"], _header_name(f.metadata["push_key"]), f.metadata["kind"])
+    for f in _FIELDS
+    if f.metadata["push_key"]
+)
+HEADERS: tuple[str, ...] = tuple(header for _, _, header, _ in _PUSH)
+METADATA_KEYS: tuple[str, ...] = tuple(key for _, key, _, _ in _PUSH)
+
+
+def _default(f: Field[Any]) -> Any:
+    assert f.default is not MISSING  # every field has one: a reply may leave any out
+    return f.default
+
+
+# ---- push replies: HTTP headers and gRPC metadata --------------------------------------
+
+
+def encode_headers(view: ThresholdView | None) -> list[tuple[str, str]]:
+    """The reply headers of an OTLP/HTTP push; none when no data point was accepted."""
+    if view is None:
+        return []
+    return [(header, kind.to_text(getattr(view, attr))) for attr, _, header, kind in _PUSH]
+
+
+def encode_metadata(view: ThresholdView | None) -> tuple[tuple[str, str], ...]:
+    """The initial metadata of an OTLP/gRPC push reply; none when nothing was accepted."""
+    if view is None:
+        return ()
+    return tuple((key, kind.to_text(getattr(view, attr))) for attr, key, _, kind in _PUSH)
+
+
+def _from_push(found: Mapping[str, tuple[str, str]]) -> ThresholdView | None:
+    """``found``: attribute -> (text, the name it came under), for the fields present."""
+    if not found:
+        return None
+    values: dict[str, Any] = {}
+    for attr, _, _, kind in _PUSH:
+        if attr in found:
+            text, label = found[attr]
+            values[attr] = kind.from_text(text, label)
+    return ThresholdView(**values)
+
+
+def decode_headers(headers: Mapping[str, str]) -> ThresholdView | None:
+    """The threshold in a push reply's headers (names case-insensitive); None when absent.
+
+    Raises ValueError when present but not sane.
+    """
+    lower = {name.lower(): value for name, value in headers.items()}
+    return _from_push(
+        {attr: (lower[h.lower()], h) for attr, _, h, _ in _PUSH if h.lower() in lower}
+    )
+
+
+def decode_metadata(metadata: Iterable[tuple[str, str | bytes]]) -> ThresholdView | None:
+    """The threshold in a gRPC reply's metadata (initial, or trailing from an older Fleet;
+    a later value wins); None when absent. Raises ValueError when present but not sane."""
+    got = {key: value for key, value in metadata if isinstance(value, str)}
+    return _from_push({attr: (got[key], key) for attr, key, _, _ in _PUSH if key in got})
+
+
+# ---- the API: GET /api/v1/threshold ----------------------------------------------------
+
+
+def encode_json(view: ThresholdView) -> dict[str, object]:
+    """The API's answer: every field, none left out (absent values as null)."""
+    return {f.name: getattr(view, f.name) for f in _FIELDS}
+
+
+def decode_json(body: object) -> ThresholdView:
+    """The API's answer; a field left out takes its default. ValueError when not sane."""
+    if not isinstance(body, dict):
+        raise ValueError("threshold API answer is not a JSON object")
+    values: dict[str, Any] = {}
+    for f in _FIELDS:
+        values[f.name] = f.metadata["kind"].check(body.get(f.name, _default(f)), f.name)
+    return ThresholdView(**values)

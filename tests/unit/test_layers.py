@@ -1,0 +1,120 @@
+"""The layer rule of docs/design.md ("Where things live"), read from the package's imports.
+
+- The node side (trace, collectors, push, sink) never imports fleet or echo, and neither
+  does any other part but the CLI (the one place that wires the daemons up).
+- fleet and echo never import each other: what passes between them is an OTLP contract.
+- The contracts (otlp/, events.py) and the leaf helpers (the modules directly in ingero/)
+  may be imported by everyone, so they import nothing but each other.
+
+Every import counts: module level, inside functions (the CLI's lazy ones) and under
+TYPE_CHECKING.
+"""
+
+from __future__ import annotations
+
+import ast
+from collections.abc import Iterator
+from pathlib import Path
+
+PACKAGE = Path(__file__).resolve().parents[2] / "ingero"
+
+NODE_SIDE = frozenset({"trace", "collectors", "push", "sink"})
+DAEMONS = frozenset({"fleet", "echo"})
+CONTRACTS = frozenset({"otlp"})
+COMPOSITION_ROOT = "cli"
+
+
+def module_name(path: Path, package: Path) -> str:
+    parts = list(path.relative_to(package.parent).with_suffix("").parts)
+    if parts[-1] == "__init__":
+        parts.pop()
+    return ".".join(parts)
+
+
+def part_of(module: str) -> str:
+    """The part a module belongs to: its subpackage, or the leaf module's own name."""
+    parts = module.split(".")
+    return parts[1] if len(parts) > 1 else ""
+
+
+def imports(path: Path, root: Path) -> Iterator[tuple[int, str]]:
+    """(line, imported ingero module) for every import in the file, resolved."""
+    module = module_name(path, root)
+    package = module if path.name == "__init__.py" else module.rpartition(".")[0]
+    for node in ast.walk(ast.parse(path.read_text(), str(path))):
+        if isinstance(node, ast.Import):
+            for alias in node.names:
+                yield node.lineno, alias.name
+        elif isinstance(node, ast.ImportFrom):
+            base = node.module or ""
+            if node.level:
+                anchor = package.split(".")[: len(package.split(".")) - node.level + 1]
+                base = ".".join([*anchor, base] if base else anchor)
+            for alias in node.names:
+                # ``from ingero import nodedb`` imports ingero.nodedb
+                yield node.lineno, f"{base}.{alias.name}" if base == "ingero" else base
+
+
+def violations(root: Path = PACKAGE) -> list[str]:
+    leaves = {path.stem for path in root.glob("*.py") if path.stem != "__init__"}
+    found = []
+    for path in sorted(root.rglob("*.py")):
+        here = part_of(module_name(path, root))
+        for line, target in sorted(set(imports(path, root))):
+            if target != "ingero" and not target.startswith("ingero."):
+                continue
+            there = part_of(target)
+            if there == here or there in ("", "__version__"):
+                continue
+            where = f"{path.relative_to(root.parent)}:{line} imports {target}"
+            if there in DAEMONS and here in DAEMONS:
+                found.append(f"{where}: fleet and echo never import each other")
+            elif there in DAEMONS and here in NODE_SIDE:
+                found.append(f"{where}: the node side never imports fleet or echo")
+            elif (here in CONTRACTS or here in leaves) and not (
+                there in CONTRACTS or there in leaves
+            ):
+                found.append(f"{where}: contracts and leaf helpers import only each other")
+            elif there in DAEMONS and here != COMPOSITION_ROOT:
+                found.append(f"{where}: only the CLI wires the daemons up")
+    return found
+
+
+def test_the_layer_rule_holds() -> None:
+    assert violations() == []
+
+
+def test_the_rule_reads_every_kind_of_import(tmp_path: Path) -> None:
+    """The checker itself, on a small package: lazy, TYPE_CHECKING and relative imports are
+    all seen, and each rule names itself."""
+    root = tmp_path / "ingero"
+    files = {
+        "__init__.py": "",
+        "events.py": "from ingero.push import agent\n",
+        "push/__init__.py": "",
+        "push/agent.py": (
+            "from typing import TYPE_CHECKING\n"
+            "if TYPE_CHECKING:\n    from ingero.fleet import model\n"
+            "def f() -> None:\n    import ingero.echo.store\n"
+            "from ..fleet import state\nfrom ingero import otlp, events\n"
+        ),
+        "fleet/__init__.py": "",
+        "fleet/model.py": "from ingero.echo import store\n",
+        "echo/__init__.py": "",
+        "echo/store.py": "",
+        "slurm/__init__.py": "",
+        "slurm/drain.py": "from ingero.fleet.config import DrainConfig\n",
+        "cli/__init__.py": "",
+        "cli/main.py": "from ingero.fleet import model\nfrom ingero.echo import store\n",
+    }
+    for name, text in files.items():
+        (root / name).parent.mkdir(parents=True, exist_ok=True)
+        (root / name).write_text(text)
+    assert violations(root) == [
+        "ingero/events.py:1 imports ingero.push: contracts and leaf helpers import only each other",
+        "ingero/fleet/model.py:1 imports ingero.echo: fleet and echo never import each other",
+        "ingero/push/agent.py:3 imports ingero.fleet: the node side never imports fleet or echo",
+        "ingero/push/agent.py:5 imports ingero.echo.store: the node side never imports fleet or echo",
+        "ingero/push/agent.py:6 imports ingero.fleet: the node side never imports fleet or echo",
+        "ingero/slurm/drain.py:1 imports ingero.fleet.config: only the CLI wires the daemons up",
+    ]

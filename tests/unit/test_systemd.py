@@ -1,0 +1,53 @@
+"""sd_notify and the watchdog period, shared by every daemon (ingero.systemd)."""
+
+from __future__ import annotations
+
+import os
+import socket
+from pathlib import Path
+
+import pytest
+
+from ingero.systemd import notifier, watchdog_interval
+
+
+@pytest.mark.parametrize(
+    ("usec", "pid", "expected"),
+    [
+        (None, None, None),
+        ("0", None, None),
+        ("junk", None, None),
+        ("-5", None, None),
+        ("10000000", None, 5.0),
+        ("10000000", "self", 5.0),
+        ("10000000", "other", None),  # systemd watches another process of the unit
+    ],
+)
+def test_watchdog_interval(
+    monkeypatch: pytest.MonkeyPatch, usec: str | None, pid: str | None, expected: float | None
+) -> None:
+    for name, value in (("WATCHDOG_USEC", usec), ("WATCHDOG_PID", pid)):
+        if value is None:
+            monkeypatch.delenv(name, raising=False)
+        else:
+            own = os.getpid()
+            text = {"self": str(own), "other": str(own + 1)}.get(value, value)
+            monkeypatch.setenv(name, text)
+    assert watchdog_interval() == expected
+
+
+def test_notify_reaches_the_socket_systemd_gave(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    path = tmp_path / "notify.sock"
+    with socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM) as listener:
+        listener.bind(str(path))
+        listener.settimeout(5)
+        monkeypatch.setenv("NOTIFY_SOCKET", str(path))
+        notifier().notify("READY=1\nSTATUS=up")
+        assert listener.recv(4096) == b"READY=1\nSTATUS=up"
+
+
+def test_without_systemd_notifying_is_silent(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv("NOTIFY_SOCKET", raising=False)
+    notifier().notify("READY=1")  # nothing to reach, nothing raised

@@ -1,0 +1,59 @@
+"""The shared TLS and bearer-token helpers: each failure is one ConfigError naming the setting."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from ingero.bearer import BearerAuth, authorization, read_token
+from ingero.errors import ConfigError
+from ingero.tls import check_pair, client_ssl_context, grpc_server_credentials, server_ssl_context
+
+
+def test_token_file_read_stripped_and_presented(tmp_path: Path) -> None:
+    path = tmp_path / "token"
+    path.write_text("s3cret\n")
+    token = read_token(str(path), "auth.bearer_token_file")
+    assert token == "s3cret"
+    assert BearerAuth(token).allows(authorization("s3cret"))
+    assert read_token(None, "auth.bearer_token_file") is None
+
+
+@pytest.mark.parametrize(
+    ("content", "message"),
+    [(None, "auth_token_file: cannot read"), ("  \n", "is empty"), (b"\xff\xfe", "cannot read")],
+)
+def test_bad_token_files(tmp_path: Path, content: str | bytes | None, message: str) -> None:
+    path = tmp_path / "token"
+    if isinstance(content, str):
+        path.write_text(content)
+    elif isinstance(content, bytes):
+        path.write_bytes(content)
+    with pytest.raises(ConfigError, match=message) as info:
+        read_token(str(path), "auth_token_file")
+    assert "\n" not in str(info.value)
+
+
+def test_a_certificate_needs_its_key() -> None:
+    check_pair(None, None)
+    check_pair("c.pem", "k.pem")
+    with pytest.raises(ValueError, match=r"auth\.tls_cert and auth\.tls_key must be set together"):
+        check_pair("c.pem", None)
+
+
+def test_no_certificate_means_no_tls() -> None:
+    assert server_ssl_context(None, None) is None
+    assert grpc_server_credentials(None, None) is None
+    assert client_ssl_context(None) is None
+
+
+def test_unloadable_material_names_the_setting(tmp_path: Path) -> None:
+    junk = tmp_path / "junk.pem"
+    junk.write_text("not a certificate\n")
+    with pytest.raises(ConfigError, match=r"auth\.tls_cert/tls_key: cannot load"):
+        server_ssl_context(str(junk), str(junk))
+    with pytest.raises(ConfigError, match=r"auth\.tls_key: cannot read"):
+        grpc_server_credentials(str(junk), str(tmp_path / "missing.pem"))
+    with pytest.raises(ConfigError, match="ca_file: cannot load"):
+        client_ssl_context(str(junk))
