@@ -10,7 +10,9 @@ attack (40 kB and its base64) beside it.
 from __future__ import annotations
 
 import json
+import socket
 from collections.abc import Iterator
+from http.client import HTTPResponse
 from pathlib import Path
 from typing import Any
 
@@ -20,6 +22,7 @@ import pytest
 from mcp.client import Client
 from mcp.client.streamable_http import streamable_http_client
 
+from ingero.echo.api import MAX_SQL_BODY
 from ingero.otlp.logs import encode_events
 
 from .helpers import TOKEN_A, TOKEN_OPS, EchoProcess, http, straggler
@@ -151,3 +154,63 @@ def test_question_answers_are_cut_at_the_byte_limit_too(echo: EchoProcess) -> No
     )
     assert answers[0]["truncated_reason"] == "bytes" and 0 < len(answers[0]["events"]) < 12
     assert (answers[1]["truncated"], answers[1]["truncated_reason"]) == (False, None)
+
+
+def _post_raw(echo: EchoProcess, head: str, body: Iterator[bytes]) -> tuple[int, bytes]:
+    """Send a request by hand (the body as it comes, stopping if Echo closes); returns
+    the status and the response body."""
+    host, _, port = echo.api.rpartition(":")
+    with socket.create_connection((host, int(port)), timeout=30) as sock:
+        sock.sendall(head.encode())
+        try:
+            for chunk in body:
+                sock.sendall(chunk)
+        except (BrokenPipeError, ConnectionResetError):
+            pass
+        response = HTTPResponse(sock)
+        response.begin()
+        return response.status, response.read()
+
+
+def _head(echo: EchoProcess, length_header: str) -> str:
+    return (
+        f"POST /api/v1/sql HTTP/1.1\r\nHost: {echo.api}\r\n"
+        f"Authorization: Bearer {TOKEN_A}\r\nContent-Type: application/json\r\n"
+        f"{length_header}\r\n\r\n"
+    )
+
+
+BIG = 128 * MiB
+
+
+def test_a_large_sql_body_is_refused_from_content_length_without_reading_it(
+    echo: EchoProcess,
+) -> None:
+    # the head alone is enough for the answer: Echo does not wait for the body
+    status, body = _post_raw(echo, _head(echo, f"Content-Length: {256 * MiB}"), iter(()))
+    assert status == 413 and f"over {MAX_SQL_BODY} bytes" in body.decode()
+    base = _reset_peak(echo)
+    chunk = b"x" * MiB
+    status, _ = _post_raw(
+        echo, _head(echo, f"Content-Length: {BIG}"), (chunk for _ in range(BIG // MiB))
+    )
+    growth = _peak_growth(echo, base)
+    assert status == 413
+    assert growth < BIG // 8, f"peak RSS grew {growth / MiB:.1f} MiB"
+    assert _sql(echo, "SELECT 1")[1]["rows"] == [[1]]  # still serving
+
+
+def test_a_large_chunked_sql_body_is_refused_once_it_passes_the_limit(echo: EchoProcess) -> None:
+    base = _reset_peak(echo)
+    piece = b"x" * MiB
+    chunk = f"{len(piece):x}\r\n".encode() + piece + b"\r\n"
+    chunks = [*(chunk for _ in range(BIG // MiB)), b"0\r\n\r\n"]
+    status, body = _post_raw(echo, _head(echo, "Transfer-Encoding: chunked"), iter(chunks))
+    growth = _peak_growth(echo, base)
+    assert status == 413 and f"over {MAX_SQL_BODY} bytes" in body.decode()
+    assert growth < BIG // 8, f"peak RSS grew {growth / MiB:.1f} MiB"
+    # a small chunked body is read as usual
+    query = json.dumps({"query": "SELECT 2"}).encode()
+    small = [f"{len(query):x}\r\n".encode() + query + b"\r\n", b"0\r\n\r\n"]
+    status, body = _post_raw(echo, _head(echo, "Transfer-Encoding: chunked"), iter(small))
+    assert status == 200 and json.loads(body)["rows"] == [[2]]
