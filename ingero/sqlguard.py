@@ -6,6 +6,10 @@ and ordinary functions (refusing writes, DDL, ATTACH/DETACH, every PRAGMA and
 ``load_extension``), a progress handler that stops a query past its time limit, a fetch loop
 that stops it past its row limit or its answer's byte limit, and ``SQLITE_LIMIT_LENGTH`` and
 ``SQLITE_LIMIT_COLUMN`` capping what one value and one row can hold.
+
+The authorizer is not a complete fence around tables: SQLite does not consult it for the
+columns it adds for USING and NATURAL joins. Data a query must not see is kept out of the
+connection's reach (as Echo does for scoped tokens), not merely refused.
 """
 
 from __future__ import annotations
@@ -15,7 +19,7 @@ import json
 import math
 import sqlite3
 import time
-from collections.abc import Callable, Collection, Iterable, Mapping
+from collections.abc import Callable, Collection, Iterable
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
@@ -89,36 +93,32 @@ class ByteBudget:
         return kept
 
 
-def read_only_authorizer(
-    tables: Collection[str], *, guards: Mapping[str, str] | None = None
-) -> Authorizer:
+def read_only_authorizer(tables: Collection[str], *, scoped_store: str | None = None) -> Authorizer:
     """Allow SELECT, reads of ``tables`` and of the schema table, and ordinary functions.
 
-    ``guards`` makes the connection a tenant's. It maps each of ``tables`` to the name of
-    the one TEMP view allowed to read it (the caller's view holding only the tenant's rows;
-    a TEMP view of the table's own name reads that view, so unqualified names reach only
-    scoped rows). A table of ``main`` is then readable only while SQLite compiles that
-    view, which the authorizer learns from its 5th argument: the name of the innermost
-    view, trigger or *CTE* the read comes from. A query can give a CTE any name, so the
-    guard names must be names the query cannot know: the caller draws them at random after
-    the query text is fixed, and a query can reach another tenant's rows only by guessing
-    them. Everything else in ``main`` but the schema table is refused, as is the TEMP
-    schema table (it holds the guard names).
+    ``scoped_store`` is for a tenant's connection (Echo's ``connect_scoped``): its main
+    database is empty, the store is attached under that name (drawn at random after the
+    query text was fixed) and TEMP views named after ``tables`` hold only the tenant's
+    rows. A read of the store is then allowed only from inside the view of the table's
+    name, and the TEMP schema table (which names the store) is refused. This is the second
+    wall, not the first: the authorizer is told the innermost view *or CTE* a read comes
+    from (a name the query chooses), and SQLite does not ask it at all about the columns
+    it adds itself for USING and NATURAL joins. The first wall is that a query cannot
+    name the store.
     """
     allowed = frozenset(t.lower() for t in tables)
-    guard_of = {t.lower(): g.lower() for t, g in (guards or {}).items()}
-    scoped_views = frozenset(guard_of) | frozenset(guard_of.values())
+    store = (scoped_store or "").lower()
 
     def may_read(table: str, db: str, source: str) -> bool:
-        if guards is None:
+        if not store:
             return db == "temp" or table in _SCHEMA_TABLES or table in allowed
         # db "" is a table named without a schema and read for no column (count(*)):
-        # an unqualified name finds TEMP first, where each table's scoped view is.
-        if db in ("temp", "") and table in scoped_views:
+        # an unqualified name finds TEMP first, where the views are, then the empty main.
+        if db in ("temp", "") and table in allowed:
             return True
         if db in ("main", "") and table in _SCHEMA_TABLES:
             return True
-        return db == "main" and table in guard_of and source == guard_of[table]
+        return db == store and table in allowed and source == table
 
     def check(
         action: int, arg1: str | None, arg2: str | None, db: str | None, source: str | None
@@ -165,6 +165,8 @@ def run_bounded(
     stops before the row that would take it past ``max_bytes`` of JSON. Rows are fetched
     and converted one at a time, inside the time limit: when it passes after some rows,
     those rows are the answer (``truncated_reason`` "time"); before any, it is an error.
+    (Python's sqlite3 steps to the next row before returning one, so the row it was
+    returning when SQLite is stopped is lost with the step.)
     """
     check_query_text(query)
     conn.execute("PRAGMA query_only = 1")

@@ -7,13 +7,13 @@ progress handler stops a query past its time limit, and the answer stops at its 
 and at its byte limit (counted as JSON while rows are fetched); values and rows are capped
 in size.
 
-Tenancy: for a token scoped to clusters, each table is shadowed by a TEMP view of the same
-name, which reads a second TEMP view holding only the allowed clusters' rows. That inner
-view's name is drawn at random for each request, after the query text is fixed, and the
-authorizer lets a table of ``main`` be read only from inside the view of that name
-(``read_only_authorizer(guards=...)``). So neither ``main.events`` nor a CTE that reads it
-(whatever the CTE is called) reaches another cluster's rows: it would have to name the
-inner view, which it cannot know.
+Tenancy rests on what a scoped token's connection can reach, not on the authorizer (which
+SQLite does not consult for the columns of USING and NATURAL joins, and which is told CTE
+names as if they were views). Its main database is a private, empty one; the store is
+attached read-only under a name drawn at random for each request, after the query text is
+fixed; TEMP views named after the tables hold only the token's clusters' rows. A table of
+the store can be named only by that schema name (any other table name finds a view, or
+nothing), which the query cannot contain but by guessing 128 random bits.
 """
 
 from __future__ import annotations
@@ -22,6 +22,7 @@ import os
 import secrets
 import sqlite3
 from collections.abc import Collection
+from pathlib import Path
 from typing import Any
 
 from ingero.echo.auth import Principal
@@ -50,25 +51,51 @@ SQL_OUTPUT_SCHEMA: dict[str, Any] = {
 }
 
 
-def _quote(value: str) -> str:
-    return "'" + value.replace("'", "''") + "'"
+def _quote(value: str, mark: str = "'") -> str:
+    return mark + value.replace(mark, mark * 2) + mark
 
 
-def scope_to_clusters(conn: sqlite3.Connection, clusters: Collection[str]) -> dict[str, str]:
-    """Create the TEMP views of a scoped connection; returns table -> its guard view's name."""
-    nonce = secrets.token_hex(16)  # 128 bits: a query cannot name the guard but by luck
-    allowed = ",".join(_quote(c) for c in sorted(clusters)) or "NULL"
-    conn.execute("PRAGMA query_only = 0")  # the TEMP views only; main stays mode=ro
-    guards: dict[str, str] = {}
-    for table in TENANT_TABLES:
-        guard = f"scoped_{table}_{nonce}"
+def connect_scoped(
+    db_path: str | os.PathLike[str], clusters: Collection[str]
+) -> tuple[sqlite3.Connection, str]:
+    """A connection whose only way to the store is views of ``clusters``' rows; returns it
+    and the (secret) name the store is attached under."""
+    store = f"store_{secrets.token_hex(16)}"
+    conn = sqlite3.connect("file::memory:", uri=True, check_same_thread=False)
+    try:
         conn.execute(
-            f"CREATE TEMP VIEW {guard} AS SELECT * FROM main.{table}"
-            f" WHERE cluster_id IN ({allowed})"
+            f"ATTACH DATABASE ? AS {store}", (Path(db_path).resolve().as_uri() + "?mode=ro",)
         )
-        conn.execute(f"CREATE TEMP VIEW {table} AS SELECT * FROM temp.{guard}")
-        guards[table] = guard
-    return guards
+        allowed = ",".join(_quote(c) for c in sorted(clusters)) or "NULL"
+        for table in TENANT_TABLES:
+            conn.execute(
+                f"CREATE TEMP VIEW {table} AS SELECT * FROM {store}.{table}"
+                f" WHERE cluster_id IN ({allowed})"
+            )
+        # A bare name finds TEMP, then main, then the store: any other table of the store
+        # (none today) gets an empty view of its name in front of it, and SQLite's own
+        # (sqlite_stat1 after an ANALYZE, sqlite_sequence), which no view may be named
+        # after, empty ones of main's own.
+        names = conn.execute(
+            f"SELECT name FROM {store}.sqlite_master WHERE type IN ('table', 'view')"
+        ).fetchall()
+        internal = False
+        for (name,) in names:
+            if name.lower() in TENANT_TABLES:
+                continue
+            if name.lower().startswith("sqlite_"):
+                internal = True
+                continue
+            hidden = _quote(name, '"')
+            conn.execute(f"CREATE TEMP VIEW {hidden} AS SELECT NULL AS hidden WHERE 0")
+        if internal:
+            conn.execute("CREATE TABLE main.hidden (x INTEGER PRIMARY KEY AUTOINCREMENT)")
+            conn.execute("CREATE INDEX main.hidden_x ON hidden (x)")
+            conn.execute("ANALYZE main")
+    except BaseException:
+        conn.close()
+        raise
+    return conn, store
 
 
 def run_sql(
@@ -82,15 +109,16 @@ def run_sql(
 ) -> dict[str, Any]:
     """Run one read-only statement; returns columns, rows and whether (why) they were cut."""
     check_query_text(query)
-    conn = connect_readonly(db_path)
+    store = None
+    if principal.clusters is None:
+        conn = connect_readonly(db_path)
+    else:
+        conn, store = connect_scoped(db_path, principal.clusters)
     try:
-        guards = None
-        if principal.clusters is not None:
-            guards = scope_to_clusters(conn, principal.clusters)
         result = run_bounded(
             conn,
             query,
-            read_only_authorizer(TENANT_TABLES, guards=guards),
+            read_only_authorizer(TENANT_TABLES, scoped_store=store),
             max_rows=max_rows,
             timeout=timeout,
             refused_hint="Echo's SQL is read-only and limited to its tables",

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import sqlite3
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -10,8 +11,8 @@ from typing import Any
 import pytest
 
 from ingero.echo.auth import Principal
-from ingero.echo.sql import SqlError, run_sql, scope_to_clusters
-from ingero.echo.store import Store, connect_readonly
+from ingero.echo.sql import SqlError, connect_scoped, run_sql
+from ingero.echo.store import Store
 
 from .helpers import straggler
 
@@ -114,7 +115,7 @@ def test_a_tenant_sees_only_its_clusters_through_every_table(db: Path) -> None:
         "SELECT (SELECT count(*) FROM main.episodes)",
         "SELECT e.node_id FROM events e JOIN main.events m ON m.id = e.id",
     ):
-        with pytest.raises(SqlError, match="refused"):
+        with pytest.raises(SqlError, match="no such table: main"):
             sql(db, query, TENANT_A)
     # the operator's unscoped token still sees everything
     assert rows(db, "SELECT count(*) FROM main.events") == [[12]]
@@ -130,20 +131,42 @@ def test_bad_sql_is_a_clear_error(db: Path) -> None:
             sql(db, query, OPS)
 
 
-def test_the_guard_views_are_named_anew_for_every_request(db: Path) -> None:
-    """Another request's guard name (as if it had leaked) reaches nothing in this one."""
-    conn = connect_readonly(db)
+def test_the_store_is_attached_under_a_new_name_for_every_request(db: Path) -> None:
+    """A scoped connection's main database is empty and the store's name is drawn anew,
+    so another request's name (as if it had leaked) reaches nothing in this one."""
+    conn, leaked = connect_scoped(db, {"A"})
     try:
-        leaked = scope_to_clusters(conn, {"A"})["events"]
-        assert leaked != scope_to_clusters(connect_readonly(db), {"A"})["events"]
-        # on its own connection the guard does read the table: the name is the key
-        assert conn.execute(f"SELECT count(*) FROM temp.{leaked}").fetchone() == (5,)
+        other, second = connect_scoped(db, {"A"})
+        other.close()
+        assert leaked != second
+        assert conn.execute("SELECT count(*) FROM main.sqlite_master").fetchone() == (0,)
+        # on its own connection, and without the authorizer, the name reaches every row
+        assert conn.execute(f"SELECT count(*) FROM {leaked}.events").fetchone() == (12,)
     finally:
         conn.close()
-    query = f"WITH {leaked} AS (SELECT * FROM main.events) SELECT node_id FROM {leaked}"
-    with pytest.raises(SqlError, match="refused"):
-        sql(db, query, TENANT_A)
-    assert rows(db, query) == rows(db, "SELECT node_id FROM events")  # the operator's own
+    with pytest.raises(SqlError, match="no such table"):
+        sql(db, f"SELECT node_id FROM {leaked}.events", TENANT_A)
+
+
+def test_the_stores_other_tables_are_hidden_behind_empty_ones(db: Path) -> None:
+    """A bare name that nothing shadowed would find the store's table, and SQLite never
+    asks the authorizer about the columns of a NATURAL join."""
+    with sqlite3.connect(db) as conn:
+        conn.execute("CREATE TABLE notes (cluster_id TEXT, note TEXT)")
+        conn.execute("INSERT INTO notes VALUES ('B', 'bravo secret')")
+    conn.close()
+    natural = "SELECT note FROM (SELECT NULL AS note WHERE 0) NATURAL FULL JOIN notes"
+    assert rows(db, natural) == [["bravo secret"]]  # the operator's
+    for query in (natural, "SELECT note FROM notes", "SELECT count(*) FROM notes"):
+        with pytest.raises(SqlError, match=r"no such column|refused"):
+            sql(db, query, TENANT_A)
+    # SQLite's own tables cannot be shadowed by views: main has empty ones of its own
+    with sqlite3.connect(db) as conn:
+        conn.execute("ANALYZE")
+    conn.close()
+    stats = "SELECT tbl, stat FROM (SELECT NULL AS tbl, NULL AS stat WHERE 0) NATURAL FULL JOIN"
+    assert "events" in json.dumps(rows(db, f"{stats} sqlite_stat1"))  # the store's row counts
+    assert "events" not in json.dumps(rows(db, f"{stats} sqlite_stat1", TENANT_A))
 
 
 def test_the_answer_stops_at_its_byte_limit_with_the_reason(db: Path) -> None:

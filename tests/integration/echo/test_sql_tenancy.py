@@ -2,9 +2,9 @@
 calls things: a table of escape attempts against the real daemon, through both front doors
 (``POST /api/v1/sql`` and the MCP ``sql`` tool over streamable HTTP, official client).
 
-Each attempt names what it must get: ``REFUSED`` (400 / a tool error saying "refused"),
-``ERROR`` (any other clear error, e.g. no such table) or ``A`` (rows, none of cluster B).
-Cluster B's rows are in every table, marked ``bravo…``, so any leak shows in the answer.
+Each attempt names what it must get: ``NO`` (a clear one-line error: 400, or a tool error),
+``A`` (rows, none of cluster B) or ``NONE`` (an answer without rows). Cluster B's rows are in every table, marked ``bravo…``,
+so a leak of rows shows in the answer; an attempt that would leak only a count must be NO.
 """
 
 from __future__ import annotations
@@ -31,103 +31,125 @@ pytestmark = pytest.mark.integration
 
 PROTOBUF = "application/x-protobuf"
 TABLES = ("events", "episodes", "scores", "nodes")
-REFUSED, ERROR, A = "refused", "error", "A"
+NO, A, NONE = "no", "A", "none"
 
 
 def _per_table(t: str) -> list[tuple[str, str]]:
     cols = "cluster_id, node_id"
     return [
         # CTE shadowing: the name the old authorizer trusted
-        (f"WITH {t} AS (SELECT * FROM main.{t}) SELECT {cols} FROM {t}", REFUSED),
-        (f"WITH {t} AS MATERIALIZED (SELECT * FROM main.{t}) SELECT {cols} FROM {t}", REFUSED),
-        (f"WITH RECURSIVE {t} AS (SELECT * FROM main.{t}) SELECT {cols} FROM {t}", REFUSED),
+        (f"WITH {t} AS (SELECT * FROM main.{t}) SELECT {cols} FROM {t}", NO),
+        (f"WITH {t} AS MATERIALIZED (SELECT * FROM main.{t}) SELECT {cols} FROM {t}", NO),
+        (f"WITH RECURSIVE {t} AS (SELECT * FROM main.{t}) SELECT {cols} FROM {t}", NO),
         (
             f"WITH RECURSIVE {t}(c, n) AS (SELECT {cols} FROM main.{t}"
             f" UNION SELECT c, n FROM {t} WHERE 0) SELECT c, n FROM {t}",
-            REFUSED,
+            NO,
         ),
         (
             f"WITH {t} AS (SELECT * FROM temp.{t}), x AS (SELECT * FROM main.{t})"
             f" SELECT {cols} FROM x",
-            REFUSED,
+            NO,
         ),
         (
             f'WITH "{t.upper()}" AS (SELECT * FROM MAIN."{t.title()}") SELECT {cols} FROM {t}',
-            REFUSED,
+            NO,
         ),
         # a CTE inside a subquery, named like the table, reading it qualified
-        (f"SELECT * FROM (WITH {t} AS (SELECT * FROM main.{t}) SELECT {cols} FROM {t})", REFUSED),
+        (f"SELECT * FROM (WITH {t} AS (SELECT * FROM main.{t}) SELECT {cols} FROM {t})", NO),
         # plain qualification, subqueries, UNION, aggregates, comments
-        (f"SELECT {cols} FROM main.{t}", REFUSED),
-        (f'SELECT {cols} FROM "main"."{t}"', REFUSED),
-        (f"SELECT {cols} FROM [main].[{t}]", REFUSED),
-        (f"SELECT {cols} FROM MaIn.{t.upper()}", REFUSED),
-        (f"SELECT {cols} FROM main/**/.{t}", REFUSED),
-        (f"SELECT {cols} FROM main--\n.{t}", REFUSED),
-        (f"SELECT count(*) FROM main.{t}", REFUSED),
-        (f"SELECT (SELECT group_concat(cluster_id || node_id) FROM main.{t})", REFUSED),
-        (f"SELECT {cols} FROM (SELECT {cols} FROM main.{t}) AS {t}", REFUSED),
-        (f"SELECT {cols} FROM {t} UNION ALL SELECT {cols} FROM main.{t}", REFUSED),
-        (f"SELECT {cols} FROM {t} WHERE node_id IN (SELECT node_id FROM main.{t})", REFUSED),
+        (f"SELECT {cols} FROM main.{t}", NO),
+        (f'SELECT {cols} FROM "main"."{t}"', NO),
+        (f"SELECT {cols} FROM [main].[{t}]", NO),
+        (f"SELECT {cols} FROM MaIn.{t.upper()}", NO),
+        (f"SELECT {cols} FROM main/**/.{t}", NO),
+        (f"SELECT {cols} FROM main--\n.{t}", NO),
+        (f"SELECT count(*) FROM main.{t}", NO),
+        (f"SELECT (SELECT group_concat(cluster_id || node_id) FROM main.{t})", NO),
+        (f"SELECT {cols} FROM (SELECT {cols} FROM main.{t}) AS {t}", NO),
+        (f"SELECT {cols} FROM {t} UNION ALL SELECT {cols} FROM main.{t}", NO),
+        (f"SELECT {cols} FROM {t} WHERE node_id IN (SELECT node_id FROM main.{t})", NO),
+        # columns SQLite adds for USING and NATURAL joins are never shown to the authorizer
+        (
+            f"SELECT {cols} FROM (SELECT NULL AS cluster_id, NULL AS node_id WHERE 0)"
+            f" NATURAL FULL JOIN main.{t}",
+            NO,
+        ),
+        (f"SELECT count(*) FROM (SELECT 'B' AS cluster_id) JOIN main.{t} USING (cluster_id)", NO),
+        (
+            f"SELECT {cols} FROM (SELECT NULL AS cluster_id, NULL AS node_id WHERE 0)"
+            f" NATURAL FULL JOIN {t}",
+            A,
+        ),
         # what a tenant may do: its own rows, named any way that reaches the scoped view
         (f"SELECT {cols} FROM {t}", A),
         (f"SELECT {cols} FROM temp.{t}", A),
         (f'SELECT {cols} FROM "{t.upper()}"', A),
         (f"WITH mine AS (SELECT * FROM {t}) SELECT {cols} FROM mine", A),
-        (f"WITH {t} AS (SELECT * FROM {t}) SELECT {cols} FROM {t}", ERROR),  # circular
+        (f"WITH {t} AS (SELECT * FROM {t}) SELECT {cols} FROM {t}", NO),  # circular
         (f"SELECT {cols} FROM {t} /* main.{t} */ -- UNION SELECT {cols} FROM main.{t}", A),
     ]
 
 
 ATTEMPTS: list[tuple[str, str]] = [
     *(a for t in TABLES for a in _per_table(t)),
-    # CTEs named after another table, the schema tables and the guard views' prefix
-    ("WITH scores AS (SELECT * FROM main.events) SELECT cluster_id, node_id FROM scores", REFUSED),
+    # CTEs named after another table and the schema table; guesses at the store's name
+    ("WITH scores AS (SELECT * FROM main.events) SELECT cluster_id, node_id FROM scores", NO),
     (
         "WITH sqlite_master AS (SELECT * FROM main.events) SELECT node_id FROM sqlite_master",
-        REFUSED,
+        NO,
     ),
-    (
-        "WITH scoped_events AS (SELECT * FROM main.events) SELECT node_id FROM scoped_events",
-        REFUSED,
-    ),
-    (
-        "WITH scoped_events_00000000000000000000000000000000 AS (SELECT * FROM main.events)"
-        " SELECT node_id FROM scoped_events_00000000000000000000000000000000",
-        REFUSED,
-    ),
-    ("SELECT node_id FROM temp.scoped_events", ERROR),  # the guard views' names are secret
+    ("SELECT cluster_id, node_id FROM store.events", NO),
+    ("SELECT cluster_id, node_id FROM store_00000000000000000000000000000000.events", NO),
+    ("SELECT cluster_id, node_id FROM echo.events", NO),
     # subqueries that test for other clusters' rows without returning them
     (
         "SELECT cluster_id, node_id FROM events"
         " WHERE EXISTS (SELECT 1 FROM main.events m WHERE m.cluster_id = 'B')",
-        REFUSED,
+        NO,
     ),
-    ("SELECT rowid, node_id FROM main.events", REFUSED),
+    ("SELECT rowid, node_id FROM main.events", NO),
     (
         "SELECT key, value FROM json_each((SELECT json_group_array(node_id) FROM main.events))",
-        ERROR,
+        NO,
     ),
     # views cannot be made
-    ("CREATE TEMP VIEW v AS SELECT * FROM main.events", REFUSED),
-    ("CREATE VIEW v AS SELECT * FROM main.events", ERROR),
-    ("DROP VIEW events", REFUSED),
-    # the schema: main's holds no rows; temp's names the guard views
-    ("SELECT type, name, sql FROM sqlite_master", A),
-    ("SELECT name, sql FROM main.sqlite_schema", A),
-    ("SELECT name, sql FROM temp.sqlite_master", REFUSED),
-    ("SELECT name, sql FROM sqlite_temp_master", REFUSED),
-    ("SELECT name, sql FROM sqlite_temp_schema", REFUSED),
-    ("SELECT count(*) FROM temp.sqlite_master", REFUSED),
+    ("CREATE TEMP VIEW v AS SELECT * FROM main.events", NO),
+    ("CREATE VIEW v AS SELECT * FROM main.events", NO),
+    ("DROP VIEW events", NO),
+    # the schema: a tenant's main database is empty; TEMP's names where the store is
+    ("SELECT type, name, sql FROM sqlite_master", NONE),
+    ("SELECT name, sql FROM main.sqlite_schema", NONE),
+    ("SELECT name, sql FROM temp.sqlite_master", NO),
+    ("SELECT name, sql FROM sqlite_temp_master", NO),
+    ("SELECT name, sql FROM sqlite_temp_schema", NO),
+    ("SELECT count(*) FROM temp.sqlite_master", NO),
+    # the TEMP schema table through a NATURAL join: it shows the name the store is attached
+    # under, after the query was written (so no query can use it)
+    (
+        "SELECT name, sql FROM (SELECT NULL AS name, NULL AS sql WHERE 0)"
+        " NATURAL FULL JOIN sqlite_temp_master",
+        A,
+    ),
+    (
+        "SELECT name, file FROM (SELECT NULL AS name, NULL AS file WHERE 0)"
+        " NATURAL FULL JOIN pragma_database_list",
+        NO,
+    ),
+    (
+        "SELECT name, ncell FROM (SELECT NULL AS name, NULL AS ncell WHERE 0)"
+        " NATURAL FULL JOIN dbstat",
+        NO,
+    ),
     # pragma table-valued functions, raw pages and statistics
-    ("SELECT * FROM pragma_table_info('events')", REFUSED),
-    ("SELECT * FROM main.pragma_index_list('events')", REFUSED),
-    ("SELECT * FROM pragma_database_list", REFUSED),
-    ("SELECT * FROM pragma_compile_options", REFUSED),
-    ("PRAGMA table_info(events)", REFUSED),
-    ("SELECT * FROM sqlite_dbpage", ERROR),
-    ("SELECT * FROM dbstat", ERROR),
-    ("SELECT * FROM sqlite_stat1", ERROR),
+    ("SELECT * FROM pragma_table_info('events')", NO),
+    ("SELECT * FROM main.pragma_index_list('events')", NO),
+    ("SELECT * FROM pragma_database_list", NO),
+    ("SELECT * FROM pragma_compile_options", NO),
+    ("PRAGMA table_info(events)", NO),
+    ("SELECT * FROM sqlite_dbpage", NO),
+    ("SELECT * FROM dbstat", NO),
+    ("SELECT * FROM sqlite_stat1", NO),
     # window functions
     ("SELECT cluster_id, node_id, count(*) OVER () FROM events", A),
     (
@@ -135,29 +157,29 @@ ATTEMPTS: list[tuple[str, str]] = [
         " WINDOW w AS (PARTITION BY cluster_id)",
         A,
     ),
-    ("SELECT cluster_id, node_id, lag(node_id) OVER (ORDER BY ts) FROM main.events", REFUSED),
+    ("SELECT cluster_id, node_id, lag(node_id) OVER (ORDER BY ts) FROM main.events", NO),
     (
         "WITH events AS (SELECT * FROM main.events)"
         " SELECT cluster_id, node_id, row_number() OVER () FROM events",
-        REFUSED,
+        NO,
     ),
     # unicode and case: SQLite folds ASCII case only
     ("SELECT cluster_id, node_id FROM EvEnTs", A),
     (
         "WITH \uff45vents AS (SELECT * FROM main.events) SELECT cluster_id, node_id FROM \uff45vents",
-        REFUSED,
+        NO,
     ),
     (
         'WITH "évents" AS (SELECT * FROM main.events) SELECT cluster_id, node_id FROM "évents"',
-        REFUSED,
+        NO,
     ),
-    ('SELECT cluster_id, node_id FROM main."\uff45vents"', ERROR),
-    ('SELECT cluster_id, node_id FROM "events\u200b"', ERROR),
+    ('SELECT cluster_id, node_id FROM main."\uff45vents"', NO),
+    ('SELECT cluster_id, node_id FROM "events\u200b"', NO),
     # comments and more than one statement
-    ("/* events */ WITH events AS (SELECT * FROM main.events) SELECT node_id FROM events", REFUSED),
-    ("SELECT node_id FROM events; SELECT node_id FROM main.events", ERROR),
-    ("SELECT node_id FROM events; -- \n DROP VIEW events", ERROR),
-    ("ATTACH DATABASE ':memory:' AS m", REFUSED),
+    ("/* events */ WITH events AS (SELECT * FROM main.events) SELECT node_id FROM events", NO),
+    ("SELECT node_id FROM events; SELECT node_id FROM main.events", NO),
+    ("SELECT node_id FROM events; -- \n DROP VIEW events", NO),
+    ("ATTACH DATABASE ':memory:' AS m", NO),
 ]
 
 
@@ -170,18 +192,16 @@ def _check(query: str, expect: str, ok: bool, rows: list[list[Any]], error: str)
     """What is wrong with one answer, or None."""
     if ok and _leaks(rows):
         return f"cluster B leaked: {json.dumps(rows)[:300]}"
-    if expect == A:
+    if expect in (A, NONE):
         if not ok:
             return f"refused a legitimate read: {error}"
-        if not rows:
-            return "expected cluster A's rows, got none"
+        if (expect == A) != bool(rows):
+            return f"expected {'rows' if expect == A else 'no rows'}, got {len(rows)}"
         return None
     if ok:
         return f"expected an error, got rows {json.dumps(rows)[:300]}"
     if not error.strip() or "\n" in error.strip():
         return f"the error is not one clear line: {error!r}"
-    if expect == REFUSED and "refused" not in error:
-        return f"expected a refusal, got {error!r}"
     return None
 
 
