@@ -1,7 +1,7 @@
 """Read-only, bounded SQL over the event store.
 
-The walls (``ingero.sqlguard``): the connection is opened ``mode=ro`` (SQLite itself refuses
-writes) and set ``query_only``; an authorizer allows only SELECT, reads and ordinary
+The walls (``ingero.sqlguard``): the store is opened ``mode=ro`` (SQLite itself refuses
+writes) and the connection set ``query_only``; an authorizer allows only SELECT, reads and ordinary
 functions, refusing writes, DDL, ATTACH/DETACH, every PRAGMA and ``load_extension``; a
 progress handler stops a query past its time limit, and the answer stops at its row limit
 and at its byte limit (counted as JSON while rows are fetched); values and rows are capped
