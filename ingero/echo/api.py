@@ -26,6 +26,7 @@ from starlette.types import ASGIApp, Receive, Scope, Send
 
 from ingero import __version__
 from ingero.echo.auth import AccessDenied, Principal, TokenTable
+from ingero.echo.httpbody import BodyTooLarge, read_body
 from ingero.echo.queries import QUESTIONS, BadRequest
 from ingero.echo.service import SQL_PARAM, SQL_QUESTION, SQL_SUMMARY, Service
 from ingero.echo.sql import SqlError
@@ -98,9 +99,10 @@ def build_app(
         return guarded(handler)
 
     async def sql_handler(request: Request, principal: Principal) -> Response:
-        body = await request.body()
-        if len(body) > MAX_SQL_BODY:
-            return error(413, f"request body over {MAX_SQL_BODY} bytes")
+        try:
+            body = await read_body(request, MAX_SQL_BODY)
+        except BodyTooLarge as exc:
+            return error(413, str(exc))
         try:
             payload = json.loads(body)
         except (UnicodeDecodeError, ValueError) as exc:

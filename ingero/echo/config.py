@@ -30,6 +30,8 @@ class LimitsConfig:
     sql_max_rows: int = field(default=10_000, metadata=positive())
     sql_timeout: Duration = field(default=Duration(5.0), metadata=positive())
     query_max_rows: int = field(default=1_000, metadata=positive())
+    # Every answer (SQL and questions) stops before this many bytes of JSON.
+    max_answer_bytes: int = field(default=8 * 1024**2, metadata=positive())
     score_bucket: Duration = field(default=Duration(60.0), metadata=positive())
     # Processes decoding OTLP requests; unset: one per CPU beyond the first, at most 4;
     # 0 decodes in the daemon's own process.

@@ -97,6 +97,7 @@ class EchoDaemon:
             max_rows=config.limits.query_max_rows,
             sql_max_rows=config.limits.sql_max_rows,
             sql_timeout=float(config.limits.sql_timeout),
+            max_answer_bytes=config.limits.max_answer_bytes,
             status=self.status,
         )
         self._servers: list[_Server] = []

@@ -14,11 +14,11 @@ import math
 import re
 import sqlite3
 import statistics
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from importlib import resources
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import yaml
 
@@ -26,6 +26,9 @@ from ingero.config import parse_duration
 from ingero.echo.auth import Principal
 from ingero.echo.schema import EVENTS_BY_CLUSTER
 from ingero.errors import ConfigError
+from ingero.sqlguard import TRUNCATED_REASONS, ByteBudget
+
+T = TypeVar("T")
 
 
 class BadRequest(ValueError):
@@ -110,6 +113,13 @@ class Context:
     now: float
     rates: GpuRates
     max_rows: int = 1000
+    # Counts the answer's lists as JSON while they are built (unlimited by default).
+    budget: ByteBudget = field(default_factory=lambda: ByteBudget(None))
+
+    def fit(self, items: Iterable[T]) -> list[T]:
+        """The items of one of the answer's lists that fit its byte limit, read lazily (an
+        event's ``extra`` can be large: rows past the limit are never fetched)."""
+        return self.budget.take(items)
 
 
 @dataclass(frozen=True)
@@ -290,12 +300,28 @@ WINDOW = {
 }
 
 
+# The two fields every answer (SQL and questions) ends with.
+TRUNCATION_SCHEMA: dict[str, Any] = {
+    "truncated": {"type": "boolean"},
+    "truncated_reason": {
+        "type": ["string", "null"],
+        "enum": [*TRUNCATED_REASONS, None],
+        "description": "Why the answer was cut short: rows (the row limit), bytes (the"
+        " answer's byte limit) or time (the time limit); null when it is whole",
+    },
+}
+
+
 def _obj(props: dict[str, Any], required: list[str] | None = None) -> dict[str, Any]:
     return {
         "type": "object",
         "properties": props,
         "required": list(props) if required is None else required,
     }
+
+
+def _answer(props: dict[str, Any]) -> dict[str, Any]:
+    return _obj({**props, **TRUNCATION_SCHEMA})
 
 
 def _list(item: dict[str, Any]) -> dict[str, Any]:
@@ -358,7 +384,7 @@ def summary(conn: sqlite3.Connection, ctx: Context, args: dict[str, Any]) -> dic
         r.update(straggler_episodes=n, open_episodes=open_ or 0, straggler_nodes=nodes)
     return {
         "window": {"since": since, "until": until},
-        "clusters": [rows[k] for k in sorted(rows)],
+        "clusters": ctx.fit(rows[k] for k in sorted(rows)),
     }
 
 
@@ -379,6 +405,13 @@ _ORDER = {"time": "seconds_below", "depth": "max_depth", "episodes": "episodes"}
 
 
 def stragglers(conn: sqlite3.Connection, ctx: Context, args: dict[str, Any]) -> dict[str, Any]:
+    answer = _stragglers(conn, ctx, args)
+    answer["stragglers"] = ctx.fit(answer["stragglers"])
+    return answer
+
+
+def _stragglers(conn: sqlite3.Connection, ctx: Context, args: dict[str, Any]) -> dict[str, Any]:
+    """The ranking whole (``job_report`` and ``cost`` work from it; only answers are cut)."""
     where, params = _scope(ctx, args)
     since, until = _window(args, ctx)
     if args.get("job_id") is not None:
@@ -446,7 +479,10 @@ def outliers(conn: sqlite3.Connection, ctx: Context, args: dict[str, Any]) -> di
                     }
                 )
     found.sort(key=lambda r: -r["deviation"])
-    return {"window": {"since": since, "until": until}, "outliers": found[: _limit(args, ctx)]}
+    return {
+        "window": {"since": since, "until": until},
+        "outliers": ctx.fit(found[: _limit(args, ctx)]),
+    }
 
 
 def events(conn: sqlite3.Connection, ctx: Context, args: dict[str, Any]) -> dict[str, Any]:
@@ -471,7 +507,10 @@ def events(conn: sqlite3.Connection, ctx: Context, args: dict[str, Any]) -> dict
         " ORDER BY ts DESC, id DESC LIMIT ?",
         [*params, since, until, _limit(args, ctx)],
     )
-    return {"window": {"since": since, "until": until}, "events": [_event_row(r) for r in rows]}
+    return {
+        "window": {"since": since, "until": until},
+        "events": ctx.fit(_event_row(r) for r in rows),
+    }
 
 
 _DRAIN_TYPES = ("node_drained", "node_resumed", "drain_skipped")
@@ -488,7 +527,10 @@ def drains(conn: sqlite3.Connection, ctx: Context, args: dict[str, Any]) -> dict
         " AND ts >= ? AND ts <= ? ORDER BY ts DESC, id DESC LIMIT ?",
         [*_DRAIN_TYPES, *params, since, until, _limit(args, ctx)],
     )
-    return {"window": {"since": since, "until": until}, "drains": [_event_row(r) for r in rows]}
+    return {
+        "window": {"since": since, "until": until},
+        "drains": ctx.fit(_event_row(r) for r in rows),
+    }
 
 
 def job_report(conn: sqlite3.Connection, ctx: Context, args: dict[str, Any]) -> dict[str, Any]:
@@ -504,35 +546,35 @@ def job_report(conn: sqlite3.Connection, ctx: Context, args: dict[str, Any]) -> 
             [job, *params],
         ).fetchall()
     )
-    nodes = [
+    nodes = ctx.fit(
         {"cluster_id": c, "node_id": nid, "events": k}
         for c, nid, k in conn.execute(
             f"SELECT cluster_id, node_id, count(*) FROM events WHERE job_id = ? AND {where}"
             " GROUP BY cluster_id, node_id ORDER BY cluster_id, node_id",
             [job, *params],
         )
-    ]
+    )
     window_args = {**args, "since": 0.0, "until": max(ctx.now, last or 0.0), "limit": None}
-    ranked = stragglers(conn, ctx, window_args)["stragglers"]
+    ranked = ctx.fit(_stragglers(conn, ctx, window_args)["stragglers"])
 
     def of_type(kind: str) -> list[dict[str, Any]]:
-        return [
+        return ctx.fit(
             _event_row(r)
             for r in conn.execute(
                 f"SELECT {_EVENT_COLUMNS} FROM events WHERE job_id = ? AND type = ?"
                 f" AND {where} ORDER BY ts LIMIT ?",
                 [job, kind, *params, ctx.max_rows],
             )
-        ]
+        )
 
-    drained = [
+    drained = ctx.fit(
         _event_row(r)
         for r in conn.execute(
             f"SELECT {_EVENT_COLUMNS} FROM events WHERE job_id = ? AND type IN (?,?,?)"
-            f" AND {where} ORDER BY ts",
-            [job, *_DRAIN_TYPES, *params],
+            f" AND {where} ORDER BY ts LIMIT ?",
+            [job, *_DRAIN_TYPES, *params, ctx.max_rows],
         )
-    ]
+    )
     return {
         "job_id": job,
         "found": n > 0,
@@ -549,7 +591,7 @@ def job_report(conn: sqlite3.Connection, ctx: Context, args: dict[str, Any]) -> 
 
 def cost(conn: sqlite3.Connection, ctx: Context, args: dict[str, Any]) -> dict[str, Any]:
     """GPU-hours lost while a node straggled (its whole allocation waits) x the model's rate."""
-    ranked = stragglers(conn, ctx, {**args, "order_by": "time", "limit": None})["stragglers"]
+    ranked = _stragglers(conn, ctx, {**args, "order_by": "time", "limit": None})["stragglers"]
     facts = {
         (c, n): (m, g)
         for c, n, m, g in conn.execute(
@@ -587,7 +629,7 @@ def cost(conn: sqlite3.Connection, ctx: Context, args: dict[str, Any]) -> dict[s
         "currency": ctx.rates.currency,
         "total_gpu_hours_lost": sum(r["gpu_hours_lost"] for r in rows),
         "total_cost": sum(r["cost"] for r in rows),
-        "nodes": rows[: _limit(args, ctx)],
+        "nodes": ctx.fit(rows[: _limit(args, ctx)]),
         "notes": notes,
     }
 
@@ -599,7 +641,7 @@ QUESTIONS: dict[str, Question] = {
             "summary",
             "Cluster summary: nodes, events, drains and straggler episodes per cluster",
             (P_CLUSTER, P_SINCE, P_UNTIL, P_LAST),
-            _obj(
+            _answer(
                 {
                     "window": WINDOW,
                     "clusters": _list(
@@ -638,7 +680,7 @@ QUESTIONS: dict[str, Question] = {
                 ),
                 P_LIMIT,
             ),
-            _obj({"window": WINDOW, "order_by": STR, "stragglers": _list(STRAGGLER)}),
+            _answer({"window": WINDOW, "order_by": STR, "stragglers": _list(STRAGGLER)}),
             stragglers,
         ),
         Question(
@@ -652,7 +694,7 @@ QUESTIONS: dict[str, Question] = {
                 Param("k", "number", "MADs below the median", default=3.0, minimum=0.1),
                 P_LIMIT,
             ),
-            _obj(
+            _answer(
                 {
                     "window": WINDOW,
                     "outliers": _list(
@@ -685,7 +727,7 @@ QUESTIONS: dict[str, Question] = {
                 P_LAST,
                 P_LIMIT,
             ),
-            _obj({"window": WINDOW, "events": _list(EVENT)}),
+            _answer({"window": WINDOW, "events": _list(EVENT)}),
             events,
         ),
         Question(
@@ -693,7 +735,7 @@ QUESTIONS: dict[str, Question] = {
             "Everything about one Slurm job: nodes, event counts, stragglers, drains,"
             " NCCL peer-lag events and job summaries",
             (Param("job_id", "string", "Slurm job id", required=True), P_CLUSTER),
-            _obj(
+            _answer(
                 {
                     "job_id": STR,
                     "found": {"type": "boolean"},
@@ -713,14 +755,14 @@ QUESTIONS: dict[str, Question] = {
             "drains",
             "Drain history: nodes drained, resumed, or drains skipped (and why)",
             (P_CLUSTER, P_NODE, P_SINCE, P_UNTIL, P_LAST, P_LIMIT),
-            _obj({"window": WINDOW, "drains": _list(EVENT)}),
+            _answer({"window": WINDOW, "drains": _list(EVENT)}),
             drains,
         ),
         Question(
             "cost",
             "Cost of straggling: GPU-hours lost x the hourly rate of each node's GPU model",
             (P_CLUSTER, P_JOB, P_SINCE, P_UNTIL, P_LAST, P_LIMIT),
-            _obj(
+            _answer(
                 {
                     "window": WINDOW,
                     "currency": STR,

@@ -8,9 +8,11 @@ from typing import Any
 
 from ingero.clock import Clock, SystemClock
 from ingero.echo.auth import Principal
+from ingero.echo.config import LimitsConfig
 from ingero.echo.queries import QUESTIONS, BadRequest, Context, GpuRates, Param
 from ingero.echo.sql import SQL_OUTPUT_SCHEMA, run_sql
 from ingero.echo.store import connect_readonly
+from ingero.sqlguard import ByteBudget
 
 SQL_QUESTION = "sql"
 SQL_PARAM = Param(
@@ -18,7 +20,7 @@ SQL_PARAM = Param(
 )
 SQL_SUMMARY = (
     "Read-only SQL (SQLite dialect) over tables events, episodes, scores and nodes;"
-    " bounded in rows and time, limited to the clusters of the caller's token"
+    " bounded in rows, bytes and time, limited to the clusters of the caller's token"
 )
 
 
@@ -34,6 +36,7 @@ class Service:
         max_rows: int = 1000,
         sql_max_rows: int = 10_000,
         sql_timeout: float = 5.0,
+        max_answer_bytes: int = LimitsConfig.max_answer_bytes,
         status: Callable[[], dict[str, Any]] | None = None,
     ) -> None:
         self.db_path = db_path
@@ -42,6 +45,7 @@ class Service:
         self.max_rows = max_rows
         self.sql_max_rows = sql_max_rows
         self.sql_timeout = sql_timeout
+        self.max_answer_bytes = max_answer_bytes
         self._status = status
 
     def names(self) -> list[str]:
@@ -61,17 +65,22 @@ class Service:
                 principal,
                 max_rows=self.sql_max_rows,
                 timeout=self.sql_timeout,
+                max_bytes=self.max_answer_bytes,
             )
         question = QUESTIONS.get(name)
         if question is None:
             raise BadRequest(f"unknown question {name!r} (known: {', '.join(self.names())})")
         args = question.parse(raw)
-        ctx = Context(principal, self.clock.now(), self.rates, self.max_rows)
+        budget = ByteBudget(self.max_answer_bytes)
+        ctx = Context(principal, self.clock.now(), self.rates, self.max_rows, budget)
         conn = connect_readonly(self.db_path)
         try:
-            return question.run(conn, ctx, args)
+            answer = question.run(conn, ctx, args)
         finally:
             conn.close()
+        answer["truncated"] = budget.exceeded
+        answer["truncated_reason"] = "bytes" if budget.exceeded else None
+        return answer
 
     def status(self) -> dict[str, Any]:
         return self._status() if self._status else {}

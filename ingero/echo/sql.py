@@ -1,26 +1,37 @@
 """Read-only, bounded SQL over the event store.
 
-Four walls: the connection is opened ``mode=ro`` (SQLite itself refuses writes) and set
-``query_only``; an authorizer allows only SELECT, reads and ordinary functions, refusing
-writes, DDL, ATTACH/DETACH, every PRAGMA and ``load_extension``; a progress handler stops a
-query past its time limit and ``fetchmany`` stops it past its row limit; value sizes are
-capped with ``SQLITE_LIMIT_LENGTH``. For a token scoped to clusters, each table is shadowed by
-a TEMP view of the same name holding only the allowed clusters, and the authorizer refuses
-any read of the real table that does not come through that view (``main.events`` included).
+The walls (``ingero.sqlguard``): the store is opened ``mode=ro`` (SQLite itself refuses
+writes) and the connection set ``query_only``; an authorizer allows only SELECT, reads and ordinary
+functions, refusing writes, DDL, ATTACH/DETACH, every PRAGMA and ``load_extension``; a
+progress handler stops a query past its time limit, and the answer stops at its row limit
+and at its byte limit (counted as JSON while rows are fetched); values and rows are capped
+in size.
+
+Tenancy rests on what a scoped token's connection can reach, not on the authorizer (which
+SQLite does not consult for the columns of USING and NATURAL joins, and which is told CTE
+names as if they were views). Its main database is a private, empty one; the store is
+attached read-only under a name drawn at random for each request, after the query text is
+fixed; TEMP views named after the tables hold only the token's clusters' rows. A table of
+the store can be named only by that schema name (any other table name finds a view, or
+nothing), which the query cannot contain but by guessing 128 random bits.
 """
 
 from __future__ import annotations
 
 import os
+import secrets
+import sqlite3
+from collections.abc import Collection
+from pathlib import Path
 from typing import Any
 
 from ingero.echo.auth import Principal
+from ingero.echo.queries import TRUNCATION_SCHEMA
 from ingero.echo.schema import TENANT_TABLES
 from ingero.echo.store import connect_readonly
 from ingero.sqlguard import (
     SqlError,
     check_query_text,
-    json_value,
     read_only_authorizer,
     run_bounded,
 )
@@ -33,15 +44,58 @@ SQL_OUTPUT_SCHEMA: dict[str, Any] = {
         "columns": {"type": "array", "items": {"type": "string"}},
         "rows": {"type": "array", "items": {"type": "array"}},
         "row_count": {"type": "integer"},
-        "truncated": {"type": "boolean"},
+        **TRUNCATION_SCHEMA,
         "tables": {"type": "array", "items": {"type": "string"}},
     },
-    "required": ["columns", "rows", "row_count", "truncated", "tables"],
+    "required": ["columns", "rows", "row_count", "truncated", "truncated_reason", "tables"],
 }
 
 
-def _quote(value: str) -> str:
-    return "'" + value.replace("'", "''") + "'"
+def _quote(value: str, mark: str = "'") -> str:
+    return mark + value.replace(mark, mark * 2) + mark
+
+
+def connect_scoped(
+    db_path: str | os.PathLike[str], clusters: Collection[str]
+) -> tuple[sqlite3.Connection, str]:
+    """A connection whose only way to the store is views of ``clusters``' rows; returns it
+    and the (secret) name the store is attached under."""
+    store = f"store_{secrets.token_hex(16)}"
+    conn = sqlite3.connect("file::memory:", uri=True, check_same_thread=False)
+    try:
+        conn.execute(
+            f"ATTACH DATABASE ? AS {store}", (Path(db_path).resolve().as_uri() + "?mode=ro",)
+        )
+        allowed = ",".join(_quote(c) for c in sorted(clusters)) or "NULL"
+        for table in TENANT_TABLES:
+            conn.execute(
+                f"CREATE TEMP VIEW {table} AS SELECT * FROM {store}.{table}"
+                f" WHERE cluster_id IN ({allowed})"
+            )
+        # A bare name finds TEMP, then main, then the store: any other table of the store
+        # (none today) gets an empty view of its name in front of it, and SQLite's own
+        # (sqlite_stat1 after an ANALYZE, sqlite_sequence), which no view may be named
+        # after, empty ones of main's own.
+        names = conn.execute(
+            f"SELECT name FROM {store}.sqlite_master WHERE type IN ('table', 'view')"
+        ).fetchall()
+        internal = False
+        for (name,) in names:
+            if name.lower() in TENANT_TABLES:
+                continue
+            if name.lower().startswith("sqlite_"):
+                internal = True
+                continue
+            hidden = _quote(name, '"')
+            conn.execute(f"CREATE TEMP VIEW {hidden} AS SELECT NULL AS hidden WHERE 0")
+        if internal:
+            conn.execute("CREATE TABLE main.hidden (x INTEGER PRIMARY KEY AUTOINCREMENT)")
+            conn.execute("CREATE INDEX main.hidden_x ON hidden (x)")
+            conn.execute("ANALYZE main")
+    except BaseException:
+        conn.close()
+        raise
+    return conn, store
 
 
 def run_sql(
@@ -49,36 +103,34 @@ def run_sql(
     query: str,
     principal: Principal,
     *,
+    max_bytes: int,
     max_rows: int = 10_000,
     timeout: float = 5.0,
 ) -> dict[str, Any]:
-    """Run one read-only statement; returns columns, rows and whether rows were cut off."""
+    """Run one read-only statement; returns columns, rows and whether (why) they were cut."""
     check_query_text(query)
-    conn = connect_readonly(db_path)
+    store = None
+    if principal.clusters is None:
+        conn = connect_readonly(db_path)
+    else:
+        conn, store = connect_scoped(db_path, principal.clusters)
     try:
-        conn.execute("PRAGMA query_only = 0")  # the TEMP views only; main stays mode=ro
-        scoped = principal.clusters is not None
-        if principal.clusters is not None:
-            allowed = ",".join(_quote(c) for c in sorted(principal.clusters)) or "NULL"
-            for table in TENANT_TABLES:
-                conn.execute(
-                    f"CREATE TEMP VIEW {table} AS SELECT * FROM main.{table}"
-                    f" WHERE cluster_id IN ({allowed})"
-                )
         result = run_bounded(
             conn,
             query,
-            read_only_authorizer(TENANT_TABLES, through_views=scoped),
+            read_only_authorizer(TENANT_TABLES, scoped_store=store),
             max_rows=max_rows,
             timeout=timeout,
             refused_hint="Echo's SQL is read-only and limited to its tables",
+            max_bytes=max_bytes,
         )
     finally:
         conn.close()
     return {
         "columns": result.columns,
-        "rows": [[json_value(v) for v in row] for row in result.rows],
+        "rows": result.rows,
         "row_count": len(result.rows),
         "truncated": result.truncated,
+        "truncated_reason": result.truncated_reason,
         "tables": list(TENANT_TABLES),
     }

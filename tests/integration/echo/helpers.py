@@ -60,6 +60,7 @@ class EchoProcess:
     tokens: bool = True
     tls: tuple[Path, Path] | None = None  # (cert, key)
     decode_workers: int | None = None  # None: the daemon's default
+    limits: dict[str, Any] = field(default_factory=dict)  # laid over the tests' limits
     db: Path = field(init=False)
     api: str = field(init=False)
     otlp_http: str = field(init=False)
@@ -80,6 +81,7 @@ class EchoProcess:
         }
         if self.decode_workers is not None:
             config["limits"]["decode_workers"] = self.decode_workers
+        config["limits"].update(self.limits)
         if self.tokens:
             tokens = self.workdir / "tokens.yaml"
             tokens.write_text(

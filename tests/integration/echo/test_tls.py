@@ -99,6 +99,7 @@ def test_every_listener_speaks_tls(tmp_path: Path, monkeypatch: pytest.MonkeyPat
             "rows": [[1]],
             "row_count": 1,
             "truncated": False,
+            "truncated_reason": None,
             "tables": ["events", "episodes", "scores", "nodes"],
         }
     finally:
