@@ -9,7 +9,6 @@ sane range (not finite, < 0, > 1, not ``true|false``) is rejected, never used.
 from __future__ import annotations
 
 import email.utils
-import json
 import logging
 import math
 import random
@@ -29,6 +28,7 @@ from opentelemetry.proto.collector.metrics.v1.metrics_service_pb2 import (
 )
 
 from ingero.errors import ConfigError
+from ingero.otlp.values import load_json
 from ingero.push.config import PushConfig
 from ingero.push.detection import FleetReading
 
@@ -210,7 +210,7 @@ class HttpPushClient:
         request = urllib.request.Request(url, headers=self._auth)
         try:
             with urllib.request.urlopen(request, timeout=self._timeout, context=self._ssl) as resp:
-                return reading_from_api(json.loads(resp.read()))
+                return reading_from_api(load_json(resp.read()))
         except (OSError, ValueError) as exc:
             log.debug("threshold API: %s", exc)
             return None
