@@ -13,10 +13,13 @@ from ingero.fleet.config import AuthConfig
 
 
 class BearerAuth:
-    """Constant-time check of ``Authorization: Bearer <token>``; no token configured = open."""
+    """Constant-time check of ``Authorization: Bearer <token>``; no token configured = open.
+
+    The scheme name is case-insensitive (RFC 7235): ``bearer`` and ``BEARER`` work too.
+    """
 
     def __init__(self, token: str | None) -> None:
-        self._expected = f"Bearer {token}".encode() if token else None
+        self._expected = token.encode() if token else None
 
     @property
     def enabled(self) -> bool:
@@ -27,7 +30,9 @@ class BearerAuth:
             return True
         if authorization is None:
             return False
-        return hmac.compare_digest(authorization.encode("utf-8", "replace"), self._expected)
+        scheme, _, token = authorization.partition(" ")
+        same = hmac.compare_digest(token.strip().encode("utf-8", "replace"), self._expected)
+        return same and scheme.lower() == "bearer"
 
 
 def _read(path: str, key: str) -> bytes:
