@@ -229,9 +229,16 @@ def serve_noop(kind: str, ready_file: str) -> None:
         threading.Thread(target=httpd.serve_forever, daemon=True).start()
         bound = {"otlp_http": f"127.0.0.1:{httpd.server_address[1]}"}
     elif kind == "noop-http":
+        from ingero.fleet.config import LimitsConfig
         from ingero.fleet.httpserver import HttpResponse, HttpServer
 
-        server = HttpServer("noop", "127.0.0.1", 0, lambda _r: HttpResponse(200, b"", "x"))
+        server = HttpServer(
+            "noop",
+            "127.0.0.1",
+            0,
+            lambda _r: HttpResponse(200, b"", "x"),
+            head_timeout=float(LimitsConfig().head_timeout),
+        )
         bound = {"otlp_http": f"127.0.0.1:{server.start()}"}
     else:
         from concurrent.futures import ThreadPoolExecutor

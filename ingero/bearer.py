@@ -34,10 +34,13 @@ def read_token(path: str | None, key: str) -> str | None:
 
 
 class BearerAuth:
-    """Constant-time check of ``Authorization: Bearer <token>``; no token configured = open."""
+    """Constant-time check of ``Authorization: Bearer <token>``; no token configured = open.
+
+    The scheme name is case-insensitive (RFC 7235): ``bearer`` and ``BEARER`` work too.
+    """
 
     def __init__(self, token: str | None) -> None:
-        self._expected = authorization(token).encode() if token else None
+        self._expected = token.encode() if token else None
 
     @property
     def enabled(self) -> bool:
@@ -48,4 +51,6 @@ class BearerAuth:
             return True
         if authorization is None:
             return False
-        return hmac.compare_digest(authorization.encode("utf-8", "replace"), self._expected)
+        scheme, _, token = authorization.partition(" ")
+        same = hmac.compare_digest(token.strip().encode("utf-8", "replace"), self._expected)
+        return same and scheme.lower() == "bearer"

@@ -95,6 +95,10 @@ class Event:
         for key in ("type", "node_id", "cluster_id", "event_id"):
             if key in kwargs and not isinstance(kwargs[key], str):
                 raise ValueError(f"event field {key} must be a string")
+        for key in ("detection_mode", "dominant_signal"):
+            value = kwargs.get(key)
+            if value is not None and not isinstance(value, str):
+                raise ValueError(f"event field {key} must be a string")
         for key in ("timestamp", "score", "threshold"):
             value = kwargs.get(key)
             if type(value) is float and math.isfinite(value):

@@ -29,6 +29,7 @@ from ingero.echo.rows import EventRow, ScorePoint, event_row
 from ingero.errors import UnavailableError
 from ingero.events import Event
 from ingero.otlp.health import SCORE_METRIC, decode_health
+from ingero.otlp.limits import TOO_LONG
 from ingero.otlp.logs import decode_events
 from ingero.otlp.values import parse_json, parse_protobuf
 
@@ -62,6 +63,12 @@ class IngestError(Exception):
         return (IngestError, (self.reason, str(self), self.http_status))
 
 
+def _reason(reasons: dict[str, int], invalid: str) -> str:
+    """The counted reason of a refused request: ``too_long`` when a record was over a size
+    limit (an operator may need to know that a sender outgrew them), else ``invalid``."""
+    return TOO_LONG if TOO_LONG in reasons else invalid
+
+
 def logs_to_events(request: ExportLogsServiceRequest, max_events: int) -> list[Event]:
     """Every log record as an Event, or IngestError naming what is wrong."""
     total = sum(len(sl.log_records) for rl in request.resource_logs for sl in rl.scope_logs)
@@ -74,7 +81,7 @@ def logs_to_events(request: ExportLogsServiceRequest, max_events: int) -> list[E
     decoded = decode_events(request)
     if decoded.rejected:
         raise IngestError(
-            "invalid_event",
+            _reason(decoded.reasons, "invalid_event"),
             f"{decoded.rejected} of {total} log records rejected, nothing stored: "
             + decoded.error_message,
         )
@@ -100,7 +107,7 @@ def metrics_to_scores(
     decoded = decode_health(request)
     if decoded.rejected:
         raise IngestError(
-            "invalid_metric",
+            _reason(decoded.reasons, "invalid_metric"),
             f"{decoded.rejected} data points rejected, nothing stored: {decoded.error_message}",
         )
     if len(decoded.pushes) > max_points:

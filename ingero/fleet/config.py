@@ -60,6 +60,10 @@ class LimitsConfig:
     # One push is a few hundred bytes; 4 MiB leaves room for batching collectors. Also the
     # cap on a gzip body's decompressed size.
     max_body_bytes: int = field(default=4 * 1024 * 1024, metadata=positive())
+    # An HTTP request head (every listener) must be complete this long after its first
+    # byte, else 408 and the connection is closed: a head trickled byte by byte would
+    # otherwise hold its connection forever (the idle timeout never fires).
+    head_timeout: Duration = field(default=Duration(10.0), metadata=positive())
 
 
 @dataclass(frozen=True)

@@ -103,12 +103,29 @@ class FleetDaemon:
         def protocol_error(status: int) -> None:
             self.metrics.count_rejected({f"http_{status}": 1})
 
+        head_timeout = float(config.limits.head_timeout)
         host, port = split_hostport(config.listen.otlp_http)
         self._otlp_http = HttpServer(
-            "otlp-http", host, port, otlp, otlp.gate, ssl_context, protocol_error
+            "otlp-http",
+            host,
+            port,
+            otlp,
+            otlp.gate,
+            ssl_context,
+            protocol_error,
+            head_timeout=head_timeout,
         )
         host, port = split_hostport(config.listen.api)
-        self._api = HttpServer("api", host, port, api, api.gate, ssl_context, protocol_error)
+        self._api = HttpServer(
+            "api",
+            host,
+            port,
+            api,
+            api.gate,
+            ssl_context,
+            protocol_error,
+            head_timeout=head_timeout,
+        )
         self._grpc = OtlpGrpcServer(
             config.listen.otlp_grpc,
             self.receiver,

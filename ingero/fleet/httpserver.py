@@ -6,6 +6,11 @@ parsing, so this server parses only what OTLP/HTTP needs (request line, headers,
 ``Content-Length`` bodies) on one event loop in its own thread. A ``gate`` callback sees
 each request's head before its body is read, so oversized or unauthorised bodies are
 refused without buffering them. Chunked request bodies are refused with 411.
+
+A request head is at most MAX_HEAD_BYTES with at most MAX_HEADERS header lines (else 431,
+however the head arrives), and must be complete within ``head_timeout`` of its first byte
+(else 408 and the connection is closed), so neither a huge nor a trickled head holds
+memory or a connection for long.
 """
 
 from __future__ import annotations
@@ -21,7 +26,8 @@ from typing import cast
 
 log = logging.getLogger(__name__)
 
-MAX_HEAD_BYTES = 64 * 1024
+MAX_HEAD_BYTES = 64 * 1024  # request line and headers, without the blank line ending them
+MAX_HEADERS = 100  # header lines of one request; an OTLP exporter sends about ten
 IDLE_TIMEOUT_S = 120.0
 _SWEEP_S = 5.0
 _REASONS = {s.value: s.phrase for s in HTTPStatus}
@@ -69,6 +75,8 @@ class _Connection(asyncio.Protocol):
         self._head: HttpRequest | None = None
         self._need = 0
         self._keep_alive = True
+        self._scanned = 0  # bytes of the buffer already searched for the head's end
+        self._head_timer: asyncio.TimerHandle | None = None
         self.transport: asyncio.Transport | None = None
         self.last_active = 0.0
 
@@ -80,6 +88,7 @@ class _Connection(asyncio.Protocol):
     def connection_lost(self, exc: Exception | None) -> None:
         self._server.connections.discard(self)
         self.transport = None
+        self._stop_head_timer()
 
     # A client that sends requests but never reads the replies stops being read from
     # once the transport's write buffer is full, so memory stays bounded.
@@ -94,6 +103,21 @@ class _Connection(asyncio.Protocol):
     def data_received(self, data: bytes) -> None:
         self.last_active = self._server.loop_time()
         self._buffer += data
+        self._serve_buffer()
+        if (
+            self._head is None
+            and self._buffer
+            and self._head_timer is None
+            and self.transport is not None
+            and not self.transport.is_closing()
+        ):
+            # Part of a head is waiting for the rest (most heads come in one read, so
+            # most requests never arm a timer).
+            self._head_timer = self._server.call_later(
+                self._server.head_timeout, self._head_timed_out
+            )
+
+    def _serve_buffer(self) -> None:
         while self.transport is not None and not self.transport.is_closing():
             if self._head is None and not self._read_head():
                 return
@@ -106,11 +130,18 @@ class _Connection(asyncio.Protocol):
             self._respond(self._server.call(request))
 
     def _read_head(self) -> bool:
-        end = self._buffer.find(b"\r\n\r\n")
+        # Only the first MAX_HEAD_BYTES (+ the blank line) may hold the head's end, and
+        # what was searched before is not searched again: a head trickled in small
+        # pieces costs no more than one sent at once.
+        limit = MAX_HEAD_BYTES + 4
+        end = self._buffer.find(b"\r\n\r\n", max(0, self._scanned - 3), limit)
         if end < 0:
-            if len(self._buffer) > MAX_HEAD_BYTES:
-                self._fail(431, "request head too large")
+            self._scanned = min(len(self._buffer), limit)
+            if len(self._buffer) >= limit:
+                self._fail(431, f"request head over {MAX_HEAD_BYTES} bytes")
             return False
+        self._scanned = 0
+        self._stop_head_timer()
         raw = bytes(self._buffer[:end])
         del self._buffer[: end + 4]
         try:
@@ -131,6 +162,16 @@ class _Connection(asyncio.Protocol):
         self._head = request
         self._need = length
         return True
+
+    def _stop_head_timer(self) -> None:
+        if self._head_timer is not None:
+            self._head_timer.cancel()
+            self._head_timer = None
+
+    def _head_timed_out(self) -> None:
+        self._head_timer = None
+        if self.transport is not None and self._head is None and self._buffer:
+            self._fail(408, f"request head not complete within {self._server.head_timeout:g} s")
 
     def _fail(self, status: int, message: str) -> None:
         self._server.count_protocol_error(status)
@@ -153,6 +194,8 @@ class BadHead(ValueError):
 
 def _parse_head(raw: bytes) -> tuple[HttpRequest, int, bool]:
     """(request without body, Content-Length, keep-alive) or BadHead with the reason."""
+    if raw.count(b"\r\n") > MAX_HEADERS:
+        raise BadHead(431, f"more than {MAX_HEADERS} header lines")
     text = raw.decode("latin-1")
     request_line, *header_lines = text.split("\r\n")
     parts = request_line.split(" ")
@@ -190,8 +233,11 @@ class HttpServer:
         gate: Gate | None = None,
         ssl_context: ssl.SSLContext | None = None,
         on_protocol_error: Callable[[int], None] | None = None,
+        *,
+        head_timeout: float,
     ) -> None:
         self.name = name
+        self.head_timeout = head_timeout
         self.host = host
         self.port = port
         self.handler = handler
@@ -205,6 +251,9 @@ class HttpServer:
 
     def loop_time(self) -> float:
         return self._loop.time()
+
+    def call_later(self, delay: float, callback: Callable[[], None]) -> asyncio.TimerHandle:
+        return self._loop.call_later(delay, callback)
 
     def call(self, request: HttpRequest) -> HttpResponse:
         try:

@@ -21,6 +21,7 @@ from ingero.fleet.metrics import FleetMetrics
 from ingero.fleet.model import CapacityError
 from ingero.fleet.state import FleetState
 from ingero.otlp.health import decode_health
+from ingero.otlp.limits import TOO_LONG, ValueTooLong
 from ingero.otlp.logs import decode_events
 from ingero.otlp.threshold import ThresholdView
 from ingero.otlp.values import OtlpDecodeError, parse_json, parse_protobuf
@@ -33,7 +34,6 @@ JSON = "application/json"
 # Rejection reasons added by the receiver (the decoders add the per-point ones).
 CAPACITY = "capacity"
 BAD_PUSH = "bad_push"
-BAD_EVENT = "bad_event"
 
 
 class RequestError(Exception):
@@ -115,6 +115,8 @@ class Receiver:
                 reply.view = self._state.ingest(push)
             except CapacityError as exc:
                 reason, message = CAPACITY, str(exc)
+            except ValueTooLong as exc:
+                reason, message = TOO_LONG, str(exc)
             except ValueError as exc:
                 reason, message = BAD_PUSH, str(exc)
             else:
@@ -131,8 +133,8 @@ class Receiver:
         decoded = decode_events(request)
         if decoded.events:
             self._events.submit(decoded.events, source="otlp")
-        if decoded.rejected:
-            self._metrics.count_rejected({BAD_EVENT: decoded.rejected})
+        if decoded.reasons:
+            self._metrics.count_rejected(decoded.reasons)
         return PushReply(
             accepted=len(decoded.events), rejected=decoded.rejected, messages=decoded.messages
         )

@@ -44,17 +44,31 @@ from ingero.fleet.model import (
 )
 from ingero.fleet.threshold import BoolArray, FloatArray, IntArray
 from ingero.otlp.health import NODE_STATES, NodePush, group_key
+from ingero.otlp.limits import check_lengths, shown
 from ingero.otlp.threshold import ThresholdView
 
 _INITIAL_CAPACITY = 1024
 
 
 def validate_push(push: NodePush) -> float:
-    """The push's score as a float; ValueError naming the field when the push is unusable."""
+    """The push's score as a float; ValueError naming the field when the push is unusable
+    (ValueTooLong for a string over MAX_ID_CHARS: what a node keeps here is bounded)."""
     if not isinstance(push.node_id, str) or not push.node_id:
         raise ValueError("push has no node id")
     if not isinstance(push.cluster_id, str) or not push.cluster_id:
-        raise ValueError(f"push from {push.node_id} has no cluster id")
+        raise ValueError(f"push from {shown(push.node_id)} has no cluster id")
+    check_lengths(
+        (
+            ("node id", push.node_id),
+            ("cluster id", push.cluster_id),
+            ("job id", push.job_id),
+            ("workload type", push.workload_type),
+            ("dominant signal", push.dominant_signal),
+            ("host name", push.host_name),
+            ("GPU model", push.gpu_model),
+            ("provider", push.provider),
+        )
+    )
     score = push.score
     if isinstance(score, bool) or not isinstance(score, int | float):
         raise ValueError(f"push from {push.node_id}: score must be a number, got {score!r}")

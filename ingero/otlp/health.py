@@ -22,6 +22,7 @@ from opentelemetry.proto.collector.metrics.v1.metrics_service_pb2 import (
 from opentelemetry.proto.common.v1.common_pb2 import KeyValue
 from opentelemetry.proto.metrics.v1.metrics_pb2 import Metric, NumberDataPoint
 
+from ingero.otlp.limits import MAX_ID_CHARS, TOO_LONG, ValueTooLong, check_length, shown
 from ingero.otlp.values import add_attributes, any_to_python
 
 SCORE_METRIC = "ingero.node.health_score"
@@ -87,6 +88,7 @@ MISSING_CLUSTER_ID = "missing_cluster_id"
 BAD_SCORE = "bad_score"
 BAD_ATTRIBUTE = "bad_attribute"
 BAD_METRIC_TYPE = "bad_metric_type"
+# and TOO_LONG (ingero.otlp.limits): an id or name over MAX_ID_CHARS.
 
 
 @dataclass
@@ -189,14 +191,15 @@ def _attributes(kvs: Iterable[KeyValue]) -> dict[str, Any]:
 
 
 def _text(source: dict[str, Any], name: str) -> str | None:
-    """A string attribute; ints are accepted too (Slurm job ids are numbers to some clients)."""
+    """A string attribute of at most MAX_ID_CHARS (ValueTooLong beyond); ints are accepted
+    too (Slurm job ids are numbers to some clients)."""
     value = source.get(name)
     if value is None or value == "":
         return None
-    if type(value) is str:
-        return value
+    if type(value) is str:  # the length test inline: this runs 8 times per push
+        return value if len(value) <= MAX_ID_CHARS else check_length(name, value)
     if isinstance(value, bool) or not isinstance(value, int):
-        raise ValueError(f"{name} must be a string, got {value!r}")
+        raise ValueError(f"{name} must be a string, got {shown(value)}")
     return str(value)
 
 
@@ -206,11 +209,15 @@ def _integer(source: dict[str, Any], name: str) -> int | None:
         return None
     if type(value) is int:
         return value
-    if isinstance(value, str) and value.lstrip("-").isdigit():
-        return int(value)
+    # ASCII digits only (str.isdigit also takes "²", which int() refuses), and no longer
+    # than an int64, so int() neither fails nor builds a huge number.
+    if isinstance(value, str) and len(value) <= 20 and value.isascii():
+        digits = value[1:] if value.startswith("-") else value
+        if digits.isdigit():
+            return int(value)
     if isinstance(value, float) and value.is_integer():
         return int(value)
-    raise ValueError(f"{name} must be an integer, got {value!r}")
+    raise ValueError(f"{name} must be an integer, got {shown(value)}")
 
 
 def _gauge_points(metric: Metric) -> Iterable[NumberDataPoint] | None:
@@ -239,7 +246,10 @@ def _keyed_values(
         if not key or not math.isfinite(value):
             result.reject(BAD_ATTRIBUTE, f"{metric.name} point needs {key_attr} and a finite value")
             continue
-        out[key] = value
+        try:
+            out[check_length(key_attr, key)] = value
+        except ValueTooLong as exc:
+            result.reject(TOO_LONG, f"{metric.name} point: {exc}")
 
 
 def decode_health(request: ExportMetricsServiceRequest, details: bool = True) -> HealthDecode:
@@ -286,6 +296,9 @@ def _decode_scores(
         try:
             node_id = _text(res, ATTR_NODE_ID)
             cluster_id = _text(res, ATTR_CLUSTER_ID)
+        except ValueTooLong as exc:
+            result.reject(TOO_LONG, f"resource attribute {exc}")
+            continue
         except ValueError as exc:
             result.reject(BAD_ATTRIBUTE, f"resource attribute {exc}")
             continue
@@ -307,7 +320,7 @@ def _decode_scores(
         if state not in NODE_STATES:
             result.reject(
                 BAD_ATTRIBUTE,
-                f"node {node_id}: {ATTR_STATE} {state!r} is not one of {sorted(NODE_STATES)}",
+                f"node {node_id}: {ATTR_STATE} {shown(state)} is not one of {sorted(NODE_STATES)}",
             )
             continue
         try:
@@ -328,6 +341,9 @@ def _decode_scores(
                 gpu_count=_integer(res, ATTR_GPU_COUNT),
                 provider=_text(res, ATTR_PROVIDER),
             )
+        except ValueTooLong as exc:
+            result.reject(TOO_LONG, f"node {node_id}: {exc}")
+            continue
         except ValueError as exc:
             result.reject(BAD_ATTRIBUTE, f"node {node_id}: {exc}")
             continue

@@ -17,21 +17,32 @@ from opentelemetry.proto.logs.v1.logs_pb2 import (
 )
 
 from ingero.events import Event
+from ingero.otlp.limits import (
+    MAX_EVENT_BYTES,
+    MAX_ID_CHARS,
+    TOO_LONG,
+    ValueTooLong,
+    check_lengths,
+)
 from ingero.otlp.values import add_attributes, attributes_dict
 
 SCOPE_NAME = "ingero"
 EVENT_NAME_PREFIX = "ingero."
 _WARN_TYPES = frozenset({"straggler_state", "node_drained", "group_degraded"})
+# Rejection reason of a record that is not a valid ingero event (TOO_LONG: over a limit).
+BAD_EVENT = "bad_event"
 
 
 @dataclass
 class LogsDecode:
     events: list[Event] = field(default_factory=list)
     rejected: int = 0
+    reasons: dict[str, int] = field(default_factory=dict)
     messages: list[str] = field(default_factory=list)
 
-    def reject(self, message: str) -> None:
+    def reject(self, reason: str, message: str) -> None:
         self.rejected += 1
+        self.reasons[reason] = self.reasons.get(reason, 0) + 1
         if len(self.messages) < 5:
             self.messages.append(message)
 
@@ -61,16 +72,50 @@ def encode_events(
     return request
 
 
+def _within_limits(event: Event) -> Event:
+    """``event`` when its ids, names and extra fields' names are within MAX_ID_CHARS; else
+    ValueTooLong. (Its type and event id are within by validation: a known type, a UUID.)"""
+    if event.extra:
+        longest = max(map(len, event.extra))
+        if longest > MAX_ID_CHARS:
+            raise ValueTooLong(
+                f"an extra field's name is {longest} characters long, the limit is {MAX_ID_CHARS}"
+            )
+    check_lengths(
+        (
+            ("node_id", event.node_id),
+            ("cluster_id", event.cluster_id),
+            ("job_id", event.job_id),
+            ("detection_mode", event.detection_mode),
+            ("dominant_signal", event.dominant_signal),
+        )
+    )
+    return event
+
+
 def decode_events(request: ExportLogsServiceRequest) -> LogsDecode:
-    """Every record must be a valid ingero event; others are rejected with the reason."""
+    """Every record must be a valid ingero event within the size limits of
+    ``ingero.otlp.limits``; others are rejected with the reason (``bad_event``, ``too_long``)."""
     result = LogsDecode()
     append = result.events.append
     parse = Event.from_dict
     for rl in request.resource_logs:
         for sl in rl.scope_logs:
             for record in sl.log_records:
+                # The whole record first: what a receiver may keep of one event is bounded
+                # (Fleet queues events until its next tick; Echo stores them), and nothing
+                # below works on a huge value.
+                size = record.ByteSize()
+                if size > MAX_EVENT_BYTES:
+                    result.reject(
+                        TOO_LONG,
+                        f"log record of {size} bytes, the limit is {MAX_EVENT_BYTES}",
+                    )
+                    continue
                 try:
-                    append(parse(attributes_dict(record.attributes)))
+                    append(_within_limits(parse(attributes_dict(record.attributes))))
+                except ValueTooLong as exc:
+                    result.reject(TOO_LONG, f"log record: {exc}")
                 except (ValueError, TypeError) as exc:
-                    result.reject(f"log record is not an ingero event: {exc}")
+                    result.reject(BAD_EVENT, f"log record is not an ingero event: {exc}")
     return result

@@ -11,6 +11,8 @@ from google.protobuf import json_format
 from google.protobuf.message import DecodeError, Message
 from opentelemetry.proto.common.v1.common_pb2 import AnyValue, KeyValue
 
+from ingero.otlp.limits import MAX_JSON_DEPTH, shown
+
 M = TypeVar("M", bound=Message)
 
 
@@ -108,27 +110,54 @@ def parse_protobuf(body: bytes, message_cls: type[M]) -> M:
     return message
 
 
-def _hex_ids_to_base64(node: Any) -> None:
-    """OTLP/JSON writes traceId/spanId as hex where proto3 JSON expects base64."""
+def _hex_ids_to_base64(node: Any, depth: int = 1) -> None:
+    """OTLP/JSON writes traceId/spanId as hex where proto3 JSON expects base64.
+
+    The walk also enforces MAX_JSON_DEPTH (``depth`` is ``node``'s nesting level), so the
+    recursions after it (this one, protobuf's ParseDict) stay shallow.
+    """
+    if depth > MAX_JSON_DEPTH:
+        raise OtlpDecodeError(f"malformed JSON: {_TOO_DEEP}")
     if isinstance(node, dict):
         for key, item in node.items():
             if key in ("traceId", "spanId", "trace_id", "span_id") and isinstance(item, str):
                 try:
                     node[key] = base64.b64encode(bytes.fromhex(item)).decode()
                 except ValueError:
-                    raise OtlpDecodeError(f"{key} must be hex, got {item[:40]!r}") from None
-            else:
-                _hex_ids_to_base64(item)
+                    raise OtlpDecodeError(f"{key} must be hex, got {shown(item)}") from None
+            elif isinstance(item, dict | list):
+                _hex_ids_to_base64(item, depth + 1)
     elif isinstance(node, list):
         for item in node:
-            _hex_ids_to_base64(item)
+            if isinstance(item, dict | list):
+                _hex_ids_to_base64(item, depth + 1)
+
+
+_TOO_DEEP = f"nested deeper than {MAX_JSON_DEPTH} levels"
+
+
+def load_json(data: bytes | str) -> Any:
+    """``json.loads`` for what came over the network: every bad input is ValueError.
+
+    json's C scanner gives up on nesting at the interpreter's recursion limit (~1000
+    levels) with RecursionError, which callers catching ValueError would let through as
+    an internal error; such a document is deeper than MAX_JSON_DEPTH in any case.
+    """
+    try:
+        return json.loads(data)
+    except RecursionError:
+        raise ValueError(_TOO_DEEP) from None
 
 
 def parse_json(body: bytes, message_cls: type[M]) -> M:
-    """Parse the OTLP/JSON encoding; unknown fields are ignored as the OTLP spec requires."""
+    """Parse the OTLP/JSON encoding; unknown fields are ignored as the OTLP spec requires.
+
+    Anything that is not such a body, nested deeper than MAX_JSON_DEPTH included, is
+    OtlpDecodeError.
+    """
     try:
-        data = json.loads(body)
-    except (UnicodeDecodeError, ValueError) as exc:
+        data = load_json(body)
+    except ValueError as exc:  # UnicodeDecodeError and JSONDecodeError among them
         raise OtlpDecodeError(f"malformed JSON: {exc}") from None
     if not isinstance(data, dict):
         raise OtlpDecodeError("malformed JSON: the body must be a JSON object")

@@ -10,7 +10,6 @@ by :mod:`ingero.otlp.threshold`, which rejects a value outside a sane range (not
 from __future__ import annotations
 
 import email.utils
-import json
 import logging
 import random
 import time
@@ -35,6 +34,7 @@ from ingero.otlp.threshold import (
     decode_json,
     decode_metadata,
 )
+from ingero.otlp.values import load_json
 from ingero.push.config import PushConfig
 from ingero.tls import client_ssl_context, grpc_channel_credentials
 
@@ -139,7 +139,7 @@ class HttpPushClient:
         request = urllib.request.Request(url, headers=self._auth)
         try:
             with urllib.request.urlopen(request, timeout=self._timeout, context=self._ssl) as resp:
-                return decode_json(json.loads(resp.read()))
+                return decode_json(load_json(resp.read()))
         except (OSError, ValueError) as exc:
             log.debug("threshold API: %s", exc)
             return None

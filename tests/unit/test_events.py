@@ -107,6 +107,27 @@ def test_group_event_without_node_writes_no_empty_node_field() -> None:
             },
             "finite JSON",
         ),
+        # stored as text columns: a map or number there made Echo's commit fail (a 503)
+        (
+            {
+                "type": "straggler_state",
+                "node_id": "n",
+                "cluster_id": "c",
+                "timestamp": 1,
+                "dominant_signal": {"a": 1},
+            },
+            "dominant_signal must be a string",
+        ),
+        (
+            {
+                "type": "straggler_state",
+                "node_id": "n",
+                "cluster_id": "c",
+                "timestamp": 1,
+                "detection_mode": 3,
+            },
+            "detection_mode must be a string",
+        ),
     ],
 )
 def test_bad_events_are_refused_with_the_field_named(data: dict[str, object], needle: str) -> None:

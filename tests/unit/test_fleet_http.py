@@ -97,7 +97,10 @@ def test_bearer_auth() -> None:
     assert auth.allows("Bearer tok")
     assert not auth.allows(None)
     assert not auth.allows("Bearer tok2")
-    assert not auth.allows("bearer tok")
+    # the scheme name is case-insensitive (RFC 7235); the token is not
+    assert auth.allows("bearer tok") and auth.allows("BEARER tok")
+    assert not auth.allows("Bearer TOK")
+    assert not auth.allows("Basic tok") and not auth.allows("tok") and not auth.allows("")
     assert not auth.allows("Bearer t\u00f6k")
 
 

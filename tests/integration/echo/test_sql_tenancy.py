@@ -21,8 +21,7 @@ from opentelemetry.proto.collector.metrics.v1.metrics_service_pb2 import (
     ExportMetricsServiceRequest,
 )
 
-from ingero.fleet.model import NodePush
-from ingero.otlp.health import encode_health
+from ingero.otlp.health import NodePush, encode_health
 from ingero.otlp.logs import encode_events
 
 from .helpers import TOKEN_A, TOKEN_OPS, EchoProcess, http, straggler

@@ -34,6 +34,7 @@ class Script:
     headers: dict[str, str] = {}  # noqa: RUF012 - replaced per test
     delay = 0.0
     api: object = None
+    raw_api: bytes | None = None  # sent as is instead of ``api`` as JSON
     seen: list[tuple[str, str, bytes]] = []  # noqa: RUF012
 
 
@@ -61,7 +62,8 @@ def server() -> Iterator[Served]:
 
         def do_GET(self) -> None:
             script.seen.append((self.path, self.headers.get("Authorization", ""), b""))
-            self._reply(200, {"Content-Type": "application/json"}, json.dumps(script.api).encode())
+            body = script.raw_api or json.dumps(script.api).encode()
+            self._reply(200, {"Content-Type": "application/json"}, body)
 
         def log_message(self, format: str, *args: object) -> None:
             pass
@@ -141,6 +143,9 @@ def test_poll_api_and_reject_insane_answer(server: Served) -> None:
     )
     assert script.seen[-1][0] == "/api/v1/threshold?cluster_id=c1&job_id=42"
     script.api = {"threshold": 7, "quorum_met": True}
+    assert c.poll_threshold("c1", None) is None
+    # nested past the recursion limit: json.loads raised RecursionError, not ValueError
+    script.raw_api = b"[" * 100_000 + b"]" * 100_000
     assert c.poll_threshold("c1", None) is None
 
 
