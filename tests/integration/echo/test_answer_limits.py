@@ -120,19 +120,20 @@ def test_rows_and_time_cut_answers_with_their_reasons(echo: EchoProcess) -> None
 
 
 def test_question_answers_are_cut_at_the_byte_limit_too(echo: EchoProcess) -> None:
-    """Events whose ``extra`` is large: 12 of 200 kB each, 2.4 MB in all."""
+    """Events whose ``extra`` is large: 120 of 15 kB each (the wire's event limit is 16 KiB),
+    1.8 MB in all."""
     url = f"http://{echo.otlp_http}/v1/logs"
     for part in range(3):
         events = [
             straggler(
                 f"big{part}-{i}",
                 "A",
-                5000.0 + 10 * part + i,
+                5000.0 + 100 * part + i,
                 job="9",
                 kind="job_summary",
-                note="x" * 200_000,
+                note="x" * 15_000,
             )
-            for i in range(4)
+            for i in range(40)
         ]
         status, _ = http(
             "POST", url, encode_events(events).SerializeToString(), TOKEN_OPS,
@@ -140,19 +141,22 @@ def test_question_answers_are_cut_at_the_byte_limit_too(echo: EchoProcess) -> No
         )  # fmt: skip
         assert status == 200
     for name, params, key in [
-        ("events", "type=job_summary&since=0&until=9000&limit=50", "events"),
+        ("events", "type=job_summary&since=0&until=9000&limit=1000", "events"),
         ("job_report", "job_id=9", "summaries"),
     ]:
         status, body = http("GET", f"{echo.url}/api/v1/{name}?{params}", token=TOKEN_A)
         assert status == 200, body
         assert (body["truncated"], body["truncated_reason"]) == (True, "bytes"), name
-        assert 0 < len(body[key]) < 12 and len(json.dumps(body)) <= MAX_ANSWER + 1024
+        assert 0 < len(body[key]) < 120 and len(json.dumps(body)) <= MAX_ANSWER + 1024
     answers = anyio.run(
         _mcp,
         f"{echo.url}/mcp",
-        [("events", {"type": "job_summary", "since": 0, "until": 9000}), ("summary", {})],
+        [
+            ("events", {"type": "job_summary", "since": 0, "until": 9000, "limit": 1000}),
+            ("summary", {}),
+        ],
     )
-    assert answers[0]["truncated_reason"] == "bytes" and 0 < len(answers[0]["events"]) < 12
+    assert answers[0]["truncated_reason"] == "bytes" and 0 < len(answers[0]["events"]) < 120
     assert (answers[1]["truncated"], answers[1]["truncated_reason"]) == (False, None)
 
 
