@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import os
+import sqlite3
+import time
 from collections.abc import Callable, Mapping
 from typing import Any
 
@@ -74,8 +76,19 @@ class Service:
         budget = ByteBudget(self.max_answer_bytes)
         ctx = Context(principal, self.clock.now(), self.rates, self.max_rows, budget)
         conn = connect_readonly(self.db_path)
+        # The SQL endpoint's time limit holds for questions too: a question over a wide window
+        # of a large store must not hold a worker thread (and its answer's memory) for long.
+        deadline = time.monotonic() + self.sql_timeout
+        conn.set_progress_handler(lambda: int(time.monotonic() > deadline), 1000)
         try:
             answer = question.run(conn, ctx, args)
+        except sqlite3.OperationalError as exc:
+            if str(exc) != "interrupted":
+                raise
+            raise BadRequest(
+                f"the question ran longer than {self.sql_timeout:g}s and was stopped;"
+                " narrow it (since/until, cluster_id, limit)"
+            ) from None
         finally:
             conn.close()
         answer["truncated"] = budget.exceeded

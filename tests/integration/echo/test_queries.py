@@ -9,7 +9,7 @@ import pytest
 
 from ingero.clock import ManualClock
 from ingero.echo.auth import AccessDenied, Principal
-from ingero.echo.queries import GpuRates
+from ingero.echo.queries import BadRequest, GpuRates
 from ingero.echo.rows import ScorePoint
 from ingero.echo.service import Service
 from ingero.echo.store import Store
@@ -164,3 +164,21 @@ def test_a_node_filter_finds_the_node_in_every_cluster_it_is_in(tmp_path: Path) 
         assert [e["timestamp"] for e in in_b] == [1500.0]
     finally:
         store.close()
+
+
+def test_questions_are_stopped_at_the_time_limit(tmp_path: Path) -> None:
+    """The SQL time limit holds for questions: with a limit already passed, a question that
+    reads more than SQLite's 1,000-step check interval is stopped with a clear error."""
+    clock = ManualClock(start=100_000.0)
+    store = Store(tmp_path / "e.db", clock=clock)
+    try:
+        store.write([straggler(f"n{i % 50}", "A", 1000.0 + i, score=0.5) for i in range(3000)])
+    finally:
+        store.close()
+    rates = GpuRates("USD", 1.0, {})
+    stopped = Service(store.path, rates, clock=clock, sql_timeout=0.0)
+    roomy = Service(store.path, rates, clock=clock, sql_timeout=60.0)
+    for name in ("stragglers", "events", "cost"):
+        with pytest.raises(BadRequest, match="ran longer than 0s and was stopped"):
+            ask(stopped, name, since=0)
+        assert ask(roomy, name, since=0)["truncated"] in (True, False)
