@@ -20,6 +20,7 @@ TIME_COLUMNS = {
     "raw_events": "ts",
     "host_intervals": "ts_end",
     "gpu_intervals": "ts_end",
+    "gpu_processes": "ts_end",
     "processes": "last_seen",
 }
 
@@ -60,7 +61,7 @@ def query(sql: str | None, db_path: Path, table: str | None, since: str | None, 
           timeout: str, as_json: bool, as_csv: bool) -> int:  # fmt: skip
     """Run one read-only SQL statement (or --table) against the node DB.
 
-    Tables: intervals, raw_events, host_intervals, gpu_intervals, processes (see
+    Tables: intervals, raw_events, host_intervals, gpu_intervals, gpu_processes, processes (see
     docs/explain.md). Writes, ATTACH, PRAGMA and extensions are refused; a query stops at
     --limit rows and after --timeout. Exit 0, 65 for a refused or failed query, 69 when the
     node DB is missing.

@@ -10,13 +10,17 @@ they have exactly the shape the real sampler writes.
 from __future__ import annotations
 
 import json
+import logging
+import shutil
 from dataclasses import dataclass, field
 from typing import Any
 
 from ingero.clock import Clock, SystemClock
-from ingero.collectors.gpu import GpuQuery, GpuStatus
+from ingero.collectors.gpu import GpuQuery, GpuStatus, NvidiaSmi
 from ingero.collectors.nvml import NvmlReader, NvmlReading
 from ingero.trace.tags import TagCache
+
+log = logging.getLogger(__name__)
 
 
 @dataclass
@@ -124,6 +128,7 @@ class GpuSampler:
         self.smi_period_s = smi_period_s
         self._smi_last: float | None = None
         self._known_pids: set[int] = set()
+        self._missing: dict[int, dict[str, str]] = {}
         if nvml is not None:
             nvml.set_job_of(self._job_of)
 
@@ -138,6 +143,7 @@ class GpuSampler:
             reading = self.nvml.read()
             if reading.error is None:
                 self._forget_gone(reading)
+                self._log_missing(reading)
                 return reading_rows(reading, ts_start, ts_end)
             nvml_error = reading.error
         if self.smi is None:
@@ -154,6 +160,17 @@ class GpuSampler:
             rows.error = f"{nvml_error}; {rows.error}"
         return rows
 
+    def _log_missing(self, reading: NvmlReading) -> None:
+        """Say once (and again when it changes) what a GPU does not report, and why."""
+        missing = {g.index: dict(g.missing) for g in reading.gpus}
+        if missing == self._missing:
+            return
+        self._missing = missing
+        for index, fields in sorted(missing.items()):
+            if fields:
+                why = ", ".join(f"{name} ({reason})" for name, reason in sorted(fields.items()))
+                log.warning("GPU %d: not measured: %s", index, why)
+
     def _forget_gone(self, reading: NvmlReading) -> None:
         """Drop the tags of processes no GPU lists any more, so the cache stays bounded."""
         pids = {p.pid for g in reading.gpus for p in g.processes or ()}
@@ -164,3 +181,9 @@ class GpuSampler:
     def close(self) -> None:
         if self.nvml is not None:
             self.nvml.close()
+
+
+def default_sampler(clock: Clock | None = None) -> GpuSampler:
+    """NVML, with nvidia-smi as the fallback where it is installed."""
+    smi = NvidiaSmi() if shutil.which("nvidia-smi") else None
+    return GpuSampler(NvmlReader(clock=clock), smi, clock=clock)

@@ -180,6 +180,11 @@ class NvmlReader:
         """Why NVML is not usable now (None once it is, or before the first read)."""
         return self._error
 
+    @property
+    def gave_up(self) -> bool:
+        """True when NVML can never be used by this process (no library, no binding)."""
+        return self._permanent
+
     def _errors(self) -> Any:
         return self._nvml.NVMLError
 

@@ -17,10 +17,18 @@ from ingero.collectors.nodedb import NodeDbUnavailable, read_window
 from ingero.errors import EXIT_DATAERR, IngeroError, UnavailableError
 from ingero.explain.analysis import GpuStats, HostStats, OpStats, ProcessInfo, WindowData
 from ingero.nodedb.schema import SCHEMA_VERSION, SchemaError, connect
+from ingero.nodedb.schema import version as schema_version
 from ingero.push.config import PushConfig
 
 DEFAULT_DB = Path(str(next(f.default for f in fields(PushConfig) if f.name == "node_db")))
-NODE_TABLES = ("intervals", "raw_events", "host_intervals", "gpu_intervals", "processes")
+NODE_TABLES = (
+    "intervals",
+    "raw_events",
+    "host_intervals",
+    "gpu_intervals",
+    "gpu_processes",
+    "processes",
+)
 
 
 class NodeDbError(IngeroError):
@@ -44,11 +52,12 @@ def open_node_db(path: Path, timeout: float = 5.0) -> sqlite_utils.Database:
         raise NodeDbError(f"{exc}: written by a newer ingero; upgrade ingero here") from None
     except sqlite3.Error as exc:
         raise NodeDbError(f"{path}: not a readable SQLite node DB ({exc})") from None
-    version = db.execute("PRAGMA user_version").fetchone()[0]
-    if version < SCHEMA_VERSION:
+    found = schema_version(db)
+    if found < 1:
+        # Older versions are read as they are (a v1 DB lacks only the GPU health columns).
         db.conn.close()
         raise NodeDbError(
-            f"{path}: not a node DB (schema version {version}, expected {SCHEMA_VERSION})"
+            f"{path}: not a node DB (schema version {found}, expected 1 to {SCHEMA_VERSION})"
         )
     return db
 

@@ -288,3 +288,15 @@ def test_reading_rows_of_a_lost_gpu() -> None:
     reading = read(FakeNvml([healthy_h100(utilization=LOST)]))
     (row,) = reading_rows(reading, 0.0, 1.0).intervals
     assert row["lost"] == 1 and row["busy_ns"] is None and row["mem_total_bytes"] is None
+
+
+def test_sampler_says_once_what_a_gpu_does_not_report(caplog: pytest.LogCaptureFixture) -> None:
+    sampler = GpuSampler(NvmlReader(FakeNvml([healthy_h100(processes=NO_PERMISSION)])), None)
+    with caplog.at_level("WARNING", logger="ingero.collectors.gpusampler"):
+        for second in range(3):
+            sampler.sample(float(second), second + 1.0)
+    (line,) = caplog.messages
+    assert line == (
+        "GPU 0: not measured: processes (no permission), retired_pages (not supported),"
+        " retired_pages_pending (not supported)"
+    )
