@@ -32,6 +32,20 @@ from ingero.errors import EXIT_FAILURE, UsageError
     help="How much slower the straggler runs (0.3 = 30%).",
 )
 @click.option(
+    "--shape",
+    type=click.Choice(["gpu-bound", "cpu-bound"]),
+    default="gpu-bound",
+    show_default=True,
+    help="The workloads' reference training loop (see ingero workload --shape).",
+)
+@click.option(
+    "--stall",
+    "stall",
+    default=None,
+    metavar="NODE",
+    help="Stall this node's rank (it stops working, its job goes on) instead of slowing one.",
+)
+@click.option(
     "--warmup",
     type=float,
     default=15.0,
@@ -63,6 +77,8 @@ def demo(
     push_interval: float,
     straggler: str | None,
     slowdown: float,
+    shape: str,
+    stall: str | None,
     warmup: float,
     duration: float,
     no_live: bool,
@@ -80,6 +96,8 @@ def demo(
         push_interval=push_interval,
         straggler=straggler,
         slowdown=slowdown,
+        shape=shape,
+        stall=stall,
         warmup=warmup,
         duration=duration,
         workdir=workdir,

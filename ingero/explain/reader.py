@@ -14,6 +14,7 @@ from pathlib import Path
 import sqlite_utils
 
 from ingero.collectors.nodedb import NodeDbUnavailable, read_window
+from ingero.collectors.nvml import throttle_names
 from ingero.errors import EXIT_DATAERR, IngeroError, UnavailableError
 from ingero.explain.analysis import GpuStats, HostStats, OpStats, ProcessInfo, WindowData
 from ingero.nodedb.schema import SCHEMA_VERSION, SchemaError, connect
@@ -129,23 +130,22 @@ def read_window_data(
         aggregates = read_window(path, end, window_s)
     except NodeDbUnavailable as exc:
         raise NodeDbError(str(exc)) from None
-    mem = {
-        int(gpu): (None if free is None else int(free), None if total is None else int(total))
-        for gpu, free, total in conn.execute(
-            "SELECT gpu, MIN(mem_free_bytes), MAX(mem_total_bytes) FROM gpu_intervals"
-            " WHERE ts_end > ? AND ts_end <= ? GROUP BY gpu",
-            (start, end),
-        )
-    }
-    gpu_ids = sorted(set(mem) | set(aggregates.gpu_busy))
     gpus = tuple(
         GpuStats(
             gpu=gpu,
-            busy_fraction=aggregates.gpu_busy.get(gpu),
-            mem_free_bytes=mem.get(gpu, (None, None))[0],
-            mem_total_bytes=mem.get(gpu, (None, None))[1],
+            busy_fraction=g.busy,
+            mem_free_bytes=g.mem_free_bytes,
+            mem_total_bytes=g.mem_total_bytes,
+            throttled_fraction=g.throttled_fraction,
+            throttle_reasons=tuple(throttle_names(g.throttle_reasons)),
+            xids=tuple(x for _, x in g.xids),
+            ecc_uncorrected_new=g.new.get("ecc_uncorrected"),
+            remap_pending=g.remap_pending,
+            remap_failure=g.remap_failure,
+            lost=g.lost,
+            health_measured=g.health_measured,
         )
-        for gpu in gpu_ids
+        for gpu, g in sorted(aggregates.gpus.items())
     )
     return WindowData(
         start=start,
@@ -156,6 +156,7 @@ def read_window_data(
         host=host,
         gpus=gpus,
         busy_source=aggregates.busy_source,
+        sync_busy_estimate=aggregates.sync_busy_estimate,
     )
 
 
