@@ -30,7 +30,13 @@ from ingero.nodedb.schema import version as schema_version
 # Kernel launches through the runtime and through the driver API (PyTorch built against
 # CUDA 13 launches through cuLaunchKernel only). The tracer records the inner call of two
 # nested traced calls, so a runtime launch that calls the driver is counted once.
-LAUNCH_OPS: Final = ("cudaLaunchKernel", "cuLaunchKernel", "cudaLaunchKernelExC")
+LAUNCH_OPS: Final = (
+    "cudaLaunchKernel",
+    "cudaLaunchKernelExC",
+    "cuLaunchKernel",
+    "cuLaunchKernelEx",
+    "cuLaunchCooperativeKernel",
+)
 SYNC_OPS: Final = (
     "cudaDeviceSynchronize",
     "cudaStreamSynchronize",

@@ -120,6 +120,17 @@ def test_driver_api_launches_are_kernel_launches(tmp_path: Path) -> None:
     assert w.step_rate is None  # no step source on a real node: unknown, not 0
 
 
+@pytest.mark.parametrize(
+    "op", ["cuLaunchKernel", "cuLaunchKernelEx", "cuLaunchCooperativeKernel", "cudaLaunchKernel"]
+)
+def test_every_traced_launch_entry_point_is_a_kernel_launch(tmp_path: Path, op: str) -> None:
+    from ingero.trace.ops import OP_IDS
+
+    assert op in OP_IDS  # the tracer probes it
+    w = read_window(make_db(tmp_path / "n.db", [interval(T0, T0 + 1, op, 7)]), T0 + 1, 1)
+    assert w.kernel_launches == 7
+
+
 def test_running_but_not_launching_is_zero_launches_over_covered_time(tmp_path: Path) -> None:
     rows = [
         {**interval(T0 + i, T0 + i + 1, "offcpu", 30, 10**9), "source": "host"} for i in range(5)
