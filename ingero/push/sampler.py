@@ -109,6 +109,18 @@ class NodeSampler:
             host_mem_free = self.proc.meminfo().available_fraction
         except ProcfsError as exc:
             log.warning("%s", exc)
+        return self.evaluate(window, now, cpu_busy, host_mem_free)
+
+    def evaluate(
+        self,
+        window: WindowAggregates,
+        now: float,
+        cpu_busy: float | None,
+        host_mem_free: float | None,
+    ) -> NodeSample:
+        """Score one window read from the node DB, with the host's CPU and memory readings;
+        advances the state machine, the baselines and the GPU health state (the benchmark
+        drives this directly with generated windows)."""
         # GPU rows in the node DB (NVML through ingero trace or gpu-sample) first; a live
         # query only where nothing writes them. Busy is measured or missing, never estimated.
         gpu_error = None
