@@ -43,7 +43,7 @@ from ingero.push.classifier import Classifier, Observation
 from ingero.push.config import ClassifierConfig, PushConfig
 from ingero.push.detection import DetectionSelector, FleetReading
 from ingero.push.sampler import NodeSample, NodeSampler
-from ingero.workload.generator import WorkloadGenerator, WorkloadProfile
+from ingero.workload.generator import SHAPE_NAMES, WorkloadGenerator, WorkloadProfile
 
 INTERVAL = 5.0  # push interval (Fleet's default)
 TRACE = 1.0  # ingero trace's default interval
@@ -244,7 +244,7 @@ def fmt(values: list[int], missed: int, runs: int) -> str:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=(__doc__ or "").split("\n\n")[0])
-    parser.add_argument("--shape", choices=["gpu-bound", "cpu-bound", "both"], default="both")
+    parser.add_argument("--shape", choices=[*SHAPE_NAMES, "both"], default="both")
     parser.add_argument("--nodes", type=int, default=64)
     parser.add_argument("--runs", type=int, default=20, help="seeded runs per latency figure")
     parser.add_argument("--hours", type=float, default=1.0, help="steady time for false events")
@@ -255,7 +255,7 @@ def main() -> None:
                         help="classifier debounce (consecutive intervals below the threshold)")  # fmt: skip
     args = parser.parse_args()
     Sim.enter_intervals = args.enter_intervals
-    shapes = ["gpu-bound", "cpu-bound"] if args.shape == "both" else [args.shape]
+    shapes = list(SHAPE_NAMES) if args.shape == "both" else [args.shape]
     margin = FleetConfig().threshold.min_margin
     for shape in shapes:
         n, noise = args.nodes, args.noise

@@ -10,6 +10,7 @@ from types import FrameType
 import click
 
 from ingero.errors import EXIT_FAILURE, UsageError
+from ingero.workload.generator import DEFAULT_SHAPE, SHAPE_NAMES
 
 
 @click.command("demo")
@@ -33,8 +34,8 @@ from ingero.errors import EXIT_FAILURE, UsageError
 )
 @click.option(
     "--shape",
-    type=click.Choice(["gpu-bound", "cpu-bound"]),
-    default="gpu-bound",
+    type=click.Choice(SHAPE_NAMES),
+    default=DEFAULT_SHAPE,
     show_default=True,
     help="The workloads' reference training loop (see ingero workload --shape).",
 )

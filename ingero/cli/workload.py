@@ -10,6 +10,7 @@ from pathlib import Path
 import click
 
 from ingero.errors import UsageError
+from ingero.workload.generator import DEFAULT_SHAPE, SHAPE_NAMES
 
 
 @click.command("workload")
@@ -29,8 +30,8 @@ from ingero.errors import UsageError
 )
 @click.option(
     "--shape",
-    type=click.Choice(["gpu-bound", "cpu-bound"]),
-    default="gpu-bound",
+    type=click.Choice(SHAPE_NAMES),
+    default=DEFAULT_SHAPE,
     show_default=True,
     help="Which reference training loop to imitate (docs/demo.md lists their rates).",
 )

@@ -237,8 +237,9 @@ class NvmlReader:
         try:
             self._events = nvml.nvmlEventSetCreate()
         except self._errors() as exc:
-            self._watched = {i: _REASONS.get(_code(exc) or 0, str(exc)) for i in
-                             range(len(self._handles))}  # fmt: skip
+            self._watched = {
+                i: _REASONS.get(_code(exc) or 0, str(exc)) for i in range(len(self._handles))
+            }
             return
         for i, handle in enumerate(self._handles):
             try:

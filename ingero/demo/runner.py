@@ -27,6 +27,7 @@ from typing import IO, Any, Protocol
 
 from ingero.demo.procs import Children
 from ingero.demo.status import NodeStatus, NotifyListener
+from ingero.workload.generator import DEFAULT_SHAPE, SHAPE_NAMES
 
 JOURNAL_SOCKET = Path("/run/systemd/journal/socket")
 
@@ -44,7 +45,7 @@ class DemoOptions:
     workdir: Path | None = None  # keep files here (else a temporary directory, removed)
     seed: int | None = None
     hold: bool = False  # after the result, keep everything running until stopped
-    shape: str = "gpu-bound"  # the workloads' reference loop (ingero workload --shape)
+    shape: str = DEFAULT_SHAPE  # the workloads' reference loop (ingero workload --shape)
     stall: str | None = None  # node whose rank stops working instead of slowing down
 
     def node_names(self) -> list[str]:
@@ -67,8 +68,8 @@ class DemoOptions:
                 )
         if self.stall is not None and self.straggler not in (None, self.stall):
             raise ValueError("--stall names the straggler: leave --straggler out or make it equal")
-        if self.shape not in ("gpu-bound", "cpu-bound"):
-            raise ValueError(f"--shape must be gpu-bound or cpu-bound, got {self.shape!r}")
+        if self.shape not in SHAPE_NAMES:
+            raise ValueError(f"--shape must be one of {', '.join(SHAPE_NAMES)}, got {self.shape!r}")
 
 
 @dataclass

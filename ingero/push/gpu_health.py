@@ -94,8 +94,14 @@ class GpuHealthTracker:
         out: list[GpuFinding] = []
         gpu = g.gpu
         if g.lost and not state.lost:
-            out.append(GpuFinding("gpu_xid", gpu, new_event_id(),
-                                  {"lost": True, "xids": [], "reason": "GPU is lost"}))  # fmt: skip
+            out.append(
+                GpuFinding(
+                    "gpu_xid",
+                    gpu,
+                    new_event_id(),
+                    {"lost": True, "xids": [], "reason": "GPU is lost"},
+                )
+            )
         state.lost = g.lost
         fresh = [x for ts, x in g.xids if ts > state.last_xid_ts]
         if g.xids:
@@ -148,8 +154,11 @@ class GpuHealthTracker:
         }
         if state.throttle_episode is None and share >= THROTTLE_START:
             state.throttle_episode = new_event_id()
-            return [GpuFinding("gpu_throttle", g.gpu, state.throttle_episode,
-                               {"state": "start", **details})]  # fmt: skip
+            return [
+                GpuFinding(
+                    "gpu_throttle", g.gpu, state.throttle_episode, {"state": "start", **details}
+                )
+            ]
         if state.throttle_episode is not None and share == 0.0:
             episode, state.throttle_episode = state.throttle_episode, None
             return [GpuFinding("gpu_throttle", g.gpu, episode, {"state": "end", **details})]

@@ -104,6 +104,9 @@ SHAPES: Final = MappingProxyType(
         ),
     }
 )
+SHAPE_NAMES: Final = tuple(SHAPES)
+# GPU-bound: the case a busy GPU reads near 100% in NVML.
+DEFAULT_SHAPE: Final = "gpu-bound"
 SM_CLOCK_MHZ: Final = 1980  # H100 SXM maximum SM clock
 SW_POWER_CAP: Final = 0x4
 
@@ -112,7 +115,7 @@ SW_POWER_CAP: Final = 0x4
 class WorkloadProfile:
     """One training process of one node (rank), driving ``gpus`` GPUs."""
 
-    shape: str = "gpu-bound"
+    shape: str = DEFAULT_SHAPE
     gpus: int = 1
     noise: float = 0.03  # relative standard deviation of every per-interval rate
     launch_rate: float | None = None  # overrides the shape's launches per second
