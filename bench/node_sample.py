@@ -53,6 +53,7 @@ def main() -> None:
             rows = gen.tick(start, clock.now())
             db.table("intervals").insert_all(rows.intervals)
             db.table("gpu_intervals").insert_all(rows.gpu_intervals)
+            db.table("gpu_processes").insert_all(rows.gpu_processes)
             db.table("host_intervals").insert_all(rows.host_intervals)
         db.conn.commit()
         proc.write(1.0, 0.3, 0.6)

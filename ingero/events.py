@@ -24,14 +24,26 @@ MESSAGE_IDS: dict[str, str] = {
     "detection_mode": "6f3c2a1e9b8d4c7a8e5f0a1b2c3d4e57",
     "job_summary": "6f3c2a1e9b8d4c7a8e5f0a1b2c3d4e58",
     "peer_lag": "6f3c2a1e9b8d4c7a8e5f0a1b2c3d4e59",
+    # GPU hardware health, raised by fleet-push from NVML's readings (extra.gpu names the GPU).
+    "gpu_throttle": "6f3c2a1e9b8d4c7a8e5f0a1b2c3d4e5a",
+    "gpu_xid": "6f3c2a1e9b8d4c7a8e5f0a1b2c3d4e5b",
+    "gpu_ecc": "6f3c2a1e9b8d4c7a8e5f0a1b2c3d4e5c",
 }
 EVENT_TYPES = frozenset(MESSAGE_IDS)
 
 # The Unix socket fleet-push writes NDJSON events to, where a consumer (``ingero sink``) listens.
 EVENT_SOCKET = "/run/ingero/events.sock"
 
-# journald PRIORITY per type: stragglers and drains are warnings, the rest notices.
-_PRIORITY = {"straggler_state": 4, "node_drained": 4, "group_degraded": 4}
+# journald PRIORITY per type: stragglers, drains and GPU faults are warnings (XIDs and ECC
+# errors: errors), the rest notices.
+_PRIORITY = {
+    "straggler_state": 4,
+    "node_drained": 4,
+    "group_degraded": 4,
+    "gpu_throttle": 4,
+    "gpu_xid": 3,
+    "gpu_ecc": 3,
+}
 
 
 def new_event_id() -> str:
@@ -155,6 +167,8 @@ class Event:
     def message(self) -> str:
         """One human line for logs and journalctl."""
         where = f"node {self.node_id}" + (f" job {self.job_id}" if self.job_id else "")
+        if isinstance(self.extra.get("gpu"), int):
+            where += f" GPU {self.extra['gpu']}"
         figures = ""
         if self.score is not None:
             figures += f" score={self.score:.3f}"

@@ -10,6 +10,7 @@ from types import FrameType
 import click
 
 from ingero.errors import EXIT_FAILURE, UsageError
+from ingero.workload.generator import DEFAULT_SHAPE, SHAPE_NAMES
 
 
 @click.command("demo")
@@ -30,6 +31,20 @@ from ingero.errors import EXIT_FAILURE, UsageError
     default=0.3,
     show_default=True,
     help="How much slower the straggler runs (0.3 = 30%).",
+)
+@click.option(
+    "--shape",
+    type=click.Choice(SHAPE_NAMES),
+    default=DEFAULT_SHAPE,
+    show_default=True,
+    help="The workloads' reference training loop (see ingero workload --shape).",
+)
+@click.option(
+    "--stall",
+    "stall",
+    default=None,
+    metavar="NODE",
+    help="Stall this node's rank (it stops working, its job goes on) instead of slowing one.",
 )
 @click.option(
     "--warmup",
@@ -63,6 +78,8 @@ def demo(
     push_interval: float,
     straggler: str | None,
     slowdown: float,
+    shape: str,
+    stall: str | None,
     warmup: float,
     duration: float,
     no_live: bool,
@@ -80,6 +97,8 @@ def demo(
         push_interval=push_interval,
         straggler=straggler,
         slowdown=slowdown,
+        shape=shape,
+        stall=stall,
         warmup=warmup,
         duration=duration,
         workdir=workdir,

@@ -247,12 +247,17 @@ def _print(report: Report, chains: list[Chain], db_path: Path) -> None:
         )
     if s["gpu_busy_fraction"] is not None:
         parts.append(f"GPU busy {fmt_pct(float(s['gpu_busy_fraction']))}")
+    elif s["gpu_busy_estimate_sync"] is not None:
+        estimate = fmt_pct(float(s["gpu_busy_estimate_sync"]))
+        parts.append(f"GPU busy not measured (sync-time estimate ≥ {estimate})")
     if s["sync_memcpy_share"] is not None:
         parts.append(f"sync/memcpy {fmt_pct(float(s['sync_memcpy_share']))} of wall")
     if s["offcpu_fraction"] is not None:
         parts.append(f"off-CPU {fmt_pct(float(s['offcpu_fraction']))} of wall")
     if parts:
         console.print(" · ".join(parts), markup=False)
+    if s["not_measured"]:
+        console.print(f"not measured (left out of the score): {s['not_measured']}", markup=False)
 
     if chains:
         # Plain lines, never wrapped: a chain is read (and pasted) as one line.

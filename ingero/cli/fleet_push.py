@@ -89,7 +89,8 @@ def run_agent(
     workload_type: str | None,
 ) -> None:
     # Imported here so `--help` and `--print-config` stay fast.
-    from ingero.collectors.gpu import GpuQuery, NoGpu, NvidiaSmi
+    from ingero.collectors.gpu import FallbackQuery, GpuQuery, NvidiaSmi
+    from ingero.collectors.nvml import NvmlQuery
     from ingero.otlp.health import ATTR_CLUSTER_ID, ATTR_HOST_NAME, ATTR_NODE_ID
     from ingero.push.agent import Agent, Identity
     from ingero.push.channels import Channel
@@ -107,7 +108,11 @@ def run_agent(
     host = config.host_name or socket.gethostname()
     ident = Identity(node, config.cluster_id, host, job_id, rank, world_size, workload_type)
     state_dir = Path(config.state_dir)
-    gpu: GpuQuery = NvidiaSmi() if shutil.which("nvidia-smi") else NoGpu()
+    # Used only where the node DB holds no GPU rows (no ingero trace or gpu-sample here).
+    queries: list[GpuQuery] = [NvmlQuery()]
+    if shutil.which("nvidia-smi"):
+        queries.append(NvidiaSmi())
+    gpu: GpuQuery = FallbackQuery(*queries)
     sampler = NodeSampler(
         node_id=node,
         db_path=Path(config.node_db),

@@ -19,6 +19,7 @@ from ingero.errors import EXIT_SOFTWARE, IngeroError
 COMMANDS: dict[str, str] = {
     "fleet": "ingero.cli.fleet:command",
     "trace": "ingero.cli.trace:trace",
+    "gpu-sample": "ingero.cli.gpu_sample:gpu_sample",
     "check": "ingero.cli.check:check",
     "fleet-push": "ingero.cli.fleet_push:command",
     "sink": "ingero.cli.sink:command",

@@ -62,7 +62,7 @@ def query(ctx: click.Context, sql: str | None, db_path: Path, table: str | None,
           ssh_options: str | None, remote_ingero: str) -> int:  # fmt: skip
     """Run one read-only SQL statement (or --table) against the node DB.
 
-    Tables: intervals, raw_events, host_intervals, gpu_intervals, processes (see
+    Tables: intervals, raw_events, host_intervals, gpu_intervals, gpu_processes, processes (see
     docs/explain.md). Writes, ATTACH, PRAGMA and extensions are refused; a query stops at
     --limit rows and after --timeout. With --nodes or --job-nodes the query runs on every
     node over SSH (`ingero query --json` there) and the rows gain a leading `node` column;

@@ -46,6 +46,8 @@ def parse_size(text: str) -> int:
               help="Seconds per aggregate interval.")  # fmt: skip
 @click.option("--sample-every", type=click.IntRange(min=1), default=64, show_default=True,
               help="Send 1 in N CUDA calls to the ring buffer as raw events (NCCL: all).")  # fmt: skip
+@click.option("--gpu/--no-gpu", default=True, show_default=True,
+              help="Write a gpu_intervals row per GPU every interval (NVML, else nvidia-smi).")  # fmt: skip
 def trace(
     pid: int | None,
     record: bool,
@@ -53,8 +55,10 @@ def trace(
     max_db: str | None,
     interval: float,
     sample_every: int,
+    gpu: bool,
 ) -> int:
     """Trace CUDA, NCCL and host events into the node DB (needs root or CAP_BPF+CAP_PERFMON)."""
+    from ingero.collectors.gpusampler import default_sampler
     from ingero.trace.bccload import BccUnavailable
     from ingero.trace.probes import ProbeError, load
     from ingero.trace.tags import TagCache
@@ -80,8 +84,10 @@ def trace(
         found = find(name)
         return found.decode() if isinstance(found, bytes) else found
 
+    gpus = default_sampler() if gpu else None
     tracer = Tracer(probes, writer, SystemClock(), TagCache(), pid=pid,
-                    extra_libraries=system_libraries(find_lib) if pid is None else [])  # fmt: skip
+                    extra_libraries=system_libraries(find_lib) if pid is None else [],
+                    gpu=gpus)  # fmt: skip
     stop = threading.Event()
 
     def on_signal(signum: int, frame: FrameType | None) -> None:
@@ -102,6 +108,8 @@ def trace(
         finally:
             writer.close()
             probes.close()
+            if gpus is not None:
+                gpus.close()
     return 0
 
 
@@ -150,7 +158,8 @@ def _run_headless(tracer: Tracer, interval: float, stop: threading.Event) -> Non
         calls = sum(r["count"] for r in result.intervals if isinstance(r["count"], int))
         notifier.notify(
             f"WATCHDOG=1\nSTATUS={calls} calls, {result.processes} processes, "
-            f"{result.samples} samples, {result.host['dropped_events']} dropped in the last interval"
+            f"{result.samples} samples, {result.host['dropped_events']} dropped, "
+            f"{result.gpus} GPU rows in the last interval"
         )
     notifier.notify("STOPPING=1")
 

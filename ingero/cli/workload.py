@@ -1,13 +1,16 @@
-"""``ingero workload``: a synthetic training process that writes the node DB (no GPU needed)."""
+"""``ingero workload``: a synthetic training process that writes the node DB (no GPU needed),
+shaped like what ``ingero trace`` and its NVML sampler record of a real one on an H100."""
 
 from __future__ import annotations
 
 import logging
+import os
 from pathlib import Path
 
 import click
 
 from ingero.errors import UsageError
+from ingero.workload.generator import DEFAULT_SHAPE, SHAPE_NAMES
 
 
 @click.command("workload")
@@ -26,19 +29,24 @@ from ingero.errors import UsageError
     help="Seconds between writes (one interval row set each).",
 )
 @click.option(
+    "--shape",
+    type=click.Choice(SHAPE_NAMES),
+    default=DEFAULT_SHAPE,
+    show_default=True,
+    help="Which reference training loop to imitate (docs/demo.md lists their rates).",
+)
+@click.option(
     "--launch-rate",
     type=float,
-    default=2000.0,
-    show_default=True,
-    help="Kernel launches per second at full speed.",
+    default=None,
+    help="cuLaunchKernel calls per second at full speed (default: the shape's).",
 )
-@click.option("--gpus", type=int, default=2, show_default=True)
+@click.option("--gpus", type=int, default=1, show_default=True)
 @click.option(
     "--gpu-busy",
     type=float,
-    default=0.85,
-    show_default=True,
-    help="Busy fraction of each GPU at full speed.",
+    default=None,
+    help="NVML utilization of each GPU at full speed, 0-1 (default: the shape's).",
 )
 @click.option(
     "--noise",
@@ -58,7 +66,19 @@ from ingero.errors import UsageError
     "--control",
     type=click.Path(dir_okay=False, path_type=Path),
     default=None,
-    help="File holding the current slowdown (e.g. 0.3), re-read every interval.",
+    help="File holding the current slowdown (e.g. 0.3) or 'stall', re-read every interval.",
+)
+@click.option(
+    "--stall-after",
+    type=float,
+    default=None,
+    help="Stop working after this many seconds (a hung rank; the process and job go on).",
+)
+@click.option(
+    "--jobs-dir",
+    type=click.Path(file_okay=False, path_type=Path),
+    default=None,
+    help="Keep the job's file here while running, as the Slurm prolog/epilog do (needs --job-id).",
 )
 @click.option(
     "--proc-dir",
@@ -73,19 +93,23 @@ from ingero.errors import UsageError
 def workload(
     db_path: Path,
     interval: float,
-    launch_rate: float,
+    shape: str,
+    launch_rate: float | None,
     gpus: int,
-    gpu_busy: float,
+    gpu_busy: float | None,
     noise: float,
     slowdown: float,
     control: Path | None,
+    stall_after: float | None,
+    jobs_dir: Path | None,
     proc_dir: Path | None,
     job_id: str | None,
     rank: int | None,
     seed: int | None,
     duration: float | None,
 ) -> None:
-    """Write synthetic cudaLaunchKernel, GPU-busy and host intervals to a node DB.
+    """Write what `ingero trace` records of a training process on a real GPU node: driver
+    kernel launches, rare syncs, off-CPU time, NVML GPU rows.
 
     Stops on SIGTERM or Ctrl-C; SIGUSR1 toggles the slowdown.
     """
@@ -94,6 +118,10 @@ def workload(
 
     logging.basicConfig(level=logging.INFO, format="ingero workload: %(message)s")
     profile = WorkloadProfile(
+        # Its own pid, as the tracer would record it: whoever reads the node DB can see
+        # whether the "training process" is still alive.
+        pid=os.getpid(),
+        shape=shape,
         launch_rate=launch_rate,
         gpus=gpus,
         gpu_busy=gpu_busy,
@@ -112,6 +140,8 @@ def workload(
             control=control,
             seed=seed,
             proc_dir=proc_dir,
+            stall_after=stall_after,
+            jobs_dir=jobs_dir,
         )
     except ValueError as exc:
         raise UsageError(str(exc)) from None

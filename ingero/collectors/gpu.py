@@ -138,3 +138,20 @@ class NoGpu:
 
     def query(self) -> GpuStatus:
         return GpuStatus(error="no GPU: disabled")
+
+
+class FallbackQuery:
+    """The first query that answers with GPUs; the last one's error when none does."""
+
+    def __init__(self, *queries: GpuQuery) -> None:
+        if not queries:
+            raise ValueError("FallbackQuery needs at least one query")
+        self.queries = queries
+
+    def query(self) -> GpuStatus:
+        status = GpuStatus(error="no GPU")
+        for q in self.queries:
+            status = q.query()
+            if status.error is None:
+                return status
+        return status

@@ -28,6 +28,7 @@ from typing import IO, Any, Protocol
 from ingero.demo.procs import Children
 from ingero.demo.status import NodeStatus, NotifyListener
 from ingero.systemd import JOURNAL_SOCKET
+from ingero.workload.generator import DEFAULT_SHAPE, SHAPE_NAMES
 
 
 @dataclass(frozen=True)
@@ -43,6 +44,8 @@ class DemoOptions:
     workdir: Path | None = None  # keep files here (else a temporary directory, removed)
     seed: int | None = None
     hold: bool = False  # after the result, keep everything running until stopped
+    shape: str = DEFAULT_SHAPE  # the workloads' reference loop (ingero workload --shape)
+    stall: str | None = None  # node whose rank stops working instead of slowing down
 
     def node_names(self) -> list[str]:
         return [f"node-{i:02d}" for i in range(1, self.nodes + 1)]
@@ -57,10 +60,15 @@ class DemoOptions:
             raise ValueError("--slowdown must be in (0, 1)")
         if self.warmup < 0 or self.duration <= 0:
             raise ValueError("--warmup must be >= 0 and --duration > 0")
-        if self.straggler is not None and self.straggler not in self.node_names():
-            raise ValueError(
-                f"--straggler must be one of node-01 … node-{self.nodes:02d}, got {self.straggler!r}"
-            )
+        for option, node in (("--straggler", self.straggler), ("--stall", self.stall)):
+            if node is not None and node not in self.node_names():
+                raise ValueError(
+                    f"{option} must be one of node-01 … node-{self.nodes:02d}, got {node!r}"
+                )
+        if self.stall is not None and self.straggler not in (None, self.stall):
+            raise ValueError("--stall names the straggler: leave --straggler out or make it equal")
+        if self.shape not in SHAPE_NAMES:
+            raise ValueError(f"--shape must be one of {', '.join(SHAPE_NAMES)}, got {self.shape!r}")
 
 
 @dataclass
@@ -153,7 +161,7 @@ class Demo:
         self.view = view
         self.on_result = on_result
         rng = random.Random(options.seed)
-        straggler = options.straggler or rng.choice(options.node_names())
+        straggler = options.stall or options.straggler or rng.choice(options.node_names())
         self.state = DemoState(options=options, straggler=straggler)
         self.stop = threading.Event()
 
@@ -244,6 +252,7 @@ class Demo:
                     "--db", str(node_dir / "ingero.db"),
                     "--interval", f"{workload_interval:g}",
                     "--control", str(node_dir / "slowdown"),
+                    "--shape", opts.shape,
                     "--proc-dir", str(node_dir / "proc"),
                     "--job-id", opts.job_id,
                     "--rank", str(rank),
@@ -344,11 +353,18 @@ class Demo:
         )
 
     def _inject(self, workdir: Path) -> None:
-        st = self.state
-        (workdir / st.straggler / "slowdown").write_text(f"{self.options.slowdown:g}\n")
+        st, opts = self.state, self.options
+        control = workdir / st.straggler / "slowdown"
+        if opts.stall is not None:
+            # The rank stops working; its process, GPU memory and job go on.
+            control.write_text("stall\n")
+            what = "a stall"
+        else:
+            control.write_text(f"{opts.slowdown:g}\n")
+            what = f"a {opts.slowdown:.0%} slowdown"
         st.injected_at = time.time()
         st.phase = "injected"
-        st.note(f"injected a {self.options.slowdown:.0%} slowdown on {st.straggler}")
+        st.note(f"injected {what} on {st.straggler}")
 
     def _poll_fleet(self) -> None:
         st, opts = self.state, self.options

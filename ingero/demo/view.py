@@ -12,7 +12,7 @@ from rich.progress import BarColumn, Progress, TextColumn, TimeRemainingColumn
 from rich.table import Table
 from rich.text import Text
 
-from ingero.demo.runner import DemoResult, DemoState
+from ingero.demo.runner import DemoOptions, DemoResult, DemoState
 
 
 def _fmt(value: float | None, digits: int = 3) -> str:
@@ -72,7 +72,7 @@ class LiveView:
             if flagged:
                 marker, style = "STRAGGLER", "bold white on red"
             elif node == state.straggler and state.injected_at is not None:
-                marker, style = f"slowed {opts.slowdown:.0%}", "yellow"
+                marker, style = _injected(opts), "yellow"
             table.add_row(
                 node,
                 status.state if status else "starting",
@@ -86,7 +86,7 @@ class LiveView:
         headline = {
             "starting": "starting Fleet, workloads and agents…",
             "warm-up": "agents calibrating; Fleet gathering a quorum…",
-            "injected": f"slowdown injected on {state.straggler}; waiting for detection…",
+            "injected": f"{_injected(opts)} on {state.straggler}; waiting for detection…",
             "detected": f"{state.straggler} detected as a straggler",
             "done": f"{state.straggler} detected as a straggler",
         }[state.phase]
@@ -132,11 +132,16 @@ class PlainView:
         self.out.flush()
 
 
+def _injected(opts: DemoOptions) -> str:
+    return "stalled" if opts.stall is not None else f"slowed {opts.slowdown:.0%}"
+
+
 def summary(state: DemoState, result: DemoResult) -> str:
     """The closing lines: outcome, latency, events and where to look next."""
     opts = state.options
     lines = [
-        f"straggler injected: {result.straggler} ({opts.slowdown:.0%} slower)",
+        f"straggler injected: {result.straggler} "
+        + ("(stalled)" if opts.stall is not None else f"({opts.slowdown:.0%} slower)"),
     ]
     if result.detection_s is not None and result.detection_intervals is not None:
         lines.append(

@@ -15,6 +15,7 @@ import sqlite_utils
 
 from ingero import nodedb
 from ingero.collectors.nodedb import NodeDbUnavailable, read_window
+from ingero.collectors.nvml import throttle_names
 from ingero.errors import EXIT_DATAERR, IngeroError, UnavailableError
 from ingero.explain.analysis import GpuStats, HostStats, OpStats, ProcessInfo, WindowData
 from ingero.explain.chains import (
@@ -26,17 +27,26 @@ from ingero.explain.chains import (
     Timeline,
 )
 from ingero.nodedb.schema import SCHEMA_VERSION, SchemaError, connect
+from ingero.nodedb.schema import version as schema_version
 
 DEFAULT_DB = Path(nodedb.DEFAULT_PATH)
 # NCCL calls that are not one collective of a communicator (no alignment across ranks).
 NON_COLLECTIVE_OPS = ("ncclGroupEnd", "ncclCommInitRank", "ncclCommDestroy")
-NODE_TABLES = ("intervals", "raw_events", "host_intervals", "gpu_intervals", "processes")
+NODE_TABLES = (
+    "intervals",
+    "raw_events",
+    "host_intervals",
+    "gpu_intervals",
+    "gpu_processes",
+    "processes",
+)
 # The column each table's rows are placed in time by (query --since, merge, export).
 TIME_COLUMNS = {
     "intervals": "ts_end",
     "raw_events": "ts",
     "host_intervals": "ts_end",
     "gpu_intervals": "ts_end",
+    "gpu_processes": "ts_end",
     "processes": "last_seen",
 }
 
@@ -62,11 +72,12 @@ def open_node_db(path: Path, timeout: float = 5.0) -> sqlite_utils.Database:
         raise NodeDbError(f"{exc}: written by a newer ingero; upgrade ingero here") from None
     except sqlite3.Error as exc:
         raise NodeDbError(f"{path}: not a readable SQLite node DB ({exc})") from None
-    version = db.execute("PRAGMA user_version").fetchone()[0]
-    if version < SCHEMA_VERSION:
+    found = schema_version(db)
+    if found < 1:
+        # Older versions are read as they are (a v1 DB lacks only the GPU health columns).
         db.conn.close()
         raise NodeDbError(
-            f"{path}: not a node DB (schema version {version}, expected {SCHEMA_VERSION})"
+            f"{path}: not a node DB (schema version {found}, expected 1 to {SCHEMA_VERSION})"
         )
     return db
 
@@ -138,23 +149,22 @@ def read_window_data(
         aggregates = read_window(path, end, window_s)
     except NodeDbUnavailable as exc:
         raise NodeDbError(str(exc)) from None
-    mem = {
-        int(gpu): (None if free is None else int(free), None if total is None else int(total))
-        for gpu, free, total in conn.execute(
-            "SELECT gpu, MIN(mem_free_bytes), MAX(mem_total_bytes) FROM gpu_intervals"
-            " WHERE ts_end > ? AND ts_end <= ? GROUP BY gpu",
-            (start, end),
-        )
-    }
-    gpu_ids = sorted(set(mem) | set(aggregates.gpu_busy))
     gpus = tuple(
         GpuStats(
             gpu=gpu,
-            busy_fraction=aggregates.gpu_busy.get(gpu),
-            mem_free_bytes=mem.get(gpu, (None, None))[0],
-            mem_total_bytes=mem.get(gpu, (None, None))[1],
+            busy_fraction=g.busy,
+            mem_free_bytes=g.mem_free_bytes,
+            mem_total_bytes=g.mem_total_bytes,
+            throttled_fraction=g.throttled_fraction,
+            throttle_reasons=tuple(throttle_names(g.throttle_reasons)),
+            xids=tuple(x for _, x in g.xids),
+            ecc_uncorrected_new=g.new.get("ecc_uncorrected"),
+            remap_pending=g.remap_pending,
+            remap_failure=g.remap_failure,
+            lost=g.lost,
+            health_measured=g.health_measured,
         )
-        for gpu in gpu_ids
+        for gpu, g in sorted(aggregates.gpus.items())
     )
     return WindowData(
         start=start,
@@ -165,6 +175,7 @@ def read_window_data(
         host=host,
         gpus=gpus,
         busy_source=aggregates.busy_source,
+        sync_busy_estimate=aggregates.sync_busy_estimate,
     )
 
 
@@ -188,36 +199,38 @@ def read_processes(db: sqlite_utils.Database, job_id: str | None) -> list[Proces
     ]
 
 
-# gpu_intervals columns a newer schema may add (NVML sampler): read only where present.
-# A column named like ``*throttle_reasons*`` holds NVML's clocks-event bitmask, in which
-# GPU idle (0x1), the application clock setting (0x2) and the display clock (0x200) are not
-# a slowdown; any other ``*throttle*`` column counts as throttled when non-zero.
+# gpu_intervals columns of node DB schema 2 (NVML): read only where present, so a version-1
+# DB still explains. ``throttle_reasons`` is NVML's clocks-event bitmask, in which GPU idle
+# (0x1), the application clock setting (0x2) and the display clock (0x200) are not a
+# slowdown; ``xids`` is the JSON list of the interval's critical XID numbers.
 _NOT_THROTTLE_BITS = 0x1 | 0x2 | 0x200
+_THROTTLE_COLUMNS = ("throttle_reasons",)
+_XID_COLUMNS = ("xids",)
 
 
 def _gpu_extra_columns(conn: sqlite3.Connection) -> tuple[list[str], list[str]]:
-    names = [str(row[1]) for row in conn.execute("PRAGMA table_info(gpu_intervals)")]
-    return [n for n in names if "throttle" in n.lower()], [n for n in names if "xid" in n.lower()]
+    names = {str(row[1]) for row in conn.execute("PRAGMA table_info(gpu_intervals)")}
+    return [n for n in _THROTTLE_COLUMNS if n in names], [n for n in _XID_COLUMNS if n in names]
 
 
 def _throttle(column: str, value: object) -> bool:
     if value is None or value == "" or value == 0:
         return False
     if isinstance(value, int | float):
-        if "reason" in column.lower() or "mask" in column.lower():
-            return bool(int(value) & ~_NOT_THROTTLE_BITS)
-        return value > 0
-    return str(value).strip().lower() not in ("0", "none", "no", "false", "idle")
+        return bool(int(value) & ~_NOT_THROTTLE_BITS)
+    return False
 
 
 def _xid(value: object) -> int | None:
+    """The first XID number of an ``xids`` JSON list (None when empty or unreadable)."""
     if value is None or value == "":
         return None
     try:
-        number = int(str(value).split(",")[0])
+        parsed = json.loads(str(value))
     except ValueError:
         return None
-    return number or None
+    first = parsed[0] if isinstance(parsed, list) and parsed else parsed
+    return first if isinstance(first, int) and not isinstance(first, bool) and first else None
 
 
 def read_timeline(
@@ -275,7 +288,7 @@ def read_timeline(
         x_vals = [_xid(v) for v in row[4 + len(throttle_cols) :]]
         hot = {c: v for c, v in t_vals.items() if _throttle(c, v)}
         detail = ", ".join(
-            f"{c}={v:#x}" if isinstance(v, int) and "reason" in c.lower() else f"{c}={v}"
+            f"{c}={v:#x}" if isinstance(v, int) else f"{c}={v}"
             for c, v in hot.items()
         )
         gpus.append(

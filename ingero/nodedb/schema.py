@@ -6,7 +6,11 @@ Tables (all timestamps are Unix seconds, durations nanoseconds):
 - ``raw_events``: sampled individual calls (ring-buffer samples), for ``explain``/``query``.
 - ``host_intervals``: per-interval host context (off-CPU time of traced threads, page
   allocations, block I/O latency, TCP retransmits, dropped samples).
-- ``gpu_intervals``: per-interval per-GPU busy time and memory, where known.
+- ``gpu_intervals``: per-interval per-GPU busy time and memory, where known; from version 2
+  also what NVML reports of the GPU's clocks and hardware health (``GPU_HEALTH_COLUMNS``).
+  NULL is "not measured" (not supported on this GPU, no permission, no NVML): never 0.
+- ``gpu_processes`` (version 2): per interval, the processes NVML lists on each GPU, with the
+  Slurm job and rank each belongs to.
 - ``processes``: each traced process with its job tags.
 """
 
@@ -21,7 +25,7 @@ import sqlite_utils
 from ingero import sqlitemigrate
 from ingero.sqlitemigrate import SchemaError as SchemaError  # re-exported for readers
 
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2
 
 
 def _v1(db: sqlite_utils.Database) -> None:
@@ -104,8 +108,49 @@ def _v1(db: sqlite_utils.Database) -> None:
     )
 
 
+# Columns version 2 adds to gpu_intervals (all nullable: NULL is "not measured").
+GPU_HEALTH_COLUMNS: dict[str, str] = {
+    "source": "TEXT",  # nvml | nvidia-smi
+    "mem_used_bytes": "INTEGER",
+    "sm_clock_mhz": "INTEGER",
+    "sm_clock_max_mhz": "INTEGER",
+    "throttle_reasons": "INTEGER",  # NVML clock event reasons bitmask at the interval's end
+    "temperature_c": "INTEGER",
+    "power_w": "REAL",
+    "ecc_corrected": "INTEGER",  # volatile ECC error counts: cumulative since the driver loaded
+    "ecc_uncorrected": "INTEGER",
+    "retired_pages": "INTEGER",  # cumulative
+    "retired_pages_pending": "INTEGER",  # 0/1
+    "remapped_rows_correctable": "INTEGER",  # cumulative
+    "remapped_rows_uncorrectable": "INTEGER",
+    "remap_pending": "INTEGER",  # 0/1
+    "remap_failure": "INTEGER",  # 0/1
+    "xid_count": "INTEGER",  # critical XID events in the interval (NULL: not watched)
+    "xids": "TEXT",  # JSON list of those XID numbers
+    "lost": "INTEGER",  # 1: NVML answered GPU_IS_LOST
+}
+
+
+def _v2(db: sqlite_utils.Database) -> None:
+    for name, kind in GPU_HEALTH_COLUMNS.items():
+        # Plain DDL: this runs inside the migration's own transaction.
+        db.execute(f"ALTER TABLE gpu_intervals ADD COLUMN {name} {kind}")
+    db.table("gpu_processes").create(
+        {
+            "ts_end": float,
+            "gpu": int,
+            "pid": int,
+            "used_memory_bytes": int,
+            "job_id": str,
+            "rank": int,
+        },
+        not_null={"ts_end", "gpu", "pid"},
+    )
+    db.table("gpu_processes").create_index(["ts_end"])
+
+
 # Index i holds the migration from version i to i + 1. Append only.
-MIGRATIONS: list[Callable[[sqlite_utils.Database], None]] = [_v1]
+MIGRATIONS: list[Callable[[sqlite_utils.Database], None]] = [_v1, _v2]
 assert len(MIGRATIONS) == SCHEMA_VERSION
 
 
@@ -127,6 +172,11 @@ def connect(
     db.execute("PRAGMA synchronous=NORMAL")
     migrate(db)
     return db
+
+
+def version(db: sqlite_utils.Database) -> int:
+    """The schema version of an open node DB (0: not a node DB at all)."""
+    return int(db.execute("PRAGMA user_version").fetchone()[0])
 
 
 def migrate(db: sqlite_utils.Database) -> int:

@@ -23,6 +23,7 @@ from ingero.push.client import PushClient, jittered
 from ingero.push.config import PushConfig
 from ingero.push.detection import Decision, DetectionSelector
 from ingero.push.detection_store import DetectionStore
+from ingero.push.gpu_health import gpu_events
 from ingero.push.sampler import NodeSample
 from ingero.slurm.jobfile import JobInfo
 from ingero.systemd import Notifier, watchdog_interval
@@ -132,6 +133,17 @@ class Agent:
             log.warning("%s", event.message())
             self._emit(event)
         status.straggling = self.classifier.straggling
+        for event in gpu_events(
+            sample.gpu_findings,
+            node_id=push.node_id,
+            cluster_id=push.cluster_id,
+            timestamp=self.clock.now(),
+            job_id=push.job_id,
+            rank=push.rank,
+            score=push.score,
+        ):
+            log.warning("%s", event.message())
+            self._emit(event)
         delay = jittered(float(self.config.push_interval), self.config.jitter, self.rng)
         if result.retry_after is not None:
             delay = max(delay, min(result.retry_after, 60 * float(self.config.push_interval)))

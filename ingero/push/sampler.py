@@ -11,11 +11,12 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from ingero.clock import Clock
-from ingero.collectors.gpu import GpuQuery, NoGpu
+from ingero.collectors.gpu import GpuQuery, GpuStatus, NoGpu
 from ingero.collectors.nodedb import NodeDbUnavailable, WindowAggregates, read_window
 from ingero.collectors.procfs import ProcfsError, ProcReader
 from ingero.otlp.health import NodeState
 from ingero.push.baseline import BaselineSet, BaselineStore, EmaBaseline
+from ingero.push.gpu_health import GpuFinding, GpuHealth, GpuHealthTracker
 from ingero.push.nodestate import NodeStateMachine, Transition
 from ingero.push.score import ScoreConfig, ScoreInputs, ScoreResult, compute_score
 
@@ -31,6 +32,8 @@ class NodeSample:
     transition: Transition | None
     stale_reason: str | None = None
     gpu_error: str | None = None
+    gpu_health: GpuHealth | None = None
+    gpu_findings: tuple[GpuFinding, ...] = ()  # new GPU problems, to be raised as events
 
     @property
     def score(self) -> float:
@@ -59,6 +62,7 @@ class NodeSampler:
         self.clock = clock
         self.proc = proc or ProcReader(Path(config.proc_root))
         self.gpu = gpu or NoGpu()
+        self.health = GpuHealthTracker(config.gpu_health)
         self.store = (
             BaselineStore(
                 baseline_path,
@@ -105,43 +109,83 @@ class NodeSampler:
             host_mem_free = self.proc.meminfo().available_fraction
         except ProcfsError as exc:
             log.warning("%s", exc)
-        gpu_status = self.gpu.query()
-        gpu_mem_free = gpu_status.mem_free_fraction
+        return self.evaluate(window, now, cpu_busy, host_mem_free)
+
+    def evaluate(
+        self,
+        window: WindowAggregates,
+        now: float,
+        cpu_busy: float | None,
+        host_mem_free: float | None,
+    ) -> NodeSample:
+        """Score one window read from the node DB, with the host's CPU and memory readings;
+        advances the state machine, the baselines and the GPU health state (the benchmark
+        drives this directly with generated windows)."""
+        # GPU rows in the node DB (NVML through ingero trace or gpu-sample) first; a live
+        # query only where nothing writes them. Busy is measured or missing, never estimated.
+        gpu_error = None
+        busy, gpu_mem_free = window.gpu_busy_fraction, window.gpu_mem_free_fraction
+        if not window.gpus:
+            status = self.gpu.query()
+            gpu_error = status.error
+            busy, gpu_mem_free = _utilization(status), status.mem_free_fraction
+        health = self.health.observe(window.gpus, now)
 
         # Launch counts are fine-grained; whole steps per window are too coarse to compare.
-        rate_name, rate = "kernel_launch_rate", window.kernel_launch_rate
-        baseline = self.baselines.baselines.get(rate_name)
+        launch_rate = window.kernel_launch_rate
+        baselines = self.baselines.baselines
+        launch_base = baselines.get("kernel_launch_rate")
+        busy_base = baselines.get("gpu_busy_fraction")
         transition = self.state.observe(readable=True, kernel_launches=window.kernel_launches)
         has_work = window.kernel_launches > 0
         result = compute_score(
             ScoreInputs(
-                throughput_rate=rate if has_work else None,
-                throughput_baseline=baseline.estimate if baseline is not None else None,
-                gpu_busy_fraction=window.gpu_busy_fraction,
+                throughput_rate=launch_rate if has_work else None,
+                throughput_baseline=launch_base.estimate if launch_base is not None else None,
+                gpu_busy_fraction=busy,
+                gpu_busy_baseline=busy_base.estimate if busy_base is not None else None,
                 mem_free_fraction=gpu_mem_free if gpu_mem_free is not None else host_mem_free,
                 cpu_busy_fraction=cpu_busy,
+                gpu_health=health.value,
                 rates={
-                    "kernel_launch_rate": window.kernel_launch_rate,
+                    "kernel_launch_rate": launch_rate,
                     "step_rate": window.step_rate,
-                    "throughput_baseline": baseline.estimate if baseline is not None else None,
+                    "throughput_baseline": launch_base.estimate if launch_base else None,
                 },
             ),
             self.config,
         )
-        if has_work and self.state.state in ("calibrating", "active"):
-            self._learn(rate_name, rate)
+        if has_work and launch_rate is not None and self.state.state in ("calibrating", "active"):
+            self._learn({"kernel_launch_rate": launch_rate, "gpu_busy_fraction": busy})
         return NodeSample(
-            now, self.state.state, result, window, transition, gpu_error=gpu_status.error
+            now,
+            self.state.state,
+            result,
+            window,
+            transition,
+            gpu_error=gpu_error,
+            gpu_health=health,
+            gpu_findings=health.findings,
         )
 
-    def _learn(self, name: str, rate: float) -> None:
-        baseline = self.baselines.baselines.setdefault(
-            name, EmaBaseline(alpha=self.config.ema_alpha, alpha_down=self.config.ema_alpha_down)
-        )
-        baseline.update(rate)
+    def _learn(self, rates: dict[str, float | None]) -> None:
+        """One learning sample: every measured rate updates its baseline."""
+        for name, rate in rates.items():
+            if rate is None:
+                continue
+            self.baselines.baselines.setdefault(
+                name,
+                EmaBaseline(alpha=self.config.ema_alpha, alpha_down=self.config.ema_alpha_down),
+            ).update(rate)
         self.baselines.samples += 1
         if self.store is not None:
             try:
                 self.store.save(self.baselines)
             except OSError as exc:
                 log.warning("cannot save baselines to %s: %s", self.store.path, exc)
+
+
+def _utilization(status: GpuStatus) -> float | None:
+    """Mean utilization of the GPUs a live query measured it on, as a fraction."""
+    values = [g.utilization_percent for g in status.gpus if g.utilization_percent is not None]
+    return min(1.0, sum(values) / len(values) / 100.0) if values else None

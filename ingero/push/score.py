@@ -1,8 +1,10 @@
-"""Node health score: four signals in [0,1], weighted, with a smooth floor penalty.
+"""Node health score: four signals in [0,1], weighted, a smooth floor penalty, GPU health.
 
 Pure: takes plain measurements, returns a frozen result. The formula is documented in
 docs/health-score.md; in short ``score = sum w_i*s_i / sum w_i`` over the measured signals, times
-``1 - strength*(1 - smoothstep(min(s)/floor))`` when the weakest signal is below ``floor``.
+``1 - strength*(1 - smoothstep(min(s)/floor))`` when the weakest signal is below ``floor``, times
+the GPU hardware-health factor when it was measured. A signal that was not measured is left
+out (and listed in ``missing_signals``); nothing stands in for it.
 """
 
 from __future__ import annotations
@@ -12,10 +14,16 @@ from dataclasses import dataclass, field
 from types import MappingProxyType
 from typing import Final
 
-from ingero.config import in_range, positive
+from ingero.config import Duration, in_range, positive
 
 SIGNAL_NAMES: Final = ("throughput", "compute", "memory", "cpu")
+# Not weighted: a factor on the weighted score (a sick GPU degrades whatever the rest says).
+HEALTH_SIGNAL: Final = "gpu_health"
+ALL_SIGNALS: Final = (*SIGNAL_NAMES, HEALTH_SIGNAL)
 WEIGHT_TOLERANCE: Final = 1e-6
+# Below this busy-fraction baseline the job barely uses its GPUs: the ratio to it says
+# nothing about health, so compute is left out rather than scored on noise.
+MIN_BUSY_BASELINE: Final = 0.05
 
 
 @dataclass(frozen=True)
@@ -41,6 +49,20 @@ class ScoreWeights:
 
 
 @dataclass(frozen=True)
+class GpuHealthConfig:
+    """How much GPU hardware problems take off the score (a factor on it, per GPU, worst GPU)."""
+
+    # A GPU slowed by its hardware (thermal, power brake, the slowdown line) for the whole
+    # window multiplies the score by 1 - this; part of the window, by a share of it.
+    throttle_penalty: float = field(default=0.2, metadata=in_range(0.0, 1.0))
+    # An XID, new uncorrected ECC errors, a lost GPU, a pending or failed row remapping or
+    # page retirement multiply it by 1 - this (a lost GPU: by 0).
+    error_penalty: float = field(default=0.5, metadata=in_range(0.0, 1.0))
+    # An XID or new ECC errors keep degrading the score this long after they were seen.
+    error_hold: Duration = field(default=Duration(60.0), metadata=in_range(0.0, 86400.0))
+
+
+@dataclass(frozen=True)
 class ScoreConfig:
     """Score, baseline and node-state settings (the ``score:`` section of fleet-push's config)."""
 
@@ -57,6 +79,7 @@ class ScoreConfig:
     idle_after: int = field(default=3, metadata=positive())
     # Where host CPU and memory are read; tests and the demo point it at a synthetic tree.
     proc_root: str = "/proc"
+    gpu_health: GpuHealthConfig = field(default_factory=GpuHealthConfig)
 
     def validate(self) -> None:
         try:
@@ -73,11 +96,13 @@ class ScoreInputs:
 
     throughput_rate: float | None = None
     throughput_baseline: float | None = None
-    gpu_busy_fraction: float | None = None
+    gpu_busy_fraction: float | None = None  # measured (NVML, nvidia-smi); never a sync estimate
     mem_free_fraction: float | None = None
     cpu_busy_fraction: float | None = None
     # Raw rates pushed alongside the score (kernel_launch_rate, step_rate, …).
     rates: dict[str, float | None] = field(default_factory=dict)
+    gpu_busy_baseline: float | None = None
+    gpu_health: float | None = None  # worst GPU's health factor in [0, 1]; None: not measured
 
 
 @dataclass(frozen=True)
@@ -124,6 +149,8 @@ def compute_score(inputs: ScoreInputs, config: ScoreConfig) -> ScoreResult:
     rate = _clean("throughput_rate", inputs.throughput_rate, invalid)
     baseline = _clean("throughput_baseline", inputs.throughput_baseline, invalid)
     busy = _clean("gpu_busy_fraction", inputs.gpu_busy_fraction, invalid)
+    busy_baseline = _clean("gpu_busy_baseline", inputs.gpu_busy_baseline, invalid)
+    health = _clean("gpu_health", inputs.gpu_health, invalid)
     mem_free = _clean("mem_free_fraction", inputs.mem_free_fraction, invalid)
     cpu_busy = _clean("cpu_busy_fraction", inputs.cpu_busy_fraction, invalid)
 
@@ -131,8 +158,10 @@ def compute_score(inputs: ScoreInputs, config: ScoreConfig) -> ScoreResult:
     if rate is not None:
         # Without a baseline yet (first sample) throughput is neutral, not a failure.
         measured["throughput"] = _unit(rate / baseline) if baseline else 1.0
-    if busy is not None:
-        measured["compute"] = _unit(busy)
+    if busy is not None and (busy_baseline is None or busy_baseline >= MIN_BUSY_BASELINE):
+        # Relative to the node's own busy baseline: a CPU-launch-bound job keeps its GPU 15%
+        # busy when healthy, a GPU-bound one near 100%; each is healthy at its own level.
+        measured["compute"] = _unit(busy / busy_baseline) if busy_baseline else 1.0
     if mem_free is not None:
         measured["memory"] = _unit(mem_free)
     if cpu_busy is not None:
@@ -145,6 +174,7 @@ def compute_score(inputs: ScoreInputs, config: ScoreConfig) -> ScoreResult:
             rates[key] = cleaned
     for key, cleaned_value in (
         ("gpu_busy_fraction", busy),
+        ("gpu_busy_baseline", busy_baseline),
         ("mem_free_fraction", mem_free),
         ("cpu_busy_fraction", cpu_busy),
     ):
@@ -152,12 +182,15 @@ def compute_score(inputs: ScoreInputs, config: ScoreConfig) -> ScoreResult:
             rates.setdefault(key, cleaned_value)
 
     weights = config.weights.as_dict()
-    missing = tuple(name for name in SIGNAL_NAMES if name not in measured)
     total_weight = sum(weights[name] for name in measured)
+    signals = dict(measured)
+    if health is not None:
+        signals[HEALTH_SIGNAL] = _unit(health)
+    missing = tuple(name for name in ALL_SIGNALS if name not in signals)
     if not measured or total_weight <= 0.0:
         return ScoreResult(
             score=0.0,
-            signals=MappingProxyType(measured),
+            signals=MappingProxyType(signals),
             dominant_signal=None,
             invalid_inputs=tuple(dict.fromkeys(invalid)),
             missing_signals=missing,
@@ -166,14 +199,20 @@ def compute_score(inputs: ScoreInputs, config: ScoreConfig) -> ScoreResult:
         )
     weighted = sum(weights[name] * value for name, value in measured.items()) / total_weight
     penalty = floor_factor(min(measured.values()), config.floor, config.floor_strength)
+    factor = signals.get(HEALTH_SIGNAL, 1.0)
 
-    deficits = {name: weights[name] * (1.0 - value) for name, value in measured.items()}
-    worst = max(SIGNAL_NAMES, key=lambda name: deficits.get(name, -1.0))
+    # Each signal's deficit is what it takes off the score: its weighted share, or for GPU
+    # health the part of the weighted score its factor removes.
+    deficits = {
+        name: weights[name] * (1.0 - value) / total_weight for name, value in measured.items()
+    }
+    deficits[HEALTH_SIGNAL] = weighted * (1.0 - factor)
+    worst = max(ALL_SIGNALS, key=lambda name: deficits.get(name, -1.0))
     dominant = worst if deficits.get(worst, 0.0) > 0.0 else None
 
     return ScoreResult(
-        score=_unit(weighted * penalty),
-        signals=MappingProxyType(measured),
+        score=_unit(weighted * penalty * factor),
+        signals=MappingProxyType(signals),
         dominant_signal=dominant,
         invalid_inputs=tuple(dict.fromkeys(invalid)),
         missing_signals=missing,

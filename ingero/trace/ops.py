@@ -62,6 +62,12 @@ OPS: tuple[Op, ...] = (
     _rt("cudaDeviceSynchronize"),
     _rt("cudaGraphLaunch", 0, ("_ptsz",)),
     _drv("cuLaunchKernel", ("cuLaunchKernel", "cuLaunchKernel_ptsz")),
+    # CUDA 12+: launches with attributes (cluster dims: Triton, torch.compile) and cooperative
+    # launches; each is a kernel launch like cuLaunchKernel.
+    _drv("cuLaunchKernelEx", ("cuLaunchKernelEx", "cuLaunchKernelEx_ptsz")),
+    _drv(
+        "cuLaunchCooperativeKernel", ("cuLaunchCooperativeKernel", "cuLaunchCooperativeKernel_ptsz")
+    ),
     _drv("cuMemAlloc", ("cuMemAlloc_v2", "cuMemAlloc"), 2),
     _drv("cuMemcpy", ("cuMemcpy", "cuMemcpy_ptds"), 3),
     _drv("cuMemcpyAsync", ("cuMemcpyAsync", "cuMemcpyAsync_ptsz"), 3),

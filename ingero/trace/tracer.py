@@ -10,6 +10,7 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from ingero.clock import Clock
+from ingero.collectors.gpusampler import GpuRows
 from ingero.trace.aggregate import Snapshot, diff_hist, host_row, interval_rows
 from ingero.trace.decode import KIND_EXIT, KIND_NEW, DecodeError, TraceEvent, decode
 from ingero.trace.ops import CUDA, CUDART, NCCL
@@ -35,6 +36,12 @@ class BatchSink(Protocol):
     def submit(self, batch: Batch) -> bool: ...
 
 
+class GpuRowSource(Protocol):
+    """Per-GPU rows for one interval (``ingero.collectors.gpusampler.GpuSampler``)."""
+
+    def sample(self, ts_start: float, ts_end: float) -> GpuRows: ...
+
+
 @dataclass
 class TickResult:
     """One interval, for the live view and the service status line."""
@@ -47,6 +54,7 @@ class TickResult:
     bad_samples: int
     probes: int
     processes: int
+    gpus: int = 0  # GPU rows written for the interval
 
 
 @dataclass
@@ -58,6 +66,7 @@ class Tracer:
     pid: int | None = None
     proc: Path = DEFAULT_PROC
     extra_libraries: list[LibraryFile] = field(default_factory=list)
+    gpu: GpuRowSource | None = None
     _prev: Snapshot = EMPTY
     _prev_bio: dict[int, int] = field(default_factory=dict)
     _last: float = 0.0
@@ -67,6 +76,7 @@ class Tracer:
     _exited: set[int] = field(default_factory=set)
     _known: dict[int, float] = field(default_factory=dict)
     _probe_count: int = 0
+    _gpu_error: str | None = None
 
     @property
     def probe_count(self) -> int:
@@ -149,10 +159,13 @@ class Tracer:
                 }
             )
         processes = [self._process_row(p, now) for p in sorted({r["pid"] for r in rows})]  # type: ignore[type-var]
-        self.sink.submit(Batch(rows, raw, [host], [p for p in processes if p]))
+        gpu = self._gpu_rows(self._last, now)
+        self.sink.submit(
+            Batch(rows, raw, [host], [p for p in processes if p], gpu.intervals, gpu.processes)
+        )
         result = TickResult(
             self._last, now, rows, host, len(samples), self._bad_samples,
-            self._probe_count, len(self._known),
+            self._probe_count, len(self._known), len(gpu.intervals),
         )  # fmt: skip
         self._prev, self._prev_bio, self._last = cur, bio, now
         if self._exited:
@@ -163,6 +176,23 @@ class Tracer:
                 self.tags.forget(p)
             self._exited = set()
         return result
+
+    def _gpu_rows(self, ts_start: float, ts_end: float) -> GpuRows:
+        """This interval's GPU rows; a GPU problem is logged once (when it changes), and
+        tracing goes on without GPU rows."""
+        if self.gpu is None:
+            return GpuRows()
+        try:
+            found = self.gpu.sample(ts_start, ts_end)
+        except Exception as exc:  # an NVML or driver surprise must not cost the interval
+            found = GpuRows(error=f"GPU sampling failed: {type(exc).__name__}: {exc}")
+        if found.error != self._gpu_error:
+            if found.error is not None:
+                print(f"ingero trace: GPU rows: {found.error}", file=sys.stderr)
+            elif self._gpu_error is not None:
+                print("ingero trace: GPU rows: reading again", file=sys.stderr)
+            self._gpu_error = found.error
+        return found
 
     def _process_row(self, pid: object, now: float) -> dict[str, object] | None:
         if not isinstance(pid, int):

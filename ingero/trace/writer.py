@@ -21,7 +21,9 @@ from ingero.nodedb.schema import connect
 
 # Tables pruned by age, with their time column.
 _AGED = (("raw_events", "ts"), ("intervals", "ts_end"), ("host_intervals", "ts_end"),
-         ("gpu_intervals", "ts_end"), ("processes", "last_seen"))  # fmt: skip
+         ("gpu_intervals", "ts_end"), ("gpu_processes", "ts_end"),
+         ("processes", "last_seen"))  # fmt: skip
+_INSERTED = ("intervals", "raw_events", "host_intervals", "gpu_intervals", "gpu_processes")
 PRUNE_FRACTION = 0.1
 # Batches kept for retry after a failed write (locked or full DB) before the oldest is dropped.
 MAX_RETRY = 100
@@ -33,6 +35,8 @@ class Batch:
     raw_events: Sequence[dict[str, object]] = ()
     host_intervals: Sequence[dict[str, object]] = ()
     processes: Sequence[dict[str, object]] = ()
+    gpu_intervals: Sequence[dict[str, object]] = ()
+    gpu_processes: Sequence[dict[str, object]] = ()
 
 
 @dataclass
@@ -56,7 +60,7 @@ def write_batch(db: sqlite_utils.Database, batch: Batch) -> int:
     """Insert one batch in one transaction; returns the number of rows written."""
     n = 0
     with db.conn:
-        for table in ("intervals", "raw_events", "host_intervals"):
+        for table in _INSERTED:
             rows = list(getattr(batch, table))
             if rows:
                 db.table(table).insert_all(rows)

@@ -1,7 +1,34 @@
-"""Rows a traced training process would produce per interval, with noise and a slowdown knob.
+"""Rows a traced training process produces per interval on a real GPU node, with noise, a
+slowdown knob and a stall.
 
-Pure apart from its seeded random generator: ``tick`` takes the interval bounds and the
-current slowdown and returns the rows; the runner writes them.
+The shapes imitate what ``ingero trace`` recorded of real PyTorch training loops on an H100
+(PyTorch 2.11 built against CUDA 13; see docs/benchmarks.md): kernels launched through the
+driver API (``cuda_driver``/``cuLaunchKernel``, never ``cudaLaunchKernel``), rare
+synchronisations, no step rows (nothing writes them on a real node), per-process off-CPU rows,
+and one ``gpu_intervals`` row per GPU per interval exactly as the NVML sampler writes it
+(through the same ``reading_rows``), with the process listed in ``gpu_processes``.
+
+- ``cpu-bound`` (the reference's "mlp": 8 x Linear(512), batch 64, ~390 steps/s): ~19,500
+  cuLaunchKernel/s of ~6.5 µs, one cudaDeviceSynchronize per 20 steps (~16/s, ~20 µs),
+  ~600 context switches/s with ~2 s off-CPU per s over all threads, a few cuMemAlloc at start;
+- ``gpu-bound`` (the reference's "gpt": 6-layer transformer, ~10 steps/s): ~3,480
+  cuLaunchKernel/s of ~184 µs (the launch queue is full), ~1 cudaDeviceSynchronize/s of
+  ~218 ms, ~189 cudaMemcpyAsync/s of ~119 µs, ~32 context switches/s.
+
+What the reference did not measure is an assumption, named as such in ``SHAPES``: NVML
+utilization (15% for the CPU-bound loop, as the one nvidia-smi reading showed; 98% for the
+GPU-bound one), GPU memory used, clocks, power, temperature, the gpu-bound loop's off-CPU
+time, and the host's CPU and memory. Percentiles are drawn around the measured means.
+
+A slowdown ``s`` is the process doing ``1 - s`` of its work per second (the reference slowed a
+process by sleeping): every call rate and the GPU's busy time scale by ``1 - s`` and the
+sleeping thread adds ``s`` seconds off-CPU per second; the host's CPU is left as it was, so
+detection never leans on it. A stall is the process stopped (SIGSTOP, a hang): no calls and no
+context switches are recorded, the GPU reads 0% busy, and the process still holds its GPU
+memory and is still listed on the GPU.
+
+Pure apart from its seeded random generator: ``tick`` takes the interval bounds, the slowdown
+and whether the process is stalled, and returns the rows; the runner writes them.
 """
 
 from __future__ import annotations
@@ -9,31 +36,107 @@ from __future__ import annotations
 import math
 import random
 from dataclasses import dataclass, field
-from typing import Any
+from types import MappingProxyType
+from typing import Any, Final
+
+from ingero.collectors.gpusampler import reading_rows
+from ingero.collectors.nvml import GpuProcess, GpuReading, NvmlReading
+
+H100_MEMORY_BYTES: Final = 81_559 * 2**20  # what NVML reports for an H100 80GB HBM3
+
+
+@dataclass(frozen=True)
+class Shape:
+    """Per-process rates of one training loop (measured unless the comment says assumed)."""
+
+    launch_rate: float  # cuLaunchKernel calls per second
+    launch_ns: float  # mean host time of one launch call
+    sync_rate: float  # cudaDeviceSynchronize calls per second
+    sync_ns: float
+    memcpy_rate: float  # cudaMemcpyAsync calls per second
+    memcpy_ns: float
+    offcpu_switches: float  # context switches per second (sched_switch)
+    offcpu_s: float  # seconds off-CPU per second, over all threads of the process
+    startup_allocs: int  # cuMemAlloc calls in the first interval
+    gpu_util: float  # assumed: NVML utilization at full speed
+    gpu_mem_used_bytes: int  # assumed (cpu-bound: as the reference's nvidia-smi showed)
+    power_w: float  # assumed
+    temperature_c: int  # assumed
+    host_cpu_busy: float  # assumed: busy share of the host's CPUs
+    host_mem_available: float  # assumed: MemAvailable / MemTotal
+
+
+SHAPES: Final = MappingProxyType(
+    {
+        "cpu-bound": Shape(
+            launch_rate=19_500.0,
+            launch_ns=6_500.0,
+            sync_rate=16.0,
+            sync_ns=20_000.0,
+            memcpy_rate=0.0,
+            memcpy_ns=0.0,
+            offcpu_switches=600.0,
+            offcpu_s=2.0,
+            startup_allocs=4,
+            gpu_util=0.15,
+            gpu_mem_used_bytes=480 * 2**20,
+            power_w=140.0,
+            temperature_c=38,
+            host_cpu_busy=0.3,
+            host_mem_available=0.6,
+        ),
+        "gpu-bound": Shape(
+            launch_rate=3_484.0,
+            launch_ns=184_000.0,
+            sync_rate=1.0,
+            sync_ns=218_000_000.0,
+            memcpy_rate=189.0,
+            memcpy_ns=119_000.0,
+            offcpu_switches=32.0,
+            offcpu_s=0.3,  # assumed: the reference measured only the switch rate
+            startup_allocs=0,
+            gpu_util=0.98,
+            gpu_mem_used_bytes=18 * 2**30,
+            power_w=610.0,
+            temperature_c=62,
+            host_cpu_busy=0.25,
+            host_mem_available=0.6,
+        ),
+    }
+)
+SHAPE_NAMES: Final = tuple(SHAPES)
+# GPU-bound: the case a busy GPU reads near 100% in NVML.
+DEFAULT_SHAPE: Final = "gpu-bound"
+SM_CLOCK_MHZ: Final = 1980  # H100 SXM maximum SM clock
+SW_POWER_CAP: Final = 0x4
 
 
 @dataclass(frozen=True)
 class WorkloadProfile:
-    """A steady data-parallel training step loop on ``gpus`` GPUs."""
+    """One training process of one node (rank), driving ``gpus`` GPUs."""
 
-    launch_rate: float = 2000.0  # cudaLaunchKernel calls per second at full speed
-    launches_per_step: int = 200
-    gpus: int = 2
-    gpu_busy: float = 0.85  # busy fraction of each GPU at full speed
-    cpu_busy: float = 0.3  # host CPU busy fraction at full speed (rises with a slowdown)
-    mem_available: float = 0.6  # host MemAvailable / MemTotal
-    noise: float = 0.03  # relative standard deviation of every rate
-    launch_call_ns: int = 6_000  # host time of one cudaLaunchKernel call
+    shape: str = DEFAULT_SHAPE
+    gpus: int = 1
+    noise: float = 0.03  # relative standard deviation of every per-interval rate
+    launch_rate: float | None = None  # overrides the shape's launches per second
+    gpu_busy: float | None = None  # overrides the shape's NVML utilization
     pid: int = 4242
     job_id: str | None = None
     rank: int | None = None
 
+    @property
+    def rates(self) -> Shape:
+        return SHAPES[self.shape]
+
     def validate(self) -> None:
-        if not (self.launch_rate > 0 and math.isfinite(self.launch_rate)):
+        if self.shape not in SHAPES:
+            raise ValueError(f"shape must be one of {', '.join(SHAPES)}, got {self.shape!r}")
+        rate = self.launch_rate
+        if rate is not None and not (rate > 0 and math.isfinite(rate)):
             raise ValueError("launch_rate must be a finite number > 0")
-        if self.launches_per_step < 1 or self.gpus < 1:
-            raise ValueError("launches_per_step and gpus must be >= 1")
-        if not 0 < self.gpu_busy <= 1:
+        if self.gpus < 1:
+            raise ValueError("gpus must be >= 1")
+        if self.gpu_busy is not None and not 0 < self.gpu_busy <= 1:
             raise ValueError("gpu_busy must be in (0, 1]")
         if not 0 <= self.noise < 0.5:
             raise ValueError("noise must be in [0, 0.5)")
@@ -43,6 +146,7 @@ class WorkloadProfile:
 class TickRows:
     intervals: list[dict[str, Any]] = field(default_factory=list)
     gpu_intervals: list[dict[str, Any]] = field(default_factory=list)
+    gpu_processes: list[dict[str, Any]] = field(default_factory=list)
     host_intervals: list[dict[str, Any]] = field(default_factory=list)
     cpu_busy: float = 0.0  # for the synthetic /proc/stat
     mem_available: float = 1.0  # for the synthetic /proc/meminfo
@@ -55,75 +159,82 @@ class WorkloadGenerator:
         profile.validate()
         self.profile = profile
         self.rng = random.Random(seed)
-        self._step_carry = 0.0
+        self._started = False
+        # Fractions of a call carried to the next interval, so rare calls (1/s) still appear
+        # at the right rate in short intervals.
+        self._carry: dict[str, float] = {}
 
     def _jitter(self) -> float:
         # Clipped so a rare draw never makes a rate negative.
         return max(0.5, self.rng.gauss(1.0, self.profile.noise))
 
-    def tick(self, ts_start: float, ts_end: float, slowdown: float = 0.0) -> TickRows:
+    def tick(
+        self, ts_start: float, ts_end: float, slowdown: float = 0.0, stalled: bool = False
+    ) -> TickRows:
         if ts_end <= ts_start:
             raise ValueError("an interval must end after it starts")
         if not 0 <= slowdown < 1:
             raise ValueError(f"slowdown must be in [0, 1), got {slowdown!r}")
-        p = self.profile
+        p, shape = self.profile, self.profile.rates
         dt = ts_end - ts_start
-        speed = 1.0 - slowdown
-        launches = max(0, round(p.launch_rate * dt * speed * self._jitter()))
-        steps_exact = launches / p.launches_per_step + self._step_carry
-        steps = int(steps_exact)
-        self._step_carry = steps_exact - steps
+        speed = 0.0 if stalled else 1.0 - slowdown
         tags = {"pid": p.pid, "job_id": p.job_id, "rank": p.rank}
-
-        def interval(source: str, op: str, count: int, each_ns: float) -> dict[str, Any]:
-            p50 = max(1, int(each_ns))
-            return {
-                "ts_start": ts_start,
-                "ts_end": ts_end,
-                **tags,
-                "source": source,
-                "op": op,
-                "count": count,
-                "total_ns": int(count * each_ns),
-                "p50_ns": p50,
-                "p95_ns": int(p50 * 1.8),
-                "p99_ns": int(p50 * 3.0),
-                "errors": 0,
-                "bytes": 0,
-            }
-
-        # The slowdown is modelled as host contention: the GPUs wait, the CPUs get busier.
         rows = TickRows(
-            cpu_busy=min(1.0, (p.cpu_busy + 0.5 * slowdown) * self._jitter()),
-            mem_available=min(1.0, p.mem_available * self._jitter()),
+            cpu_busy=min(1.0, shape.host_cpu_busy * self._jitter()),
+            mem_available=min(1.0, shape.host_mem_available * self._jitter()),
         )
-        rows.intervals.append(
-            interval(
-                "cuda_runtime", "cudaLaunchKernel", launches, p.launch_call_ns * self._jitter()
-            )
-        )
-        busy_fractions = [min(1.0, p.gpu_busy * speed * self._jitter()) for _ in range(p.gpus)]
-        if steps:
-            # The host waits for the GPU once per step: that wait is most of the GPU busy time.
-            sync_ns = 0.7 * dt * 1e9 * (sum(busy_fractions) / p.gpus) / steps
-            rows.intervals.append(interval("cuda_runtime", "cudaStreamSynchronize", steps, sync_ns))
-            rows.intervals.append(interval("synthetic", "step", steps, dt * 1e9 / steps))
-        for gpu, busy in enumerate(busy_fractions):
-            rows.gpu_intervals.append(
+
+        def calls(source: str, op: str, per_s: float, each_ns: float) -> None:
+            exact = per_s * dt * speed * self._jitter() + self._carry.get(op, 0.0)
+            count = int(exact)
+            self._carry[op] = exact - count
+            if count <= 0:
+                return
+            mean = each_ns * self._jitter()
+            rows.intervals.append(
                 {
                     "ts_start": ts_start,
                     "ts_end": ts_end,
-                    "gpu": gpu,
-                    "busy_ns": int(busy * dt * 1e9),
-                    "mem_free_bytes": 20 * 2**30,
-                    "mem_total_bytes": 80 * 2**30,
+                    **tags,
+                    "source": source,
+                    "op": op,
+                    "count": count,
+                    "total_ns": int(count * mean),
+                    "p50_ns": int(mean * 0.85),
+                    "p95_ns": int(mean * 2.0),
+                    "p99_ns": int(mean * 3.5),
+                    "errors": 0,
+                    "bytes": 0,
                 }
             )
+
+        launch_rate = p.launch_rate if p.launch_rate is not None else shape.launch_rate
+        calls("cuda_driver", "cuLaunchKernel", launch_rate, shape.launch_ns)
+        calls("cuda_runtime", "cudaDeviceSynchronize", shape.sync_rate, shape.sync_ns)
+        calls("cuda_runtime", "cudaMemcpyAsync", shape.memcpy_rate, shape.memcpy_ns)
+        if not self._started and not stalled:
+            calls("cuda_driver", "cuMemAlloc", shape.startup_allocs / dt, 144_000.0)
+        self._started = True
+        offcpu_ns = 0
+        if not stalled:
+            # A stopped process is not scheduled: no switches, no row. Sleeping adds off-CPU time.
+            offcpu_ns = int((shape.offcpu_s * self._jitter() + slowdown) * dt * 1e9)
+            switches = round(shape.offcpu_switches * dt * self._jitter())
+            if switches:
+                rows.intervals.append(
+                    {"ts_start": ts_start, "ts_end": ts_end, **tags, "source": "host",
+                     "op": "offcpu", "count": switches, "total_ns": offcpu_ns,
+                     "p50_ns": offcpu_ns // (2 * switches), "p95_ns": offcpu_ns // switches,
+                     "p99_ns": 2 * offcpu_ns // switches, "errors": 0, "bytes": 0}
+                )  # fmt: skip
+        gpu_rows = reading_rows(self._nvml(speed), ts_start, ts_end)
+        rows.gpu_intervals = gpu_rows.intervals
+        rows.gpu_processes = gpu_rows.processes
         rows.host_intervals.append(
             {
                 "ts_start": ts_start,
                 "ts_end": ts_end,
-                "offcpu_ns": int(dt * 1e9 * (0.05 + slowdown) * self._jitter()),
+                "offcpu_ns": offcpu_ns,
                 "page_allocs": int(500 * dt * self._jitter()),
                 "block_io_count": int(20 * dt * self._jitter()),
                 "block_io_p99_ns": 400_000,
@@ -132,3 +243,38 @@ class WorkloadGenerator:
             }
         )
         return rows
+
+    def _nvml(self, speed: float) -> NvmlReading:
+        """What NVML would report of this process's GPUs now (one reading per interval)."""
+        p, shape = self.profile, self.profile.rates
+        util = p.gpu_busy if p.gpu_busy is not None else shape.gpu_util
+        gpus = []
+        for index in range(p.gpus):
+            # NVML reports whole percents.
+            busy = min(100, max(0, round(100 * util * speed * self._jitter()))) / 100
+            used = shape.gpu_mem_used_bytes
+            gpus.append(
+                GpuReading(
+                    index=index,
+                    utilization=busy,
+                    mem_used_bytes=used,
+                    mem_free_bytes=H100_MEMORY_BYTES - used,
+                    mem_total_bytes=H100_MEMORY_BYTES,
+                    sm_clock_mhz=SM_CLOCK_MHZ,
+                    sm_clock_max_mhz=SM_CLOCK_MHZ,
+                    # A GPU-bound loop runs into the software power cap now and then.
+                    throttle_reasons=SW_POWER_CAP if busy > 0.95 else 0,
+                    temperature_c=shape.temperature_c,
+                    power_w=round(shape.power_w * max(0.15, speed) * self._jitter(), 1),
+                    ecc_corrected=0,
+                    ecc_uncorrected=0,
+                    # An H100 remaps rows; it does not retire pages (NVML: not supported).
+                    remapped_rows_correctable=0,
+                    remapped_rows_uncorrectable=0,
+                    remap_pending=False,
+                    remap_failure=False,
+                    xids=(),
+                    processes=(GpuProcess(p.pid, used, p.job_id, p.rank),),
+                )
+            )
+        return NvmlReading(gpus=tuple(gpus))

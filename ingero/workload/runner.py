@@ -1,7 +1,11 @@
 """Runs the synthetic workload as a process: one write to the node DB per interval.
 
 The slowdown can change at run time: a control file holding a number (``0.3``) is re-read
-every interval, and SIGUSR1 toggles the ``--slowdown`` value on and off.
+every interval, and SIGUSR1 toggles the ``--slowdown`` value on and off. The control file
+holding ``stall`` stops the process's work (as a hung or SIGSTOPped rank: no calls, its GPU
+idle but still held), and so does ``stall_after`` seconds after the start. With a jobs
+directory the runner writes the job's file there at start, as the Slurm prolog does, keeps
+it while it runs (stalled or not) and removes it on exit, as the epilog does.
 """
 
 from __future__ import annotations
@@ -9,14 +13,17 @@ from __future__ import annotations
 import logging
 import os
 import signal
+import socket
 import sqlite3
 import threading
 import time
+from dataclasses import dataclass, replace
 from pathlib import Path
 from types import FrameType
 
 from ingero.clock import Clock, SystemClock
 from ingero.nodedb.schema import connect
+from ingero.slurm.jobfile import JobInfo, check_job_id, remove_job, write_job
 from ingero.workload.generator import WorkloadGenerator, WorkloadProfile
 
 log = logging.getLogger(__name__)
@@ -24,8 +31,18 @@ log = logging.getLogger(__name__)
 RETAIN_S = 600.0  # rows older than this are deleted so a long demo keeps a small DB
 
 
-def read_control(path: Path) -> float | None:
-    """The slowdown in a control file, None when absent; a bad value is logged and ignored."""
+STALL = "stall"
+
+
+@dataclass(frozen=True)
+class Control:
+    slowdown: float = 0.0
+    stalled: bool = False
+
+
+def read_control(path: Path) -> Control | None:
+    """What a control file asks for (a slowdown, or ``stall``), None when absent; a bad value
+    is logged and ignored."""
     try:
         text = path.read_text().strip()
     except FileNotFoundError:
@@ -34,16 +51,18 @@ def read_control(path: Path) -> float | None:
         log.warning("cannot read control file %s: %s", path, exc.strerror)
         return None
     if not text:
-        return 0.0
+        return Control()
+    if text.lower() == STALL:
+        return Control(stalled=True)
     try:
         value = float(text)
     except ValueError:
-        log.warning("control file %s: not a number: %r", path, text[:40])
+        log.warning("control file %s: neither a number nor %r: %r", path, STALL, text[:40])
         return None
     if not 0 <= value < 1:
         log.warning("control file %s: slowdown %r outside [0, 1)", path, value)
         return None
-    return value
+    return Control(slowdown=value)
 
 
 class SyntheticProc:
@@ -90,9 +109,26 @@ class WorkloadRunner:
         seed: int | None = None,
         clock: Clock | None = None,
         proc_dir: Path | None = None,
+        stall_after: float | None = None,
+        jobs_dir: Path | None = None,
+        job: JobInfo | None = None,
     ) -> None:
+        """``job``: the job file to keep in ``jobs_dir`` while running (default: the profile's
+        job on this host)."""
         if interval_s <= 0:
             raise ValueError("interval_s must be > 0")
+        if stall_after is not None and stall_after < 0:
+            raise ValueError("stall_after must be >= 0")
+        if jobs_dir is not None and job is None:
+            if profile.job_id is None:
+                raise ValueError("a job file needs a job id")
+            job = JobInfo(
+                job_id=check_job_id(profile.job_id),
+                cluster_id="default",
+                node_id=socket.gethostname(),
+                rank=profile.rank,
+                world_size=None,
+            )
         self.db_path = db_path
         self.generator = WorkloadGenerator(profile, seed)
         self.interval_s = interval_s
@@ -102,25 +138,39 @@ class WorkloadRunner:
         self.toggled = False
         self.stop_event = threading.Event()
         self.proc = SyntheticProc(proc_dir) if proc_dir is not None else None
+        self.stall_after = stall_after
+        self.jobs_dir = jobs_dir
+        self.job = job
+        self._stall_at: float | None = None
 
     def toggle(self, _signum: int = 0, _frame: FrameType | None = None) -> None:
         self.toggled = not self.toggled
         log.info("slowdown %s", f"{self.slowdown_value:g} on" if self.toggled else "off")
 
-    def current_slowdown(self) -> float:
+    def current(self) -> Control:
+        """What this interval runs at: the control file's word, else the toggle and the stall."""
         if self.control is not None:
             from_file = read_control(self.control)
             if from_file is not None:
                 return from_file
-        return self.slowdown_value if self.toggled else 0.0
+        stalled = self._stall_at is not None and self.clock.monotonic() >= self._stall_at
+        return Control(self.slowdown_value if self.toggled else 0.0, stalled)
+
+    def current_slowdown(self) -> float:
+        return self.current().slowdown
 
     def run(self, duration_s: float | None = None) -> int:
         """Write until stopped (or ``duration_s``); returns the number of intervals written."""
         db = connect(self.db_path)
         ticks = 0
+        profile = self.generator.profile
+        if self.stall_after is not None:
+            self._stall_at = self.clock.monotonic() + self.stall_after
+        if self.jobs_dir is not None and self.job is not None:
+            write_job(self.jobs_dir, replace(self.job, started_at=self.clock.now()))
+        stalled = False
         try:
             last = self.clock.now()
-            profile = self.generator.profile
             db.table("processes").upsert(
                 {
                     "pid": profile.pid,
@@ -140,13 +190,18 @@ class WorkloadRunner:
                     break
                 next_tick += self.interval_s
                 now = self.clock.now()
-                rows = self.generator.tick(last, now, self.current_slowdown())
+                control = self.current()
+                if control.stalled != stalled:
+                    stalled = control.stalled
+                    log.info("%s", "stalled: no work, the job goes on" if stalled else "running")
+                rows = self.generator.tick(last, now, control.slowdown, control.stalled)
                 if self.proc is not None:
                     self.proc.write(now - last, rows.cpu_busy, rows.mem_available)
                 last = now
                 with db.conn:
                     db.table("intervals").insert_all(rows.intervals)
                     db.table("gpu_intervals").insert_all(rows.gpu_intervals)
+                    db.table("gpu_processes").insert_all(rows.gpu_processes)
                     db.table("host_intervals").insert_all(rows.host_intervals)
                     if ticks % 20 == 0:
                         self._retain(db.conn, now - RETAIN_S)
@@ -155,11 +210,13 @@ class WorkloadRunner:
                     break
         finally:
             db.conn.close()
+            if self.jobs_dir is not None and self.job is not None:
+                remove_job(self.jobs_dir, self.job.job_id)
         return ticks
 
     @staticmethod
     def _retain(conn: sqlite3.Connection, cutoff: float) -> None:
-        for table in ("intervals", "gpu_intervals", "host_intervals"):
+        for table in ("intervals", "gpu_intervals", "gpu_processes", "host_intervals"):
             conn.execute(f"DELETE FROM {table} WHERE ts_end < ?", (cutoff,))
 
     def install_signals(self) -> None:

@@ -88,8 +88,8 @@ def real_db(
     samples the collectives of its own ``procs`` among them, ``late_pid`` arriving last
     from ``cause_from`` on (a "peer" cause with several ``procs`` does this on one node).
     ``skew_s`` shifts every time (a node whose clock is that far ahead).
-    ``gpu_rows`` writes ``gpu_intervals`` rows of schema version 1; ``gpu_columns`` adds the
-    NVML columns (throttle_reasons, xid) a newer schema has.
+    ``gpu_rows`` writes ``gpu_intervals`` rows; ``gpu_columns`` fills the NVML columns of
+    schema version 2 (throttle_reasons, xid_count, xids), which are NULL otherwise.
     """
     if cause is not None and cause not in CAUSES:
         raise ValueError(cause)
@@ -99,9 +99,6 @@ def real_db(
     slowed = set(slow_pids or affected)
     db = connect(path)
     nvml = gpu_columns or cause in ("throttle", "xid")
-    if nvml:
-        db.execute("ALTER TABLE gpu_intervals ADD COLUMN throttle_reasons INTEGER")
-        db.execute("ALTER TABLE gpu_intervals ADD COLUMN xid INTEGER")
     intervals: list[dict[str, Any]] = []
     host: list[dict[str, Any]] = []
     gpus: list[dict[str, Any]] = []
@@ -220,7 +217,9 @@ def real_db(
             if nvml:
                 # 0x1 (GPU idle) is no slowdown; 0x40 is SW thermal slowdown
                 row["throttle_reasons"] = 0x40 if on and cause == "throttle" else 0x1
-                row["xid"] = 79 if on and cause == "xid" and i % 10 == 0 else None
+                xid = on and cause == "xid" and i % 10 == 0
+                row["xid_count"] = 1 if xid else 0
+                row["xids"] = "[79]" if xid else "[]"
             gpus.append(row)
         if cause == "peer" and len(procs) > 1 and not peers:
             peers, late_pid = procs, procs[-1].pid

@@ -35,6 +35,7 @@ def workload_db(
             db.table("intervals").insert_all(rows.intervals)
             if gpus:
                 db.table("gpu_intervals").insert_all(rows.gpu_intervals)
+                db.table("gpu_processes").insert_all(rows.gpu_processes)
             db.table("host_intervals").insert_all(rows.host_intervals)
         if extra_intervals:
             db.table("intervals").insert_all(extra_intervals)

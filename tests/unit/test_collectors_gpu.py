@@ -108,3 +108,18 @@ def test_absent_binary_is_no_gpu(tmp_path: Path) -> None:
 def test_real_nvidia_smi() -> None:
     status = NvidiaSmi().query()
     assert status.error is None and status.gpus
+
+
+def test_fallback_query_uses_the_first_that_answers() -> None:
+    from ingero.collectors.gpu import FallbackQuery, GpuStatus
+
+    class Fixed:
+        def __init__(self, status: GpuStatus) -> None:
+            self.status = status
+
+        def query(self) -> GpuStatus:
+            return self.status
+
+    good = GpuStatus(gpus=(GpuInfo(0, "H100", 1.0, 2.0, 3.0),))
+    assert FallbackQuery(Fixed(GpuStatus(error="no NVML")), Fixed(good)).query() == good
+    assert FallbackQuery(NoGpu(), Fixed(GpuStatus(error="smi broke"))).query().error == "smi broke"

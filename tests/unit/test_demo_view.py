@@ -76,6 +76,9 @@ def test_notify_listener_receives_per_node(tmp_path: Path) -> None:
         ({"slowdown": 1.0}, "--slowdown"),
         ({"duration": 0}, "--duration"),
         ({"straggler": "node-09"}, "--straggler"),
+        ({"stall": "node-09"}, "--stall"),
+        ({"stall": "node-02", "straggler": "node-03"}, "--stall names the straggler"),
+        ({"shape": "tpu-bound"}, "--shape"),
     ],
 )
 def test_bad_options(kwargs: dict[str, object], message: str) -> None:
@@ -129,3 +132,20 @@ def test_summary_names_latency_events_and_where_to_look() -> None:
     assert "straggler_state=1" in text
     assert "http://127.0.0.1:1234/metrics" in text
     assert "journalctl" in text
+
+
+def test_stall_names_the_straggler_and_writes_stall_to_its_control_file(tmp_path: Path) -> None:
+    from ingero.demo.runner import Demo
+
+    class Quiet:
+        def update(self, state: DemoState) -> None:
+            pass
+
+    demo = Demo(DemoOptions(nodes=5, stall="node-03", seed=1), Quiet())
+    assert demo.state.straggler == "node-03"
+    (tmp_path / "node-03").mkdir()
+    demo._inject(tmp_path)
+    assert (tmp_path / "node-03" / "slowdown").read_text() == "stall\n"
+    assert demo.state.log[-1].endswith("injected a stall on node-03")
+    result = DemoResult(True, "ok", "node-03", 2.0, 2.0, (), {})
+    assert "straggler injected: node-03 (stalled)" in summary(demo.state, result)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
 import pytest
@@ -79,7 +80,8 @@ def test_an_injected_slowdown_is_named_first_as_a_launch_rate_drop(tmp_path: Pat
     assert first.kind in ("launch_rate", "step_rate")
     launch = next(f for f in report.findings if f.kind == "launch_rate")
     assert (
-        "kernel-launch rate down 3" in launch.message and "vs the previous 5 min" in launch.message
+        re.search(r"kernel-launch rate down (29|30|31)%", launch.message)
+        and "vs the previous 5 min" in launch.message
     )
     assert launch.recent is not None and launch.baseline is not None
     assert launch.recent / launch.baseline == pytest.approx(0.7, abs=0.03)
@@ -94,7 +96,9 @@ def test_a_steady_workload_has_nothing_standing_out(tmp_path: Path) -> None:
     path = workload_db(tmp_path / "n.db", ticks=120)
     report = explain(*read(path, T0 + 120 * TICK_S), W)
     assert report.findings == []
-    assert report.summary["kernel_launch_rate"] == pytest.approx(2000, rel=0.05)
+    assert report.summary["kernel_launch_rate"] == pytest.approx(
+        3_484, rel=0.02
+    )  # cuLaunchKernel only
     assert report.summary["gpu_busy_source"] == "gpu_intervals"
 
 
@@ -143,13 +147,39 @@ def test_new_errors_are_reported_and_steady_ones_rank_low() -> None:
     assert steady[0].severity < new[0].severity
 
 
-def test_no_gpu_samples_is_said() -> None:
-    recent = window(op("cudaLaunchKernel", 1000, 5000))
-    base = window(op("cudaLaunchKernel", 1000, 5000), end=T0 + W)
-    findings = explain(recent, base, W).findings
-    assert [f.message for f in findings] == [
-        "no GPU samples in the window: GPU busy time and memory unknown"
+def test_no_gpu_samples_is_said_with_the_sync_estimate_marked_as_one() -> None:
+    recent = window(op("cuLaunchKernel", 1000, 5000, source="cuda_driver"))
+    recent = WindowData(**{**recent.__dict__, "sync_busy_estimate": 0.03})
+    base = window(op("cuLaunchKernel", 1000, 5000, source="cuda_driver"), end=T0 + W)
+    report = explain(recent, base, W)
+    assert [f.message for f in report.findings] == [
+        "no GPU samples in the window (`ingero trace` or `ingero gpu-sample` writes them):"
+        " GPU busy, memory and health not measured; sync-time estimate at least 3% (an"
+        " estimate, not used in the score)"
     ]
+    assert report.summary["gpu_busy_fraction"] is None
+    assert report.summary["gpu_busy_estimate_sync"] == 0.03
+    assert report.summary["not_measured"] == "step_rate, gpu_busy, gpu_health"
+
+
+def test_gpu_hardware_health_findings() -> None:
+    sick = GpuStats(
+        0, 0.99, 40 * 2**30, 80 * 2**30, throttled_fraction=0.5,
+        throttle_reasons=("sw_power_cap", "hw_thermal_slowdown"), xids=(48,),
+        ecc_uncorrected_new=2, remap_pending=True, health_measured=True,
+    )  # fmt: skip
+    lost = GpuStats(1, None, None, None, lost=True, health_measured=True)
+    base = window(op("cudaLaunchKernel", 1000, 5000), gpus=(GpuStats(0, 0.99, 1, 2),), end=T0 + W)
+    report = explain(window(op("cudaLaunchKernel", 1000, 5000), gpus=(sick, lost)), base, W)
+    assert [(f.kind, f.message) for f in report.findings] == [
+        ("gpu_lost", "GPU 1 is lost (NVML: GPU_IS_LOST)"),
+        ("gpu_ecc", "GPU 0: 2 new uncorrected ECC errors"),
+        ("gpu_xid", "GPU 0 logged XID 48"),
+        ("gpu_ecc", "GPU 0: a row remapping is pending (needs a GPU reset)"),
+        ("gpu_throttle",
+         "GPU 0 slowed by its hardware 50% of the time (sw_power_cap, hw_thermal_slowdown)"),
+    ]  # fmt: skip
+    assert report.summary["not_measured"] == "step_rate"
 
 
 def test_gpu_busy_drop_and_low_free_memory() -> None:

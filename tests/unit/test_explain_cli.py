@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 import sqlite3
 from pathlib import Path
 
@@ -33,9 +34,9 @@ def test_names_the_launch_rate_drop_in_a_table(
     code, out, err = run(capsys, "--db", str(slowed), "--until", "latest")
     assert (code, err) == (0, "")
     assert "Findings, most likely cause first" in out
-    assert "kernel-launch rate down 3" in out
+    assert re.search(r"kernel-launch rate down (29|30|31)%", out)
     assert "off-CPU time of traced threads" in out
-    assert "cudaStreamSynchronize" in out and "train.py" in out and "77" in out
+    assert "cuLaunchKernel" in out and "train.py" in out and "77" in out
 
 
 def test_json_report(slowed: Path, capsys: pytest.CaptureFixture[str]) -> None:
@@ -43,11 +44,13 @@ def test_json_report(slowed: Path, capsys: pytest.CaptureFixture[str]) -> None:
     report = json.loads(out)
     assert code == 0 and report["window_s"] == 120.0 and report["empty"] is False
     assert report["recent"] == {"start": END - 120, "end": END}
-    # both 2-minute windows lie after the slowdown began: no drop, but the high off-CPU time
+    # both 2-minute windows lie after the slowdown began: nothing changed between them
     kinds = [f["kind"] for f in report["findings"]]
-    assert "launch_rate" not in kinds and kinds[0] == "offcpu"
-    assert {o["op"] for o in report["ops"]} >= {"cudaLaunchKernel", "cudaStreamSynchronize"}
-    assert report["processes"][0]["rank"] == 0 and len(report["gpus"]) == 2
+    assert "launch_rate" not in kinds and "offcpu" not in kinds
+    assert {o["op"] for o in report["ops"]} >= {"cuLaunchKernel", "cudaDeviceSynchronize"}
+    assert report["processes"][0]["rank"] == 0 and len(report["gpus"]) == 1
+    assert report["summary"]["gpu_busy_source"] == "gpu_intervals"
+    assert report["summary"]["not_measured"] == "step_rate"
 
 
 def test_job_option_filters(slowed: Path, capsys: pytest.CaptureFixture[str]) -> None:

@@ -73,9 +73,9 @@ def test_every_row_has_node_job_and_rank_and_the_db_is_queryable(
         ("gpu01", 10),
         ("second", 10),
     ]
-    # the newer gpu_intervals columns of one node were added
+    # the NVML columns of schema 2 come through the merge
     cols = [r[1] for r in conn.execute("PRAGMA table_info(gpu_intervals)")]
-    assert {"throttle_reasons", "xid", "node", "job_id", "rank"} <= set(cols)
+    assert {"throttle_reasons", "xids", "node", "job_id", "rank"} <= set(cols)
     assert conn.execute("PRAGMA user_version").fetchone()[0] == SCHEMA_VERSION
     conn.close()
     code, out_text, _ = run(

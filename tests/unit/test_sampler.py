@@ -29,20 +29,28 @@ class FixedGpu:
 class Node:
     """A node DB fed by the generator, one interval per clock step."""
 
-    def __init__(self, tmp_path: Path, clock: ManualClock, seed: int = 1) -> None:
+    def __init__(
+        self, tmp_path: Path, clock: ManualClock, seed: int = 1, gpu_rows: bool = True
+    ) -> None:
         self.path = tmp_path / "node.db"
         self.db = connect(self.path)
         self.gen = WorkloadGenerator(WorkloadProfile(noise=0.01), seed=seed)
         self.clock = clock
+        self.gpu_rows = gpu_rows  # False: a node where nothing samples NVML
 
-    def run(self, seconds: float, slowdown: float = 0.0, step: float = 0.5) -> None:
+    def run(self, seconds: float, slowdown: float = 0.0, step: float = 0.5, **gpu: object) -> None:
+        """``gpu`` overrides columns of the GPU rows (to inject a hardware problem)."""
         for _ in range(round(seconds / step)):
             start = self.clock.now()
             self.clock.advance(step)
             rows = self.gen.tick(start, self.clock.now(), slowdown)
             with self.db.conn:
                 self.db.table("intervals").insert_all(rows.intervals)
-                self.db.table("gpu_intervals").insert_all(rows.gpu_intervals)
+                if self.gpu_rows:
+                    self.db.table("gpu_intervals").insert_all(
+                        [{**row, **gpu} for row in rows.gpu_intervals]
+                    )
+                    self.db.table("gpu_processes").insert_all(rows.gpu_processes)
 
 
 def sampler(tmp_path: Path, clock: ManualClock, **kwargs: object) -> NodeSampler:
@@ -77,14 +85,21 @@ def test_calibrates_scores_detects_slowdown_and_restart_skips_warmup(tmp_path: P
     healthy = sample.result
     assert healthy is not None
     assert healthy.signals["throughput"] == pytest.approx(1.0, abs=0.05)
-    assert healthy.rates["kernel_launch_rate"] == pytest.approx(2000.0, rel=0.05)
-    assert healthy.rates["step_rate"] == pytest.approx(10.0, rel=0.15)
-    assert healthy.signals["compute"] == pytest.approx(0.85, abs=0.03)
+    # Driver-API launches are the throughput; no step source is "unknown", not a rate of 0.
+    assert healthy.rates["kernel_launch_rate"] == pytest.approx(3_484.0, rel=0.05)
+    assert "step_rate" not in healthy.rates
+    # GPU busy from NVML rows, relative to the node's own baseline: healthy reads ~1.
+    assert healthy.rates["gpu_busy_fraction"] == pytest.approx(0.98, abs=0.02)
+    assert healthy.signals["compute"] == pytest.approx(1.0, abs=0.03)
+    # The fixture's /proc/stat never moves, so host CPU is not measured.
+    assert healthy.signals["gpu_health"] == 1.0 and healthy.missing_signals == ("cpu",)
+    assert healthy.score >= 0.85
 
     node.run(2.0, slowdown=0.3)
     slow = s.sample()
     assert slow.result is not None
     assert slow.result.signals["throughput"] == pytest.approx(0.7, abs=0.05)
+    assert slow.result.signals["compute"] == pytest.approx(0.7, abs=0.05)
     assert slow.result.dominant_signal == "throughput"
     assert slow.score < healthy.score - 0.1
 
@@ -117,7 +132,7 @@ def test_idle_then_stale_then_recovery(tmp_path: Path) -> None:
     assert s.sample().state == "active"
 
 
-def test_gpu_memory_preferred_over_host_memory(tmp_path: Path) -> None:
+def test_gpu_rows_in_the_node_db_come_before_a_live_query(tmp_path: Path) -> None:
     clock = ManualClock()
     node = Node(tmp_path, clock)
     gpu = FixedGpu(interpret(0, (FIXTURES / "nvidia-smi" / "h100x2.txt").read_text(), ""))
@@ -125,9 +140,57 @@ def test_gpu_memory_preferred_over_host_memory(tmp_path: Path) -> None:
     node.run(2.0)
     result = s.sample().result
     assert result is not None
+    assert result.signals["memory"] == pytest.approx(1 - 18 * 1024 / 81559)
+
+
+def test_live_gpu_query_where_no_gpu_rows_are_written(tmp_path: Path) -> None:
+    clock = ManualClock()
+    node = Node(tmp_path, clock, gpu_rows=False)
+    gpu = FixedGpu(interpret(0, (FIXTURES / "nvidia-smi" / "h100x2.txt").read_text(), ""))
+    s = sampler(tmp_path, clock, gpu=gpu)
+    node.run(2.0)
+    result = s.sample().result
+    assert result is not None
     assert result.signals["memory"] == pytest.approx((61234 + 20389) / (2 * 81559))
+    assert result.rates["gpu_busy_fraction"] == pytest.approx((97 + 100) / 200)
+    # nvidia-smi says nothing of hardware health: missing, not healthy.
+    assert result.missing_signals == ("cpu", "gpu_health")
     host = sampler(tmp_path / "other", clock)
     assert host.gpu.query().error is not None
+
+
+def test_unmeasured_gpu_busy_is_missing_and_never_the_sync_estimate(tmp_path: Path) -> None:
+    clock = ManualClock()
+    node = Node(tmp_path, clock, gpu_rows=False)
+    s = sampler(tmp_path, clock)  # no GPU query answers either
+    node.run(2.0)
+    sample = s.sample()
+    assert sample.result is not None and sample.window is not None
+    assert sample.window.sync_busy_estimate is not None  # the tracer saw syncs ...
+    assert "compute" in sample.result.missing_signals  # ... but they are not GPU busy
+    assert "gpu_busy_fraction" not in sample.result.rates
+    assert sample.gpu_error is not None
+
+
+def test_a_throttling_gpu_degrades_the_score_and_raises_one_finding(tmp_path: Path) -> None:
+    clock = ManualClock()
+    node = Node(tmp_path, clock)
+    s = sampler(tmp_path, clock)
+    for _ in range(4):
+        node.run(2.0)
+        healthy = s.sample()
+    node.run(2.0, throttle_reasons=0x40, sm_clock_mhz=1300)  # hw thermal slowdown
+    hot = s.sample()
+    assert hot.result is not None and healthy.result is not None
+    assert hot.result.signals["gpu_health"] == pytest.approx(0.8)
+    assert hot.score == pytest.approx(healthy.score * 0.8, rel=0.03)
+    assert [f.type for f in hot.gpu_findings] == ["gpu_throttle"]
+    node.run(2.0, throttle_reasons=0x40)
+    assert s.sample().gpu_findings == ()
+    node.run(2.0, xid_count=1, xids="[79]")
+    xid = s.sample()
+    assert [f.type for f in xid.gpu_findings] == ["gpu_xid", "gpu_throttle"]
+    assert xid.result is not None and xid.result.signals["gpu_health"] == 0.5
 
 
 def test_quarantined_baseline_means_warmup_again(tmp_path: Path) -> None:
@@ -142,17 +205,17 @@ def test_quarantined_baseline_means_warmup_again(tmp_path: Path) -> None:
 
 def test_broken_proc_files_leave_those_signals_out(tmp_path: Path) -> None:
     clock = ManualClock()
-    node = Node(tmp_path, clock)
+    node = Node(tmp_path, clock, gpu_rows=False)
     s = sampler(tmp_path, clock)
     (tmp_path / "proc" / "stat").write_text("garbage\n")
     node.run(2.0)
     result = s.sample().result
     assert result is not None
-    assert result.missing_signals == ("cpu",)
+    assert result.missing_signals == ("compute", "cpu", "gpu_health")
     assert result.signals["memory"] == pytest.approx(0.9)
     (tmp_path / "proc" / "meminfo").unlink()
     node.run(2.0)
     result = s.sample().result
     assert result is not None
-    assert result.missing_signals == ("memory", "cpu")
+    assert result.missing_signals == ("compute", "memory", "cpu", "gpu_health")
     assert 0.0 < result.score <= 1.0

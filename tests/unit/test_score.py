@@ -28,6 +28,7 @@ def full(**overrides: float | None) -> ScoreInputs:
         "throughput_rate": 1000.0,
         "throughput_baseline": 1000.0,
         "gpu_busy_fraction": 1.0,
+        "gpu_busy_baseline": 1.0,
         "mem_free_fraction": 1.0,
         "cpu_busy_fraction": 0.0,
     }
@@ -148,7 +149,8 @@ def test_nan_raw_rate_is_reported_and_not_pushed_as_nan() -> None:
 
 def test_missing_signals_are_excluded_and_weights_renormalised() -> None:
     result = compute_score(full(gpu_busy_fraction=None, throughput_rate=500.0), CFG)
-    assert result.missing_signals == ("compute",)
+    assert result.missing_signals == ("compute", "gpu_health")
+    assert "gpu_busy_fraction" not in result.rates  # not measured: not pushed as 0
     expected = (0.4 * 0.5 + 0.2 * 1.0 + 0.15 * 1.0) / 0.75
     assert result.score == pytest.approx(expected)
 
@@ -156,7 +158,7 @@ def test_missing_signals_are_excluded_and_weights_renormalised() -> None:
 def test_nothing_measured_scores_zero() -> None:
     result = compute_score(ScoreInputs(), CFG)
     assert result.score == 0.0
-    assert result.missing_signals == ("throughput", "compute", "memory", "cpu")
+    assert result.missing_signals == ("throughput", "compute", "memory", "cpu", "gpu_health")
 
 
 def test_smoothstep_ends_and_midpoint() -> None:
@@ -266,7 +268,9 @@ def test_any_input_gives_a_finite_score_in_unit_interval(
     cpu: float | None,
     extra: dict[str, float | None],
 ) -> None:
-    result = compute_score(ScoreInputs(rate, baseline, busy, mem, cpu, extra), CFG)
+    result = compute_score(
+        ScoreInputs(rate, baseline, busy, mem, cpu, extra, gpu_busy_baseline=1.0), CFG
+    )
     assert 0.0 <= result.score <= 1.0
     assert all(0.0 <= v <= 1.0 for v in result.signals.values())
     assert all(math.isfinite(v) for v in result.rates.values())
@@ -301,3 +305,51 @@ def test_score_never_rises_when_a_signal_falls(signals: list[float], drop: float
         CFG,
     )
     assert lower.score <= base.score + 1e-12
+
+
+@pytest.mark.parametrize(
+    ("busy", "baseline", "compute"),
+    [
+        (0.15, 0.15, 1.0),  # CPU-launch-bound job: 15% busy is its healthy level
+        (0.12, 0.15, 0.8),  # 20% less GPU work than its own baseline
+        (0.97, 0.98, 0.97 / 0.98),
+        (1.0, 0.9, 1.0),  # above the baseline: capped at 1
+        (0.5, None, 1.0),  # no baseline yet: neutral, like throughput
+    ],
+)
+def test_compute_is_gpu_busy_relative_to_the_node_s_own_baseline(
+    busy: float, baseline: float | None, compute: float
+) -> None:
+    result = compute_score(full(gpu_busy_fraction=busy, gpu_busy_baseline=baseline), CFG)
+    assert result.signals["compute"] == pytest.approx(compute)
+    assert result.rates["gpu_busy_fraction"] == busy
+
+
+def test_a_gpu_the_job_barely_uses_leaves_compute_out() -> None:
+    result = compute_score(full(gpu_busy_fraction=0.0, gpu_busy_baseline=0.01), CFG)
+    assert "compute" in result.missing_signals and "compute" not in result.signals
+
+
+@pytest.mark.parametrize("health", [1.0, 0.8, 0.5, 0.0])
+def test_gpu_health_multiplies_the_weighted_score(health: float) -> None:
+    healthy = compute_score(full(throughput_rate=900.0), CFG)
+    result = compute_score(full(throughput_rate=900.0, gpu_health=health), CFG)
+    assert result.score == pytest.approx(healthy.score * health)
+    assert result.signals["gpu_health"] == health
+    assert "gpu_health" not in result.missing_signals
+    # The floor penalty looks at the weighted signals only.
+    assert result.penalty == healthy.penalty
+
+
+def test_gpu_health_dominates_when_it_takes_off_most() -> None:
+    result = compute_score(full(throughput_rate=950.0, gpu_health=0.5), CFG)
+    assert result.dominant_signal == "gpu_health"
+    result = compute_score(full(throughput_rate=500.0, gpu_health=0.95), CFG)
+    assert result.dominant_signal == "throughput"
+
+
+def test_gpu_health_config_is_validated_by_the_loader() -> None:
+    cfg = build(ScoreConfig, {"gpu_health": {"throttle_penalty": 0.3, "error_hold": "2m"}}, "f")
+    assert cfg.gpu_health.throttle_penalty == 0.3 and cfg.gpu_health.error_hold == 120.0
+    with pytest.raises(ConfigError, match=r"gpu_health\.error_penalty"):
+        build(ScoreConfig, {"gpu_health": {"error_penalty": 1.5}}, "f.yaml")

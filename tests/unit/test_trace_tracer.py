@@ -121,3 +121,54 @@ def test_system_libraries(tmp_path: Path) -> None:
     found = {"cudart": str(lib), "cuda": str(tmp_path / "missing.so")}
     libs = system_libraries(lambda name: found.get(name))
     assert [(x.kind, x.path) for x in libs] == [("cudart", str(lib))]
+
+
+def test_every_tick_writes_a_gpu_row_per_gpu_with_its_processes_job(tmp_path: Path) -> None:
+    import pynvml
+
+    from ingero.collectors.gpusampler import GpuSampler
+    from ingero.collectors.nvml import NvmlReader
+    from ingero.nodedb.schema import connect
+    from ingero.trace.writer import write_batch
+    from tests.unit.fake_pynvml import FakeNvml, healthy_h100
+
+    (tmp_path / "proc" / "4242").mkdir(parents=True)
+    (tmp_path / "proc" / "4242" / "environ").write_bytes(b"SLURM_JOB_ID=77\0SLURM_PROCID=5\0")
+    fake = FakeNvml(
+        [healthy_h100(), healthy_h100(processes=[], utilization=0)],
+        events=[(1, pynvml.nvmlEventTypeXidCriticalError, 79)],
+    )
+    gpus = GpuSampler(
+        NvmlReader(fake), None, tags=TagCache(proc=tmp_path / "proc", job_dir=tmp_path / "j")
+    )
+    probes, sink, clock = FakeProbes(), Sink(), ManualClock()
+    tracer = Tracer(probes, sink, clock, TagCache(proc=tmp_path / "proc"), gpu=gpus)
+    tracer.start()
+    clock.advance(1.0)
+    assert tracer.tick().gpus == 2
+    db = connect(":memory:")
+    write_batch(db, sink.batches[-1])
+    rows = db.execute(
+        "SELECT gpu, ts_end - ts_start, busy_ns, xid_count, xids, source FROM gpu_intervals"
+        " ORDER BY gpu"
+    ).fetchall()
+    assert rows == [(0, 1.0, 970_000_000, 0, None, "nvml"), (1, 1.0, 0, 1, "[79]", "nvml")]
+    assert db.execute("SELECT gpu, pid, job_id, rank FROM gpu_processes").fetchall() == [
+        (0, 4242, "77", 5)
+    ]
+
+
+def test_a_failing_gpu_sampler_costs_the_gpu_rows_only(tmp_path: Path, capsys: Any) -> None:
+    class Broken:
+        def sample(self, ts_start: float, ts_end: float) -> Any:
+            raise RuntimeError("driver went away")
+
+    probes, sink, clock = FakeProbes(), Sink(), ManualClock()
+    tracer = Tracer(probes, sink, clock, TagCache(proc=tmp_path), gpu=Broken())
+    tracer.start()
+    for _ in range(3):
+        clock.advance(1.0)
+        assert tracer.tick().gpus == 0
+    assert len(sink.batches) == 3
+    # Logged once, not every interval.
+    assert capsys.readouterr().err.count("driver went away") == 1

@@ -85,3 +85,30 @@ def test_writer_thread_writes_everything_before_close(tmp_path: Path) -> None:
     writer.close()
     assert connect(path).execute("SELECT COUNT(*) FROM intervals").fetchone()[0] == 50
     assert writer.stats.batches == 50 and writer.stats.errors == 0
+
+
+def test_a_version_1_node_db_is_migrated_keeping_its_rows(tmp_path: Path) -> None:
+    import sqlite_utils
+
+    from ingero.nodedb.schema import GPU_HEALTH_COLUMNS, MIGRATIONS
+
+    path = tmp_path / "v1.db"
+    old = sqlite_utils.Database(path)
+    MIGRATIONS[0](old)
+    old.execute("PRAGMA user_version = 1")
+    row = {"ts_start": 1.0, "ts_end": 2.0, "gpu": 0, "busy_ns": 5, "mem_free_bytes": 1,
+           "mem_total_bytes": 2}  # fmt: skip
+    old.table("gpu_intervals").insert(row)
+    old.conn.commit()
+    old.conn.close()
+    writer = NodeDbWriter(path)
+    writer.close()
+    db = connect(path, readonly=True)
+    assert db.execute("PRAGMA user_version").fetchone()[0] == SCHEMA_VERSION == 2
+    columns = {c.name for c in db.table("gpu_intervals").columns}
+    assert set(GPU_HEALTH_COLUMNS) <= columns
+    # The old row is there; what version 1 never measured reads as NULL, not 0.
+    assert db.execute(
+        "SELECT busy_ns, throttle_reasons, ecc_uncorrected, xid_count FROM gpu_intervals"
+    ).fetchall() == [(5, None, None, None)]
+    assert db.table("gpu_processes").exists()

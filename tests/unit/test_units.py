@@ -15,7 +15,12 @@ UNITS = ROOT / "systemd"
 INSTALLED_BINARY = "/opt/ingero/venv/bin/ingero"
 SERVICES = sorted(p.name for p in UNITS.glob("*.service"))
 DROP_INS = sorted(UNITS.glob("examples/*.service.d/*.conf"))
-WATCHDOG = {"ingero-fleet.service", "ingero-push.service", "ingero-trace.service"}
+WATCHDOG = {
+    "ingero-fleet.service",
+    "ingero-push.service",
+    "ingero-trace.service",
+    "ingero-gpu-sample.service",
+}
 NOTIFY = WATCHDOG | {"ingero-echo.service"}
 COMMAND = {
     "ingero-fleet.service": "fleet --config /etc/ingero/fleet.yaml",
@@ -23,6 +28,7 @@ COMMAND = {
     "ingero-push.service": "fleet-push --config /etc/ingero/fleet-push.yaml",
     "ingero-sink.service": "sink",
     "ingero-trace.service": "trace --record",
+    "ingero-gpu-sample.service": "gpu-sample",
 }
 
 
@@ -97,6 +103,14 @@ def test_push_runs_after_trace_and_leaves_its_state_directory_alone() -> None:
     # two units declaring StateDirectory=ingero with different owners would fight over it
     assert "StateDirectory" not in unit["Service"]
     assert service("ingero-trace.service")["StateDirectory"] == "ingero"
+
+
+def test_gpu_sample_sees_the_nvidia_devices_and_runs_before_push() -> None:
+    unit = parse((UNITS / "ingero-gpu-sample.service").read_text())
+    # NVML opens /dev/nvidia*; a private /dev would hide every GPU.
+    assert "PrivateDevices" not in unit["Service"]
+    assert "ingero-push.service" in unit["Unit"]["Before"].split()
+    assert "StateDirectory" not in unit["Service"]
 
 
 def test_nondirectory_paths_are_declared_by_systemd() -> None:

@@ -11,34 +11,94 @@ import pytest
 from ingero.collectors.nodedb import read_window
 from ingero.collectors.procfs import ProcReader
 from ingero.workload.generator import WorkloadGenerator, WorkloadProfile
-from ingero.workload.runner import SyntheticProc, WorkloadRunner, read_control
+from ingero.workload.runner import Control, SyntheticProc, WorkloadRunner, read_control
 
 T0 = 1_700_000_000.0
 
 
-def rates(slowdown: float, seed: int = 3, n: int = 200) -> list[float]:
-    gen = WorkloadGenerator(WorkloadProfile(launch_rate=2000.0, noise=0.03), seed=seed)
+def rates(slowdown: float, seed: int = 3, n: int = 200, shape: str = "gpu-bound") -> list[float]:
+    gen = WorkloadGenerator(WorkloadProfile(shape=shape, noise=0.03), seed=seed)
     out = []
     for i in range(n):
         rows = gen.tick(T0 + i, T0 + i + 1, slowdown)
-        (launch,) = [r for r in rows.intervals if r["op"] == "cudaLaunchKernel"]
+        (launch,) = [r for r in rows.intervals if r["op"] == "cuLaunchKernel"]
         out.append(float(launch["count"]))
     return out
 
 
-def test_launch_rate_mean_and_noise() -> None:
-    values = rates(0.0)
-    assert statistics.mean(values) == pytest.approx(2000.0, rel=0.01)
+@pytest.mark.parametrize(("shape", "rate"), [("gpu-bound", 3_484.0), ("cpu-bound", 19_500.0)])
+def test_launch_rate_mean_and_noise_are_the_reference_s(shape: str, rate: float) -> None:
+    values = rates(0.0, shape=shape)
+    assert statistics.mean(values) == pytest.approx(rate, rel=0.01)
     assert statistics.stdev(values) / statistics.mean(values) == pytest.approx(0.03, rel=0.25)
 
 
-def test_slowdown_reduces_rate_and_gpu_busy() -> None:
-    assert statistics.mean(rates(0.3)) == pytest.approx(1400.0, rel=0.01)
+@pytest.mark.parametrize(
+    ("shape", "ops", "sync_per_s", "busy"),
+    [
+        ("cpu-bound", {"cuLaunchKernel", "cudaDeviceSynchronize", "cuMemAlloc", "offcpu"},
+         16.0, 0.15),
+        ("gpu-bound", {"cuLaunchKernel", "cudaDeviceSynchronize", "cudaMemcpyAsync", "offcpu"},
+         1.0, 0.98),
+    ],
+)  # fmt: skip
+def test_rows_are_what_the_real_tracer_writes_on_a_gpu(
+    shape: str, ops: set[str], sync_per_s: float, busy: float
+) -> None:
+    gen = WorkloadGenerator(WorkloadProfile(shape=shape, noise=0.0, job_id="9", rank=1), seed=1)
+    first = gen.tick(T0, T0 + 10)
+    assert {r["op"] for r in first.intervals} == ops
+    # Driver-API launches only, no step rows: nothing on a real node writes either.
+    assert not {"cudaLaunchKernel", "step"} & {r["op"] for r in first.intervals}
+    assert {r["source"] for r in first.intervals if r["op"] == "cuLaunchKernel"} == {"cuda_driver"}
+    sync = next(r for r in first.intervals if r["op"] == "cudaDeviceSynchronize")
+    assert sync["count"] == pytest.approx(10 * sync_per_s)
+    later = gen.tick(T0 + 10, T0 + 20)
+    assert "cuMemAlloc" not in {r["op"] for r in later.intervals}  # only at start
+    (gpu,) = later.gpu_intervals
+    assert gpu["source"] == "nvml" and gpu["busy_ns"] == pytest.approx(busy * 10e9)
+    assert gpu["mem_total_bytes"] == 81_559 * 2**20 and gpu["xid_count"] == 0
+    assert gpu["retired_pages"] is None  # an H100 does not retire pages: not supported
+    assert later.gpu_processes == [
+        {"ts_end": T0 + 20, "gpu": 0, "pid": 4242, "used_memory_bytes": gpu["mem_used_bytes"],
+         "job_id": "9", "rank": 1}
+    ]  # fmt: skip
+
+
+def test_slowdown_reduces_every_rate_and_gpu_busy_but_not_host_cpu() -> None:
+    assert statistics.mean(rates(0.3)) == pytest.approx(0.7 * 3_484.0, rel=0.01)
+    fast = WorkloadGenerator(WorkloadProfile(noise=0.0), seed=1).tick(T0, T0 + 10, 0.0)
+    slow = WorkloadGenerator(WorkloadProfile(noise=0.0), seed=1).tick(T0, T0 + 10, 0.3)
+    assert slow.gpu_intervals[0]["busy_ns"] == pytest.approx(
+        0.7 * fast.gpu_intervals[0]["busy_ns"], rel=0.02
+    )
+    for op in ("cudaDeviceSynchronize", "cudaMemcpyAsync"):
+        count = {r["op"]: r["count"] for r in slow.intervals}[op]
+        assert count == pytest.approx(
+            0.7 * {r["op"]: r["count"] for r in fast.intervals}[op], abs=1
+        )
+    assert slow.host_intervals[0]["offcpu_ns"] > fast.host_intervals[0]["offcpu_ns"]
+    assert slow.cpu_busy == fast.cpu_busy
+
+
+def test_a_stalled_process_records_nothing_but_keeps_its_gpu() -> None:
+    gen = WorkloadGenerator(WorkloadProfile(noise=0.0, job_id="9"), seed=1)
+    gen.tick(T0, T0 + 1)
+    rows = gen.tick(T0 + 1, T0 + 2, stalled=True)
+    assert rows.intervals == []
+    (gpu,) = rows.gpu_intervals
+    assert gpu["busy_ns"] == 0 and gpu["mem_used_bytes"] == 18 * 2**30
+    assert [p["pid"] for p in rows.gpu_processes] == [4242]
+    assert rows.host_intervals[0]["offcpu_ns"] == 0
+
+
+def test_rare_calls_carry_fractions_across_short_intervals() -> None:
     gen = WorkloadGenerator(WorkloadProfile(noise=0.0), seed=1)
-    fast = gen.tick(T0, T0 + 1, 0.0)
-    slow = gen.tick(T0 + 1, T0 + 2, 0.3)
-    assert slow.gpu_intervals[0]["busy_ns"] == pytest.approx(0.7 * fast.gpu_intervals[0]["busy_ns"])
-    assert slow.cpu_busy > fast.cpu_busy
+    syncs = 0
+    for i in range(40):
+        rows = gen.tick(T0 + i * 0.25, T0 + (i + 1) * 0.25)
+        syncs += sum(r["count"] for r in rows.intervals if r["op"] == "cudaDeviceSynchronize")
+    assert syncs == 10  # 1/s over 10 s, none lost to rounding
 
 
 def test_same_seed_same_rows() -> None:
@@ -46,36 +106,80 @@ def test_same_seed_same_rows() -> None:
     assert rates(0.0, seed=7, n=10) != rates(0.0, seed=8, n=10)
 
 
-def test_steps_carry_fractions_across_ticks() -> None:
-    gen = WorkloadGenerator(WorkloadProfile(launch_rate=150.0, launches_per_step=100, noise=0.0))
-    steps = 0
-    for i in range(10):
-        rows = gen.tick(T0 + i, T0 + i + 1)
-        steps += sum(r["count"] for r in rows.intervals if r["op"] == "step")
-    assert steps == 15  # 1.5 steps per second, none lost to rounding
-
-
 def test_rows_fit_the_node_db_schema(tmp_path: Path) -> None:
     runner = WorkloadRunner(
-        tmp_path / "n.db", WorkloadProfile(job_id="j1", rank=2), interval_s=0.02, seed=1
+        tmp_path / "n.db", WorkloadProfile(job_id="j1", rank=2, gpus=2), interval_s=0.02, seed=1
     )
     ticks = runner.run(duration_s=0.3)
     assert ticks >= 3
 
     conn = sqlite3.connect(tmp_path / "n.db")
     ops = {row[0] for row in conn.execute("SELECT DISTINCT op FROM intervals")}
-    assert ops == {"cudaLaunchKernel", "cudaStreamSynchronize", "step"}
+    assert {"cuLaunchKernel", "cudaMemcpyAsync", "offcpu"} <= ops
     assert conn.execute("SELECT DISTINCT job_id, rank FROM intervals").fetchall() == [("j1", 2)]
     assert conn.execute("SELECT COUNT(DISTINCT gpu) FROM gpu_intervals").fetchone()[0] == 2
+    assert conn.execute("SELECT COUNT(*) FROM gpu_processes").fetchone()[0] == 2 * ticks
     assert conn.execute("SELECT COUNT(*) FROM host_intervals").fetchone()[0] == ticks
     conn.close()
 
 
+def test_stall_after_stops_the_work_but_not_the_gpu_rows(tmp_path: Path) -> None:
+    runner = WorkloadRunner(
+        tmp_path / "n.db", WorkloadProfile(job_id="123"), interval_s=0.01, seed=1, stall_after=0.0
+    )
+    ticks = runner.run(duration_s=0.1)
+    conn = sqlite3.connect(tmp_path / "n.db")
+    assert conn.execute("SELECT COUNT(*) FROM intervals").fetchone()[0] == 0
+    assert conn.execute("SELECT COUNT(*), MAX(busy_ns) FROM gpu_intervals").fetchone() == (ticks, 0)
+    assert conn.execute("SELECT COUNT(*) FROM gpu_processes").fetchone()[0] == ticks
+    conn.close()
+
+
+def test_the_job_file_is_present_while_it_runs(tmp_path: Path) -> None:
+    import threading
+
+    from ingero.slurm.jobfile import current_jobs
+
+    jobs = tmp_path / "jobs"
+    runner = WorkloadRunner(
+        tmp_path / "n.db", WorkloadProfile(job_id="123", rank=4), interval_s=0.01, seed=1,
+        jobs_dir=jobs, stall_after=0.0,
+    )  # fmt: skip
+    worker = threading.Thread(target=runner.run)
+    worker.start()
+    try:
+        deadline = 200
+        while not current_jobs(jobs) and deadline:
+            threading.Event().wait(0.01)
+            deadline -= 1
+        (job,) = current_jobs(jobs)
+        assert (job.job_id, job.rank) == ("123", 4)
+    finally:
+        runner.stop_event.set()
+        worker.join()
+    assert current_jobs(jobs) == []
+
+
+def test_a_job_file_needs_a_numeric_job_id(tmp_path: Path) -> None:
+    with pytest.raises(ValueError, match="job id"):
+        WorkloadRunner(tmp_path / "n.db", WorkloadProfile(), jobs_dir=tmp_path)
+    with pytest.raises(ValueError, match="invalid Slurm job id"):
+        WorkloadRunner(tmp_path / "n.db", WorkloadProfile(job_id="demo-1"), jobs_dir=tmp_path)
+
+
 @pytest.mark.parametrize(
     ("content", "expected"),
-    [("0.3\n", 0.3), ("0", 0.0), ("", 0.0), ("fast", None), ("1.5", None), ("-0.1", None)],
+    [
+        ("0.3\n", Control(0.3)),
+        ("0", Control(0.0)),
+        ("", Control(0.0)),
+        ("stall\n", Control(0.0, stalled=True)),
+        ("fast", None),
+        ("1.5", None),
+        ("-0.1", None),
+    ],
 )
-def test_control_file_values(tmp_path: Path, content: str, expected: float | None) -> None:
+def test_control_file_values(tmp_path: Path, content: str, expected: Control | None) -> None:
     path = tmp_path / "control"
     path.write_text(content)
     assert read_control(path) == expected
@@ -95,6 +199,8 @@ def test_control_file_overrides_and_bad_values_fall_back(tmp_path: Path) -> None
     assert runner.current_slowdown() == 0.2
     control.write_text("garbage")
     assert runner.current_slowdown() == 0.4
+    control.write_text("stall")
+    assert runner.current().stalled
 
 
 def test_synthetic_proc_reads_back_through_the_real_reader(tmp_path: Path) -> None:
@@ -116,12 +222,16 @@ def test_window_over_generated_rows(tmp_path: Path) -> None:
         rows = gen.tick(T0 + i * 0.25, T0 + (i + 1) * 0.25, 0.3 if i >= 16 else 0.0)
         db.table("intervals").insert_all(rows.intervals)
         db.table("gpu_intervals").insert_all(rows.gpu_intervals)
+        db.table("gpu_processes").insert_all(rows.gpu_processes)
     db.conn.commit()
     slowed = read_window(tmp_path / "n.db", T0 + 5.0, 1.0)
-    assert slowed.kernel_launch_rate == pytest.approx(1400.0, rel=0.01)
-    assert slowed.gpu_busy_fraction == pytest.approx(0.85 * 0.7, rel=0.01)
+    assert slowed.kernel_launch_rate == pytest.approx(0.7 * 3_484.0, rel=0.01)
+    assert slowed.gpu_busy_fraction == pytest.approx(0.98 * 0.7, abs=0.01)
+    assert slowed.gpu_pids == (4242,)
+    assert slowed.gpus[0].health_measured and slowed.gpus[0].throttled_rows == 0
     earlier = read_window(tmp_path / "n.db", T0 + 4.0, 1.0)
-    assert earlier.kernel_launch_rate == pytest.approx(2000.0, rel=0.01)
+    assert earlier.kernel_launch_rate == pytest.approx(3_484.0, rel=0.01)
+    assert earlier.step_rate is None and earlier.gpu_busy_fraction == pytest.approx(0.98)
 
 
 @pytest.mark.parametrize(
@@ -132,6 +242,7 @@ def test_window_over_generated_rows(tmp_path: Path) -> None:
         WorkloadProfile(gpus=0),
         WorkloadProfile(gpu_busy=1.5),
         WorkloadProfile(noise=0.9),
+        WorkloadProfile(shape="tpu-bound"),
     ],
 )
 def test_bad_profiles_are_rejected(profile: WorkloadProfile) -> None:

@@ -39,7 +39,7 @@ def rate_since(path: Path, since: float, rows: int = 5) -> float:
         conn = sqlite3.connect(f"file:{path}?mode=ro", uri=True)
         try:
             got = conn.execute(
-                "SELECT count, ts_end - ts_start FROM intervals WHERE op = 'cudaLaunchKernel' "
+                "SELECT count, ts_end - ts_start FROM intervals WHERE op = 'cuLaunchKernel' "
                 "AND ts_start >= ? ORDER BY ts_start LIMIT ?",
                 (since, rows + 1),
             ).fetchall()
@@ -110,11 +110,50 @@ def test_control_file_sets_the_slowdown_and_a_bad_value_is_ignored(tmp_path: Pat
         out = stop(proc)
     assert slowed / full == pytest.approx(0.7, abs=0.1)
     assert garbage / full == pytest.approx(1.0, abs=0.1)  # ignored: falls back to no slowdown
-    assert "not a number" in out
+    assert "neither a number nor 'stall'" in out
+
+
+def test_control_file_stall_stops_launches_while_the_gpu_and_job_file_stay(
+    tmp_path: Path,
+) -> None:
+    control = tmp_path / "control"
+    control.write_text("0")
+    jobs = tmp_path / "jobs"
+    proc = start(tmp_path, "--control", str(control), "--job-id", "4321", "--jobs-dir", str(jobs))
+    db = tmp_path / "n.db"
+    try:
+        wait_for_db(db, proc)
+        assert (jobs / "4321.json").exists()
+        control.write_text("stall")
+        deadline = time.monotonic() + 60
+        while read_window(db, time.time(), 1.0).kernel_launches:
+            assert time.monotonic() < deadline, "still launching"
+            time.sleep(0.1)
+        time.sleep(0.5)
+        stalled = read_window(db, time.time(), 1.0)
+        # Stopped, not gone: the GPU still lists the process and the job file is still there.
+        assert stalled.kernel_launches == 0 and stalled.gpu_pids == (proc.pid,)
+        assert stalled.gpu_busy_fraction == 0.0
+        assert (jobs / "4321.json").exists()
+        control.write_text("0")
+        assert rate_since(db, time.time()) > 0
+    finally:
+        out = stop(proc)
+    assert proc.returncode == 0, out
+    assert "stalled" in out
+    assert not (jobs / "4321.json").exists()  # removed on exit, as the epilog does
 
 
 @pytest.mark.parametrize(
-    "args", [["--slowdown", "1.5"], ["--interval", "0"], ["--gpus", "0"], ["--noise", "0.9"]]
+    "args",
+    [
+        ["--slowdown", "1.5"],
+        ["--interval", "0"],
+        ["--gpus", "0"],
+        ["--noise", "0.9"],
+        ["--stall-after", "-1"],
+        ["--jobs-dir", "/tmp/x"],  # without --job-id
+    ],
 )
 def test_bad_arguments_are_one_line_usage_errors(tmp_path: Path, args: list[str]) -> None:
     proc = start(tmp_path, *args)

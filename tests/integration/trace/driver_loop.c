@@ -10,6 +10,10 @@ int cuMemcpyHtoD_v2(CUdeviceptr dst, const void *src, size_t bytes);
 int cuMemcpyDtoH_v2(void *dst, CUdeviceptr src, size_t bytes);
 int cuLaunchKernel(void *f, unsigned gx, unsigned gy, unsigned gz, unsigned bx, unsigned by,
                    unsigned bz, unsigned shmem, void *stream, void **params, void **extra);
+int cuLaunchKernelEx(const void *config, void *f, void **params, void **extra);
+int cuLaunchCooperativeKernel(void *f, unsigned gx, unsigned gy, unsigned gz, unsigned bx,
+                              unsigned by, unsigned bz, unsigned shmem, void *stream,
+                              void **params);
 int cuCtxSynchronize(void);
 int cuStreamSynchronize(void *stream);
 
@@ -23,17 +27,21 @@ int main(int argc, char **argv) {
     static char host[1 << 16];
     CUdeviceptr d = 0;
     int rc_alloc = 0, rc_htod = 0, rc_dtoh = 0, rc_launch = 0, rc_ctx = 0, rc_stream = 0;
+    int rc_launch_ex = 0, rc_coop = 0;
     for (long i = 0; i < iters; i++) {
         rc_alloc = cuMemAlloc_v2(&d, 1 << 20);
         rc_htod = cuMemcpyHtoD_v2(d, host, 4096);
         rc_dtoh = cuMemcpyDtoH_v2(host, d, 512);
         rc_launch = cuLaunchKernel(NULL, 1, 1, 1, 32, 1, 1, 0, NULL, NULL, NULL);
+        rc_launch_ex = cuLaunchKernelEx(NULL, NULL, NULL, NULL);
+        rc_coop = cuLaunchCooperativeKernel(NULL, 1, 1, 1, 32, 1, 1, 0, NULL, NULL);
         rc_ctx = cuCtxSynchronize();
         rc_stream = cuStreamSynchronize(NULL);
     }
     printf("cuMemAlloc=%d\ncuMemcpyHtoD=%d\ncuMemcpyDtoH=%d\n", rc_alloc, rc_htod, rc_dtoh);
     printf("cuLaunchKernel=%d\ncuCtxSynchronize=%d\ncuStreamSynchronize=%d\n", rc_launch, rc_ctx,
            rc_stream);
+    printf("cuLaunchKernelEx=%d\ncuLaunchCooperativeKernel=%d\n", rc_launch_ex, rc_coop);
     fflush(stdout);
     return 0;
 }

@@ -32,6 +32,20 @@ int cuLaunchKernel(CUfunction f, unsigned gx, unsigned gy, unsigned gz, unsigned
     return FAKE_ERROR;
 }
 
+/* CUDA 12+: launch with a config (attributes, clusters) and cooperative launch. */
+int cuLaunchKernelEx(const void *config, CUfunction f, void **params, void **extra) {
+    (void)config, (void)f, (void)params, (void)extra;
+    return FAKE_ERROR;
+}
+
+int cuLaunchCooperativeKernel(CUfunction f, unsigned gx, unsigned gy, unsigned gz, unsigned bx,
+                              unsigned by, unsigned bz, unsigned shmem, CUstream stream,
+                              void **params) {
+    (void)f, (void)gx, (void)gy, (void)gz, (void)bx, (void)by, (void)bz, (void)shmem;
+    (void)stream, (void)params;
+    return FAKE_ERROR;
+}
+
 int cuCtxSynchronize(void) { return FAKE_ERROR; }
 
 int cuStreamSynchronize(CUstream stream) {

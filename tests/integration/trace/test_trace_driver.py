@@ -19,6 +19,8 @@ OPS = {
     "cuMemcpyHtoD": 4096,
     "cuMemcpyDtoH": 512,
     "cuLaunchKernel": 0,
+    "cuLaunchKernelEx": 0,
+    "cuLaunchCooperativeKernel": 0,
     "cuCtxSynchronize": 0,
     "cuStreamSynchronize": 0,
 }
