@@ -179,6 +179,10 @@ ATTEMPTS: list[tuple[str, str]] = [
     ("SELECT node_id FROM events; SELECT node_id FROM main.events", NO),
     ("SELECT node_id FROM events; -- \n DROP VIEW events", NO),
     ("ATTACH DATABASE ':memory:' AS m", NO),
+    # the plan names the store's attached (per-request) name: refused for tenants
+    ("EXPLAIN QUERY PLAN SELECT * FROM events", NO),
+    ("/* x */ -- y\n explain SELECT * FROM events", NO),
+    ("EXPLAIN SELECT * FROM episodes", NO),
 ]
 
 
