@@ -179,8 +179,8 @@ def cause_effect(cause: str | None, slowdown: float, shape: Shape) -> CauseEffec
         reads = s / IO_READ_S
         return CauseEffect(offcpu_s=s, switches=reads, reads=reads)
     if cause == "alloc":
-        # Memory is allocated and freed in the loop: each cuMemAlloc, and the cuMemFree that
-        # synchronises before it (not traced; assumed to cost as much), spins on the CPU.
+        # Memory is allocated and freed in the loop: each cuMemAlloc and its cuMemFree (which
+        # synchronises with the GPU; not traced, assumed to cost as much) spin on the CPU.
         return CauseEffect(allocs=s * 1e9 / (2 * ALLOC_NS))
     if cause == "throttle":
         return CauseEffect(host_waits=False, gpu_wait=1 / (1 - s), throttled=True)
