@@ -2,7 +2,9 @@
 
 Each run starts Fleet, a sink and N workloads + fleet-push agents, slows one random node
 down and waits for its straggler event. Prints, per run, the latency in push intervals and
-any healthy node flagged, then the median and p95 over the runs that detected.
+any healthy node flagged, then the median and p95 over the runs that detected. With
+``--cause`` the slowdown comes from that cause, and each run also says whether the node's
+``ingero explain`` named it first.
 """
 
 from __future__ import annotations
@@ -21,7 +23,10 @@ def main() -> None:
     parser.add_argument("--slowdown", type=float, default=0.2)
     parser.add_argument("--push-interval", type=float, default=1.0)
     parser.add_argument("--warmup", type=float, default=8.0)
+    parser.add_argument("--cause", default=None, help="cpu, io, alloc, throttle or net")
     args = parser.parse_args()
+    cause = ["--cause", args.cause] if args.cause else []
+    named = 0
 
     latencies: list[float] = []
     failures = 0
@@ -32,7 +37,7 @@ def main() -> None:
                 sys.executable, "-m", "ingero.cli.main", "demo", "--no-live",
                 "--nodes", str(args.nodes), "--slowdown", str(args.slowdown),
                 "--push-interval", str(args.push_interval), "--warmup", str(args.warmup),
-                "--duration", str(30 * args.push_interval), "--seed", str(run),
+                "--duration", str(30 * args.push_interval), "--seed", str(run), *cause,
             ],
             capture_output=True,
             text=True,
@@ -43,16 +48,28 @@ def main() -> None:
         flagged = re.search(r"also flagged \(false positives\): (.*)", out)
         if flagged:
             false_flags += len(flagged.group(1).split(","))
+        verdict = re.search(r"explain names the injected cause \((.*)\): (yes|no)", out)
+        explained = ""
+        if verdict:
+            named += verdict.group(2) == "yes"
+            top = re.search(r"^  1\. (.+?) \(", out, re.MULTILINE)
+            explained = f"; explain: {top.group(1) if top else 'no chain'} first"
         if match:
             latencies.append(float(match.group(2)))
-            print(f"run {run}: {match.group(1)} detected after {match.group(2)} push intervals")
+            print(
+                f"run {run}: {match.group(1)} detected after {match.group(2)} push intervals"
+                + explained
+            )
         else:
             failures += 1
             reason = out.strip().splitlines()[-1] if out.strip() else "no output"
             print(f"run {run}: not detected ({reason})")
     print(
-        f"{args.nodes} nodes, {args.slowdown:.0%} slowdown, push interval {args.push_interval:g} s: "
+        f"{args.nodes} nodes, {args.slowdown:.0%} slowdown"
+        + (f" from {args.cause}" if args.cause else "")
+        + f", push interval {args.push_interval:g} s: "
         f"{len(latencies)}/{args.runs} detected, {false_flags} healthy nodes flagged"
+        + (f", explain named the cause first in {named}/{args.runs}" if args.cause else "")
     )
     if latencies:
         ordered = sorted(latencies)

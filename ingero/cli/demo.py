@@ -10,7 +10,7 @@ from types import FrameType
 import click
 
 from ingero.errors import EXIT_FAILURE, UsageError
-from ingero.workload.generator import DEFAULT_SHAPE, SHAPE_NAMES
+from ingero.workload.generator import CAUSES, DEFAULT_SHAPE, SHAPE_NAMES
 
 
 @click.command("demo")
@@ -38,6 +38,13 @@ from ingero.workload.generator import DEFAULT_SHAPE, SHAPE_NAMES
     default=DEFAULT_SHAPE,
     show_default=True,
     help="The workloads' reference training loop (see ingero workload --shape).",
+)
+@click.option(
+    "--cause",
+    type=click.Choice(CAUSES),
+    default=None,
+    help="What slows the straggler down, written as a real node records it; at the end"
+    " `ingero explain` on that node must name it as its top causal chain.",
 )
 @click.option(
     "--stall",
@@ -80,6 +87,7 @@ def demo(
     slowdown: float,
     shape: str,
     stall: str | None,
+    cause: str | None,
     warmup: float,
     duration: float,
     no_live: bool,
@@ -88,7 +96,8 @@ def demo(
     hold: bool,
 ) -> int:
     """Run a real Fleet and NODES real fleet-push agents on synthetic workloads, slow one
-    node down and show the moment it is detected. Exits 0 when it was."""
+    node down and show the moment it is detected. Exits 0 when it was (and, with --cause,
+    when `ingero explain` on it names that cause first)."""
     from ingero.demo.runner import Demo, DemoOptions, DemoResult
     from ingero.demo.view import LiveView, PlainView, summary
 
@@ -99,6 +108,7 @@ def demo(
         slowdown=slowdown,
         shape=shape,
         stall=stall,
+        cause=cause,
         warmup=warmup,
         duration=duration,
         workdir=workdir,

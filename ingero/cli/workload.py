@@ -10,7 +10,7 @@ from pathlib import Path
 import click
 
 from ingero.errors import UsageError
-from ingero.workload.generator import DEFAULT_SHAPE, SHAPE_NAMES
+from ingero.workload.generator import CAUSES, DEFAULT_SHAPE, SHAPE_NAMES
 
 
 @click.command("workload")
@@ -60,13 +60,27 @@ from ingero.workload.generator import DEFAULT_SHAPE, SHAPE_NAMES
     type=float,
     default=0.3,
     show_default=True,
-    help="Slowdown SIGUSR1 toggles (0.3 = 30%% less work per second).",
+    help="Slowdown SIGUSR1 toggles (0.3 = 30% less work per second).",
+)
+@click.option(
+    "--cause",
+    type=click.Choice(CAUSES),
+    default=None,
+    help="What the slowdown comes from, written as a real node records it (default: the"
+    " process sleeps). A control file can name its own: '0.3 io'.",
+)
+@click.option(
+    "--slow-after",
+    type=float,
+    default=None,
+    help="Turn the slowdown (and its --cause) on after this many seconds, as SIGUSR1 would.",
 )
 @click.option(
     "--control",
     type=click.Path(dir_okay=False, path_type=Path),
     default=None,
-    help="File holding the current slowdown (e.g. 0.3) or 'stall', re-read every interval.",
+    help="File holding the current slowdown (0.3), with its cause ('0.3 cpu') or 'stall',"
+    " re-read every interval.",
 )
 @click.option(
     "--stall-after",
@@ -99,6 +113,8 @@ def workload(
     gpu_busy: float | None,
     noise: float,
     slowdown: float,
+    cause: str | None,
+    slow_after: float | None,
     control: Path | None,
     stall_after: float | None,
     jobs_dir: Path | None,
@@ -111,7 +127,9 @@ def workload(
     """Write what `ingero trace` records of a training process on a real GPU node: driver
     kernel launches, rare syncs, off-CPU time, NVML GPU rows.
 
-    Stops on SIGTERM or Ctrl-C; SIGUSR1 toggles the slowdown.
+    Stops on SIGTERM or Ctrl-C; SIGUSR1 toggles the slowdown. With --cause the slowdown shows
+    what that cause shows on a real node (off-CPU time, block I/O, cuMemAlloc calls, NVML
+    thermal slowdown, TCP retransmits), so `ingero explain` can name it.
     """
     from ingero.workload.generator import WorkloadProfile
     from ingero.workload.runner import WorkloadRunner
@@ -142,6 +160,8 @@ def workload(
             proc_dir=proc_dir,
             stall_after=stall_after,
             jobs_dir=jobs_dir,
+            cause=cause,
+            slow_after=slow_after,
         )
     except ValueError as exc:
         raise UsageError(str(exc)) from None

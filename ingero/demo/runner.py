@@ -1,8 +1,10 @@
 """Orchestrates the demo: Fleet, an event sink, N workloads and N fleet-push agents.
 
 Phases: start everything → warm-up (agents calibrate, Fleet reaches quorum) → inject a
-slowdown on one node (through its workload's control file) → wait for that node's
-``straggler_state`` event on the sink → summary. Every child is stopped by PID on exit.
+slowdown on one node (through its workload's control file), optionally with a cause → wait
+for that node's ``straggler_state`` event on the sink → with a cause, ``ingero explain`` on
+that node's DB, whose top causal chain must name it → summary. Every child is stopped by PID
+on exit.
 """
 
 from __future__ import annotations
@@ -14,6 +16,7 @@ import random
 import shutil
 import socket
 import subprocess
+import sys
 import tempfile
 import threading
 import time
@@ -23,12 +26,26 @@ from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import IO, Any, Protocol
+from types import MappingProxyType
+from typing import IO, Any, Final, Protocol
 
 from ingero.demo.procs import Children
 from ingero.demo.status import NodeStatus, NotifyListener
 from ingero.systemd import JOURNAL_SOCKET
-from ingero.workload.generator import DEFAULT_SHAPE, SHAPE_NAMES
+from ingero.workload.generator import CAUSES, DEFAULT_SHAPE, SHAPE_NAMES
+
+EXPLAIN_MIN_INTERVALS = 5  # push intervals between the injection and explain, at least
+EXPLAIN_TIMEOUT_S = 60.0
+# The causal chain (a rule of ingero/explain/rules.yaml) that names each injectable cause.
+CAUSE_RULES: Final = MappingProxyType(
+    {
+        "cpu": "cpu_contention",
+        "io": "dataloader_starvation",
+        "alloc": "allocator_churn",
+        "throttle": "gpu_throttling",
+        "net": "network_retransmits",
+    }
+)
 
 
 @dataclass(frozen=True)
@@ -46,6 +63,7 @@ class DemoOptions:
     hold: bool = False  # after the result, keep everything running until stopped
     shape: str = DEFAULT_SHAPE  # the workloads' reference loop (ingero workload --shape)
     stall: str | None = None  # node whose rank stops working instead of slowing down
+    cause: str | None = None  # what the slowdown comes from (CAUSES); None: a sleep
 
     def node_names(self) -> list[str]:
         return [f"node-{i:02d}" for i in range(1, self.nodes + 1)]
@@ -67,6 +85,10 @@ class DemoOptions:
                 )
         if self.stall is not None and self.straggler not in (None, self.stall):
             raise ValueError("--stall names the straggler: leave --straggler out or make it equal")
+        if self.cause is not None and self.cause not in CAUSES:
+            raise ValueError(f"--cause must be one of {', '.join(CAUSES)}, got {self.cause!r}")
+        if self.cause is not None and self.stall is not None:
+            raise ValueError("--cause slows a node down; a --stall has no cause to explain")
         if self.shape not in SHAPE_NAMES:
             raise ValueError(f"--shape must be one of {', '.join(SHAPE_NAMES)}, got {self.shape!r}")
 
@@ -105,6 +127,24 @@ class DemoState:
 
 
 @dataclass(frozen=True)
+class ExplainOutcome:
+    """What ``ingero explain`` said of the injected node: its top causal chain."""
+
+    cause: str
+    command: tuple[str, ...]  # the command line, as a person would run it again
+    chain: dict[str, Any] | None  # the top chain as ``ingero explain --json`` gives it
+    error: str | None = None  # why explain gave no answer
+
+    @property
+    def expected(self) -> str:
+        return CAUSE_RULES[self.cause]
+
+    @property
+    def named(self) -> bool:
+        return self.chain is not None and self.chain.get("rule") == self.expected
+
+
+@dataclass(frozen=True)
 class DemoResult:
     ok: bool
     reason: str
@@ -113,6 +153,7 @@ class DemoResult:
     detection_intervals: float | None
     false_positives: tuple[str, ...]
     events: dict[str, int]
+    explain: ExplainOutcome | None = None
 
 
 class View(Protocol):
@@ -331,14 +372,34 @@ class Demo:
                 if st.detected_at is not None:
                     st.phase = "detected"
                     end_at = now + 2 * opts.push_interval  # let the table show it
+                    if opts.cause is not None and st.injected_at is not None:
+                        # explain compares the time since the injection with as long before
+                        # it: give that window a few push intervals' worth of rows.
+                        end_at = max(
+                            end_at, st.injected_at + EXPLAIN_MIN_INTERVALS * opts.push_interval
+                        )
                 elif st.injected_at is not None and now - st.injected_at > opts.duration:
+                    # Undetected, explain may still say what the node went through.
                     return self._result(
-                        False, f"{st.straggler} was not detected within {opts.duration:g} s"
+                        False,
+                        f"{st.straggler} was not detected within {opts.duration:g} s",
+                        self._explain(workdir) if opts.cause is not None else None,
                     )
             elif st.phase == "detected" and end_at is not None and now >= end_at:
                 st.phase = "done"
                 self.view.update(st)
-                return self._result(True, "straggler detected")
+                if opts.cause is None:
+                    return self._result(True, "straggler detected")
+                outcome = self._explain(workdir)
+                if outcome.named:
+                    return self._result(True, "straggler detected and explained", outcome)
+                top = outcome.chain["name"] if outcome.chain else "no causal chain"
+                return self._result(
+                    False,
+                    outcome.error
+                    or f"explain on {st.straggler} named {top} first, not {outcome.expected}",
+                    outcome,
+                )
             self.view.update(st)
         return self._result(False, "interrupted")
 
@@ -359,12 +420,55 @@ class Demo:
             # The rank stops working; its process, GPU memory and job go on.
             control.write_text("stall\n")
             what = "a stall"
+        elif opts.cause is not None:
+            control.write_text(f"{opts.slowdown:g} {opts.cause}\n")
+            what = f"a {opts.slowdown:.0%} slowdown from {opts.cause}"
         else:
             control.write_text(f"{opts.slowdown:g}\n")
             what = f"a {opts.slowdown:.0%} slowdown"
         st.injected_at = time.time()
         st.phase = "injected"
         st.note(f"injected {what} on {st.straggler}")
+
+    def _explain(self, workdir: Path) -> ExplainOutcome:
+        """``ingero explain --json`` on the injected node's DB: the time since the injection
+        against as long before it."""
+        st, opts = self.state, self.options
+        assert opts.cause is not None and st.injected_at is not None
+        end = time.time()
+        args = (
+            "explain",
+            "--db", str(workdir / st.straggler / "ingero.db"),
+            "--until", f"{end:.3f}",
+            "--window", f"{end - st.injected_at:.2f}s",
+        )  # fmt: skip
+        shown = ("ingero", *args)
+        try:
+            done = subprocess.run(
+                [sys.executable, "-m", "ingero.cli.main", *args, "--json"],
+                capture_output=True,
+                text=True,
+                timeout=EXPLAIN_TIMEOUT_S,
+                check=False,
+            )
+        except subprocess.TimeoutExpired:
+            return ExplainOutcome(
+                opts.cause, shown, None, f"explain gave no answer in {EXPLAIN_TIMEOUT_S:g} s"
+            )
+        try:
+            report = json.loads(done.stdout) if done.returncode == 0 else None
+        except ValueError:
+            report = None
+        if not isinstance(report, dict):
+            why = (done.stderr.strip().splitlines() or [f"exit {done.returncode}"])[-1]
+            return ExplainOutcome(opts.cause, shown, None, f"explain failed: {why}")
+        chains = report.get("chains") or []
+        top = chains[0] if chains and isinstance(chains[0], dict) else None
+        st.note(
+            f"explain on {st.straggler}: "
+            + (f"{top.get('name')} ({top.get('level')} confidence) first" if top else "no chain")
+        )
+        return ExplainOutcome(opts.cause, shown, top)
 
     def _poll_fleet(self) -> None:
         st, opts = self.state, self.options
@@ -406,7 +510,7 @@ class Demo:
             elif kind == "straggler_resolved":
                 st.note(f"straggler_resolved {node}")
 
-    def _result(self, ok: bool, reason: str) -> DemoResult:
+    def _result(self, ok: bool, reason: str, explain: ExplainOutcome | None = None) -> DemoResult:
         st, opts = self.state, self.options
         false_positives = tuple(sorted(n for n in st.flagged if n != st.straggler))
         if ok and false_positives:
@@ -426,4 +530,5 @@ class Demo:
             ),
             false_positives=false_positives,
             events=dict(st.events),
+            explain=explain,
         )

@@ -12,7 +12,7 @@ from rich.progress import BarColumn, Progress, TextColumn, TimeRemainingColumn
 from rich.table import Table
 from rich.text import Text
 
-from ingero.demo.runner import DemoOptions, DemoResult, DemoState
+from ingero.demo.runner import DemoOptions, DemoResult, DemoState, ExplainOutcome
 
 
 def _fmt(value: float | None, digits: int = 3) -> str:
@@ -133,15 +133,46 @@ class PlainView:
 
 
 def _injected(opts: DemoOptions) -> str:
-    return "stalled" if opts.stall is not None else f"slowed {opts.slowdown:.0%}"
+    if opts.stall is not None:
+        return "stalled"
+    return f"slowed {opts.slowdown:.0%}" + (f" ({opts.cause})" if opts.cause else "")
+
+
+def explain_lines(outcome: ExplainOutcome, workdir_kept: bool) -> list[str]:
+    """The injected node's top causal chain, as ``ingero explain`` prints it, and whether it
+    names the injected cause."""
+    kept = "" if workdir_kept else " (the demo's files are removed at exit; --workdir keeps them)"
+    lines = [f"explain: {' '.join(outcome.command)}{kept}"]
+    chain = outcome.chain
+    if chain is None:
+        lines.append(f"  {outcome.error or 'no causal chain'}")
+    else:
+        lines.append(
+            f"  1. {chain['name']} ({chain['level']} confidence, {chain['confidence']:.2f}):"
+            f" {chain['headline']}"
+        )
+        for lk in chain.get("links") or []:
+            lines.append(
+                f"     {lk['cause']} → {lk['effect']} ({lk['confidence']:.2f}): {lk['time']};"
+                f" {lk['process']}"
+            )
+        if chain.get("missing"):
+            lines.append(f"     not found: {', '.join(chain['missing'])} layer")
+        lines.append(f"     fix: {chain['fix']}")
+    verdict = "yes" if outcome.named else "no"
+    lines.append(
+        f"explain names the injected cause ({outcome.cause}: {outcome.expected}): {verdict}"
+    )
+    return lines
 
 
 def summary(state: DemoState, result: DemoResult) -> str:
     """The closing lines: outcome, latency, events and where to look next."""
     opts = state.options
+    cause = f", cause {opts.cause}" if opts.cause else ""
     lines = [
         f"straggler injected: {result.straggler} "
-        + ("(stalled)" if opts.stall is not None else f"({opts.slowdown:.0%} slower)"),
+        + ("(stalled)" if opts.stall is not None else f"({opts.slowdown:.0%} slower{cause})"),
     ]
     if result.detection_s is not None and result.detection_intervals is not None:
         lines.append(
@@ -152,6 +183,8 @@ def summary(state: DemoState, result: DemoResult) -> str:
         lines.append("detected: no")
     if result.false_positives:
         lines.append(f"also flagged (false positives): {', '.join(result.false_positives)}")
+    if result.explain is not None:
+        lines += explain_lines(result.explain, opts.workdir is not None)
     events = ", ".join(f"{k}={v}" for k, v in sorted(result.events.items())) or "none"
     lines.append(f"events written (UDS sink; also OTLP logs to Fleet): {events}")
     lines.append("where to look:")

@@ -112,7 +112,7 @@ class GpuPoint:
     gpu: int
     busy_ns: int | None = None
     throttled: bool = False
-    throttle_detail: str | None = None  # e.g. "throttle_reasons=0x40"
+    throttle_detail: str | None = None  # e.g. "throttle_reasons=0x40 (hw_thermal_slowdown)"
     xid: int | None = None
 
 

@@ -15,7 +15,7 @@ import sqlite_utils
 
 from ingero import nodedb
 from ingero.collectors.nodedb import NodeDbUnavailable, read_window
-from ingero.collectors.nvml import throttle_names
+from ingero.collectors.nvml import DEGRADING_THROTTLE, throttle_names
 from ingero.errors import EXIT_DATAERR, IngeroError, UnavailableError
 from ingero.explain.analysis import GpuStats, HostStats, OpStats, ProcessInfo, WindowData
 from ingero.explain.chains import (
@@ -200,10 +200,10 @@ def read_processes(db: sqlite_utils.Database, job_id: str | None) -> list[Proces
 
 
 # gpu_intervals columns of node DB schema 2 (NVML): read only where present, so a version-1
-# DB still explains. ``throttle_reasons`` is NVML's clocks-event bitmask, in which GPU idle
-# (0x1), the application clock setting (0x2) and the display clock (0x200) are not a
-# slowdown; ``xids`` is the JSON list of the interval's critical XID numbers.
-_NOT_THROTTLE_BITS = 0x1 | 0x2 | 0x200
+# DB still explains. ``throttle_reasons`` is NVML's clocks-event bitmask; only its hardware
+# slowdown reasons (``DEGRADING_THROTTLE``: thermal, power brake, the slowdown line) are
+# throttling, as in fleet-push's GPU health: a GPU-bound job meets the software power cap on
+# healthy GPUs every day. ``xids`` is the JSON list of the interval's critical XID numbers.
 _THROTTLE_COLUMNS = ("throttle_reasons",)
 _XID_COLUMNS = ("xids",)
 
@@ -213,12 +213,14 @@ def _gpu_extra_columns(conn: sqlite3.Connection) -> tuple[list[str], list[str]]:
     return [n for n in _THROTTLE_COLUMNS if n in names], [n for n in _XID_COLUMNS if n in names]
 
 
-def _throttle(column: str, value: object) -> bool:
-    if value is None or value == "" or value == 0:
-        return False
-    if isinstance(value, int | float):
-        return bool(int(value) & ~_NOT_THROTTLE_BITS)
-    return False
+def _throttle_detail(column: str, value: object) -> str | None:
+    """``throttle_reasons=0x24 (sw_power_cap, sw_thermal_slowdown)`` when the mask holds a
+    hardware slowdown, else None."""
+    if not isinstance(value, int) or isinstance(value, bool):
+        return None
+    if not value & DEGRADING_THROTTLE:
+        return None
+    return f"{column}={value:#x} ({', '.join(throttle_names(value))})"
 
 
 def _xid(value: object) -> int | None:
@@ -286,11 +288,8 @@ def read_timeline(
     ):
         t_vals = dict(zip(throttle_cols, row[4 : 4 + len(throttle_cols)], strict=True))
         x_vals = [_xid(v) for v in row[4 + len(throttle_cols) :]]
-        hot = {c: v for c, v in t_vals.items() if _throttle(c, v)}
-        detail = ", ".join(
-            f"{c}={v:#x}" if isinstance(v, int) else f"{c}={v}"
-            for c, v in hot.items()
-        )
+        hot = [d for c, v in t_vals.items() if (d := _throttle_detail(c, v)) is not None]
+        detail = ", ".join(hot)
         gpus.append(
             GpuPoint(
                 float(row[0]),

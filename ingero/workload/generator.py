@@ -27,6 +27,13 @@ detection never leans on it. A stall is the process stopped (SIGSTOP, a hang): n
 context switches are recorded, the GPU reads 0% busy, and the process still holds its GPU
 memory and is still listed on the GPU.
 
+A slowdown can also have a *cause* (``CAUSES``): the work still falls by ``s``, and the rows
+show what that cause shows on a real node (``cause_effect``): ``cpu`` more off-CPU time and
+context switches of the process's threads and a busier host CPU; ``io`` blocking reads (off-CPU
+time, block I/O requests and latency, page-cache allocations); ``alloc`` cuMemAlloc calls in
+the loop; ``throttle`` NVML's thermal slowdown reason and a lower SM clock, the GPU as busy as
+before but slower; ``net`` TCP retransmits, the GPU waiting in its collectives.
+
 Pure apart from its seeded random generator: ``tick`` takes the interval bounds, the slowdown
 and whether the process is stalled, and returns the rows; the runner writes them.
 """
@@ -66,11 +73,15 @@ class Shape:
     host_mem_available: float  # assumed: MemAvailable / MemTotal
 
 
+# A launch with room in the launch queue costs the host this (measured: the cpu-bound loop);
+# a longer launch waited for the GPU to drain the queue.
+LAUNCH_HOST_NS: Final = 6_500.0
+
 SHAPES: Final = MappingProxyType(
     {
         "cpu-bound": Shape(
             launch_rate=19_500.0,
-            launch_ns=6_500.0,
+            launch_ns=LAUNCH_HOST_NS,
             sync_rate=16.0,
             sync_ns=20_000.0,
             memcpy_rate=0.0,
@@ -108,7 +119,77 @@ SHAPE_NAMES: Final = tuple(SHAPES)
 # GPU-bound: the case a busy GPU reads near 100% in NVML.
 DEFAULT_SHAPE: Final = "gpu-bound"
 SM_CLOCK_MHZ: Final = 1980  # H100 SXM maximum SM clock
-SW_POWER_CAP: Final = 0x4
+SW_POWER_CAP: Final = 0x4  # NVML clock event reasons (ingero.collectors.nvml.THROTTLE_REASONS)
+SW_THERMAL_SLOWDOWN: Final = 0x20
+# The host's own activity, node-wide (assumed: a quiet node whose data set is in page cache).
+HOST_PAGE_ALLOCS_PER_S: Final = 500.0
+HOST_BLOCK_IO_PER_S: Final = 20.0
+HOST_BLOCK_IO_P99_NS: Final = 400_000
+
+CAUSES: Final = ("cpu", "io", "alloc", "throttle", "net")
+# How each cause is written (``cause_effect``); measured where the reference measured it.
+SCHED_SLICE_S: Final = 0.003  # the scheduler's base slice on 8+ CPUs (0.75 ms x (1 + log2 8))
+IO_READ_S: Final = 0.002  # assumed: mean wait of one read from congested storage
+IO_P99_NS: Final = 12_000_000  # assumed: that storage's p99
+READAHEAD_PAGES: Final = 32  # one read's page-cache pages (128 KiB readahead, 4 KiB pages)
+ALLOC_NS: Final = 144_000.0  # one cuMemAlloc (measured: the reference's start-up allocations)
+# assumed: 2,000 retransmits/s at a 100% loss of work (~0.5% of the job's ~1 GB/s of NCCL
+# socket traffic lost at a 30% slowdown)
+RETRANSMITS_PER_SLOWDOWN: Final = 2_000.0
+THROTTLE_TEMPERATURE_C: Final = 87  # assumed: where an H100 starts its thermal slowdown
+
+
+@dataclass(frozen=True)
+class CauseEffect:
+    """What a slowdown of ``s`` with a cause adds to one second of a process's rows.
+
+    ``host_waits``: the GPU waits for the host (its busy time falls with the work); else the
+    host waits for the GPU (the GPU stays as busy, each call that waits for it, a sync or a
+    launch into a full queue, waits ``gpu_wait`` times as long).
+    """
+
+    host_waits: bool = True
+    gpu_wait: float = 1.0
+    offcpu_s: float = 0.0  # seconds off-CPU per second, over the process's threads
+    switches: float = 0.0  # context switches per second
+    host_cpu_taken: float = 0.0  # share of the host's idle CPU another process takes
+    allocs: float = 0.0  # cuMemAlloc calls per second
+    reads: float = 0.0  # blocking block-device reads per second
+    retransmits: float = 0.0  # TCP retransmits per second (node-wide)
+    throttled: bool = False  # NVML reports a thermal slowdown; the SM clock falls with the work
+
+
+def cause_effect(cause: str | None, slowdown: float, shape: Shape) -> CauseEffect:
+    """The rows' change when ``cause`` costs the process ``slowdown`` of its work per second."""
+    s = slowdown
+    if cause is None:
+        # No cause: the process sleeps (as the reference slowed a process), s seconds per second.
+        return CauseEffect(offcpu_s=s)
+    if cause == "cpu":
+        # Another process holds a share h of the process's CPUs; with both runnable, the fair
+        # share costs the launching thread h / 2 = s of its time, lost in slices, and every
+        # wake-up of the process's other threads finds its CPU taken with chance h and waits
+        # half a slice on average (sched_switch counts that wait as off-CPU).
+        h = min(1.0, 2.0 * s)
+        wakeup_wait = shape.offcpu_switches * h * SCHED_SLICE_S / 2
+        return CauseEffect(offcpu_s=s + wakeup_wait, switches=s / SCHED_SLICE_S, host_cpu_taken=h)
+    if cause == "io":
+        # The input pipeline's reads miss the page cache: the thread blocks in s / IO_READ_S
+        # reads per second, each a switch, a block request and a readahead of new pages.
+        reads = s / IO_READ_S
+        return CauseEffect(offcpu_s=s, switches=reads, reads=reads)
+    if cause == "alloc":
+        # Memory is allocated and freed in the loop: each cuMemAlloc and its cuMemFree (which
+        # synchronises with the GPU; not traced, assumed to cost as much) spin on the CPU.
+        return CauseEffect(allocs=s * 1e9 / (2 * ALLOC_NS))
+    if cause == "throttle":
+        return CauseEffect(host_waits=False, gpu_wait=1 / (1 - s), throttled=True)
+    if cause == "net":
+        # The collectives wait for retransmitted segments on the GPU (NCCL's kernels spin).
+        return CauseEffect(
+            host_waits=False, gpu_wait=1 / (1 - s), retransmits=s * RETRANSMITS_PER_SLOWDOWN
+        )
+    raise ValueError(f"cause must be one of {', '.join(CAUSES)}, got {cause!r}")
 
 
 @dataclass(frozen=True)
@@ -169,23 +250,36 @@ class WorkloadGenerator:
         return max(0.5, self.rng.gauss(1.0, self.profile.noise))
 
     def tick(
-        self, ts_start: float, ts_end: float, slowdown: float = 0.0, stalled: bool = False
+        self,
+        ts_start: float,
+        ts_end: float,
+        slowdown: float = 0.0,
+        stalled: bool = False,
+        cause: str | None = None,
     ) -> TickRows:
+        """One interval's rows; ``cause`` says what the ``slowdown`` comes from (None: a sleep)."""
         if ts_end <= ts_start:
             raise ValueError("an interval must end after it starts")
         if not 0 <= slowdown < 1:
             raise ValueError(f"slowdown must be in [0, 1), got {slowdown!r}")
+        if cause is not None and cause not in CAUSES:
+            raise ValueError(f"cause must be one of {', '.join(CAUSES)}, got {cause!r}")
         p, shape = self.profile, self.profile.rates
+        # A stopped process does nothing at all, whatever slowed it before; a cause without a
+        # slowdown is not there.
+        slowed = slowdown > 0 and not stalled
+        effect = cause_effect(cause if slowed else None, slowdown if slowed else 0.0, shape)
         dt = ts_end - ts_start
         speed = 0.0 if stalled else 1.0 - slowdown
         tags = {"pid": p.pid, "job_id": p.job_id, "rank": p.rank}
+        cpu_busy = shape.host_cpu_busy * self._jitter()
         rows = TickRows(
-            cpu_busy=min(1.0, shape.host_cpu_busy * self._jitter()),
+            cpu_busy=min(1.0, cpu_busy + effect.host_cpu_taken * max(0.0, 1.0 - cpu_busy)),
             mem_available=min(1.0, shape.host_mem_available * self._jitter()),
         )
 
-        def calls(source: str, op: str, per_s: float, each_ns: float) -> None:
-            exact = per_s * dt * speed * self._jitter() + self._carry.get(op, 0.0)
+        def calls(source: str, op: str, per_s: float, each_ns: float, work: float = speed) -> None:
+            exact = per_s * dt * work * self._jitter() + self._carry.get(op, 0.0)
             count = int(exact)
             self._carry[op] = exact - count
             if count <= 0:
@@ -209,17 +303,25 @@ class WorkloadGenerator:
             )
 
         launch_rate = p.launch_rate if p.launch_rate is not None else shape.launch_rate
-        calls("cuda_driver", "cuLaunchKernel", launch_rate, shape.launch_ns)
-        calls("cuda_runtime", "cudaDeviceSynchronize", shape.sync_rate, shape.sync_ns)
+        queue_wait = max(0.0, shape.launch_ns - LAUNCH_HOST_NS)
+        launch_ns = shape.launch_ns - queue_wait + queue_wait * effect.gpu_wait
+        calls("cuda_driver", "cuLaunchKernel", launch_rate, launch_ns)
+        calls(
+            "cuda_runtime",
+            "cudaDeviceSynchronize",
+            shape.sync_rate,
+            shape.sync_ns * effect.gpu_wait,
+        )
         calls("cuda_runtime", "cudaMemcpyAsync", shape.memcpy_rate, shape.memcpy_ns)
-        if not self._started and not stalled:
-            calls("cuda_driver", "cuMemAlloc", shape.startup_allocs / dt, 144_000.0)
+        allocs = effect.allocs + (0.0 if self._started else shape.startup_allocs / dt)
+        if allocs and not stalled:
+            calls("cuda_driver", "cuMemAlloc", allocs, ALLOC_NS, work=1.0)
         self._started = True
         offcpu_ns = 0
         if not stalled:
             # A stopped process is not scheduled: no switches, no row. Sleeping adds off-CPU time.
-            offcpu_ns = int((shape.offcpu_s * self._jitter() + slowdown) * dt * 1e9)
-            switches = round(shape.offcpu_switches * dt * self._jitter())
+            offcpu_ns = int((shape.offcpu_s * self._jitter() + effect.offcpu_s) * dt * 1e9)
+            switches = round((shape.offcpu_switches * self._jitter() + effect.switches) * dt)
             if switches:
                 rows.intervals.append(
                     {"ts_start": ts_start, "ts_end": ts_end, **tags, "source": "host",
@@ -227,7 +329,8 @@ class WorkloadGenerator:
                      "p50_ns": offcpu_ns // (2 * switches), "p95_ns": offcpu_ns // switches,
                      "p99_ns": 2 * offcpu_ns // switches, "errors": 0, "bytes": 0}
                 )  # fmt: skip
-        gpu_rows = reading_rows(self._nvml(speed), ts_start, ts_end)
+        gpu_speed = speed if effect.host_waits else (0.0 if stalled else 1.0)
+        gpu_rows = reading_rows(self._nvml(gpu_speed, effect, speed), ts_start, ts_end)
         rows.gpu_intervals = gpu_rows.intervals
         rows.gpu_processes = gpu_rows.processes
         rows.host_intervals.append(
@@ -235,24 +338,41 @@ class WorkloadGenerator:
                 "ts_start": ts_start,
                 "ts_end": ts_end,
                 "offcpu_ns": offcpu_ns,
-                "page_allocs": int(500 * dt * self._jitter()),
-                "block_io_count": int(20 * dt * self._jitter()),
-                "block_io_p99_ns": 400_000,
-                "tcp_retransmits": 0,
+                "page_allocs": int(
+                    (HOST_PAGE_ALLOCS_PER_S * self._jitter() + effect.reads * READAHEAD_PAGES) * dt
+                ),
+                "block_io_count": int((HOST_BLOCK_IO_PER_S * self._jitter() + effect.reads) * dt),
+                "block_io_p99_ns": IO_P99_NS if effect.reads else HOST_BLOCK_IO_P99_NS,
+                # (drawn only when there are any: a cause leaves the healthy rows' noise as it was)
+                "tcp_retransmits": (
+                    round(effect.retransmits * dt * self._jitter()) if effect.retransmits else 0
+                ),
                 "dropped_events": 0,
             }
         )
         return rows
 
-    def _nvml(self, speed: float) -> NvmlReading:
-        """What NVML would report of this process's GPUs now (one reading per interval)."""
+    def _nvml(self, busy_speed: float, effect: CauseEffect, speed: float) -> NvmlReading:
+        """What NVML would report of this process's GPUs now (one reading per interval):
+        ``busy_speed`` scales the utilization, ``speed`` the work (clock when throttled)."""
         p, shape = self.profile, self.profile.rates
         util = p.gpu_busy if p.gpu_busy is not None else shape.gpu_util
         gpus = []
         for index in range(p.gpus):
             # NVML reports whole percents.
-            busy = min(100, max(0, round(100 * util * speed * self._jitter()))) / 100
+            busy = min(100, max(0, round(100 * util * busy_speed * self._jitter()))) / 100
             used = shape.gpu_mem_used_bytes
+            if effect.throttled:
+                # Hot: the clock falls with the work, and so does the power drawn.
+                clock, reasons, temperature = (
+                    round(SM_CLOCK_MHZ * speed),
+                    SW_THERMAL_SLOWDOWN,
+                    THROTTLE_TEMPERATURE_C,
+                )
+            else:
+                # A GPU-bound loop runs into the software power cap now and then.
+                clock, reasons = SM_CLOCK_MHZ, SW_POWER_CAP if busy > 0.95 else 0
+                temperature = shape.temperature_c
             gpus.append(
                 GpuReading(
                     index=index,
@@ -260,11 +380,10 @@ class WorkloadGenerator:
                     mem_used_bytes=used,
                     mem_free_bytes=H100_MEMORY_BYTES - used,
                     mem_total_bytes=H100_MEMORY_BYTES,
-                    sm_clock_mhz=SM_CLOCK_MHZ,
+                    sm_clock_mhz=clock,
                     sm_clock_max_mhz=SM_CLOCK_MHZ,
-                    # A GPU-bound loop runs into the software power cap now and then.
-                    throttle_reasons=SW_POWER_CAP if busy > 0.95 else 0,
-                    temperature_c=shape.temperature_c,
+                    throttle_reasons=reasons,
+                    temperature_c=temperature,
                     power_w=round(shape.power_w * max(0.15, speed) * self._jitter(), 1),
                     ecc_corrected=0,
                     ecc_uncorrected=0,

@@ -1,7 +1,9 @@
 """Runs the synthetic workload as a process: one write to the node DB per interval.
 
-The slowdown can change at run time: a control file holding a number (``0.3``) is re-read
-every interval, and SIGUSR1 toggles the ``--slowdown`` value on and off. The control file
+The slowdown can change at run time: a control file holding a number (``0.3``), optionally
+followed by the cause of the slowdown (``0.3 io``; ``ingero.workload.generator.CAUSES``), is
+re-read every interval; SIGUSR1 toggles the ``--slowdown`` value (with its ``--cause``) on and
+off, and ``slow_after`` turns it on that many seconds after the start. The control file
 holding ``stall`` stops the process's work (as a hung or SIGSTOPped rank: no calls, its GPU
 idle but still held), and so does ``stall_after`` seconds after the start. With a jobs
 directory the runner writes the job's file there at start, as the Slurm prolog does, keeps
@@ -24,7 +26,7 @@ from types import FrameType
 from ingero.clock import Clock, SystemClock
 from ingero.nodedb.schema import connect
 from ingero.slurm.jobfile import JobInfo, check_job_id, remove_job, write_job
-from ingero.workload.generator import WorkloadGenerator, WorkloadProfile
+from ingero.workload.generator import CAUSES, WorkloadGenerator, WorkloadProfile
 
 log = logging.getLogger(__name__)
 
@@ -38,11 +40,12 @@ STALL = "stall"
 class Control:
     slowdown: float = 0.0
     stalled: bool = False
+    cause: str | None = None  # what the slowdown comes from; None: the runner's own cause
 
 
 def read_control(path: Path) -> Control | None:
-    """What a control file asks for (a slowdown, or ``stall``), None when absent; a bad value
-    is logged and ignored."""
+    """What a control file asks for (a slowdown and its cause, or ``stall``), None when absent;
+    a bad value is logged and ignored."""
     try:
         text = path.read_text().strip()
     except FileNotFoundError:
@@ -54,15 +57,20 @@ def read_control(path: Path) -> Control | None:
         return Control()
     if text.lower() == STALL:
         return Control(stalled=True)
+    number, _, cause = text.partition(" ")
+    cause = cause.strip().lower()
     try:
-        value = float(text)
+        value = float(number)
     except ValueError:
         log.warning("control file %s: neither a number nor %r: %r", path, STALL, text[:40])
         return None
     if not 0 <= value < 1:
         log.warning("control file %s: slowdown %r outside [0, 1)", path, value)
         return None
-    return Control(slowdown=value)
+    if cause and cause not in CAUSES:
+        log.warning("control file %s: cause %r is none of %s", path, cause[:40], ", ".join(CAUSES))
+        return None
+    return Control(slowdown=value, cause=cause or None)
 
 
 class SyntheticProc:
@@ -112,13 +120,19 @@ class WorkloadRunner:
         stall_after: float | None = None,
         jobs_dir: Path | None = None,
         job: JobInfo | None = None,
+        cause: str | None = None,
+        slow_after: float | None = None,
     ) -> None:
         """``job``: the job file to keep in ``jobs_dir`` while running (default: the profile's
-        job on this host)."""
+        job on this host). ``cause``: what ``slowdown`` comes from (None: the process sleeps);
+        ``slow_after``: turn the slowdown on this many seconds after the start."""
         if interval_s <= 0:
             raise ValueError("interval_s must be > 0")
-        if stall_after is not None and stall_after < 0:
-            raise ValueError("stall_after must be >= 0")
+        for name, after in (("stall_after", stall_after), ("slow_after", slow_after)):
+            if after is not None and after < 0:
+                raise ValueError(f"{name} must be >= 0")
+        if cause is not None and cause not in CAUSES:
+            raise ValueError(f"cause must be one of {', '.join(CAUSES)}, got {cause!r}")
         if jobs_dir is not None and job is None:
             if profile.job_id is None:
                 raise ValueError("a job file needs a job id")
@@ -139,22 +153,26 @@ class WorkloadRunner:
         self.stop_event = threading.Event()
         self.proc = SyntheticProc(proc_dir) if proc_dir is not None else None
         self.stall_after = stall_after
+        self.slow_after = slow_after
+        self.cause = cause
         self.jobs_dir = jobs_dir
         self.job = job
         self._stall_at: float | None = None
+        self._slow_at: float | None = None
 
     def toggle(self, _signum: int = 0, _frame: FrameType | None = None) -> None:
         self.toggled = not self.toggled
-        log.info("slowdown %s", f"{self.slowdown_value:g} on" if self.toggled else "off")
+        why = f" ({self.cause})" if self.cause else ""
+        log.info("slowdown %s", f"{self.slowdown_value:g}{why} on" if self.toggled else "off")
 
     def current(self) -> Control:
         """What this interval runs at: the control file's word, else the toggle and the stall."""
         if self.control is not None:
             from_file = read_control(self.control)
             if from_file is not None:
-                return from_file
+                return replace(from_file, cause=from_file.cause or self.cause)
         stalled = self._stall_at is not None and self.clock.monotonic() >= self._stall_at
-        return Control(self.slowdown_value if self.toggled else 0.0, stalled)
+        return Control(self.slowdown_value if self.toggled else 0.0, stalled, self.cause)
 
     def current_slowdown(self) -> float:
         return self.current().slowdown
@@ -166,6 +184,8 @@ class WorkloadRunner:
         profile = self.generator.profile
         if self.stall_after is not None:
             self._stall_at = self.clock.monotonic() + self.stall_after
+        if self.slow_after is not None:
+            self._slow_at = self.clock.monotonic() + self.slow_after
         if self.jobs_dir is not None and self.job is not None:
             write_job(self.jobs_dir, replace(self.job, started_at=self.clock.now()))
         stalled = False
@@ -190,11 +210,16 @@ class WorkloadRunner:
                     break
                 next_tick += self.interval_s
                 now = self.clock.now()
+                if self._slow_at is not None and self.clock.monotonic() >= self._slow_at:
+                    self._slow_at = None
+                    self.toggle()  # once, as a SIGUSR1 would; a SIGUSR1 turns it off again
                 control = self.current()
                 if control.stalled != stalled:
                     stalled = control.stalled
                     log.info("%s", "stalled: no work, the job goes on" if stalled else "running")
-                rows = self.generator.tick(last, now, control.slowdown, control.stalled)
+                rows = self.generator.tick(
+                    last, now, control.slowdown, control.stalled, control.cause
+                )
                 if self.proc is not None:
                     self.proc.write(now - last, rows.cpu_busy, rows.mem_available)
                 last = now

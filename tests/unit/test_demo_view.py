@@ -79,6 +79,8 @@ def test_notify_listener_receives_per_node(tmp_path: Path) -> None:
         ({"stall": "node-09"}, "--stall"),
         ({"stall": "node-02", "straggler": "node-03"}, "--stall names the straggler"),
         ({"shape": "tpu-bound"}, "--shape"),
+        ({"cause": "disk"}, "--cause must be one of cpu, io"),
+        ({"cause": "io", "stall": "node-02"}, "a --stall has no cause"),
     ],
 )
 def test_bad_options(kwargs: dict[str, object], message: str) -> None:
@@ -137,10 +139,6 @@ def test_summary_names_latency_events_and_where_to_look() -> None:
 def test_stall_names_the_straggler_and_writes_stall_to_its_control_file(tmp_path: Path) -> None:
     from ingero.demo.runner import Demo
 
-    class Quiet:
-        def update(self, state: DemoState) -> None:
-            pass
-
     demo = Demo(DemoOptions(nodes=5, stall="node-03", seed=1), Quiet())
     assert demo.state.straggler == "node-03"
     (tmp_path / "node-03").mkdir()
@@ -149,3 +147,68 @@ def test_stall_names_the_straggler_and_writes_stall_to_its_control_file(tmp_path
     assert demo.state.log[-1].endswith("injected a stall on node-03")
     result = DemoResult(True, "ok", "node-03", 2.0, 2.0, (), {})
     assert "straggler injected: node-03 (stalled)" in summary(demo.state, result)
+
+
+class Quiet:
+    def update(self, state: DemoState) -> None:
+        pass
+
+
+def node_db(path: Path, cause: str, slowed_from: float, end: float) -> None:
+    """A node DB the workload generator writes: steady, then slowed by ``cause``."""
+    from ingero.nodedb.schema import connect
+    from ingero.workload.generator import WorkloadGenerator, WorkloadProfile
+
+    db = connect(path)
+    gen = WorkloadGenerator(WorkloadProfile(job_id="demo-1", rank=2), seed=1)
+    ts = slowed_from - (end - slowed_from)
+    while ts < end - 1e-9:
+        on = ts >= slowed_from - 1e-9
+        rows = gen.tick(ts, ts + 0.25, 0.3 if on else 0.0, cause=cause if on else None)
+        for table in ("intervals", "gpu_intervals", "gpu_processes", "host_intervals"):
+            db.table(table).insert_all(getattr(rows, table))
+        ts += 0.25
+    db.conn.commit()
+    db.conn.close()
+
+
+@pytest.mark.parametrize(("written", "named"), [("alloc", True), ("net", False)])
+def test_explain_on_the_injected_node_must_name_the_cause(
+    tmp_path: Path, written: str, named: bool
+) -> None:
+    import time
+
+    from ingero.demo.runner import Demo
+
+    demo = Demo(DemoOptions(nodes=5, straggler="node-03", cause="alloc"), Quiet())
+    (tmp_path / "node-03").mkdir()
+    demo._inject(tmp_path)
+    assert (tmp_path / "node-03" / "slowdown").read_text() == "0.3 alloc\n"
+    assert demo.state.log[-1].endswith("injected a 30% slowdown from alloc on node-03")
+    now = time.time()
+    demo.state.injected_at = now - 10.0
+    node_db(tmp_path / "node-03" / "ingero.db", written, now - 10.0, now)
+    outcome = demo._explain(tmp_path)
+    assert outcome.command[:3] == ("ingero", "explain", "--db")
+    assert outcome.error is None and outcome.chain is not None
+    assert outcome.expected == "allocator_churn"
+    assert outcome.named is named
+    assert outcome.chain["rule"] == ("allocator_churn" if named else "network_retransmits")
+    result = DemoResult(named, "ok", "node-03", 2.0, 2.0, (), {}, outcome)
+    text = summary(demo.state, result)
+    assert "straggler injected: node-03 (30% slower, cause alloc)" in text
+    assert f"explain: ingero explain --db {tmp_path}/node-03/ingero.db --until " in text
+    assert f"  1. {outcome.chain['name']} (" in text and "     fix: " in text
+    verdict = "yes" if named else "no"
+    assert f"explain names the injected cause (alloc: allocator_churn): {verdict}" in text
+
+
+def test_explain_without_a_node_db_says_why(tmp_path: Path) -> None:
+    from ingero.demo.runner import Demo
+
+    demo = Demo(DemoOptions(nodes=5, straggler="node-01", cause="cpu"), Quiet())
+    demo.state.injected_at = 1.0
+    outcome = demo._explain(tmp_path)
+    assert outcome.chain is None and not outcome.named
+    assert outcome.error is not None and outcome.error.startswith("explain failed: ")
+    assert "no node DB here" in outcome.error

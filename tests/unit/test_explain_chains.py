@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import sqlite3
 from pathlib import Path
 from typing import Any
 
@@ -198,4 +199,25 @@ def test_cli_prints_chains_and_json_keeps_their_structure(
     assert [(lk["cause"], lk["effect"]) for lk in chain["links"]] == [
         ("offcpu", "launch_latency"),
         ("launch_latency", "throughput_drop"),
+    ]
+
+
+def test_the_software_power_cap_is_not_gpu_throttling(tmp_path: Path) -> None:
+    # A GPU-bound job at full load meets the software power cap (0x4) on healthy GPUs, and
+    # sync boost (0x10) is a setting: only the hardware slowdown reasons are throttling, as
+    # in fleet-push's GPU health (DEGRADING_THROTTLE).
+    path = real_db(tmp_path / "n.db", None, gpu_columns=True)
+    with sqlite3.connect(path) as conn:
+        conn.execute(
+            "UPDATE gpu_intervals SET throttle_reasons = 0x14 WHERE ts_end > ?", (END - WINDOW,)
+        )
+    assert chains_of(path) == []
+    with sqlite3.connect(path) as conn:
+        conn.execute(
+            "UPDATE gpu_intervals SET throttle_reasons = 0x24 WHERE ts_end > ?", (END - WINDOW,)
+        )
+    (chain,) = chains_of(path)
+    assert chain.rule == "gpu_throttling"
+    assert chain.causes[0].evidence["reasons"] == [
+        "throttle_reasons=0x24 (sw_power_cap, sw_thermal_slowdown)"
     ]

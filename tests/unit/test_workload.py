@@ -10,7 +10,7 @@ import pytest
 
 from ingero.collectors.nodedb import read_window
 from ingero.collectors.procfs import ProcReader
-from ingero.workload.generator import WorkloadGenerator, WorkloadProfile
+from ingero.workload.generator import CAUSES, WorkloadGenerator, WorkloadProfile
 from ingero.workload.runner import Control, SyntheticProc, WorkloadRunner, read_control
 
 T0 = 1_700_000_000.0
@@ -174,6 +174,9 @@ def test_a_job_file_needs_a_numeric_job_id(tmp_path: Path) -> None:
         ("0", Control(0.0)),
         ("", Control(0.0)),
         ("stall\n", Control(0.0, stalled=True)),
+        ("0.3 io\n", Control(0.3, cause="io")),
+        ("0.25  Throttle", Control(0.25, cause="throttle")),
+        ("0.3 gpu", None),
         ("fast", None),
         ("1.5", None),
         ("-0.1", None),
@@ -201,6 +204,34 @@ def test_control_file_overrides_and_bad_values_fall_back(tmp_path: Path) -> None
     assert runner.current_slowdown() == 0.4
     control.write_text("stall")
     assert runner.current().stalled
+
+
+def test_the_runner_s_cause_goes_with_its_slowdown_unless_the_control_file_names_one(
+    tmp_path: Path,
+) -> None:
+    control = tmp_path / "control"
+    runner = WorkloadRunner(
+        tmp_path / "n.db", WorkloadProfile(), slowdown=0.4, control=control, cause="net"
+    )
+    runner.toggle()
+    assert runner.current() == Control(0.4, cause="net")
+    control.write_text("0.2")
+    assert runner.current() == Control(0.2, cause="net")
+    control.write_text("0.2 cpu")
+    assert runner.current() == Control(0.2, cause="cpu")
+    with pytest.raises(ValueError, match="cause must be one of cpu, io"):
+        WorkloadRunner(tmp_path / "n.db", WorkloadProfile(), cause="disk")
+    with pytest.raises(ValueError, match="slow_after must be >= 0"):
+        WorkloadRunner(tmp_path / "n.db", WorkloadProfile(), slow_after=-1)
+
+
+def test_a_cause_without_a_slowdown_changes_nothing() -> None:
+    plain = WorkloadGenerator(WorkloadProfile(), seed=1).tick(T0, T0 + 1)
+    for cause in CAUSES:
+        rows = WorkloadGenerator(WorkloadProfile(), seed=1).tick(T0, T0 + 1, 0.0, cause=cause)
+        assert rows == plain
+    with pytest.raises(ValueError, match="cause must be one of"):
+        WorkloadGenerator(WorkloadProfile()).tick(T0, T0 + 1, 0.3, cause="disk")
 
 
 def test_synthetic_proc_reads_back_through_the_real_reader(tmp_path: Path) -> None:

@@ -160,3 +160,48 @@ def test_hold_keeps_the_printed_urls_serving_until_ctrl_c(tmp_path: Path) -> Non
             proc.wait()
     assert proc.returncode == 0
     assert processes_under(workdir, proc.pid) == []
+
+
+# cause -> the chain explain must put first, and what its headline must show of the cause
+CAUSE_CHAINS = {
+    "cpu": ("CPU contention", "off-CPU switches of the threads of pid"),
+    "io": ("dataloader starvation", "block I/O p99 12 ms"),
+    "alloc": ("allocator churn", "cuMemAlloc calls"),
+    "throttle": ("GPU throttling", "throttle_reasons=0x20 (sw_thermal_slowdown)"),
+    "net": ("network retransmits", "TCP retransmits (was 0)"),
+}
+
+
+@pytest.mark.parametrize("cause", list(CAUSE_CHAINS))
+def test_demo_cause_ends_with_its_chain_first(tmp_path: Path, cause: str) -> None:
+    from ingero.demo.runner import CAUSE_RULES
+
+    workdir = tmp_path / "demo"
+    node = f"node-0{list(CAUSE_CHAINS).index(cause) + 1}"
+    proc = demo(
+        "--nodes", "5", "--warmup", "6", "--duration", "30", "--straggler", node,
+        "--cause", cause, workdir=workdir,
+    )  # fmt: skip
+    out = finish(proc, timeout=180)
+    assert proc.returncode == 0, out
+    assert f"straggler injected: {node} (30% slower, cause {cause})" in out
+    assert re.search(rf"detected: {node} after [\d.]+ s", out), out
+    name, evidence = CAUSE_CHAINS[cause]
+    command = re.search(r"^explain: (ingero explain --db (\S+) --until [\d.]+ --window [\d.]+s)$",
+                        out, re.MULTILINE)  # fmt: skip
+    assert command is not None, out
+    assert command.group(2) == str(workdir / node / "ingero.db")
+    top = re.search(r"^  1\. (.+?) \((high|medium) confidence, [\d.]+\): (.+)$", out, re.MULTILINE)
+    assert top is not None, out
+    assert top.group(1) == name
+    headline = top.group(3)
+    assert headline.startswith("kernel-launch rate down") and headline.endswith(f"← {name}")
+    assert evidence in headline
+    assert f"explain names the injected cause ({cause}: {CAUSE_RULES[cause]}): yes" in out
+    # The printed command gives the same answer when a person runs it.
+    again = subprocess.run(
+        [sys.executable, "-m", "ingero.cli.main", *command.group(1).split()[1:]],
+        cwd=ROOT, capture_output=True, text=True, timeout=60, check=True,
+    )  # fmt: skip
+    assert f"1. {name} (" in again.stdout
+    assert processes_under(workdir, proc.pid) == []
