@@ -30,7 +30,8 @@ from ingero.events import Event
 from ingero.otlp.health import SCORE_METRIC, decode_health
 from ingero.otlp.limits import TOO_LONG
 from ingero.otlp.logs import decode_events
-from ingero.otlp.receiver import REQUESTS, RequestError, Signal, parse_body
+from ingero.otlp.receiver import REQUESTS, RequestError, parse_body
+from ingero.otlp.transport import Signal
 
 log = logging.getLogger("ingero.echo.decoding")
 

@@ -35,11 +35,9 @@ from ingero.echo.rows import CLUSTER_ID
 from ingero.echo.store import Store
 from ingero.errors import UnavailableError
 from ingero.otlp.receiver import (
-    PROTOBUF,
     UNSUPPORTED_MEDIA_TYPE,
     Reply,
     RequestError,
-    Signal,
     abort,
     error_reply,
     export_response,
@@ -50,6 +48,7 @@ from ingero.otlp.receiver import (
     success_reply,
     too_large,
 )
+from ingero.otlp.transport import PROTOBUF, Signal
 
 log = logging.getLogger("ingero.echo.ingest")
 

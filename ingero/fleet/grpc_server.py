@@ -21,16 +21,15 @@ from ingero.bearer import BearerAuth
 from ingero.fleet.metrics import FleetMetrics
 from ingero.fleet.receiver import Receiver
 from ingero.otlp.receiver import (
-    PROTOBUF,
     REQUESTS,
     RequestError,
-    Signal,
     abort,
     grpc_code,
     grpc_handlers,
     parse_body,
 )
 from ingero.otlp.threshold import encode_metadata
+from ingero.otlp.transport import PROTOBUF, Signal
 
 
 class OtlpGrpcServer:

@@ -16,7 +16,6 @@ from ingero.fleet.httpserver import HttpRequest, HttpResponse
 from ingero.fleet.metrics import FleetMetrics
 from ingero.fleet.receiver import Receiver
 from ingero.otlp.receiver import (
-    PATHS,
     REQUESTS,
     Reply,
     RequestError,
@@ -29,6 +28,7 @@ from ingero.otlp.receiver import (
     too_large,
 )
 from ingero.otlp.threshold import encode_headers
+from ingero.otlp.transport import SIGNAL_OF_PATH
 
 REALM = "ingero-fleet"
 
@@ -54,7 +54,7 @@ class OtlpHttpHandler:
         self._max_body = max_body_bytes
 
     def gate(self, request: HttpRequest, length: int) -> HttpResponse | None:
-        signal = PATHS.get(request.path)
+        signal = SIGNAL_OF_PATH.get(request.path)
         if signal is None:
             return self._refused(request, "other", not_found())
         if request.method != "POST":
@@ -73,7 +73,7 @@ class OtlpHttpHandler:
 
     def __call__(self, request: HttpRequest) -> HttpResponse:
         start = time.perf_counter()
-        signal = PATHS[request.path]  # the gate let only known paths through
+        signal = SIGNAL_OF_PATH[request.path]  # the gate let only known paths through
         content_type = request.headers.get("content-type")
         media = reply_media(content_type)
         try:

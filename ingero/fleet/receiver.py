@@ -24,8 +24,9 @@ from ingero.fleet.state import FleetState
 from ingero.otlp.health import decode_health
 from ingero.otlp.limits import TOO_LONG, ValueTooLong
 from ingero.otlp.logs import decode_events
-from ingero.otlp.receiver import Signal, export_response
+from ingero.otlp.receiver import export_response
 from ingero.otlp.threshold import ThresholdView
+from ingero.otlp.transport import Signal
 
 # Rejection reasons added by the receiver (the decoders add the per-point ones, the OTLP
 # receiver core those of requests refused as a whole).

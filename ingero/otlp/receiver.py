@@ -20,7 +20,7 @@ import json
 import zlib
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
-from typing import Literal, NoReturn, TypeVar
+from typing import NoReturn, TypeVar
 
 import grpc
 from google.protobuf import json_format
@@ -36,20 +36,11 @@ from opentelemetry.proto.collector.metrics.v1.metrics_service_pb2 import (
 )
 
 from ingero.otlp.limits import shown
+from ingero.otlp.transport import JSON, PROTOBUF, SERVICES, Signal
 from ingero.otlp.values import OtlpDecodeError, parse_json, parse_protobuf
 
 M = TypeVar("M", bound=Message)
 
-PROTOBUF = "application/x-protobuf"
-JSON = "application/json"
-
-Signal = Literal["logs", "metrics"]
-# OTLP/HTTP paths and gRPC services, per signal.
-PATHS: Mapping[str, Signal] = {"/v1/metrics": "metrics", "/v1/logs": "logs"}
-SERVICES: Mapping[Signal, str] = {
-    "logs": "opentelemetry.proto.collector.logs.v1.LogsService",
-    "metrics": "opentelemetry.proto.collector.metrics.v1.MetricsService",
-}
 REQUESTS: Mapping[Signal, type[Message]] = {
     "logs": ExportLogsServiceRequest,
     "metrics": ExportMetricsServiceRequest,

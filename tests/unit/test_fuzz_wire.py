@@ -38,7 +38,8 @@ from ingero.otlp import health
 from ingero.otlp.health import NODE_STATES, NodePush, decode_health, encode_health
 from ingero.otlp.limits import MAX_EVENT_BYTES, MAX_ID_CHARS
 from ingero.otlp.logs import decode_events, encode_events
-from ingero.otlp.receiver import JSON, PROTOBUF, RequestError, Signal
+from ingero.otlp.receiver import RequestError
+from ingero.otlp.transport import JSON, PROTOBUF, Signal
 from ingero.otlp.values import OtlpDecodeError, add_attributes, parse_json, parse_protobuf, to_json
 
 FUZZ = settings(

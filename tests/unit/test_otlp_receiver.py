@@ -14,8 +14,6 @@ from opentelemetry.proto.collector.metrics.v1.metrics_service_pb2 import (
 )
 
 from ingero.otlp.receiver import (
-    JSON,
-    PROTOBUF,
     RequestError,
     decode_request,
     error_reply,
@@ -24,6 +22,7 @@ from ingero.otlp.receiver import (
     reply_media,
     success_reply,
 )
+from ingero.otlp.transport import JSON, PROTOBUF
 
 
 def test_a_refusal_crosses_a_process_whole() -> None:
