@@ -15,7 +15,6 @@ import multiprocessing
 import os
 import threading
 import time
-from collections.abc import Iterator
 from concurrent.futures.process import BrokenProcessPool
 from dataclasses import dataclass, field
 
@@ -27,7 +26,7 @@ from opentelemetry.proto.collector.metrics.v1.metrics_service_pb2 import (
 from ingero.echo.rows import EventRow, ScorePoint, event_row
 from ingero.errors import UnavailableError
 from ingero.events import Event
-from ingero.otlp.health import SCORE_METRIC, decode_health
+from ingero.otlp.health import decode_health
 from ingero.otlp.limits import TOO_LONG
 from ingero.otlp.logs import decode_events
 from ingero.otlp.receiver import REQUESTS, RequestError, parse_body
@@ -70,18 +69,6 @@ def logs_to_events(request: ExportLogsServiceRequest, max_events: int) -> list[E
     return decoded.events
 
 
-def _score_times(request: ExportMetricsServiceRequest) -> Iterator[int]:
-    # Same walk as decode_health: per resource, score metrics in order, then their points.
-    for rm in request.resource_metrics:
-        for sm in rm.scope_metrics:
-            for metric in sm.metrics:
-                if metric.name == SCORE_METRIC:
-                    kind = metric.WhichOneof("data")
-                    points = metric.gauge.data_points if kind == "gauge" else metric.sum.data_points
-                    for point in points:
-                        yield point.time_unix_nano
-
-
 def metrics_to_scores(
     request: ExportMetricsServiceRequest, max_points: int, now: float
 ) -> list[ScorePoint]:
@@ -111,7 +98,7 @@ def metrics_to_scores(
             gpu_count=p.gpu_count,
             provider=p.provider,
         )
-        for p, t in zip(decoded.pushes, _score_times(request), strict=True)
+        for p, t in decoded.timed()
     ]
 
 
