@@ -25,9 +25,10 @@ from starlette.routing import BaseRoute, Route
 from starlette.types import ASGIApp, Receive, Scope, Send
 
 from ingero import __version__
+from ingero.echo.answers import QUESTIONS
 from ingero.echo.auth import AccessDenied, Principal, TokenTable
 from ingero.echo.httpbody import BodyTooLarge, read_body
-from ingero.echo.queries import QUESTIONS, BadRequest
+from ingero.echo.questions import BadRequest
 from ingero.echo.service import SQL_PARAM, SQL_QUESTION, SQL_SUMMARY, Service
 from ingero.echo.sql import SqlError
 
