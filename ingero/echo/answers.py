@@ -27,6 +27,7 @@ from ingero.echo.questions import (
     list_of,
     obj,
 )
+from ingero.echo.rows import COLUMNS
 from ingero.echo.schema import EVENTS_BY_CLUSTER
 
 # -- helpers ---------------------------------------------------------------------------------
@@ -61,21 +62,9 @@ def _limit(args: dict[str, Any], ctx: Context) -> int:
     return min(int(args.get("limit") or ctx.max_rows), ctx.max_rows)
 
 
-# The columns an event is read with, named: a row is read back by these names.
-_EVENT_FIELDS = (
-    "event_id",
-    "type",
-    "cluster_id",
-    "node_id",
-    "job_id",
-    "rank",
-    "score",
-    "threshold",
-    "detection_mode",
-    "dominant_signal",
-    "ts",
-    "extra",
-)
+# The columns an event is read back with (all it is stored with but ``received``), named:
+# a row is read back by these names.
+_EVENT_FIELDS = tuple(column for column in COLUMNS if column != "received")
 _EVENT_COLUMNS = ", ".join(_EVENT_FIELDS)
 
 

@@ -30,7 +30,7 @@ from opentelemetry.sdk.resources import Resource
 from ingero.events import Event
 from ingero.otlp.limits import MAX_JSON_DEPTH
 from tests.integration.fleet.helpers import Fleet, start_fleet, wait_for
-from tests.integration.fleet.test_push_paths import sdk_push
+from tests.integration.fleet.test_push_paths import recorded, sdk_push
 
 from .helpers import TOKEN_OPS, EchoProcess
 
@@ -195,14 +195,7 @@ def test_echo_takes_gzip_from_the_official_sdk_http_exporters(daemons: dict[str,
     exporter = OTLPLogExporter(
         endpoint=f"{url}/v1/logs", headers=auth, compression=Compression.Gzip, timeout=30
     )
-    results: list[LogRecordExportResult] = []
-    export = exporter.export
-
-    def recording(*args: Any, **kwargs: Any) -> LogRecordExportResult:
-        results.append(export(*args, **kwargs))
-        return results[-1]
-
-    exporter.export = recording  # type: ignore[method-assign]
+    results = recorded(exporter)
     provider = LoggerProvider(resource=Resource.create({"service.name": "gz"}))
     provider.add_log_record_processor(SimpleLogRecordProcessor(exporter))
     attributes = {k: v for k, v in event.to_dict().items() if v is not None and v != {}}
