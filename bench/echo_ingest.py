@@ -60,8 +60,9 @@ def cpu_seconds(pid: int) -> tuple[float, float]:
 def hot_path(batch: int, kind: str) -> None:
     """CPU µs per event of each stage, in this process: decode+validate (what a decoding
     worker does), then the commit of the decoded rows."""
-    from ingero.echo.decoding import PROTOBUF, decode_body
+    from ingero.echo.decoding import decode_body
     from ingero.echo.store import Store
+    from ingero.otlp.transport import PROTOBUF
 
     bodies = [
         encode_events(

@@ -27,7 +27,7 @@ import sqlite_utils
 
 from ingero.clock import ManualClock
 from ingero.echo.auth import Principal
-from ingero.echo.queries import GpuRates
+from ingero.echo.rates import GpuRates
 from ingero.echo.schema import MIGRATIONS
 from ingero.echo.service import Service
 from ingero.sqlitemigrate import migrate

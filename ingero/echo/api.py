@@ -7,7 +7,6 @@ no token; everything else needs a bearer token when a tokens file is configured.
 
 from __future__ import annotations
 
-import json
 import logging
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from contextlib import asynccontextmanager
@@ -25,16 +24,26 @@ from starlette.routing import BaseRoute, Route
 from starlette.types import ASGIApp, Receive, Scope, Send
 
 from ingero import __version__
+from ingero.echo.answers import QUESTIONS
 from ingero.echo.auth import AccessDenied, Principal, TokenTable
 from ingero.echo.httpbody import BodyTooLarge, read_body
-from ingero.echo.queries import QUESTIONS, BadRequest
+from ingero.echo.jsontext import encode_answer
+from ingero.echo.questions import BadRequest
 from ingero.echo.service import SQL_PARAM, SQL_QUESTION, SQL_SUMMARY, Service
 from ingero.echo.sql import SqlError
+from ingero.otlp.values import load_json
 
 log = logging.getLogger("ingero.echo.api")
 
 PREFIX = "/api/v1"
 MAX_SQL_BODY = 64 * 1024
+
+
+class JsonAnswer(JSONResponse):
+    """A JSON answer that always encodes (``ingero.echo.jsontext``)."""
+
+    def render(self, content: Any) -> bytes:
+        return encode_answer(content)
 
 
 def error(status: int, message: str) -> JSONResponse:
@@ -94,7 +103,7 @@ def build_app(
                     raise BadRequest(f"parameter {key} given more than once")
                 raw[key] = value
             result = await run_in_threadpool(service.answer, name, raw, principal)
-            return JSONResponse(result)
+            return JsonAnswer(result)
 
         return guarded(handler)
 
@@ -104,13 +113,13 @@ def build_app(
         except BodyTooLarge as exc:
             return error(413, str(exc))
         try:
-            payload = json.loads(body)
-        except (UnicodeDecodeError, ValueError) as exc:
+            payload = load_json(body)  # nested past the recursion limit too: a ValueError
+        except ValueError as exc:  # UnicodeDecodeError and JSONDecodeError among them
             raise BadRequest(f"the body must be JSON: {exc}") from None
         if not isinstance(payload, dict):
             raise BadRequest('the body must be a JSON object like {"query": "SELECT 1"}')
         result = await run_in_threadpool(service.answer, SQL_QUESTION, payload, principal)
-        return JSONResponse(result)
+        return JsonAnswer(result)
 
     async def status_handler(request: Request, principal: Principal) -> Response:
         if principal.clusters is not None:

@@ -25,7 +25,7 @@ from ingero.echo.config import EchoConfig
 from ingero.echo.decoding import DecodePool
 from ingero.echo.ingest import Ingest
 from ingero.echo.mcp_server import LocalBackend, build_server
-from ingero.echo.queries import GpuRates
+from ingero.echo.rates import GpuRates
 from ingero.echo.service import Service
 from ingero.echo.store import Store
 from ingero.errors import UnavailableError

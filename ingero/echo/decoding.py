@@ -15,10 +15,8 @@ import multiprocessing
 import os
 import threading
 import time
-from collections.abc import Iterator
 from concurrent.futures.process import BrokenProcessPool
 from dataclasses import dataclass, field
-from typing import Literal
 
 from opentelemetry.proto.collector.logs.v1.logs_service_pb2 import ExportLogsServiceRequest
 from opentelemetry.proto.collector.metrics.v1.metrics_service_pb2 import (
@@ -28,14 +26,13 @@ from opentelemetry.proto.collector.metrics.v1.metrics_service_pb2 import (
 from ingero.echo.rows import EventRow, ScorePoint, event_row
 from ingero.errors import UnavailableError
 from ingero.events import Event
-from ingero.otlp.health import SCORE_METRIC, decode_health
+from ingero.otlp.health import decode_health
 from ingero.otlp.limits import TOO_LONG
 from ingero.otlp.logs import decode_events
-from ingero.otlp.values import parse_json, parse_protobuf
+from ingero.otlp.receiver import REQUESTS, RequestError, parse_body
+from ingero.otlp.transport import Signal
 
 log = logging.getLogger("ingero.echo.decoding")
-
-Kind = Literal["logs", "metrics"]
 
 
 @dataclass(frozen=True)
@@ -46,23 +43,6 @@ class Decoded:
     scores: list[ScorePoint] = field(default_factory=list)
 
 
-PROTOBUF = "application/x-protobuf"
-JSON = "application/json"
-
-
-class IngestError(Exception):
-    """A request refused as a whole; ``reason`` labels the rejection counter."""
-
-    def __init__(self, reason: str, message: str, http_status: int = 400) -> None:
-        super().__init__(message)
-        self.reason = reason
-        self.http_status = http_status
-
-    def __reduce__(self) -> tuple[type[IngestError], tuple[str, str, int]]:
-        # raised in a worker process, it must unpickle whole in the daemon
-        return (IngestError, (self.reason, str(self), self.http_status))
-
-
 def _reason(reasons: dict[str, int], invalid: str) -> str:
     """The counted reason of a refused request: ``too_long`` when a record was over a size
     limit (an operator may need to know that a sender outgrew them), else ``invalid``."""
@@ -70,34 +50,23 @@ def _reason(reasons: dict[str, int], invalid: str) -> str:
 
 
 def logs_to_events(request: ExportLogsServiceRequest, max_events: int) -> list[Event]:
-    """Every log record as an Event, or IngestError naming what is wrong."""
+    """Every log record as an Event, or RequestError naming what is wrong."""
     total = sum(len(sl.log_records) for rl in request.resource_logs for sl in rl.scope_logs)
     if total > max_events:
-        raise IngestError(
+        raise RequestError(
+            413,
             "too_many_records",
             f"{total} log records in one request, the limit is {max_events}",
-            413,
         )
     decoded = decode_events(request)
     if decoded.rejected:
-        raise IngestError(
+        raise RequestError(
+            400,
             _reason(decoded.reasons, "invalid_event"),
             f"{decoded.rejected} of {total} log records rejected, nothing stored: "
             + decoded.error_message,
         )
     return decoded.events
-
-
-def _score_times(request: ExportMetricsServiceRequest) -> Iterator[int]:
-    # Same walk as decode_health: per resource, score metrics in order, then their points.
-    for rm in request.resource_metrics:
-        for sm in rm.scope_metrics:
-            for metric in sm.metrics:
-                if metric.name == SCORE_METRIC:
-                    kind = metric.WhichOneof("data")
-                    points = metric.gauge.data_points if kind == "gauge" else metric.sum.data_points
-                    for point in points:
-                        yield point.time_unix_nano
 
 
 def metrics_to_scores(
@@ -106,15 +75,16 @@ def metrics_to_scores(
     """Every health-score point as a ScorePoint (other metrics are ignored)."""
     decoded = decode_health(request)
     if decoded.rejected:
-        raise IngestError(
+        raise RequestError(
+            400,
             _reason(decoded.reasons, "invalid_metric"),
             f"{decoded.rejected} data points rejected, nothing stored: {decoded.error_message}",
         )
     if len(decoded.pushes) > max_points:
-        raise IngestError(
+        raise RequestError(
+            413,
             "too_many_records",
             f"{len(decoded.pushes)} score points in one request, the limit is {max_points}",
-            413,
         )
     return [
         ScorePoint(
@@ -128,30 +98,20 @@ def metrics_to_scores(
             gpu_count=p.gpu_count,
             provider=p.provider,
         )
-        for p, t in zip(decoded.pushes, _score_times(request), strict=True)
+        for p, t in decoded.timed()
     ]
 
 
 def decode_body(
-    body: bytes, content_type: str, kind: Kind, max_records: int, now: float
+    body: bytes, content_type: str, kind: Signal, max_records: int, now: float
 ) -> Decoded:
-    """A whole request body, parsed and validated (events as rows received at ``now``);
-    raises OtlpDecodeError or IngestError."""
-    if kind == "logs":
-        logs_request = (
-            parse_json(body, ExportLogsServiceRequest)
-            if content_type == JSON
-            else parse_protobuf(body, ExportLogsServiceRequest)
-        )
-        return Decoded(
-            rows=[event_row(ev, now) for ev in logs_to_events(logs_request, max_records)]
-        )
-    metrics_request = (
-        parse_json(body, ExportMetricsServiceRequest)
-        if content_type == JSON
-        else parse_protobuf(body, ExportMetricsServiceRequest)
-    )
-    return Decoded(scores=metrics_to_scores(metrics_request, max_records, now))
+    """A whole request body (``content_type`` one of the OTLP receiver core's media types),
+    parsed and validated (events as rows received at ``now``); raises RequestError."""
+    message = parse_body(body, content_type, REQUESTS[kind])
+    if isinstance(message, ExportLogsServiceRequest):
+        return Decoded(rows=[event_row(ev, now) for ev in logs_to_events(message, max_records)])
+    assert isinstance(message, ExportMetricsServiceRequest)
+    return Decoded(scores=metrics_to_scores(message, max_records, now))
 
 
 def _ready() -> None:
@@ -202,7 +162,7 @@ class DecodePool:
         return pool
 
     async def decode(
-        self, body: bytes, content_type: str, kind: Kind, max_records: int, now: float
+        self, body: bytes, content_type: str, kind: Signal, max_records: int, now: float
     ) -> Decoded:
         pool = self._pool
         if pool is None:
@@ -217,7 +177,7 @@ class DecodePool:
             raise self._replace(pool) from None
 
     def decode_sync(
-        self, body: bytes, content_type: str, kind: Kind, max_records: int, now: float
+        self, body: bytes, content_type: str, kind: Signal, max_records: int, now: float
     ) -> Decoded:
         pool = self._pool
         if pool is None:

@@ -4,7 +4,10 @@ A request is all or nothing: every record must decode and validate, else the who
 is refused with a clear reason and counted, so nothing is ever stored half. The reply (and
 so the sender's acknowledgement) is sent only after the store has committed the batch.
 Both transports hand the raw body to a ``DecodePool`` (``ingero.echo.decoding``), which
-decodes it in worker processes, or in this process when it has none.
+decodes it in worker processes, or in this process when it has none. What a request may be
+on the wire (media types, gzip, size) and how a refusal is answered (a ``google.rpc.Status``
+in the request's encoding, gRPC codes from one table) is the OTLP receiver core's
+(``ingero.otlp.receiver``), shared with Fleet.
 """
 
 from __future__ import annotations
@@ -15,45 +18,45 @@ import logging
 import threading
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any, NoReturn
+from typing import Any
 
 import grpc
 from google.protobuf.message import Message
-from opentelemetry.proto.collector.logs.v1.logs_service_pb2 import ExportLogsServiceResponse
-from opentelemetry.proto.collector.metrics.v1.metrics_service_pb2 import (
-    ExportMetricsServiceResponse,
-)
 from starlette.applications import Starlette
 from starlette.exceptions import HTTPException
 from starlette.requests import Request
-from starlette.responses import JSONResponse, Response
+from starlette.responses import Response
 from starlette.routing import Route
 
 from ingero.echo.auth import Principal, TokenTable
-from ingero.echo.decoding import (
-    JSON,
-    PROTOBUF,
-    Decoded,
-    DecodePool,
-    IngestError,
-    Kind,
-)
+from ingero.echo.decoding import Decoded, DecodePool
+from ingero.echo.httpbody import BodyTooLarge, read_body
+from ingero.echo.rows import CLUSTER_ID
 from ingero.echo.store import Store
 from ingero.errors import UnavailableError
-from ingero.otlp.values import OtlpDecodeError, to_json
+from ingero.otlp.receiver import (
+    UNSUPPORTED_MEDIA_TYPE,
+    Reply,
+    RequestError,
+    abort,
+    error_reply,
+    export_response,
+    grpc_handlers,
+    inflate,
+    media_type,
+    reply_media,
+    success_reply,
+    too_large,
+)
+from ingero.otlp.transport import PROTOBUF, Signal
 
 log = logging.getLogger("ingero.echo.ingest")
 
 # How long a receiver waits for the commit before telling the sender to retry.
 COMMIT_TIMEOUT = 30.0
-_RESPONSES: dict[Kind, type[Message]] = {
-    "logs": ExportLogsServiceResponse,
-    "metrics": ExportMetricsServiceResponse,
-}
-_GRPC_SERVICES: dict[Kind, str] = {
-    "logs": "opentelemetry.proto.collector.logs.v1.LogsService",
-    "metrics": "opentelemetry.proto.collector.metrics.v1.MetricsService",
-}
+REALM = "ingero-echo"
+# Echo has always counted a refused Content-Type under this name (ingest.rejected).
+_REASONS = {UNSUPPORTED_MEDIA_TYPE: "bad_content_type"}
 
 
 @dataclass
@@ -109,40 +112,42 @@ class Ingest:
         """The sender's principal; with tokens configured, writing needs one too."""
         principal = self.tokens.authenticate(authorization)
         if principal is None:
-            self.stats.reject("unauthenticated")
-            raise IngestError("unauthenticated", "a valid bearer token is required", 401)
+            raise RequestError(401, "unauthenticated", "a valid bearer token is required")
         return principal
 
     def accept(self, decoded: Decoded, principal: Principal) -> concurrent.futures.Future[int]:
         """Queue decoded records for the store once the principal may write every cluster
         in them; the future resolves once they are committed."""
-        clusters = {row[2] for row in decoded.rows} | {p.cluster_id for p in decoded.scores}
+        clusters = {row[CLUSTER_ID] for row in decoded.rows}
+        clusters.update(p.cluster_id for p in decoded.scores)
         outside = sorted(c for c in clusters if not principal.allows(c))
         if outside:
-            raise IngestError(
+            raise RequestError(
+                403,
                 "forbidden_cluster",
                 f"this token may not write cluster {outside[0]!r}; nothing stored",
-                403,
             )
         self.stats.count(events=len(decoded.rows), scores=len(decoded.scores))
         return self.store.submit(rows=decoded.rows, scores=decoded.scores)
 
-    def _refused(self, exc: Exception) -> tuple[int, str]:
-        """Count a refused request; its HTTP status and message."""
-        if isinstance(exc, OtlpDecodeError):
-            self.stats.reject("malformed")
-            return 400, str(exc)
-        if isinstance(exc, IngestError):
-            self.stats.reject(exc.reason)
-            return exc.http_status, str(exc)
-        return 503, f"not stored, retry: {exc or 'commit timed out'}"
+    def _refused(self, exc: Exception) -> RequestError:
+        """Count a refused request; the refusal to answer, a new error without ``exc``'s
+        traceback: kept in the handler's frame, ``exc`` would hold a reference cycle through
+        it, and with it the request's body and message until the cycle collector ran."""
+        if isinstance(exc, RequestError):
+            self.stats.reject(_REASONS.get(exc.reason, exc.reason))
+            return RequestError(exc.status, exc.reason, str(exc))
+        # not stored (a decoding worker died, the commit failed or timed out): not counted
+        return RequestError(503, "unavailable", f"not stored, retry: {exc or 'commit timed out'}")
 
     # -- OTLP/HTTP ---------------------------------------------------------------------------
 
     def http_app(self) -> Starlette:
         async def http_error(request: Request, exc: Exception) -> Response:
             assert isinstance(exc, HTTPException)
-            response = _error(exc.status_code, str(exc.detail))
+            response = _response(
+                error_reply(exc.status_code, str(exc.detail), _reply_media(request), REALM)
+            )
             response.headers.update(exc.headers or {})
             return response
 
@@ -160,29 +165,28 @@ class Ingest:
     async def _http_metrics(self, request: Request) -> Response:
         return await self._http(request, "metrics")
 
-    async def _http(self, request: Request, kind: Kind) -> Response:
-        content_type = request.headers.get("content-type", "").split(";")[0].strip()
+    async def _http(self, request: Request, kind: Signal) -> Response:
+        media = _reply_media(request)
         try:
             principal = self.authorize(request.headers.get("authorization"))
-        except IngestError as exc:
-            return _error(exc.http_status, str(exc))
-        try:
-            if content_type not in (PROTOBUF, JSON):
-                raise IngestError(
-                    "bad_content_type", f"Content-Type must be {PROTOBUF} or {JSON}", 415
-                )
-            body = await _read_limited(request, self.max_request_bytes)
-            records = await self._decode(body, content_type, kind)
+            media = media_type(request.headers.get("content-type"))
+            try:
+                body = await read_body(request, self.max_request_bytes)
+            except BodyTooLarge:
+                raise too_large(self.max_request_bytes) from None
+            encoding = request.headers.get("content-encoding")
+            if encoding is not None:
+                # zlib lets go of the GIL while it inflates: a thread keeps the loop free
+                body = await asyncio.to_thread(inflate, body, encoding, self.max_request_bytes)
+            records = await self._decode(body, media, kind)
             future = self.accept(records, principal)
             await asyncio.wait_for(asyncio.wrap_future(future), COMMIT_TIMEOUT)
-        except (OtlpDecodeError, IngestError, UnavailableError, TimeoutError) as exc:
-            return _error(*self._refused(exc))
-        response = _RESPONSES[kind]()
-        if content_type == JSON:
-            return Response(to_json(response), media_type=JSON)
-        return Response(response.SerializeToString(), media_type=PROTOBUF)
+        except (RequestError, UnavailableError, TimeoutError) as exc:
+            refusal = self._refused(exc)
+            return _response(error_reply(refusal.status, str(refusal), media, REALM))
+        return _response(success_reply(export_response(kind), media))
 
-    async def _decode(self, body: bytes, content_type: str, kind: Kind) -> Decoded:
+    async def _decode(self, body: bytes, content_type: str, kind: Signal) -> Decoded:
         now = self.store.clock.now()
         return await self.decoder.decode(body, content_type, kind, self.max_events, now)
 
@@ -202,18 +206,7 @@ class Ingest:
             options=[("grpc.max_receive_message_length", self.max_request_bytes)],
         )
         server.add_generic_rpc_handlers(
-            tuple(
-                grpc.method_handlers_generic_handler(
-                    service,
-                    {
-                        "Export": grpc.unary_unary_rpc_method_handler(
-                            self._grpc_export(kind),
-                            response_serializer=_RESPONSES[kind].SerializeToString,
-                        )
-                    },
-                )
-                for kind, service in _GRPC_SERVICES.items()
-            )
+            grpc_handlers({kind: self._grpc_export(kind) for kind in ("logs", "metrics")})
         )
         port = (
             server.add_secure_port(address, credentials)
@@ -225,55 +218,26 @@ class Ingest:
         server.start()
         return server, port
 
-    def _grpc_export(self, kind: Kind) -> Callable[[bytes, grpc.ServicerContext], Message]:
+    def _grpc_export(self, kind: Signal) -> Callable[[bytes, grpc.ServicerContext], Message]:
         def export(body: bytes, context: grpc.ServicerContext) -> Message:
             metadata = dict(context.invocation_metadata() or ())
             try:
                 principal = self.authorize(metadata.get("authorization"))
-            except IngestError as exc:
-                _grpc_abort(context, exc.http_status, str(exc))
-            try:
                 now = self.store.clock.now()
                 records = self.decoder.decode_sync(body, PROTOBUF, kind, self.max_events, now)
                 self.accept(records, principal).result(timeout=COMMIT_TIMEOUT)
-            except (
-                OtlpDecodeError,
-                IngestError,
-                UnavailableError,
-                concurrent.futures.TimeoutError,
-            ) as exc:
-                _grpc_abort(context, *self._refused(exc))
-            return _RESPONSES[kind]()
+            except (RequestError, UnavailableError, concurrent.futures.TimeoutError) as exc:
+                abort(context, self._refused(exc))
+            return export_response(kind)
 
         return export
 
 
-_GRPC_CODES = {
-    401: grpc.StatusCode.UNAUTHENTICATED,
-    403: grpc.StatusCode.PERMISSION_DENIED,
-    413: grpc.StatusCode.RESOURCE_EXHAUSTED,
-    503: grpc.StatusCode.UNAVAILABLE,
-}
+def _reply_media(request: Request) -> str:
+    return reply_media(request.headers.get("content-type"))
 
 
-def _grpc_abort(context: grpc.ServicerContext, http_status: int, message: str) -> NoReturn:
-    context.abort(_GRPC_CODES.get(http_status, grpc.StatusCode.INVALID_ARGUMENT), message)
-    raise AssertionError("grpc's abort() raises; its type stubs do not say so")
-
-
-async def _read_limited(request: Request, limit: int) -> bytes:
-    declared = request.headers.get("content-length")
-    if declared is not None and declared.isdigit() and int(declared) > limit:
-        raise IngestError("too_large", f"request body over {limit} bytes", 413)
-    chunks: list[bytes] = []
-    size = 0
-    async for chunk in request.stream():
-        size += len(chunk)
-        if size > limit:
-            raise IngestError("too_large", f"request body over {limit} bytes", 413)
-        chunks.append(chunk)
-    return b"".join(chunks)
-
-
-def _error(status: int, message: str) -> JSONResponse:
-    return JSONResponse({"error": message, "status": status}, status_code=status)
+def _response(reply: Reply) -> Response:
+    return Response(
+        reply.body, reply.status, headers=dict(reply.headers), media_type=reply.content_type
+    )

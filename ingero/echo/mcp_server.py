@@ -23,8 +23,10 @@ from mcp.server.stdio import stdio_server
 
 from ingero import __version__
 from ingero.bearer import authorization
+from ingero.echo.answers import QUESTIONS
 from ingero.echo.auth import AccessDenied, TokenTable
-from ingero.echo.queries import QUESTIONS, BadRequest
+from ingero.echo.jsontext import utf8_safe
+from ingero.echo.questions import BadRequest
 from ingero.echo.service import SQL_PARAM, SQL_QUESTION, SQL_SUMMARY, Service
 from ingero.echo.sql import SQL_OUTPUT_SCHEMA, SqlError
 from ingero.errors import UnavailableError
@@ -183,9 +185,11 @@ def build_server(backend: Backend) -> Server[Any]:
             result = await backend.ask(params.name, dict(params.arguments or {}), headers)
         except ToolFailure as exc:
             return types.CallToolResult(content=[types.TextContent(text=str(exc))], is_error=True)
+        text = json.dumps(result, separators=(",", ":"))  # ASCII: lone surrogates escaped
         return types.CallToolResult(
-            content=[types.TextContent(text=json.dumps(result, separators=(",", ":")))],
-            structured_content=result,
+            content=[types.TextContent(text=text)],
+            # UTF-8 on the wire; an escaped surrogate in the text may be one UTF-8 cannot hold
+            structured_content=utf8_safe(result) if "\\ud" in text else result,
         )
 
     async def list_prompts(

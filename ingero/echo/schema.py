@@ -17,7 +17,7 @@ from collections.abc import Callable
 
 import sqlite_utils
 
-# The events index that node filters read (queries name it: see queries.events).
+# The events index that node filters read (questions name it: see answers.events).
 EVENTS_BY_CLUSTER = "idx_events_cluster_id_ts_node_id"
 
 # Tables a tenant may read through SQL, each with its cluster column.

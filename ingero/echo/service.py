@@ -9,9 +9,11 @@ from collections.abc import Callable, Mapping
 from typing import Any
 
 from ingero.clock import Clock, SystemClock
+from ingero.echo.answers import QUESTIONS
 from ingero.echo.auth import Principal
 from ingero.echo.config import LimitsConfig
-from ingero.echo.queries import QUESTIONS, BadRequest, Context, GpuRates, Param
+from ingero.echo.questions import BadRequest, Context, Param
+from ingero.echo.rates import GpuRates
 from ingero.echo.sql import SQL_OUTPUT_SCHEMA, run_sql
 from ingero.echo.store import connect_readonly
 from ingero.sqlguard import ByteBudget

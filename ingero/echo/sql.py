@@ -26,7 +26,7 @@ from pathlib import Path
 from typing import Any
 
 from ingero.echo.auth import Principal
-from ingero.echo.queries import TRUNCATION_SCHEMA
+from ingero.echo.questions import TRUNCATION_SCHEMA
 from ingero.echo.schema import TENANT_TABLES
 from ingero.echo.store import connect_readonly
 from ingero.sqlguard import (

@@ -29,7 +29,7 @@ import threading
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import IO, Any
+from typing import IO, Any, NamedTuple
 
 import sqlite_utils
 
@@ -63,6 +63,14 @@ _RETENTION_WINDOW = 100_000  # rows of a table one retention step looks at
 _LAST_SEEN_STEP = 300.0  # seconds: how stale an event's nodes.last_seen may be
 _CACHE_KIB = 64 * 1024  # the writer connection's page cache
 _CHECKPOINT_PAGES = 10_000  # WAL pages between automatic checkpoints (~40 MiB)
+
+
+class _NodeFacts(NamedTuple):
+    """What the ``nodes`` table holds of a node from its events."""
+
+    gpu_model: str | None
+    gpu_count: int | None
+    last_seen: float
 
 
 def _gpu_facts(extra: str) -> tuple[str | None, int | None]:
@@ -131,8 +139,8 @@ class Store:
             migrate(sqlite_utils.Database(self._conn), MIGRATIONS)
             self._episodes = EpisodeFold()
             self._cache_stale = True
-            # (cluster, node) -> (gpu_model, gpu_count, last_seen) as last written
-            self._node_facts: dict[tuple[str, str], tuple[str | None, int | None, float]] = {}
+            # (cluster, node) -> its facts as last written
+            self._node_facts: dict[tuple[str, str], _NodeFacts] = {}
             self._load_open_episodes()
         except BaseException:
             self._release_lock()
@@ -369,36 +377,40 @@ class Store:
         """Node facts from events. A node's row is rewritten only when a fact changes or
         ``last_seen`` moves on by 5 minutes: a straggling node sends an event every few."""
         known = self._node_facts
-        facts: dict[tuple[str, str], list[Any]] = {}
+        facts: dict[tuple[str, str], _NodeFacts] = {}
         for row in rows:
             node, ts, extra = (row[CLUSTER_ID], row[NODE_ID]), row[TS], row[EXTRA]
             if extra is None or '"gpu_' not in extra:  # most events carry no GPU facts
                 model = count = None
                 old = known.get(node)
-                if old is not None and ts < old[2] + _LAST_SEEN_STEP:
+                if old is not None and ts < old.last_seen + _LAST_SEEN_STEP:
                     continue  # the common case: nothing to write
             else:
                 model, count = _gpu_facts(extra)
-            fact = facts.setdefault(node, [None, None, ts])
-            if model is not None:
-                fact[0] = model
-            if count is not None:
-                fact[1] = count
-            fact[2] = max(fact[2], ts)
+            fact = facts.get(node)
+            facts[node] = (
+                _NodeFacts(model, count, ts)
+                if fact is None
+                else _NodeFacts(
+                    model if model is not None else fact.gpu_model,
+                    count if count is not None else fact.gpu_count,
+                    max(fact.last_seen, ts),
+                )
+            )
         changed = []
         for node, (model, count, seen) in facts.items():
             old = known.get(node)
             if (
                 old is None
-                or (model is not None and model != old[0])
-                or (count is not None and count != old[1])
-                or seen >= old[2] + _LAST_SEEN_STEP
+                or (model is not None and model != old.gpu_model)
+                or (count is not None and count != old.gpu_count)
+                or seen >= old.last_seen + _LAST_SEEN_STEP
             ):
                 changed.append((*node, model, count, seen))
-                known[node] = (
-                    model if model is not None else old[0] if old else None,
-                    count if count is not None else old[1] if old else None,
-                    seen if old is None else max(seen, old[2]),
+                known[node] = _NodeFacts(
+                    model if model is not None else old.gpu_model if old else None,
+                    count if count is not None else old.gpu_count if old else None,
+                    seen if old is None else max(seen, old.last_seen),
                 )
         self._conn.executemany(
             "INSERT INTO nodes (cluster_id, node_id, gpu_model, gpu_count, last_seen)"

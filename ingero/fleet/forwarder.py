@@ -1,11 +1,13 @@
 """Fleet's exporter to Echo: forwards events (OTLP logs) and score samples (OTLP metrics)
-with bounded queues, batches, retries with backoff.
+with bounded queues, batches, retries with backoff (sending, which failures retry and the
+waits are the OTLP exporter core's, :mod:`ingero.otlp.exporter`, which fleet-push shares).
 
 ``submit`` and ``submit_scores`` never block: they append to a bounded queue (one for
 events, one for score samples), and when it is full the new items are dropped and counted.
 Events go first when both wait. One sender thread takes batches, and retries a batch that
-failed for a transient reason (connection refused, timeout, 429, 5xx, gRPC UNAVAILABLE…)
-with exponential backoff and jitter until Echo acknowledges it; Echo de-duplicates by
+failed for a transient reason (connection refused, timeout, 408, 429, 5xx, gRPC
+UNAVAILABLE…) with exponential backoff and jitter, and never sooner than Echo asked
+(``Retry-After``, gRPC RetryInfo), until Echo acknowledges it; Echo de-duplicates by
 ``event_id``, so a retry of a batch that was in fact stored doubles nothing. A batch Echo
 refuses as invalid (other 4xx, INVALID_ARGUMENT) is dropped and counted, never retried.
 Score samples are safe to resend too: Echo ignores a node's sample not newer than its last.
@@ -13,143 +15,49 @@ Score samples are safe to resend too: Echo ignores a node's sample not newer tha
 
 from __future__ import annotations
 
-import http.client
 import logging
-import random
 import threading
 import time
-import urllib.parse
 from collections import deque
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Generic, Protocol, TypeVar
 
-import grpc
-from opentelemetry.proto.collector.logs.v1 import logs_service_pb2_grpc
 from opentelemetry.proto.collector.logs.v1.logs_service_pb2 import ExportLogsServiceRequest
-from opentelemetry.proto.collector.metrics.v1 import metrics_service_pb2_grpc
 from opentelemetry.proto.collector.metrics.v1.metrics_service_pb2 import (
     ExportMetricsServiceRequest,
 )
 
-from ingero.bearer import authorization
 from ingero.events import Event
 from ingero.fleet.score_history import ScoreSample, encode_scores
+from ingero.otlp.exporter import Backoff, ExportError, GrpcExporter, HttpExporter
 from ingero.otlp.logs import encode_events
-from ingero.tls import grpc_channel_credentials
 
 log = logging.getLogger(__name__)
 
 T = TypeVar("T")
 
 _DROP_LOG_INTERVAL = 10.0
-_RETRY_HTTP = frozenset({408, 429, 500, 502, 503, 504})
-_RETRY_GRPC = frozenset(
-    {
-        grpc.StatusCode.UNAVAILABLE,
-        grpc.StatusCode.DEADLINE_EXCEEDED,
-        grpc.StatusCode.RESOURCE_EXHAUSTED,
-        grpc.StatusCode.ABORTED,
-        grpc.StatusCode.CANCELLED,
-        grpc.StatusCode.INTERNAL,
-    }
-)
-
-
-class SendError(Exception):
-    def __init__(self, message: str, retryable: bool) -> None:
-        super().__init__(message)
-        self.retryable = retryable
-
+TIMEOUT = 10.0  # of one request to Echo
 
 Request = ExportLogsServiceRequest | ExportMetricsServiceRequest
 
 
 class Sender(Protocol):
-    def send(self, request: Request) -> None:
-        """Deliver one request; raises SendError saying whether a retry can help."""
+    def send(self, request: Request) -> Any:
+        """Deliver one request; raises ExportError saying whether a retry can help."""
 
     def close(self) -> None: ...
 
 
-class HttpSender:
-    """OTLP/HTTP protobuf to ``<endpoint>/v1/logs`` (``/v1/metrics`` for score samples);
-    ``https://`` verifies the server against the system's CAs (or ``SSL_CERT_FILE``)."""
-
-    def __init__(self, endpoint: str, token: str | None = None, timeout: float = 10.0) -> None:
-        url = urllib.parse.urlsplit(endpoint)
-        if url.scheme not in ("http", "https") or not url.hostname:
-            raise ValueError(f"echo endpoint must be http(s)://HOST:PORT, got {endpoint!r}")
-        self.url = url
-        self.path = url.path.rstrip("/") + "/v1/logs"
-        self.metrics_path = url.path.rstrip("/") + "/v1/metrics"
-        self.token = token
-        self.timeout = timeout
-
-    def send(self, request: Request) -> None:
-        path = self.path if isinstance(request, ExportLogsServiceRequest) else self.metrics_path
-        cls = (
-            http.client.HTTPSConnection
-            if self.url.scheme == "https"
-            else http.client.HTTPConnection
-        )
-        conn = cls(self.url.hostname or "", self.url.port, timeout=self.timeout)
-        headers = {"Content-Type": "application/x-protobuf"}
-        if self.token:
-            headers["Authorization"] = authorization(self.token)
-        try:
-            conn.request("POST", path, request.SerializeToString(), headers)
-            response = conn.getresponse()
-            body = response.read(2048)
-        except (OSError, http.client.HTTPException) as exc:
-            raise SendError(f"cannot reach echo: {exc}", retryable=True) from None
-        finally:
-            conn.close()
-        if response.status == 200:
-            return
-        raise SendError(
-            f"echo answered {response.status}: {body.decode(errors='replace')[:200]}",
-            retryable=response.status in _RETRY_HTTP,
-        )
-
-    def close(self) -> None:
-        return None
-
-
-class GrpcSender:
-    """OTLP/gRPC to ``HOST:PORT`` (``grpc://`` prefix optional), or with TLS to
-    ``grpcs://HOST:PORT`` (trusted roots: grpc's defaults, which honour
-    ``GRPC_DEFAULT_SSL_ROOTS_FILE_PATH``)."""
-
-    def __init__(self, endpoint: str, token: str | None = None, timeout: float = 10.0) -> None:
-        if endpoint.startswith("grpcs://"):
-            self.channel = grpc.secure_channel(
-                endpoint.removeprefix("grpcs://"), grpc_channel_credentials(None)
-            )
-        else:
-            self.channel = grpc.insecure_channel(endpoint.removeprefix("grpc://"))
-        self.stub = logs_service_pb2_grpc.LogsServiceStub(self.channel)  # type: ignore[no-untyped-call]
-        self.metrics_stub = metrics_service_pb2_grpc.MetricsServiceStub(self.channel)  # type: ignore[no-untyped-call]
-        self.metadata = [("authorization", authorization(token))] if token else None
-        self.timeout = timeout
-
-    def send(self, request: Request) -> None:
-        stub = self.stub if isinstance(request, ExportLogsServiceRequest) else self.metrics_stub
-        try:
-            stub.Export(request, timeout=self.timeout, metadata=self.metadata)
-        except grpc.RpcError as exc:
-            code = exc.code() if hasattr(exc, "code") else grpc.StatusCode.UNKNOWN
-            details = exc.details() if hasattr(exc, "details") else str(exc)
-            raise SendError(f"echo answered {code.name}: {details}", code in _RETRY_GRPC) from None
-
-    def close(self) -> None:
-        self.channel.close()
-
-
 def make_sender(endpoint: str, token: str | None = None) -> Sender:
+    """OTLP/HTTP protobuf to ``http(s)://HOST:PORT[/PREFIX]`` (``https://`` verified against
+    the system's CAs or ``SSL_CERT_FILE``), else OTLP/gRPC to ``HOST:PORT`` (``grpc://``
+    prefix optional; TLS for ``grpcs://HOST:PORT``, trusted roots: grpc's defaults, which
+    honour ``GRPC_DEFAULT_SSL_ROOTS_FILE_PATH``)."""
     if endpoint.startswith(("http://", "https://")):
-        return HttpSender(endpoint, token)
-    return GrpcSender(endpoint, token)
+        return HttpExporter(endpoint, token, TIMEOUT, receiver="echo")
+    return GrpcExporter(endpoint, token, TIMEOUT, receiver="echo")
 
 
 @dataclass
@@ -298,11 +206,11 @@ class Forwarder:
 
     def _deliver(self, lane: _Lane[T], batch: list[T]) -> None:
         request = lane.encode(batch)
-        delay = self.backoff_initial
+        backoff = Backoff(self.backoff_initial, self.backoff_max)
         while True:
             try:
                 self.sender.send(request)
-            except SendError as exc:
+            except ExportError as exc:
                 with self.stats._lock:
                     self.stats.last_error = str(exc)
                 if not exc.retryable:
@@ -310,6 +218,7 @@ class Forwarder:
                     self.stats.add(lane.prefix, dropped_rejected=len(batch))
                     return
                 self.stats.add("", retries=1)
+                delay = backoff.next(exc.retry_after)
                 log.warning(
                     "forwarding %d %s failed, retrying in %.1fs: %s",
                     len(batch),
@@ -318,12 +227,9 @@ class Forwarder:
                     exc,
                 )
                 with self._cond:
-                    if self._cond.wait_for(
-                        lambda: self._closing, delay * random.uniform(0.5, 1.0) + 0.01
-                    ):
+                    if self._cond.wait_for(lambda: self._closing, delay):
                         self.stats.add(lane.prefix, dropped_at_close=len(batch))
                         return
-                delay = min(delay * 2, self.backoff_max)
                 continue
             self.stats.add(lane.prefix, sent=len(batch))
             return

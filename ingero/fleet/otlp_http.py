@@ -2,60 +2,44 @@
 
 Every reply to a metrics push carries the node's group threshold in ``X-Ingero-Threshold``
 (empty while the group has none), ``X-Ingero-Quorum-Met`` and ``X-Ingero-Panic``; the three
-are absent when no data point of the request was accepted. Refused requests get a
-``google.rpc.Status`` body in the request's encoding, as the OTLP/HTTP spec asks.
+are absent when no data point of the request was accepted. What a request may be and how a
+refusal is answered (a ``google.rpc.Status`` in the request's encoding) is the OTLP
+receiver core's (``ingero.otlp.receiver``), shared with Echo.
 """
 
 from __future__ import annotations
 
 import time
 
-from google.protobuf import json_format
-from google.protobuf.message import Message
-from google.rpc.status_pb2 import Status
-from opentelemetry.proto.collector.logs.v1.logs_service_pb2 import (
-    ExportLogsServiceRequest,
-    ExportLogsServiceResponse,
-)
-from opentelemetry.proto.collector.metrics.v1.metrics_service_pb2 import (
-    ExportMetricsServiceRequest,
-    ExportMetricsServiceResponse,
-)
-
 from ingero.bearer import BearerAuth
 from ingero.fleet.httpserver import HttpRequest, HttpResponse
 from ingero.fleet.metrics import FleetMetrics
-from ingero.fleet.receiver import (
-    JSON,
-    PROTOBUF,
-    PushReply,
-    Receiver,
+from ingero.fleet.receiver import Receiver
+from ingero.otlp.receiver import (
+    REQUESTS,
+    Reply,
     RequestError,
-    inflate,
-    media_type,
-    parse_body,
+    decode_request,
+    error_reply,
+    method_not_allowed,
+    not_found,
+    reply_media,
+    success_reply,
+    too_large,
 )
 from ingero.otlp.threshold import encode_headers
+from ingero.otlp.transport import SIGNAL_OF_PATH
 
-_SIGNALS = {"/v1/metrics": "metrics", "/v1/logs": "logs"}
-# gRPC status codes for the google.rpc.Status body (INVALID_ARGUMENT, UNAUTHENTICATED, ...).
-_GRPC_CODES = {400: 3, 401: 16, 404: 5, 405: 12, 411: 3, 413: 8, 415: 3}
-
-
-def _encode(message: Message, media: str) -> HttpResponse:
-    if not message.ByteSize():  # the common reply: full success, nothing to say
-        return HttpResponse(200, b"{}" if media == JSON else b"", media)
-    if media == JSON:
-        return HttpResponse(200, json_format.MessageToJson(message, indent=None).encode(), JSON)
-    return HttpResponse(200, message.SerializeToString(), PROTOBUF)
+REALM = "ingero-fleet"
 
 
-def error_response(status: int, message: str, media: str = PROTOBUF) -> HttpResponse:
-    response = _encode(Status(code=_GRPC_CODES.get(status, 2), message=message), media)
-    response.status = status
-    if status == 401:
-        response.headers.append(("WWW-Authenticate", 'Bearer realm="ingero-fleet"'))
-    return response
+def _response(reply: Reply) -> HttpResponse:
+    return HttpResponse(reply.status, reply.body, reply.content_type, reply.headers)
+
+
+def error_response(status: int, message: str, content_type: str | None = None) -> HttpResponse:
+    """A refusal in the encoding of a request of ``content_type``."""
+    return _response(error_reply(status, message, reply_media(content_type), REALM))
 
 
 class OtlpHttpHandler:
@@ -70,67 +54,44 @@ class OtlpHttpHandler:
         self._max_body = max_body_bytes
 
     def gate(self, request: HttpRequest, length: int) -> HttpResponse | None:
-        signal = _SIGNALS.get(request.path)
+        signal = SIGNAL_OF_PATH.get(request.path)
         if signal is None:
-            return self._refused(request, "other", RequestError(404, "not_found", "no such path"))
+            return self._refused(request, "other", not_found())
         if request.method != "POST":
-            return self._refused(
-                request, signal, RequestError(405, "method", "only POST is accepted")
-            )
+            return self._refused(request, signal, method_not_allowed())
         if not self._auth.allows(request.headers.get("authorization")):
             error = RequestError(401, "unauthorized", "missing or wrong bearer token")
             return self._refused(request, signal, error)
         if length > self._max_body:
-            error = RequestError(
-                413, "too_large", f"body of {length} bytes exceeds limits.max_body_bytes"
-            )
-            return self._refused(request, signal, error)
+            return self._refused(request, signal, too_large(self._max_body))
         return None
 
     def _refused(self, request: HttpRequest, signal: str, error: RequestError) -> HttpResponse:
         self._receiver.refuse(error.reason)
         self._metrics.count_request("http", signal, str(error.status), 0.0)
-        media = JSON if request.headers.get("content-type", "").startswith(JSON) else PROTOBUF
-        return error_response(error.status, str(error), media)
+        return error_response(error.status, str(error), request.headers.get("content-type"))
 
     def __call__(self, request: HttpRequest) -> HttpResponse:
         start = time.perf_counter()
-        signal = _SIGNALS[request.path]  # the gate let only known paths through
-        media = PROTOBUF
+        signal = SIGNAL_OF_PATH[request.path]  # the gate let only known paths through
+        content_type = request.headers.get("content-type")
+        media = reply_media(content_type)
         try:
-            media = media_type(request.headers.get("content-type"))
-            body = inflate(request.body, request.headers.get("content-encoding"), self._max_body)
+            message = decode_request(
+                request.body,
+                content_type,
+                request.headers.get("content-encoding"),
+                self._max_body,
+                REQUESTS[signal],
+            )
+            reply = self._receiver.request(signal, message)
+            response = _response(success_reply(self._receiver.response(signal, reply), media))
             if signal == "metrics":
-                reply = self._receiver.metrics_request(
-                    parse_body(body, media, ExportMetricsServiceRequest)
-                )
-                response = _encode(_metrics_response(reply), media)
                 response.headers = encode_headers(reply.view)
-            else:
-                reply = self._receiver.logs_request(
-                    parse_body(body, media, ExportLogsServiceRequest)
-                )
-                response = _encode(_logs_response(reply), media)
         except RequestError as exc:
             self._receiver.refuse(exc.reason)
-            response = error_response(exc.status, str(exc), media)
+            response = error_response(exc.status, str(exc), content_type)
         self._metrics.count_request(
             "http", signal, str(response.status), time.perf_counter() - start
         )
         return response
-
-
-def _metrics_response(reply: PushReply) -> ExportMetricsServiceResponse:
-    response = ExportMetricsServiceResponse()
-    if reply.rejected:
-        response.partial_success.rejected_data_points = reply.rejected
-        response.partial_success.error_message = reply.error_message
-    return response
-
-
-def _logs_response(reply: PushReply) -> ExportLogsServiceResponse:
-    response = ExportLogsServiceResponse()
-    if reply.rejected:
-        response.partial_success.rejected_log_records = reply.rejected
-        response.partial_success.error_message = reply.error_message
-    return response

@@ -1,14 +1,15 @@
-"""Transport-neutral ingest: OTLP bodies in, validated pushes into FleetState, replies out.
+"""Transport-neutral ingest: decoded OTLP requests in, validated pushes into FleetState,
+replies out.
 
 Both the OTLP/HTTP and the gRPC receivers call this, so validation, counting and the
-threshold returned to the node are the same on every transport.
+threshold returned to the node are the same on every transport; what a request may be on
+the wire (media types, gzip, limits, the answers) is the OTLP receiver core's
+(``ingero.otlp.receiver``), which Echo's receivers share.
 """
 
 from __future__ import annotations
 
-import zlib
 from dataclasses import dataclass, field
-from typing import TypeVar
 
 from google.protobuf.message import Message
 from opentelemetry.proto.collector.logs.v1.logs_service_pb2 import ExportLogsServiceRequest
@@ -23,26 +24,14 @@ from ingero.fleet.state import FleetState
 from ingero.otlp.health import decode_health
 from ingero.otlp.limits import TOO_LONG, ValueTooLong
 from ingero.otlp.logs import decode_events
+from ingero.otlp.receiver import export_response
 from ingero.otlp.threshold import ThresholdView
-from ingero.otlp.values import OtlpDecodeError, parse_json, parse_protobuf
+from ingero.otlp.transport import Signal
 
-M = TypeVar("M", bound=Message)
-
-PROTOBUF = "application/x-protobuf"
-JSON = "application/json"
-
-# Rejection reasons added by the receiver (the decoders add the per-point ones).
+# Rejection reasons added by the receiver (the decoders add the per-point ones, the OTLP
+# receiver core those of requests refused as a whole).
 CAPACITY = "capacity"
 BAD_PUSH = "bad_push"
-
-
-class RequestError(Exception):
-    """A request refused as a whole: HTTP status, metric reason and a message for the client."""
-
-    def __init__(self, status: int, reason: str, message: str) -> None:
-        super().__init__(message)
-        self.status = status
-        self.reason = reason
 
 
 @dataclass
@@ -55,44 +44,6 @@ class PushReply:
     @property
     def error_message(self) -> str:
         return "; ".join(self.messages[:5])
-
-
-def media_type(content_type: str | None) -> str:
-    """``application/x-protobuf`` or ``application/json``; RequestError(415) otherwise."""
-    media = (content_type or "").split(";", 1)[0].strip().lower()
-    if media not in (PROTOBUF, JSON):
-        raise RequestError(
-            415, "unsupported_media_type", f"Content-Type must be {PROTOBUF} or {JSON}"
-        )
-    return media
-
-
-def inflate(body: bytes, encoding: str | None, max_bytes: int) -> bytes:
-    """The body after Content-Encoding, never more than ``max_bytes`` (zip bombs stop early)."""
-    enc = (encoding or "identity").strip().lower()
-    if enc == "identity":
-        return body
-    if enc != "gzip":
-        raise RequestError(415, "unsupported_encoding", f"Content-Encoding {enc!r} is not gzip")
-    inflater = zlib.decompressobj(zlib.MAX_WBITS | 16)
-    try:
-        out = inflater.decompress(body, max_bytes + 1)
-    except zlib.error as exc:
-        raise RequestError(400, "malformed_gzip", f"invalid gzip body: {exc}") from None
-    if len(out) > max_bytes:
-        raise RequestError(
-            413, "too_large", f"decompressed body exceeds limits.max_body_bytes ({max_bytes})"
-        )
-    if not inflater.eof:
-        raise RequestError(400, "malformed_gzip", "truncated gzip body")
-    return out
-
-
-def parse_body(body: bytes, media: str, cls: type[M]) -> M:
-    try:
-        return parse_protobuf(body, cls) if media == PROTOBUF else parse_json(body, cls)
-    except OtlpDecodeError as exc:
-        raise RequestError(400, "malformed", str(exc)) from None
 
 
 class Receiver:
@@ -138,3 +89,16 @@ class Receiver:
         return PushReply(
             accepted=len(decoded.events), rejected=decoded.rejected, messages=decoded.messages
         )
+
+    def request(self, signal: Signal, message: Message) -> PushReply:
+        """A decoded Export request of ``signal``, ingested."""
+        if signal == "metrics":
+            assert isinstance(message, ExportMetricsServiceRequest)
+            return self.metrics_request(message)
+        assert isinstance(message, ExportLogsServiceRequest)
+        return self.logs_request(message)
+
+    @staticmethod
+    def response(signal: Signal, reply: PushReply) -> Message:
+        """The Export response of ``reply``: a partial success when some were rejected."""
+        return export_response(signal, reply.rejected, reply.error_message)

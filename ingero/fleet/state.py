@@ -1,4 +1,5 @@
-"""Fleet's in-memory score map and its tick: pure state, driven by an injected clock.
+"""Fleet's in-memory score map (the slot store) and its tick: pure state, driven by an
+injected clock.
 
 The daemon calls :meth:`FleetState.ingest` from many receiver threads (O(1): it stores the
 node's latest score and returns the threshold computed at the last tick) and
@@ -7,8 +8,8 @@ by a slot per node, so a tick is a handful of vectorised passes over all nodes.
 
 A tick works in three phases so that pushes are never blocked by the sorts: under the lock
 it expires silent nodes and copies the columns (``_snapshot``); without the lock it computes
-the group statistics, classifies nodes and builds the group summaries (``_compute``,
-``_summaries``, pure); under the lock again it stores the new per-node state, builds events
+the group statistics, classifies nodes and builds the group summaries (``ingero.fleet.tick``,
+pure); under the lock again it stores the new per-node state, builds events
 and verdicts and publishes the views. Only ticks free slots and groups (ticks are
 serialised), so the slots copied in phase one still belong to the same nodes in phase three.
 What each episode event says (and why an episode ended) is ``ingero.fleet.episodes``.
@@ -18,19 +19,16 @@ from __future__ import annotations
 
 import math
 import threading
-from dataclasses import dataclass
 from typing import Literal, NamedTuple
 
 import numpy as np
 
 from ingero.clock import Clock
 from ingero.events import Event, new_event_id
-from ingero.fleet import threshold as th
 from ingero.fleet.config import FleetConfig
 from ingero.fleet.episodes import (
     Closing,
     closing_reason,
-    degraded_event,
     judged_in_new_group,
     resolved_event,
     started_event,
@@ -42,7 +40,8 @@ from ingero.fleet.model import (
     NodeVerdict,
     TickResult,
 )
-from ingero.fleet.threshold import BoolArray, FloatArray, IntArray
+from ingero.fleet.threshold import IntArray
+from ingero.fleet.tick import Outcome, Snapshot, compute, degraded_events, finite, summaries
 from ingero.otlp.health import NODE_STATES, NodePush, group_key
 from ingero.otlp.limits import check_lengths, shown
 from ingero.otlp.threshold import ThresholdView
@@ -102,53 +101,6 @@ class NodeScore(NamedTuple):
 
 # What Echo keeps about a node's hardware, from its last push (host, GPU model/count, provider).
 _Meta = tuple[str | None, str | None, int | None, str | None]
-
-
-@dataclass
-class _Snapshot:
-    """Phase 1's copies: per tracked node (``idx`` are their slots) and per group index."""
-
-    now: float
-    expired: list[Closing]
-    expired_ids: list[str]
-    idx: IntArray
-    live_groups: IntArray
-    scores: FloatArray
-    gids: IntArray
-    active: BoolArray
-    idle: BoolArray
-    was: BoolArray
-    consec: IntArray
-    since: FloatArray
-    episode_gids: IntArray
-    prev_ema: FloatArray
-    prev_panic: BoolArray
-    gkeys: list[str]
-    gcluster: list[str]
-    gjob: list[str | None]
-    gworkload: list[str | None]
-
-
-@dataclass
-class _Outcome:
-    """Phase 2's results: per group index, then per node of the snapshot."""
-
-    figs: th.GroupFigures
-    raw: FloatArray
-    ema: FloatArray
-    threshold: FloatArray
-    quorum: BoolArray
-    panic: BoolArray
-    n_active: IntArray
-    n_idle: IntArray
-    n_tracked: IntArray
-    n_below: IntArray
-    n_straggler: IntArray
-    straggler: BoolArray
-    entering: BoolArray
-    leaving: BoolArray
-    consec: IntArray
-    since: FloatArray
 
 
 class FleetState:
@@ -329,13 +281,13 @@ class FleetState:
     def _tick(self) -> TickResult:
         with self._lock:
             snap = self._snapshot()
-        out = _compute(snap, self._config)
-        groups, clusters, views = _summaries(snap, out, self._config)
+        out = compute(snap, self._config)
+        groups, clusters, views = summaries(snap, out, self._config)
         with self._lock:
             self._store(snap, out)
             events = [resolved_event(c, snap.now, "expired") for c in snap.expired]
             events.extend(self._closing_events(snap, out))
-            events.extend(_degraded_events(snap, out))
+            events.extend(degraded_events(snap, out))
             verdicts, started = self._open_episodes(snap, out)
             events.extend(started)
             self._views = views
@@ -353,14 +305,14 @@ class FleetState:
 
     # ---- tick phases (the methods are called with the lock held) ---------------------
 
-    def _snapshot(self) -> _Snapshot:
+    def _snapshot(self) -> Snapshot:
         """Phase 1: expire silent nodes, drop empty groups, copy the columns."""
         now = self._clock.now()
         expired, expired_ids = self._expire(self._clock.monotonic(), self._config.node_ttl)
         n, gn = self._n, self._gn
         idx = np.flatnonzero(self._occupied[:n])
         live_groups = self._drop_empty_groups(idx)
-        return _Snapshot(
+        return Snapshot(
             now=now,
             expired=expired,
             expired_ids=expired_ids,
@@ -382,7 +334,7 @@ class FleetState:
             gworkload=self._gworkload[:gn],
         )
 
-    def _store(self, snap: _Snapshot, out: _Outcome) -> None:
+    def _store(self, snap: Snapshot, out: Outcome) -> None:
         """Phase 3: keep the per-node and per-group state for the next tick.
 
         Only the slots and groups of the snapshot are written: a slot or group freed in
@@ -396,7 +348,7 @@ class FleetState:
         self._ema[live] = out.ema[live]
         self._panic[live] = out.panic[live]
 
-    def _closing_events(self, snap: _Snapshot, out: _Outcome) -> list[Event]:
+    def _closing_events(self, snap: Snapshot, out: Outcome) -> list[Event]:
         """``straggler_resolved`` for every episode that ended this tick (except expiry)."""
         events: list[Event] = []
         for pos in np.flatnonzero(out.leaving).tolist():
@@ -415,15 +367,13 @@ class FleetState:
                 event_id=self._episode_id[slot],
                 since=float(snap.since[pos]),
                 dominant_signal=self._signal[slot],
-                threshold=_finite(out.threshold[g_now]),
+                threshold=finite(out.threshold[g_now]),
                 panic=bool(out.panic[g_now]),
             )
             events.append(resolved_event(closing, snap.now, reason))
         return events
 
-    def _open_episodes(
-        self, snap: _Snapshot, out: _Outcome
-    ) -> tuple[list[NodeVerdict], list[Event]]:
+    def _open_episodes(self, snap: Snapshot, out: Outcome) -> tuple[list[NodeVerdict], list[Event]]:
         """Verdicts for every straggler; a ``straggler_state`` event for each new one."""
         verdicts: list[NodeVerdict] = []
         events: list[Event] = []
@@ -564,7 +514,7 @@ class FleetState:
                         event_id=self._episode_id[slot],
                         since=float(self._since[slot]),
                         dominant_signal=self._signal[slot],
-                        threshold=_finite(self._ema[gid]),
+                        threshold=finite(self._ema[gid]),
                         panic=bool(self._panic[gid]),
                     )
                 )
@@ -589,16 +539,6 @@ class FleetState:
         return np.flatnonzero(tracked)
 
 
-def _finite(value: float | np.floating) -> float | None:
-    number = float(value)
-    return number if math.isfinite(number) else None
-
-
-def _floats(values: np.ndarray) -> list[float | None]:
-    """Python floats, NaN (no value) as None."""
-    return [v if math.isfinite(v) else None for v in values.tolist()]
-
-
 def _empty_view(cluster_id: str, group: str) -> ThresholdView:
     """A group no tick has seen yet: no threshold, no quorum."""
     return ThresholdView(
@@ -612,151 +552,3 @@ def _empty_view(cluster_id: str, group: str) -> ThresholdView:
         active_nodes=0,
         computed_at=None,
     )
-
-
-def _compute(snap: _Snapshot, config: FleetConfig) -> _Outcome:
-    """Phase 2 (pure, unlocked): group statistics and the straggler state of every node."""
-    tcfg = config.threshold
-    gn = snap.prev_ema.size
-    act_gids = snap.gids[snap.active]
-    act_scores = snap.scores[snap.active]
-    figs = th.group_figures(act_scores, act_gids, gn)
-    quorum = figs.counts >= config.quorum.statistical_min
-    raw = th.raw_thresholds(figs.median, figs.mad, tcfg.k, tcfg.min_margin)
-    # The EMA runs only while a group has quorum; losing quorum restarts it.
-    ema = np.where(quorum, th.ema(snap.prev_ema, raw, tcfg.ema_alpha), np.nan)
-    threshold = np.where(quorum, ema, raw)
-    n_below = th.below_counts(act_scores, threshold, act_gids, gn)
-    panic = th.panic_mask(n_below, figs.counts, quorum, tcfg.panic_fraction)
-    # An episode belongs to a group: after a move the node starts afresh in its new one.
-    was_here = snap.was & (snap.episode_gids == snap.gids)
-    straggler = np.zeros(snap.idx.size, dtype=np.bool_)
-    straggler[snap.active] = th.classify(
-        act_scores, threshold[act_gids], tcfg.hysteresis, was_here[snap.active], quorum[act_gids]
-    )
-    continuing = straggler & was_here
-    entering = straggler & ~was_here
-    return _Outcome(
-        figs=figs,
-        raw=raw,
-        ema=ema,
-        threshold=threshold,
-        quorum=quorum,
-        panic=panic,
-        n_active=figs.counts,
-        n_idle=np.bincount(snap.gids[snap.idle], minlength=gn),
-        n_tracked=np.bincount(snap.gids, minlength=gn),
-        n_below=n_below,
-        n_straggler=np.bincount(snap.gids[straggler], minlength=gn),
-        straggler=straggler,
-        entering=entering,
-        leaving=snap.was & ~continuing,
-        consec=np.where(straggler, np.where(continuing, snap.consec + 1, 1), 0),
-        since=np.where(entering, snap.now, np.where(straggler, snap.since, np.nan)),
-    )
-
-
-def _degraded_events(snap: _Snapshot, out: _Outcome) -> list[Event]:
-    """One ``group_degraded`` per group whose panic episode began this tick."""
-    return [
-        degraded_event(
-            cluster_id=snap.gcluster[g],
-            group=snap.gkeys[g],
-            job_id=snap.gjob[g],
-            threshold=_finite(out.threshold[g]),
-            below_nodes=int(out.n_below[g]),
-            active_nodes=int(out.n_active[g]),
-            median=_finite(out.figs.median[g]),
-            now=snap.now,
-        )
-        for g in np.flatnonzero(out.panic & ~snap.prev_panic).tolist()
-    ]
-
-
-def _summaries(
-    snap: _Snapshot, out: _Outcome, config: FleetConfig
-) -> tuple[tuple[GroupStats, ...], tuple[ClusterStats, ...], dict[str, ThresholdView]]:
-    """Per-group figures, per-cluster counts and the views served until the next tick."""
-    qcfg = config.quorum
-    now = snap.now
-    live_groups = snap.live_groups
-    gkeys, gcluster = snap.gkeys, snap.gcluster
-    live = live_groups.tolist()
-    # Plain lists: indexing numpy scalars one by one costs more than the conversion.
-    active_l = out.n_active[live_groups].tolist()
-    idle_l = out.n_idle[live_groups].tolist()
-    tracked_l = out.n_tracked[live_groups].tolist()
-    per_cluster: dict[str, list[int]] = {}
-    for g, act, idl, tracked in zip(live, active_l, idle_l, tracked_l, strict=True):
-        counts = per_cluster.setdefault(gcluster[g], [0, 0, 0, 0])
-        counts[0] += act
-        counts[1] += idl
-        counts[2] += tracked
-        counts[3] += 1
-    low_of: dict[str, bool] = {}
-    clusters: list[ClusterStats] = []
-    for cluster_id, (act, idl, tracked, ngroups) in sorted(per_cluster.items()):
-        low = act < qcfg.coverage_fraction * qcfg.max_expected_nodes
-        low_of[cluster_id] = low
-        clusters.append(
-            ClusterStats(
-                cluster_id=cluster_id,
-                active_nodes=act,
-                idle_nodes=idl,
-                tracked_nodes=tracked,
-                groups=ngroups,
-                coverage_low=low,
-                computed_at=now,
-            )
-        )
-    columns = zip(
-        live,
-        _floats(out.threshold[live_groups]),
-        _floats(out.raw[live_groups]),
-        _floats(out.figs.median[live_groups]),
-        _floats(out.figs.mad[live_groups]),
-        out.quorum[live_groups].tolist(),
-        out.panic[live_groups].tolist(),
-        active_l,
-        idle_l,
-        tracked_l,
-        out.n_below[live_groups].tolist(),
-        out.n_straggler[live_groups].tolist(),
-        strict=True,
-    )
-    groups: list[GroupStats] = []
-    views: dict[str, ThresholdView] = {}
-    for g, t, r, median, mad, q, p, act, idl, tracked, below, stragglers in columns:
-        groups.append(
-            GroupStats(
-                cluster_id=gcluster[g],
-                group=gkeys[g],
-                job_id=snap.gjob[g],
-                workload_type=snap.gworkload[g],
-                threshold=t,
-                raw_threshold=r,
-                median=median,
-                mad=mad,
-                quorum_met=q,
-                panic=p,
-                active_nodes=act,
-                idle_nodes=idl,
-                straggler_count=stragglers,
-                coverage_low=low_of[gcluster[g]],
-                computed_at=now,
-                below_count=below,
-                tracked_nodes=tracked,
-            )
-        )
-        views[gkeys[g]] = ThresholdView(
-            cluster_id=gcluster[g],
-            group=gkeys[g],
-            threshold=t if q else None,
-            median=median,
-            mad=mad,
-            quorum_met=q,
-            panic=p,
-            active_nodes=act,
-            computed_at=now,
-        )
-    return tuple(groups), tuple(clusters), views

@@ -12,7 +12,7 @@ Names are the public contract of DESIGN.md: resource attributes ``ingero.node.id
 from __future__ import annotations
 
 import math
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 from typing import Any, Literal, cast
 
@@ -93,9 +93,12 @@ BAD_METRIC_TYPE = "bad_metric_type"
 
 @dataclass
 class HealthDecode:
-    """What a metrics request held: valid pushes, and the data points rejected (with why)."""
+    """What a metrics request held: valid pushes with the time each was stamped with
+    (``times[i]``, the ``time_unix_nano`` of ``pushes[i]``'s score point: everything
+    :func:`encode_health` wrote), and the data points rejected (with why)."""
 
     pushes: list[NodePush] = field(default_factory=list)
+    times: list[int] = field(default_factory=list)
     rejected: int = 0
     reasons: dict[str, int] = field(default_factory=dict)
     messages: list[str] = field(default_factory=list)
@@ -109,6 +112,10 @@ class HealthDecode:
     @property
     def error_message(self) -> str:
         return "; ".join(self.messages)
+
+    def timed(self) -> Iterator[tuple[NodePush, int]]:
+        """(push, time_unix_nano) pairs, as :func:`encode_health_batch` takes them."""
+        return zip(self.pushes, self.times, strict=True)
 
 
 def encode_health(push: NodePush, time_unix_nano: int) -> ExportMetricsServiceRequest:
@@ -348,3 +355,4 @@ def _decode_scores(
             result.reject(BAD_ATTRIBUTE, f"node {node_id}: {exc}")
             continue
         result.pushes.append(push)
+        result.times.append(point.time_unix_nano)

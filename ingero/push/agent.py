@@ -16,10 +16,11 @@ from typing import Protocol
 
 from ingero.clock import Clock
 from ingero.events import Event
+from ingero.otlp.exporter import jittered
 from ingero.otlp.health import NodePush, encode_health
 from ingero.push.channels import Channel
 from ingero.push.classifier import Classifier, Observation
-from ingero.push.client import PushClient, jittered
+from ingero.push.client import PushClient
 from ingero.push.config import PushConfig
 from ingero.push.detection import Decision, DetectionSelector
 from ingero.push.detection_store import DetectionStore

@@ -4,19 +4,16 @@ The threshold comes in the push response (HTTP headers ``X-Ingero-Threshold``,
 ``X-Ingero-Quorum-Met``, ``X-Ingero-Panic``; gRPC metadata ``ingero-threshold``, …);
 only when none of them is present is ``GET /api/v1/threshold`` polled. All three are read
 by :mod:`ingero.otlp.threshold`, which rejects a value outside a sane range (not finite,
-< 0, > 1, not ``true|false``): it is never used.
+< 0, > 1, not ``true|false``): it is never used. Sending, timeouts, which failures retry
+and the wait Fleet asks for (``Retry-After``, gRPC RetryInfo) are the OTLP exporter core's
+(:mod:`ingero.otlp.exporter`), which Fleet's forwarder to Echo shares.
 """
 
 from __future__ import annotations
 
-import email.utils
 import logging
-import random
 import time
-import urllib.error
 import urllib.parse
-import urllib.request
-from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Protocol
 
@@ -25,7 +22,8 @@ from opentelemetry.proto.collector.metrics.v1.metrics_service_pb2 import (
     ExportMetricsServiceRequest,
 )
 
-from ingero.bearer import authorization, read_token
+from ingero.bearer import read_token
+from ingero.otlp.exporter import ExportError, GrpcExporter, HttpExporter, parse_retry_after
 from ingero.otlp.ports import FLEET_API_PORT
 from ingero.otlp.threshold import (
     API_PATH,
@@ -36,7 +34,7 @@ from ingero.otlp.threshold import (
 )
 from ingero.otlp.values import load_json
 from ingero.push.config import PushConfig
-from ingero.tls import client_ssl_context, grpc_channel_credentials
+from ingero.tls import client_ssl_context
 
 log = logging.getLogger(__name__)
 
@@ -54,30 +52,10 @@ class PushClient(Protocol):
 
     def poll_threshold(self, cluster_id: str, job_id: str | None) -> ThresholdView | None: ...
 
-    def export_logs(self, request: ExportLogsServiceRequest) -> None: ...
+    def export_logs(self, request: ExportLogsServiceRequest) -> None:
+        """Send events; raises ExportError (the events channel retries a retryable one)."""
 
     def close(self) -> None: ...
-
-
-def jittered(interval: float, jitter: float, rng: random.Random) -> float:
-    """``interval`` spread uniformly by ±``jitter`` (a fraction) so nodes do not push in step."""
-    return interval * (1.0 + rng.uniform(-jitter, jitter))
-
-
-def parse_retry_after(value: str | None, now: float) -> float | None:
-    """Seconds to wait from a Retry-After value (delta-seconds or HTTP-date); None if unusable."""
-    if value is None:
-        return None
-    text = value.strip()
-    if text.isdigit():
-        return float(text)
-    try:
-        when = email.utils.parsedate_to_datetime(text)
-    except (TypeError, ValueError, IndexError):
-        return None
-    if when.tzinfo is None:
-        return None
-    return max(0.0, when.timestamp() - now)
 
 
 def api_base(config: PushConfig) -> str:
@@ -99,91 +77,62 @@ class HttpPushClient:
     """OTLP/HTTP with protobuf bodies (``/v1/metrics``, ``/v1/logs``)."""
 
     def __init__(self, config: PushConfig) -> None:
-        self._base = config.fleet_endpoint.rstrip("/")
-        self._api = api_base(config)
-        self._timeout = config.push_timeout
-        self._ssl = client_ssl_context(config.ca_file)
         token = read_token(config.auth_token_file, "auth_token_file")
-        self._auth = {"Authorization": authorization(token)} if token else {}
-
-    def _post(self, path: str, body: bytes) -> tuple[int, Mapping[str, str]]:
-        headers = {"Content-Type": "application/x-protobuf", **self._auth}
-        request = urllib.request.Request(self._base + path, body, headers, method="POST")
-        try:
-            with urllib.request.urlopen(request, timeout=self._timeout, context=self._ssl) as resp:
-                resp.read()
-                return resp.status, dict(resp.headers.items())
-        except urllib.error.HTTPError as exc:
-            exc.read()
-            return exc.code, dict(exc.headers.items())
+        context = client_ssl_context(config.ca_file)
+        timeout = config.push_timeout
+        self._otlp = HttpExporter(config.fleet_endpoint, token, timeout, context, "Fleet")
+        self._api = HttpExporter(api_base(config), token, timeout, context, "Fleet's API")
 
     def push(self, request: ExportMetricsServiceRequest) -> PushResult:
         try:
-            status, headers = self._post("/v1/metrics", request.SerializeToString())
-        except OSError as exc:  # refused, timed out, TLS: Fleet is unreachable
-            return PushResult(ok=False, error=str(getattr(exc, "reason", exc)))
-        lower = {k.lower(): v for k, v in headers.items()}
-        retry_after = parse_retry_after(lower.get("retry-after"), time.time())
+            answer = self._otlp.post("metrics", request)
+        except ExportError as exc:  # refused, timed out, TLS: Fleet is unreachable
+            return PushResult(ok=False, error=str(exc))
+        retry_after = parse_retry_after(answer.headers.get("retry-after"), time.time())
         reading = None
-        error = None if 200 <= status < 300 else f"HTTP {status}"
+        error = None if answer.ok else f"HTTP {answer.status}"
         try:
-            reading = decode_headers(headers)
+            reading = decode_headers(answer.headers)
         except ValueError as exc:
             log.warning("rejected threshold from Fleet: %s", exc)
             error = error or f"rejected: {exc}"
-        return PushResult(200 <= status < 300, reading, retry_after, error)
+        return PushResult(answer.ok, reading, retry_after, error)
 
     def poll_threshold(self, cluster_id: str, job_id: str | None) -> ThresholdView | None:
         query = {"cluster_id": cluster_id, **({"job_id": job_id} if job_id else {})}
-        url = f"{self._api}{API_PATH}?{urllib.parse.urlencode(query)}"
-        request = urllib.request.Request(url, headers=self._auth)
+        path = f"{self._api.url.path.rstrip('/')}{API_PATH}?{urllib.parse.urlencode(query)}"
         try:
-            with urllib.request.urlopen(request, timeout=self._timeout, context=self._ssl) as resp:
-                return decode_json(load_json(resp.read()))
-        except (OSError, ValueError) as exc:
+            answer = self._api.request("GET", path)
+            if not answer.ok:
+                raise answer.error(self._api.receiver, time.time())
+            return decode_json(load_json(answer.body))
+        except (ExportError, ValueError) as exc:
             log.debug("threshold API: %s", exc)
             return None
 
     def export_logs(self, request: ExportLogsServiceRequest) -> None:
-        status, _headers = self._post("/v1/logs", request.SerializeToString())
-        if status == 429 or status >= 500:
-            raise OSError(f"Fleet answered HTTP {status} to /v1/logs")
-        if not 200 <= status < 300:
-            raise ValueError(f"Fleet rejected the event: HTTP {status}")
+        self._otlp.send(request)
 
     def close(self) -> None:
-        """Nothing to release: every request opens its own connection."""
+        self._otlp.close()
+        self._api.close()
 
 
 class GrpcPushClient:
     """OTLP gRPC (MetricsService/Export, LogsService/Export); threshold in response metadata."""
 
     def __init__(self, config: PushConfig) -> None:
-        import grpc
-        from opentelemetry.proto.collector.logs.v1 import logs_service_pb2_grpc
-        from opentelemetry.proto.collector.metrics.v1 import metrics_service_pb2_grpc
-
-        self._grpc = grpc
-        target = config.fleet_endpoint.split("://", 1)[-1].rstrip("/")
-        if config.ca_file:
-            self._channel = grpc.secure_channel(target, grpc_channel_credentials(config.ca_file))
-        else:
-            self._channel = grpc.insecure_channel(target)
-        self._metrics = metrics_service_pb2_grpc.MetricsServiceStub(self._channel)  # type: ignore[no-untyped-call]
-        self._logs = logs_service_pb2_grpc.LogsServiceStub(self._channel)  # type: ignore[no-untyped-call]
-        self._timeout = config.push_timeout
         token = read_token(config.auth_token_file, "auth_token_file")
-        self._metadata = [("authorization", authorization(token))] if token else []
+        self._otlp = GrpcExporter(
+            config.fleet_endpoint, token, config.push_timeout, config.ca_file, "Fleet"
+        )
         self._http = HttpPushClient(config)
 
     def push(self, request: ExportMetricsServiceRequest) -> PushResult:
-        grpc = self._grpc
         try:
-            _response, call = self._metrics.Export.with_call(
-                request, timeout=self._timeout, metadata=self._metadata
-            )
-        except grpc.RpcError as exc:
-            return PushResult(ok=False, error=f"gRPC {exc.code().name}: {exc.details()}")
+            call = self._otlp.send(request)
+        except ExportError as exc:
+            return PushResult(ok=False, retry_after=exc.retry_after, error=str(exc))
         try:
             metadata = [*call.initial_metadata(), *call.trailing_metadata()]
             return PushResult(True, decode_metadata(metadata))
@@ -195,16 +144,10 @@ class GrpcPushClient:
         return self._http.poll_threshold(cluster_id, job_id)
 
     def export_logs(self, request: ExportLogsServiceRequest) -> None:
-        grpc = self._grpc
-        try:
-            self._logs.Export(request, timeout=self._timeout, metadata=self._metadata)
-        except grpc.RpcError as exc:
-            if exc.code() == grpc.StatusCode.INVALID_ARGUMENT:
-                raise ValueError(f"Fleet rejected the event: {exc.details()}") from None
-            raise OSError(f"gRPC {exc.code().name}: {exc.details()}") from None
+        self._otlp.send(request)
 
     def close(self) -> None:
-        self._channel.close()
+        self._otlp.close()
 
 
 def make_client(config: PushConfig) -> PushClient:

@@ -8,10 +8,12 @@ import pytest
 from openapi_spec_validator import validate
 
 from ingero.config import build
+from ingero.echo.answers import QUESTIONS
 from ingero.echo.api import openapi_document
 from ingero.echo.config import EchoConfig
 from ingero.echo.mcp_server import investigate_text, tools
-from ingero.echo.queries import QUESTIONS, BadRequest, GpuRates
+from ingero.echo.questions import BadRequest
+from ingero.echo.rates import GpuRates
 from ingero.errors import ConfigError
 
 

@@ -7,7 +7,8 @@ import threading
 from opentelemetry.proto.collector.logs.v1.logs_service_pb2 import ExportLogsServiceRequest
 
 from ingero.events import Event
-from ingero.fleet.forwarder import Forwarder, SendError
+from ingero.fleet.forwarder import Forwarder
+from ingero.otlp.exporter import ExportError
 from ingero.otlp.logs import decode_events
 
 
@@ -19,7 +20,7 @@ class ScriptedSender:
     """Fails with the scripted errors first, then accepts; records what it accepted."""
 
     def __init__(
-        self, failures: list[SendError] | None = None, gate: threading.Event | None = None
+        self, failures: list[ExportError] | None = None, gate: threading.Event | None = None
     ):
         self.failures = list(failures or [])
         self.gate = gate
@@ -39,7 +40,7 @@ class ScriptedSender:
 
 
 def test_transient_failures_are_retried_until_acknowledged() -> None:
-    sender = ScriptedSender([SendError("refused", True), SendError("503", True)])
+    sender = ScriptedSender([ExportError("refused", True), ExportError("503", True)])
     fwd = Forwarder(sender, batch_size=10, backoff_initial=0.001, backoff_max=0.01)
     events = [ev(i) for i in range(25)]
     assert fwd.submit(events) == 25
@@ -50,7 +51,7 @@ def test_transient_failures_are_retried_until_acknowledged() -> None:
 
 
 def test_a_refused_batch_is_dropped_and_counted_not_retried() -> None:
-    sender = ScriptedSender([SendError("400 invalid", False)])
+    sender = ScriptedSender([ExportError("400 invalid", False)])
     fwd = Forwarder(sender, batch_size=5, backoff_initial=0.001)
     fwd.submit([ev(i) for i in range(5)])
     assert fwd.flush(10)
@@ -75,7 +76,7 @@ def test_submit_never_blocks_and_counts_what_a_full_queue_drops() -> None:
 
 
 def test_close_gives_up_on_an_unreachable_echo_and_counts_the_loss() -> None:
-    sender = ScriptedSender([SendError("down", True)] * 1000)
+    sender = ScriptedSender([ExportError("down", True)] * 1000)
     fwd = Forwarder(sender, batch_size=4, backoff_initial=0.01, backoff_max=0.02)
     fwd.submit([ev(i) for i in range(10)])
     fwd.close(timeout=0.2)

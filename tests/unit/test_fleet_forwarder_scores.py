@@ -10,9 +10,10 @@ from opentelemetry.proto.collector.metrics.v1.metrics_service_pb2 import (
 )
 
 from ingero.events import Event
-from ingero.fleet.forwarder import Forwarder, HttpSender, SendError
+from ingero.fleet.forwarder import Forwarder
 from ingero.fleet.score_history import ScoreSample
 from ingero.fleet.state import NodeScore
+from ingero.otlp.exporter import ExportError, HttpExporter
 from ingero.otlp.health import decode_health
 from ingero.otlp.logs import decode_events
 
@@ -28,7 +29,7 @@ class RecordingSender:
     """Fails with the scripted errors first, then accepts; records every accepted request."""
 
     def __init__(
-        self, failures: list[SendError] | None = None, gate: threading.Event | None = None
+        self, failures: list[ExportError] | None = None, gate: threading.Event | None = None
     ) -> None:
         self.failures = list(failures or [])
         self.gate = gate
@@ -79,7 +80,7 @@ def test_waiting_events_go_before_waiting_samples() -> None:
 
 def test_transient_failures_are_retried_and_a_refusal_is_dropped_and_counted() -> None:
     sender = RecordingSender(
-        [SendError("503", True), SendError("unavailable", True), SendError("400", False)]
+        [ExportError("503", True), ExportError("unavailable", True), ExportError("400", False)]
     )
     fwd = Forwarder(sender, batch_size=5, backoff_initial=0.001, backoff_max=0.01)
     fwd.submit_scores([sample(i) for i in range(5)])
@@ -108,7 +109,7 @@ def test_a_full_sample_queue_drops_and_counts_without_blocking_or_touching_event
 
 
 def test_close_counts_the_samples_it_could_not_deliver() -> None:
-    sender = RecordingSender([SendError("down", True)] * 1000)
+    sender = RecordingSender([ExportError("down", True)] * 1000)
     fwd = Forwarder(sender, batch_size=4, backoff_initial=0.01, backoff_max=0.02)
     fwd.submit_scores([sample(i) for i in range(10)])
     fwd.close(timeout=0.2)
@@ -117,5 +118,5 @@ def test_close_counts_the_samples_it_could_not_deliver() -> None:
 
 
 def test_http_sender_posts_samples_to_v1_metrics() -> None:
-    sender = HttpSender("http://echo.example:4328/otlp/")
-    assert (sender.path, sender.metrics_path) == ("/otlp/v1/logs", "/otlp/v1/metrics")
+    sender = HttpExporter("http://echo.example:4328/otlp/", None, 10.0)
+    assert (sender.paths["logs"], sender.paths["metrics"]) == ("/otlp/v1/logs", "/otlp/v1/metrics")

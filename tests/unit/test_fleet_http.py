@@ -11,7 +11,7 @@ from ingero.bearer import BearerAuth
 from ingero.fleet.httpserver import BadHead, HttpResponse, _parse_head, render
 from ingero.fleet.metrics import FleetMetrics
 from ingero.fleet.model import GroupStats
-from ingero.fleet.receiver import RequestError, inflate, media_type
+from ingero.otlp.receiver import RequestError, inflate, media_type
 from ingero.otlp.threshold import ThresholdView
 from ingero.otlp.threshold import encode_headers as threshold_headers
 

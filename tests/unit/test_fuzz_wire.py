@@ -1,7 +1,7 @@
 """Fuzzing of everything that reads bytes from the network: the OTLP decoders, Echo's body
 decoding and Fleet's HTTP head parser and connection protocol.
 
-Any input must give a result or the documented error type (OtlpDecodeError, IngestError,
+Any input must give a result or the documented error type (OtlpDecodeError, RequestError,
 BadHead), never another exception; what a decoder accepts is within the limits of
 ``ingero.otlp.limits``. Bounded in time: a few hundred examples per property, no deadline
 (a slow shared CI core must not fail a property that holds).
@@ -22,7 +22,7 @@ from opentelemetry.proto.collector.metrics.v1.metrics_service_pb2 import (
     ExportMetricsServiceRequest,
 )
 
-from ingero.echo.decoding import JSON, PROTOBUF, Decoded, IngestError, Kind, decode_body
+from ingero.echo.decoding import Decoded, decode_body
 from ingero.events import EVENT_TYPES, Event
 from ingero.fleet.httpserver import (
     MAX_HEAD_BYTES,
@@ -38,6 +38,8 @@ from ingero.otlp import health
 from ingero.otlp.health import NODE_STATES, NodePush, decode_health, encode_health
 from ingero.otlp.limits import MAX_EVENT_BYTES, MAX_ID_CHARS
 from ingero.otlp.logs import decode_events, encode_events
+from ingero.otlp.receiver import RequestError
+from ingero.otlp.transport import JSON, PROTOBUF, Signal
 from ingero.otlp.values import OtlpDecodeError, add_attributes, parse_json, parse_protobuf, to_json
 
 FUZZ = settings(
@@ -359,10 +361,10 @@ def test_json_documents_of_any_shape_and_depth(
     st.sampled_from(["logs", "metrics"]),
     st.integers(1, 3),
 )
-def test_echo_decode_body(body: bytes, media: str, kind: Kind, max_records: int) -> None:
+def test_echo_decode_body(body: bytes, media: str, kind: Signal, max_records: int) -> None:
     try:
         decoded = decode_body(body, media, kind, max_records, 1000.0)
-    except (OtlpDecodeError, IngestError):
+    except RequestError:
         return
     assert isinstance(decoded, Decoded)
     assert len(decoded.rows) + len(decoded.scores) <= max_records

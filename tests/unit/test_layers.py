@@ -84,6 +84,20 @@ def test_the_layer_rule_holds() -> None:
     assert violations() == []
 
 
+def test_both_daemons_receive_and_both_senders_export_through_the_otlp_cores() -> None:
+    """One receiver core (Fleet and Echo) and one exporter core (fleet-push and Fleet's
+    forwarder to Echo): a second copy of either would show as a part that stopped using it."""
+    users: dict[str, set[str]] = {}
+    for path in PACKAGE.rglob("*.py"):
+        here = module_name(path, PACKAGE)
+        for _, target in imports(path, PACKAGE):
+            users.setdefault(target, set()).add(here)
+    assert {"ingero.fleet.otlp_http", "ingero.fleet.grpc_server", "ingero.echo.ingest"} <= users[
+        "ingero.otlp.receiver"
+    ]
+    assert {"ingero.push.client", "ingero.fleet.forwarder"} <= users["ingero.otlp.exporter"]
+
+
 def test_the_rule_reads_every_kind_of_import(tmp_path: Path) -> None:
     """The checker itself, on a small package: lazy, TYPE_CHECKING and relative imports are
     all seen, and each rule names itself."""

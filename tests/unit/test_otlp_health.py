@@ -55,6 +55,26 @@ def test_batch_of_nodes_decodes_to_each_push_with_its_own_time() -> None:
     assert times == [1_000, 2_000]
 
 
+def test_the_decoder_returns_every_push_with_the_time_its_encoder_wrote() -> None:
+    other = NodePush(node_id="gpu-008", cluster_id="hpc", score=0.4)
+    bad = NodePush(node_id="gpu-009", cluster_id="hpc", score=0.5)
+    request = health.encode_health_batch([(FULL, 1_000), (bad, 1_500), (other, 2_000)])
+    # the middle node's score is refused: the times stay with their own pushes
+    request.resource_metrics[1].scope_metrics[0].metrics[0].gauge.data_points[0].as_double = 7.0
+    for body, parse in (
+        (request.SerializeToString(), parse_protobuf),
+        (to_json(request), parse_json),
+    ):
+        result = health.decode_health(parse(body, ExportMetricsServiceRequest))
+        assert result.times == [1_000, 2_000] and result.rejected == 1
+        assert list(result.timed()) == [(FULL, 1_000), (other, 2_000)]
+        # what it returns is what the encoder takes: the round trip is whole
+        again = health.encode_health_batch(result.timed()).SerializeToString()
+        assert (
+            again == health.encode_health_batch([(FULL, 1_000), (other, 2_000)]).SerializeToString()
+        )
+
+
 def test_minimal_push_defaults_to_active() -> None:
     result = roundtrip(NodePush(node_id="n1", cluster_id="c", score=1.0))
     assert result.pushes == [NodePush(node_id="n1", cluster_id="c", score=1.0)]

@@ -8,7 +8,8 @@ from email.utils import format_datetime
 
 import pytest
 
-from ingero.push.client import api_base, jittered, parse_retry_after
+from ingero.otlp.exporter import jittered, parse_retry_after
+from ingero.push.client import api_base
 from ingero.push.config import PushConfig
 
 NOW = 1_700_000_000.0

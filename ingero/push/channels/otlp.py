@@ -13,8 +13,14 @@ from ingero.push.channels.queued import QueuedChannel
 Exporter = Callable[[ExportLogsServiceRequest], None]
 
 
+# The longest wait between two tries of one event (they start at ``retry_delay``).
+MAX_RETRY_DELAY = 30.0
+
+
 class OtlpLogsChannel(QueuedChannel):
-    """``exporter`` raises OSError to have an event retried, ValueError to have it dropped."""
+    """``exporter`` raises a retryable ExportError (the OTLP exporter core's verdict) or
+    OSError to have an event retried, after a wait growing from ``retry_delay`` to
+    MAX_RETRY_DELAY and at least what Fleet asked for; any other error drops it."""
 
     name = "otlp"
 
@@ -27,7 +33,7 @@ class OtlpLogsChannel(QueuedChannel):
     ) -> None:
         self._exporter = exporter
         self._resource = dict(resource)
-        super().__init__(queue_size, retry_delay)
+        super().__init__(queue_size, retry_delay, max(retry_delay, MAX_RETRY_DELAY))
 
     def _deliver(self, event: Event) -> None:
         self._exporter(encode_events([event], self._resource))

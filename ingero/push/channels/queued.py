@@ -8,6 +8,7 @@ import queue
 import threading
 
 from ingero.events import Event
+from ingero.otlp.exporter import Backoff, ExportError
 
 log = logging.getLogger(__name__)
 
@@ -15,17 +16,23 @@ log = logging.getLogger(__name__)
 class QueuedChannel:
     """``send`` enqueues without waiting; a full queue drops the event and counts it.
 
-    Subclasses implement ``_deliver`` (may block, may raise ``OSError``) and ``_reset``
-    (drop a broken connection). A failed delivery is retried after ``retry_delay`` seconds
-    while the event stays at the head of the queue, so a consumer that comes back late still
-    gets everything the queue could hold.
+    Subclasses implement ``_deliver`` (may block, may raise ``OSError`` or a retryable
+    ``ExportError``) and ``_reset`` (drop a broken connection). A failed delivery is retried
+    after ``retry_delay`` seconds (growing with jitter up to ``max_retry_delay``, and at
+    least the wait a receiver asked for) while the event stays at the head of the queue, so
+    a consumer that comes back late still gets everything the queue could hold. Any other
+    error drops the event.
     """
 
     name = "queued"
 
-    def __init__(self, queue_size: int, retry_delay: float = 0.5) -> None:
+    def __init__(
+        self, queue_size: int, retry_delay: float = 0.5, max_retry_delay: float | None = None
+    ) -> None:
         self._queue: queue.Queue[Event | None] = queue.Queue(maxsize=queue_size)
+        self._backoff = Backoff(retry_delay, max_retry_delay or retry_delay)
         self._retry_delay = retry_delay
+        self._grows = max_retry_delay is not None
         self._stop = threading.Event()
         self._lock = threading.Lock()
         self._counts = {"sent": 0, "dropped": 0, "errors": 0}
@@ -71,20 +78,31 @@ class QueuedChannel:
             while not self._stop.is_set():
                 try:
                     self._deliver(event)
-                except OSError as exc:
+                except (OSError, ExportError) as exc:
+                    if isinstance(exc, ExportError) and not exc.retryable:
+                        log.warning("%s: dropped event %s: %s", self.name, event.event_id, exc)
+                        self._count("dropped")
+                        break
                     self._count("errors")
                     log.debug("%s: delivery failed: %s", self.name, exc)
                     self._reset()
-                    self._stop.wait(self._retry_delay)
+                    self._stop.wait(self._retry_wait(exc))
                     continue
                 except Exception as exc:  # one undeliverable event must not stop the channel
                     log.warning("%s: dropped event %s: %s", self.name, event.event_id, exc)
                     self._count("dropped")
                     break
                 self._count("sent")
+                self._backoff.reset()
                 break
             else:
                 self._count("dropped")
+
+    def _retry_wait(self, exc: Exception) -> float:
+        retry_after = exc.retry_after if isinstance(exc, ExportError) else None
+        if self._grows or retry_after is not None:
+            return self._backoff.next(retry_after)
+        return self._retry_delay  # a local consumer (a socket): a fixed, short wait
 
     def _deliver(self, event: Event) -> None:
         raise OSError("no transport")

@@ -15,6 +15,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from google.rpc.status_pb2 import Status
+
 from ingero.events import Event
 
 TOKEN_OPS = "ops-token-0123456789abcdef"
@@ -170,7 +172,9 @@ def http(
     token: str | None = None,
     content_type: str = "application/json",
 ) -> tuple[int, Any]:
-    """(status, parsed JSON body or raw bytes)."""
+    """(status, parsed JSON body or raw bytes). An OTLP refusal of a protobuf request is a
+    ``google.rpc.Status`` (as the OTLP spec asks): it is read into the keys the JSON one has
+    (``error``, ``status``, ``code``), so a test reads a refusal the same in either encoding."""
     request = urllib.request.Request(url, data=body, method=method)
     if body is not None:
         request.add_header("Content-Type", content_type)
@@ -185,4 +189,7 @@ def http(
             )
     except urllib.error.HTTPError as exc:
         status, raw, ctype = exc.code, exc.read(), exc.headers.get("content-type", "")
+    if ctype == "application/x-protobuf" and status >= 400:
+        refusal = Status.FromString(raw)
+        return status, {"error": refusal.message, "status": status, "code": refusal.code}
     return status, json.loads(raw) if "json" in ctype else raw

@@ -2,21 +2,31 @@
 
 Each request is refused as a whole with a clear 400 and a counted reason (``malformed``,
 ``too_long``), nothing of it is stored, the daemon keeps serving, and refused requests
-leave no memory behind beyond a few request bodies.
+leave no memory behind beyond a few request bodies. The API's JSON body (SQL) nested past
+the interpreter's recursion limit is a 400 too, and a stored string no UTF-8 can hold is
+answered, not a 500.
 """
 
 from __future__ import annotations
 
 import json
+import sqlite3
+import urllib.error
+import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import anyio
 import grpc
+import httpx2
 import pytest
+from mcp.client import Client
+from mcp.client.streamable_http import streamable_http_client
 from opentelemetry.proto.collector.logs.v1 import logs_service_pb2_grpc
 from opentelemetry.proto.collector.logs.v1.logs_service_pb2 import ExportLogsServiceRequest
 
+from ingero.echo.rows import EXTRA, INSERT_EVENT, event_row
 from ingero.events import Event
 from ingero.otlp.health import NodePush, encode_health
 from ingero.otlp.limits import MAX_EVENT_BYTES, MAX_ID_CHARS, MAX_JSON_DEPTH
@@ -186,3 +196,58 @@ def test_events_with_huge_ids_are_refused_and_memory_stays_bounded(echo: EchoPro
     assert statuses == [400] * 300
     assert stored(echo, "huge") == 0
     serving(echo)
+
+
+def test_a_sql_body_nested_past_the_recursion_limit_is_a_400(echo: EchoProcess) -> None:
+    for body in (b"[" * 5000 + b"]" * 5000, b'{"query":' * 3000 + b"1" + b"}" * 3000):
+        status, answer = http("POST", f"{echo.url}/api/v1/sql", body, TOKEN_OPS)
+        assert status == 400, answer
+        assert answer["error"] == (
+            f"the body must be JSON: nested deeper than {MAX_JSON_DEPTH} levels"
+        )
+    serving(echo)
+
+
+async def _mcp_events(url: str) -> tuple[Any, Any]:
+    headers = {"Authorization": f"Bearer {TOKEN_OPS}"}
+    transport = streamable_http_client(url, http_client=httpx2.AsyncClient(headers=headers))
+    async with Client(transport) as client:
+        result = await client.call_tool("events", {"cluster_id": "odd", "since": 0})
+        return result.structured_content, result.content[0].text  # type: ignore[union-attr]
+
+
+def test_a_lone_surrogate_in_a_stored_event_is_answered(tmp_path: Path) -> None:
+    """JSON can spell a lone UTF-16 surrogate; an event's ``extra`` holding one (a store
+    written by another tool, or by hand) is answered, escaped, on every surface."""
+    echo = EchoProcess(tmp_path)
+    echo.start().stop()  # the store's schema
+    row = event_row(straggler("odd-node", "odd", 1000.0, job="5"), 1000.0)
+    extra = '{"note":"\\ud800 lone","pair":"\\ud83d\\ude00"}'  # JSON text, ASCII
+    conn = sqlite3.connect(echo.db)
+    with conn:
+        conn.execute(INSERT_EVENT, (*row[:EXTRA], extra))
+    conn.close()
+    echo.start()
+    try:
+        status, raw = http_raw(f"{echo.url}/api/v1/events?cluster_id=odd&since=0")
+        assert status == 200, raw
+        (event,) = json.loads(raw)["events"]
+        assert event["extra"] == {"note": "\ud800 lone", "pair": "\U0001f600"}
+        status, raw = http_raw(f"{echo.url}/api/v1/job_report?job_id=5")
+        assert status == 200 and json.loads(raw)["found"], raw
+        structured, text = anyio.run(_mcp_events, f"{echo.url}/mcp")
+        assert json.loads(text)["events"][0]["extra"]["note"] == "\ud800 lone"
+        # MCP's structured content is UTF-8: the unpaired surrogate shows as U+FFFD
+        assert structured["events"][0]["extra"] == {"note": "\ufffd lone", "pair": "\U0001f600"}
+        serving(echo)
+    finally:
+        echo.stop()
+
+
+def http_raw(url: str) -> tuple[int, bytes]:
+    request = urllib.request.Request(url, headers={"Authorization": f"Bearer {TOKEN_OPS}"})
+    try:
+        with urllib.request.urlopen(request, timeout=30) as response:
+            return response.status, response.read()
+    except urllib.error.HTTPError as exc:
+        return exc.code, exc.read()

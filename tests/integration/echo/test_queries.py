@@ -9,7 +9,8 @@ import pytest
 
 from ingero.clock import ManualClock
 from ingero.echo.auth import AccessDenied, Principal
-from ingero.echo.queries import BadRequest, GpuRates
+from ingero.echo.questions import BadRequest
+from ingero.echo.rates import GpuRates
 from ingero.echo.rows import ScorePoint
 from ingero.echo.service import Service
 from ingero.echo.store import Store

@@ -43,6 +43,20 @@ pytestmark = pytest.mark.integration
 SCORES = {"n1": 0.90, "n2": 0.92, "n3": 0.88, "n4": 0.91, "n5": 0.50, "n6": 0.89}
 
 
+def recorded(exporter: Any) -> list[Any]:
+    """The results of the SDK exporter's exports from now on: a provider's force_flush
+    reports success even when the export failed, the exporter's result does not."""
+    results: list[Any] = []
+    export = exporter.export
+
+    def recording(*args: Any, **kwargs: Any) -> Any:
+        results.append(export(*args, **kwargs))
+        return results[-1]
+
+    exporter.export = recording
+    return results
+
+
 def sdk_push(exporter: MetricExporter, node: str, score: float, cluster: str) -> None:
     """One node as the OpenTelemetry SDK would run it: resource + observable gauge."""
     resource = Resource.create(
@@ -62,19 +76,11 @@ def sdk_push(exporter: MetricExporter, node: str, score: float, cluster: str) ->
     provider.get_meter("ingero").create_observable_gauge(
         "ingero.node.health_score", callbacks=[observe]
     )
-    results: list[MetricExportResult] = []
-    export = exporter.export
-
-    def recording(*args: Any, **kwargs: Any) -> MetricExportResult:
-        results.append(export(*args, **kwargs))
-        return results[-1]
-
-    exporter.export = recording  # type: ignore[method-assign]
+    results = recorded(exporter)
     try:
         provider.force_flush(30_000)
     finally:
         provider.shutdown()
-    # force_flush reports success even when the export failed; the exporter's result does not.
     assert results and all(r is MetricExportResult.SUCCESS for r in results), results
 
 

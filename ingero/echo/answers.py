@@ -1,228 +1,34 @@
-"""The questions Echo answers, each implemented once and described once.
+"""The questions Echo answers, each implemented once and described once (the framework:
+``ingero.echo.questions``).
 
-Every question is a ``Question``: its parameters (validated here, so the HTTP API and MCP
-reject the same bad input with the same message), a JSON Schema of its answer (used for
-the OpenAPI document and MCP tool descriptions) and a function over a read-only SQLite
-connection. Every function filters by the caller's ``Principal``: a tenant never sees a
-row of a cluster outside its token's scope.
+Every function filters by the caller's ``Principal``: a tenant never sees a row of a
+cluster outside its token's scope.
 """
 
 from __future__ import annotations
 
 import json
-import math
-import re
 import sqlite3
 import statistics
-from collections.abc import Callable, Iterable, Mapping
-from dataclasses import dataclass, field
-from importlib import resources
-from pathlib import Path
-from typing import Any, TypeVar
-
-import yaml
+from typing import Any
 
 from ingero.config import parse_duration
-from ingero.echo.auth import Principal
+from ingero.echo.questions import (
+    INT,
+    INT_N,
+    NUM,
+    NUM_N,
+    STR,
+    STR_N,
+    Context,
+    Param,
+    Question,
+    answer_schema,
+    list_of,
+    obj,
+)
+from ingero.echo.rows import COLUMNS
 from ingero.echo.schema import EVENTS_BY_CLUSTER
-from ingero.errors import ConfigError
-from ingero.sqlguard import TRUNCATED_REASONS, ByteBudget
-
-T = TypeVar("T")
-
-
-class BadRequest(ValueError):
-    """A question's parameters are missing, unknown or of the wrong type."""
-
-
-@dataclass(frozen=True)
-class Param:
-    name: str
-    type: str  # JSON Schema type: string | number | integer
-    description: str
-    required: bool = False
-    default: Any = None
-    enum: tuple[str, ...] | None = None
-    minimum: float | None = None
-    maximum: float | None = None
-    max_length: int = 256  # ids and names; the SQL text allows more
-    pattern: str | None = None
-
-    def schema(self) -> dict[str, Any]:
-        out: dict[str, Any] = {"type": self.type, "description": self.description}
-        if self.type == "string":
-            out.update(minLength=1, maxLength=self.max_length)
-            if self.pattern:
-                out["pattern"] = self.pattern
-        if self.default is not None:
-            out["default"] = self.default
-        if self.enum:
-            out["enum"] = list(self.enum)
-        if self.minimum is not None:
-            out["minimum"] = self.minimum
-        if self.maximum is not None:
-            out["maximum"] = self.maximum
-        return out
-
-    def parse(self, value: Any) -> Any:
-        """Coerce a query-string or JSON value; raises BadRequest naming the parameter."""
-        if self.type == "string":
-            if not isinstance(value, str) or not value:
-                raise BadRequest(f"parameter {self.name} must be a non-empty string")
-            if len(value) > self.max_length:
-                raise BadRequest(
-                    f"parameter {self.name} is longer than {self.max_length} characters"
-                )
-            if self.enum and value not in self.enum:
-                raise BadRequest(f"parameter {self.name} must be one of {', '.join(self.enum)}")
-            if self.pattern and not re.search(self.pattern, value):
-                raise BadRequest(f"parameter {self.name} must look like 24h, 30m or 7d")
-            return value
-        number: float | int
-        try:
-            if isinstance(value, bool):
-                raise ValueError
-            if self.type == "integer":
-                number = int(value) if isinstance(value, int | str) else _int_float(value)
-            else:
-                number = float(value)
-        except (TypeError, ValueError):
-            raise BadRequest(
-                f"parameter {self.name} must be a{'n integer' if self.type == 'integer' else ' number'}"
-            ) from None
-        if isinstance(number, float) and not math.isfinite(number):
-            raise BadRequest(f"parameter {self.name} must be finite")
-        if self.minimum is not None and number < self.minimum:
-            raise BadRequest(f"parameter {self.name} must be at least {self.minimum:g}")
-        if self.maximum is not None and number > self.maximum:
-            raise BadRequest(f"parameter {self.name} must be at most {self.maximum:g}")
-        return number
-
-
-def _int_float(value: Any) -> int:
-    if isinstance(value, float) and value.is_integer():
-        return int(value)
-    raise ValueError
-
-
-@dataclass
-class Context:
-    """What a question needs besides its parameters."""
-
-    principal: Principal
-    now: float
-    rates: GpuRates
-    max_rows: int = 1000
-    # Counts the answer's lists as JSON while they are built (unlimited by default).
-    budget: ByteBudget = field(default_factory=lambda: ByteBudget(None))
-
-    def fit(self, items: Iterable[T]) -> list[T]:
-        """The items of one of the answer's lists that fit its byte limit, read lazily (an
-        event's ``extra`` can be large: rows past the limit are never fetched)."""
-        return self.budget.take(items)
-
-
-@dataclass(frozen=True)
-class Question:
-    name: str
-    summary: str
-    params: tuple[Param, ...]
-    output: dict[str, Any]
-    run: Callable[[sqlite3.Connection, Context, dict[str, Any]], dict[str, Any]]
-
-    def parse(self, raw: Mapping[str, Any]) -> dict[str, Any]:
-        known = {p.name: p for p in self.params}
-        unknown = sorted(set(raw) - set(known))
-        if unknown:
-            raise BadRequest(
-                f"unknown parameter {unknown[0]!r} (known: {', '.join(known) or 'none'})"
-            )
-        args: dict[str, Any] = {}
-        for p in self.params:
-            value = raw.get(p.name)
-            if value is None:
-                if p.required:
-                    raise BadRequest(f"parameter {p.name} is required")
-                args[p.name] = p.default
-            else:
-                args[p.name] = p.parse(value)
-        since, until = args.get("since"), args.get("until")
-        if since is not None and until is not None and since > until:
-            raise BadRequest("since must not be after until")
-        if since is not None and args.get("last") is not None:
-            raise BadRequest("give since or last, not both")
-        return args
-
-    def input_schema(self) -> dict[str, Any]:
-        return {
-            "type": "object",
-            "properties": {p.name: p.schema() for p in self.params},
-            "required": [p.name for p in self.params if p.required],
-            "additionalProperties": False,
-        }
-
-
-# -- GPU rates -------------------------------------------------------------------------------
-
-
-@dataclass(frozen=True)
-class GpuRates:
-    """Hourly price per GPU model; models match by case-insensitive substring, longest first."""
-
-    currency: str
-    default: float
-    models: dict[str, float] = field(default_factory=dict)
-
-    def rate(self, gpu_model: str | None) -> float:
-        if gpu_model:
-            low = gpu_model.lower()
-            for model in sorted(self.models, key=len, reverse=True):
-                if model.lower() in low:
-                    return self.models[model]
-        return self.default
-
-    @classmethod
-    def parse(cls, raw: Any, source: str) -> GpuRates:
-        if not isinstance(raw, dict):
-            raise ConfigError(f"{source}: expected a mapping with currency, default, models")
-        unknown = set(raw) - {"currency", "default", "models"}
-        if unknown:
-            raise ConfigError(f"{source}: unknown key {sorted(unknown)[0]!r}")
-        currency = raw.get("currency", "USD")
-        default = raw.get("default", 0.0)
-        models = raw.get("models") or {}
-        if not isinstance(currency, str) or not isinstance(models, dict):
-            raise ConfigError(f"{source}: currency must be a string and models a mapping")
-        for key, value in [("default", default), *models.items()]:
-            if isinstance(value, bool) or not isinstance(value, int | float) or value < 0:
-                raise ConfigError(f"{source}: rate {key} must be a number >= 0, got {value!r}")
-        return cls(currency, float(default), {str(k): float(v) for k, v in models.items()})
-
-    @classmethod
-    def load(cls, override: str | None = None) -> GpuRates:
-        """The shipped table, with ``override`` (a file of the same format) laid over it.
-
-        An override in another currency replaces the table instead: mixing its prices with
-        the shipped ones would label dollars as euros."""
-        shipped = yaml.safe_load(
-            resources.files("ingero.echo").joinpath("data/gpu_rates.yaml").read_text()
-        )
-        base = cls.parse(shipped, "gpu_rates.yaml")
-        if override is None:
-            return base
-        try:
-            raw = yaml.safe_load(Path(override).read_text())
-        except (OSError, yaml.YAMLError) as exc:
-            raise ConfigError(f"{override}: cannot read GPU rates: {exc}") from None
-        mine = cls.parse(raw, override)
-        if mine.currency != base.currency:
-            return mine
-        return cls(
-            base.currency,
-            mine.default if "default" in raw else base.default,
-            {**base.models, **mine.models},
-        )
-
 
 # -- helpers ---------------------------------------------------------------------------------
 
@@ -256,15 +62,14 @@ def _limit(args: dict[str, Any], ctx: Context) -> int:
     return min(int(args.get("limit") or ctx.max_rows), ctx.max_rows)
 
 
-_EVENT_COLUMNS = (
-    "event_id, type, cluster_id, node_id, job_id, rank, score, threshold, detection_mode,"
-    " dominant_signal, ts, extra"
-)
+# The columns an event is read back with (all it is stored with but ``received``), named:
+# a row is read back by these names.
+_EVENT_FIELDS = tuple(column for column in COLUMNS if column != "received")
+_EVENT_COLUMNS = ", ".join(_EVENT_FIELDS)
 
 
 def _event_row(row: tuple[Any, ...]) -> dict[str, Any]:
-    keys = [c.strip() for c in _EVENT_COLUMNS.split(",")]
-    out = dict(zip(keys, row, strict=True))
+    out = dict(zip(_EVENT_FIELDS, row, strict=True))
     out["timestamp"] = out.pop("ts")
     extra = out.pop("extra")
     out["extra"] = json.loads(extra) if extra else {}
@@ -287,12 +92,6 @@ P_LAST = Param(
 )
 P_LIMIT = Param("limit", "integer", "Most rows to return", default=50, minimum=1, maximum=10_000)
 
-NUM = {"type": "number"}
-NUM_N = {"type": ["number", "null"]}
-STR = {"type": "string"}
-STR_N = {"type": ["string", "null"]}
-INT = {"type": "integer"}
-INT_N = {"type": ["integer", "null"]}
 WINDOW = {
     "type": "object",
     "properties": {"since": NUM, "until": NUM},
@@ -300,35 +99,7 @@ WINDOW = {
 }
 
 
-# The two fields every answer (SQL and questions) ends with.
-TRUNCATION_SCHEMA: dict[str, Any] = {
-    "truncated": {"type": "boolean"},
-    "truncated_reason": {
-        "type": ["string", "null"],
-        "enum": [*TRUNCATED_REASONS, None],
-        "description": "Why the answer was cut short: rows (the row limit), bytes (the"
-        " answer's byte limit) or time (the time limit); null when it is whole",
-    },
-}
-
-
-def _obj(props: dict[str, Any], required: list[str] | None = None) -> dict[str, Any]:
-    return {
-        "type": "object",
-        "properties": props,
-        "required": list(props) if required is None else required,
-    }
-
-
-def _answer(props: dict[str, Any]) -> dict[str, Any]:
-    return _obj({**props, **TRUNCATION_SCHEMA})
-
-
-def _list(item: dict[str, Any]) -> dict[str, Any]:
-    return {"type": "array", "items": item}
-
-
-EVENT = _obj(
+EVENT = obj(
     {
         "event_id": STR,
         "type": STR,
@@ -344,7 +115,7 @@ EVENT = _obj(
         "extra": {"type": "object"},
     }
 )
-STRAGGLER = _obj(
+STRAGGLER = obj(
     {
         "cluster_id": STR,
         "node_id": STR,
@@ -641,11 +412,11 @@ QUESTIONS: dict[str, Question] = {
             "summary",
             "Cluster summary: nodes, events, drains and straggler episodes per cluster",
             (P_CLUSTER, P_SINCE, P_UNTIL, P_LAST),
-            _answer(
+            answer_schema(
                 {
                     "window": WINDOW,
-                    "clusters": _list(
-                        _obj(
+                    "clusters": list_of(
+                        obj(
                             {
                                 "cluster_id": STR,
                                 "nodes": INT,
@@ -680,7 +451,7 @@ QUESTIONS: dict[str, Question] = {
                 ),
                 P_LIMIT,
             ),
-            _answer({"window": WINDOW, "order_by": STR, "stragglers": _list(STRAGGLER)}),
+            answer_schema({"window": WINDOW, "order_by": STR, "stragglers": list_of(STRAGGLER)}),
             stragglers,
         ),
         Question(
@@ -694,11 +465,11 @@ QUESTIONS: dict[str, Question] = {
                 Param("k", "number", "MADs below the median", default=3.0, minimum=0.1),
                 P_LIMIT,
             ),
-            _answer(
+            answer_schema(
                 {
                     "window": WINDOW,
-                    "outliers": _list(
-                        _obj(
+                    "outliers": list_of(
+                        obj(
                             {
                                 "cluster_id": STR,
                                 "node_id": STR,
@@ -727,7 +498,7 @@ QUESTIONS: dict[str, Question] = {
                 P_LAST,
                 P_LIMIT,
             ),
-            _answer({"window": WINDOW, "events": _list(EVENT)}),
+            answer_schema({"window": WINDOW, "events": list_of(EVENT)}),
             events,
         ),
         Question(
@@ -735,18 +506,18 @@ QUESTIONS: dict[str, Question] = {
             "Everything about one Slurm job: nodes, event counts, stragglers, drains,"
             " NCCL peer-lag events and job summaries",
             (Param("job_id", "string", "Slurm job id", required=True), P_CLUSTER),
-            _answer(
+            answer_schema(
                 {
                     "job_id": STR,
                     "found": {"type": "boolean"},
                     "first_event": NUM_N,
                     "last_event": NUM_N,
                     "event_counts": {"type": "object", "additionalProperties": INT},
-                    "nodes": _list(_obj({"cluster_id": STR, "node_id": STR, "events": INT})),
-                    "stragglers": _list(STRAGGLER),
-                    "drains": _list(EVENT),
-                    "summaries": _list(EVENT),
-                    "peer_lag": _list(EVENT),
+                    "nodes": list_of(obj({"cluster_id": STR, "node_id": STR, "events": INT})),
+                    "stragglers": list_of(STRAGGLER),
+                    "drains": list_of(EVENT),
+                    "summaries": list_of(EVENT),
+                    "peer_lag": list_of(EVENT),
                 }
             ),
             job_report,
@@ -755,21 +526,21 @@ QUESTIONS: dict[str, Question] = {
             "drains",
             "Drain history: nodes drained, resumed, or drains skipped (and why)",
             (P_CLUSTER, P_NODE, P_SINCE, P_UNTIL, P_LAST, P_LIMIT),
-            _answer({"window": WINDOW, "drains": _list(EVENT)}),
+            answer_schema({"window": WINDOW, "drains": list_of(EVENT)}),
             drains,
         ),
         Question(
             "cost",
             "Cost of straggling: GPU-hours lost x the hourly rate of each node's GPU model",
             (P_CLUSTER, P_JOB, P_SINCE, P_UNTIL, P_LAST, P_LIMIT),
-            _answer(
+            answer_schema(
                 {
                     "window": WINDOW,
                     "currency": STR,
                     "total_gpu_hours_lost": NUM,
                     "total_cost": NUM,
-                    "nodes": _list(
-                        _obj(
+                    "nodes": list_of(
+                        obj(
                             {
                                 "cluster_id": STR,
                                 "node_id": STR,
@@ -782,7 +553,7 @@ QUESTIONS: dict[str, Question] = {
                             }
                         )
                     ),
-                    "notes": _list(STR),
+                    "notes": list_of(STR),
                 }
             ),
             cost,

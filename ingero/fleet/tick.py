@@ -1,0 +1,228 @@
+"""One tick's computation, pure: the columns a tick copied from the score store in, the
+group statistics, the straggler state of every node and the group summaries out.
+
+:class:`ingero.fleet.state.FleetState` (the slot store) takes the :class:`Snapshot` under
+its lock, calls :func:`compute` and :func:`summaries` without it, and stores the
+:class:`Outcome` back; the figures themselves are ``ingero.fleet.threshold``'s, what each
+episode event says ``ingero.fleet.episodes``'s.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import numpy as np
+
+from ingero.events import Event
+from ingero.fleet import threshold as th
+from ingero.fleet.config import FleetConfig
+from ingero.fleet.episodes import Closing, degraded_event
+from ingero.fleet.model import ClusterStats, GroupStats
+from ingero.fleet.threshold import BoolArray, FloatArray, IntArray
+from ingero.otlp.threshold import ThresholdView
+
+
+@dataclass
+class Snapshot:
+    """Phase 1's copies: per tracked node (``idx`` are their slots) and per group index."""
+
+    now: float
+    expired: list[Closing]
+    expired_ids: list[str]
+    idx: IntArray
+    live_groups: IntArray
+    scores: FloatArray
+    gids: IntArray
+    active: BoolArray
+    idle: BoolArray
+    was: BoolArray
+    consec: IntArray
+    since: FloatArray
+    episode_gids: IntArray
+    prev_ema: FloatArray
+    prev_panic: BoolArray
+    gkeys: list[str]
+    gcluster: list[str]
+    gjob: list[str | None]
+    gworkload: list[str | None]
+
+
+@dataclass
+class Outcome:
+    """Phase 2's results: per group index, then per node of the snapshot."""
+
+    figs: th.GroupFigures
+    raw: FloatArray
+    ema: FloatArray
+    threshold: FloatArray
+    quorum: BoolArray
+    panic: BoolArray
+    n_active: IntArray
+    n_idle: IntArray
+    n_tracked: IntArray
+    n_below: IntArray
+    n_straggler: IntArray
+    straggler: BoolArray
+    entering: BoolArray
+    leaving: BoolArray
+    consec: IntArray
+    since: FloatArray
+
+
+def finite(value: float | np.floating) -> float | None:
+    number = float(value)
+    return number if math.isfinite(number) else None
+
+
+def floats(values: np.ndarray) -> list[float | None]:
+    """Python floats, NaN (no value) as None."""
+    return [v if math.isfinite(v) else None for v in values.tolist()]
+
+
+def compute(snap: Snapshot, config: FleetConfig) -> Outcome:
+    """Phase 2 (pure, unlocked): group statistics and the straggler state of every node."""
+    tcfg = config.threshold
+    gn = snap.prev_ema.size
+    act_gids = snap.gids[snap.active]
+    act_scores = snap.scores[snap.active]
+    figs = th.group_figures(act_scores, act_gids, gn)
+    quorum = figs.counts >= config.quorum.statistical_min
+    raw = th.raw_thresholds(figs.median, figs.mad, tcfg.k, tcfg.min_margin)
+    # The EMA runs only while a group has quorum; losing quorum restarts it.
+    ema = np.where(quorum, th.ema(snap.prev_ema, raw, tcfg.ema_alpha), np.nan)
+    threshold = np.where(quorum, ema, raw)
+    n_below = th.below_counts(act_scores, threshold, act_gids, gn)
+    panic = th.panic_mask(n_below, figs.counts, quorum, tcfg.panic_fraction)
+    # An episode belongs to a group: after a move the node starts afresh in its new one.
+    was_here = snap.was & (snap.episode_gids == snap.gids)
+    straggler = np.zeros(snap.idx.size, dtype=np.bool_)
+    straggler[snap.active] = th.classify(
+        act_scores, threshold[act_gids], tcfg.hysteresis, was_here[snap.active], quorum[act_gids]
+    )
+    continuing = straggler & was_here
+    entering = straggler & ~was_here
+    return Outcome(
+        figs=figs,
+        raw=raw,
+        ema=ema,
+        threshold=threshold,
+        quorum=quorum,
+        panic=panic,
+        n_active=figs.counts,
+        n_idle=np.bincount(snap.gids[snap.idle], minlength=gn),
+        n_tracked=np.bincount(snap.gids, minlength=gn),
+        n_below=n_below,
+        n_straggler=np.bincount(snap.gids[straggler], minlength=gn),
+        straggler=straggler,
+        entering=entering,
+        leaving=snap.was & ~continuing,
+        consec=np.where(straggler, np.where(continuing, snap.consec + 1, 1), 0),
+        since=np.where(entering, snap.now, np.where(straggler, snap.since, np.nan)),
+    )
+
+
+def degraded_events(snap: Snapshot, out: Outcome) -> list[Event]:
+    """One ``group_degraded`` per group whose panic episode began this tick."""
+    return [
+        degraded_event(
+            cluster_id=snap.gcluster[g],
+            group=snap.gkeys[g],
+            job_id=snap.gjob[g],
+            threshold=finite(out.threshold[g]),
+            below_nodes=int(out.n_below[g]),
+            active_nodes=int(out.n_active[g]),
+            median=finite(out.figs.median[g]),
+            now=snap.now,
+        )
+        for g in np.flatnonzero(out.panic & ~snap.prev_panic).tolist()
+    ]
+
+
+def summaries(
+    snap: Snapshot, out: Outcome, config: FleetConfig
+) -> tuple[tuple[GroupStats, ...], tuple[ClusterStats, ...], dict[str, ThresholdView]]:
+    """Per-group figures, per-cluster counts and the views served until the next tick."""
+    qcfg = config.quorum
+    now = snap.now
+    live_groups = snap.live_groups
+    gkeys, gcluster = snap.gkeys, snap.gcluster
+    live = live_groups.tolist()
+    # Plain lists: indexing numpy scalars one by one costs more than the conversion.
+    active_l = out.n_active[live_groups].tolist()
+    idle_l = out.n_idle[live_groups].tolist()
+    tracked_l = out.n_tracked[live_groups].tolist()
+    per_cluster: dict[str, list[int]] = {}
+    for g, act, idl, tracked in zip(live, active_l, idle_l, tracked_l, strict=True):
+        counts = per_cluster.setdefault(gcluster[g], [0, 0, 0, 0])
+        counts[0] += act
+        counts[1] += idl
+        counts[2] += tracked
+        counts[3] += 1
+    low_of: dict[str, bool] = {}
+    clusters: list[ClusterStats] = []
+    for cluster_id, (act, idl, tracked, ngroups) in sorted(per_cluster.items()):
+        low = act < qcfg.coverage_fraction * qcfg.max_expected_nodes
+        low_of[cluster_id] = low
+        clusters.append(
+            ClusterStats(
+                cluster_id=cluster_id,
+                active_nodes=act,
+                idle_nodes=idl,
+                tracked_nodes=tracked,
+                groups=ngroups,
+                coverage_low=low,
+                computed_at=now,
+            )
+        )
+    columns = zip(
+        live,
+        floats(out.threshold[live_groups]),
+        floats(out.raw[live_groups]),
+        floats(out.figs.median[live_groups]),
+        floats(out.figs.mad[live_groups]),
+        out.quorum[live_groups].tolist(),
+        out.panic[live_groups].tolist(),
+        active_l,
+        idle_l,
+        tracked_l,
+        out.n_below[live_groups].tolist(),
+        out.n_straggler[live_groups].tolist(),
+        strict=True,
+    )
+    groups: list[GroupStats] = []
+    views: dict[str, ThresholdView] = {}
+    for g, t, r, median, mad, q, p, act, idl, tracked, below, stragglers in columns:
+        groups.append(
+            GroupStats(
+                cluster_id=gcluster[g],
+                group=gkeys[g],
+                job_id=snap.gjob[g],
+                workload_type=snap.gworkload[g],
+                threshold=t,
+                raw_threshold=r,
+                median=median,
+                mad=mad,
+                quorum_met=q,
+                panic=p,
+                active_nodes=act,
+                idle_nodes=idl,
+                straggler_count=stragglers,
+                coverage_low=low_of[gcluster[g]],
+                computed_at=now,
+                below_count=below,
+                tracked_nodes=tracked,
+            )
+        )
+        views[gkeys[g]] = ThresholdView(
+            cluster_id=gcluster[g],
+            group=gkeys[g],
+            threshold=t if q else None,
+            median=median,
+            mad=mad,
+            quorum_met=q,
+            panic=p,
+            active_nodes=act,
+            computed_at=now,
+        )
+    return tuple(groups), tuple(clusters), views
