@@ -18,8 +18,8 @@ from typing import Protocol
 import click
 
 from ingero.clock import Clock, SystemClock
-from ingero.collectors.gpusampler import GpuRows
 from ingero.errors import UnavailableError
+from ingero.trace.gpusampler import GpuRows
 from ingero.trace.writer import Batch
 
 
@@ -80,7 +80,7 @@ def gpu_sample(db_path: Path, interval: float, max_db: str | None) -> int:
     import sdnotify
 
     from ingero.cli.trace import parse_size
-    from ingero.collectors.gpusampler import default_sampler
+    from ingero.trace.gpusampler import default_sampler
     from ingero.trace.writer import NodeDbWriter
 
     max_bytes = parse_size(max_db) if max_db else None

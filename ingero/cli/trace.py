@@ -58,8 +58,8 @@ def trace(
     gpu: bool,
 ) -> int:
     """Trace CUDA, NCCL and host events into the node DB (needs root or CAP_BPF+CAP_PERFMON)."""
-    from ingero.collectors.gpusampler import default_sampler
     from ingero.trace.bccload import BccUnavailable
+    from ingero.trace.gpusampler import default_sampler
     from ingero.trace.probes import ProbeError, load
     from ingero.trace.tags import TagCache
     from ingero.trace.tracer import Tracer, system_libraries

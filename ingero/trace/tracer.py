@@ -10,9 +10,9 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from ingero.clock import Clock
-from ingero.collectors.gpusampler import GpuRows
 from ingero.trace.aggregate import Snapshot, diff_hist, host_row, interval_rows
 from ingero.trace.decode import KIND_EXIT, KIND_NEW, DecodeError, TraceEvent, decode
+from ingero.trace.gpusampler import GpuRows
 from ingero.trace.ops import CUDA, CUDART, NCCL
 from ingero.trace.procmaps import DEFAULT_PROC, LibraryFile, scan, unique_libraries
 from ingero.trace.tags import TagCache
@@ -37,7 +37,7 @@ class BatchSink(Protocol):
 
 
 class GpuRowSource(Protocol):
-    """Per-GPU rows for one interval (``ingero.collectors.gpusampler.GpuSampler``)."""
+    """Per-GPU rows for one interval (``ingero.trace.gpusampler.GpuSampler``)."""
 
     def sample(self, ts_start: float, ts_end: float) -> GpuRows: ...
 

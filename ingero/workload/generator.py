@@ -46,8 +46,8 @@ from dataclasses import dataclass, field
 from types import MappingProxyType
 from typing import Any, Final
 
-from ingero.collectors.gpusampler import reading_rows
 from ingero.collectors.nvml import GpuProcess, GpuReading, NvmlReading
+from ingero.trace.gpusampler import reading_rows
 
 H100_MEMORY_BYTES: Final = 81_559 * 2**20  # what NVML reports for an H100 80GB HBM3
 

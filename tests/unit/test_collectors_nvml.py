@@ -11,7 +11,6 @@ import pytest
 from ingero.clock import ManualClock
 from ingero.collectors import nvml as mod
 from ingero.collectors.gpu import GpuInfo, GpuStatus
-from ingero.collectors.gpusampler import GpuSampler, reading_rows
 from ingero.collectors.nvml import (
     DEGRADING_THROTTLE,
     GpuProcess,
@@ -20,6 +19,7 @@ from ingero.collectors.nvml import (
     NvmlReading,
     throttle_names,
 )
+from ingero.trace.gpusampler import GpuSampler, reading_rows
 from tests.unit.fake_pynvml import Fail, FakeNvml, healthy_h100
 
 NOT_SUPPORTED = Fail(pynvml.NVML_ERROR_NOT_SUPPORTED)
@@ -292,7 +292,7 @@ def test_reading_rows_of_a_lost_gpu() -> None:
 
 def test_sampler_says_once_what_a_gpu_does_not_report(caplog: pytest.LogCaptureFixture) -> None:
     sampler = GpuSampler(NvmlReader(FakeNvml([healthy_h100(processes=NO_PERMISSION)])), None)
-    with caplog.at_level("WARNING", logger="ingero.collectors.gpusampler"):
+    with caplog.at_level("WARNING", logger="ingero.trace.gpusampler"):
         for second in range(3):
             sampler.sample(float(second), second + 1.0)
     (line,) = caplog.messages

@@ -132,3 +132,39 @@ def test_the_rule_reads_every_kind_of_import(tmp_path: Path) -> None:
         "ingero/push/agent.py:6 imports ingero.fleet: the node side never imports fleet or echo",
         "ingero/slurm/drain.py:1 imports ingero.fleet.config: only the CLI wires the daemons up",
     ]
+
+
+def part_cycles(root: Path = PACKAGE) -> list[str]:
+    """Pairs of parts that import each other (``a <-> b``): the parts must form layers, so a
+    part's place is clear from what it uses (a sampler that needs the tracer's tags lives
+    with the tracer, not in the collectors the tracer itself uses)."""
+    uses: dict[str, set[str]] = {}
+    for path in root.rglob("*.py"):
+        here = part_of(module_name(path, root))
+        for _, target in imports(path, root):
+            if target == "ingero" or not target.startswith("ingero."):
+                continue
+            there = part_of(target)
+            if there not in (here, "", "__version__"):
+                uses.setdefault(here, set()).add(there)
+    return sorted(
+        f"{a} <-> {b}" for a, used in uses.items() for b in used if a < b and a in uses.get(b, ())
+    )
+
+
+def test_no_two_parts_import_each_other() -> None:
+    assert part_cycles() == []
+
+
+def test_a_cycle_between_parts_is_found(tmp_path: Path) -> None:
+    root = tmp_path / "ingero"
+    for name, text in {
+        "__init__.py": "",
+        "trace/__init__.py": "",
+        "trace/tracer.py": "from ingero.collectors.gpusampler import GpuRows\n",
+        "collectors/__init__.py": "",
+        "collectors/gpusampler.py": "def f() -> None:\n    from ingero.trace import tags\n",
+    }.items():
+        (root / name).parent.mkdir(parents=True, exist_ok=True)
+        (root / name).write_text(text)
+    assert part_cycles(root) == ["collectors <-> trace"]

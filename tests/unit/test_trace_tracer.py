@@ -126,9 +126,9 @@ def test_system_libraries(tmp_path: Path) -> None:
 def test_every_tick_writes_a_gpu_row_per_gpu_with_its_processes_job(tmp_path: Path) -> None:
     import pynvml
 
-    from ingero.collectors.gpusampler import GpuSampler
     from ingero.collectors.nvml import NvmlReader
     from ingero.nodedb.schema import connect
+    from ingero.trace.gpusampler import GpuSampler
     from ingero.trace.writer import write_batch
     from tests.unit.fake_pynvml import FakeNvml, healthy_h100
 
