@@ -93,11 +93,13 @@ def load_config(
     daemon: str,
     explicit: str | os.PathLike[str] | None = None,
     overrides: Mapping[str, Any] | None = None,
+    flags: Mapping[str, str] | None = None,
 ) -> T:
     """Read, validate and return the configuration of ``daemon`` as an instance of ``schema``.
 
     ``overrides`` maps dotted keys (``listen.api``) to values from CLI flags; ``None`` values
-    are ignored so unset flags do not clobber the file.
+    are ignored so unset flags do not clobber the file. A bad override is blamed on its
+    flag: ``flags`` names it where it is not ``--`` + the key's last part with dashes.
     """
     path = find_config_file(daemon, explicit)
     source = str(path) if path else "<defaults>"
@@ -108,11 +110,12 @@ def load_config(
         except (OSError, UnicodeDecodeError) as exc:
             raise ConfigError(f"{path}: cannot read configuration: {exc}") from exc
         except yaml.YAMLError as exc:
-            raise ConfigError(f"{path}: invalid YAML: {exc}") from exc
+            raise ConfigError(f"{path}: invalid YAML: {_yaml_problem(exc)}") from None
     if not isinstance(raw, dict):
         raise ConfigError(
             f"{source}: the top level must be a mapping of keys, got {type(raw).__name__}"
         )
+    applied = [dotted for dotted, value in (overrides or {}).items() if value is not None]
     for dotted, value in (overrides or {}).items():
         if value is None:
             continue
@@ -125,7 +128,28 @@ def load_config(
                 node[part] = child
             node = child
         node[leaf] = value
-    return build(schema, raw, source)
+    try:
+        return build(schema, raw, source)
+    except ConfigError as exc:
+        # A bad flag value is the flag's fault, not the file's (nor "<defaults>"'s): name
+        # the flag (--push-interval for push_interval, the CLI's naming rule).
+        text = str(exc)
+        for dotted in applied:
+            blamed = f"{source}: {dotted}: "
+            if text.startswith(blamed):
+                flag = (flags or {}).get(dotted) or "--" + dotted.rpartition(".")[2].replace(
+                    "_", "-"
+                )
+                raise ConfigError(f"{flag}: {text[len(blamed) :]}") from None
+        raise
+
+
+def _yaml_problem(exc: yaml.YAMLError) -> str:
+    """PyYAML's error in one line: what is wrong and where (its str() spans five lines)."""
+    mark = getattr(exc, "problem_mark", None)
+    problem = getattr(exc, "problem", None) or str(exc).splitlines()[0]
+    where = f"line {mark.line + 1}, column {mark.column + 1}: " if mark is not None else ""
+    return f"{where}{problem}"
 
 
 def build(schema: type[T], raw: Mapping[str, Any], source: str, prefix: str = "") -> T:

@@ -25,15 +25,32 @@ class _Silent:
         return None
 
 
+class _NonBlocking:
+    """sdnotify's notifier on a non-blocking socket. A notify socket that nobody reads (the
+    demo's, once its summary is printed; a stuck service manager) fills after ten datagrams
+    (``net.unix.max_dgram_qlen``), and a blocking send would then stall the daemon's loop
+    for good; a status message is worth less than that, so a full socket drops it (sdnotify
+    swallows the BlockingIOError)."""
+
+    def __init__(self) -> None:
+        import sdnotify
+
+        self._inner = sdnotify.SystemdNotifier()
+        sock = self._inner.socket  # None when the connect failed: notify is then a no-op
+        if sock is not None:
+            sock.setblocking(False)
+
+    def notify(self, state: str) -> None:
+        self._inner.notify(state)
+
+
 def notifier() -> Notifier:
-    """sdnotify's notifier when systemd gave this process ``$NOTIFY_SOCKET``, else a silent
-    one (sdnotify connects at construction, so it is only made where it can be used)."""
+    """A non-blocking sdnotify notifier when systemd gave this process ``$NOTIFY_SOCKET``,
+    else a silent one (sdnotify connects at construction, so it is only made where it can
+    be used)."""
     if not os.environ.get("NOTIFY_SOCKET"):
         return _Silent()
-    import sdnotify
-
-    notifier: Notifier = sdnotify.SystemdNotifier()
-    return notifier
+    return _NonBlocking()
 
 
 def watchdog_interval() -> float | None:

@@ -70,7 +70,9 @@ def command(
         "channels.journal_socket": journal_socket,
         "push_interval": push_interval,
     }
-    config = load_config(PushConfig, DAEMON, config_path, overrides)
+    config = load_config(
+        PushConfig, DAEMON, config_path, overrides, flags={"fleet_endpoint": "--endpoint"}
+    )
     if print_config:
         click.echo(json.dumps(to_dict(config), indent=2))
         return

@@ -24,7 +24,7 @@ from ingero.bearer import BearerAuth, read_token
 from ingero.clock import Clock, SystemClock
 from ingero.fleet.api import ApiHandler
 from ingero.fleet.config import FleetConfig
-from ingero.fleet.events import EventQueue, EventSink, log_sink
+from ingero.fleet.events import EventQueue, EventSink, JournalSink
 from ingero.fleet.forwarder import Forwarder
 from ingero.fleet.grpc_server import OtlpGrpcServer
 from ingero.fleet.httpserver import HttpServer
@@ -71,7 +71,8 @@ class FleetDaemon:
         clock = clock or SystemClock()
         self.state = FleetState(config, clock)
         self.events = EventQueue(self.metrics)
-        self.events.add_sink(log_sink, "log")
+        self.journal = JournalSink()
+        self.events.add_sink(self.journal, "journal")
         # Events go on to Echo when configured; the forwarder never blocks the tick thread.
         self.echo_forwarder = (
             Forwarder(config.echo.endpoint, token=os.environ.get("INGERO_ECHO_TOKEN"))
@@ -203,6 +204,7 @@ class FleetDaemon:
         self.events.deliver()  # what arrived before the listeners closed is not lost
         if self.echo_forwarder is not None:
             self.echo_forwarder.close(timeout=10)
+        self.journal.close()
 
     def ready(self) -> bool:
         """Listening, and the tick thread has ticked within three intervals."""

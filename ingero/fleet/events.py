@@ -1,7 +1,7 @@
 """The one exit point of Fleet's events: a bounded queue the tick thread drains to sinks.
 
 Receivers and the tick submit (cheap, never blocks the hot path); the tick thread
-delivers to every sink (journald via logging, Echo forwarding, ...). A sink that raises is
+delivers to every sink (the journal, Echo forwarding, ...). A sink that raises is
 logged and counted and the others still get the events.
 """
 
@@ -14,20 +14,41 @@ from collections.abc import Callable, Iterable, Sequence
 
 from ingero.events import Event
 from ingero.fleet.metrics import FleetMetrics
+from ingero.journald import JournalWriter, stderr_is_journal
+from ingero.systemd import JOURNAL_SOCKET
 
 log = logging.getLogger(__name__)
 
 EventSink = Callable[[Sequence[Event]], None]
 DEFAULT_CAPACITY = 100_000
+# Event types whose stderr line is a warning (the journal entry's PRIORITY is the event's own).
+_WARNINGS = frozenset({"straggler_state", "group_degraded", "node_drained"})
 
 
-def log_sink(events: Sequence[Event]) -> None:
-    """Every event as one stderr line (journald keeps it when Fleet runs under systemd)."""
-    for event in events:
-        level = (
-            logging.WARNING if event.type in ("straggler_state", "group_degraded") else logging.INFO
-        )
-        log.log(level, "%s event_id=%s", event.message(), event.event_id)
+class JournalSink:
+    """Every event to journald as structured fields, through the writer fleet-push uses
+    (``ingero.journald``): MESSAGE_ID, PRIORITY and INGERO_*, so ``journalctl
+    MESSAGE_ID=…``, ``-p warning`` and ``ingero events`` find Fleet's drains, skips, group
+    and straggler events as they find the node's. The plain stderr line stays where stderr
+    is not the journal already (a terminal, a container log) or the entry did not get
+    through, so a run without journald still shows every decision."""
+
+    def __init__(self, socket_path: str = JOURNAL_SOCKET, stderr_line: bool | None = None) -> None:
+        self._writer = JournalWriter(socket_path)
+        self._stderr_line = not stderr_is_journal() if stderr_line is None else stderr_line
+
+    def __call__(self, events: Sequence[Event]) -> None:
+        for event in events:
+            if self._writer.write(event.journal_fields()) and not self._stderr_line:
+                continue
+            level = logging.WARNING if event.type in _WARNINGS else logging.INFO
+            log.log(level, "%s event_id=%s", event.message(), event.event_id)
+
+    def stats(self) -> dict[str, int]:
+        return self._writer.stats()
+
+    def close(self) -> None:
+        self._writer.close()
 
 
 class EventQueue:

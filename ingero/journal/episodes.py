@@ -15,10 +15,17 @@ from typing import Any
 from ingero.episodes import RESOLVED, STATE, EpisodeFold, Mark, identity
 from ingero.events import Event
 
-EPISODE, DRAIN, RESUME = "straggler", "drain", "resume"
+EPISODE, DRAIN, RESUME, SKIP, DEGRADED = "straggler", "drain", "resume", "skip", "degraded"
 
+# Events shown as one row each, by type: Fleet's drain decisions and its group panics.
+_SINGLE = {
+    "node_drained": DRAIN,
+    "node_resumed": RESUME,
+    "drain_skipped": SKIP,
+    "group_degraded": DEGRADED,
+}
 # the event types this view reads; the others (peer_lag, job_summary, ...) are left out
-EVENT_TYPES = (STATE, RESOLVED, "node_drained", "node_resumed")
+EVENT_TYPES = (STATE, RESOLVED, *_SINGLE)
 
 
 @dataclass
@@ -68,6 +75,12 @@ class Row:
 
 def _single(kind: str, event: Event) -> Row:
     reason = event.extra.get("reason")
+    if event.type == "group_degraded" and reason is None:
+        extra = event.extra
+        reason = (
+            f"group {extra.get('group', '?')}: {extra.get('below_nodes', '?')} of"
+            f" {extra.get('active_nodes', '?')} nodes below the threshold"
+        )
     return Row(
         kind=kind,
         node_id=event.node_id,
@@ -101,11 +114,8 @@ def group(events: Iterable[Event]) -> list[Row]:
     fold = EpisodeFold()
     row_of: dict[int, Row] = {}  # episode id -> its row
     for event in ordered:
-        if event.type == "node_drained":
-            rows.append(_single(DRAIN, event))
-            continue
-        if event.type == "node_resumed":
-            rows.append(_single(RESUME, event))
+        if event.type in _SINGLE:
+            rows.append(_single(_SINGLE[event.type], event))
             continue
         episode = fold.add(
             Mark(

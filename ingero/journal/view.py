@@ -73,7 +73,7 @@ def table_rows(rows: Iterable[Row]) -> list[list[str]]:
             [
                 _when(row.start),
                 row.kind,
-                row.node_id,
+                row.node_id or "-",  # group_degraded is about a group, not a node
                 row.job_id or "-",
                 duration,
                 _figure(row.score),

@@ -23,7 +23,6 @@ from __future__ import annotations
 import contextlib
 import json
 import os
-import socket
 import sys
 import time
 from collections.abc import Iterable, Mapping
@@ -31,6 +30,7 @@ from pathlib import Path
 from typing import Any
 
 from ingero.episodes import RESOLVED, STATE, TYPES, EpisodeFold, Mark, identity
+from ingero.journald import journal_send
 from ingero.slurm.jobfile import JobInfo, check_job_id, jobs_dir, read_job, remove_job, write_job
 from ingero.systemd import JOURNAL_SOCKET
 
@@ -238,23 +238,6 @@ def _distinct(events: Iterable[dict[str, Any]]) -> list[dict[str, Any]]:
         key = identity(str(event_id), str(event.get("type")), event.get("timestamp"))
         unique[key if event_id else id(event)] = event
     return list(unique.values())
-
-
-def journal_send(fields: Mapping[str, str], socket_path: str) -> bool:
-    """Send one entry to journald's native socket; False when there is no journal."""
-    payload = bytearray()
-    for name, value in fields.items():
-        data = value.encode("utf-8", "replace")
-        if b"\n" in data:
-            payload += name.encode() + b"\n" + len(data).to_bytes(8, "little") + data + b"\n"
-        else:
-            payload += name.encode() + b"=" + data + b"\n"
-    try:
-        with socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM) as sock:
-            sock.sendto(bytes(payload), socket_path)
-    except OSError:
-        return False
-    return True
 
 
 def report_problem(hook: str, message: str, env: Mapping[str, str]) -> None:

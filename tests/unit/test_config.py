@@ -6,6 +6,7 @@ from pathlib import Path
 
 import pytest
 
+from ingero.cli.main import main
 from ingero.config import load_config, parse_duration
 from ingero.errors import ConfigError
 from ingero.fleet.config import FleetConfig
@@ -103,3 +104,48 @@ def test_durations(text: object, seconds: float) -> None:
 def test_bad_durations(text: object) -> None:
     with pytest.raises(ValueError):
         parse_duration(text)
+
+
+def test_invalid_yaml_is_one_line_naming_file_and_place(tmp_path: Path) -> None:
+    path = tmp_path / "fleet.yaml"
+    path.write_text("listen:\n  api: [unclosed\npush_interval: 5s\n")
+    with pytest.raises(ConfigError) as info:
+        load_config(FleetConfig, "fleet", path)
+    message = str(info.value)
+    assert "\n" not in message
+    assert message.startswith(f"{path}: invalid YAML: line ")
+
+
+def test_a_bad_flag_value_is_blamed_on_the_flag(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.delenv("INGERO_CONFIG", raising=False)
+    with pytest.raises(ConfigError) as info:
+        load_config(FleetConfig, "fleet", None, {"push_interval": "soon"})
+    assert str(info.value).startswith("--push-interval: expected a duration")
+    path = tmp_path / "fleet.yaml"
+    path.write_text("push_interval: never\n")
+    with pytest.raises(ConfigError) as info:  # the file's own bad value still names the file
+        load_config(FleetConfig, "fleet", path, {"ttl_multiplier": 3})
+    assert str(info.value).startswith(f"{path}: push_interval:")
+
+
+@pytest.mark.parametrize(
+    ("args", "first"),
+    [
+        (["fleet", "--push-interval", "soon"], "--push-interval: expected a duration"),
+        (["fleet-push", "--endpoint", "", "--push-interval", "x"], "--push-interval: "),
+    ],
+)
+def test_cli_config_errors_are_one_line_exit_78(
+    args: list[str],
+    first: str,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    monkeypatch.delenv("INGERO_CONFIG", raising=False)
+    with pytest.raises(SystemExit) as info:
+        main(args)
+    assert info.value.code == 78
+    lines = capsys.readouterr().err.strip().splitlines()
+    assert len(lines) == 1 and first in lines[0], lines

@@ -203,3 +203,31 @@ def test_operations_doc_lists_every_message_id() -> None:
     doc = (Path(__file__).resolve().parents[2] / "docs/operations.md").read_text()
     for kind, message_id in MESSAGE_IDS.items():
         assert f"| `{kind}` | `{message_id}` |" in doc, kind
+
+
+def test_fleet_skips_and_group_panics_are_rows() -> None:
+    """Fleet's drain_skipped and group_degraded entries are shown, one row each."""
+    skip = Event(
+        type="drain_skipped",
+        node_id="gpu02",
+        cluster_id="c",
+        timestamp=T0 + 1,
+        job_id="42",
+        extra={"reason": "the node's group is degraded as a whole (panic)", "skip": "panic"},
+    )
+    degraded = Event(
+        type="group_degraded",
+        node_id="",
+        cluster_id="c",
+        timestamp=T0,
+        job_id="42",
+        threshold=0.7,
+        extra={"group": "job:42", "panic": True, "below_nodes": 3, "active_nodes": 4},
+    )
+    lines = [json.dumps(e.journal_fields()) for e in (skip, degraded)]
+    rows = group(parse_lines(lines).events)
+    assert [(r.kind, r.node_id) for r in rows] == [("degraded", ""), ("skip", "gpu02")]
+    assert rows[0].reason == "group job:42: 3 of 4 nodes below the threshold"
+    cells = table_rows(rows)
+    assert cells[0][1:4] == ["degraded", "-", "42"]
+    assert cells[1][8] == "the node's group is degraded as a whole (panic)"

@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import socket
+import threading
 from pathlib import Path
 
 import pytest
@@ -51,3 +53,35 @@ def test_notify_reaches_the_socket_systemd_gave(
 def test_without_systemd_notifying_is_silent(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.delenv("NOTIFY_SOCKET", raising=False)
     notifier().notify("READY=1")  # nothing to reach, nothing raised
+
+
+def test_a_notify_socket_nobody_reads_never_blocks_the_sender(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    """The demo's notify socket after its summary: bound, never read. A Unix datagram socket
+    queues ten datagrams (net.unix.max_dgram_qlen); a blocking send would hang the agent at
+    the eleventh. Every send must return; what did not fit is dropped, the first kept."""
+    path = tmp_path / "notify.sock"
+    with socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM) as unread:
+        unread.bind(str(path))
+        monkeypatch.setenv("NOTIFY_SOCKET", str(path))
+        sender = notifier()
+        finished = threading.Event()
+
+        def ping() -> None:
+            for n in range(200):
+                sender.notify(f"STATUS=tick {n}")
+            finished.set()
+
+        worker = threading.Thread(target=ping, daemon=True)
+        worker.start()
+        # generous: 200 non-blocking sends take microseconds; a blocked one never returns
+        worker.join(timeout=30)
+        assert finished.is_set(), "notify blocked on a full, unread socket"
+        unread.setblocking(False)
+        kept = []
+        with contextlib.suppress(BlockingIOError):
+            while True:
+                kept.append(unread.recv(4096))
+    assert kept[0] == b"STATUS=tick 0"
+    assert 0 < len(kept) < 200  # the rest were dropped, not queued without bound
