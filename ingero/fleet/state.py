@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import math
 import threading
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Literal, NamedTuple
 
 import numpy as np
@@ -43,7 +43,7 @@ from ingero.fleet.model import (
     TickResult,
 )
 from ingero.fleet.threshold import BoolArray, FloatArray, IntArray
-from ingero.otlp.health import NODE_STATES, NodePush, group_key
+from ingero.otlp.health import NODE_STATES, PEER_RATES, NodePush, group_key
 from ingero.otlp.limits import check_lengths, shown
 from ingero.otlp.threshold import ThresholdView
 
@@ -67,6 +67,7 @@ def validate_push(push: NodePush) -> float:
             ("host name", push.host_name),
             ("GPU model", push.gpu_model),
             ("provider", push.provider),
+            ("episode id", push.episode_id),
         )
     )
     score = push.score
@@ -109,6 +110,7 @@ class _Snapshot:
     """Phase 1's copies: per tracked node (``idx`` are their slots) and per group index."""
 
     now: float
+    mono: float
     expired: list[Closing]
     expired_ids: list[str]
     idx: IntArray
@@ -121,6 +123,11 @@ class _Snapshot:
     consec: IntArray
     since: FloatArray
     episode_gids: IntArray
+    rates: FloatArray  # (node, PEER_RATES) raw rates, NaN where not pushed
+    stalled: BoolArray
+    stall_episode: BoolArray
+    streak: IntArray
+    pending: BoolArray
     prev_ema: FloatArray
     prev_panic: BoolArray
     gkeys: list[str]
@@ -149,6 +156,8 @@ class _Outcome:
     leaving: BoolArray
     consec: IntArray
     since: FloatArray
+    streak: IntArray
+    peer: FloatArray  # (group, PEER_RATES) medians, NaN without quorum
 
 
 class FleetState:
@@ -175,6 +184,16 @@ class FleetState:
         self._consec = np.zeros(cap, dtype=np.int64)
         self._since = np.full(cap, np.nan)
         self._episode_gid = np.full(cap, -1, dtype=np.int64)
+        self._rates = np.full((cap, len(PEER_RATES)), np.nan)
+        self._stalled = np.zeros(cap, dtype=np.bool_)
+        # The episode was (or became) a stall: ending inactive means its job ended.
+        self._stall_episode = np.zeros(cap, dtype=np.bool_)
+        self._streak = np.zeros(cap, dtype=np.int64)  # consecutive ticks below the threshold
+        # An episode Fleet opened and has not announced yet: it waits for one push from the
+        # node, whose own episode id (if the node opened one meanwhile) it then adopts.
+        self._pending = np.zeros(cap, dtype=np.bool_)
+        self._pending_at = np.zeros(cap)
+        self._reported: list[str | None] = [None] * cap  # the node's episode id, last push
         self._node_id: list[str] = [""] * cap
         self._rank: list[int | None] = [None] * cap
         self._signal: list[str | None] = [None] * cap
@@ -229,19 +248,48 @@ class FleetState:
             self._rank[slot] = push.rank
             self._signal[slot] = push.dominant_signal
             self._meta[slot] = (push.host_name, push.gpu_model, push.gpu_count, push.provider)
+            self._rates[slot] = [_rate(push.rates.get(name)) for name in PEER_RATES]
+            self._stalled[slot] = push.stalled
+            self._reported[slot] = push.episode_id
             view = self._views.get(key)
-        if view is None:
-            return _empty_view(push.cluster_id, key)
-        return view
+            if view is None:
+                return _empty_view(push.cluster_id, key)
+            return self._node_view(slot, view)
+
+    def _node_view(self, slot: int, view: ThresholdView) -> ThresholdView:
+        """The group's view plus what is the node's own: its rate ratios to the peer medians
+        and Fleet's open episode of it (called with the lock held)."""
+        ratios = None
+        if view.peer_rates:
+            row = self._rates[slot]
+            ratios = {
+                name: float(row[j]) / view.peer_rates[name]
+                for j, name in enumerate(PEER_RATES)
+                if name in view.peer_rates and view.peer_rates[name] > 0 and row[j] == row[j]
+            }
+        episode = self._episode_id[slot] if self._straggler[slot] else ""
+        if not ratios and not episode:
+            return view
+        return replace(view, rate_ratios=ratios or None, episode_id=episode or None)
 
     # ---- reads ----------------------------------------------------------------------
 
     def threshold_view(
-        self, cluster_id: str, job_id: str | None = None, workload_type: str | None = None
+        self,
+        cluster_id: str,
+        job_id: str | None = None,
+        workload_type: str | None = None,
+        node_id: str | None = None,
     ) -> ThresholdView | None:
-        """The group's view as of the last tick, or None when the group is unknown."""
+        """The group's view as of the last tick, or None when the group is unknown; with
+        ``node_id`` (a node of that group) also the node's rate ratios and open episode."""
+        key = group_key(cluster_id, job_id, workload_type)
         with self._lock:
-            return self._views.get(group_key(cluster_id, job_id, workload_type))
+            view = self._views.get(key)
+            slot = self._slot_of.get(node_id) if node_id else None
+            if view is None or slot is None or self._gkey[int(self._gid[slot])] != key:
+                return view
+            return self._node_view(slot, view)
 
     def node_count(self) -> int:
         with self._lock:
@@ -356,12 +404,14 @@ class FleetState:
     def _snapshot(self) -> _Snapshot:
         """Phase 1: expire silent nodes, drop empty groups, copy the columns."""
         now = self._clock.now()
-        expired, expired_ids = self._expire(self._clock.monotonic(), self._config.node_ttl)
+        mono = self._clock.monotonic()
+        expired, expired_ids = self._expire(mono, self._config.node_ttl)
         n, gn = self._n, self._gn
         idx = np.flatnonzero(self._occupied[:n])
         live_groups = self._drop_empty_groups(idx)
         return _Snapshot(
             now=now,
+            mono=mono,
             expired=expired,
             expired_ids=expired_ids,
             idx=idx,
@@ -374,6 +424,11 @@ class FleetState:
             consec=self._consec[idx],
             since=self._since[idx],
             episode_gids=self._episode_gid[idx],
+            rates=self._rates[idx],
+            stalled=self._stalled[idx],
+            stall_episode=self._stall_episode[idx],
+            streak=self._streak[idx],
+            pending=self._pending[idx],
             prev_ema=self._ema[:gn].copy(),
             prev_panic=self._panic[:gn].copy(),
             gkeys=self._gkey[:gn],
@@ -393,17 +448,26 @@ class FleetState:
         self._consec[idx] = out.consec
         self._since[idx] = out.since
         self._episode_gid[idx] = np.where(out.straggler, snap.gids, -1)
+        self._streak[idx] = out.streak
+        self._pending[idx] &= out.straggler
+        self._stall_episode[idx] &= out.straggler
         self._ema[live] = out.ema[live]
         self._panic[live] = out.panic[live]
 
     def _closing_events(self, snap: _Snapshot, out: _Outcome) -> list[Event]:
         """``straggler_resolved`` for every episode that ended this tick (except expiry)."""
         events: list[Event] = []
-        for pos in np.flatnonzero(out.leaving).tolist():
+        for pos in np.flatnonzero(out.leaving & ~snap.pending).tolist():
             slot = int(snap.idx[pos])
             g_old = int(snap.episode_gids[pos])
             g_new = int(snap.gids[pos])
-            reason = closing_reason(bool(snap.active[pos]), g_new != g_old, bool(out.quorum[g_new]))
+            active = bool(snap.active[pos])
+            # A stall that ends inactive, or a node whose job left it, ended with its job.
+            job_ended = not active and (
+                bool(snap.stall_episode[pos])
+                or (snap.gjob[g_old] is not None and snap.gjob[g_new] is None)
+            )
+            reason = closing_reason(active, g_new != g_old, bool(out.quorum[g_new]), job_ended)
             g_now = g_new if judged_in_new_group(reason) else g_old
             closing = Closing(
                 node_id=self._node_id[slot],
@@ -441,8 +505,7 @@ class FleetState:
             strict=True,
         )
         for slot, g, score, enters, ticks, began in rows:
-            if enters:
-                self._episode_id[slot] = new_event_id()
+            if self._announce(slot, enters, snap.mono):
                 events.append(
                     started_event(
                         node_id=self._node_id[slot],
@@ -456,6 +519,7 @@ class FleetState:
                         panic=panic[g],
                         event_id=self._episode_id[slot],
                         now=snap.now,
+                        stall=bool(self._stall_episode[slot]),
                     )
                 )
             verdicts.append(
@@ -478,6 +542,36 @@ class FleetState:
             )
         return verdicts, events
 
+    def _announce(self, slot: int, enters: bool, mono: float) -> bool:
+        """Open or keep a straggler's episode; True when its ``straggler_state`` is due now.
+
+        One episode, one id, whichever side saw it first: a node that already reported an
+        open episode gives Fleet its id; a node that classifies itself but has none open yet
+        may be opening one this very interval, so Fleet's new id is only offered (in the push
+        reply, which the node adopts) and announced after one more push from the node, whose
+        own id, if it came meanwhile, replaces Fleet's. An agent that does not report
+        episodes (older) is announced at once.
+        """
+        reported = self._reported[slot]
+        if enters:
+            self._stall_episode[slot] = self._stalled[slot]
+            if reported:
+                self._episode_id[slot] = reported
+                return True
+            self._episode_id[slot] = new_event_id()
+            if reported == "":
+                self._pending[slot] = True
+                self._pending_at[slot] = mono
+                return False
+            return True
+        self._stall_episode[slot] |= self._stalled[slot]
+        if not self._pending[slot] or self._seen[slot] <= self._pending_at[slot]:
+            return False
+        if reported:
+            self._episode_id[slot] = reported
+        self._pending[slot] = False
+        return True
+
     # ---- bookkeeping (called with the lock held) --------------------------------------
 
     def _new_slot(self, node_id: str) -> int:
@@ -496,6 +590,12 @@ class FleetState:
         self._since[slot] = np.nan
         self._episode_gid[slot] = -1
         self._episode_id[slot] = ""
+        self._rates[slot] = np.nan
+        self._stalled[slot] = False
+        self._stall_episode[slot] = False
+        self._streak[slot] = 0
+        self._pending[slot] = False
+        self._reported[slot] = None
         return slot
 
     def _grow_slots(self) -> None:
@@ -510,6 +610,13 @@ class FleetState:
         self._consec = np.concatenate([self._consec, np.zeros(extra, dtype=np.int64)])
         self._since = np.concatenate([self._since, np.full(extra, np.nan)])
         self._episode_gid = np.concatenate([self._episode_gid, np.full(extra, -1, dtype=np.int64)])
+        self._rates = np.concatenate([self._rates, np.full((extra, len(PEER_RATES)), np.nan)])
+        self._stalled = np.concatenate([self._stalled, np.zeros(extra, dtype=np.bool_)])
+        self._stall_episode = np.concatenate([self._stall_episode, np.zeros(extra, dtype=np.bool_)])
+        self._streak = np.concatenate([self._streak, np.zeros(extra, dtype=np.int64)])
+        self._pending = np.concatenate([self._pending, np.zeros(extra, dtype=np.bool_)])
+        self._pending_at = np.concatenate([self._pending_at, np.zeros(extra)])
+        self._reported.extend([None] * extra)
         self._node_id.extend([""] * extra)
         self._rank.extend([None] * extra)
         self._signal.extend([None] * extra)
@@ -551,7 +658,7 @@ class FleetState:
         for slot in stale.tolist():
             node_id = self._node_id[slot]
             expired.append(node_id)
-            if self._straggler[slot]:
+            if self._straggler[slot] and not self._pending[slot]:
                 gid = int(self._episode_gid[slot])
                 closing.append(
                     Closing(
@@ -587,6 +694,13 @@ class FleetState:
                 self._gkey[gid] = ""
                 self._free_gids.append(gid)
         return np.flatnonzero(tracked)
+
+
+def _rate(value: float | None) -> float:
+    """A pushed raw rate as stored: NaN where missing or not a finite number >= 0."""
+    if value is None or not math.isfinite(value) or value < 0:
+        return math.nan
+    return float(value)
 
 
 def _finite(value: float | np.floating) -> float | None:
@@ -634,6 +748,11 @@ def _compute(snap: _Snapshot, config: FleetConfig) -> _Outcome:
     straggler[snap.active] = th.classify(
         act_scores, threshold[act_gids], tcfg.hysteresis, was_here[snap.active], quorum[act_gids]
     )
+    # The enter rule fleet-push applies too: enter_intervals consecutive ticks below.
+    below = np.zeros(snap.idx.size, dtype=np.bool_)
+    below[snap.active] = quorum[act_gids] & (act_scores < threshold[act_gids])
+    streak = np.where(below, snap.streak + 1, 0)
+    straggler &= was_here | (streak >= tcfg.enter_intervals)
     continuing = straggler & was_here
     entering = straggler & ~was_here
     return _Outcome(
@@ -653,7 +772,24 @@ def _compute(snap: _Snapshot, config: FleetConfig) -> _Outcome:
         leaving=snap.was & ~continuing,
         consec=np.where(straggler, np.where(continuing, snap.consec + 1, 1), 0),
         since=np.where(entering, snap.now, np.where(straggler, snap.since, np.nan)),
+        streak=streak,
+        peer=_peer_medians(snap, config.quorum.statistical_min, gn),
     )
+
+
+def _peer_medians(snap: _Snapshot, quorum: int, gn: int) -> FloatArray:
+    """Per group and peer rate, the median over the active, not stalled nodes that pushed
+    it; NaN where fewer than ``quorum`` did (a stalled rank must not pull its peers down)."""
+    peer = np.full((gn, len(PEER_RATES)), np.nan)
+    working = snap.active & ~snap.stalled
+    for j in range(len(PEER_RATES)):
+        column = snap.rates[:, j]
+        have = working & ~np.isnan(column)
+        if not have.any():
+            continue
+        median, counts = th.segment_median(column[have], snap.gids[have], gn)
+        peer[:, j] = np.where(counts >= quorum, median, np.nan)
+    return peer
 
 
 def _degraded_events(snap: _Snapshot, out: _Outcome) -> list[Event]:
@@ -748,7 +884,13 @@ def _summaries(
                 tracked_nodes=tracked,
             )
         )
+        medians = {
+            name: float(v)
+            for name, v in zip(PEER_RATES, out.peer[g].tolist(), strict=True)
+            if v == v  # not NaN
+        }
         views[gkeys[g]] = ThresholdView(
+            peer_rates=medians or None,
             cluster_id=gcluster[g],
             group=gkeys[g],
             threshold=t if q else None,
