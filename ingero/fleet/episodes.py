@@ -34,12 +34,14 @@ class Closing:
 
 
 def closing_reason(active: bool, moved: bool, quorum: bool, job_ended: bool = False) -> str:
-    """Why an episode ended this tick (expiry aside): the node's job ended (a stalled node
-    going inactive, or a node whose job left it), it went idle or stale, moved to another
-    group, its group lost quorum, or it recovered. A stall never ends as ``recovered`` by
+    """Why an episode ended this tick (expiry aside): the node's job ended (its job left
+    it, or a stalled node went inactive), it went idle or stale, moved to another group,
+    its group lost quorum, or it recovered. A stall never ends as ``recovered`` by
     going quiet: only a score back at its peers' level recovers."""
+    if job_ended:
+        return "job_ended"
     if not active:
-        return "job_ended" if job_ended else "inactive"
+        return "inactive"
     if moved:
         return "group_changed"
     if not quorum:

@@ -462,10 +462,10 @@ class FleetState:
             g_old = int(snap.episode_gids[pos])
             g_new = int(snap.gids[pos])
             active = bool(snap.active[pos])
-            # A stall that ends inactive, or a node whose job left it, ended with its job.
-            job_ended = not active and (
-                bool(snap.stall_episode[pos])
-                or (snap.gjob[g_old] is not None and snap.gjob[g_new] is None)
+            # A node whose job left it (its push names no job any more), or a stall that
+            # ends inactive, ended with its job.
+            job_ended = (snap.gjob[g_old] is not None and snap.gjob[g_new] is None) or (
+                not active and bool(snap.stall_episode[pos])
             )
             reason = closing_reason(active, g_new != g_old, bool(out.quorum[g_new]), job_ended)
             g_now = g_new if judged_in_new_group(reason) else g_old

@@ -98,6 +98,10 @@ class Classifier:
 
     def observe(self, obs: Observation) -> list[Event]:
         """Events for this interval (usually none)."""
+        if self._episode is not None and self._job is not None and obs.job_id != self._job:
+            # The job the episode belongs to is no longer this node's: as Fleet says it.
+            self._below = 0
+            return [self._end(obs, "job_ended" if obs.job_id is None else "group_changed")]
         if obs.state != "active":
             self._below = 0
             if self._episode is None:
