@@ -167,8 +167,14 @@ class NodeSampler:
         )
         stalled = self.state.stalled
         if stalled != was_stalled:
-            log.warning("%s", "stalled: the job runs but launches nothing" if stalled else
-                        "launching again")  # fmt: skip
+            log.warning(
+                "%s",
+                "stalled: the job runs but launches nothing"
+                if stalled
+                else "launching again"
+                if has_work
+                else "no longer stalled: the job has ended",
+            )
         # A stalled node's job runs: its launch rate is measured, and it is 0.
         own: dict[str, float | None] = {
             KERNEL_LAUNCH_RATE: 0.0 if stalled else launch_rate if has_work else None,
