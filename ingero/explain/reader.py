@@ -288,7 +288,8 @@ def read_timeline(
         x_vals = [_xid(v) for v in row[4 + len(throttle_cols) :]]
         hot = {c: v for c, v in t_vals.items() if _throttle(c, v)}
         detail = ", ".join(
-            f"{c}={v:#x}" if isinstance(v, int) else f"{c}={v}" for c, v in hot.items()
+            f"{c}={v:#x}" if isinstance(v, int) else f"{c}={v}"
+            for c, v in hot.items()
         )
         gpus.append(
             GpuPoint(
