@@ -5,29 +5,32 @@ trace`` recorded on an H100 (``ingero.workload.generator``, ``--shape gpu-bound`
 ``cpu-bound``): 1 s tracer intervals of cuLaunchKernel, rare syncs, off-CPU rows and NVML GPU
 rows, with multiplicative noise on every rate. Every push interval the node's window is
 interpreted by the same code as fleet-push (``ingero.collectors.nodedb.aggregate_window``)
-and scored by fleet-push's own sampler (``NodeSampler.evaluate``: node state, baselines, GPU
-health, score); the pushes go to Fleet's threshold engine (``FleetState``), and each node
-classifies itself with its detection selector and hysteresis classifier against the
-threshold of Fleet's previous tick, as a push response gives it. One ManualClock drives all.
-
-Only node-local baselines exist on the node side today: the throughput and compute signals
-compare a node with its own past. Peer-relative rates come later (Fleet side), so the "slow
-from birth" and "stall" rows show what node-local baselines alone do.
+and scored by fleet-push's own sampler (``NodeSampler.evaluate``: node state, stall,
+baselines, GPU health, score); the pushes go to Fleet's threshold engine (``FleetState``),
+and each node classifies itself with its detection selector and hysteresis classifier
+against the threshold of Fleet's previous tick, as a push response gives it. The push reply
+also carries the group's peer medians of the raw rates, which the node's next sample
+measures its throughput against (``--no-peers``: node-local baselines only, as before), and
+Fleet's open episode id, which the node adopts; the node pushes its own. One ManualClock
+drives all; every process is alive unless its job ended.
 
 Prints, per shape: the healthy score distribution; the score drop of a node slowed by 10%,
 20% and 30% (its median score over the first 12 intervals after the slowdown, against the
 healthy nodes' median in the same intervals); detection latency at 10% and 20% (push
 intervals from the slowdown to the node's first straggler_state, over seeded runs: median,
-p95, misses); a node 25% slower from its first interval; a rank that stalls; and false
-straggler and GPU events of the nodes in a steady simulated hour.
+p95, misses) and whether Fleet flagged the same node under the same event_id; a node 25%
+slower from its first interval; a rank that stalls (and how its episode ends when its job
+then ends); and false straggler events (node's and Fleet's) and GPU events of the nodes in
+a steady simulated hour.
 
     .venv/bin/python bench/detection.py [--shape gpu-bound|cpu-bound|both] [--nodes 64]
-        [--runs 20] [--hours 1] [--noise 0.03] [--enter-intervals 2]
+        [--runs 20] [--hours 1] [--noise 0.03] [--enter-intervals 2] [--no-peers]
 """
 
 from __future__ import annotations
 
 import argparse
+import logging
 import statistics
 from collections.abc import Iterable
 from pathlib import Path
@@ -36,7 +39,8 @@ from typing import Any
 from ingero.clock import ManualClock
 from ingero.collectors.nodedb import aggregate_window
 from ingero.config import Duration
-from ingero.fleet.config import FleetConfig
+from ingero.events import Event
+from ingero.fleet.config import FleetConfig, ThresholdConfig
 from ingero.fleet.state import FleetState
 from ingero.otlp.health import NodePush
 from ingero.otlp.threshold import ThresholdView
@@ -68,21 +72,26 @@ class SimNode:
             config=config.score,
             window_s=INTERVAL,
             clock=clock,
+            pid_alive=lambda pid: not self.ended,
         )
         self.selector = DetectionSelector(config.detection, clock)
         self.classifier = Classifier(config.classifier)
         self.slowdown = 0.0
         self.stalled = False
+        self.ended = False  # the job ended: the process exited, nothing is written
+        self.reply: ThresholdView | None = None  # the last push reply
         self._before: list[dict[str, Any]] = []  # last window's GPU rows (counter growth)
 
-    def sample(self) -> NodeSample:
+    def sample(self, peers: bool = True) -> NodeSample:
         end = self.clock.now()
         start = end - INTERVAL
         intervals: list[dict[str, Any]] = []
         gpu_rows: list[dict[str, Any]] = []
         processes: list[dict[str, Any]] = []
-        cpu, mem = [], []
-        for k in range(round(INTERVAL / TRACE)):
+        cpu: list[float] = []
+        mem: list[float] = []
+        medians = self.reply.peer_rates if peers and self.reply is not None else None
+        for k in range(0 if self.ended else round(INTERVAL / TRACE)):
             rows = self.gen.tick(
                 start + k * TRACE, start + (k + 1) * TRACE, self.slowdown, self.stalled
             )
@@ -93,7 +102,14 @@ class SimNode:
             mem.append(rows.mem_available)
         window = aggregate_window(start, end, intervals, self._before + gpu_rows, processes)
         self._before = gpu_rows
-        return self.sampler.evaluate(window, end, statistics.mean(cpu), statistics.mean(mem))
+        return self.sampler.evaluate(
+            window,
+            end,
+            statistics.mean(cpu) if cpu else None,
+            statistics.mean(mem) if mem else None,
+            medians,
+            not self.ended,  # the job file goes with the job
+        )
 
     def push(self, sample: NodeSample) -> NodePush:
         result = sample.result
@@ -107,42 +123,72 @@ class SimNode:
             dominant_signal=result.dominant_signal if result else None,
             signals=dict(result.signals) if result else {},
             rates=dict(result.rates) if result else {},
+            stalled=sample.stalled,
+            episode_id=self.classifier.episode_id,
         )
 
-    def classify(self, push: NodePush, reading: ThresholdView) -> list[str]:
+    def classify(self, push: NodePush, sample: NodeSample, reading: ThresholdView) -> list[Event]:
+        self.reply = reading
         self.selector.on_fleet(reading)
         decision = self.selector.decide(push.score if push.state == "active" else None)
-        events = self.classifier.observe(Observation.of(push, decision, self.clock.now()))
-        return [e.type for e in events]
+        observation = Observation.of(
+            push,
+            decision,
+            self.clock.now(),
+            job_ended=sample.job_running is False,
+            fleet_episode=reading.episode_id,
+        )
+        return self.classifier.observe(observation)
 
 
 class Sim:
     enter_intervals = ClassifierConfig().enter_intervals  # set from --enter-intervals
+    peers = True  # cleared by --no-peers
 
     def __init__(self, shape: str, nodes: int, seed: int, noise: float) -> None:
         self.clock = ManualClock()
-        self.fleet = FleetState(FleetConfig(push_interval=Duration(INTERVAL)), self.clock)
+        self.fleet = FleetState(
+            FleetConfig(
+                push_interval=Duration(INTERVAL),
+                threshold=ThresholdConfig(enter_intervals=Sim.enter_intervals),
+            ),
+            self.clock,
+        )
         config = PushConfig(classifier=ClassifierConfig(enter_intervals=Sim.enter_intervals))
         self.nodes = [SimNode(i, shape, noise, seed, self.clock, config) for i in range(nodes)]
         self.scores: dict[str, float] = {}
         self.states: dict[str, str] = {}
         self.gpu_events = 0
+        self.node_events: list[Event] = []  # every straggler event, node side
+        self.fleet_events: list[Event] = []  # ... and Fleet side
 
     def step(self) -> dict[str, list[str]]:
-        """One push interval; returns each node's straggler events."""
+        """One push interval; returns each node's straggler event types."""
         self.clock.advance(INTERVAL)
         out: dict[str, list[str]] = {}
         for node in self.nodes:
-            sample = node.sample()
+            sample = node.sample(Sim.peers)
             self.gpu_events += len(sample.gpu_findings)
             push = node.push(sample)
-            self.scores[node.name], self.states[node.name] = push.score, push.state
+            self.scores[node.name] = push.score
+            self.states[node.name] = "stalled" if push.stalled else push.state
             view = self.fleet.ingest(push)
-            events = [e for e in node.classify(push, view) if e.startswith("straggler")]
+            events = [
+                e for e in node.classify(push, sample, view) if e.type.startswith("straggler")
+            ]
+            self.node_events += events
             if events:
-                out[node.name] = events
-        self.fleet.tick()
+                out[node.name] = [e.type for e in events]
+        self.fleet_events += [e for e in self.fleet.tick().events if e.type.startswith("straggler")]
         return out
+
+    def agreement(self, node: str) -> str:
+        """Whether Fleet flagged ``node`` too, and under the node's event_id."""
+        mine = {e.event_id for e in self.node_events if e.node_id == node}
+        fleet = {e.event_id for e in self.fleet_events if e.node_id == node}
+        if not fleet:
+            return "Fleet did not flag it"
+        return "Fleet too, same event_id" if fleet == mine else f"ids {mine} vs {fleet}"
 
     def warm(self, intervals: int) -> None:
         for _ in range(intervals):
@@ -180,8 +226,10 @@ def healthy_and_drops(
 
 def latency(
     shape: str, nodes: int, noise: float, runs: int, slowdown: float, warmup: int, limit: int
-) -> tuple[list[int], int]:
-    found, missed = [], 0
+) -> tuple[list[int], int, int]:
+    """Intervals to detection per run, misses, and runs where Fleet flagged the same node
+    under the same event_id (two intervals after the node's detection)."""
+    found, missed, agreed = [], 0, 0
     for seed in range(runs):
         sim = Sim(shape, nodes, seed, noise)
         sim.warm(warmup)
@@ -190,24 +238,32 @@ def latency(
         for interval in range(1, limit + 1):
             if "straggler_state" in sim.step().get(target.name, []):
                 found.append(interval)
+                sim.step()
+                sim.step()
+                agreed += sim.agreement(target.name) == "Fleet too, same event_id"
                 break
         else:
             missed += 1
-    return found, missed
+    return found, missed, agreed
 
 
-def slow_from_birth(shape: str, nodes: int, noise: float, warmup: int, limit: int) -> int | None:
+def slow_from_birth(shape: str, nodes: int, noise: float, limit: int) -> tuple[int | None, str]:
+    """Intervals from the job's start to the node's first straggler_state, and agreement."""
     sim = Sim(shape, nodes, seed=77, noise=noise)
     sim.nodes[0].slowdown = 0.25
-    sim.warm(warmup)
     for interval in range(1, limit + 1):
         if "straggler_state" in sim.step().get(sim.nodes[0].name, []):
-            return interval
-    return None
+            sim.step()
+            sim.step()
+            return interval, sim.agreement(sim.nodes[0].name)
+    return None, ""
 
 
-def stall(shape: str, nodes: int, noise: float, warmup: int) -> tuple[int | None, list[str]]:
-    """Intervals to the stalled node's first straggler_state (within 6), and its states."""
+def stall(
+    shape: str, nodes: int, noise: float, warmup: int
+) -> tuple[int | None, list[str], str, str]:
+    """Intervals to the stalled node's first straggler_state (within 6), its states, how
+    its episode ended when its job then ended (node side, Fleet side), and agreement."""
     sim = Sim(shape, nodes, seed=78, noise=noise)
     sim.warm(warmup)
     target = sim.nodes[0]
@@ -218,19 +274,36 @@ def stall(shape: str, nodes: int, noise: float, warmup: int) -> tuple[int | None
         if "straggler_state" in sim.step().get(target.name, []) and flagged is None:
             flagged = interval
         states.append(sim.states[target.name])
-    return flagged, states
+    agreement = sim.agreement(target.name)
+    target.ended = True
+    for _ in range(3):
+        sim.step()
+        states.append(sim.states[target.name])
+
+    def ending(events: list[Event]) -> str:
+        return ",".join(
+            str(e.extra.get("reason"))
+            for e in events
+            if e.node_id == target.name and e.type == "straggler_resolved"
+        )
+
+    return flagged, states, f"{ending(sim.node_events)} / {ending(sim.fleet_events)}", agreement
 
 
 def false_events(
     shape: str, nodes: int, noise: float, hours: float, warmup: int
-) -> tuple[int, int]:
+) -> tuple[int, int, int]:
+    """Episodes the nodes and Fleet started in a steady time, and GPU events."""
     sim = Sim(shape, nodes, seed=10_000, noise=noise)
     sim.warm(warmup)
     sim.gpu_events = 0
-    entries = 0
+    sim.node_events.clear()
+    sim.fleet_events.clear()
     for _ in range(int(hours * 3600 / INTERVAL)):
-        entries += sum(ev.count("straggler_state") for ev in sim.step().values())
-    return entries, sim.gpu_events
+        sim.step()
+    node = len({e.event_id for e in sim.node_events if e.type == "straggler_state"})
+    fleet = len({e.event_id for e in sim.fleet_events if e.type == "straggler_state"})
+    return node, fleet, sim.gpu_events
 
 
 def fmt(values: list[int], missed: int, runs: int) -> str:
@@ -252,16 +325,21 @@ def main() -> None:
     parser.add_argument("--warmup", type=int, default=30, help="intervals before injecting")
     parser.add_argument("--limit", type=int, default=60, help="intervals to wait for detection")
     parser.add_argument("--enter-intervals", type=int, default=Sim.enter_intervals,
-                        help="classifier debounce (consecutive intervals below the threshold)")  # fmt: skip
+                        help="enter rule of both sides (consecutive intervals below)")  # fmt: skip
+    parser.add_argument("--no-peers", action="store_true",
+                        help="node-local baselines only (ignore the reply's peer medians)")  # fmt: skip
     args = parser.parse_args()
+    logging.getLogger("ingero").setLevel(logging.ERROR)  # the stall's log lines, not figures
     Sim.enter_intervals = args.enter_intervals
+    Sim.peers = not args.no_peers
     shapes = list(SHAPE_NAMES) if args.shape == "both" else [args.shape]
     margin = FleetConfig().threshold.min_margin
     for shape in shapes:
         n, noise = args.nodes, args.noise
         print(
             f"== {shape}: {n} nodes, push interval {INTERVAL:g} s, noise {noise:.0%} per 1 s, "
-            f"enter_intervals {Sim.enter_intervals}"
+            f"enter_intervals {Sim.enter_intervals}, "
+            + ("peer ratio" if Sim.peers else "node-local baselines only")
         )
         healthy, drops = healthy_and_drops(shape, n, noise, args.warmup, [0.1, 0.2, 0.3])
         print(
@@ -275,23 +353,37 @@ def main() -> None:
             + f" (min_margin {margin:g})"
         )
         for level in (0.1, 0.2):
-            found, missed = latency(shape, n, noise, args.runs, level, args.warmup, args.limit)
-            print(f"detection at {level:.0%}: {fmt(found, missed, args.runs)}")
-        birth = slow_from_birth(shape, n, noise, args.warmup, args.limit)
+            found, missed, agreed = latency(
+                shape, n, noise, args.runs, level, args.warmup, args.limit
+            )
+            print(
+                f"detection at {level:.0%}: {fmt(found, missed, args.runs)}; "
+                f"Fleet flagged it under the same event_id in {agreed}/{len(found)}"
+            )
+        birth, agreement = slow_from_birth(shape, n, noise, args.limit)
         print(
             "25% slower from birth: "
-            + (f"flagged after {birth} intervals" if birth else f"not flagged in {args.limit}")
+            + (
+                f"flagged after {birth} intervals from the job's start ({agreement})"
+                if birth
+                else f"not flagged in {args.limit}"
+            )
         )
-        flagged, states = stall(shape, n, noise, args.warmup)
+        flagged, states, ended, agreement = stall(shape, n, noise, args.warmup)
         print(
             "stalled rank: "
-            + (f"flagged after {flagged} intervals" if flagged else "not flagged in 6 intervals")
-            + f"; its states: {' '.join(states)}"
+            + (
+                f"flagged after {flagged} intervals ({agreement})"
+                if flagged
+                else "not flagged in 6 intervals"
+            )
+            + f"; its states: {' '.join(states[:6])}; its job then ends: "
+            + f"{' '.join(states[6:])}, episode ended (node / Fleet): {ended}"
         )
-        entries, gpu = false_events(shape, n, noise, args.hours, args.warmup)
+        node, fleet, gpu = false_events(shape, n, noise, args.hours, args.warmup)
         print(
-            f"steady {args.hours:g} h: {entries} false straggler events, {gpu} GPU events "
-            f"in {n * args.hours:g} node-hours"
+            f"steady {args.hours:g} h: {node} false straggler episodes (node side), "
+            f"{fleet} (Fleet side), {gpu} GPU events in {n * args.hours:g} node-hours"
         )
 
 

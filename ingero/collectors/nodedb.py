@@ -111,6 +111,9 @@ class WindowAggregates:
     # Host time in synchronize calls ÷ covered time: a lower bound of GPU busy, for explain
     # only (shown as an estimate; never a score input).
     sync_busy_estimate: float | None = None
+    # Processes whose kernel launches the window holds (the rows' pid, where recorded): the
+    # traced processes whose liveness tells a stalled job from an ended one.
+    launch_pids: tuple[int, ...] = ()
 
     @property
     def kernel_launch_rate(self) -> float | None:
@@ -273,6 +276,7 @@ def aggregate_window(
     last: float | None = None
     launches = steps = 0
     sync_ns: int | None = None
+    launch_pids: set[int] = set()
     for row in intervals:
         ts_end = float(row["ts_end"])
         if not start < ts_end <= end:
@@ -283,6 +287,8 @@ def aggregate_window(
         op = row["op"]
         if op in LAUNCH_OPS:
             launches += int(row["count"])
+            if row.get("pid") is not None:
+                launch_pids.add(int(row["pid"]))
         elif op in STEP_OPS:
             steps += int(row["count"])
         elif op in SYNC_OPS:
@@ -317,6 +323,7 @@ def aggregate_window(
             if sync_ns is not None and covered > 0
             else None
         ),
+        launch_pids=tuple(sorted(launch_pids)),
     )
 
 
@@ -344,7 +351,7 @@ def read_window(
         conn = db.conn
         intervals = _rows(
             conn.execute(
-                "SELECT ts_start, ts_end, op, count, total_ns FROM intervals"
+                "SELECT ts_start, ts_end, op, count, total_ns, pid FROM intervals"
                 " WHERE ts_end > ? AND ts_end <= ?",
                 (start, end),
             )

@@ -78,7 +78,9 @@ class ApiHandler:
             return json_response(400, {"error": "cluster_id is required"})
         job_id = first.get("job_id") or None
         workload = first.get("workload_type") or None
-        view = self._state.threshold_view(cluster_id, job_id, workload)
+        # node_id: also that node's rate ratios and Fleet's open episode of it.
+        node_id = first.get("node_id") or None
+        view = self._state.threshold_view(cluster_id, job_id, workload, node_id)
         if view is None:
             return json_response(
                 404,

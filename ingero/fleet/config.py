@@ -6,6 +6,7 @@ from dataclasses import dataclass, field
 
 from ingero.config import HOSTPORT, Duration, check, in_range, positive
 from ingero.otlp.ports import FLEET_API_PORT, FLEET_OTLP_GRPC_PORT, FLEET_OTLP_HTTP_PORT
+from ingero.otlp.threshold import ENTER_INTERVALS
 from ingero.slurm.drain_policy import DrainConfig
 from ingero.tls import check_pair
 
@@ -26,6 +27,9 @@ class ThresholdConfig:
     panic_fraction: float = field(
         default=0.25, metadata=check(lambda v: 0 < v < 1, "must be in (0, 1)")
     )
+    # Consecutive ticks below the threshold before an episode starts: fleet-push's rule
+    # (classifier.enter_intervals), so Fleet and the node agree on who straggles.
+    enter_intervals: int = field(default=ENTER_INTERVALS, metadata=positive())
 
 
 @dataclass(frozen=True)

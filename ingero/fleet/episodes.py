@@ -33,9 +33,13 @@ class Closing:
     panic: bool
 
 
-def closing_reason(active: bool, moved: bool, quorum: bool) -> str:
-    """Why an episode ended this tick (expiry aside): the node went idle or stale, moved to
-    another group, its group lost quorum, or it recovered."""
+def closing_reason(active: bool, moved: bool, quorum: bool, job_ended: bool = False) -> str:
+    """Why an episode ended this tick (expiry aside): the node's job ended (its job left
+    it, or a stalled node went inactive), it went idle or stale, moved to another group,
+    its group lost quorum, or it recovered. A stall never ends as ``recovered`` by
+    going quiet: only a score back at its peers' level recovers."""
+    if job_ended:
+        return "job_ended"
     if not active:
         return "inactive"
     if moved:
@@ -64,8 +68,13 @@ def started_event(
     panic: bool,
     event_id: str,
     now: float,
+    stall: bool = False,
 ) -> Event:
-    """The ``straggler_state`` that opens an episode; its id is the episode's."""
+    """The ``straggler_state`` that opens an episode; its id is the episode's. A node whose
+    job runs but which launches nothing is a straggler with ``reason: stall``."""
+    extra: dict[str, object] = {"group": group, "panic": panic}
+    if stall:
+        extra["reason"] = "stall"
     return Event(
         type="straggler_state",
         node_id=node_id,
@@ -78,7 +87,7 @@ def started_event(
         threshold=threshold,
         detection_mode=DETECTION_MODE,
         dominant_signal=dominant_signal,
-        extra={"group": group, "panic": panic},
+        extra=extra,
     )
 
 

@@ -58,7 +58,7 @@ class Receiver:
         self._metrics.count_rejected({reason: 1})
 
     def metrics_request(self, request: ExportMetricsServiceRequest) -> PushReply:
-        decoded = decode_health(request, details=False)
+        decoded = decode_health(request, details=False, rates=True)
         reply = PushReply(rejected=decoded.rejected, messages=decoded.messages)
         reasons = dict(decoded.reasons)
         for push in decoded.pushes:

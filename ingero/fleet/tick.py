@@ -20,6 +20,7 @@ from ingero.fleet.config import FleetConfig
 from ingero.fleet.episodes import Closing, degraded_event
 from ingero.fleet.model import ClusterStats, GroupStats
 from ingero.fleet.threshold import BoolArray, FloatArray, IntArray
+from ingero.otlp.health import PEER_RATES
 from ingero.otlp.threshold import ThresholdView
 
 
@@ -28,6 +29,7 @@ class Snapshot:
     """Phase 1's copies: per tracked node (``idx`` are their slots) and per group index."""
 
     now: float
+    mono: float
     expired: list[Closing]
     expired_ids: list[str]
     idx: IntArray
@@ -40,6 +42,11 @@ class Snapshot:
     consec: IntArray
     since: FloatArray
     episode_gids: IntArray
+    rates: FloatArray  # (node, PEER_RATES) raw rates, NaN where not pushed
+    stalled: BoolArray
+    stall_episode: BoolArray
+    streak: IntArray
+    pending: BoolArray
     prev_ema: FloatArray
     prev_panic: BoolArray
     gkeys: list[str]
@@ -68,6 +75,8 @@ class Outcome:
     leaving: BoolArray
     consec: IntArray
     since: FloatArray
+    streak: IntArray
+    peer: FloatArray  # (group, PEER_RATES) medians, NaN without quorum
 
 
 def finite(value: float | np.floating) -> float | None:
@@ -100,6 +109,11 @@ def compute(snap: Snapshot, config: FleetConfig) -> Outcome:
     straggler[snap.active] = th.classify(
         act_scores, threshold[act_gids], tcfg.hysteresis, was_here[snap.active], quorum[act_gids]
     )
+    # The enter rule fleet-push applies too: enter_intervals consecutive ticks below.
+    below = np.zeros(snap.idx.size, dtype=np.bool_)
+    below[snap.active] = quorum[act_gids] & (act_scores < threshold[act_gids])
+    streak = np.where(below, snap.streak + 1, 0)
+    straggler &= was_here | (streak >= tcfg.enter_intervals)
     continuing = straggler & was_here
     entering = straggler & ~was_here
     return Outcome(
@@ -119,7 +133,24 @@ def compute(snap: Snapshot, config: FleetConfig) -> Outcome:
         leaving=snap.was & ~continuing,
         consec=np.where(straggler, np.where(continuing, snap.consec + 1, 1), 0),
         since=np.where(entering, snap.now, np.where(straggler, snap.since, np.nan)),
+        streak=streak,
+        peer=_peer_medians(snap, config.quorum.statistical_min, gn),
     )
+
+
+def _peer_medians(snap: Snapshot, quorum: int, gn: int) -> FloatArray:
+    """Per group and peer rate, the median over the active, not stalled nodes that pushed
+    it; NaN where fewer than ``quorum`` did (a stalled rank must not pull its peers down)."""
+    peer = np.full((gn, len(PEER_RATES)), np.nan)
+    working = snap.active & ~snap.stalled
+    for j in range(len(PEER_RATES)):
+        column = snap.rates[:, j]
+        have = working & ~np.isnan(column)
+        if not have.any():
+            continue
+        median, counts = th.segment_median(column[have], snap.gids[have], gn)
+        peer[:, j] = np.where(counts >= quorum, median, np.nan)
+    return peer
 
 
 def degraded_events(snap: Snapshot, out: Outcome) -> list[Event]:
@@ -214,7 +245,13 @@ def summaries(
                 tracked_nodes=tracked,
             )
         )
+        medians = {
+            name: float(v)
+            for name, v in zip(PEER_RATES, out.peer[g].tolist(), strict=True)
+            if v == v  # not NaN
+        }
         views[gkeys[g]] = ThresholdView(
+            peer_rates=medians or None,
             cluster_id=gcluster[g],
             group=gkeys[g],
             threshold=t if q else None,

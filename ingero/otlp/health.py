@@ -5,8 +5,9 @@ Names are the public contract of DESIGN.md: resource attributes ``ingero.node.id
 ``ingero.cluster.id``, ``host.name``, ``ingero.gpu.model``, ``ingero.gpu.count``,
 ``ingero.provider``; gauge ``ingero.node.health_score`` with point attributes
 ``ingero.node.state``, ``ingero.workload_type``, ``slurm.job.id``, ``ingero.rank``,
-``ingero.world_size``, ``ingero.dominant_signal``; gauge ``ingero.node.signal`` (attribute
-``ingero.signal``) and gauge ``ingero.node.rate`` (attribute ``ingero.rate``).
+``ingero.world_size``, ``ingero.dominant_signal``, and (added) ``ingero.node.stalled``,
+``ingero.episode.id``; gauge ``ingero.node.signal`` (attribute ``ingero.signal``) and gauge
+``ingero.node.rate`` (attribute ``ingero.rate``).
 """
 
 from __future__ import annotations
@@ -41,6 +42,11 @@ ATTR_JOB_ID = "slurm.job.id"
 ATTR_RANK = "ingero.rank"
 ATTR_WORLD_SIZE = "ingero.world_size"
 ATTR_DOMINANT = "ingero.dominant_signal"
+# Added: true while the node's job still runs but launches nothing (state stays active).
+ATTR_STALLED = "ingero.node.stalled"
+# Added: the node's open straggler episode; "" when it classifies itself and has none open,
+# absent from an agent that does not (Fleet then cannot wait for the node's id).
+ATTR_EPISODE = "ingero.episode.id"
 ATTR_SIGNAL = "ingero.signal"
 ATTR_RATE = "ingero.rate"
 
@@ -48,6 +54,16 @@ SCOPE_NAME = "ingero"
 
 NodeState = Literal["calibrating", "active", "idle", "stale"]
 NODE_STATES: frozenset[str] = frozenset({"calibrating", "active", "idle", "stale"})
+
+# The raw rates (``ingero.node.rate`` names) Fleet compares within a peer group: a node's
+# ratio to its group's median of them is its throughput against its peers.
+KERNEL_LAUNCH_RATE = "kernel_launch_rate"
+NCCL_RATE = "nccl_collective_rate"
+STEP_RATE = "step_rate"
+PEER_RATES: tuple[str, ...] = (KERNEL_LAUNCH_RATE, NCCL_RATE, STEP_RATE)
+# Which peer rate stands for a node's throughput, best first: steps are the work itself,
+# collectives pace a distributed job, launches are what every traced node records.
+THROUGHPUT_RATES: tuple[str, ...] = (STEP_RATE, NCCL_RATE, KERNEL_LAUNCH_RATE)
 
 
 def group_key(cluster_id: str, job_id: str | None, workload_type: str | None) -> str:
@@ -76,6 +92,10 @@ class NodePush:
     gpu_model: str | None = None
     gpu_count: int | None = None
     provider: str | None = None
+    # The job still runs here (job file, live processes) but the node launches nothing.
+    stalled: bool = False
+    # The node's open straggler episode; "" none open; None: the agent does not say.
+    episode_id: str | None = None
 
     @property
     def group(self) -> str:
@@ -150,6 +170,8 @@ def encode_health(push: NodePush, time_unix_nano: int) -> ExportMetricsServiceRe
             ATTR_RANK: push.rank,
             ATTR_WORLD_SIZE: push.world_size,
             ATTR_DOMINANT: push.dominant_signal,
+            ATTR_STALLED: True if push.stalled else None,
+            ATTR_EPISODE: push.episode_id,
         },
     )
     for name, attr, values in (
@@ -227,6 +249,22 @@ def _integer(source: dict[str, Any], name: str) -> int | None:
     raise ValueError(f"{name} must be an integer, got {shown(value)}")
 
 
+def _flag(source: dict[str, Any], name: str) -> bool:
+    value = source.get(name)
+    if value is None:
+        return False
+    if not isinstance(value, bool):
+        raise ValueError(f"{name} must be a bool, got {shown(value)}")
+    return value
+
+
+def _episode(source: dict[str, Any]) -> str | None:
+    """The node's open episode id; "" (the agent classifies, none open) is kept as such."""
+    if source.get(ATTR_EPISODE) == "":
+        return ""
+    return _text(source, ATTR_EPISODE)
+
+
 def _gauge_points(metric: Metric) -> Iterable[NumberDataPoint] | None:
     kind = metric.WhichOneof("data")
     if kind == "gauge":
@@ -259,32 +297,34 @@ def _keyed_values(
             result.reject(TOO_LONG, f"{metric.name} point: {exc}")
 
 
-def decode_health(request: ExportMetricsServiceRequest, details: bool = True) -> HealthDecode:
+def decode_health(
+    request: ExportMetricsServiceRequest, details: bool = True, rates: bool | None = None
+) -> HealthDecode:
     """Validate every ``ingero.node.health_score`` point; other metrics are ignored.
 
     ``details=False`` skips the per-signal and raw-rate gauges (left empty in the pushes):
-    Fleet's threshold needs only the score, and they are a third of the decoding time.
+    they are a third of the decoding time. ``rates`` overrides that for the raw rates alone
+    (Fleet needs the score and the rates it compares between peers, not the signals).
     """
+    want_rates = details if rates is None else rates
     result = HealthDecode()
     for rm in request.resource_metrics:
         scores: list[Metric] = []
         signals: dict[str, float] = {}
-        rates: dict[str, float] = {}
+        rate_values: dict[str, float] = {}
         for sm in rm.scope_metrics:
             for metric in sm.metrics:
                 name = metric.name
                 if name == SCORE_METRIC:
                     scores.append(metric)
-                elif not details:
-                    continue
-                elif name == SIGNAL_METRIC:
+                elif name == SIGNAL_METRIC and details:
                     _keyed_values(metric, ATTR_SIGNAL, signals, result)
-                elif name == RATE_METRIC:
-                    _keyed_values(metric, ATTR_RATE, rates, result)
+                elif name == RATE_METRIC and want_rates:
+                    _keyed_values(metric, ATTR_RATE, rate_values, result)
         if scores:
             res = _attributes(rm.resource.attributes)
             for metric in scores:
-                _decode_scores(metric, res, signals, rates, result)
+                _decode_scores(metric, res, signals, rate_values, result)
     return result
 
 
@@ -347,6 +387,8 @@ def _decode_scores(
                 gpu_model=_text(res, ATTR_GPU_MODEL),
                 gpu_count=_integer(res, ATTR_GPU_COUNT),
                 provider=_text(res, ATTR_PROVIDER),
+                stalled=_flag(attrs, ATTR_STALLED),
+                episode_id=_episode(attrs),
             )
         except ValueTooLong as exc:
             result.reject(TOO_LONG, f"node {node_id}: {exc}")

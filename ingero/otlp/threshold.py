@@ -4,6 +4,10 @@ Fleet answers every accepted health push with the pushing node's peer-group thre
 the HTTP response headers (``X-Ingero-Threshold``, ``X-Ingero-Quorum-Met``,
 ``X-Ingero-Panic``) or the gRPC **initial** metadata (``ingero-threshold``, …), and serves
 the whole view as JSON at ``GET /api/v1/threshold`` (docs/design.md, "Contracts").
+Added later, and sent only when they have a value: the group's peer medians of the raw
+rates (``X-Ingero-Peer-Rates: kernel_launch_rate=3484.2``), the pushing node's ratio to
+them (``X-Ingero-Rate-Ratios``) and Fleet's open straggler episode of that node
+(``X-Ingero-Episode-Id``), so the node and Fleet tell one episode by one id.
 
 Every field is declared once, in :class:`ThresholdView`, with its kind and, for the few a
 push reply carries, its metadata key (the header name is derived from it). The encoders
@@ -23,6 +27,9 @@ from dataclasses import MISSING, Field, dataclass, field, fields
 from typing import Any
 
 API_PATH = "/api/v1/threshold"
+# The enter rule Fleet and fleet-push both apply, so they agree on who straggles: an episode
+# starts after this many consecutive intervals (ticks) with the score below the threshold.
+ENTER_INTERVALS = 2
 
 
 class _Kind(ABC):
@@ -106,6 +113,45 @@ class _Count(_Kind):
         return int(text) if text.isdigit() else text
 
 
+class _RateMap(_Kind):
+    """Rate name -> finite number >= 0 (at most 16 names of at most 64 characters), or none;
+    in a push reply ``name=value,name=value``."""
+
+    MAX_ENTRIES = 16
+    MAX_NAME = 64
+
+    def check(self, value: object, label: str) -> dict[str, float] | None:
+        if value is None:
+            return None
+        if not isinstance(value, dict) or len(value) > self.MAX_ENTRIES:
+            raise ValueError(f"{label} is not a map of at most {self.MAX_ENTRIES} rates")
+        out: dict[str, float] = {}
+        for name, number in value.items():
+            if not isinstance(name, str) or not 0 < len(name) <= self.MAX_NAME:
+                raise ValueError(f"{label}: rate name {name!r} is not a short string")
+            if "=" in name or "," in name:
+                raise ValueError(f"{label}: rate name {name!r} holds '=' or ','")
+            checked = NUMBER.check(number, f"{label}.{name}")
+            if checked is None or checked < 0:
+                raise ValueError(f"{label}.{name} {number!r} is not a number >= 0")
+            out[name] = checked
+        return out
+
+    def parse(self, text: str, label: str) -> object:
+        out: dict[str, object] = {}
+        for item in text.split(","):
+            name, sep, number = item.strip().partition("=")
+            if not sep:
+                raise ValueError(f"{label} item {item!r} is not name=value")
+            out[name] = NUMBER.parse(number, f"{label}.{name}")
+        return out
+
+    def to_text(self, value: Any) -> str:
+        if not value:
+            return ""
+        return ",".join(f"{name}={float(number)!r}" for name, number in value.items())
+
+
 class _Text(_Kind):
     """A string, or none."""
 
@@ -116,11 +162,14 @@ class _Text(_Kind):
 
 
 UNIT, FLAG, NUMBER, COUNT, TEXT = _Unit(), _Flag(), _Number(), _Count(), _Text()
+RATES = _RateMap()
 
 
-def _wire(kind: _Kind, push_key: str | None = None) -> dict[str, Any]:
-    """Field metadata: the value's kind, and its gRPC metadata key if push replies carry it."""
-    return {"kind": kind, "push_key": push_key}
+def _wire(kind: _Kind, push_key: str | None = None, *, optional: bool = False) -> dict[str, Any]:
+    """Field metadata: the value's kind, and its gRPC metadata key if push replies carry it;
+    ``optional`` push fields are left out of a reply while they have no value (fields added
+    after the first three: an older node never sees them, a newer one reads none)."""
+    return {"kind": kind, "push_key": push_key, "optional": optional}
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -141,6 +190,20 @@ class ThresholdView:
     panic: bool = field(default=False, metadata=_wire(FLAG, "ingero-panic"))
     active_nodes: int | None = field(default=None, metadata=_wire(COUNT))
     computed_at: float | None = field(default=None, metadata=_wire(NUMBER))
+    # Per group: the median of each raw rate (ingero.otlp.health.PEER_RATES) over the active,
+    # not stalled nodes that pushed it; a rate is listed only where at least
+    # quorum.statistical_min nodes did (docs/fleet-threshold.md, "Peer rates").
+    peer_rates: dict[str, float] | None = field(
+        default=None, metadata=_wire(RATES, "ingero-peer-rates", optional=True)
+    )
+    # Per node (push replies, and the API when a node is named): its rate / the peer median.
+    rate_ratios: dict[str, float] | None = field(
+        default=None, metadata=_wire(RATES, "ingero-rate-ratios", optional=True)
+    )
+    # Per node: Fleet's open straggler episode of the node, which the node adopts.
+    episode_id: str | None = field(
+        default=None, metadata=_wire(TEXT, "ingero-episode-id", optional=True)
+    )
 
 
 def _header_name(key: str) -> str:
@@ -155,8 +218,20 @@ _PUSH: tuple[tuple[str, str, str, _Kind], ...] = tuple(
     for f in _FIELDS
     if f.metadata["push_key"]
 )
+_OPTIONAL: frozenset[str] = frozenset(f.name for f in _FIELDS if f.metadata["optional"])
 HEADERS: tuple[str, ...] = tuple(header for _, _, header, _ in _PUSH)
 METADATA_KEYS: tuple[str, ...] = tuple(key for _, key, _, _ in _PUSH)
+
+
+def _sent(view: ThresholdView) -> list[tuple[str, str, str, _Kind, Any]]:
+    """The push fields a reply carries: every one, less optional ones with no value."""
+    out = []
+    for attr, key, header, kind in _PUSH:
+        value = getattr(view, attr)
+        if attr in _OPTIONAL and (value is None or value == {} or value == ""):
+            continue
+        out.append((attr, key, header, kind, value))
+    return out
 
 
 def _default(f: Field[Any]) -> Any:
@@ -171,14 +246,14 @@ def encode_headers(view: ThresholdView | None) -> list[tuple[str, str]]:
     """The reply headers of an OTLP/HTTP push; none when no data point was accepted."""
     if view is None:
         return []
-    return [(header, kind.to_text(getattr(view, attr))) for attr, _, header, kind in _PUSH]
+    return [(header, kind.to_text(value)) for _, _, header, kind, value in _sent(view)]
 
 
 def encode_metadata(view: ThresholdView | None) -> tuple[tuple[str, str], ...]:
     """The initial metadata of an OTLP/gRPC push reply; none when nothing was accepted."""
     if view is None:
         return ()
-    return tuple((key, kind.to_text(getattr(view, attr))) for attr, key, _, kind in _PUSH)
+    return tuple((key, kind.to_text(value)) for _, key, _, kind, value in _sent(view))
 
 
 def _from_push(found: Mapping[str, tuple[str, str]]) -> ThresholdView | None:

@@ -10,7 +10,7 @@ from __future__ import annotations
 import logging
 import random
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field, replace
 from typing import Protocol
 
@@ -33,7 +33,9 @@ log = logging.getLogger(__name__)
 
 
 class Sampler(Protocol):
-    def sample(self) -> NodeSample: ...
+    def sample(
+        self, peer_rates: Mapping[str, float] | None = None, job_file: bool = False
+    ) -> NodeSample: ...
 
 
 @dataclass(frozen=True)
@@ -60,6 +62,7 @@ class Status:
     mode: str | None = None
     threshold: float | None = None
     straggling: bool = False
+    stalled: bool = False
     last_error: str | None = None
     events: dict[str, int] = field(default_factory=dict)
 
@@ -97,17 +100,21 @@ class Agent:
         )
         self.classifier = Classifier(config.classifier)
         self.status = Status()
+        # Fleet's peer medians of the raw rates, with the monotonic time they came; used as
+        # the throughput reference while as fresh as a threshold in mode ``fleet``.
+        self._peers: tuple[dict[str, float], float] | None = None
 
     def step(self) -> float:
         """One iteration; returns the seconds to wait before the next one."""
         status = self.status
         status.iterations += 1
-        sample = self.sampler.sample()
+        ident, job_file = self._current_identity()
+        sample = self.sampler.sample(self._fresh_peers(), job_file)
         if sample.transition is not None:
             t = sample.transition
             log.info("node state %s -> %s (%s)", t.previous, t.current, t.reason)
-        push = self._node_push(sample)
-        status.state, status.score = sample.state, push.score
+        push = self._node_push(sample, ident)
+        status.state, status.score, status.stalled = sample.state, push.score, sample.stalled
         result = self.client.push(encode_health(push, int(self.clock.now() * 1e9)))
         reading = result.reading
         if result.ok:
@@ -123,6 +130,8 @@ class Agent:
             elif status.last_error:
                 log.info("push to Fleet works again")
             status.last_error = result.error
+        if reading is not None and reading.peer_rates and reading.quorum_met:
+            self._peers = (dict(reading.peer_rates), self.clock.monotonic())
         fresh = self.selector.on_fleet(reading)
         decision = self.selector.decide(push.score if sample.state == "active" else None)
         if self.store is not None and (fresh or sample.state == "active"):
@@ -130,7 +139,14 @@ class Agent:
         if decision.transition is not None:
             self._emit(self._mode_event(decision, push))
         status.mode, status.threshold = decision.mode, decision.threshold
-        for event in self.classifier.observe(Observation.of(push, decision, self.clock.now())):
+        observation = Observation.of(
+            push,
+            decision,
+            self.clock.now(),
+            job_ended=sample.job_running is False,
+            fleet_episode=reading.episode_id if reading is not None else None,
+        )
+        for event in self.classifier.observe(observation):
             log.warning("%s", event.message())
             self._emit(event)
         status.straggling = self.classifier.straggling
@@ -186,9 +202,19 @@ class Agent:
         score = "-" if s.score is None else f"{s.score:.3f}"
         threshold = "-" if s.threshold is None else f"{s.threshold:.3f}"
         straggler = " STRAGGLER" if s.straggling else ""
-        return f"{s.state} score={score} mode={s.mode} threshold={threshold}{straggler}"
+        state = "stalled" if s.stalled else s.state
+        return f"{state} score={score} mode={s.mode} threshold={threshold}{straggler}"
 
-    def _current_identity(self) -> Identity:
+    def _fresh_peers(self) -> dict[str, float] | None:
+        if self._peers is None:
+            return None
+        medians, at = self._peers
+        if self.clock.monotonic() - at > float(self.config.detection.fleet_max_age):
+            return None
+        return medians
+
+    def _current_identity(self) -> tuple[Identity, bool]:
+        """The identity this interval, and whether the prolog's job file is present."""
         job = None
         if self.job_source is not None:
             try:
@@ -196,11 +222,11 @@ class Agent:
             except (OSError, ValueError) as exc:
                 log.warning("cannot read the Slurm job file: %s", exc)
         if job is None:
-            return self.identity
-        return replace(self.identity, job_id=job.job_id, rank=job.rank, world_size=job.world_size)
+            return self.identity, False
+        ident = replace(self.identity, job_id=job.job_id, rank=job.rank, world_size=job.world_size)
+        return ident, True
 
-    def _node_push(self, sample: NodeSample) -> NodePush:
-        ident = self._current_identity()
+    def _node_push(self, sample: NodeSample, ident: Identity) -> NodePush:
         result = sample.result
         return NodePush(
             node_id=ident.node_id,
@@ -215,6 +241,8 @@ class Agent:
             dominant_signal=result.dominant_signal if result else None,
             signals=dict(result.signals) if result else {},
             rates=dict(result.rates) if result else {},
+            stalled=sample.stalled,
+            episode_id=self.classifier.episode_id,
         )
 
     def _mode_event(self, decision: Decision, push: NodePush) -> Event:

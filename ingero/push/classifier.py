@@ -10,7 +10,13 @@ Rules (documented in docs/fleet-push.md):
 - it ends once, with ``straggler_resolved`` (same ``event_id``), when
   ``score >= threshold + hysteresis``, or when the node stops being active (reason says so);
 - with no threshold (mode ``none``) an open episode is held, neither re-emitted nor resolved;
-- Fleet's panic flag travels as ``extra.panic``.
+- Fleet's panic flag travels as ``extra.panic``;
+- a stalled node (its job runs, it launches nothing) is classified like any active node; its
+  ``straggler_state`` carries ``reason: stall``, and if its job ends before it works again
+  the episode ends with ``reason: job_ended``, never ``recovered``;
+- one episode, one id: an episode that starts while Fleet already has one open for this
+  node takes Fleet's id (from the push reply); the node's open id goes with every push, so
+  Fleet adopts it when the node saw the episode first.
 """
 
 from __future__ import annotations
@@ -38,9 +44,20 @@ class Observation:
     job_id: str | None = None
     rank: int | None = None
     dominant_signal: str | None = None
+    stalled: bool = False
+    job_ended: bool = False  # the node's job is known to have ended (processes gone)
+    fleet_episode: str | None = None  # Fleet's open episode of this node, from the reply
 
     @classmethod
-    def of(cls, push: NodePush, decision: Decision, timestamp: float) -> Observation:
+    def of(
+        cls,
+        push: NodePush,
+        decision: Decision,
+        timestamp: float,
+        *,
+        job_ended: bool = False,
+        fleet_episode: str | None = None,
+    ) -> Observation:
         """The interval a push and its detection decision describe."""
         return cls(
             node_id=push.node_id,
@@ -54,6 +71,9 @@ class Observation:
             job_id=push.job_id,
             rank=push.rank,
             dominant_signal=push.dominant_signal,
+            stalled=push.stalled,
+            job_ended=job_ended,
+            fleet_episode=fleet_episode,
         )
 
 
@@ -61,6 +81,8 @@ class Classifier:
     def __init__(self, config: ClassifierConfig) -> None:
         self._config = config
         self._episode: str | None = None
+        self._job: str | None = None  # the job the open episode began in
+        self._stall = False  # the open episode is (or became) a stall
         self._below = 0
         self._since_emit = 0
         self._emits = 0
@@ -69,24 +91,39 @@ class Classifier:
     def straggling(self) -> bool:
         return self._episode is not None
 
+    @property
+    def episode_id(self) -> str:
+        """The open episode's id, "" when none (pushed as ``ingero.episode.id``)."""
+        return self._episode or ""
+
     def observe(self, obs: Observation) -> list[Event]:
         """Events for this interval (usually none)."""
+        if self._episode is not None and self._job is not None and obs.job_id != self._job:
+            # The job the episode belongs to is no longer this node's: as Fleet says it.
+            self._below = 0
+            return [self._end(obs, "job_ended" if obs.job_id is None else "group_changed")]
         if obs.state != "active":
             self._below = 0
             if self._episode is None:
                 return []
-            return [self._end(obs, f"node is {obs.state}")]
+            ended = (
+                obs.job_ended or self._stall or (self._job is not None and obs.job_id != self._job)
+            )
+            return [self._end(obs, "job_ended" if ended else f"node is {obs.state}")]
         if obs.threshold is None:
             return []
         if self._episode is None:
             self._below = self._below + 1 if obs.score < obs.threshold else 0
             if self._below >= self._config.enter_intervals:
                 self._below = 0
-                self._episode = new_event_id()
+                self._episode = obs.fleet_episode or new_event_id()
+                self._job = obs.job_id
+                self._stall = obs.stalled
                 self._since_emit = 0
                 self._emits = 1
                 return [self._event("straggler_state", obs, {"repeat": 0})]
             return []
+        self._stall = self._stall or obs.stalled
         if obs.score >= obs.threshold + self._config.hysteresis:
             return [self._end(obs, "recovered")]
         self._since_emit += 1
@@ -104,6 +141,8 @@ class Classifier:
 
     def _event(self, kind: str, obs: Observation, extra: dict[str, object]) -> Event:
         assert self._episode is not None
+        if kind == "straggler_state" and obs.stalled:
+            extra = {**extra, "reason": "stall"}
         return Event(
             type=kind,
             node_id=obs.node_id,

@@ -13,6 +13,7 @@ from ingero import nodedb
 from ingero.config import Duration, check, in_range, positive
 from ingero.events import EVENT_SOCKET
 from ingero.otlp.ports import FLEET_OTLP_HTTP_PORT
+from ingero.otlp.threshold import ENTER_INTERVALS
 from ingero.push.score import ScoreConfig
 from ingero.slurm.jobfile import JOBS_DIR, JOBS_DIR_ENV
 from ingero.systemd import JOURNAL_SOCKET
@@ -50,7 +51,7 @@ class ClassifierConfig:
     hysteresis: float = field(default=0.02, metadata=in_range(0.0, 1.0))
     # Consecutive intervals below the threshold before an episode starts: one noisy sample
     # among thousands of node-intervals an hour must not page anyone.
-    enter_intervals: int = field(default=2, metadata=positive())
+    enter_intervals: int = field(default=ENTER_INTERVALS, metadata=positive())
     # While a straggler, straggler_state is re-sent every N intervals (0: only on entry).
     reemit_intervals: int = field(default=12, metadata=check(lambda v: v >= 0, "must be >= 0"))
 

@@ -2,6 +2,13 @@
 
 Pure: driven by one observation per sample and an injectable clock (for when a state began).
 Only ``active`` nodes are classified against their peers.
+
+Stalled is not idle: a warmed-up node that launches nothing while its job still runs (the
+caller says so: the job's processes are alive, or its job file is present) stays ``active``
+with ``stalled`` set, so it keeps being classified and counted by Fleet; it is a straggler
+while its peers go on. A node whose job is known to have ended is idle at once (its last
+quiet samples are no measurement of it); only where nothing tells whether a job runs does
+the old rule hold: idle after ``idle_after`` quiet samples.
 """
 
 from __future__ import annotations
@@ -35,14 +42,22 @@ class NodeStateMachine:
         self.work_samples = warm_samples
         self.quiet_samples = 0
         self.state: NodeState = "active" if self.warmed_up else "calibrating"
+        self.stalled = False  # active, the job runs, but no kernel launches
         self.since = clock.monotonic()
 
     @property
     def warmed_up(self) -> bool:
         return self.work_samples >= self.warmup_samples
 
-    def observe(self, *, readable: bool, kernel_launches: int = 0) -> Transition | None:
-        """Feed one sample; returns the transition it caused, if any."""
+    def observe(
+        self, *, readable: bool, kernel_launches: int = 0, job_running: bool | None = None
+    ) -> Transition | None:
+        """Feed one sample; returns the transition it caused, if any.
+
+        ``job_running``: whether this node's job still runs (True), has ended (False), or
+        nothing tells (None); it matters only for samples without kernel launches.
+        """
+        self.stalled = False
         if not readable:
             return self._move("stale", "node DB cannot be read")
         if kernel_launches > 0:
@@ -52,6 +67,11 @@ class NodeStateMachine:
                 return self._move("active", "GPU work seen")
             return self._move("calibrating", f"warm-up {self.work_samples}/{self.warmup_samples}")
         self.quiet_samples += 1
+        if job_running is True and self.warmed_up and self.state in ("active", "stale"):
+            self.stalled = True
+            return self._move("active", "stalled: the job runs but launches nothing")
+        if job_running is False:
+            return self._move("idle", "no kernel launches and the job has ended")
         if self.quiet_samples >= self.idle_after:
             return self._move("idle", f"no kernel launches for {self.quiet_samples} samples")
         if self.state == "stale":

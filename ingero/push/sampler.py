@@ -7,6 +7,8 @@ The thin I/O shell around the pure score, baseline and state logic; the push age
 from __future__ import annotations
 
 import logging
+import os
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -14,7 +16,7 @@ from ingero.clock import Clock
 from ingero.collectors.gpu import GpuQuery, GpuStatus, NoGpu
 from ingero.collectors.nodedb import NodeDbUnavailable, WindowAggregates, read_window
 from ingero.collectors.procfs import ProcfsError, ProcReader
-from ingero.otlp.health import NodeState
+from ingero.otlp.health import KERNEL_LAUNCH_RATE, STEP_RATE, THROUGHPUT_RATES, NodeState
 from ingero.push.baseline import BaselineSet, BaselineStore, EmaBaseline
 from ingero.push.gpu_health import GpuFinding, GpuHealth, GpuHealthTracker
 from ingero.push.nodestate import NodeStateMachine, Transition
@@ -34,6 +36,12 @@ class NodeSample:
     gpu_error: str | None = None
     gpu_health: GpuHealth | None = None
     gpu_findings: tuple[GpuFinding, ...] = ()  # new GPU problems, to be raised as events
+    # Active, the job still runs, but no kernel launches: a straggler while peers go on.
+    stalled: bool = False
+    # Whether this node's job runs (its processes, else its job file); None: nothing tells.
+    job_running: bool | None = None
+    # The peer rate the throughput signal was measured against, None: the own baseline.
+    peer_rate: str | None = None
 
     @property
     def score(self) -> float:
@@ -54,8 +62,14 @@ class NodeSampler:
         baseline_path: Path | None = None,
         proc: ProcReader | None = None,
         gpu: GpuQuery | None = None,
+        pid_alive: Callable[[int], bool] | None = None,
     ) -> None:
+        """``pid_alive`` tells whether a traced process still exists (default: this host's
+        process table); the benchmark's simulated processes inject their own."""
         config.validate()
+        self.pid_alive = pid_alive or _pid_alive
+        # The processes that launched kernels in the last window with launches.
+        self.traced_pids: tuple[int, ...] = ()
         self.config = config
         self.db_path = db_path
         self.window_s = window_s
@@ -91,7 +105,12 @@ class NodeSampler:
             warm_samples=self.baselines.samples,
         )
 
-    def sample(self) -> NodeSample:
+    def sample(
+        self, peer_rates: Mapping[str, float] | None = None, job_file: bool = False
+    ) -> NodeSample:
+        """One sample. ``peer_rates``: Fleet's fresh peer medians of the raw rates (the node's
+        throughput is then measured against them); ``job_file``: the prolog's job file for
+        this node is present."""
         now = self.clock.now()
         try:
             window = read_window(self.db_path, now, self.window_s)
@@ -109,7 +128,7 @@ class NodeSampler:
             host_mem_free = self.proc.meminfo().available_fraction
         except ProcfsError as exc:
             log.warning("%s", exc)
-        return self.evaluate(window, now, cpu_busy, host_mem_free)
+        return self.evaluate(window, now, cpu_busy, host_mem_free, peer_rates, job_file)
 
     def evaluate(
         self,
@@ -117,6 +136,8 @@ class NodeSampler:
         now: float,
         cpu_busy: float | None,
         host_mem_free: float | None,
+        peer_rates: Mapping[str, float] | None = None,
+        job_file: bool = False,
     ) -> NodeSample:
         """Score one window read from the node DB, with the host's CPU and memory readings;
         advances the state machine, the baselines and the GPU health state (the benchmark
@@ -136,21 +157,59 @@ class NodeSampler:
         baselines = self.baselines.baselines
         launch_base = baselines.get("kernel_launch_rate")
         busy_base = baselines.get("gpu_busy_fraction")
-        transition = self.state.observe(readable=True, kernel_launches=window.kernel_launches)
         has_work = window.kernel_launches > 0
+        running = None if has_work else self._job_running(window, job_file)
+        if has_work:
+            self.traced_pids = window.launch_pids
+        was_stalled = self.state.stalled
+        transition = self.state.observe(
+            readable=True, kernel_launches=window.kernel_launches, job_running=running
+        )
+        stalled = self.state.stalled
+        if stalled != was_stalled:
+            log.warning(
+                "%s",
+                "stalled: the job runs but launches nothing"
+                if stalled
+                else "launching again"
+                if has_work
+                else "no longer stalled: the job has ended",
+            )
+        # A stalled node's job runs: its launch rate is measured, and it is 0.
+        own: dict[str, float | None] = {
+            KERNEL_LAUNCH_RATE: 0.0 if stalled else launch_rate if has_work else None,
+            STEP_RATE: 0.0 if stalled else window.step_rate,
+        }
+        # Throughput against the peers' median where Fleet has one (a node slow from its
+        # first minute learns its slow rate as its own baseline), else the own baseline.
+        peer_rate = next(
+            (
+                name
+                for name in THROUGHPUT_RATES
+                if own.get(name) is not None and (peer_rates or {}).get(name, 0.0) > 0
+            ),
+            None,
+        )
+        throughput: float | None
+        reference: float | None
+        if peer_rate is not None and peer_rates is not None:
+            throughput, reference = own[peer_rate], peer_rates[peer_rate]
+        else:
+            throughput = own[KERNEL_LAUNCH_RATE]
+            reference = launch_base.estimate if launch_base is not None else None
         result = compute_score(
             ScoreInputs(
-                throughput_rate=launch_rate if has_work else None,
-                throughput_baseline=launch_base.estimate if launch_base is not None else None,
+                throughput_rate=throughput,
+                throughput_baseline=reference,
                 gpu_busy_fraction=busy,
                 gpu_busy_baseline=busy_base.estimate if busy_base is not None else None,
                 mem_free_fraction=gpu_mem_free if gpu_mem_free is not None else host_mem_free,
                 cpu_busy_fraction=cpu_busy,
                 gpu_health=health.value,
                 rates={
-                    "kernel_launch_rate": launch_rate,
-                    "step_rate": window.step_rate,
+                    **own,
                     "throughput_baseline": launch_base.estimate if launch_base else None,
+                    "throughput_peer_median": reference if peer_rate else None,
                 },
             ),
             self.config,
@@ -166,7 +225,20 @@ class NodeSampler:
             gpu_error=gpu_error,
             gpu_health=health,
             gpu_findings=health.findings,
+            stalled=stalled,
+            job_running=running,
+            peer_rate=peer_rate,
         )
+
+    def _job_running(self, window: WindowAggregates, job_file: bool) -> bool | None:
+        """Does this node's job still run, in a window without launches? Its processes say
+        first: listed on a GPU by NVML (a stopped or hung process still holds its context),
+        or the processes that last launched still alive; else its job file; else unknown."""
+        if window.gpu_pids:
+            return True
+        if self.traced_pids:
+            return any(self.pid_alive(pid) for pid in self.traced_pids)
+        return True if job_file else None
 
     def _learn(self, rates: dict[str, float | None]) -> None:
         """One learning sample: every measured rate updates its baseline."""
@@ -183,6 +255,16 @@ class NodeSampler:
                 self.store.save(self.baselines)
             except OSError as exc:
                 log.warning("cannot save baselines to %s: %s", self.store.path, exc)
+
+
+def _pid_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # another user's process: it exists
+        return True
+    return True
 
 
 def _utilization(status: GpuStatus) -> float | None:

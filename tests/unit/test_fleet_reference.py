@@ -34,6 +34,7 @@ class RefNode:
     episode_group: str | None = None
     consec: int = 0
     since: float | None = None
+    streak: int = 0  # consecutive ticks below the threshold
 
 
 @dataclass
@@ -91,11 +92,16 @@ class Reference:
         for name, r in self.nodes.items():
             here = r.straggler and r.episode_group == r.group
             thr = thresholds[r.group]
+            below = r.active and quorum[r.group] and thr is not None and r.score < thr
+            r.streak = r.streak + 1 if below else 0
             now_straggler = (
                 r.active
                 and quorum[r.group]
                 and thr is not None
-                and (r.score < thr or (here and not r.score >= thr + t.hysteresis))
+                and (
+                    (r.score < thr and (here or r.streak >= t.enter_intervals))
+                    or (here and not r.score >= thr + t.hysteresis)
+                )
             )
             if r.straggler and not (now_straggler and here):
                 if not r.active:
@@ -136,7 +142,11 @@ def observed(result: TickResult) -> set[tuple]:
 @pytest.mark.parametrize("seed", range(25))
 def test_random_histories_match_the_reference(seed: int) -> None:
     rng = random.Random(seed)
-    config = FleetConfig(threshold=ThresholdConfig(ema_alpha=rng.choice([1.0, 0.5, 0.2])))
+    config = FleetConfig(
+        threshold=ThresholdConfig(
+            ema_alpha=rng.choice([1.0, 0.5, 0.2]), enter_intervals=rng.choice([1, 2, 3])
+        )
+    )
     clock = ManualClock()
     state = FleetState(config, clock)
     ref = Reference(config)

@@ -27,10 +27,13 @@ def make(
     ema_alpha: float = 1.0,
     max_nodes: int = 100_000,
     quorum: QuorumConfig | None = None,
+    enter_intervals: int = 1,
 ) -> tuple[FleetState, ManualClock, FleetConfig]:
-    """A state with default rules, except ema_alpha 1 (threshold = this tick's raw one)."""
+    """A state with default rules, except ema_alpha 1 (threshold = this tick's raw one) and
+    enter_intervals 1 (an episode starts on the first tick below; the enter rule has its
+    own tests)."""
     config = FleetConfig(
-        threshold=ThresholdConfig(ema_alpha=ema_alpha),
+        threshold=ThresholdConfig(ema_alpha=ema_alpha, enter_intervals=enter_intervals),
         quorum=quorum or QuorumConfig(),
         limits=LimitsConfig(max_nodes=max_nodes),
     )
@@ -89,9 +92,14 @@ def test_default_config_flags_a_node_that_slows_down_mid_job() -> None:
         assert state.tick().events == ()
         clock.advance(5)
     feed(state, {**base, "n5": 0.70})  # a 20% slowdown of one node
+    # One tick below is not yet an episode: the default enter rule is fleet-push's, two.
+    assert state.tick().events == ()
+    clock.advance(5)
+    feed(state, {**base, "n5": 0.70})
     result = state.tick()
     assert [(e.type, e.node_id) for e in result.events] == [("straggler_state", "n5")]
     assert result.groups[0].quorum_met and not result.groups[0].panic
+    assert result.verdicts[0].consecutive_straggler_ticks == 1
 
 
 def test_two_stragglers_among_eight_is_not_panic() -> None:

@@ -91,13 +91,41 @@ VIEWS = [
             ("X-Ingero-Panic", "false"),
         ],
     ),
+    (
+        "peer rates, the node's ratios and its open episode",
+        ThresholdView(
+            cluster_id="c",
+            group="c/job/9",
+            threshold=0.85,
+            quorum_met=True,
+            peer_rates={"kernel_launch_rate": 3484.25, "step_rate": 10.0},
+            rate_ratios={"kernel_launch_rate": 0.75, "step_rate": 0.0},
+            episode_id="3f2c9e4a-0d7b-4f4e-9b7e-1c2d3e4f5a6b",
+        ),
+        [
+            ("X-Ingero-Threshold", "0.85"),
+            ("X-Ingero-Quorum-Met", "true"),
+            ("X-Ingero-Panic", "false"),
+            ("X-Ingero-Peer-Rates", "kernel_launch_rate=3484.25,step_rate=10.0"),
+            ("X-Ingero-Rate-Ratios", "kernel_launch_rate=0.75,step_rate=0.0"),
+            ("X-Ingero-Episode-Id", "3f2c9e4a-0d7b-4f4e-9b7e-1c2d3e4f5a6b"),
+        ],
+    ),
 ]
 IDS = [case for case, _, _ in VIEWS]
 
 
 def push_part(view: ThresholdView) -> ThresholdView:
-    """What a push reply carries of a view: threshold, quorum and panic."""
-    return ThresholdView(threshold=view.threshold, quorum_met=view.quorum_met, panic=view.panic)
+    """What a push reply carries of a view: threshold, quorum, panic, and where Fleet has
+    them the peer rates, the node's ratios and its open episode."""
+    return ThresholdView(
+        threshold=view.threshold,
+        quorum_met=view.quorum_met,
+        panic=view.panic,
+        peer_rates=view.peer_rates,
+        rate_ratios=view.rate_ratios,
+        episode_id=view.episode_id,
+    )
 
 
 @pytest.mark.parametrize(("case", "view", "headers"), VIEWS, ids=IDS)
@@ -136,8 +164,25 @@ def test_the_api_json_has_the_documented_keys_in_order() -> None:
         "panic",
         "active_nodes",
         "computed_at",
+        "peer_rates",
+        "rate_ratios",
+        "episode_id",
     ]
     assert encode_json(VIEWS[1][1])["threshold"] is None
+    assert encode_json(VIEWS[1][1])["peer_rates"] is None
+
+
+def test_added_fields_are_left_out_of_a_reply_while_they_have_no_value() -> None:
+    # An older node reads exactly the three headers it knows; a newer one reads none.
+    view = ThresholdView(threshold=0.5, quorum_met=True, peer_rates={}, rate_ratios=None)
+    assert [name for name, _ in encode_headers(view)] == [
+        "X-Ingero-Threshold",
+        "X-Ingero-Quorum-Met",
+        "X-Ingero-Panic",
+    ]
+    assert decode_headers(dict(encode_headers(view))) == ThresholdView(
+        threshold=0.5, quorum_met=True
+    )
 
 
 def test_nothing_accepted_means_nothing_sent_and_nothing_read() -> None:
@@ -191,6 +236,11 @@ def test_quorum_without_threshold() -> None:
         {"X-Ingero-Threshold": "abc", "X-Ingero-Quorum-Met": "true"},
         {"X-Ingero-Threshold": "0.5", "X-Ingero-Quorum-Met": "yes"},
         {"X-Ingero-Threshold": "0.5", "X-Ingero-Panic": "1"},
+        {"X-Ingero-Peer-Rates": "kernel_launch_rate"},
+        {"X-Ingero-Peer-Rates": "kernel_launch_rate=-1"},
+        {"X-Ingero-Peer-Rates": "kernel_launch_rate=nan"},
+        {"X-Ingero-Rate-Ratios": "step_rate=fast"},
+        {"X-Ingero-Rate-Ratios": ",".join(f"r{i}=1" for i in range(17))},
     ],
 )
 def test_insane_headers_rejected(headers: dict[str, str]) -> None:

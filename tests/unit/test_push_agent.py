@@ -5,6 +5,7 @@ from __future__ import annotations
 import logging
 import random
 import socket
+from collections.abc import Mapping
 from pathlib import Path
 from types import MappingProxyType
 
@@ -33,8 +34,13 @@ class Sampler:
         self.clock = clock
         self.score = 0.9
         self.state = "active"
+        self.stalled = False
+        self.calls: list[tuple[dict[str, float] | None, bool]] = []  # (peer_rates, job_file)
 
-    def sample(self) -> NodeSample:
+    def sample(
+        self, peer_rates: Mapping[str, float] | None = None, job_file: bool = False
+    ) -> NodeSample:
+        self.calls.append((dict(peer_rates) if peer_rates is not None else None, job_file))
         result = ScoreResult(
             score=self.score,
             signals=MappingProxyType({"throughput": self.score}),
@@ -44,7 +50,15 @@ class Sampler:
             rates=MappingProxyType({"kernel_launch_rate": 100.0}),
             penalty=1.0,
         )
-        return NodeSample(self.clock.now(), self.state, result, None, None)  # type: ignore[arg-type]
+        return NodeSample(
+            self.clock.now(),
+            self.state,  # type: ignore[arg-type]
+            result,
+            None,
+            None,
+            stalled=self.stalled,
+            job_running=True if self.stalled else None,
+        )
 
 
 class Client:
@@ -124,6 +138,72 @@ def test_push_carries_the_sample_and_straggler_episode_reaches_channels() -> Non
     agent.step()
     assert rec.events[-1].type == "straggler_resolved"
     assert rec.events[-1].event_id == rec.events[-2].event_id
+
+
+def test_peer_medians_from_the_reply_feed_the_next_sample_while_fresh() -> None:
+    agent, clock, sampler, client, _rec = make()
+    view = ThresholdView(threshold=0.7, quorum_met=True, peer_rates={"kernel_launch_rate": 3e3})
+    client.result = PushResult(True, view)
+    agent.step()
+    clock.advance(5)
+    agent.step()
+    assert sampler.calls[0] == (None, False) and sampler.calls[1] == (
+        {"kernel_launch_rate": 3e3},
+        False,
+    )
+    # Fleet goes away: the medians are used only as long as a threshold counts as fresh.
+    client.result = PushResult(False, error="refused")
+    clock.advance(float(PushConfig().detection.fleet_max_age) + 1)
+    agent.step()
+    assert sampler.calls[-1][0] is None
+
+
+def test_one_episode_one_id_whichever_side_saw_it_first() -> None:
+    config = PushConfig(classifier=ClassifierConfig(enter_intervals=1))
+    # Fleet first: its open episode id comes in the reply, and the node's episode takes it.
+    agent, clock, sampler, client, rec = make(config=config)
+    client.result = PushResult(
+        True, ThresholdView(threshold=0.7, quorum_met=True, episode_id="F-1")
+    )
+    sampler.score = 0.5
+    agent.step()
+    assert rec.events[-1].type == "straggler_state" and rec.events[-1].event_id == "F-1"
+    # ... and goes with every later push, so Fleet knows the node holds it.
+    clock.advance(5)
+    agent.step()
+    assert decode_health(client.pushed[-1]).pushes[0].episode_id == "F-1"
+    # The node first: a new id, pushed from the next interval on for Fleet to adopt.
+    agent, clock, sampler, client, rec = make(config=config)
+    agent.step()
+    assert decode_health(client.pushed[-1]).pushes[0].episode_id == ""  # none open: ""
+    sampler.score = 0.5
+    clock.advance(5)
+    agent.step()
+    opened = rec.events[-1]
+    assert opened.type == "straggler_state" and opened.event_id not in ("", "F-1")
+    clock.advance(5)
+    agent.step()
+    assert decode_health(client.pushed[-1]).pushes[0].episode_id == opened.event_id
+
+
+def test_a_stalled_node_is_pushed_stalled_and_flagged_with_reason_stall() -> None:
+    agent, clock, sampler, client, rec = make(
+        config=PushConfig(classifier=ClassifierConfig(enter_intervals=1))
+    )
+    agent.step()
+    sampler.stalled, sampler.score = True, 0.1
+    clock.advance(5)
+    agent.step()
+    pushed = decode_health(client.pushed[-1]).pushes[0]
+    assert pushed.state == "active" and pushed.stalled
+    assert rec.events[-1].type == "straggler_state" and rec.events[-1].extra["reason"] == "stall"
+    assert agent.status_line().startswith("stalled ")
+    # Its job ends first (processes gone): the episode ends as job_ended, not recovered.
+    sampler.stalled, sampler.state, sampler.score = False, "idle", 0.9
+    clock.advance(5)
+    agent.step()
+    assert rec.events[-1].type == "straggler_resolved"
+    assert rec.events[-1].extra["reason"] == "job_ended"
 
 
 def test_fleet_down_steps_down_without_raising() -> None:

@@ -91,3 +91,45 @@ def test_entry_needs_consecutive_intervals_below() -> None:
     assert run(c, 0.5, state="idle") == [[]]  # leaving active resets the count
     assert run(c, 0.5) == [[]]
     assert run(c, 0.5) == [["straggler_state"]]
+
+
+def test_an_episode_takes_fleets_open_id_else_a_new_one() -> None:
+    c = Classifier(ClassifierConfig(enter_intervals=2))
+    assert c.episode_id == ""
+    c.observe(replace(BASE, score=0.5))
+    (event,) = c.observe(replace(BASE, score=0.5, fleet_episode="fleet-1"))
+    assert event.event_id == "fleet-1" and c.episode_id == "fleet-1"
+    (end,) = c.observe(replace(BASE, score=0.9))
+    assert end.event_id == "fleet-1" and c.episode_id == ""
+    c.observe(replace(BASE, score=0.5))
+    (own,) = c.observe(replace(BASE, score=0.5))
+    assert own.event_id not in ("", "fleet-1") and c.episode_id == own.event_id
+
+
+def test_a_stall_is_flagged_with_reason_stall_and_ends_with_its_job() -> None:
+    c = Classifier(ClassifierConfig(enter_intervals=1, reemit_intervals=1))
+    (state,) = c.observe(replace(BASE, score=0.1, stalled=True))
+    assert state.type == "straggler_state" and state.extra["reason"] == "stall"
+    (again,) = c.observe(replace(BASE, score=0.1, stalled=True))
+    assert again.extra["reason"] == "stall" and again.extra["repeat"] == 1
+    # Quiet and its job's processes gone: idle, and the episode ends with its job.
+    (end,) = c.observe(replace(BASE, state="idle", score=0.9, job_ended=True))
+    assert end.type == "straggler_resolved" and end.extra["reason"] == "job_ended"
+    # A stall ends as job_ended even when nothing said the job ended: it went quiet.
+    c.observe(replace(BASE, score=0.1, stalled=True))
+    (end,) = c.observe(replace(BASE, state="idle", score=0.9))
+    assert end.extra["reason"] == "job_ended"
+
+
+def test_the_job_leaving_the_node_ends_its_episode_as_fleet_says() -> None:
+    c = Classifier(ClassifierConfig(enter_intervals=1))
+    c.observe(replace(BASE, score=0.5))
+    (end,) = c.observe(replace(BASE, score=0.5, job_id=None))
+    assert end.extra["reason"] == "job_ended" and end.job_id is None
+    c.observe(replace(BASE, score=0.5))
+    (moved,) = c.observe(replace(BASE, score=0.5, job_id="43"))
+    assert moved.extra["reason"] == "group_changed"
+    # An idle node with no reason to think its job ended says so plainly, as before.
+    c.observe(replace(BASE, score=0.5))
+    (idle,) = c.observe(replace(BASE, state="idle", score=0.9))
+    assert idle.extra["reason"] == "node is idle"

@@ -115,14 +115,15 @@ def test_calibrates_scores_detects_slowdown_and_restart_skips_warmup(tmp_path: P
 def test_idle_then_stale_then_recovery(tmp_path: Path) -> None:
     clock = ManualClock()
     node = Node(tmp_path, clock)
-    s = sampler(tmp_path, clock)
+    s = sampler(tmp_path, clock, pid_alive=lambda pid: False)
     for _ in range(3):
         node.run(2.0)
         s.sample()
-    clock.advance(10)  # the workload stopped writing
-    assert s.sample().state == "active"
+    clock.advance(10)  # the workload stopped writing, and its process is gone
     quiet = s.sample()
+    # Its job has ended: idle at once, not after idle_after quiet samples scored as active.
     assert quiet.state == "idle" and quiet.transition is not None
+    assert quiet.job_running is False and not quiet.stalled
     node.path.rename(tmp_path / "moved.db")
     stale = s.sample()
     assert stale.state == "stale" and stale.result is None and stale.score == 0.0
@@ -130,6 +131,68 @@ def test_idle_then_stale_then_recovery(tmp_path: Path) -> None:
     (tmp_path / "moved.db").rename(node.path)
     node.run(2.0)
     assert s.sample().state == "active"
+
+
+def test_a_stalled_process_keeps_the_node_active_stalled_and_scored_until_it_exits(
+    tmp_path: Path,
+) -> None:
+    clock = ManualClock()
+    node = Node(tmp_path, clock)
+    alive = {4242}  # the generator's process id
+    s = sampler(tmp_path, clock, pid_alive=lambda pid: pid in alive)
+    for _ in range(4):
+        node.run(2.0)
+        healthy = s.sample()
+    assert healthy.state == "active" and not healthy.stalled
+    # Stopped, not gone (SIGSTOP, a hang): no rows at all from it, not even GPU rows here.
+    node.gpu_rows = False
+    clock.advance(2.0)
+    stalled = s.sample()
+    assert stalled.state == "active" and stalled.stalled and stalled.job_running is True
+    assert stalled.result is not None
+    # Its launch rate is measured, and it is 0: throughput 0, far below a healthy score.
+    assert stalled.result.rates["kernel_launch_rate"] == 0.0
+    assert stalled.result.signals["throughput"] == 0.0
+    assert stalled.score < healthy.score - 0.4
+    clock.advance(2.0)
+    assert s.sample().stalled  # still stalled, never idle while the process lives
+    alive.clear()  # the job ends
+    clock.advance(2.0)
+    ended = s.sample()
+    assert ended.state == "idle" and not ended.stalled and ended.job_running is False
+
+
+def test_a_job_file_alone_says_the_job_runs_when_no_process_was_seen(tmp_path: Path) -> None:
+    clock = ManualClock()
+    Node(tmp_path, clock)  # an empty node DB: nothing was ever traced
+    s = sampler(tmp_path, clock)
+    s.state.work_samples = 3  # warmed up, as after a restart
+    s.state.state = "active"
+    clock.advance(2.0)
+    assert s.sample(job_file=True).stalled
+    clock.advance(2.0)
+    gone = s.sample(job_file=False)
+    assert not gone.stalled and gone.job_running is None  # nothing tells: idle_after rules
+
+
+def test_throughput_against_the_peers_median_sees_a_node_slow_from_birth(tmp_path: Path) -> None:
+    clock = ManualClock()
+    node = Node(tmp_path, clock)
+    s = sampler(tmp_path, clock)
+    for _ in range(5):
+        node.run(2.0, slowdown=0.25)
+        alone = s.sample()
+    assert alone.result is not None and alone.peer_rate is None
+    # Its own baseline learnt the slow rate: alone it looks healthy.
+    assert alone.result.signals["throughput"] == pytest.approx(1.0, abs=0.05)
+    node.run(2.0, slowdown=0.25)
+    peers = s.sample(peer_rates={"kernel_launch_rate": 3_484.0, "step_rate": 10.0})
+    assert peers.result is not None
+    # No step source on this node: the launch rate is compared (step_rate is not pushed).
+    assert peers.peer_rate == "kernel_launch_rate"
+    assert peers.result.signals["throughput"] == pytest.approx(0.75, abs=0.05)
+    assert peers.result.rates["throughput_peer_median"] == 3_484.0
+    assert peers.score < alone.score - 0.08
 
 
 def test_gpu_rows_in_the_node_db_come_before_a_live_query(tmp_path: Path) -> None:

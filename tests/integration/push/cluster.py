@@ -91,6 +91,9 @@ class Cluster:
     ports: dict[str, int] = field(default_factory=dict)
     fleet: subprocess.Popen[bytes] | None = None
     pushers: dict[str, subprocess.Popen[bytes]] = field(default_factory=dict)
+    workloads: dict[str, subprocess.Popen[bytes]] = field(default_factory=dict)
+    echo_endpoint: str | None = None  # where Fleet forwards events, if anywhere
+    job_id: str | None = None  # every node runs this Slurm job, its file in <node>.jobs
 
     @property
     def events_file(self) -> Path:
@@ -107,6 +110,8 @@ class Cluster:
             "push_interval": f"{self.interval}s",
             "threshold": {"ema_alpha": 0.5},
         }
+        if self.echo_endpoint:
+            cfg["echo"] = {"endpoint": self.echo_endpoint, "score_history_interval": "0s"}
         path = self.tmp / "fleet.yaml"
         path.write_text(yaml.safe_dump(cfg))
         ready = self.tmp / "fleet-ready.json"
@@ -126,9 +131,15 @@ class Cluster:
         )
         wait_for(lambda: (self.tmp / "ev.sock").exists(), 30, "sink socket")
 
-    def start_workload(self, i: int) -> None:
+    def jobs_dir(self, i: int) -> Path:
+        return self.tmp / f"{self.node(i)}.jobs"
+
+    def start_workload(self, i: int, *extra: str) -> subprocess.Popen[bytes]:
         node = self.node(i)
-        self.procs.start(
+        if self.job_id is not None:
+            extra = (*extra, "--job-id", self.job_id, "--rank", str(i))
+            extra = (*extra, "--jobs-dir", str(self.jobs_dir(i)))
+        proc = self.procs.start(
             ingero(
                 "workload",
                 "--db",
@@ -141,9 +152,12 @@ class Cluster:
                 str(i),
                 "--control",
                 str(self.tmp / f"{node}.slow"),
+                *extra,
             ),
             self.tmp / f"{node}.workload.log",
         )
+        self.workloads[node] = proc
+        return proc
 
     def start_push(self, i: int, transport: str = "http") -> subprocess.Popen[bytes]:
         node = self.node(i)
@@ -182,8 +196,8 @@ class Cluster:
         proc = self.procs.start(
             ingero("fleet-push", "--config", str(path), "--workload-type", "training"),
             self.tmp / f"{node}.push.log",
-            # Not the host's /run/ingero/jobs: no Slurm job runs in this test.
-            {"INGERO_JOBS_DIR": str(self.tmp / "jobs")},
+            # Not the host's /run/ingero/jobs: the node's own (empty without a job).
+            {"INGERO_JOBS_DIR": str(self.jobs_dir(i) if self.job_id else self.tmp / "jobs")},
         )
         self.pushers[node] = proc
         return proc
