@@ -13,7 +13,7 @@ from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from contextlib import asynccontextmanager
 from typing import Any
 
-from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
+from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from prometheus_client.core import CounterMetricFamily
 from prometheus_client.registry import Collector
 from starlette.applications import Starlette
@@ -25,6 +25,7 @@ from starlette.routing import BaseRoute, Route
 from starlette.types import ASGIApp, Receive, Scope, Send
 
 from ingero import __version__
+from ingero.buildinfo import daemon_registry
 from ingero.echo.auth import AccessDenied, Principal, TokenTable
 from ingero.echo.queries import QUESTIONS, BadRequest
 from ingero.echo.service import SQL_PARAM, SQL_QUESTION, SQL_SUMMARY, Service
@@ -204,7 +205,7 @@ class _StatusCollector(Collector):
 
 def prometheus_text(status: dict[str, Any]) -> bytes:
     """Echo's counters in the Prometheus text format."""
-    registry = CollectorRegistry(auto_describe=False)
+    registry = daemon_registry("echo")
     registry.register(_StatusCollector(status))
     return generate_latest(registry)
 

@@ -66,7 +66,9 @@ class FleetDaemon:
         notifier: sdnotify.SystemdNotifier | None = None,
     ) -> None:
         self.config = config
-        self.metrics = FleetMetrics()
+        self.metrics = FleetMetrics(
+            config.metrics.node_series_limit if config.metrics.node_series else None
+        )
         clock = clock or SystemClock()
         self.state = FleetState(config, clock)
         self.events = EventQueue(self.metrics)
@@ -251,6 +253,9 @@ class FleetDaemon:
             self.metrics.ticks_failed.inc()
             return None
         self.metrics.update_groups(result.groups)
+        if self.config.metrics.node_series:
+            flagged = {(v.cluster_id, v.node_id) for v in result.verdicts if v.straggler}
+            self.metrics.update_nodes(self.state.scores_snapshot(), flagged)
         nodes = self.state.node_count()
         self.metrics.tracked_nodes.set(nodes)
         self.events.submit(result.events, source="tick")
