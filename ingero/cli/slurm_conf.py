@@ -9,14 +9,7 @@ import click
 
 from ingero.atomicfile import write_atomic
 from ingero.errors import EXIT_DATAERR, IngeroError
-from ingero.slurm.slurmconf import (
-    HOOKS_DIR,
-    Hooks,
-    SlurmConfConflict,
-    merge,
-    missing_links,
-    read_text,
-)
+from ingero.slurm import slurmconf
 
 
 class SlurmConfError(IngeroError):
@@ -34,7 +27,7 @@ class SlurmConfError(IngeroError):
 )
 @click.option(
     "--hooks-dir",
-    default=HOOKS_DIR,
+    default=slurmconf.HOOKS_DIR,
     show_default=True,
     help="Where ingero's prolog, epilog and taskprolog are installed.",
 )
@@ -55,9 +48,10 @@ def command(path: str, hooks_dir: str, write: bool, check: bool) -> int:
         raise click.UsageError("--write and --check exclude each other")
     text = Path(path).read_text(encoding="utf-8")
     try:
-        result = merge(text, Hooks.in_dir(hooks_dir), os.path.abspath(path), read_text)
-        links = missing_links(result.links)
-    except SlurmConfConflict as exc:
+        hooks = slurmconf.Hooks.in_dir(hooks_dir)
+        result = slurmconf.merge(text, hooks, os.path.abspath(path), slurmconf.read_text)
+        links = slurmconf.missing_links(result.links)
+    except slurmconf.SlurmConfConflict as exc:
         raise SlurmConfError(f"{path}: {exc}") from None
     for line in result.changes:
         click.echo(f"ingero slurm-conf: {path}: {line}", err=True)

@@ -12,7 +12,6 @@ import shutil
 import subprocess
 import urllib.parse
 import urllib.request
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -33,15 +32,6 @@ RULES = ROOT / "contrib" / "prometheus" / "ingero.rules.yml"
 DASHBOARD = ROOT / "contrib" / "grafana" / "ingero.json"
 SCORES = {"n1": 0.90, "n2": 0.91, "n3": 0.30, "n4": 0.92, "n5": 0.89}  # n3 straggles
 VARIABLES = {"$__rate_interval": "1m", "$cluster": "c1", "$group": "c1/job/7", "$node": ".*"}
-
-
-@pytest.fixture
-def procs() -> Iterator[Procs]:
-    p = Procs()
-    try:
-        yield p
-    finally:
-        p.stop_all()
 
 
 def promtool_check(body: bytes) -> str:
@@ -95,7 +85,10 @@ def test_every_metrics_endpoint_is_promtool_clean(tmp_path: Path, procs: Procs) 
     (tmp_path / "fleet").mkdir()
     fleet = start_fleet(
         tmp_path / "fleet",
-        {"metrics": {"node_series": True, "node_series_limit": 3}, "quorum": {"statistical_min": 3}},
+        {
+            "metrics": {"node_series": True, "node_series_limit": 3},
+            "quorum": {"statistical_min": 3},
+        },
     )
     try:
         push_job(fleet)
