@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import heapq
 import math
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from typing import Protocol
@@ -142,23 +141,20 @@ class FleetMetrics:
         self._groups = tuple(groups)
         self.groups.set(len(self._groups))
 
-    def update_nodes(self, rows: Iterable[NodeRow], stragglers: set[tuple[str, str]]) -> None:
+    def update_nodes(
+        self, rows: Iterable[NodeRow], stragglers: set[tuple[str, str]], live_nodes: int
+    ) -> None:
         """Keep the nodes whose series the next scrapes show (tick thread; opted in only).
 
-        Past ``node_series_limit`` nodes, the stragglers come first, then the lowest scores:
-        the nodes someone would look at. ``stragglers`` holds (cluster_id, node_id).
+        ``rows`` are the nodes chosen for series (``FleetState.scores_snapshot(lowest=...)``:
+        stragglers first, then the lowest scores), ``stragglers`` holds (cluster_id,
+        node_id), ``live_nodes`` counts the active and idle nodes of the tick.
         """
-        limit = self.node_series_limit
-        if limit is None:
+        if self.node_series_limit is None:
             return
         marked = [(row, (row.cluster_id, row.node_id) in stragglers) for row in rows]
-        chosen = (
-            heapq.nsmallest(limit, marked, key=lambda m: (not m[1], m[0].score))
-            if len(marked) > limit
-            else marked
-        )
-        self._nodes = tuple(sorted(chosen, key=lambda m: (m[0].cluster_id, m[0].node_id)))
-        self._nodes_omitted = len(marked) - len(chosen)
+        self._nodes = tuple(sorted(marked, key=lambda m: (m[0].cluster_id, m[0].node_id)))
+        self._nodes_omitted = max(0, live_nodes - len(marked))
 
     def render(self) -> bytes:
         text = generate_latest(self.registry) + render_groups(self._groups)
