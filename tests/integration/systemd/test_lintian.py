@@ -31,6 +31,8 @@ def contents(deb: Path) -> list[str]:
     return [line.split()[5].removeprefix(".") for line in out.splitlines()]
 
 
+# lintian reads all ~8,000 files of the venv: minutes on a busy machine, past the default 300 s
+@pytest.mark.timeout(1200)
 def test_lintian_finds_no_errors(artefacts: Artefacts) -> None:
     if shutil.which("lintian") is None:
         pytest.skip("lintian is not installed (tests/apt-packages.txt)")
