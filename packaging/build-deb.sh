@@ -68,6 +68,9 @@ install -D -m 644 systemd/sysusers.d/ingero.conf "$stage/usr/lib/sysusers.d/inge
 install -D -m 755 -t "$stage/usr/lib/ingero/slurm" slurm/prolog slurm/epilog slurm/taskprolog slurm/ingero-hook
 install -D -m 644 -t "$stage/usr/share/ingero/slurm" slurm/slurm.conf.snippet slurm/ingero-slurm.env.example
 install -D -m 644 -t "$stage/usr/share/ingero/bpf" bpf/*.c
+install -D -m 644 -t "$stage/usr/share/ingero/prometheus" contrib/prometheus/*.yml
+install -D -m 644 -t "$stage/usr/share/ingero/prometheus/tests" contrib/prometheus/tests/*.yml
+install -D -m 644 -t "$stage/usr/share/ingero/grafana" contrib/grafana/ingero.json
 doc=$stage/usr/share/doc/ingero
 install -D -m 644 -t "$doc" packaging/README.md
 gzip -9n < "$changelog" > "$doc/changelog.gz"

@@ -62,6 +62,8 @@ def test_no_bytecode_and_every_command_documented(artefacts: Artefacts, tmp_path
         "/usr/share/zsh/vendor-completions/_ingero",
         "/usr/share/doc/ingero/copyright",
         "/usr/share/doc/ingero/changelog.gz",
+        "/usr/share/ingero/prometheus/ingero.rules.yml",
+        "/usr/share/ingero/grafana/ingero.json",
     ):
         assert path in files, path
     # every page renders without a groff warning
