@@ -49,7 +49,7 @@ def main() -> None:
     args = parser.parse_args()
     with tempfile.TemporaryDirectory() as tmp:
         root = Path(tmp)
-        for name in ("prolog", "epilog", "taskprolog"):
+        for name in ("prolog", "epilog", "taskprolog", "ingero-hook"):
             shutil.copy2(REPO / "slurm" / name, root / name)
         (root / "ingero-slurm.env").write_text(
             f"INGERO_PYTHON={sys.executable}\nINGERO_JOBS_DIR={root}/jobs\n"

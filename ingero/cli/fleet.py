@@ -68,7 +68,8 @@ def command(
     if config.drain.enabled:  # opt-in: ingero.slurm.drain carries decisions to Slurm
         from ingero.slurm.drain import attach
 
-        drain = attach(daemon, config.drain)
+        controller = drain = attach(daemon, config.drain)
+        daemon.metrics.read_drain_failures(lambda: controller.failures)
     try:
         try:
             bound = daemon.start()

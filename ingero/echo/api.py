@@ -12,7 +12,7 @@ from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from contextlib import asynccontextmanager
 from typing import Any
 
-from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
+from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from prometheus_client.core import CounterMetricFamily
 from prometheus_client.registry import Collector
 from starlette.applications import Starlette
@@ -24,6 +24,7 @@ from starlette.routing import BaseRoute, Route
 from starlette.types import ASGIApp, Receive, Scope, Send
 
 from ingero import __version__
+from ingero.buildinfo import daemon_registry
 from ingero.echo.answers import QUESTIONS
 from ingero.echo.auth import AccessDenied, Principal, TokenTable
 from ingero.echo.httpbody import BodyTooLarge, read_body
@@ -215,7 +216,7 @@ class _StatusCollector(Collector):
 
 def prometheus_text(status: dict[str, Any]) -> bytes:
     """Echo's counters in the Prometheus text format."""
-    registry = CollectorRegistry(auto_describe=False)
+    registry = daemon_registry("echo")
     registry.register(_StatusCollector(status))
     return generate_latest(registry)
 

@@ -39,8 +39,8 @@ class ApiHandler:
         self._ready = ready
 
     def gate(self, request: HttpRequest, length: int) -> HttpResponse | None:
-        if request.method != "GET":
-            return json_response(405, {"error": "only GET is supported"})
+        if request.method not in ("GET", "HEAD"):  # HEAD: the server sends the head only
+            return json_response(405, {"error": "only GET and HEAD are supported"})
         if length:
             return json_response(400, {"error": "GET requests carry no body"})
         if request.path in ("/healthz", "/readyz"):

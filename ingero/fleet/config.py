@@ -71,6 +71,15 @@ class LimitsConfig:
 
 
 @dataclass(frozen=True)
+class MetricsConfig:
+    """Per-node series on /metrics: opt-in, since their number grows with the cluster."""
+
+    node_series: bool = False
+    # At most this many nodes get series (three each); stragglers first, then lowest scores.
+    node_series_limit: int = field(default=1000, metadata=positive())
+
+
+@dataclass(frozen=True)
 class FleetConfig:
     listen: ListenConfig = field(default_factory=ListenConfig)
     push_interval: Duration = field(default=Duration(5.0), metadata=positive())
@@ -81,6 +90,7 @@ class FleetConfig:
     drain: DrainConfig = field(default_factory=DrainConfig)
     echo: EchoConfig = field(default_factory=EchoConfig)
     limits: LimitsConfig = field(default_factory=LimitsConfig)
+    metrics: MetricsConfig = field(default_factory=MetricsConfig)
 
     @property
     def node_ttl(self) -> float:

@@ -67,7 +67,9 @@ class FleetDaemon:
         notifier: Notifier | None = None,
     ) -> None:
         self.config = config
-        self.metrics = FleetMetrics()
+        self.metrics = FleetMetrics(
+            config.metrics.node_series_limit if config.metrics.node_series else None
+        )
         clock = clock or SystemClock()
         self.state = FleetState(config, clock)
         self.events = EventQueue(self.metrics)
@@ -262,6 +264,13 @@ class FleetDaemon:
             self.metrics.ticks_failed.inc()
             return None
         self.metrics.update_groups(result.groups)
+        if self.config.metrics.node_series:
+            flagged = {(v.cluster_id, v.node_id) for v in result.verdicts if v.straggler}
+            rows = self.state.scores_snapshot(
+                self.config.metrics.node_series_limit, {node for _, node in flagged}
+            )
+            live = sum(g.active_nodes + g.idle_nodes for g in result.groups)
+            self.metrics.update_nodes(rows, flagged, live)
         nodes = self.state.node_count()
         self.metrics.tracked_nodes.set(nodes)
         self.events.submit(result.events, source="tick")

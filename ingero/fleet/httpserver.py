@@ -56,7 +56,9 @@ Gate = Callable[[HttpRequest, int], HttpResponse | None]
 """Sees (head without body, Content-Length) first; a response refuses the request."""
 
 
-def render(response: HttpResponse, keep_alive: bool) -> bytes:
+def render(response: HttpResponse, keep_alive: bool, head_only: bool = False) -> bytes:
+    """The response on the wire; ``head_only`` (a HEAD request) keeps Content-Length but
+    sends no body."""
     lines = [
         f"HTTP/1.1 {response.status} {_REASONS.get(response.status, 'Unknown')}",
         f"Content-Length: {len(response.body)}",
@@ -65,7 +67,8 @@ def render(response: HttpResponse, keep_alive: bool) -> bytes:
     lines.extend(f"{name}: {value}" for name, value in response.headers)
     if not keep_alive:
         lines.append("Connection: close")
-    return ("\r\n".join(lines) + "\r\n\r\n").encode("latin-1") + response.body
+    head = ("\r\n".join(lines) + "\r\n\r\n").encode("latin-1")
+    return head if head_only else head + response.body
 
 
 class _Connection(asyncio.Protocol):
@@ -127,7 +130,7 @@ class _Connection(asyncio.Protocol):
             request, self._head = self._head, None
             request.body = bytes(self._buffer[: self._need])
             del self._buffer[: self._need]
-            self._respond(self._server.call(request))
+            self._respond(self._server.call(request), request.method == "HEAD")
 
     def _read_head(self) -> bool:
         # Only the first MAX_HEAD_BYTES (+ the blank line) may hold the head's end, and
@@ -153,7 +156,7 @@ class _Connection(asyncio.Protocol):
         if refused is not None:
             # The body was not read, so the connection cannot carry another request.
             refused.close = True
-            self._respond(refused)
+            self._respond(refused, request.method == "HEAD")
             return False
         if length and request.headers.get("expect", "").lower() == "100-continue":
             # curl waits for this before sending a body over 1 KiB.
@@ -177,11 +180,11 @@ class _Connection(asyncio.Protocol):
         self._server.count_protocol_error(status)
         self._respond(HttpResponse(status, (message + "\n").encode(), close=True))
 
-    def _respond(self, response: HttpResponse) -> None:
+    def _respond(self, response: HttpResponse, head_only: bool = False) -> None:
         if self.transport is None:
             return
         keep_alive = self._keep_alive and not response.close
-        self.transport.write(render(response, keep_alive))
+        self.transport.write(render(response, keep_alive, head_only))
         if not keep_alive:
             self.transport.close()
 

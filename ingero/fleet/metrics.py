@@ -3,21 +3,55 @@
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
+from typing import Protocol
 
-from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+from prometheus_client import Counter, Gauge, Histogram, generate_latest
+from prometheus_client.core import CounterMetricFamily
 from prometheus_client.metrics import MetricWrapperBase
+from prometheus_client.registry import Collector
 
+from ingero.buildinfo import daemon_registry
 from ingero.fleet.model import GroupStats
 
 _LATENCY_BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.02, 0.05, 0.1, 0.25, 1.0)
 
 
-class FleetMetrics:
-    """Counters for the receivers (hot path: cached label children) and per-group gauges."""
+class NodeRow(Protocol):
+    """What the per-node series need of a node (``FleetState.scores_snapshot`` rows)."""
 
-    def __init__(self) -> None:
-        self.registry = CollectorRegistry(auto_describe=True)
+    @property
+    def node_id(self) -> str: ...
+    @property
+    def cluster_id(self) -> str: ...
+    @property
+    def group(self) -> str: ...
+    @property
+    def job_id(self) -> str | None: ...
+    @property
+    def score(self) -> float: ...
+    @property
+    def state(self) -> str: ...
+
+
+class _DrainFailures(Collector):
+    def __init__(self, read: Callable[[], int]) -> None:
+        self.read = read
+
+    def collect(self) -> Iterator[CounterMetricFamily]:
+        yield CounterMetricFamily(
+            "ingero_fleet_drain_failures",
+            "Slurm calls of the drain controller that failed (each is retried with back-off).",
+            value=self.read(),
+        )
+
+
+class FleetMetrics:
+    """Counters for the receivers (hot path: cached label children), per-group gauges and,
+    opted in, per-node gauges for at most ``node_series_limit`` nodes."""
+
+    def __init__(self, node_series_limit: int | None = None) -> None:
+        self.registry = daemon_registry("fleet", auto_describe=True)
         r = self.registry
         self.requests = Counter(
             "ingero_fleet_requests",
@@ -68,8 +102,17 @@ class FleetMetrics:
             "Events dropped because the publish queue was full.",
             registry=r,
         )
+        self._drain_failures = _DrainFailures(lambda: 0)
+        r.register(self._drain_failures)
         self._children: dict[tuple[str, ...], MetricWrapperBase] = {}
         self._groups: tuple[GroupStats, ...] = ()
+        self.node_series_limit = node_series_limit
+        self._nodes: tuple[tuple[NodeRow, bool], ...] = ()
+        self._nodes_omitted = 0
+
+    def read_drain_failures(self, read: Callable[[], int]) -> None:
+        """Where ``ingero_fleet_drain_failures_total`` comes from (0 while drain is off)."""
+        self._drain_failures.read = read
 
     def count_request(self, transport: str, signal: str, code: str, seconds: float) -> None:
         key = (transport, signal, code)
@@ -98,8 +141,26 @@ class FleetMetrics:
         self._groups = tuple(groups)
         self.groups.set(len(self._groups))
 
+    def update_nodes(
+        self, rows: Iterable[NodeRow], stragglers: set[tuple[str, str]], live_nodes: int
+    ) -> None:
+        """Keep the nodes whose series the next scrapes show (tick thread; opted in only).
+
+        ``rows`` are the nodes chosen for series (``FleetState.scores_snapshot(lowest=...)``:
+        stragglers first, then the lowest scores), ``stragglers`` holds (cluster_id,
+        node_id), ``live_nodes`` counts the active and idle nodes of the tick.
+        """
+        if self.node_series_limit is None:
+            return
+        marked = [(row, (row.cluster_id, row.node_id) in stragglers) for row in rows]
+        self._nodes = tuple(sorted(marked, key=lambda m: (m[0].cluster_id, m[0].node_id)))
+        self._nodes_omitted = max(0, live_nodes - len(marked))
+
     def render(self) -> bytes:
-        return generate_latest(self.registry) + render_groups(self._groups)
+        text = generate_latest(self.registry) + render_groups(self._groups)
+        if self.node_series_limit is not None:
+            text += render_nodes(self._nodes, self._nodes_omitted)
+        return text
 
 
 def _number(value: float | None) -> str:
@@ -135,8 +196,36 @@ _GROUP_GAUGES: tuple[tuple[str, str, Callable[[GroupStats], float | None]], ...]
     ("coverage_low", "1 when the cluster reports fewer nodes than expected.",
      lambda g: int(g.coverage_low)),
     ("panic_mode", "1 when the group is degraded as a whole.", lambda g: int(g.panic)),
-    ("straggler_count", "Nodes of the group in the straggler state.",
-     lambda g: g.straggler_count),
+    ("stragglers", "Nodes of the group in the straggler state.", lambda g: g.straggler_count),
     ("quorum_met", "1 when the group has enough active nodes for a threshold.",
      lambda g: int(g.quorum_met)),
 )  # fmt: skip
+
+
+_NODE_GAUGES: tuple[tuple[str, str, Callable[[NodeRow, bool], float]], ...] = (
+    ("node_score", "The node's latest health score (0-1).", lambda n, _s: n.score),
+    ("node_straggler", "1 while the node is in the straggler state.", lambda _n, s: int(s)),
+    ("node_active", "1 for an active node, 0 for an idle one (not in the statistics).",
+     lambda n, _s: int(n.state == "active")),
+)  # fmt: skip
+
+
+def render_nodes(nodes: Sequence[tuple[NodeRow, bool]], omitted: int) -> bytes:
+    """The per-node gauges (``metrics.node_series``) and how many nodes the limit left out."""
+    labels = [
+        f'{{cluster_id="{_label(n.cluster_id)}",group="{_label(n.group)}",'
+        f'job_id="{_label(n.job_id or "")}",node_id="{_label(n.node_id)}"}} '
+        for n, _ in nodes
+    ]
+    lines: list[str] = []
+    for name, help_text, value in _NODE_GAUGES:
+        lines.append(f"# HELP ingero_fleet_{name} {help_text}\n# TYPE ingero_fleet_{name} gauge\n")
+        for label, (node, straggler) in zip(labels, nodes, strict=True):
+            lines.append(f"ingero_fleet_{name}{label}{_number(value(node, straggler))}\n")
+    lines.append(
+        "# HELP ingero_fleet_node_series_omitted Nodes without per-node series "
+        "(over metrics.node_series_limit).\n"
+        "# TYPE ingero_fleet_node_series_omitted gauge\n"
+        f"ingero_fleet_node_series_omitted {omitted}\n"
+    )
+    return "".join(lines).encode()

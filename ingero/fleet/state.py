@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import math
 import threading
-from collections.abc import Mapping
+from collections.abc import Collection, Mapping
 from typing import Literal, NamedTuple
 
 import numpy as np
@@ -244,8 +244,14 @@ class FleetState:
         with self._lock:
             return self._last
 
-    def scores_snapshot(self) -> list[NodeScore]:
+    def scores_snapshot(
+        self, lowest: int | None = None, first: Collection[str] = ()
+    ) -> list[NodeScore]:
         """Every active or idle node's latest push (for Echo's score history).
+
+        With ``lowest``: at most that many nodes, those named in ``first`` (by node id)
+        before the lowest scores (Fleet's per-node series); a partition, so only the rows
+        kept are built however many nodes there are.
 
         Only column copies are taken under the lock, so pushes wait a few milliseconds even
         with 100,000 nodes; the rows are built after it is released.
@@ -254,6 +260,11 @@ class FleetState:
             n = self._n
             live = self._occupied[:n] & (self._active[:n] | self._idle[:n])
             idx = np.flatnonzero(live)
+            if lowest is not None and len(idx) > lowest:
+                rank = self._score[idx]
+                named = [s for node in first if (s := self._slot_of.get(node)) is not None]
+                rank[np.isin(idx, named)] = -np.inf
+                idx = idx[np.argpartition(rank, lowest - 1)[:lowest]]
             scores, gids, active, seen = (
                 self._score[idx],
                 self._gid[idx],

@@ -15,6 +15,7 @@ from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
+from ingero.buildinfo import daemon_registry
 from ingero.events import Event
 from ingero.sink.state import MAX_LINE_BYTES, SinkState
 
@@ -58,7 +59,7 @@ class Sink:
     def __init__(self, socket_path: str, on_event: Callable[[Event], None] | None = None) -> None:
         self.state = SinkState()
         self.lock = threading.Lock()
-        self.registry = CollectorRegistry()
+        self.registry = daemon_registry("sink")
         self.registry.register(_StateCollector(self.state, self.lock))
         self._on_event = on_event
         self._path = Path(socket_path)
@@ -138,15 +139,23 @@ def serve_metrics(registry: CollectorRegistry, host: str, port: int) -> Threadin
 
     class Handler(BaseHTTPRequestHandler):
         def do_GET(self) -> None:
+            body = self._answer()
+            if body is not None:
+                self.wfile.write(body)
+
+        def do_HEAD(self) -> None:  # what a probe or `curl -I` sends
+            self._answer()
+
+        def _answer(self) -> bytes | None:
             if self.path.split("?")[0] != "/metrics":
                 self.send_error(404)
-                return
+                return None
             body = generate_latest(registry)
             self.send_response(200)
             self.send_header("Content-Type", "text/plain; version=0.0.4; charset=utf-8")
             self.send_header("Content-Length", str(len(body)))
             self.end_headers()
-            self.wfile.write(body)
+            return body
 
         def log_message(self, format: str, *args: object) -> None:
             log.debug("metrics: " + format, *args)

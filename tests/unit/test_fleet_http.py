@@ -154,7 +154,7 @@ def test_group_gauges_drop_vanished_groups() -> None:
     text = metrics.render().decode()
     assert 'ingero_fleet_threshold{cluster_id="c",group="c/a"} 0.8' in text
     assert 'ingero_fleet_threshold{cluster_id="c",group="c/b"} NaN' in text
-    assert 'ingero_fleet_straggler_count{cluster_id="c",group="c/a"} 2.0' in text
+    assert 'ingero_fleet_stragglers{cluster_id="c",group="c/a"} 2.0' in text
     metrics.update_groups([stats("c/b", 0.7)])
     text = metrics.render().decode()
     assert 'group="c/a"' not in text

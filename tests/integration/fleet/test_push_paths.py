@@ -110,7 +110,7 @@ def test_official_sdk_exporters(fleet: Fleet, transport: str) -> None:
     assert view["median"] == pytest.approx(0.895)
     # n5 is far below its peers: the tick classifies it a straggler.
     wait_for(
-        lambda: fleet.metric("ingero_fleet_straggler_count", group="sdk/workload/llm") == 1,
+        lambda: fleet.metric("ingero_fleet_stragglers", group="sdk/workload/llm") == 1,
         what="one straggler",
     )
     assert fleet.metric("ingero_fleet_requests_total", transport=transport, signal="metrics") >= 6

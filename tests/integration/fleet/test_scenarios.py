@@ -135,7 +135,7 @@ def test_two_jobs_in_one_cluster_have_separate_thresholds(fleet: Running) -> Non
     assert views["10"]["threshold"] == pytest.approx(expected_threshold(fast), abs=1e-12)
     assert views["20"]["threshold"] == pytest.approx(expected_threshold(slow), abs=1e-12)
     assert (views["10"]["active_nodes"], views["20"]["active_nodes"]) == (5, 6)
-    assert fleet.client.metric("ingero_fleet_straggler_count") == 0  # slow job is not slow
+    assert fleet.client.metric("ingero_fleet_stragglers") == 0  # slow job is not slow
 
 
 def test_fewer_nodes_than_quorum(fleet: Running) -> None:

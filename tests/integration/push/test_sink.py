@@ -6,7 +6,6 @@ import json
 import signal
 import socket
 import urllib.request
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -16,15 +15,6 @@ from ingero.events import Event
 from tests.integration.push.cluster import Procs, free_port, ingero, wait_for
 
 pytestmark = pytest.mark.integration
-
-
-@pytest.fixture
-def procs() -> Iterator[Procs]:
-    p = Procs()
-    try:
-        yield p
-    finally:
-        p.stop_all()
 
 
 def scrape(port: int) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:

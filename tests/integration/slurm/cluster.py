@@ -120,6 +120,30 @@ class SlurmCluster:
         self.stop_process("munged")
 
 
+# A small cluster on one host: no cgroups, accounting or MPI; jobs scheduled at once.
+PLAIN_SETTINGS = (
+    "SlurmctldDebug=info",
+    "SlurmdDebug=info",
+    "ProctrackType=proctrack/linuxproc",
+    "TaskPlugin=task/none",
+    "MpiDefault=none",
+    "JobAcctGatherType=jobacct_gather/none",
+    "AccountingStorageType=accounting_storage/none",
+    "JobCompType=jobcomp/none",
+    "SchedulerType=sched/backfill",
+    "SchedulerParameters=batch_sched_delay=0",
+    "SelectType=select/cons_tres",
+    "SelectTypeParameters=CR_Core",
+    "SlurmdParameters=config_overrides",
+    "ReturnToService=2",
+    "SlurmdTimeout=30",
+    "MessageTimeout=5",
+    "InactiveLimit=0",
+    "KillWait=5",
+    "MinJobAge=300",
+)
+
+
 def _write_conf(
     root: Path,
     nodes: list[str],
@@ -146,26 +170,7 @@ def _write_conf(
         f"SlurmdPidFile={root}/run/slurmd-%n.pid",
         f"SlurmctldLogFile={root}/log/slurmctld.log",
         f"SlurmdLogFile={root}/log/slurmd-%n.log",
-        "SlurmctldDebug=info",
-        "SlurmdDebug=info",
-        # no cgroups or systemd here
-        "ProctrackType=proctrack/linuxproc",
-        "TaskPlugin=task/none",
-        "MpiDefault=none",
-        "JobAcctGatherType=jobacct_gather/none",
-        "AccountingStorageType=accounting_storage/none",
-        "JobCompType=jobcomp/none",
-        "SchedulerType=sched/backfill",
-        "SchedulerParameters=batch_sched_delay=0",
-        "SelectType=select/cons_tres",
-        "SelectTypeParameters=CR_Core",
-        "SlurmdParameters=config_overrides",
-        "ReturnToService=2",
-        "SlurmdTimeout=30",
-        "MessageTimeout=5",
-        "InactiveLimit=0",
-        "KillWait=5",
-        "MinJobAge=300",
+        *PLAIN_SETTINGS,
         "PrologFlags=Alloc",
     ]
     for key, path in hooks.items():

@@ -35,7 +35,7 @@ def _cluster(root: Path) -> Iterator[SlurmCluster]:
     root.chmod(0o755)
     hooks = root / "hooks"
     hooks.mkdir()
-    for name in ("prolog", "epilog", "taskprolog"):
+    for name in ("prolog", "epilog", "taskprolog", "ingero-hook"):
         shutil.copy2(REPO / "slurm" / name, hooks / name)
     # All "nodes" share this host's file system: each gets its own jobs dir and event log,
     # picked by $SLURMD_NODENAME, which slurmd sets for every hook.

@@ -382,6 +382,8 @@ def test_stopped_slurm_controller_does_not_stall_ingestion(
                 raise
             # ticks went on while the drain worker waited on Slurm
             assert len(computed) > 5
+            # and /metrics counts the failed call (what the DrainFailing alert watches)
+            assert fleet.metric("ingero_fleet_drain_failures_total") >= 1
             assert fleet.proc.poll() is None
         finally:
             os.kill(ctld.pid, signal.SIGCONT)

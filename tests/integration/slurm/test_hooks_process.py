@@ -22,7 +22,7 @@ def hooks(tmp_path: Path) -> Path:
     """The slurm/ scripts copied beside an ingero-slurm.env naming this Python and tmp paths."""
     target = tmp_path / "hooks"
     target.mkdir()
-    for name in ("prolog", "epilog", "taskprolog"):
+    for name in ("prolog", "epilog", "taskprolog", "ingero-hook"):
         shutil.copy2(REPO / "slurm" / name, target / name)
     (target / "ingero-slurm.env").write_text(
         f"INGERO_PYTHON={sys.executable}\n"
@@ -157,6 +157,37 @@ def test_missing_python_exits_0(hooks: Path, tmp_path: Path) -> None:
     env_file = hooks / "ingero-slurm.env"
     env_file.write_text(env_file.read_text() + "INGERO_PYTHON=/nonexistent/python\n")
     assert run_hook(hooks, "prolog", ENV).returncode == 0
+
+
+def test_hooks_in_a_venv_find_its_python_without_settings(tmp_path: Path) -> None:
+    # As `pip install` lays the hooks out: <venv>/share/ingero/slurm/, beside no settings
+    # file naming a Python. The venv's bin/python stands in for one with ingero installed.
+    venv = tmp_path / "venv"
+    hooks = venv / "share" / "ingero" / "slurm"
+    hooks.mkdir(parents=True)
+    for name in ("prolog", "epilog", "taskprolog", "ingero-hook"):
+        shutil.copy2(REPO / "slurm" / name, hooks / name)
+    (venv / "pyvenv.cfg").write_text("home = /usr/bin\n")
+    (venv / "bin").mkdir()
+    python = venv / "bin" / "python"
+    python.write_text(f'#!/bin/sh\nexec {sys.executable} "$@"\n')
+    python.chmod(0o755)
+    (hooks / "ingero-slurm.env").write_text(
+        f"INGERO_JOBS_DIR={tmp_path}/jobs\nINGERO_JOURNAL_SOCKET={tmp_path}/journal.socket\n"
+    )
+    assert run_hook(hooks, "prolog", ENV).returncode == 0
+    assert json.loads((tmp_path / "jobs" / "77.json").read_text())["node_id"] == "n2"
+    task = run_hook(hooks, "taskprolog", ENV)
+    assert "export INGERO_JOB_ID=77" in task.stdout.splitlines()
+
+
+def test_a_hook_run_through_a_sites_glob_link_works(hooks: Path, tmp_path: Path) -> None:
+    # Prolog=/etc/slurm/prolog.d/* with a link to ingero's prolog (what slurm-conf places)
+    prolog_d = tmp_path / "prolog.d"
+    prolog_d.mkdir()
+    (prolog_d / "ingero").symlink_to(hooks / "prolog")
+    assert run_hook(prolog_d, "ingero", ENV).returncode == 0
+    assert json.loads((tmp_path / "jobs" / "77.json").read_text())["job_id"] == "77"
 
 
 def test_problems_reach_the_journal_socket(hooks: Path, tmp_path: Path) -> None:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import re
 import shutil
 import subprocess
@@ -13,6 +14,7 @@ from pathlib import Path
 import pytest
 
 from tests.integration.systemd.conftest import ROOT, Artefacts
+from tests.integration.systemd.slurmbox import prolog_flags, run_job, start_slurm, write_site_conf
 from tests.integration.systemd.sysdns import SystemdContainer
 
 pytestmark = pytest.mark.integration
@@ -27,6 +29,8 @@ localhost ansible_connection=local
 [fleet_host]
 localhost ansible_connection=local
 """
+# the same host is also the Slurm controller: its slurm.conf is merged once, hooks installed
+WITH_CONTROLLER = INVENTORY + "[slurm_controller]\nlocalhost ansible_connection=local\n"
 
 
 def bpf_possible(box: SystemdContainer) -> bool:
@@ -37,11 +41,15 @@ def bpf_possible(box: SystemdContainer) -> bool:
 
 
 def playbook(
-    box: SystemdContainer, artefacts: Artefacts, tmp_path: Path, *extra: str
+    box: SystemdContainer,
+    artefacts: Artefacts,
+    tmp_path: Path,
+    *extra: str,
+    inventory_text: str = INVENTORY,
 ) -> dict[str, int]:
     """Run site.yml inside the container; returns the PLAY RECAP counters for localhost."""
     inventory = tmp_path / "hosts.ini"
-    inventory.write_text(INVENTORY)
+    inventory.write_text(inventory_text)
     result = box.run(
         "env",
         f"ANSIBLE_CONFIG={ANSIBLE / 'ansible.cfg'}",
@@ -103,7 +111,7 @@ def test_playbook_installs_starts_restarts_on_change_and_is_idempotent(
     assert box.run("test", "-x", "/usr/lib/ingero/slurm/prolog").returncode == 0
     hooks_env = (box.root / "etc/default/ingero-slurm").read_text()
     assert "INGERO_PYTHON=/opt/ingero/venv/bin/python" in hooks_env
-    assert "Prolog=/usr/lib/ingero/slurm/prolog" in (box.root / "etc/slurm/ingero.conf").read_text()
+    assert box.run("test", "-x", "/usr/lib/ingero/slurm/ingero-hook").returncode == 0
     # the site's slurm.conf is not edited without slurm_hooks_edit_slurm_conf
     assert (slurm_conf.read_bytes() if slurm_conf.exists() else None) == before
 
@@ -132,3 +140,31 @@ def test_check_mode_on_a_fresh_host_changes_nothing(
     assert counters["changed"] > 0  # it reports what it would do ...
     for path in ("/opt/ingero", "/etc/ingero", "/etc/systemd/system/ingero-fleet.service"):
         assert box.run("test", "-e", path, check=False).returncode == 1, path  # ... does none
+
+
+def test_playbook_merges_slurm_conf_and_jobs_get_tagged(
+    boot: Boot, artefacts: Artefacts, tmp_path: Path
+) -> None:
+    box = boot("ansslurm")
+    host = write_site_conf(box)  # PrologFlags=Serial, Epilog=/etc/slurm/epilog.d/*
+    start_slurm(box)  # a running site: the playbook's handler reconfigures it
+    site_conf = (box.root / "etc/slurm/slurm.conf").read_text()
+    opt_in = ("-e", "slurm_hooks_edit_slurm_conf=true")
+    first = playbook(box, artefacts, tmp_path, *opt_in, inventory_text=WITH_CONTROLLER)
+    assert first["changed"] > 0
+    merged = (box.root / "etc/slurm/slurm.conf").read_text()
+    assert merged.startswith(site_conf.split("PrologFlags=")[0])  # the site's lines kept
+    assert "PrologFlags=Serial,Alloc" in merged
+    assert "TaskProlog=/usr/lib/ingero/slurm/taskprolog" in merged
+    assert os.readlink(box.root / "etc/slurm/epilog.d/ingero") == "/usr/lib/ingero/slurm/epilog"
+    assert "Alloc" in prolog_flags(box).split(",")  # the handler ran scontrol reconfigure
+
+    job = run_job(box)
+    assert (job.job_file["job_id"], job.job_file["node_id"]) == (job.job_id, host)
+    assert f"INGERO_JOB_ID={job.job_id}" in job.task_env
+    assert job.site_epilog_ran and not job.job_file_left
+
+    # a second run finds slurm.conf merged: nothing changes, nothing is reconfigured
+    again = playbook(box, artefacts, tmp_path, *opt_in, inventory_text=WITH_CONTROLLER)
+    assert again["changed"] == 0
+    assert (box.root / "etc/slurm/slurm.conf").read_text() == merged

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 from collections.abc import Callable
 
 import pytest
@@ -10,6 +11,7 @@ import pytest
 from ingero.events import MESSAGE_IDS
 from ingero.journal.records import parse_line
 from tests.integration.systemd.conftest import Artefacts
+from tests.integration.systemd.slurmbox import prolog_flags, run_job, start_slurm, write_site_conf
 from tests.integration.systemd.sysdns import SystemdContainer, wait_for
 
 pytestmark = pytest.mark.integration
@@ -44,6 +46,18 @@ def test_install_starts_nothing_and_sets_up_user_and_dirs(boot: Boot, artefacts:
         assert box.prop(unit, "ActiveState") == "inactive"
         assert box.prop(unit, "UnitFileState") == "disabled"
     assert "ingero, version" in box.run("ingero", "--version").stdout
+    # postinst compiled the bytecode the package does not ship (run fails if it did not)
+    box.run("test", "-d", "/opt/ingero/venv/lib/python3.11/site-packages/ingero/__pycache__")
+    # man pages and bash completion, as an admin would use them
+    assert box.run("man", "-w", "ingero-slurm-conf").stdout.strip().endswith(".1.gz")
+    completion = box.run(
+        "bash",
+        "-c",
+        "source /usr/share/bash-completion/completions/ingero;"
+        " COMP_WORDS=(ingero slurm-c); COMP_CWORD=1; _ingero_completion ingero;"
+        ' printf "%s\\n" "${COMPREPLY[@]}"',
+    )
+    assert "slurm-conf" in completion.stdout.split()
     # every unit as installed passes verify inside the target system too
     for unit in UNITS:
         verify = box.run("systemd-analyze", "verify", f"/lib/systemd/system/{unit}.service")
@@ -206,3 +220,34 @@ def test_remove_and_purge_are_clean(boot: Boot, artefacts: Artefacts) -> None:
         assert box.run("test", "-e", gone, check=False).returncode == 1, gone
     assert box.run("dpkg", "-s", "ingero", check=False).returncode != 0
     assert "ingero" not in box.run("systemctl", "list-unit-files", "--no-legend").stdout
+
+
+def test_slurm_jobs_are_tagged_by_the_packaged_hooks(boot: Boot, artefacts: Artefacts) -> None:
+    box = install(boot, artefacts, "slurm")
+    host = write_site_conf(box)  # PrologFlags=Serial, Epilog=/etc/slurm/epilog.d/*
+    start_slurm(box)
+    # nothing but the package: no settings file names a Python for the hooks
+    assert box.run("test", "-e", "/etc/default/ingero-slurm", check=False).returncode == 1
+    merged = box.run("ingero", "slurm-conf", "--write")
+    assert "PrologFlags=Serial -> PrologFlags=Serial,Alloc" in merged.stderr, merged.stderr
+    link = box.root / "etc/slurm/epilog.d/ingero"
+    assert os.readlink(link) == "/usr/lib/ingero/slurm/epilog"
+    assert box.run("ingero", "slurm-conf", "--check").returncode == 0
+    box.run("scontrol", "reconfigure")
+    assert wait_for(lambda: "Alloc" in prolog_flags(box).split(","), timeout=30)
+    assert "Serial" in prolog_flags(box).split(",")
+
+    job = run_job(box)
+    assert job.job_file["job_id"] == job.job_id  # the packaged prolog wrote it
+    assert (job.job_file["node_id"], job.job_file["cluster_id"]) == (host, "site")
+    assert f"INGERO_JOB_ID={job.job_id}" in job.task_env  # the packaged task prolog
+    assert job.site_epilog_ran and not job.job_file_left  # both epilogs ran
+
+    # a site hook ingero cannot merge: one line naming it, exit 65, nothing changed
+    other = box.root / "etc/slurm/other.conf"
+    other.write_text("TaskProlog=/opt/site/task\n")
+    refused = box.run(
+        "ingero", "slurm-conf", "--write", "--file", "/etc/slurm/other.conf", check=False
+    )
+    assert refused.returncode == 65 and "TaskProlog=/opt/site/task" in refused.stderr
+    assert other.read_text() == "TaskProlog=/opt/site/task\n"

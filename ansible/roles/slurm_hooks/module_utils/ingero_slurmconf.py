@@ -1,0 +1,1 @@
+../../../../ingero/slurm/slurmconf.py
