@@ -65,6 +65,8 @@ ln -s /opt/ingero/venv/bin/ingero "$stage/usr/bin/ingero"
 install -D -m 644 -t "$stage/lib/systemd/system" systemd/*.service
 install -D -m 644 systemd/tmpfiles.d/ingero.conf "$stage/usr/lib/tmpfiles.d/ingero.conf"
 install -D -m 644 systemd/sysusers.d/ingero.conf "$stage/usr/lib/sysusers.d/ingero.conf"
+# journalctl -x explanations of every MESSAGE_ID ingero writes (postinst updates the index)
+install -D -m 644 systemd/catalog/ingero.catalog "$stage/usr/lib/systemd/catalog/ingero.catalog"
 install -D -m 755 -t "$stage/usr/lib/ingero/slurm" slurm/prolog slurm/epilog slurm/taskprolog slurm/ingero-hook
 install -D -m 644 -t "$stage/usr/share/ingero/slurm" slurm/slurm.conf.snippet slurm/ingero-slurm.env.example
 install -D -m 644 -t "$stage/usr/share/ingero/bpf" bpf/*.c

@@ -13,6 +13,7 @@ from pathlib import Path
 
 import pytest
 
+from ingero.events import MESSAGE_IDS
 from tests.integration.systemd.conftest import ROOT, Artefacts
 from tests.integration.systemd.slurmbox import prolog_flags, run_job, start_slurm, write_site_conf
 from tests.integration.systemd.sysdns import SystemdContainer
@@ -106,6 +107,9 @@ def test_playbook_installs_starts_restarts_on_change_and_is_idempotent(
         verify = box.run("systemd-analyze", "verify", f"/etc/systemd/system/{unit}.service")
         assert verify.stderr == "", verify.stderr
     assert box.run("/usr/local/bin/ingero", "--version").stdout.startswith("ingero, version")
+    # the role installed the journal catalog and its handler indexed it
+    drained = box.run("journalctl", "--list-catalog", MESSAGE_IDS["node_drained"]).stdout
+    assert "ingero: node @INGERO_NODE@ drained" in drained
     push_conf = (box.root / "etc/ingero/fleet-push.yaml").read_text()
     assert "fleet_endpoint: http://localhost:4318" in push_conf
     assert box.run("test", "-x", "/usr/lib/ingero/slurm/prolog").returncode == 0

@@ -58,6 +58,9 @@ def test_install_starts_nothing_and_sets_up_user_and_dirs(boot: Boot, artefacts:
         ' printf "%s\\n" "${COMPREPLY[@]}"',
     )
     assert "slurm-conf" in completion.stdout.split()
+    # postinst indexed the journal catalog: journalctl -x explains a drain
+    drained = box.run("journalctl", "--list-catalog", MESSAGE_IDS["node_drained"]).stdout
+    assert "ingero: node @INGERO_NODE@ drained" in drained
     # every unit as installed passes verify inside the target system too
     for unit in UNITS:
         verify = box.run("systemd-analyze", "verify", f"/lib/systemd/system/{unit}.service")
