@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 import logging
 import os
 import shutil
@@ -15,8 +14,10 @@ from typing import Any
 
 import click
 
+from ingero.cli.options import log_level_options, print_config_option, setup_logging
+from ingero.cli.options import print_config as show_config
 from ingero.clock import SystemClock
-from ingero.config import load_config, to_dict
+from ingero.config import load_config
 from ingero.push.config import DAEMON, PushConfig, resolve_node_id
 
 
@@ -36,8 +37,8 @@ from ingero.push.config import DAEMON, PushConfig, resolve_node_id
 @click.option("--rank", type=int, help="This node's rank in the job.")
 @click.option("--world-size", type=int, help="Number of ranks in the job.")
 @click.option("--workload-type", help="Peer group for nodes without a job (e.g. training).")
-@click.option("--print-config", is_flag=True, help="Print the effective configuration and exit.")
-@click.option("-v", "--verbose", is_flag=True, help="Debug logging.")
+@print_config_option
+@log_level_options
 def command(
     config_path: str | None,
     endpoint: str | None,
@@ -55,6 +56,7 @@ def command(
     world_size: int | None,
     workload_type: str | None,
     print_config: bool,
+    log_level: str,
     verbose: bool,
 ) -> None:
     """Push this node's health score to Fleet and report when it straggles."""
@@ -74,12 +76,9 @@ def command(
         PushConfig, DAEMON, config_path, overrides, flags={"fleet_endpoint": "--endpoint"}
     )
     if print_config:
-        click.echo(json.dumps(to_dict(config), indent=2))
+        show_config(config)
         return
-    logging.basicConfig(
-        level=logging.DEBUG if verbose else logging.INFO,
-        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
-    )
+    setup_logging(log_level, verbose, "%(asctime)s %(levelname)s %(name)s: %(message)s")
     run_agent(config, job_id or None, rank, world_size, workload_type)
 
 

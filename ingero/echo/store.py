@@ -52,7 +52,7 @@ from ingero.echo.rows import (
 )
 from ingero.echo.schema import MIGRATIONS
 from ingero.episodes import RECENTLY_CLOSED, TYPES, Episode, EpisodeFold, Mark
-from ingero.errors import UnavailableError
+from ingero.errors import CantCreateError, UnavailableError
 from ingero.events import Event
 from ingero.sqlitemigrate import migrate
 
@@ -121,8 +121,15 @@ class Store:
         self.max_age = max_age
         self.max_bytes = max_bytes
         self.retention_interval = retention_interval
-        self.path.parent.mkdir(parents=True, exist_ok=True)
-        self._lock_file: IO[bytes] | None = _take_lock(self.path)
+        try:
+            self.path.parent.mkdir(parents=True, exist_ok=True)
+            self._lock_file: IO[bytes] | None = _take_lock(self.path)
+        except OSError as exc:
+            # A missing or unwritable directory is the operator's to fix: one line, exit 73.
+            raise CantCreateError(
+                f"db {self.path}: cannot create: {exc.strerror or exc}"
+                + (f" ({exc.filename})" if exc.filename else "")
+            ) from None
         try:
             self._conn = sqlite3.connect(self.path, check_same_thread=False, isolation_level=None)
             self._conn.execute("PRAGMA journal_mode = WAL")

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import contextlib
-import json
 import os
 import shutil
 import signal
@@ -14,6 +13,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+import yaml
 
 from tests.integration.push.cluster import ROOT, Procs, ingero, wait_for
 
@@ -54,7 +54,7 @@ def test_print_config_shows_effective_values(tmp_path: Path) -> None:
         env={**os.environ, "INGERO_CONFIG": ""},
     )
     assert result.returncode == 0, result.stderr
-    cfg = json.loads(result.stdout)
+    cfg = yaml.safe_load(result.stdout)
     assert cfg["push_interval"] == 2.0 and cfg["cluster_id"] == "x"
     assert cfg["channels"]["event_socket"] == "/run/ingero/events.sock"
 
