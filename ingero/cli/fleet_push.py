@@ -19,6 +19,7 @@ from ingero.cli.options import print_config as show_config
 from ingero.clock import SystemClock
 from ingero.config import load_config
 from ingero.push.config import DAEMON, PushConfig, resolve_node_id
+from ingero.push.otel_env import otel_env_defaults
 
 
 @click.command("fleet-push")
@@ -73,7 +74,12 @@ def command(
         "push_interval": push_interval,
     }
     config = load_config(
-        PushConfig, DAEMON, config_path, overrides, flags={"fleet_endpoint": "--endpoint"}
+        PushConfig,
+        DAEMON,
+        config_path,
+        overrides,
+        flags={"fleet_endpoint": "--endpoint"},
+        env_defaults=otel_env_defaults(os.environ),
     )
     if print_config:
         show_config(config)
@@ -93,6 +99,7 @@ def run_agent(
     from ingero.collectors.gpu import FallbackQuery, GpuQuery, NvidiaSmi
     from ingero.collectors.nvml import NvmlQuery
     from ingero.otlp.health import ATTR_CLUSTER_ID, ATTR_HOST_NAME, ATTR_NODE_ID
+    from ingero.otlp.resource import PUSH_SERVICE, service_attributes
     from ingero.push.agent import Agent, Identity
     from ingero.push.channels import Channel
     from ingero.push.channels.journald import JournaldChannel
@@ -131,7 +138,12 @@ def run_agent(
     if ch.uds:
         channels.append(UdsChannel(ch.event_socket, ch.queue_size))
     if ch.otlp_logs:
-        resource = {ATTR_NODE_ID: node, ATTR_CLUSTER_ID: config.cluster_id, ATTR_HOST_NAME: host}
+        resource = {
+            **service_attributes(PUSH_SERVICE, node),
+            ATTR_NODE_ID: node,
+            ATTR_CLUSTER_ID: config.cluster_id,
+            ATTR_HOST_NAME: host,
+        }
         channels.append(OtlpLogsChannel(client.export_logs, resource, ch.queue_size))
     store = DetectionStore(state_dir / "detection.json", node, clock)
     # An explicit --job-id pins the peer group; otherwise the prolog's job files say.
