@@ -10,28 +10,18 @@ from pathlib import Path
 import pytest
 import yaml
 
-from tests.integration.push.cluster import ROOT, Procs, free_port, ingero, wait_for
+from tests.integration.push.cluster import (
+    ROOT,
+    Procs,
+    fleet_metric,
+    free_port,
+    ingero,
+    wait_for,
+)
 
 pytestmark = pytest.mark.integration
 
 TOKEN = "otel-env-test-token-0123456789"
-
-
-def tracked_nodes(api_port: int) -> float:
-    import urllib.request
-
-    from prometheus_client.parser import text_string_to_metric_families
-
-    url = f"http://127.0.0.1:{api_port}/metrics"
-    request = urllib.request.Request(url, headers={"Authorization": f"Bearer {TOKEN}"})
-    with urllib.request.urlopen(request, timeout=10) as resp:
-        text = resp.read().decode()
-    return sum(
-        s.value
-        for family in text_string_to_metric_families(text)
-        for s in family.samples
-        if s.name == "ingero_fleet_tracked_nodes"
-    )
 
 
 @pytest.mark.parametrize("protocol", ["http/protobuf", "grpc"])
@@ -107,7 +97,10 @@ def test_fleet_push_configured_only_by_otel_env_reaches_fleet(
             env,
         )
         wait_for(
-            lambda: tracked_nodes(ports["api"]) >= 1 or push.poll() is not None,
+            lambda: (
+                fleet_metric(ports["api"], "ingero_fleet_tracked_nodes", TOKEN) >= 1
+                or push.poll() is not None
+            ),
             60,
             "Fleet to track the node pushed to it via OTEL_* settings",
         )
