@@ -8,11 +8,15 @@ from typing import Any, TypeVar
 
 import click
 
+from ingero import nodedb
 from ingero.cluster import fanout as f
 from ingero.cluster.fanout import Fanout, FanoutOptions
 from ingero.config import parse_duration
 from ingero.errors import UsageError
-from ingero.explain.reader import DEFAULT_DB
+
+# nodedb.DEFAULT_PATH, not ingero.explain.reader.DEFAULT_DB: every daemon imports this module
+# for its shared options, and the explain package costs ~0.5 s to import.
+DEFAULT_DB = Path(nodedb.DEFAULT_PATH)
 
 F = TypeVar("F", bound=Callable[..., Any])
 
