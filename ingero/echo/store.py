@@ -131,8 +131,14 @@ class Store:
                 + (f" ({exc.filename})" if exc.filename else "")
             ) from None
         try:
-            self._conn = sqlite3.connect(self.path, check_same_thread=False, isolation_level=None)
-            self._conn.execute("PRAGMA journal_mode = WAL")
+            try:
+                self._conn = sqlite3.connect(
+                    self.path, check_same_thread=False, isolation_level=None
+                )
+                self._conn.execute("PRAGMA journal_mode = WAL")
+            except sqlite3.OperationalError as exc:
+                # e.g. db names a directory, or a file SQLite may not open for writing.
+                raise CantCreateError(f"db {self.path}: cannot open for writing: {exc}") from None
             # FULL: an acknowledged batch survives power loss too; commits are batched, so
             # the fsync per commit is shared by every batch in it.
             self._conn.execute("PRAGMA synchronous = FULL")
