@@ -7,6 +7,7 @@ import os
 import socket
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -92,3 +93,29 @@ def test_echo_with_a_db_directory_it_cannot_create_exits_73(where: str, tmp_path
     lines = result.stderr.strip().splitlines()
     assert len(lines) == 1 and where in lines[0] and "cannot " in lines[0], lines
     assert "internal error" not in result.stderr
+
+
+@pytest.mark.parametrize(("flags", "info_shown"), [([], True), (["--log-level", "warning"], False)])
+def test_log_level_sets_what_a_running_daemon_writes(
+    tmp_path: Path, flags: list[str], info_shown: bool
+) -> None:
+    """Fleet as a process: its INFO start-up lines appear at the default level only."""
+    ready = tmp_path / "ready.json"
+    argv = [sys.executable, "-m", "ingero.cli.main", "fleet", *flags, "--ready-file", str(ready)]
+    for name in ("--otlp-grpc", "--otlp-http", "--api"):
+        argv += [name, "127.0.0.1:0"]
+    log = tmp_path / "fleet.log"
+    with log.open("wb") as out:
+        proc = subprocess.Popen(
+            argv, stdout=out, stderr=subprocess.STDOUT, env={**os.environ, "INGERO_CONFIG": ""}
+        )
+    try:
+        for _ in range(600):  # up to 60 s for the listeners
+            if ready.exists() or proc.poll() is not None:
+                break
+            time.sleep(0.1)
+        assert ready.exists(), log.read_text()
+    finally:
+        proc.terminate()
+        proc.wait(timeout=30)
+    assert ("INFO " in log.read_text()) is info_shown, log.read_text()
