@@ -94,12 +94,16 @@ def load_config(
     explicit: str | os.PathLike[str] | None = None,
     overrides: Mapping[str, Any] | None = None,
     flags: Mapping[str, str] | None = None,
+    env_defaults: Mapping[str, tuple[str, Any]] | None = None,
 ) -> T:
     """Read, validate and return the configuration of ``daemon`` as an instance of ``schema``.
 
     ``overrides`` maps dotted keys (``listen.api``) to values from CLI flags; ``None`` values
     are ignored so unset flags do not clobber the file. A bad override is blamed on its
     flag: ``flags`` names it where it is not ``--`` + the key's last part with dashes.
+    ``env_defaults`` maps dotted keys to (environment variable, value): used only where the
+    file sets no value, so the order is flag > file > environment > the schema's default;
+    a bad one is blamed on its variable.
     """
     path = find_config_file(daemon, explicit)
     source = str(path) if path else "<defaults>"
@@ -115,33 +119,45 @@ def load_config(
         raise ConfigError(
             f"{source}: the top level must be a mapping of keys, got {type(raw).__name__}"
         )
-    applied = [dotted for dotted, value in (overrides or {}).items() if value is not None]
+    blame: dict[str, str] = {}
+    for dotted, (variable, value) in (env_defaults or {}).items():
+        if _put(raw, dotted, value, replace=False):
+            blame[dotted] = variable
     for dotted, value in (overrides or {}).items():
         if value is None:
             continue
-        node = raw
-        *parents, leaf = dotted.split(".")
-        for part in parents:
-            child = node.get(part)
-            if not isinstance(child, dict):
-                child = {}
-                node[part] = child
-            node = child
-        node[leaf] = value
+        _put(raw, dotted, value, replace=True)
+        blame[dotted] = (flags or {}).get(dotted) or "--" + dotted.rpartition(".")[2].replace(
+            "_", "-"
+        )
     try:
         return build(schema, raw, source)
     except ConfigError as exc:
         # A bad flag value is the flag's fault, not the file's (nor "<defaults>"'s): name
         # the flag (--push-interval for push_interval, the CLI's naming rule).
         text = str(exc)
-        for dotted in applied:
+        for dotted, culprit in blame.items():
             blamed = f"{source}: {dotted}: "
             if text.startswith(blamed):
-                flag = (flags or {}).get(dotted) or "--" + dotted.rpartition(".")[2].replace(
-                    "_", "-"
-                )
-                raise ConfigError(f"{flag}: {text[len(blamed) :]}") from None
+                raise ConfigError(f"{culprit}: {text[len(blamed) :]}") from None
         raise
+
+
+def _put(raw: dict[str, Any], dotted: str, value: Any, *, replace: bool) -> bool:
+    """Set ``raw[a][b]`` for ``a.b`` (creating mappings); without ``replace``, only where
+    no value is there yet. True if it was set."""
+    node = raw
+    *parents, leaf = dotted.split(".")
+    for part in parents:
+        child = node.get(part)
+        if not isinstance(child, dict):
+            child = {}
+            node[part] = child
+        node = child
+    if not replace and node.get(leaf) is not None:
+        return False
+    node[leaf] = value
+    return True
 
 
 def _yaml_problem(exc: yaml.YAMLError) -> str:

@@ -9,6 +9,7 @@ EXIT_USAGE = 2
 EXIT_DATAERR = 65
 EXIT_UNAVAILABLE = 69
 EXIT_SOFTWARE = 70
+EXIT_CANTCREAT = 73
 EXIT_CONFIG = 78
 
 
@@ -32,3 +33,9 @@ class UnavailableError(IngeroError):
     """A service or resource the command needs cannot be reached."""
 
     exit_code = EXIT_UNAVAILABLE
+
+
+class CantCreateError(IngeroError):
+    """A file or directory the command must write cannot be created (sysexits EX_CANTCREAT)."""
+
+    exit_code = EXIT_CANTCREAT

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import json
+
 import click
 
 from ingero.errors import UsageError
@@ -32,10 +34,29 @@ def drain() -> None:
 @_BACKEND
 @_TIMEOUT
 @click.option("--all", "show_all", is_flag=True, help="Also show nodes drained by others.")
-def list_cmd(backend: str, timeout: float, show_all: bool) -> None:
+@click.option(
+    "--json", "as_json", is_flag=True, help="One JSON array of nodes (for scripts); [] if none."
+)
+def list_cmd(backend: str, timeout: float, show_all: bool, as_json: bool) -> None:
     """Nodes whose drain reason ingero wrote, with state and reason."""
     nodes = make_backend(backend, timeout).nodes()
     shown = [n for n in nodes if n.ingero_reason or (show_all and (n.drained or n.reason))]
+    if as_json:
+        rows = [
+            {
+                "node": n.name,
+                "state": n.state,
+                "flags": sorted(n.flags),
+                "drained": n.drained,
+                "owner": "ingero" if n.ingero_reason else "other",
+                "reason": n.reason,
+                "reason_user": n.reason_user,
+                "reason_time": n.reason_time,
+            }
+            for n in shown
+        ]
+        click.echo(json.dumps(rows, indent=2))
+        return
     if not shown:
         click.echo("no nodes drained by ingero")
         return

@@ -3,12 +3,12 @@
 from __future__ import annotations
 
 import asyncio
-import json
-import logging
 
 import click
 
-from ingero.config import load_config, to_dict
+from ingero.cli.options import log_level_options, print_config_option, setup_logging
+from ingero.cli.options import print_config as show_config
+from ingero.config import load_config
 
 
 @click.command("echo")
@@ -18,7 +18,8 @@ from ingero.config import load_config, to_dict
 @click.option("--otlp-grpc", help="HOST:PORT of the OTLP/gRPC receiver (listen.otlp_grpc)")
 @click.option("--otlp-http", help="HOST:PORT of the OTLP/HTTP receiver (listen.otlp_http)")
 @click.option("--tokens-file", help="bearer tokens file (auth.tokens_file)")
-@click.option("--print-config", is_flag=True, help="print the effective configuration and exit")
+@print_config_option
+@log_level_options
 def echo(
     config_path: str | None,
     db: str | None,
@@ -27,6 +28,8 @@ def echo(
     otlp_http: str | None,
     tokens_file: str | None,
     print_config: bool,
+    log_level: str,
+    verbose: bool,
 ) -> None:
     """Run Echo, the durable cluster event store."""
     from ingero.echo.config import EchoConfig
@@ -44,9 +47,9 @@ def echo(
         },
     )
     if print_config:
-        click.echo(json.dumps(to_dict(config), indent=2))
+        show_config(config)
         return
-    logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
+    setup_logging(log_level, verbose, "%(levelname)s %(name)s: %(message)s")
     from ingero.echo.daemon import EchoDaemon
 
     asyncio.run(EchoDaemon(config).run())

@@ -2,10 +2,10 @@
 
 from __future__ import annotations
 
-import logging
-
 import click
 
+from ingero.cli.options import log_level_options, print_config_option, setup_logging
+from ingero.cli.options import print_config as show_config
 from ingero.errors import UnavailableError, UsageError
 
 
@@ -23,12 +23,8 @@ from ingero.errors import UnavailableError, UsageError
     type=click.Path(dir_okay=False),
     help="Write the bound addresses as JSON here once every listener is up.",
 )
-@click.option(
-    "--log-level",
-    type=click.Choice(["debug", "info", "warning", "error"]),
-    default="info",
-    show_default=True,
-)
+@print_config_option
+@log_level_options
 def command(
     config_path: str | None,
     otlp_grpc: str | None,
@@ -39,16 +35,16 @@ def command(
     max_nodes: int | None,
     max_body_bytes: int | None,
     ready_file: str | None,
+    print_config: bool,
     log_level: str,
+    verbose: bool,
 ) -> None:
     """Receive node health over OTLP, serve per-group thresholds, flag stragglers."""
     from ingero.config import load_config
     from ingero.fleet.config import FleetConfig
     from ingero.fleet.daemon import FleetDaemon, write_ready_file
 
-    logging.basicConfig(
-        level=log_level.upper(), format="%(levelname)s %(name)s: %(message)s", force=True
-    )
+    setup_logging(log_level, verbose, "%(levelname)s %(name)s: %(message)s")
     config = load_config(
         FleetConfig,
         "fleet",
@@ -63,6 +59,9 @@ def command(
             "limits.max_body_bytes": max_body_bytes,
         },
     )
+    if print_config:
+        show_config(config)
+        return
     daemon = FleetDaemon(config)
     drain = None
     if config.drain.enabled:  # opt-in: ingero.slurm.drain carries decisions to Slurm

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 import logging
 import os
 import shutil
@@ -15,9 +14,12 @@ from typing import Any
 
 import click
 
+from ingero.cli.options import log_level_options, print_config_option, setup_logging
+from ingero.cli.options import print_config as show_config
 from ingero.clock import SystemClock
-from ingero.config import load_config, to_dict
+from ingero.config import load_config
 from ingero.push.config import DAEMON, PushConfig, resolve_node_id
+from ingero.push.otel_env import otel_env_defaults
 
 
 @click.command("fleet-push")
@@ -36,8 +38,8 @@ from ingero.push.config import DAEMON, PushConfig, resolve_node_id
 @click.option("--rank", type=int, help="This node's rank in the job.")
 @click.option("--world-size", type=int, help="Number of ranks in the job.")
 @click.option("--workload-type", help="Peer group for nodes without a job (e.g. training).")
-@click.option("--print-config", is_flag=True, help="Print the effective configuration and exit.")
-@click.option("-v", "--verbose", is_flag=True, help="Debug logging.")
+@print_config_option
+@log_level_options
 def command(
     config_path: str | None,
     endpoint: str | None,
@@ -55,6 +57,7 @@ def command(
     world_size: int | None,
     workload_type: str | None,
     print_config: bool,
+    log_level: str,
     verbose: bool,
 ) -> None:
     """Push this node's health score to Fleet and report when it straggles."""
@@ -71,15 +74,17 @@ def command(
         "push_interval": push_interval,
     }
     config = load_config(
-        PushConfig, DAEMON, config_path, overrides, flags={"fleet_endpoint": "--endpoint"}
+        PushConfig,
+        DAEMON,
+        config_path,
+        overrides,
+        flags={"fleet_endpoint": "--endpoint"},
+        env_defaults=otel_env_defaults(os.environ),
     )
     if print_config:
-        click.echo(json.dumps(to_dict(config), indent=2))
+        show_config(config)
         return
-    logging.basicConfig(
-        level=logging.DEBUG if verbose else logging.INFO,
-        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
-    )
+    setup_logging(log_level, verbose, "%(asctime)s %(levelname)s %(name)s: %(message)s")
     run_agent(config, job_id or None, rank, world_size, workload_type)
 
 
@@ -94,6 +99,7 @@ def run_agent(
     from ingero.collectors.gpu import FallbackQuery, GpuQuery, NvidiaSmi
     from ingero.collectors.nvml import NvmlQuery
     from ingero.otlp.health import ATTR_CLUSTER_ID, ATTR_HOST_NAME, ATTR_NODE_ID
+    from ingero.otlp.resource import PUSH_SERVICE, service_attributes
     from ingero.push.agent import Agent, Identity
     from ingero.push.channels import Channel
     from ingero.push.channels.journald import JournaldChannel
@@ -132,7 +138,12 @@ def run_agent(
     if ch.uds:
         channels.append(UdsChannel(ch.event_socket, ch.queue_size))
     if ch.otlp_logs:
-        resource = {ATTR_NODE_ID: node, ATTR_CLUSTER_ID: config.cluster_id, ATTR_HOST_NAME: host}
+        resource = {
+            **service_attributes(PUSH_SERVICE, node),
+            ATTR_NODE_ID: node,
+            ATTR_CLUSTER_ID: config.cluster_id,
+            ATTR_HOST_NAME: host,
+        }
         channels.append(OtlpLogsChannel(client.export_logs, resource, ch.queue_size))
     store = DetectionStore(state_dir / "detection.json", node, clock)
     # An explicit --job-id pins the peer group; otherwise the prolog's job files say.

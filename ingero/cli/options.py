@@ -8,11 +8,15 @@ from typing import Any, TypeVar
 
 import click
 
+from ingero import nodedb
 from ingero.cluster import fanout as f
 from ingero.cluster.fanout import Fanout, FanoutOptions
 from ingero.config import parse_duration
 from ingero.errors import UsageError
-from ingero.explain.reader import DEFAULT_DB
+
+# nodedb.DEFAULT_PATH, not ingero.explain.reader.DEFAULT_DB: every daemon imports this module
+# for its shared options, and the explain package costs ~0.5 s to import.
+DEFAULT_DB = Path(nodedb.DEFAULT_PATH)
 
 F = TypeVar("F", bound=Callable[..., Any])
 
@@ -125,3 +129,53 @@ def fanout_from(
 def explicit(ctx: click.Context, name: str) -> bool:
     """The option was given on the command line (so it is passed on to the nodes)."""
     return ctx.get_parameter_source(name) == click.core.ParameterSource.COMMANDLINE
+
+
+LOG_LEVELS = ("debug", "info", "warning", "error")
+
+
+def log_level_options(func: F) -> F:
+    """The one verbosity option every daemon takes: ``--log-level LEVEL``, ``-v`` for debug.
+
+    Defined once here so ``fleet``, ``fleet-push``, ``echo`` and ``sink`` accept the same
+    spelling (a unit file or runbook can say ``--log-level debug`` to any of them).
+    """
+    func = click.option(
+        "-v",
+        "--verbose",
+        is_flag=True,
+        help="Shorthand for --log-level debug.",
+    )(func)
+    return click.option(
+        "--log-level",
+        type=click.Choice(LOG_LEVELS, case_sensitive=False),
+        default="info",
+        show_default=True,
+        help="Least severe log record written to stderr.",
+    )(func)
+
+
+def setup_logging(log_level: str, verbose: bool, fmt: str) -> None:
+    """Configure the root logger from ``log_level_options``; -v wins over --log-level."""
+    import logging
+
+    level = logging.DEBUG if verbose else getattr(logging, log_level.upper())
+    logging.basicConfig(level=level, format=fmt, force=True)
+
+
+print_config_option = click.option(
+    "--print-config",
+    is_flag=True,
+    help="Print the effective configuration (file, env and flags applied) as JSON and exit.",
+)
+
+
+def print_config(config: object) -> None:
+    """``--print-config``: the validated configuration as JSON. That is what fleet-push and
+    Echo printed before (scripts parse it), and JSON is YAML too, so the output loads back as
+    a config file."""
+    import json
+
+    from ingero.config import to_dict
+
+    click.echo(json.dumps(to_dict(config), indent=2))

@@ -9,7 +9,8 @@ from types import FrameType
 
 import click
 
-from ingero.errors import UsageError
+from ingero.cli.options import log_level_options, setup_logging
+from ingero.errors import UnavailableError, UsageError
 from ingero.events import EVENT_SOCKET
 
 
@@ -23,8 +24,12 @@ from ingero.events import EVENT_SOCKET
     help="HOST:PORT for /metrics; empty to disable.",
 )
 @click.option("--print", "print_events", is_flag=True, help="Print each event as one JSON line.")
-def command(socket_path: str, metrics_listen: str, print_events: bool) -> None:
+@log_level_options
+def command(
+    socket_path: str, metrics_listen: str, print_events: bool, log_level: str, verbose: bool
+) -> None:
     """The reference consumer of fleet-push's NDJSON event socket."""
+    setup_logging(log_level, verbose, "%(levelname)s %(name)s: %(message)s")
     from ingero.events import Event
     from ingero.sink.server import Sink, serve_metrics
 
@@ -38,14 +43,17 @@ def command(socket_path: str, metrics_listen: str, print_events: bool) -> None:
     try:
         sink = Sink(socket_path, show if print_events else None)
     except OSError as exc:
-        raise UsageError(f"cannot listen on {socket_path}: {exc.strerror or exc}") from None
+        # 69 like fleet and echo: the address is taken or refused, not a usage mistake.
+        raise UnavailableError(f"cannot listen on {socket_path}: {exc.strerror or exc}") from None
     http = None
     if metrics_listen:
         try:
             http = serve_metrics(sink.registry, host or "127.0.0.1", int(port))
         except OSError as exc:
             sink.close()
-            raise UsageError(f"cannot listen on {metrics_listen}: {exc.strerror}") from None
+            raise UnavailableError(
+                f"cannot listen on {metrics_listen}: {exc.strerror or exc}"
+            ) from None
         click.echo(f"ingero sink: /metrics on http://{metrics_listen}/metrics", err=True)
     click.echo(f"ingero sink: listening on {socket_path}", err=True)
     stop = threading.Event()

@@ -52,7 +52,7 @@ from ingero.echo.rows import (
 )
 from ingero.echo.schema import MIGRATIONS
 from ingero.episodes import RECENTLY_CLOSED, TYPES, Episode, EpisodeFold, Mark
-from ingero.errors import UnavailableError
+from ingero.errors import CantCreateError, UnavailableError
 from ingero.events import Event
 from ingero.sqlitemigrate import migrate
 
@@ -121,11 +121,24 @@ class Store:
         self.max_age = max_age
         self.max_bytes = max_bytes
         self.retention_interval = retention_interval
-        self.path.parent.mkdir(parents=True, exist_ok=True)
-        self._lock_file: IO[bytes] | None = _take_lock(self.path)
         try:
-            self._conn = sqlite3.connect(self.path, check_same_thread=False, isolation_level=None)
-            self._conn.execute("PRAGMA journal_mode = WAL")
+            self.path.parent.mkdir(parents=True, exist_ok=True)
+            self._lock_file: IO[bytes] | None = _take_lock(self.path)
+        except OSError as exc:
+            # A missing or unwritable directory is the operator's to fix: one line, exit 73.
+            raise CantCreateError(
+                f"db {self.path}: cannot create: {exc.strerror or exc}"
+                + (f" ({exc.filename})" if exc.filename else "")
+            ) from None
+        try:
+            try:
+                self._conn = sqlite3.connect(
+                    self.path, check_same_thread=False, isolation_level=None
+                )
+                self._conn.execute("PRAGMA journal_mode = WAL")
+            except sqlite3.OperationalError as exc:
+                # e.g. db names a directory, or a file SQLite may not open for writing.
+                raise CantCreateError(f"db {self.path}: cannot open for writing: {exc}") from None
             # FULL: an acknowledged batch survives power loss too; commits are batched, so
             # the fsync per commit is shared by every batch in it.
             self._conn.execute("PRAGMA synchronous = FULL")

@@ -13,6 +13,7 @@ import logging
 import os
 import resource
 import signal
+import socket
 import threading
 import time
 from collections.abc import Callable
@@ -34,6 +35,7 @@ from ingero.fleet.otlp_http import OtlpHttpHandler
 from ingero.fleet.receiver import Receiver
 from ingero.fleet.score_history import ScoreHistory
 from ingero.fleet.state import FleetState
+from ingero.otlp.resource import FLEET_SERVICE, service_attributes
 from ingero.systemd import Notifier, watchdog_interval
 from ingero.systemd import notifier as systemd_notifier
 from ingero.tls import grpc_server_credentials, server_ssl_context
@@ -77,7 +79,14 @@ class FleetDaemon:
         self.events.add_sink(self.journal, "journal")
         # Events go on to Echo when configured; the forwarder never blocks the tick thread.
         self.echo_forwarder = (
-            Forwarder(config.echo.endpoint, token=os.environ.get("INGERO_ECHO_TOKEN"))
+            Forwarder(
+                config.echo.endpoint,
+                token=os.environ.get("INGERO_ECHO_TOKEN"),
+                # One Fleet per host and API address: stable across restarts.
+                service=service_attributes(
+                    FLEET_SERVICE, f"{socket.gethostname()}/{config.listen.api}"
+                ),
+            )
             if config.echo.endpoint
             else None
         )

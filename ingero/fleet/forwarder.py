@@ -112,16 +112,20 @@ class Forwarder:
         backoff_initial: float = 0.2,
         backoff_max: float = 30.0,
         token: str | None = None,
+        service: dict[str, object] | None = None,
     ) -> None:
+        """``service``: Fleet's ``service.*`` resource attributes, on every request sent."""
         self.sender = make_sender(sender, token) if isinstance(sender, str) else sender
         self.capacity = capacity
         self.batch_size = batch_size
         self.backoff_initial = backoff_initial
         self.backoff_max = backoff_max
         self.stats = ForwarderStats()
-        self._events: _Lane[Event] = _Lane("events", "", capacity, encode_events)
+        self._events: _Lane[Event] = _Lane(
+            "events", "", capacity, lambda events: encode_events(events, service)
+        )
         self._scores: _Lane[ScoreSample] = _Lane(
-            "score samples", "scores_", score_capacity, encode_scores
+            "score samples", "scores_", score_capacity, lambda s: encode_scores(s, service)
         )
         self._cond = threading.Condition()
         self._closing = False

@@ -76,6 +76,11 @@ def to_push(node: NodeScore) -> NodePush:
     )
 
 
-def encode_scores(samples: Iterable[ScoreSample]) -> ExportMetricsServiceRequest:
-    """Many nodes' samples in one OTLP metrics request, each as its node's health push."""
-    return encode_health_batch((to_push(node), time_unix_nano) for node, time_unix_nano in samples)
+def encode_scores(
+    samples: Iterable[ScoreSample], service: dict[str, object] | None = None
+) -> ExportMetricsServiceRequest:
+    """Many nodes' samples in one OTLP metrics request, each as its node's health push;
+    ``service``: the sender's (Fleet's) ``service.*`` resource attributes."""
+    return encode_health_batch(
+        ((to_push(node), time_unix_nano) for node, time_unix_nano in samples), service
+    )

@@ -21,6 +21,7 @@ grpc is imported only by the gRPC exporter, so an HTTP-only fleet-push never loa
 from __future__ import annotations
 
 import email.utils
+import gzip
 import http.client
 import random
 import ssl
@@ -187,7 +188,11 @@ class HttpExporter:
         timeout: float,
         ssl_context: ssl.SSLContext | None = None,
         receiver: str = "the receiver",
+        headers: Mapping[str, str] | None = None,
+        compression: str = "none",
     ) -> None:
+        """``headers`` go on every request (OTEL_EXPORTER_OTLP_HEADERS); ``compression``
+        ``gzip`` compresses the bodies (Content-Encoding: gzip)."""
         url = urllib.parse.urlsplit(endpoint if "://" in endpoint else f"http://{endpoint}")
         if url.scheme not in ("http", "https") or not url.hostname:
             raise ValueError(f"endpoint must be http(s)://HOST:PORT, got {endpoint!r}")
@@ -197,7 +202,10 @@ class HttpExporter:
         self.timeout = timeout
         self.receiver = receiver
         self._ssl = ssl_context
-        self._auth = {"Authorization": authorization(token)} if token else {}
+        self._auth = {**(headers or {})}
+        if token:
+            self._auth["Authorization"] = authorization(token)
+        self._gzip = compression == "gzip"
 
     def request(self, method: str, path: str, body: bytes | None = None) -> HttpAnswer:
         """One request; ExportError (retryable) when the receiver cannot be reached or does
@@ -210,6 +218,9 @@ class HttpExporter:
         else:
             conn = http.client.HTTPConnection(host, port, timeout=self.timeout)
         headers = {**self._auth, **({"Content-Type": PROTOBUF} if body is not None else {})}
+        if body is not None and self._gzip:
+            body = gzip.compress(body)
+            headers["Content-Encoding"] = "gzip"
         try:
             conn.request(method, path, body, headers)
             response = conn.getresponse()
@@ -249,6 +260,8 @@ class GrpcExporter:
         timeout: float,
         ca_file: str | None = None,
         receiver: str = "the receiver",
+        headers: Mapping[str, str] | None = None,
+        compression: str = "none",
     ) -> None:
         import grpc
 
@@ -258,7 +271,11 @@ class GrpcExporter:
             self.channel = grpc.secure_channel(target, grpc_channel_credentials(ca_file))
         else:
             self.channel = grpc.insecure_channel(target)
-        self.metadata = [("authorization", authorization(token))] if token else []
+        # gRPC metadata keys must be lower case.
+        self.metadata = [(k.lower(), v) for k, v in (headers or {}).items()]
+        if token:
+            self.metadata.append(("authorization", authorization(token)))
+        self._compression = grpc.Compression.Gzip if compression == "gzip" else None
         self.timeout = timeout
         self.receiver = receiver
         self._methods: dict[Signal, Any] = {}
@@ -276,7 +293,10 @@ class GrpcExporter:
         """Call Export; the finished call (its metadata), or ExportError."""
         try:
             _response, call = self._method(signal_of(request)).with_call(
-                request, timeout=self.timeout, metadata=self.metadata
+                request,
+                timeout=self.timeout,
+                metadata=self.metadata,
+                compression=self._compression,
             )
         except self._grpc.RpcError as exc:
             raise self.error(exc) from None

@@ -8,6 +8,11 @@ Names are the public contract of DESIGN.md: resource attributes ``ingero.node.id
 ``ingero.world_size``, ``ingero.dominant_signal``, and (added) ``ingero.node.stalled``,
 ``ingero.episode.id``; gauge ``ingero.node.signal`` (attribute ``ingero.signal``) and gauge
 ``ingero.node.rate`` (attribute ``ingero.rate``).
+
+Added (issue 15, OTel conventions): the sender's ``service.*`` and the semantic-convention
+``cloud.provider``/``hw.model`` on the resource (:mod:`ingero.otlp.resource`), and, beside the
+mixed-unit ``ingero.node.rate``, one gauge per unit for the rates whose unit is known
+(:data:`UNIT_GAUGES`); the decoder takes either.
 """
 
 from __future__ import annotations
@@ -24,6 +29,7 @@ from opentelemetry.proto.common.v1.common_pb2 import KeyValue
 from opentelemetry.proto.metrics.v1.metrics_pb2 import Metric, NumberDataPoint
 
 from ingero.otlp.limits import MAX_ID_CHARS, TOO_LONG, ValueTooLong, check_length, shown
+from ingero.otlp.resource import CLOUD_PROVIDER, HW_MODEL
 from ingero.otlp.values import add_attributes, any_to_python
 
 SCORE_METRIC = "ingero.node.health_score"
@@ -64,6 +70,22 @@ PEER_RATES: tuple[str, ...] = (KERNEL_LAUNCH_RATE, NCCL_RATE, STEP_RATE)
 # Which peer rate stands for a node's throughput, best first: steps are the work itself,
 # collectives pace a distributed job, launches are what every traced node records.
 THROUGHPUT_RATES: tuple[str, ...] = (STEP_RATE, NCCL_RATE, KERNEL_LAUNCH_RATE)
+
+
+# ``ingero.node.rate`` carries launches/s, steps/s and fractions in one instrument, which OTel
+# backends cannot give one unit. These rates are also sent as a gauge of their own, with the
+# OTLP ``unit`` (UCUM, annotations in braces). The others (e.g. ``throughput_baseline``, whose
+# unit is whichever rate stands for throughput) stay only in ``ingero.node.rate``.
+UNIT_GAUGES: dict[str, tuple[str, str]] = {
+    KERNEL_LAUNCH_RATE: ("ingero.node.kernel_launch.rate", "{launch}/s"),
+    NCCL_RATE: ("ingero.node.nccl_collective.rate", "{collective}/s"),
+    STEP_RATE: ("ingero.node.step.rate", "{step}/s"),
+    "gpu_busy_fraction": ("ingero.node.gpu.busy", "1"),
+    "gpu_busy_baseline": ("ingero.node.gpu.busy_baseline", "1"),
+    "mem_free_fraction": ("ingero.node.memory.free", "1"),
+    "cpu_busy_fraction": ("ingero.node.cpu.busy", "1"),
+}
+_RATE_OF_GAUGE: dict[str, str] = {metric: rate for rate, (metric, _) in UNIT_GAUGES.items()}
 
 
 def group_key(cluster_id: str, job_id: str | None, workload_type: str | None) -> str:
@@ -138,19 +160,28 @@ class HealthDecode:
         return zip(self.pushes, self.times, strict=True)
 
 
-def encode_health(push: NodePush, time_unix_nano: int) -> ExportMetricsServiceRequest:
-    """One node's push: its score gauge plus one point per signal and per raw rate."""
+def encode_health(
+    push: NodePush, time_unix_nano: int, service: dict[str, object] | None = None
+) -> ExportMetricsServiceRequest:
+    """One node's push: its score gauge plus one point per signal and per raw rate.
+
+    ``service``: the sender's ``service.*`` attributes (:func:`ingero.otlp.resource.
+    service_attributes`), added to the resource.
+    """
     request = ExportMetricsServiceRequest()
     rm = request.resource_metrics.add()
     add_attributes(
         rm.resource.attributes,
         {
+            **(service or {}),
             ATTR_NODE_ID: push.node_id,
             ATTR_CLUSTER_ID: push.cluster_id,
             ATTR_HOST_NAME: push.host_name,
             ATTR_GPU_MODEL: push.gpu_model,
+            HW_MODEL: push.gpu_model,
             ATTR_GPU_COUNT: push.gpu_count,
             ATTR_PROVIDER: push.provider,
+            CLOUD_PROVIDER: push.provider,
         },
     )
     sm = rm.scope_metrics.add()
@@ -187,18 +218,27 @@ def encode_health(push: NodePush, time_unix_nano: int) -> ExportMetricsServiceRe
             p.time_unix_nano = time_unix_nano
             p.as_double = value
             add_attributes(p.attributes, {attr: key})
+    for key, value in push.rates.items():
+        if key in UNIT_GAUGES:
+            metric = sm.metrics.add()
+            metric.name, metric.unit = UNIT_GAUGES[key]
+            p = metric.gauge.data_points.add()
+            p.time_unix_nano = time_unix_nano
+            p.as_double = value
     return request
 
 
 def encode_health_batch(
-    pushes: Iterable[tuple[NodePush, int]],
+    pushes: Iterable[tuple[NodePush, int]], service: dict[str, object] | None = None
 ) -> ExportMetricsServiceRequest:
     """Many nodes' pushes in one request (Fleet's score history to Echo): each node's
     :func:`encode_health` resource, with its own time, merged; decoded by
     :func:`decode_health` like single pushes."""
     request = ExportMetricsServiceRequest()
     for push, time_unix_nano in pushes:
-        request.resource_metrics.extend(encode_health(push, time_unix_nano).resource_metrics)
+        request.resource_metrics.extend(
+            encode_health(push, time_unix_nano, service).resource_metrics
+        )
     return request
 
 
@@ -297,6 +337,20 @@ def _keyed_values(
             result.reject(TOO_LONG, f"{metric.name} point: {exc}")
 
 
+def _unit_gauge(metric: Metric, rate: str, out: dict[str, float], result: HealthDecode) -> None:
+    """One per-unit gauge (UNIT_GAUGES) as the raw rate ``rate``: its last finite point."""
+    points = _gauge_points(metric)
+    if points is None:
+        result.reject(BAD_METRIC_TYPE, f"{metric.name} must be a gauge")
+        return
+    for point in points:
+        value = _number(point)
+        if not math.isfinite(value):
+            result.reject(BAD_ATTRIBUTE, f"{metric.name} point needs a finite value")
+            continue
+        out[rate] = value
+
+
 def decode_health(
     request: ExportMetricsServiceRequest, details: bool = True, rates: bool | None = None
 ) -> HealthDecode:
@@ -312,6 +366,7 @@ def decode_health(
         scores: list[Metric] = []
         signals: dict[str, float] = {}
         rate_values: dict[str, float] = {}
+        unit_rates: dict[str, float] = {}
         for sm in rm.scope_metrics:
             for metric in sm.metrics:
                 name = metric.name
@@ -321,6 +376,10 @@ def decode_health(
                     _keyed_values(metric, ATTR_SIGNAL, signals, result)
                 elif name == RATE_METRIC and want_rates:
                     _keyed_values(metric, ATTR_RATE, rate_values, result)
+                elif want_rates and name in _RATE_OF_GAUGE:
+                    _unit_gauge(metric, _RATE_OF_GAUGE[name], unit_rates, result)
+        for key, value in unit_rates.items():  # a sender with only the per-unit gauges
+            rate_values.setdefault(key, value)
         if scores:
             res = _attributes(rm.resource.attributes)
             for metric in scores:
@@ -384,9 +443,9 @@ def _decode_scores(
                 dominant_signal=_text(attrs, ATTR_DOMINANT),
                 signals=signals,
                 rates=rates,
-                gpu_model=_text(res, ATTR_GPU_MODEL),
+                gpu_model=_text(res, ATTR_GPU_MODEL) or _text(res, HW_MODEL),
                 gpu_count=_integer(res, ATTR_GPU_COUNT),
-                provider=_text(res, ATTR_PROVIDER),
+                provider=_text(res, ATTR_PROVIDER) or _text(res, CLOUD_PROVIDER),
                 stalled=_flag(attrs, ATTR_STALLED),
                 episode_id=_episode(attrs),
             )

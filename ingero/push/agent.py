@@ -18,6 +18,7 @@ from ingero.clock import Clock
 from ingero.events import Event
 from ingero.otlp.exporter import jittered
 from ingero.otlp.health import NodePush, encode_health
+from ingero.otlp.resource import PUSH_SERVICE, service_attributes
 from ingero.push.channels import Channel
 from ingero.push.classifier import Classifier, Observation
 from ingero.push.client import PushClient
@@ -84,6 +85,8 @@ class Agent:
         job id, rank and world size then override the identity's, interval by interval."""
         self.config = config
         self.identity = identity
+        # The node id is the push agent's stable service.instance.id (one agent per node).
+        self.service = service_attributes(PUSH_SERVICE, identity.node_id)
         self.sampler = sampler
         self.client = client
         self.channels = channels
@@ -115,7 +118,7 @@ class Agent:
             log.info("node state %s -> %s (%s)", t.previous, t.current, t.reason)
         push = self._node_push(sample, ident)
         status.state, status.score, status.stalled = sample.state, push.score, sample.stalled
-        result = self.client.push(encode_health(push, int(self.clock.now() * 1e9)))
+        result = self.client.push(encode_health(push, int(self.clock.now() * 1e9), self.service))
         reading = result.reading
         if result.ok:
             status.pushes_ok += 1

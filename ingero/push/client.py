@@ -80,8 +80,18 @@ class HttpPushClient:
         token = read_token(config.auth_token_file, "auth_token_file")
         context = client_ssl_context(config.ca_file)
         timeout = config.push_timeout
-        self._otlp = HttpExporter(config.fleet_endpoint, token, timeout, context, "Fleet")
-        self._api = HttpExporter(api_base(config), token, timeout, context, "Fleet's API")
+        self._otlp = HttpExporter(
+            config.fleet_endpoint,
+            token,
+            timeout,
+            context,
+            "Fleet",
+            headers=config.headers,
+            compression=config.compression,
+        )
+        self._api = HttpExporter(
+            api_base(config), token, timeout, context, "Fleet's API", headers=config.headers
+        )
 
     def push(self, request: ExportMetricsServiceRequest) -> PushResult:
         try:
@@ -124,7 +134,13 @@ class GrpcPushClient:
     def __init__(self, config: PushConfig) -> None:
         token = read_token(config.auth_token_file, "auth_token_file")
         self._otlp = GrpcExporter(
-            config.fleet_endpoint, token, config.push_timeout, config.ca_file, "Fleet"
+            config.fleet_endpoint,
+            token,
+            config.push_timeout,
+            config.ca_file,
+            "Fleet",
+            headers=config.headers,
+            compression=config.compression,
         )
         self._http = HttpPushClient(config)
 

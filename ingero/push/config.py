@@ -76,6 +76,9 @@ class PushConfig:
     # None: half the push interval, so a slow Fleet never costs a whole interval.
     timeout: Duration | None = field(default=None, metadata=positive())
     jitter: float = field(default=0.1, metadata=in_range(0.0, 0.5))
+    # Sent with every OTLP request (names lower case), e.g. a collector's API key.
+    headers: dict[str, str] = field(default_factory=dict)
+    compression: Literal["none", "gzip"] = "none"
     node_id: str | None = None
     cluster_id: str = "default"
     host_name: str | None = None

@@ -225,15 +225,22 @@ class Cluster:
 
     def fleet_metric(self, name: str, **labels: str) -> float:
         """Sum of Fleet's /metrics samples ``name`` whose labels include ``labels``."""
-        url = f"http://127.0.0.1:{self.ports['api']}/metrics"
-        with urllib.request.urlopen(url, timeout=10) as resp:
-            text = resp.read().decode()
-        return sum(
-            sample.value
-            for family in text_string_to_metric_families(text)
-            for sample in family.samples
-            if sample.name == name and set(labels.items()) <= set(sample.labels.items())
-        )
+        return fleet_metric(self.ports["api"], name, **labels)
 
     def push_log(self, node: str) -> str:
         return (self.tmp / f"{node}.push.log").read_text(errors="replace")
+
+
+def fleet_metric(api_port: int, name: str, token: str | None = None, **labels: str) -> float:
+    """Sum of the /metrics samples ``name`` of the Fleet whose API is on ``api_port``, whose
+    labels include ``labels`` (``token``: Fleet's bearer token, where it requires one)."""
+    auth = {"Authorization": f"Bearer {token}"} if token else {}
+    request = urllib.request.Request(f"http://127.0.0.1:{api_port}/metrics", headers=auth)
+    with urllib.request.urlopen(request, timeout=10) as resp:
+        text = resp.read().decode()
+    return sum(
+        sample.value
+        for family in text_string_to_metric_families(text)
+        for sample in family.samples
+        if sample.name == name and set(labels.items()) <= set(sample.labels.items())
+    )

@@ -5,6 +5,7 @@ own verdict types (synthetic ticks), ``ingero drain`` as a process, and the real
 from __future__ import annotations
 
 import dataclasses
+import json
 import os
 import signal
 import subprocess
@@ -209,6 +210,13 @@ def test_resume_restores_only_ingero_nodes(slurm: SlurmCluster, run: type[Run]) 
     assert listed.returncode == 0, listed.stderr
     assert listed.stdout.split()[0] == "n2" and "n3" not in listed.stdout
     assert "ingero: straggler score=0.30" in listed.stdout
+    as_json = ingero("drain", "list", "--json")
+    assert as_json.returncode == 0, as_json.stderr
+    rows = json.loads(as_json.stdout)
+    assert [(r["node"], r["owner"], r["drained"]) for r in rows] == [("n2", "ingero", True)]
+    assert rows[0]["reason"].startswith("ingero: straggler score=0.30")
+    everyone = json.loads(ingero("drain", "list", "--json", "--all").stdout)
+    assert {r["node"]: r["owner"] for r in everyone} == {"n2": "ingero", "n3": "other"}
 
     refused = ingero("drain", "resume", "n3")
     assert refused.returncode == 2 and "not written by ingero" in refused.stderr
@@ -222,6 +230,7 @@ def test_resume_restores_only_ingero_nodes(slurm: SlurmCluster, run: type[Run]) 
     assert not state["n2"].drained and state["n2"].reason is None
     assert state["n3"].drained and state["n3"].reason == ADMIN
     assert "no nodes drained by ingero" in ingero("drain", "list").stdout
+    assert json.loads(ingero("drain", "list", "--json").stdout) == []
 
 
 def test_auto_resume_after_recovery(slurm: SlurmCluster, run: type[Run]) -> None:
