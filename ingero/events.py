@@ -28,6 +28,10 @@ MESSAGE_IDS: dict[str, str] = {
     "gpu_throttle": "6f3c2a1e9b8d4c7a8e5f0a1b2c3d4e5a",
     "gpu_xid": "6f3c2a1e9b8d4c7a8e5f0a1b2c3d4e5b",
     "gpu_ecc": "6f3c2a1e9b8d4c7a8e5f0a1b2c3d4e5c",
+    # NCCL (issue 14): ranks of a communicator stuck in one collective (extra names the ranks
+    # that never entered it, or none), raised by Fleet; a node's clock off Fleet's, by the node.
+    "collective_hang": "6f3c2a1e9b8d4c7a8e5f0a1b2c3d4e70",
+    "clock_skew": "6f3c2a1e9b8d4c7a8e5f0a1b2c3d4e71",
 }
 EVENT_TYPES = frozenset(MESSAGE_IDS)
 
@@ -43,6 +47,9 @@ _PRIORITY = {
     "gpu_throttle": 4,
     "gpu_xid": 3,
     "gpu_ecc": 3,
+    "peer_lag": 4,
+    "collective_hang": 3,
+    "clock_skew": 4,
 }
 
 

@@ -28,6 +28,14 @@ from opentelemetry.proto.collector.metrics.v1.metrics_service_pb2 import (
 from opentelemetry.proto.common.v1.common_pb2 import KeyValue
 from opentelemetry.proto.metrics.v1.metrics_pb2 import Metric, NumberDataPoint
 
+from ingero.otlp.collectives import (
+    ClockOffset,
+    CollectivesDecode,
+    CommReport,
+    decode_collectives_metric,
+    encode_collectives,
+    is_collectives_metric,
+)
 from ingero.otlp.limits import MAX_ID_CHARS, TOO_LONG, ValueTooLong, check_length, shown
 from ingero.otlp.resource import CLOUD_PROVIDER, HW_MODEL
 from ingero.otlp.values import add_attributes, any_to_python
@@ -118,6 +126,10 @@ class NodePush:
     stalled: bool = False
     # The node's open straggler episode; "" none open; None: the agent does not say.
     episode_id: str | None = None
+    # Added (issue 14): the node's NCCL communicators over the interval and its clock offset
+    # to Fleet (ingero.otlp.collectives); empty / None from an agent that does not send them.
+    collectives: tuple[CommReport, ...] = ()
+    clock: ClockOffset | None = None
 
     @property
     def group(self) -> str:
@@ -225,6 +237,8 @@ def encode_health(
             p = metric.gauge.data_points.add()
             p.time_unix_nano = time_unix_nano
             p.as_double = value
+    if push.collectives or push.clock is not None:
+        encode_collectives(sm, push.collectives, push.clock, time_unix_nano)
     return request
 
 
@@ -367,6 +381,7 @@ def decode_health(
         signals: dict[str, float] = {}
         rate_values: dict[str, float] = {}
         unit_rates: dict[str, float] = {}
+        collectives: CollectivesDecode | None = None
         for sm in rm.scope_metrics:
             for metric in sm.metrics:
                 name = metric.name
@@ -378,12 +393,18 @@ def decode_health(
                     _keyed_values(metric, ATTR_RATE, rate_values, result)
                 elif want_rates and name in _RATE_OF_GAUGE:
                     _unit_gauge(metric, _RATE_OF_GAUGE[name], unit_rates, result)
+                elif is_collectives_metric(name):
+                    collectives = collectives or CollectivesDecode()
+                    decode_collectives_metric(metric, collectives)
+        if collectives is not None:
+            for message in collectives.errors:
+                result.reject(BAD_ATTRIBUTE, message)
         for key, value in unit_rates.items():  # a sender with only the per-unit gauges
             rate_values.setdefault(key, value)
         if scores:
             res = _attributes(rm.resource.attributes)
             for metric in scores:
-                _decode_scores(metric, res, signals, rate_values, result)
+                _decode_scores(metric, res, signals, rate_values, result, collectives)
     return result
 
 
@@ -393,6 +414,7 @@ def _decode_scores(
     signals: dict[str, float],
     rates: dict[str, float],
     result: HealthDecode,
+    collectives: CollectivesDecode | None = None,
 ) -> None:
     points = _gauge_points(metric)
     if points is None:
@@ -448,6 +470,8 @@ def _decode_scores(
                 provider=_text(res, ATTR_PROVIDER) or _text(res, CLOUD_PROVIDER),
                 stalled=_flag(attrs, ATTR_STALLED),
                 episode_id=_episode(attrs),
+                collectives=tuple(collectives.comms) if collectives else (),
+                clock=collectives.clock if collectives else None,
             )
         except ValueTooLong as exc:
             result.reject(TOO_LONG, f"node {node_id}: {exc}")

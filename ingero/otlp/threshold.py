@@ -204,6 +204,11 @@ class ThresholdView:
     episode_id: str | None = field(
         default=None, metadata=_wire(TEXT, "ingero-episode-id", optional=True)
     )
+    # Added (issue 14): Fleet's Unix time (s) as it answered the push, from which the node
+    # estimates its clock offset to Fleet (half the round trip bounds the error).
+    server_time: float | None = field(
+        default=None, metadata=_wire(NUMBER, "ingero-server-time", optional=True)
+    )
 
 
 def _header_name(key: str) -> str:

@@ -167,6 +167,7 @@ def test_the_api_json_has_the_documented_keys_in_order() -> None:
         "peer_rates",
         "rate_ratios",
         "episode_id",
+        "server_time",
     ]
     assert encode_json(VIEWS[1][1])["threshold"] is None
     assert encode_json(VIEWS[1][1])["peer_rates"] is None

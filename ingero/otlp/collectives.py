@@ -1,0 +1,289 @@
+"""NCCL collective reports in the health push: a node's communicators, the sequence number
+each of its ranks has reached, a bounded sample of its collectives' entry and return times,
+and the node's clock offset to Fleet, so Fleet can join the ranks of one communicator
+across hosts (who entered collective #N last, who never entered it).
+
+Wire form (additive to the health push, docs/design.md "Contracts"): in the same
+``ExportMetricsServiceRequest`` resource as the node's score,
+
+- gauge ``ingero.nccl.comm`` (unit ``{collective}``): one point per communicator the node
+  has a rank in; its value is the last collective sequence number the rank entered; its
+  attributes (``ATTR_*`` below) carry the communicator hash, the rank, what is in flight and
+  the sampled calls as parallel arrays (``ingero.nccl.seqs``, ``…entered``, ``…returned``,
+  ``…ops``, ``…bytes``); times are the node's own Unix nanoseconds;
+- gauge ``ingero.node.clock.offset`` (unit ``s``): what the node adds to its own clock to
+  read Fleet's, attribute ``ingero.clock.uncertainty`` (s, half the round trip it came from).
+
+Sizes are bounded whatever the collective rate: at most :data:`MAX_COMMS` communicators per
+push and :data:`MAX_CALLS` calls per communicator, picked by :func:`sample_calls` so that
+ranks with slightly different rates still send the same sequence numbers.
+"""
+
+from __future__ import annotations
+
+import itertools
+import math
+import re
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from opentelemetry.proto.metrics.v1.metrics_pb2 import Metric, ScopeMetrics
+
+from ingero.otlp.values import add_attributes, attributes_dict
+
+COMM_METRIC = "ingero.nccl.comm"
+CLOCK_OFFSET_METRIC = "ingero.node.clock.offset"
+
+ATTR_COMM_HASH = "ingero.nccl.comm_hash"
+ATTR_COMM_RANK = "ingero.nccl.rank"
+ATTR_NRANKS = "ingero.nccl.nranks"
+ATTR_RETURNED_SEQ = "ingero.nccl.returned_seq"
+ATTR_CALLS = "ingero.nccl.calls"
+ATTR_LAST_ENTER = "ingero.nccl.last_enter_unix_nano"
+ATTR_INFLIGHT_SEQ = "ingero.nccl.inflight_seq"
+ATTR_INFLIGHT_OP = "ingero.nccl.inflight_op"
+ATTR_INFLIGHT_SINCE = "ingero.nccl.inflight_since_unix_nano"
+ATTR_WAIT_NS = "ingero.nccl.wait_ns"
+ATTR_DROPPED = "ingero.nccl.dropped"
+ATTR_SEQS = "ingero.nccl.seqs"
+ATTR_ENTERED = "ingero.nccl.entered_unix_nano"
+ATTR_RETURNED = "ingero.nccl.returned_unix_nano"
+ATTR_OPS = "ingero.nccl.ops"
+ATTR_BYTES = "ingero.nccl.bytes"
+ATTR_CLOCK_UNCERTAINTY = "ingero.clock.uncertainty"
+
+# Bounds of one push, whatever the node's collective rate (docs/design.md).
+MAX_COMMS = 16
+MAX_CALLS = 64
+MAX_OP_CHARS = 64
+MAX_NRANKS = 1 << 20
+
+_HASH = re.compile(r"[0-9a-f]{16}")
+
+
+@dataclass(frozen=True)
+class CollectiveCall:
+    """One collective of one rank: its sequence number on the communicator, the op, when the
+    rank entered it and when it returned (None: still in flight), on the node's clock."""
+
+    seq: int
+    op: str
+    entered_ns: int
+    returned_ns: int | None = None
+    bytes: int = 0
+
+
+@dataclass(frozen=True)
+class CommReport:
+    """One rank's view of one communicator over the push interval.
+
+    ``entered_seq`` is the last collective the rank entered (0: none yet) and
+    ``returned_seq`` the last that returned; ``inflight_*`` name the oldest collective it
+    entered and has not returned from (None: nothing in flight); ``calls`` is the sample
+    of the interval's collectives, in sequence order; ``dropped`` counts the interval's
+    collectives left out of it (on the node or by :func:`sample_calls`).
+    """
+
+    comm_hash: str
+    comm_rank: int
+    nranks: int
+    entered_seq: int
+    returned_seq: int = 0
+    calls_in_interval: int = 0
+    last_enter_ns: int | None = None
+    inflight_seq: int | None = None
+    inflight_op: str | None = None
+    inflight_since_ns: int | None = None
+    wait_ns: int = 0
+    dropped: int = 0
+    calls: tuple[CollectiveCall, ...] = ()
+
+
+@dataclass(frozen=True)
+class ClockOffset:
+    """Fleet's clock minus the node's (s), and the bound on its error (s, >= 0)."""
+
+    offset_s: float
+    uncertainty_s: float
+
+
+@dataclass
+class CollectivesDecode:
+    """The communicators and clock offset of one resource, and what was refused (why)."""
+
+    comms: list[CommReport] = field(default_factory=list)
+    clock: ClockOffset | None = None
+    errors: list[str] = field(default_factory=list)
+
+
+def sample_calls(calls: Sequence[CollectiveCall], limit: int = MAX_CALLS) -> list[CollectiveCall]:
+    """At most ``limit`` of ``calls`` (in sequence order): all of them when they fit, else
+    those whose seq is a multiple of the smallest power of two that makes them fit, plus the
+    last call. Power-of-two strides nest, so two ranks whose counts differ a little keep the
+    same multiples of the larger stride, and Fleet can join them on those."""
+    if len(calls) <= limit:
+        return list(calls)
+    if limit <= 1:
+        return list(calls[-1:]) if limit == 1 else []
+    stride = 2
+    while True:
+        picked = [c for c in calls[:-1] if c.seq % stride == 0]
+        if len(picked) <= limit - 1:
+            return [*picked, calls[-1]]
+        stride *= 2
+
+
+def encode_collectives(
+    sm: ScopeMetrics,
+    comms: Iterable[CommReport],
+    clock: ClockOffset | None,
+    time_unix_nano: int,
+) -> None:
+    """Append the node's communicators and clock offset to its health push's scope."""
+    reports = list(comms)[:MAX_COMMS]
+    if reports:
+        metric = sm.metrics.add()
+        metric.name = COMM_METRIC
+        metric.unit = "{collective}"
+        for comm in reports:
+            calls = sample_calls(comm.calls)
+            point = metric.gauge.data_points.add()
+            point.time_unix_nano = time_unix_nano
+            point.as_int = comm.entered_seq
+            attrs: dict[str, Any] = {
+                ATTR_COMM_HASH: comm.comm_hash,
+                ATTR_COMM_RANK: comm.comm_rank,
+                ATTR_NRANKS: comm.nranks,
+                ATTR_RETURNED_SEQ: comm.returned_seq,
+                ATTR_CALLS: comm.calls_in_interval,
+                ATTR_LAST_ENTER: comm.last_enter_ns,
+                ATTR_INFLIGHT_SEQ: comm.inflight_seq,
+                ATTR_INFLIGHT_OP: comm.inflight_op,
+                ATTR_INFLIGHT_SINCE: comm.inflight_since_ns,
+                ATTR_WAIT_NS: comm.wait_ns,
+                ATTR_DROPPED: comm.dropped + len(comm.calls) - len(calls),
+            }
+            if calls:
+                attrs[ATTR_SEQS] = [c.seq for c in calls]
+                attrs[ATTR_ENTERED] = [c.entered_ns for c in calls]
+                attrs[ATTR_RETURNED] = [c.returned_ns or 0 for c in calls]
+                attrs[ATTR_OPS] = [c.op for c in calls]
+                attrs[ATTR_BYTES] = [c.bytes for c in calls]
+            add_attributes(point.attributes, attrs)
+    if clock is not None:
+        metric = sm.metrics.add()
+        metric.name = CLOCK_OFFSET_METRIC
+        metric.unit = "s"
+        point = metric.gauge.data_points.add()
+        point.time_unix_nano = time_unix_nano
+        point.as_double = clock.offset_s
+        add_attributes(point.attributes, {ATTR_CLOCK_UNCERTAINTY: clock.uncertainty_s})
+
+
+def is_collectives_metric(name: str) -> bool:
+    return name in (COMM_METRIC, CLOCK_OFFSET_METRIC)
+
+
+def decode_collectives_metric(metric: Metric, out: CollectivesDecode) -> None:
+    """One ``ingero.nccl.comm`` or ``ingero.node.clock.offset`` metric into ``out``; a point
+    that is not sane is left out with a one-line reason in ``out.errors``."""
+    if metric.WhichOneof("data") != "gauge":
+        out.errors.append(f"{metric.name} must be a gauge")
+        return
+    for point in metric.gauge.data_points:
+        attrs = attributes_dict(point.attributes)
+        kind = point.WhichOneof("value")
+        value: float = float(point.as_int) if kind == "as_int" else point.as_double
+        try:
+            if metric.name == CLOCK_OFFSET_METRIC:
+                out.clock = _clock(value, attrs)
+            elif len(out.comms) >= MAX_COMMS:
+                raise ValueError(f"more than {MAX_COMMS} communicators in one push")
+            else:
+                out.comms.append(_comm(value, attrs))
+        except ValueError as exc:
+            out.errors.append(f"{metric.name}: {exc}")
+
+
+def _clock(value: float, attrs: dict[str, Any]) -> ClockOffset:
+    uncertainty = attrs.get(ATTR_CLOCK_UNCERTAINTY)
+    if not math.isfinite(value):
+        raise ValueError(f"offset {value!r} is not finite")
+    if (
+        isinstance(uncertainty, bool)
+        or not isinstance(uncertainty, int | float)
+        or not math.isfinite(uncertainty)
+        or uncertainty < 0
+    ):
+        raise ValueError(f"{ATTR_CLOCK_UNCERTAINTY} {uncertainty!r} is not a number >= 0")
+    return ClockOffset(float(value), float(uncertainty))
+
+
+def _count(attrs: dict[str, Any], name: str, default: int | None = 0) -> int | None:
+    value = attrs.get(name)
+    if value is None:
+        return default
+    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+        raise ValueError(f"{name} {value!r} is not a count")
+    return value
+
+
+def _ints(attrs: dict[str, Any], name: str, n: int) -> list[int]:
+    value = attrs.get(name, [])
+    if not isinstance(value, list) or len(value) != n:
+        raise ValueError(f"{name} must be a list of {n} integers")
+    for item in value:
+        if isinstance(item, bool) or not isinstance(item, int) or item < 0:
+            raise ValueError(f"{name} holds {item!r}, not an integer >= 0")
+    return value
+
+
+def _op(value: object, name: str) -> str:
+    if not isinstance(value, str) or not 0 < len(value) <= MAX_OP_CHARS:
+        raise ValueError(f"{name} {value!r} is not an op name")
+    return value
+
+
+def _comm(value: float, attrs: dict[str, Any]) -> CommReport:
+    comm_hash = attrs.get(ATTR_COMM_HASH)
+    if not isinstance(comm_hash, str) or not _HASH.fullmatch(comm_hash):
+        raise ValueError(f"{ATTR_COMM_HASH} {comm_hash!r} is not 16 lowercase hex digits")
+    if not (math.isfinite(value) and value >= 0 and value.is_integer()):
+        raise ValueError(f"communicator {comm_hash}: sequence {value!r} is not a count")
+    rank, nranks = _count(attrs, ATTR_COMM_RANK, None), _count(attrs, ATTR_NRANKS, None)
+    if rank is None or nranks is None or not rank < nranks <= MAX_NRANKS:
+        raise ValueError(f"communicator {comm_hash}: rank {rank!r} of {nranks!r} is not sane")
+    seqs = attrs.get(ATTR_SEQS, [])
+    n = len(seqs) if isinstance(seqs, list) else -1
+    if not 0 <= n <= MAX_CALLS:
+        raise ValueError(f"communicator {comm_hash}: {ATTR_SEQS} is not a list of <= {MAX_CALLS}")
+    seqs = _ints(attrs, ATTR_SEQS, n)
+    if any(b <= a for a, b in itertools.pairwise(seqs)):
+        raise ValueError(f"communicator {comm_hash}: {ATTR_SEQS} is not increasing")
+    entered = _ints(attrs, ATTR_ENTERED, n)
+    returned = _ints(attrs, ATTR_RETURNED, n)
+    sizes = _ints(attrs, ATTR_BYTES, n)
+    ops = attrs.get(ATTR_OPS, [])
+    if not isinstance(ops, list) or len(ops) != n:
+        raise ValueError(f"communicator {comm_hash}: {ATTR_OPS} must be a list of {n} names")
+    calls = tuple(
+        CollectiveCall(s, _op(o, ATTR_OPS), e, r or None, b)
+        for s, o, e, r, b in zip(seqs, ops, entered, returned, sizes, strict=True)
+    )
+    inflight_op = attrs.get(ATTR_INFLIGHT_OP)
+    return CommReport(
+        comm_hash=comm_hash,
+        comm_rank=rank,
+        nranks=nranks,
+        entered_seq=int(value),
+        returned_seq=_count(attrs, ATTR_RETURNED_SEQ) or 0,
+        calls_in_interval=_count(attrs, ATTR_CALLS) or 0,
+        last_enter_ns=_count(attrs, ATTR_LAST_ENTER, None),
+        inflight_seq=_count(attrs, ATTR_INFLIGHT_SEQ, None),
+        inflight_op=None if inflight_op is None else _op(inflight_op, ATTR_INFLIGHT_OP),
+        inflight_since_ns=_count(attrs, ATTR_INFLIGHT_SINCE, None),
+        wait_ns=_count(attrs, ATTR_WAIT_NS) or 0,
+        dropped=_count(attrs, ATTR_DROPPED) or 0,
+        calls=calls,
+    )

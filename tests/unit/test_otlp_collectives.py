@@ -1,0 +1,162 @@
+"""The NCCL collective report in the health push: round trips, bounds, refusals, sampling."""
+
+from __future__ import annotations
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from ingero.otlp import collectives as c
+from ingero.otlp.health import NodePush, decode_health, encode_health
+
+T0 = 1_700_000_000_000_000_000
+
+
+def call(seq: int, late: int = 0, returned: bool = True) -> c.CollectiveCall:
+    entered = T0 + seq * 10_000_000 + late
+    return c.CollectiveCall(
+        seq, "ncclAllReduce", entered, entered + 1_000_000 if returned else None, 4096
+    )
+
+
+def comm(calls: tuple[c.CollectiveCall, ...] = (), **kw: object) -> c.CommReport:
+    base: dict[str, object] = {
+        "comm_hash": "0123456789abcdef",
+        "comm_rank": 3,
+        "nranks": 8,
+        "entered_seq": calls[-1].seq if calls else 0,
+        "returned_seq": calls[-1].seq if calls else 0,
+        "calls_in_interval": len(calls),
+        "calls": calls,
+    }
+    base.update(kw)
+    return c.CommReport(**base)  # type: ignore[arg-type]
+
+
+def round_trip(push: NodePush) -> NodePush:
+    decoded = decode_health(encode_health(push, T0), details=False, rates=True)
+    assert decoded.rejected == 0, decoded.messages
+    (out,) = decoded.pushes
+    return out
+
+
+def test_a_push_without_collectives_decodes_as_before() -> None:
+    out = round_trip(NodePush("n1", "c1", 0.9))
+    assert out.collectives == () and out.clock is None
+
+
+@pytest.mark.parametrize(
+    "report",
+    [
+        comm(),
+        comm(tuple(call(s) for s in range(1, 11))),
+        comm(
+            (call(1), call(2), call(3, returned=False)),
+            returned_seq=2,
+            inflight_seq=3,
+            inflight_op="ncclAllReduce",
+            inflight_since_ns=T0 + 30_000_000,
+            last_enter_ns=T0 + 30_000_000,
+            wait_ns=123_456,
+            dropped=7,
+        ),
+    ],
+)
+def test_every_field_of_a_communicator_comes_back(report: c.CommReport) -> None:
+    clock = c.ClockOffset(-0.0123, 0.0004)
+    out = round_trip(NodePush("n1", "c1", 0.9, job_id="7", collectives=(report,), clock=clock))
+    assert out.collectives == (report,)
+    assert out.clock == clock
+
+
+def test_a_push_is_bounded_whatever_the_rate() -> None:
+    calls = tuple(call(s) for s in range(1, 5001))
+    many = tuple(comm(calls, comm_hash=f"{i:016x}") for i in range(40))
+    out = round_trip(NodePush("n1", "c1", 0.9, collectives=many))
+    assert len(out.collectives) == c.MAX_COMMS
+    for report in out.collectives:
+        assert len(report.calls) <= c.MAX_CALLS
+        assert report.calls[-1].seq == 5000  # the last one is always there
+        assert report.dropped == 5000 - len(report.calls)
+
+
+def test_sampled_seqs_of_ranks_with_different_counts_share_a_stride() -> None:
+    a = c.sample_calls([call(s) for s in range(1, 1001)])
+    b = c.sample_calls([call(s) for s in range(1, 1041)])
+    common = {x.seq for x in a} & {x.seq for x in b}
+    assert len(common) >= c.MAX_CALLS // 2 - 1
+
+
+@pytest.mark.parametrize(
+    ("attrs", "why"),
+    [
+        ({c.ATTR_COMM_HASH: "XYZ"}, "hex"),
+        ({c.ATTR_COMM_RANK: 8}, "rank"),
+        ({c.ATTR_NRANKS: -1}, "count"),
+        ({c.ATTR_SEQS: [2, 1]}, "increasing"),
+        ({c.ATTR_ENTERED: [1]}, "list of 2"),
+        ({c.ATTR_OPS: ["x" * 100, "y"]}, "op name"),
+        ({c.ATTR_INFLIGHT_SEQ: "3"}, "count"),
+        ({c.ATTR_BYTES: [1, True]}, "integer"),
+    ],
+)
+def test_a_bad_communicator_is_refused_with_a_reason_and_the_score_kept(
+    attrs: dict[str, object], why: str
+) -> None:
+    request = encode_health(NodePush("n1", "c1", 0.9, collectives=(comm((call(1), call(2))),)), T0)
+    point = next(
+        m for m in request.resource_metrics[0].scope_metrics[0].metrics if m.name == c.COMM_METRIC
+    ).gauge.data_points[0]
+    keep = [kv for kv in point.attributes if kv.key not in attrs]
+    del point.attributes[:]
+    point.attributes.extend(keep)
+    from ingero.otlp.values import add_attributes
+
+    add_attributes(point.attributes, attrs)
+    decoded = decode_health(request)
+    assert decoded.rejected == 1 and why in decoded.error_message
+    (push,) = decoded.pushes
+    assert push.score == 0.9 and push.collectives == ()
+
+
+def test_a_bad_clock_offset_is_refused() -> None:
+    request = encode_health(NodePush("n1", "c1", 0.9, clock=c.ClockOffset(0.1, 0.01)), T0)
+    metric = request.resource_metrics[0].scope_metrics[0].metrics[-1]
+    del metric.gauge.data_points[0].attributes[:]
+    decoded = decode_health(request)
+    assert decoded.rejected == 1 and c.ATTR_CLOCK_UNCERTAINTY in decoded.error_message
+    assert decoded.pushes[0].clock is None
+
+
+_calls = st.lists(st.integers(1, 10_000), max_size=200, unique=True).map(
+    lambda seqs: tuple(call(s) for s in sorted(seqs))
+)
+
+
+@settings(max_examples=60, deadline=None)
+@given(_calls, st.integers(1, 100))
+def test_sample_calls_is_bounded_ordered_and_keeps_the_last(
+    calls: tuple[c.CollectiveCall, ...], limit: int
+) -> None:
+    picked = c.sample_calls(calls, limit)
+    assert len(picked) <= limit
+    assert [p.seq for p in picked] == sorted({p.seq for p in picked})
+    if calls:
+        assert picked[-1] == calls[-1]
+
+
+@settings(max_examples=80, deadline=None)
+@given(st.binary(max_size=400))
+def test_decoding_any_bytes_as_a_push_never_raises_past_its_errors(data: bytes) -> None:
+    from opentelemetry.proto.collector.metrics.v1.metrics_service_pb2 import (
+        ExportMetricsServiceRequest,
+    )
+
+    base = encode_health(NodePush("n1", "c1", 0.9, collectives=(comm((call(1),)),)), T0)
+    raw = base.SerializeToString()
+    request = ExportMetricsServiceRequest()
+    try:
+        request.ParseFromString(raw[: len(data) % (len(raw) + 1)] + data)
+    except Exception:  # not a protobuf: the receiver refuses it earlier
+        return
+    decode_health(request)
