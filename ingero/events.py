@@ -77,7 +77,8 @@ class Event:
     def __post_init__(self) -> None:
         if self.type not in EVENT_TYPES:
             raise ValueError(f"unknown event type {self.type!r}")
-        if not self.node_id and self.type != "group_degraded":
+        # A group's state, and a hang where every rank entered the collective, name no node.
+        if not self.node_id and self.type not in ("group_degraded", "collective_hang"):
             raise ValueError("an event needs a node_id")
 
     def to_dict(self) -> dict[str, Any]:

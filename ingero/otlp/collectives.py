@@ -6,8 +6,8 @@ across hosts (who entered collective #N last, who never entered it).
 Wire form (additive to the health push, docs/design.md "Contracts"): in the same
 ``ExportMetricsServiceRequest`` resource as the node's score,
 
-- gauge ``ingero.nccl.comm`` (unit ``{collective}``): one point per communicator the node
-  has a rank in; its value is the last collective sequence number the rank entered; its
+- gauge ``ingero.nccl.comm`` (unit ``{collective}``): one point per (communicator, rank)
+  the node holds; its value is the last collective sequence number the rank entered; its
   attributes (``ATTR_*`` below) carry the communicator hash, the rank, what is in flight and
   the sampled calls as parallel arrays (``ingero.nccl.seqs``, ``…entered``, ``…returned``,
   ``…ops``, ``…bytes``); times are the node's own Unix nanoseconds;
@@ -15,7 +15,7 @@ Wire form (additive to the health push, docs/design.md "Contracts"): in the same
   read Fleet's, attribute ``ingero.clock.uncertainty`` (s, half the round trip it came from).
 
 Sizes are bounded whatever the collective rate: at most :data:`MAX_COMMS` communicators per
-push and :data:`MAX_CALLS` calls per communicator, picked by :func:`sample_calls` so that
+push, :data:`MAX_CALLS` calls per communicator and :data:`MAX_CALLS_PER_PUSH` in all, picked by :func:`sample_calls` so that
 ranks with slightly different rates still send the same sequence numbers.
 """
 
@@ -53,9 +53,11 @@ ATTR_OPS = "ingero.nccl.ops"
 ATTR_BYTES = "ingero.nccl.bytes"
 ATTR_CLOCK_UNCERTAINTY = "ingero.clock.uncertainty"
 
-# Bounds of one push, whatever the node's collective rate (docs/design.md).
-MAX_COMMS = 16
+# Bounds of one push, whatever the node's collective rate (docs/design.md). A point is one
+# (communicator, rank): a node with 8 GPUs holds 8 ranks of its job's communicator.
+MAX_COMMS = 64
 MAX_CALLS = 64
+MAX_CALLS_PER_PUSH = 1024
 MAX_OP_CHARS = 64
 MAX_NRANKS = 1 << 20
 
@@ -142,12 +144,17 @@ def encode_collectives(
 ) -> None:
     """Append the node's communicators and clock offset to its health push's scope."""
     reports = list(comms)[:MAX_COMMS]
+    # Fewer calls each when many ranks share the push; a power of two, so the strides that
+    # sample_calls picks still nest with those of a node holding fewer ranks.
+    per_comm = MAX_CALLS
+    while reports and per_comm * len(reports) > MAX_CALLS_PER_PUSH:
+        per_comm //= 2
     if reports:
         metric = sm.metrics.add()
         metric.name = COMM_METRIC
         metric.unit = "{collective}"
         for comm in reports:
-            calls = sample_calls(comm.calls)
+            calls = sample_calls(comm.calls, per_comm)
             point = metric.gauge.data_points.add()
             point.time_unix_nano = time_unix_nano
             point.as_int = comm.entered_seq

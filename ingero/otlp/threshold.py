@@ -209,6 +209,12 @@ class ThresholdView:
     server_time: float | None = field(
         default=None, metadata=_wire(NUMBER, "ingero-server-time", optional=True)
     )
+    # Added (issue 14), per node: the entry lag (s, median over the recent collectives) of
+    # the node's NCCL rank that Fleet finds consistently late behind its peers; absent while
+    # none is. fleet-push counts it as a straggler signal (``peer_lag``).
+    peer_lag: float | None = field(
+        default=None, metadata=_wire(NUMBER, "ingero-peer-lag", optional=True)
+    )
 
 
 def _header_name(key: str) -> str:

@@ -71,9 +71,10 @@ def test_every_field_of_a_communicator_comes_back(report: c.CommReport) -> None:
 
 def test_a_push_is_bounded_whatever_the_rate() -> None:
     calls = tuple(call(s) for s in range(1, 5001))
-    many = tuple(comm(calls, comm_hash=f"{i:016x}") for i in range(40))
+    many = tuple(comm(calls, comm_hash=f"{i:016x}") for i in range(100))
     out = round_trip(NodePush("n1", "c1", 0.9, collectives=many))
     assert len(out.collectives) == c.MAX_COMMS
+    assert sum(len(r.calls) for r in out.collectives) <= c.MAX_CALLS_PER_PUSH
     for report in out.collectives:
         assert len(report.calls) <= c.MAX_CALLS
         assert report.calls[-1].seq == 5000  # the last one is always there

@@ -168,6 +168,7 @@ def test_the_api_json_has_the_documented_keys_in_order() -> None:
         "rate_ratios",
         "episode_id",
         "server_time",
+        "peer_lag",
     ]
     assert encode_json(VIEWS[1][1])["threshold"] is None
     assert encode_json(VIEWS[1][1])["peer_rates"] is None
