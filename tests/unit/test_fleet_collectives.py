@@ -10,9 +10,12 @@ import pytest
 from ingero.clock import ManualClock
 from ingero.events import Event
 from ingero.fleet.collectives import CollectiveJoin, NcclTick
-from ingero.fleet.config import NcclConfig
+from ingero.fleet.config import FleetConfig, NcclConfig, QuorumConfig, ThresholdConfig
+from ingero.fleet.model import TickResult
+from ingero.fleet.state import FleetState
 from ingero.otlp.collectives import ClockOffset, CollectiveCall, CommReport, sample_calls
 from ingero.otlp.health import NodePush
+from ingero.otlp.threshold import ThresholdView
 
 HASH = "9f1c2e3d4a5b6c7d"
 INTERVAL = 1.0  # push interval and tick (s)
@@ -42,6 +45,11 @@ class Sim:
     events: list[Event] = field(default_factory=list)
     ticks: int = 0
     block_at: int | None = None  # every rank that gets there stays inside this seq
+    # Through a FleetState (its ingest and tick) instead of the bare join.
+    state: FleetState | None = None
+    score: dict[str, float] = field(default_factory=dict)
+    replies: dict[str, ThresholdView] = field(default_factory=dict)
+    tick: TickResult | None = None
 
     def __post_init__(self) -> None:
         self.join = CollectiveJoin(self.config, TTL)
@@ -97,20 +105,25 @@ class Sim:
             clock = (
                 None if node in self.unreported else ClockOffset(self.skew.get(node, 0.0), 0.001)
             )
-            self.join.ingest(
-                NodePush(
-                    node_id=node,
-                    cluster_id="c1",
-                    score=0.9,
-                    job_id="1234",
-                    rank=int(node[1:]) if node[1:].isdigit() else None,
-                    collectives=tuple(reports),
-                    clock=clock,
-                ),
-                self.clock.monotonic(),
+            push = NodePush(
+                node_id=node,
+                cluster_id="c1",
+                score=self.score.get(node, 0.9),
+                job_id="1234",
+                rank=int(node[1:]) if node[1:].isdigit() else None,
+                collectives=tuple(reports),
+                clock=clock,
             )
-        result = self.join.tick(self.clock.now(), self.clock.monotonic())
+            if self.state is not None:
+                self.replies[node] = self.state.ingest(push)
+            else:
+                self.join.ingest(push, self.clock.monotonic())
         self.ticks += 1
+        if self.state is not None:
+            self.tick = self.state.tick()
+            self.events.extend(self.tick.events)
+            return NcclTick((), {}, {}, self.tick.nccl_comms, self.tick.hung_comms, 0, 0)
+        result = self.join.tick(self.clock.now(), self.clock.monotonic())
         self.events.extend(result.events)
         return result
 
@@ -398,3 +411,56 @@ def test_clock_offsets_are_kept_per_node() -> None:
     sim.interval()
     offsets = {node: off for _, node, off, _ in sim.join.clock_offsets()}  # type: ignore[union-attr]
     assert offsets == {"n0": 0.0, "n1": 0.5, "n2": 0.0}
+
+
+# ---- through FleetState: replies, the straggler view, the drain rules' inputs ----------
+
+
+def state_sim(nodes: int, statistical_min: int = 5, **kw: object) -> Sim:
+    clock = ManualClock()
+    config = FleetConfig(
+        threshold=ThresholdConfig(ema_alpha=1.0),
+        quorum=QuorumConfig(statistical_min=statistical_min),
+        push_interval=INTERVAL,  # type: ignore[arg-type]
+        ttl_multiplier=TTL / INTERVAL,
+    )
+    return Sim(nodes, one_per_node(nodes), clock=clock, state=FleetState(config, clock), **kw)  # type: ignore[arg-type]
+
+
+def test_peer_lag_makes_a_fleet_straggler_and_reaches_the_replies() -> None:
+    sim = state_sim(8, delay={5: 0.2})
+    for _ in range(4):
+        sim.interval()
+    (lag,) = sim.of("peer_lag")
+    assert lag.node_id == "n5" and lag.rank == 5
+    # The reply to n5's next push and the API's view of n5 carry its lag; others' do not.
+    assert sim.replies["n5"].peer_lag == pytest.approx(0.2, rel=0.2)
+    assert sim.replies["n4"].peer_lag is None
+    assert sim.state is not None
+    api = sim.state.threshold_view("c1", "1234", node_id="n5")
+    assert api is not None and api.peer_lag == pytest.approx(0.2, rel=0.2)
+    # Fleet's own straggler view counts it (its score is as good as its peers').
+    (started,) = [e for e in sim.events if e.type == "straggler_state"]
+    assert started.node_id == "n5" and started.extra["reason"] == "peer_lag"
+    assert sim.tick is not None
+    (verdict,) = sim.tick.verdicts
+    assert verdict.node_id == "n5" and verdict.quorum_met and not verdict.panic
+    assert verdict.consecutive_straggler_ticks >= 1
+    # Recovers: the lag episode ends, and with it the straggler episode.
+    sim.delay = {}
+    for _ in range(3):
+        sim.interval()
+    (resolved,) = [e for e in sim.events if e.type == "straggler_resolved"]
+    assert resolved.event_id == started.event_id and resolved.extra["reason"] == "recovered"
+    assert sim.tick.verdicts == ()
+
+
+def test_peer_lag_without_group_quorum_is_an_event_not_a_straggler() -> None:
+    """Three nodes are a communicator Fleet can judge, not a group with a threshold: the
+    drain rules' no_quorum holds for a peer_lag straggler as for a score."""
+    sim = state_sim(3, statistical_min=5, delay={2: 0.2})
+    for _ in range(4):
+        sim.interval()
+    assert [e.node_id for e in sim.of("peer_lag")] == ["n2"]
+    assert [e for e in sim.events if e.type == "straggler_state"] == []
+    assert sim.tick is not None and sim.tick.verdicts == ()
