@@ -564,6 +564,7 @@ def _hang_end(comm: _Comm, hang: _Hang, now: float, reason: str) -> Event:
             "seq": hang.seq,
             "op": hang.op,
             "missing_ranks": _named(hang.missing),
+            "missing_nodes": _named(missing_nodes),
             "reason": reason,
             "since": hang.since,
             "duration_s": now - hang.since,

@@ -354,6 +354,7 @@ def test_collective_hang(case: HangCase) -> None:
     sim.interval()
     (end,) = sim.of("collective_hang", "end")
     assert end.event_id == hang.event_id and end.extra["reason"] == "moved_on"
+    assert end.extra["missing_nodes"] == hang.extra["missing_nodes"]
 
 
 def test_no_hang_below_the_bound() -> None:

@@ -208,3 +208,4 @@ def test_late_rank_and_hung_collective(fleet: Fleet) -> None:
     end = lines(fleet, "collective_hang")[1]
     event_id = re.search(r"event_id=(\S+)", hang).group(1)  # type: ignore[union-attr]
     assert " end " in end and f"event_id={event_id}" in end and "(moved_on)" in end
+    assert 'missing_nodes=["n4"]' in end
