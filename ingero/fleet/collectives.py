@@ -35,6 +35,7 @@ communicator with no rank left is dropped (its open episodes end with ``reason: 
 
 from __future__ import annotations
 
+import bisect
 import math
 import threading
 from collections import Counter, deque
@@ -295,12 +296,14 @@ class CollectiveJoin:
     def _join(self, comm: _Comm) -> int:
         """Join every collective that is ready (module docstring); returns how many."""
         need = _required(comm.nranks, self._cfg.join_fraction)
+        entered = sorted(st.report.entered_seq for st in comm.ranks.values())
         ready: list[int] = []
         for seq in sorted(comm.pending):
             entries = comm.pending[seq]
             if len(entries) < need:
                 continue
-            waiting = any(
+            # Only ranks that have not passed seq may still report it: usually none.
+            waiting = bisect.bisect_left(entered, seq) > 0 and any(
                 rank not in entries and st.report.entered_seq < seq
                 for rank, st in comm.ranks.items()
             )
@@ -310,34 +313,54 @@ class CollectiveJoin:
         if not ready:
             return 0
         top = ready[-1]
+        joined = set(ready)
+        batch: list[tuple[int, dict[int, tuple[float, int, str]]]] = []
         # Everything at or below the newest joined collective is settled: joined now, or
         # never to reach quorum (ranks that sample other sequence numbers).
-        for seq in [s for s in comm.pending if s <= top]:
+        for seq in sorted(s for s in comm.pending if s <= top):
             entries = comm.pending.pop(seq)
             comm.quorum_tick.pop(seq, None)
-            if seq in ready:
-                comm.rows.append(self._row(seq, entries))
+            if seq in joined:
+                batch.append((seq, entries))
+        comm.rows.extend(self._rows(batch))
         comm.joined_seq = top
         comm.joined_total += len(ready)
         return len(ready)
 
-    def _row(self, seq: int, entries: dict[int, tuple[float, int, str]]) -> _Row:
-        ranks = np.fromiter(entries, dtype=np.int64, count=len(entries))
-        entered = np.fromiter((e[0] for e in entries.values()), dtype=np.float64, count=len(ranks))
-        lag = entered - float(np.median(entered))
-        mad = float(np.median(np.abs(lag)))  # the lags' median is 0 by construction
-        bar = max(self._cfg.k * MAD_SCALE * mad, float(self._cfg.min_lag) * 1e9)
-        sizes = sorted(e[1] for e in entries.values())
-        ops = Counter(e[2] for e in entries.values())
-        return _Row(
-            seq=seq,
-            op=ops.most_common(1)[0][0],
-            bytes=sizes[len(sizes) // 2],
-            ranks=ranks,
-            lag_ns=lag,
-            late=lag > bar,
-            last_rank=int(ranks[int(np.argmax(entered))]),
-        )
+    def _rows(self, batch: list[tuple[int, dict[int, tuple[float, int, str]]]]) -> list[_Row]:
+        """The joined collectives of one tick, computed as one matrix (collective x rank,
+        NaN where a rank did not report it): medians, lags, MADs and the last rank."""
+        if not batch:
+            return []
+        ranks = np.unique(np.fromiter((r for _, e in batch for r in e), dtype=np.int64))
+        column = {int(r): i for i, r in enumerate(ranks.tolist())}
+        entry = np.full((len(batch), ranks.size), np.nan)
+        for row, (_, entries) in enumerate(batch):
+            for rank, (at, _size, _op) in entries.items():
+                entry[row, column[rank]] = at
+        present = ~np.isnan(entry)
+        median = _row_median(entry)
+        lag = entry - median[:, None]
+        mad = _row_median(np.abs(lag))  # the lags' median is 0 by construction
+        bar = np.maximum(self._cfg.k * MAD_SCALE * mad, float(self._cfg.min_lag) * 1e9)
+        late = np.where(present, lag, -np.inf) > bar[:, None]
+        last = ranks[np.argmax(np.where(present, entry, -np.inf), axis=1)].tolist()
+        rows = []
+        for row, (seq, entries) in enumerate(batch):
+            mine = present[row]
+            sizes = sorted(e[1] for e in entries.values())
+            rows.append(
+                _Row(
+                    seq=seq,
+                    op=Counter(e[2] for e in entries.values()).most_common(1)[0][0],
+                    bytes=sizes[len(sizes) // 2],
+                    ranks=ranks[mine],
+                    lag_ns=lag[row, mine],
+                    late=late[row, mine],
+                    last_rank=last[row],
+                )
+            )
+        return rows
 
     def _judge_lag(self, comm: _Comm, now: float) -> list[Event]:
         events: list[Event] = []
@@ -421,33 +444,54 @@ def _rank_lags(comm: _Comm, cfg: NcclConfig) -> list[RankLag]:
     rows = list(comm.rows)
     if not rows:
         return []
-    ranks = np.concatenate([r.ranks for r in rows])
-    lags = np.concatenate([r.lag_ns for r in rows])
-    late = np.concatenate([r.late for r in rows])
-    order = np.argsort(ranks, kind="stable")
-    ranks, lags, late = ranks[order], lags[order], late[order]
-    uniq, starts, counts = np.unique(ranks, return_index=True, return_counts=True)
-    lates = np.add.reduceat(late.astype(np.int64), starts)
+    ranks = np.unique(np.concatenate([r.ranks for r in rows]))
+    lag = np.full((len(rows), ranks.size), np.nan)
+    late = np.zeros(ranks.size, dtype=np.int64)
+    for i, row in enumerate(rows):
+        cols = np.searchsorted(ranks, row.ranks)
+        lag[i, cols] = row.lag_ns
+        late[cols] += row.late
+    counts = (~np.isnan(lag)).sum(axis=0)
+    ordered = np.sort(lag, axis=0)  # NaN sort last
+    p50, p95 = _column_quantile(ordered, counts, 0.5), _column_quantile(ordered, counts, 0.95)
     last = Counter(r.last_rank for r in rows)
     out: list[RankLag] = []
-    for rank, start, n, n_late in zip(
-        uniq.tolist(), starts.tolist(), counts.tolist(), lates.tolist(), strict=True
-    ):
+    for i, rank in enumerate(ranks.tolist()):
         st = comm.ranks.get(rank)
-        mine = lags[start : start + n]
-        p50, p95 = np.percentile(mine, (50, 95)).tolist()
         out.append(
             RankLag(
                 comm_rank=rank,
                 node_id=st.node_id if st else "",
-                collectives=n,
-                late=n_late,
+                collectives=int(counts[i]),
+                late=int(late[i]),
                 last_count=last.get(rank, 0),
-                lag_p50_s=p50 / 1e9,
-                lag_p95_s=p95 / 1e9,
+                lag_p50_s=float(p50[i]) / 1e9,
+                lag_p95_s=float(p95[i]) / 1e9,
             )
         )
     return out
+
+
+def _row_median(values: FloatArray) -> FloatArray:
+    """Each row's median over its non-NaN values (every row has one), as np.median."""
+    counts = (~np.isnan(values)).sum(axis=1)
+    ordered = np.sort(values, axis=1)  # NaN sort last
+    rows = np.arange(values.shape[0])
+    lo, hi = ordered[rows, (counts - 1) // 2], ordered[rows, counts // 2]
+    median: FloatArray = (lo + hi) / 2.0
+    return median
+
+
+def _column_quantile(ordered: FloatArray, counts: IntArray, q: float) -> FloatArray:
+    """The q-quantile of each column of NaN-last sorted values with ``counts`` values each,
+    interpolated linearly between neighbours as np.percentile does by default."""
+    pos = q * (np.maximum(counts, 1) - 1)
+    lo = np.floor(pos).astype(np.int64)
+    hi = np.ceil(pos).astype(np.int64)
+    cols = np.arange(ordered.shape[1])
+    a, b = ordered[lo, cols], ordered[hi, cols]
+    value: FloatArray = a + (b - a) * (pos - lo)
+    return value
 
 
 def _window_op_bytes(comm: _Comm) -> tuple[str, int]:
