@@ -3,12 +3,14 @@ driven by ManualClock; the pushes are built as a node's tracer would report them
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass, field
+from pathlib import Path
 
 import pytest
 
 from ingero.clock import ManualClock
-from ingero.events import Event
+from ingero.events import MESSAGE_IDS, Event
 from ingero.fleet.collectives import CollectiveJoin, NcclTick
 from ingero.fleet.config import FleetConfig, NcclConfig, QuorumConfig, ThresholdConfig
 from ingero.fleet.model import TickResult
@@ -17,6 +19,7 @@ from ingero.otlp.collectives import ClockOffset, CollectiveCall, CommReport, sam
 from ingero.otlp.health import NodePush
 from ingero.otlp.threshold import ThresholdView
 
+ROOT = Path(__file__).resolve().parents[2]
 HASH = "9f1c2e3d4a5b6c7d"
 INTERVAL = 1.0  # push interval and tick (s)
 PERIOD = 0.05  # one collective every 50 ms: 20 per interval
@@ -465,3 +468,22 @@ def test_peer_lag_without_group_quorum_is_an_event_not_a_straggler() -> None:
     assert [e.node_id for e in sim.of("peer_lag")] == ["n2"]
     assert [e for e in sim.events if e.type == "straggler_state"] == []
     assert sim.tick is not None and sim.tick.verdicts == ()
+
+
+def test_events_carry_the_fields_their_journald_catalog_entries_name() -> None:
+    catalog = (ROOT / "systemd" / "catalog" / "ingero.catalog").read_text()
+    sim = Sim(8, one_per_node(8), delay={2: 0.2}, config=NcclConfig(hang_after=2.0))
+    for _ in range(3):
+        sim.interval()
+    sim.block_at, sim.stop_before = sim.seq + 5, {4: sim.seq + 5}
+    while not sim.of("collective_hang"):
+        sim.interval()
+    sim.block_at, sim.stop_before, sim.delay = None, {}, {}
+    for _ in range(3):
+        sim.interval()
+    for kind in ("peer_lag", "collective_hang"):
+        (start,), (end,) = sim.of(kind), sim.of(kind, "end")
+        entry = catalog.split(f"-- {MESSAGE_IDS[kind]}\n", 1)[1].split("\n-- ", 1)[0]
+        named = set(re.findall(r"\b(INGERO_[A-Z0-9_]+)\b", entry))
+        assert len(named) > 3, kind
+        assert named <= start.journal_fields().keys() | end.journal_fields().keys(), kind
