@@ -83,6 +83,7 @@ class _Row:
     bytes: int
     ranks: IntArray
     lag_ns: FloatArray
+    wait_ns: FloatArray  # the barrier wait: the last entry - the rank's own
     late: BoolArray
     last_rank: int
 
@@ -134,6 +135,7 @@ class RankLag:
     last_count: int
     lag_p50_s: float
     lag_p95_s: float
+    wait_p50_s: float = 0.0  # its median barrier wait: how long it waits for the last rank
 
 
 @dataclass(frozen=True)
@@ -344,6 +346,8 @@ class CollectiveJoin:
         mad = _row_median(np.abs(lag))  # the lags' median is 0 by construction
         bar = np.maximum(self._cfg.k * MAD_SCALE * mad, float(self._cfg.min_lag) * 1e9)
         late = np.where(present, lag, -np.inf) > bar[:, None]
+        last_entry = np.max(np.where(present, entry, -np.inf), axis=1)
+        wait = last_entry[:, None] - entry
         last = ranks[np.argmax(np.where(present, entry, -np.inf), axis=1)].tolist()
         rows = []
         for row, (seq, entries) in enumerate(batch):
@@ -356,6 +360,7 @@ class CollectiveJoin:
                     bytes=sizes[len(sizes) // 2],
                     ranks=ranks[mine],
                     lag_ns=lag[row, mine],
+                    wait_ns=wait[row, mine],
                     late=late[row, mine],
                     last_rank=last[row],
                 )
@@ -374,7 +379,9 @@ class CollectiveJoin:
                 episode = _LagEpisode(new_event_id(), now, st.node_id, st.slurm_rank, 0.0)
                 comm.lagging[rank] = episode
                 episode.lag_s = fig.lag_p50_s
-                events.append(_lag_event(comm, rank, fig, episode, now, "start", None, st))
+                others = [f.wait_p50_s for r, f in figures.items() if r != rank]
+                wait = sorted(others)[len(others) // 2] if others else 0.0
+                events.append(_lag_event(comm, rank, fig, episode, now, "start", None, st, wait))
             elif episode is not None:
                 episode.lag_s = fig.lag_p50_s
                 if fig.late < enter_at / 2:
@@ -446,14 +453,17 @@ def _rank_lags(comm: _Comm, cfg: NcclConfig) -> list[RankLag]:
         return []
     ranks = np.unique(np.concatenate([r.ranks for r in rows]))
     lag = np.full((len(rows), ranks.size), np.nan)
+    wait = np.full((len(rows), ranks.size), np.nan)
     late = np.zeros(ranks.size, dtype=np.int64)
     for i, row in enumerate(rows):
         cols = np.searchsorted(ranks, row.ranks)
         lag[i, cols] = row.lag_ns
+        wait[i, cols] = row.wait_ns
         late[cols] += row.late
     counts = (~np.isnan(lag)).sum(axis=0)
     ordered = np.sort(lag, axis=0)  # NaN sort last
     p50, p95 = _column_quantile(ordered, counts, 0.5), _column_quantile(ordered, counts, 0.95)
+    waits = _column_quantile(np.sort(wait, axis=0), counts, 0.5)
     last = Counter(r.last_rank for r in rows)
     out: list[RankLag] = []
     for i, rank in enumerate(ranks.tolist()):
@@ -467,6 +477,7 @@ def _rank_lags(comm: _Comm, cfg: NcclConfig) -> list[RankLag]:
                 last_count=last.get(rank, 0),
                 lag_p50_s=float(p50[i]) / 1e9,
                 lag_p95_s=float(p95[i]) / 1e9,
+                wait_p50_s=float(waits[i]) / 1e9,
             )
         )
     return out
@@ -512,9 +523,12 @@ def _lag_event(
     state: str,
     reason: str | None,
     st: _Rank | None,
+    peers_wait_s: float = 0.0,
 ) -> Event:
     op, size = _window_op_bytes(comm)
     extra: dict[str, object] = {
+        # How long the other ranks wait for this one at the barrier (median of theirs).
+        "peers_wait_p50_ms": round(peers_wait_s * 1e3, 3),
         "state": state,
         "group": comm.group,
         "comm_hash": comm.comm_hash,

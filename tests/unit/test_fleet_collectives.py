@@ -235,6 +235,10 @@ def test_peer_lag(case: LagCase) -> None:
         assert event.extra["op"] == "ncclAllReduce"
         assert event.extra["bytes"] == 4096
         assert event.extra["lag_p50_ms"] == pytest.approx(case.flagged[rank] * 1e3, rel=0.2)
+        if len(case.flagged) == 1:  # the others wait for it at the barrier
+            assert event.extra["peers_wait_p50_ms"] == pytest.approx(
+                case.flagged[rank] * 1e3, rel=0.2
+            )
         assert event.extra["collectives"] >= sim.config.window // 2
         assert event.extra["clock_offset_known"] == (case.node_of[rank] not in case.unreported)
         # The node's lag as push replies carry it.
