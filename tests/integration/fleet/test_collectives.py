@@ -21,6 +21,7 @@ from opentelemetry.proto.collector.metrics.v1.metrics_service_pb2 import (
 from ingero.otlp.collectives import ClockOffset, CollectiveCall, CommReport
 from ingero.otlp.health import NodePush
 from tests.integration.fleet.helpers import Fleet, health_request, start_fleet, wait_for
+from tests.integration.fleet.test_prometheus import promtool_check
 
 pytestmark = pytest.mark.integration
 
@@ -199,6 +200,10 @@ def test_late_rank_and_hung_collective(fleet: Fleet) -> None:
     job.next_tick()
     assert fleet.metric("ingero_fleet_nccl_hung_communicators") == 1
     assert fleet.metric("ingero_fleet_nccl_episodes_total", type="collective_hang") == 1
+    # promtool-clean with the NCCL and clock-offset series in it.
+    metrics = fleet.request(fleet.api, "GET", "/metrics").body
+    assert b"ingero_fleet_node_clock_offset_seconds{" in metrics
+    assert promtool_check(metrics) == ""
 
     # Rank 4 arrives, the job moves on: the hang ends with the same id.
     job.block_at = None
