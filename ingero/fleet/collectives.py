@@ -425,7 +425,7 @@ class CollectiveJoin:
             _op_of(comm, top),
         )
         comm.hang = _Hang(new_event_id(), top, op, now - inside_for, missing)
-        events.append(_hang_event(comm, comm.hang, inside, inside_for, now))
+        events.append(_hang_start(comm, comm.hang, inside, now))
         return events
 
 
@@ -570,41 +570,9 @@ def _named(values: list[int] | list[str]) -> list[int] | list[str]:
     return values[:MAX_NAMED]
 
 
-def _hang_event(
-    comm: _Comm, hang: _Hang, inside: dict[int, float], inside_for: float, now: float
-) -> Event:
-    missing_nodes = sorted({comm.ranks[r].node_id for r in hang.missing if r in comm.ranks})
-    inside_ranks = sorted(inside)
-    extra: dict[str, object] = {
-        "state": "start",
-        "group": comm.group,
-        "comm_hash": comm.comm_hash,
-        "nranks": comm.nranks,
-        "seq": hang.seq,
-        "op": hang.op,
-        "missing_ranks": _named(hang.missing),
-        "missing_count": len(hang.missing),
-        "missing_nodes": _named(missing_nodes),
-        "inside_ranks": _named(inside_ranks),
-        "inside_count": len(inside_ranks),
-        "inside_for_s": round(inside_for, 3),
-        "reason": "missing_ranks"
-        if hang.missing
-        else "all_ranks_inside: not a rank (network, NVLink or a GPU)",
-    }
-    return Event(
-        type="collective_hang",
-        node_id=missing_nodes[0] if missing_nodes else "",
-        cluster_id=comm.cluster_id,
-        timestamp=now,
-        event_id=hang.event_id,
-        job_id=comm.job_id,
-        detection_mode=DETECTION_MODE,
-        extra=extra,
-    )
-
-
-def _hang_end(comm: _Comm, hang: _Hang, now: float, reason: str) -> Event:
+def _hang_event(comm: _Comm, hang: _Hang, now: float, state: str, **more: object) -> Event:
+    """A ``collective_hang`` start or end: the communicator, the collective, the wavefront
+    (ranks and nodes that never entered it), and ``more`` of the state's own fields."""
     missing_nodes = sorted({comm.ranks[r].node_id for r in hang.missing if r in comm.ranks})
     return Event(
         type="collective_hang",
@@ -615,18 +583,39 @@ def _hang_end(comm: _Comm, hang: _Hang, now: float, reason: str) -> Event:
         job_id=comm.job_id,
         detection_mode=DETECTION_MODE,
         extra={
-            "state": "end",
+            "state": state,
             "group": comm.group,
             "comm_hash": comm.comm_hash,
             "nranks": comm.nranks,
             "seq": hang.seq,
             "op": hang.op,
             "missing_ranks": _named(hang.missing),
+            "missing_count": len(hang.missing),
             "missing_nodes": _named(missing_nodes),
-            "reason": reason,
-            "since": hang.since,
-            "duration_s": now - hang.since,
+            **more,
         },
+    )
+
+
+def _hang_start(comm: _Comm, hang: _Hang, inside: dict[int, float], now: float) -> Event:
+    inside_ranks = sorted(inside)
+    return _hang_event(
+        comm,
+        hang,
+        now,
+        "start",
+        inside_ranks=_named(inside_ranks),
+        inside_count=len(inside_ranks),
+        inside_for_s=round(now - hang.since, 3),
+        reason="missing_ranks"
+        if hang.missing
+        else "all_ranks_inside: not a rank (network, NVLink or a GPU)",
+    )
+
+
+def _hang_end(comm: _Comm, hang: _Hang, now: float, reason: str) -> Event:
+    return _hang_event(
+        comm, hang, now, "end", reason=reason, since=hang.since, duration_s=now - hang.since
     )
 
 
