@@ -114,6 +114,8 @@ class _Comm:
     comm_hash: str
     nranks: int
     ranks: dict[int, _Rank] = field(default_factory=dict)
+    # The tick's copy of ``ranks``, which it works on without the lock (ingest goes on).
+    view: dict[int, _Rank] = field(default_factory=dict)
     # seq -> rank -> (entry on Fleet's clock in ns, bytes, op)
     pending: dict[int, dict[int, tuple[float, int, str]]] = field(default_factory=dict)
     quorum_tick: dict[int, int] = field(default_factory=dict)
@@ -163,7 +165,8 @@ class CollectiveJoin:
     def __init__(self, config: NcclConfig, node_ttl: float) -> None:
         self._cfg = config
         self._ttl = node_ttl
-        self._lock = threading.Lock()
+        self._lock = threading.Lock()  # ingest's and the tick's shared state
+        self._tick_lock = threading.Lock()  # ticks are serialised; rows are the tick's
         self._comms: dict[CommKey, _Comm] = {}
         self._per_group: Counter[str] = Counter()
         self._ticks = 0
@@ -207,7 +210,6 @@ class CollectiveJoin:
                             if call.seq < oldest:
                                 continue
                             del comm.pending[oldest]
-                            comm.quorum_tick.pop(oldest, None)
                         entries = comm.pending[call.seq] = {}
                     entries[report.comm_rank] = (
                         float(call.entered_ns + offset_ns),
@@ -250,34 +252,36 @@ class CollectiveJoin:
 
     def rank_lags(self, cluster_id: str, group: str, comm_hash: str) -> list[RankLag]:
         """Every rank's figures over the communicator's window (for tests and tools)."""
-        with self._lock:
+        with self._tick_lock, self._lock:
             comm = self._comms.get((cluster_id, group, comm_hash))
             return [] if comm is None else _rank_lags(comm, self._cfg)
 
     # ---- tick -----------------------------------------------------------------------
 
     def tick(self, now: float, mono: float) -> NcclTick:
-        """Expire, join, judge lag and hangs; ``now`` is Fleet's Unix time (s)."""
+        """Expire, join, judge lag and hangs; ``now`` is Fleet's Unix time (s).
+
+        Three phases, so pushes are not held up by the join: under the lock, expire and
+        take each communicator's unjoined calls and a copy of its ranks; without it, join
+        and judge (only ticks touch the rows, episodes and hangs; ticks are serialised);
+        under it again, hand back what was not joined, merged with what came meanwhile.
+        """
         events: list[Event] = []
         peer_lag: dict[str, float] = {}
         groups: dict[str, str] = {}
         joined = hung = 0
-        with self._lock:
-            self._ticks += 1
-            for node in [n for n, s in self._clock_seen.items() if mono - s >= self._ttl]:
-                del self._clock_seen[node]
-                del self._clocks[node]
-            for key, comm in list(self._comms.items()):
-                for rank in [r for r, st in comm.ranks.items() if mono - st.seen >= self._ttl]:
-                    del comm.ranks[rank]
-                if not comm.ranks:
-                    events.extend(_end_all(comm, now, "expired"))
-                    del self._comms[key]
-                    self._per_group[comm.group] -= 1
-                    if not self._per_group[comm.group]:
-                        del self._per_group[comm.group]
-                    continue
-                joined += self._join(comm)
+        with self._tick_lock:
+            with self._lock:
+                self._ticks += 1
+                events.extend(self._expire(now, mono))
+                work = []
+                for comm in self._comms.values():
+                    comm.view = dict(comm.ranks)
+                    work.append((comm, comm.pending))
+                    comm.pending = {}
+            done = []
+            for comm, pending in work:
+                joined += self._join(comm, pending)
                 events.extend(self._judge_lag(comm, now))
                 events.extend(self._judge_hang(comm, now))
                 hung += comm.hang is not None
@@ -285,29 +289,62 @@ class CollectiveJoin:
                     if episode.lag_s > peer_lag.get(episode.node_id, -1.0):
                         peer_lag[episode.node_id] = episode.lag_s
                         groups[episode.node_id] = comm.group
-            return NcclTick(
-                events=tuple(events),
-                peer_lag=peer_lag,
-                lagging_groups=groups,
-                comms=len(self._comms),
-                hung=hung,
-                joined=joined,
-                refused=self._refused,
-            )
+                done.append((comm, pending))
+            with self._lock:
+                for comm, leftover in done:
+                    self._merge(comm, leftover)
+                comms, refused = len(self._comms), self._refused
+        return NcclTick(
+            events=tuple(events),
+            peer_lag=peer_lag,
+            lagging_groups=groups,
+            comms=comms,
+            hung=hung,
+            joined=joined,
+            refused=refused,
+        )
 
-    def _join(self, comm: _Comm) -> int:
+    def _expire(self, now: float, mono: float) -> list[Event]:
+        """Forget what the node TTL passed: clock offsets, ranks, empty communicators."""
+        events: list[Event] = []
+        for node in [n for n, s in self._clock_seen.items() if mono - s >= self._ttl]:
+            del self._clock_seen[node]
+            del self._clocks[node]
+        for key, comm in list(self._comms.items()):
+            for rank in [r for r, st in comm.ranks.items() if mono - st.seen >= self._ttl]:
+                del comm.ranks[rank]
+            if not comm.ranks:
+                events.extend(_end_all(comm, now, "expired"))
+                del self._comms[key]
+                self._per_group[comm.group] -= 1
+                if not self._per_group[comm.group]:
+                    del self._per_group[comm.group]
+        return events
+
+    def _merge(self, comm: _Comm, leftover: dict[int, dict[int, tuple[float, int, str]]]) -> None:
+        """Give back the calls the tick did not join, with those ingested meanwhile."""
+        arrived, comm.pending = comm.pending, leftover
+        for seq, entries in arrived.items():
+            if seq > comm.joined_seq:
+                comm.pending.setdefault(seq, {}).update(entries)
+        for seq in sorted(comm.pending)[: max(0, len(comm.pending) - self._cfg.max_pending)]:
+            del comm.pending[seq]
+        # The tick's own bookkeeping (only ticks touch it): for what still waits.
+        comm.quorum_tick = {s: t for s, t in comm.quorum_tick.items() if s in comm.pending}
+
+    def _join(self, comm: _Comm, pending: dict[int, dict[int, tuple[float, int, str]]]) -> int:
         """Join every collective that is ready (module docstring); returns how many."""
         need = _required(comm.nranks, self._cfg.join_fraction)
-        entered = sorted(st.report.entered_seq for st in comm.ranks.values())
+        entered = sorted(st.report.entered_seq for st in comm.view.values())
         ready: list[int] = []
-        for seq in sorted(comm.pending):
-            entries = comm.pending[seq]
+        for seq in sorted(pending):
+            entries = pending[seq]
             if len(entries) < need:
                 continue
             # Only ranks that have not passed seq may still report it: usually none.
             waiting = bisect.bisect_left(entered, seq) > 0 and any(
                 rank not in entries and st.report.entered_seq < seq
-                for rank, st in comm.ranks.items()
+                for rank, st in comm.view.items()
             )
             first = comm.quorum_tick.setdefault(seq, self._ticks)
             if not waiting or self._ticks - first >= _JOIN_WAIT_TICKS:
@@ -319,8 +356,8 @@ class CollectiveJoin:
         batch: list[tuple[int, dict[int, tuple[float, int, str]]]] = []
         # Everything at or below the newest joined collective is settled: joined now, or
         # never to reach quorum (ranks that sample other sequence numbers).
-        for seq in sorted(s for s in comm.pending if s <= top):
-            entries = comm.pending.pop(seq)
+        for seq in sorted(s for s in pending if s <= top):
+            entries = pending.pop(seq)
             comm.quorum_tick.pop(seq, None)
             if seq in joined:
                 batch.append((seq, entries))
@@ -374,7 +411,7 @@ class CollectiveJoin:
         figures = {r.comm_rank: r for r in _rank_lags(comm, self._cfg)}
         for rank, fig in figures.items():
             episode = comm.lagging.get(rank)
-            st = comm.ranks.get(rank)
+            st = comm.view.get(rank)
             if episode is None and fig.late > enter_at and st is not None:
                 episode = _LagEpisode(new_event_id(), now, st.node_id, st.slurm_rank, 0.0)
                 comm.lagging[rank] = episode
@@ -387,15 +424,15 @@ class CollectiveJoin:
                 if fig.late < enter_at / 2:
                     del comm.lagging[rank]
                     events.append(_lag_event(comm, rank, fig, episode, now, "end", "recovered", st))
-        for rank in [r for r in comm.lagging if r not in comm.ranks]:
+        for rank in [r for r in comm.lagging if r not in comm.view]:
             episode = comm.lagging.pop(rank)
             events.append(_lag_end(comm, rank, episode, now, "expired"))
         return events
 
     def _judge_hang(self, comm: _Comm, now: float) -> list[Event]:
-        top = max(st.report.entered_seq for st in comm.ranks.values())
+        top = max(st.report.entered_seq for st in comm.view.values())
         inside: dict[int, float] = {}
-        for rank, st in comm.ranks.items():
+        for rank, st in comm.view.items():
             since_ns = _inside_since(st.report, top)
             if since_ns is not None:
                 inside[rank] = (since_ns + st.offset_ns) / 1e9
@@ -412,14 +449,14 @@ class CollectiveJoin:
         missing = [
             r
             for r in range(comm.nranks)
-            if r not in comm.ranks or comm.ranks[r].report.entered_seq < top
+            if r not in comm.view or comm.view[r].report.entered_seq < top
         ]
         if not missing and len(inside) < comm.nranks:
             return events  # every rank got there and some already left: not stuck in it
         op = next(
             (
                 st.report.inflight_op
-                for st in comm.ranks.values()
+                for st in comm.view.values()
                 if st.report.inflight_seq == top and st.report.inflight_op
             ),
             _op_of(comm, top),
@@ -439,7 +476,7 @@ def _inside_since(report: CommReport, top: int) -> int | None:
 
 
 def _op_of(comm: _Comm, seq: int) -> str:
-    for st in comm.ranks.values():
+    for st in comm.view.values():
         for call in st.report.calls:
             if call.seq == seq:
                 return call.op
@@ -467,7 +504,7 @@ def _rank_lags(comm: _Comm, cfg: NcclConfig) -> list[RankLag]:
     last = Counter(r.last_rank for r in rows)
     out: list[RankLag] = []
     for i, rank in enumerate(ranks.tolist()):
-        st = comm.ranks.get(rank)
+        st = comm.view.get(rank)
         out.append(
             RankLag(
                 comm_rank=rank,
@@ -573,7 +610,7 @@ def _named(values: list[int] | list[str]) -> list[int] | list[str]:
 def _hang_event(comm: _Comm, hang: _Hang, now: float, state: str, **more: object) -> Event:
     """A ``collective_hang`` start or end: the communicator, the collective, the wavefront
     (ranks and nodes that never entered it), and ``more`` of the state's own fields."""
-    missing_nodes = sorted({comm.ranks[r].node_id for r in hang.missing if r in comm.ranks})
+    missing_nodes = sorted({comm.view[r].node_id for r in hang.missing if r in comm.view})
     return Event(
         type="collective_hang",
         node_id=missing_nodes[0] if missing_nodes else "",

@@ -4,6 +4,7 @@ driven by ManualClock; the pushes are built as a node's tracer would report them
 from __future__ import annotations
 
 import re
+import threading
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -491,3 +492,44 @@ def test_events_carry_the_fields_their_journald_catalog_entries_name() -> None:
         named = set(re.findall(r"\b(INGERO_[A-Z0-9_]+)\b", entry))
         assert len(named) > 3, kind
         assert named <= start.journal_fields().keys() | end.journal_fields().keys(), kind
+
+
+def test_pushes_are_not_held_up_by_a_tick_and_what_they_bring_is_kept() -> None:
+    """A push filed while the tick joins (phase 2) neither waits for the tick's lock nor
+    loses its calls: the next tick joins them."""
+    sim = Sim(8, one_per_node(8), delay={1: 0.2})
+    for _ in range(2):
+        sim.interval()
+    join = sim.join
+    assert join is not None
+    late_push = NodePush(
+        node_id="n7",
+        cluster_id="c1",
+        score=0.9,
+        job_id="1234",
+        collectives=(
+            CommReport(
+                HASH,
+                7,
+                8,
+                entered_seq=10_000,
+                returned_seq=10_000,
+                calls=(CollectiveCall(10_000, "ncclAllReduce", 1, 2, 8),),
+            ),
+        ),
+    )
+    filed: list[bool] = []
+    original = join._judge_lag
+
+    def during_tick(comm: object, now: float) -> list[Event]:
+        worker = threading.Thread(target=lambda: (join.ingest(late_push, 0.0), filed.append(True)))
+        worker.start()
+        worker.join(timeout=10)
+        return original(comm, now)  # type: ignore[arg-type]
+
+    join._judge_lag = during_tick  # type: ignore[method-assign]
+    sim.interval()
+    join._judge_lag = original  # type: ignore[method-assign]
+    assert filed == [True]
+    (comm,) = join._comms.values()
+    assert comm.pending[10_000] == {7: (1.0, 8, "ncclAllReduce")}
