@@ -186,7 +186,7 @@ class Event:
             figures += f" signal={self.dominant_signal}"
         reason = self.extra.get("reason")
         tail = f" ({reason})" if reason else ""
-        return f"ingero {self.type}: {where}{figures}{tail}"
+        return f"ingero {self.type}: {where}{figures}{_nccl_words(self.extra)}{tail}"
 
 
 _FIELD_NAMES = frozenset(f.name for f in fields(Event)) - {"extra"}
@@ -203,3 +203,28 @@ def _plain_json(extra: dict[str, Any]) -> bool:
         if type(key) is not str or not (value is None or type(value) in (str, int, bool)):
             return False
     return True
+
+
+def _nccl_words(extra: dict[str, Any]) -> str:
+    """What a peer_lag or collective_hang says in its one line (Fleet's NCCL join)."""
+    comm = extra.get("comm_hash")
+    if not isinstance(comm, str):
+        return ""
+    state = extra.get("state")
+    words = f" {state}" if isinstance(state, str) else ""
+    if "lag_p50_ms" in extra:
+        words += (
+            f" comm {comm} rank {extra.get('comm_rank')}/{extra.get('nranks')}"
+            f" {extra.get('op')} lag_p50_ms={extra.get('lag_p50_ms')}"
+            f" lag_p95_ms={extra.get('lag_p95_ms')}"
+            f" late={extra.get('late_count')}/{extra.get('collectives')}"
+        )
+    elif "missing_ranks" in extra:
+        words += (
+            f" comm {comm} {extra.get('op')} #{extra.get('seq')}"
+            f" missing_ranks={json.dumps(extra.get('missing_ranks'))}"
+            f" missing_nodes={json.dumps(extra.get('missing_nodes', []))}"
+        )
+        if "inside_for_s" in extra:
+            words += f" inside_for_s={extra['inside_for_s']}"
+    return words

@@ -80,6 +80,33 @@ class MetricsConfig:
 
 
 @dataclass(frozen=True)
+class NcclConfig:
+    """Joining the ranks of NCCL communicators (docs/fleet-threshold.md, "Peer lag and hung
+    collectives"); bounds keep the memory fixed whatever the nodes push."""
+
+    # Joined collectives a rank's lateness is judged over.
+    window: int = field(default=20, metadata=check(lambda v: v >= 2, "must be at least 2"))
+    # A rank is late in a collective beyond max(k * 1.4826 * MAD, min_lag) of its lags.
+    k: float = field(default=3.0, metadata=positive())
+    min_lag: Duration = field(default=Duration(0.020), metadata=positive())
+    # Late in more than this share of the window opens a peer_lag episode; fewer than half
+    # of it closes the episode.
+    lag_fraction: float = field(
+        default=0.5, metadata=check(lambda v: 0 < v < 1, "must be in (0, 1)")
+    )
+    # Share of a large communicator's ranks that must report a collective to join it (one of
+    # at most 8 ranks needs all of them).
+    join_fraction: float = field(
+        default=0.75, metadata=check(lambda v: 0.5 <= v <= 1, "must be in [0.5, 1]")
+    )
+    hang_after: Duration = field(default=Duration(30.0), metadata=positive())
+    max_comms: int = field(default=10000, metadata=positive())
+    max_comms_per_group: int = field(default=64, metadata=positive())
+    # Unjoined sequence numbers kept per communicator (ranks sampling others never join).
+    max_pending: int = field(default=256, metadata=positive())
+
+
+@dataclass(frozen=True)
 class FleetConfig:
     listen: ListenConfig = field(default_factory=ListenConfig)
     push_interval: Duration = field(default=Duration(5.0), metadata=positive())
@@ -91,6 +118,7 @@ class FleetConfig:
     echo: EchoConfig = field(default_factory=EchoConfig)
     limits: LimitsConfig = field(default_factory=LimitsConfig)
     metrics: MetricsConfig = field(default_factory=MetricsConfig)
+    nccl: NcclConfig = field(default_factory=NcclConfig)
 
     @property
     def node_ttl(self) -> float:

@@ -70,7 +70,8 @@ class FleetDaemon:
     ) -> None:
         self.config = config
         self.metrics = FleetMetrics(
-            config.metrics.node_series_limit if config.metrics.node_series else None
+            config.metrics.node_series_limit if config.metrics.node_series else None,
+            clock_offset_limit=config.metrics.node_series_limit,
         )
         clock = clock or SystemClock()
         self.state = FleetState(config, clock)
@@ -282,6 +283,17 @@ class FleetDaemon:
             self.metrics.update_nodes(rows, flagged, live)
         nodes = self.state.node_count()
         self.metrics.tracked_nodes.set(nodes)
+        self.metrics.update_nccl(
+            result.nccl_comms,
+            result.hung_comms,
+            result.nccl_refused,
+            (
+                e.type
+                for e in result.events
+                if e.type in ("peer_lag", "collective_hang") and e.extra.get("state") == "start"
+            ),
+        )
+        self.metrics.update_clock_offsets(self.state.clock_offsets())
         self.events.submit(result.events, source="tick")
         for name, listener in list(self._tick_listeners):
             try:

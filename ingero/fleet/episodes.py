@@ -69,12 +69,16 @@ def started_event(
     event_id: str,
     now: float,
     stall: bool = False,
+    peer_lag: bool = False,
 ) -> Event:
     """The ``straggler_state`` that opens an episode; its id is the episode's. A node whose
-    job runs but which launches nothing is a straggler with ``reason: stall``."""
+    job runs but which launches nothing is a straggler with ``reason: stall``; one whose
+    score is not below but whose NCCL rank enters collectives late, ``reason: peer_lag``."""
     extra: dict[str, object] = {"group": group, "panic": panic}
     if stall:
         extra["reason"] = "stall"
+    elif peer_lag:
+        extra["reason"] = "peer_lag"
     return Event(
         type="straggler_state",
         node_id=node_id,

@@ -50,7 +50,9 @@ class FleetMetrics:
     """Counters for the receivers (hot path: cached label children), per-group gauges and,
     opted in, per-node gauges for at most ``node_series_limit`` nodes."""
 
-    def __init__(self, node_series_limit: int | None = None) -> None:
+    def __init__(
+        self, node_series_limit: int | None = None, clock_offset_limit: int = 1000
+    ) -> None:
         self.registry = daemon_registry("fleet", auto_describe=True)
         r = self.registry
         self.requests = Counter(
@@ -102,6 +104,31 @@ class FleetMetrics:
             "Events dropped because the publish queue was full.",
             registry=r,
         )
+        # NCCL communicators joined across ranks (issue 14).
+        self.nccl_episodes = Counter(
+            "ingero_fleet_nccl_episodes",
+            "NCCL episodes Fleet opened, by type: peer_lag (a rank consistently late into "
+            "collectives) and collective_hang (ranks stuck in one collective).",
+            ("type",),
+            registry=r,
+        )
+        self.nccl_comms = Gauge(
+            "ingero_fleet_nccl_communicators", "NCCL communicators Fleet joins.", registry=r
+        )
+        self.nccl_hung = Gauge(
+            "ingero_fleet_nccl_hung_communicators",
+            "NCCL communicators with ranks inside one collective past nccl.hang_after.",
+            registry=r,
+        )
+        self.nccl_refused = Counter(
+            "ingero_fleet_nccl_refused",
+            "Communicators refused by nccl.max_comms or nccl.max_comms_per_group, or whose "
+            "rank count disagreed with the first report of that hash.",
+            registry=r,
+        )
+        self._nccl_refused_seen = 0
+        self.clock_offset_limit = clock_offset_limit
+        self._clock_offsets: tuple[tuple[str, str, float], ...] = ()
         self._drain_failures = _DrainFailures(lambda: 0)
         r.register(self._drain_failures)
         self._children: dict[tuple[str, ...], MetricWrapperBase] = {}
@@ -156,8 +183,27 @@ class FleetMetrics:
         self._nodes = tuple(sorted(marked, key=lambda m: (m[0].cluster_id, m[0].node_id)))
         self._nodes_omitted = max(0, live_nodes - len(marked))
 
+    def update_nccl(self, comms: int, hung: int, refused: int, opened: Iterable[str]) -> None:
+        """A tick's NCCL figures: ``refused`` is the join's running total, ``opened`` the
+        types of the episodes that began this tick."""
+        self.nccl_comms.set(comms)
+        self.nccl_hung.set(hung)
+        if refused > self._nccl_refused_seen:
+            self.nccl_refused.inc(refused - self._nccl_refused_seen)
+        self._nccl_refused_seen = refused
+        for kind in opened:
+            self.nccl_episodes.labels(kind).inc()
+
+    def update_clock_offsets(self, offsets: Iterable[tuple[str, str, float, float]]) -> None:
+        """The nodes' clock offsets to Fleet as they report them: (cluster_id, node_id,
+        offset s, uncertainty s). At most ``clock_offset_limit`` series, the largest
+        offsets first (what the clock-skew alert looks for)."""
+        rows = sorted(offsets, key=lambda o: -abs(o[2]))[: self.clock_offset_limit]
+        self._clock_offsets = tuple(sorted((c, n, off) for c, n, off, _ in rows))
+
     def render(self) -> bytes:
         text = generate_latest(self.registry) + render_groups(self._groups)
+        text += render_clock_offsets(self._clock_offsets)
         if self.node_series_limit is not None:
             text += render_nodes(self._nodes, self._nodes_omitted)
         return text
@@ -228,4 +274,20 @@ def render_nodes(nodes: Sequence[tuple[NodeRow, bool]], omitted: int) -> bytes:
         "# TYPE ingero_fleet_node_series_omitted gauge\n"
         f"ingero_fleet_node_series_omitted {omitted}\n"
     )
+    return "".join(lines).encode()
+
+
+def render_clock_offsets(offsets: Sequence[tuple[str, str, float]]) -> bytes:
+    """``ingero_fleet_node_clock_offset_seconds``: what each node adds to its clock to read
+    Fleet's (the series docs/design.md reserved; contrib's IngeroClockSkew reads it)."""
+    lines = [
+        "# HELP ingero_fleet_node_clock_offset_seconds What the node adds to its clock to "
+        "read Fleet's, as the node estimates it from push round trips.\n"
+        "# TYPE ingero_fleet_node_clock_offset_seconds gauge\n"
+    ]
+    for cluster_id, node_id, offset in offsets:
+        lines.append(
+            f'ingero_fleet_node_clock_offset_seconds{{cluster_id="{_label(cluster_id)}",'
+            f'node_id="{_label(node_id)}"}} {_number(offset)}\n'
+        )
     return "".join(lines).encode()

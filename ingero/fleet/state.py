@@ -26,6 +26,7 @@ import numpy as np
 
 from ingero.clock import Clock
 from ingero.events import Event, new_event_id
+from ingero.fleet.collectives import CollectiveJoin, NcclTick
 from ingero.fleet.config import FleetConfig
 from ingero.fleet.episodes import (
     Closing,
@@ -160,6 +161,10 @@ class FleetState:
         self._groups: tuple[GroupStats, ...] = ()
         self._clusters: tuple[ClusterStats, ...] = ()
         self._last: TickResult | None = None
+        # NCCL communicators joined across ranks (issue 14): its own lock, fed after a push
+        # is stored; the per-node lag it flags is published here by each tick.
+        self._nccl = CollectiveJoin(config.nccl, config.node_ttl)
+        self._peer_lag: dict[str, float] = {}
 
     # ---- hot path -------------------------------------------------------------------
 
@@ -197,10 +202,13 @@ class FleetState:
             self._stalled[slot] = push.stalled
             self._reported[slot] = push.episode_id
             view = self._views.get(key)
-            if view is None:
-                return _empty_view(push.cluster_id, key)
             episode = self._episode_id[slot] if self._straggler[slot] else ""
-        return _node_view(view, push.rates, episode)
+            lag = self._peer_lag.get(push.node_id)
+            mono = self._seen[slot]
+        self._nccl.ingest(push, float(mono))
+        if view is None:
+            return _empty_view(push.cluster_id, key)
+        return _node_view(view, push.rates, episode, lag)
 
     # ---- reads ----------------------------------------------------------------------
 
@@ -221,7 +229,8 @@ class FleetState:
                 return view
             rates = dict(zip(PEER_RATES, self._rates[slot].tolist(), strict=True))
             episode = self._episode_id[slot] if self._straggler[slot] else ""
-        return _node_view(view, rates, episode)
+            lag = self._peer_lag.get(node_id) if node_id else None
+        return _node_view(view, rates, episode, lag)
 
     def node_count(self) -> int:
         with self._lock:
@@ -239,6 +248,10 @@ class FleetState:
     def clusters_snapshot(self) -> tuple[ClusterStats, ...]:
         with self._lock:
             return self._clusters
+
+    def clock_offsets(self) -> list[tuple[str, str, float, float]]:
+        """(cluster_id, node_id, offset s, uncertainty s) of the nodes that reported one."""
+        return self._nccl.clock_offsets()
 
     def last_tick(self) -> TickResult | None:
         with self._lock:
@@ -318,8 +331,10 @@ class FleetState:
             return self._tick()
 
     def _tick(self) -> TickResult:
+        # The communicators first: the ranks they flag count in this tick's classification.
+        nccl = self._nccl.tick(self._clock.now(), self._clock.monotonic())
         with self._lock:
-            snap = self._snapshot()
+            snap = self._snapshot(nccl)
         out = compute(snap, self._config)
         groups, clusters, views = summaries(snap, out, self._config)
         with self._lock:
@@ -329,6 +344,8 @@ class FleetState:
             events.extend(degraded_events(snap, out))
             verdicts, started = self._open_episodes(snap, out)
             events.extend(started)
+            events.extend(nccl.events)
+            self._peer_lag = nccl.peer_lag
             self._views = views
             self._groups = groups
             self._clusters = clusters
@@ -339,12 +356,15 @@ class FleetState:
                 events=tuple(events),
                 expired_nodes=tuple(snap.expired_ids),
                 clusters=clusters,
+                nccl_comms=nccl.comms,
+                hung_comms=nccl.hung,
+                nccl_refused=nccl.refused,
             )
             return self._last
 
     # ---- tick phases (the methods are called with the lock held) ---------------------
 
-    def _snapshot(self) -> Snapshot:
+    def _snapshot(self, nccl: NcclTick) -> Snapshot:
         """Phase 1: expire silent nodes, drop empty groups, copy the columns."""
         now = self._clock.now()
         mono = self._clock.monotonic()
@@ -352,6 +372,12 @@ class FleetState:
         n, gn = self._n, self._gn
         idx = np.flatnonzero(self._occupied[:n])
         live_groups = self._drop_empty_groups(idx)
+        # A node's flagged rank counts where the communicator is of the node's own group.
+        lagging = np.zeros(idx.size, dtype=np.bool_)
+        for node_id, group in nccl.lagging_groups.items():
+            slot = self._slot_of.get(node_id)
+            if slot is not None and self._gkey[int(self._gid[slot])] == group:
+                lagging[np.searchsorted(idx, slot)] = True
         return Snapshot(
             now=now,
             mono=mono,
@@ -372,6 +398,7 @@ class FleetState:
             stall_episode=self._stall_episode[idx],
             streak=self._streak[idx],
             pending=self._pending[idx],
+            lagging=lagging,
             prev_ema=self._ema[:gn].copy(),
             prev_panic=self._panic[:gn].copy(),
             gkeys=self._gkey[:gn],
@@ -443,9 +470,10 @@ class FleetState:
             out.entering[sel].tolist(),
             out.consec[sel].tolist(),
             out.since[sel].tolist(),
+            out.by_lag[sel].tolist(),
             strict=True,
         )
-        for slot, g, score, enters, ticks, began in rows:
+        for slot, g, score, enters, ticks, began, lag in rows:
             if self._announce(slot, enters, snap.mono):
                 events.append(
                     started_event(
@@ -461,6 +489,7 @@ class FleetState:
                         event_id=self._episode_id[slot],
                         now=snap.now,
                         stall=bool(self._stall_episode[slot]),
+                        peer_lag=lag,
                     )
                 )
             verdicts.append(
@@ -637,9 +666,11 @@ class FleetState:
         return np.flatnonzero(tracked)
 
 
-def _node_view(view: ThresholdView, rates: Mapping[str, float], episode: str) -> ThresholdView:
+def _node_view(
+    view: ThresholdView, rates: Mapping[str, float], episode: str, lag: float | None = None
+) -> ThresholdView:
     """The group's view plus what is the node's own: its ratio to each peer median (from
-    its pushed rates) and Fleet's open episode of it."""
+    its pushed rates), Fleet's open episode of it and its flagged NCCL entry lag (s)."""
     peers = view.peer_rates
     ratios = None
     if peers:
@@ -648,7 +679,7 @@ def _node_view(view: ThresholdView, rates: Mapping[str, float], episode: str) ->
             rate = rates.get(name)
             if rate is not None and rate == rate and median > 0:  # rate == rate: not NaN
                 ratios[name] = rate / median
-    if not ratios and not episode:
+    if not ratios and not episode and lag is None:
         return view
     # A copy with two fields set, built directly: dataclasses.replace re-runs __init__ and
     # copy.copy goes through __reduce_ex__ (7 and 4 µs, most of an ingest; this is 1 µs).
@@ -658,6 +689,7 @@ def _node_view(view: ThresholdView, rates: Mapping[str, float], episode: str) ->
     fields.update(view.__dict__)
     fields["rate_ratios"] = ratios or None
     fields["episode_id"] = episode or None
+    fields["peer_lag"] = lag
     return node_view
 
 

@@ -47,6 +47,7 @@ class Snapshot:
     stall_episode: BoolArray
     streak: IntArray
     pending: BoolArray
+    lagging: BoolArray  # a rank of the node is flagged peer_lag in its group's communicator
     prev_ema: FloatArray
     prev_panic: BoolArray
     gkeys: list[str]
@@ -77,6 +78,7 @@ class Outcome:
     since: FloatArray
     streak: IntArray
     peer: FloatArray  # (group, PEER_RATES) medians, NaN without quorum
+    by_lag: BoolArray  # stragglers by peer_lag alone (their score is not below)
 
 
 def finite(value: float | np.floating) -> float | None:
@@ -114,6 +116,12 @@ def compute(snap: Snapshot, config: FleetConfig) -> Outcome:
     below[snap.active] = quorum[act_gids] & (act_scores < threshold[act_gids])
     streak = np.where(below, snap.streak + 1, 0)
     straggler &= was_here | (streak >= tcfg.enter_intervals)
+    # A rank flagged peer_lag is late in most of a window of collectives already: it needs
+    # no streak of its own. It needs its group's quorum, as a score does, so the drain rules
+    # (no_quorum, panic) judge it as any other straggler.
+    lagging = snap.lagging & snap.active & quorum[snap.gids]
+    by_lag = lagging & ~straggler
+    straggler |= lagging
     continuing = straggler & was_here
     entering = straggler & ~was_here
     return Outcome(
@@ -135,6 +143,7 @@ def compute(snap: Snapshot, config: FleetConfig) -> Outcome:
         since=np.where(entering, snap.now, np.where(straggler, snap.since, np.nan)),
         streak=streak,
         peer=_peer_medians(snap, config.quorum.statistical_min, gn),
+        by_lag=by_lag,
     )
 
 

@@ -92,3 +92,25 @@ def test_drain_failures_build_info_and_no_created_series() -> None:
     assert found["ingero_fleet_drain_failures"] == [({}, 4.0)]
     assert found["ingero_build_info"][0][0]["version"] == __version__
     assert b"_created" not in metrics.render()
+
+
+def test_clock_offsets_are_exported_largest_first_within_the_limit() -> None:
+    metrics = FleetMetrics(clock_offset_limit=2)
+    metrics.update_clock_offsets(
+        [("c", "n0", 0.001, 0.0005), ("c", "n1", -2.5, 0.001), ("c", "n2", 1.5, 0.001)]
+    )
+    found = samples(metrics)["ingero_fleet_node_clock_offset_seconds"]
+    assert sorted((s["node_id"], v) for s, v in found) == [("n1", -2.5), ("n2", 1.5)]
+    assert all(s.keys() == {"cluster_id", "node_id"} for s, _ in found)
+
+
+def test_nccl_figures() -> None:
+    metrics = FleetMetrics()
+    metrics.update_nccl(3, 1, 2, ["peer_lag", "collective_hang", "peer_lag"])
+    metrics.update_nccl(3, 0, 5, [])
+    found = samples(metrics)
+    assert found["ingero_fleet_nccl_communicators"] == [({}, 3.0)]
+    assert found["ingero_fleet_nccl_hung_communicators"] == [({}, 0.0)]
+    assert found["ingero_fleet_nccl_refused"] == [({}, 5.0)]
+    episodes = {s["type"]: v for s, v in found["ingero_fleet_nccl_episodes"]}
+    assert episodes == {"peer_lag": 2.0, "collective_hang": 1.0}
