@@ -9,7 +9,7 @@ the wire (media types, gzip, limits, the answers) is the OTLP receiver core's
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from google.protobuf.message import Message
 from opentelemetry.proto.collector.logs.v1.logs_service_pb2 import ExportLogsServiceRequest
@@ -17,6 +17,7 @@ from opentelemetry.proto.collector.metrics.v1.metrics_service_pb2 import (
     ExportMetricsServiceRequest,
 )
 
+from ingero.clock import Clock, SystemClock
 from ingero.fleet.events import EventQueue
 from ingero.fleet.metrics import FleetMetrics
 from ingero.fleet.model import CapacityError
@@ -49,10 +50,17 @@ class PushReply:
 class Receiver:
     """Feeds decoded requests to the state and the event queue; counts what it refuses."""
 
-    def __init__(self, state: FleetState, metrics: FleetMetrics, events: EventQueue) -> None:
+    def __init__(
+        self,
+        state: FleetState,
+        metrics: FleetMetrics,
+        events: EventQueue,
+        clock: Clock | None = None,
+    ) -> None:
         self._state = state
         self._metrics = metrics
         self._events = events
+        self._clock = clock or SystemClock()
 
     def refuse(self, reason: str) -> None:
         self._metrics.count_rejected({reason: 1})
@@ -78,6 +86,11 @@ class Receiver:
             reply.messages.append(message)
         if reasons:
             self._metrics.count_rejected(reasons)
+        if reply.view is not None:
+            # Fleet's time as it answers, the last thing before the reply is written: the
+            # node estimates its clock offset from it (ingero.push.clock_offset). Once per
+            # request, not per push: a request carries one node's push.
+            reply.view = replace(reply.view, server_time=self._clock.now())
         return reply
 
     def logs_request(self, request: ExportLogsServiceRequest) -> PushReply:
