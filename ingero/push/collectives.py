@@ -10,7 +10,8 @@
   counts (calls, wait, dropped) summed over the rows written since the previous push;
 - the ``nccl_calls`` rows written since the previous push (by rowid, so a call written
   late, after the push that its entry time belongs to, is still read once), at most
-  ``max_calls_read`` of them, the newest; older ones count as dropped;
+  ``max_calls_read`` of them, the newest; older ones count as dropped (the first push
+  after a start has no previous push: it carries the ranks' state, no calls or counts);
 
 and builds :class:`~ingero.otlp.collectives.CommReport` values (times in Unix ns of the
 node's clock). A node DB without the tables (no NCCL tracing there, or an older tracer)
@@ -176,20 +177,24 @@ class CollectivesReader:
             comms_top = conn.execute(f"SELECT coalesce(max(rowid), 0) FROM {COMMS_TABLE}")
             top = _Cursor(int(calls_top.fetchone()[0]), int(comms_top.fetchone()[0]))
             cursor = self._cursor
-            # First push, or a node DB replaced under us (rowids went back): the last
-            # interval's rows, by time.
-            if cursor is None or top.calls < cursor.calls or top.comms < cursor.comms:
-                cursor = _Cursor()
-                since_calls = now - self.interval_s
-            else:
-                since_calls = now - self.recent_s
+            # First push, or a node DB replaced under us (rowids went back): there is no
+            # previous push to count from, so this one carries the ranks' state only, and
+            # every later one exactly the rows written since (counts and calls agree).
+            first = cursor is None or top.calls < cursor.calls or top.comms < cursor.comms
+            if first:
+                cursor = top
+            assert cursor is not None
             comms = conn.execute(
                 _COMMS_SQL,
                 {"cursor": cursor.comms, "since": now - self.recent_s, "limit": 4 * MAX_COMMS},
             ).fetchall()
             calls = conn.execute(
                 _CALLS_SQL,
-                {"cursor": cursor.calls, "since": since_calls, "limit": self.max_calls_read},
+                {
+                    "cursor": cursor.calls,
+                    "since": now - self.recent_s,
+                    "limit": self.max_calls_read,
+                },
             ).fetchall()
             truncated: dict[tuple[int, str, int], int] = {}
             if len(calls) == self.max_calls_read:

@@ -118,29 +118,36 @@ def test_each_push_reads_the_calls_written_since_the_previous_one(tmp_path: Path
     rank_interval(db, end=NOW - 20, first_seq=1, count=10, **spec)  # type: ignore[arg-type]
     rank_interval(db, end=NOW, first_seq=11, count=100, **spec)  # type: ignore[arg-type]
     r = reader(tmp_path / "node.db")
+    # The first push has no previous one to count from: the rank's state, no calls.
     (first,) = r.read(NOW)
-    assert [c.seq for c in first.calls] == list(range(11, 111))
-    assert first.entered_seq == 110 and first.calls_in_interval == 100
+    assert first.entered_seq == 110 and first.calls == () and first.calls_in_interval == 0
+    rank_interval(db, end=NOW + 1, first_seq=111, count=100, **spec)  # type: ignore[arg-type]
+    (one,) = r.read(NOW + 1)
+    assert [c.seq for c in one.calls] == list(range(111, 211))
+    assert one.entered_seq == 210 and one.calls_in_interval == 100
     # Nothing new: the rank is still reported (its row is recent), with no calls.
-    (idle,) = r.read(NOW + 1)
-    assert idle.calls == () and idle.calls_in_interval == 0 and idle.entered_seq == 110
+    (idle,) = r.read(NOW + 2)
+    assert idle.calls == () and idle.calls_in_interval == 0 and idle.entered_seq == 210
     # A call the tracer wrote late, entered before the previous push, is read once; two
     # tracer intervals within one push are summed.
-    add_calls(db, [call(111, ts_enter=NOW - 0.1, ts_return=NOW - 0.05)])
-    rank_interval(db, end=NOW + 4, first_seq=112, count=50, **spec)  # type: ignore[arg-type]
-    rank_interval(db, end=NOW + 5, first_seq=162, count=50, **spec)  # type: ignore[arg-type]
+    add_calls(db, [call(211, ts_enter=NOW + 0.9, ts_return=NOW + 0.95)])
+    rank_interval(db, end=NOW + 4, first_seq=212, count=50, **spec)  # type: ignore[arg-type]
+    rank_interval(db, end=NOW + 5, first_seq=262, count=50, **spec)  # type: ignore[arg-type]
     (second,) = r.read(NOW + 5)
-    assert [c.seq for c in second.calls] == list(range(111, 212))
-    assert second.calls_in_interval == 100 and second.entered_seq == 211
+    assert [c.seq for c in second.calls] == list(range(211, 312))
+    assert second.calls_in_interval == 100 and second.entered_seq == 311
     db.close()
 
 
 def test_a_burst_is_read_bounded_newest_first_and_the_rest_counted_dropped(tmp_path: Path) -> None:
     db = nccl_node_db(tmp_path / "node.db")
     spec = {"comm_hash": H1, "nranks": 2, "period": 0.0001, "end": NOW, "count": 3000}
+    add_comms(db, [comm(pid=10, r=0, ts=NOW - 1), comm(pid=11, r=1, ts=NOW - 1)])
+    r = reader(tmp_path / "node.db", max_calls=1000)
+    r.read(NOW - 1)  # the first push: the ranks' state only
     rank_interval(db, pid=10, comm_rank=0, first_seq=1, **spec)  # type: ignore[arg-type]
     rank_interval(db, pid=11, comm_rank=1, first_seq=1, **spec)  # type: ignore[arg-type]
-    reports = {c.comm_rank: c for c in reader(tmp_path / "node.db", max_calls=1000).read(NOW)}
+    reports = {c.comm_rank: c for c in r.read(NOW)}
     # Rank 1 was written last: its newest 1,000 were read; rank 0's calls were all older.
     assert [c.seq for c in reports[1].calls] == list(range(2001, 3001))
     assert reports[1].dropped == 2000 and reports[0].calls == () and reports[0].dropped == 3000
@@ -155,12 +162,17 @@ def test_stale_communicators_drop_out_and_a_replaced_db_starts_over(tmp_path: Pa
     assert [c.comm_hash for c in r.read(NOW)] == [H1]  # 16 s > 3 intervals of 5 s
     add_calls(db, [call(s) for s in range(1, 50)])
     assert len(r.read(NOW)[0].calls) == 49
+    add_calls(db, [call(s, ts_enter=NOW + 3) for s in range(50, 53)])
     db.close()
     path.unlink()
     db = nccl_node_db(path)  # a fresh DB: its rowids start again below the cursor
     add_comms(db, [comm(ts=NOW + 4)])
-    add_calls(db, [call(s, ts_enter=NOW + 3) for s in range(60, 63)])
-    assert [c.seq for c in r.read(NOW + 5)[0].calls] == [60, 61, 62]
+    add_calls(db, [call(s, ts_enter=NOW + 3) for s in range(60, 62)])
+    # Fewer rows than the cursor: a new DB, whose first push is the ranks' state only.
+    (fresh,) = r.read(NOW + 5)
+    assert fresh.calls == () and fresh.calls_in_interval == 0
+    add_calls(db, [call(62, ts_enter=NOW + 5.5)])
+    assert [c.seq for c in r.read(NOW + 6)[0].calls] == [62]
     db.close()
 
 
@@ -192,6 +204,12 @@ def test_eight_ranks_round_trip_through_the_health_push_sharing_sampled_seqs(
         tmp_path / "node.db", interval_s=5.0, recent_intervals=3, max_calls_read=16384,
         pid_alive=lambda _: True,
     )  # fmt: skip
+    r.read(NOW - 5)
+    for rank in range(8):
+        rank_interval(
+            db, end=NOW, pid=100 + rank, comm_hash=H1, comm_rank=rank, nranks=8,
+            first_seq=1001 + rank, count=1000 + rank, period=0.004,
+        )  # fmt: skip
     reports = r.read(NOW)
     assert len(reports) == 8
     push = NodePush(node_id="n", cluster_id="c", score=0.9, collectives=reports)
@@ -204,5 +222,6 @@ def test_eight_ranks_round_trip_through_the_health_push_sharing_sampled_seqs(
     assert all(len(c.calls) <= MAX_CALLS for c in got.collectives)
     shared = set.intersection(*seqs)
     assert len(shared) >= 0.9 * min(len(s) for s in seqs)
-    assert all(c.dropped + len(c.calls) == 1000 + c.comm_rank for c in got.collectives)
+    assert all(c.dropped + len(c.calls) == c.calls_in_interval for c in got.collectives)
+    assert [c.calls_in_interval for c in got.collectives] == [1000 + r for r in range(8)]
     db.close()
