@@ -21,6 +21,7 @@ holds the cursor between pushes.
 
 from __future__ import annotations
 
+import json
 import logging
 import sqlite3
 from collections.abc import Callable, Iterable, Mapping
@@ -29,7 +30,13 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from ingero.nodedb.schema import SchemaError, connect
-from ingero.otlp.collectives import MAX_COMMS, CollectiveCall, CommReport
+from ingero.otlp.collectives import (
+    MAX_CALLS,
+    MAX_COMMS,
+    CollectiveCall,
+    CommReport,
+    sample_seqs,
+)
 
 log = logging.getLogger(__name__)
 
@@ -48,10 +55,21 @@ FROM {COMMS_TABLE} WHERE ts > :since
 GROUP BY pid, comm_hash, comm_rank
 ORDER BY ts DESC LIMIT :limit
 """
-_CALLS_SQL = f"""
+# The calls read this push: written since the previous one, the newest ``limit``.
+_READ_SQL = f"""
 SELECT rowid, pid, comm_hash, comm_rank, seq, op, ts_enter, ts_return, bytes
-FROM {CALLS_TABLE} WHERE rowid > :cursor AND ts_enter > :since
-ORDER BY rowid DESC LIMIT :limit
+FROM {CALLS_TABLE} WHERE rowid > ? AND ts_enter > ? ORDER BY rowid DESC LIMIT ?
+"""
+# Per rank of the calls read: their seqs, so they are sampled before the calls are read.
+_SEQS_SQL = f"""
+SELECT pid, comm_hash, comm_rank, count(*) AS n, min(rowid) AS first, group_concat(seq) AS seqs
+FROM ({_READ_SQL}) GROUP BY pid, comm_hash, comm_rank
+"""
+# The picked calls of one communicator (its ranks share the picked seqs, mostly), through
+# the tracer's (comm_hash, seq) index.
+_PICKED_SQL = f"""
+SELECT pid, comm_hash, comm_rank, seq, op, ts_enter, ts_return, bytes FROM {CALLS_TABLE}
+WHERE comm_hash = ? AND rowid >= ? AND seq IN (SELECT value FROM json_each(?))
 """
 
 
@@ -76,12 +94,12 @@ def build_reports(
     now: float,
     fresh_s: float,
     pid_alive: Callable[[int], bool],
-    truncated: Mapping[tuple[int, str, int], int] | None = None,
+    unsent: Mapping[tuple[int, str, int], int] | None = None,
 ) -> list[CommReport]:
     """CommReports from ``nccl_comms`` rows (newest per rank, as :data:`_COMMS_SQL` picks
     them) and ``nccl_calls`` rows. A rank whose process is gone is kept only while its row
     is younger than ``fresh_s``; calls of a rank with no kept row are left out (its
-    communicator's size is unknown); ``truncated`` adds calls not read to ``dropped``."""
+    communicator's size is unknown); ``unsent`` adds the calls left out to ``dropped``."""
     by_rank: dict[tuple[int, str, int], dict[int, CollectiveCall]] = {}
     for row in calls:
         # A seq written twice (a rewritten row) is sent once; the decoder wants them unique.
@@ -111,7 +129,7 @@ def build_reports(
                 inflight_op=row["inflight_op"],
                 inflight_since_ns=_ns(row["inflight_since"]),
                 wait_ns=int(row["wait_ns"] or 0),
-                dropped=int(row["dropped"] or 0) + (truncated or {}).get(key, 0),
+                dropped=int(row["dropped"] or 0) + (unsent or {}).get(key, 0),
                 calls=tuple(sampled[seq] for seq in sorted(sampled)),
             )
         )
@@ -188,23 +206,18 @@ class CollectivesReader:
                 _COMMS_SQL,
                 {"cursor": cursor.comms, "since": now - self.recent_s, "limit": 4 * MAX_COMMS},
             ).fetchall()
-            calls = conn.execute(
-                _CALLS_SQL,
-                {
-                    "cursor": cursor.calls,
-                    "since": now - self.recent_s,
-                    "limit": self.max_calls_read,
-                },
-            ).fetchall()
-            truncated: dict[tuple[int, str, int], int] = {}
-            if len(calls) == self.max_calls_read:
-                oldest = int(calls[-1]["rowid"])
+            read = (cursor.calls, now - self.recent_s, self.max_calls_read)
+            calls, unsent, total = self._sampled_calls(conn, read, {_key(row) for row in comms})
+            if total == self.max_calls_read:  # the read was cut: the older rows go unsent
+                first_read = conn.execute(f"SELECT min(rowid) FROM ({_READ_SQL})", read).fetchone()[
+                    0
+                ]
                 for row in conn.execute(
                     f"SELECT pid, comm_hash, comm_rank, count(*) AS n FROM {CALLS_TABLE}"
                     " WHERE rowid > ? AND rowid < ? GROUP BY pid, comm_hash, comm_rank",
-                    (cursor.calls, oldest),
+                    (cursor.calls, first_read),
                 ):
-                    truncated[_key(row)] = int(row["n"])
+                    unsent[_key(row)] = unsent.get(_key(row), 0) + int(row["n"])
         finally:
             conn.close()
         self._cursor = top
@@ -214,6 +227,41 @@ class CollectivesReader:
             now=now,
             fresh_s=self.interval_s,
             pid_alive=self.pid_alive,
-            truncated=truncated,
+            unsent=unsent,
         )
         return tuple(reports[:MAX_COMMS])
+
+    def _sampled_calls(
+        self,
+        conn: sqlite3.Connection,
+        read: tuple[int, float, int],
+        ranks: set[tuple[int, str, int]],
+    ) -> tuple[list[sqlite3.Row], dict[tuple[int, str, int], int], int]:
+        """The read calls of ``ranks``, each rank's sampled as the encoder samples them (at
+        most MAX_CALLS, so the encoder's own sampling nests in it); per rank how many read
+        calls were left out; and how many were read in all. Only the seqs of the calls
+        read cross into Python; then only the picked calls are fetched."""
+        picked: dict[tuple[int, str, int], set[int]] = {}
+        counts: dict[tuple[int, str, int], int] = {}
+        by_comm: dict[str, tuple[int, set[int]]] = {}
+        total = 0
+        for row in conn.execute(_SEQS_SQL, read):
+            key = _key(row)
+            total += int(row["n"])
+            if key not in ranks:
+                continue
+            seqs = sorted({int(s) for s in str(row["seqs"]).split(",")})
+            picked[key] = set(sample_seqs(seqs, MAX_CALLS))
+            counts[key] = int(row["n"])
+            first, wanted = by_comm.get(key[1], (int(row["first"]), set()))
+            by_comm[key[1]] = (min(first, int(row["first"])), wanted | picked[key])
+        rows: list[sqlite3.Row] = []
+        for comm_hash, (first, wanted) in by_comm.items():
+            for row in conn.execute(_PICKED_SQL, (comm_hash, first, json.dumps(sorted(wanted)))):
+                key = _key(row)
+                if int(row["seq"]) in picked.get(key, ()):
+                    rows.append(row)
+        sent: dict[tuple[int, str, int], int] = {}
+        for row in rows:
+            sent[_key(row)] = sent.get(_key(row), 0) + 1
+        return rows, {key: n - sent.get(key, 0) for key, n in counts.items()}, total

@@ -11,7 +11,7 @@ from opentelemetry.proto.collector.metrics.v1.metrics_service_pb2 import (
 )
 
 from ingero.nodedb.schema import connect
-from ingero.otlp.collectives import MAX_CALLS, CollectiveCall
+from ingero.otlp.collectives import MAX_CALLS, CollectiveCall, sample_calls
 from ingero.otlp.health import NodePush, decode_health, encode_health
 from ingero.push.collectives import CollectivesReader, build_reports
 from tests.nccl_db import add_calls, add_comms, nccl_node_db, rank_interval
@@ -81,7 +81,7 @@ def test_ranks_kept_while_their_process_lives_or_the_row_is_fresh(
 def test_report_fields_times_in_ns_and_calls_in_seq_order_once() -> None:
     calls = [call(3), call(1), call(2), call(2, op="ncclBroadcast"), call(1, h=H2)]
     (report,) = build_reports(
-        [comm()], calls, now=NOW, fresh_s=5.0, pid_alive=lambda _: True, truncated={(10, H1, 0): 4}
+        [comm()], calls, now=NOW, fresh_s=5.0, pid_alive=lambda _: True, unsent={(10, H1, 0): 4}
     )
     assert [c.seq for c in report.calls] == [1, 2, 3]
     assert report.calls[1].op == "ncclBroadcast"  # the row written last wins
@@ -121,21 +121,21 @@ def test_each_push_reads_the_calls_written_since_the_previous_one(tmp_path: Path
     # The first push has no previous one to count from: the rank's state, no calls.
     (first,) = r.read(NOW)
     assert first.entered_seq == 110 and first.calls == () and first.calls_in_interval == 0
-    rank_interval(db, end=NOW + 1, first_seq=111, count=100, **spec)  # type: ignore[arg-type]
+    rank_interval(db, end=NOW + 1, first_seq=111, count=50, **spec)  # type: ignore[arg-type]
     (one,) = r.read(NOW + 1)
-    assert [c.seq for c in one.calls] == list(range(111, 211))
-    assert one.entered_seq == 210 and one.calls_in_interval == 100
+    assert [c.seq for c in one.calls] == list(range(111, 161))
+    assert one.entered_seq == 160 and one.calls_in_interval == 50 and one.dropped == 0
     # Nothing new: the rank is still reported (its row is recent), with no calls.
     (idle,) = r.read(NOW + 2)
-    assert idle.calls == () and idle.calls_in_interval == 0 and idle.entered_seq == 210
+    assert idle.calls == () and idle.calls_in_interval == 0 and idle.entered_seq == 160
     # A call the tracer wrote late, entered before the previous push, is read once; two
     # tracer intervals within one push are summed.
-    add_calls(db, [call(211, ts_enter=NOW + 0.9, ts_return=NOW + 0.95)])
-    rank_interval(db, end=NOW + 4, first_seq=212, count=50, **spec)  # type: ignore[arg-type]
-    rank_interval(db, end=NOW + 5, first_seq=262, count=50, **spec)  # type: ignore[arg-type]
+    add_calls(db, [call(161, ts_enter=NOW + 0.9, ts_return=NOW + 0.95)])
+    rank_interval(db, end=NOW + 4, first_seq=162, count=30, **spec)  # type: ignore[arg-type]
+    rank_interval(db, end=NOW + 5, first_seq=192, count=30, **spec)  # type: ignore[arg-type]
     (second,) = r.read(NOW + 5)
-    assert [c.seq for c in second.calls] == list(range(211, 312))
-    assert second.calls_in_interval == 100 and second.entered_seq == 311
+    assert [c.seq for c in second.calls] == list(range(161, 222))
+    assert second.calls_in_interval == 60 and second.entered_seq == 221
     db.close()
 
 
@@ -148,10 +148,39 @@ def test_a_burst_is_read_bounded_newest_first_and_the_rest_counted_dropped(tmp_p
     rank_interval(db, pid=10, comm_rank=0, first_seq=1, **spec)  # type: ignore[arg-type]
     rank_interval(db, pid=11, comm_rank=1, first_seq=1, **spec)  # type: ignore[arg-type]
     reports = {c.comm_rank: c for c in r.read(NOW)}
-    # Rank 1 was written last: its newest 1,000 were read; rank 0's calls were all older.
-    assert [c.seq for c in reports[1].calls] == list(range(2001, 3001))
-    assert reports[1].dropped == 2000 and reports[0].calls == () and reports[0].dropped == 3000
+    # Rank 1 was written last: its newest 1,000 were read (and sampled down to what the
+    # push can carry); rank 0's calls were all older.
+    read = [CollectiveCall(s, "ncclAllReduce", 0) for s in range(2001, 3001)]
+    assert [c.seq for c in reports[1].calls] == [c.seq for c in sample_calls(read)]
+    assert reports[1].dropped == 3000 - len(reports[1].calls)
+    assert reports[0].calls == () and reports[0].dropped == 3000
     db.close()
+
+
+# (name, seqs the tracer sampled in one interval)
+SAMPLINGS = [
+    ("fits", list(range(1, 65))),
+    ("one too many", list(range(1, 66))),
+    ("dense thousand", list(range(7, 1007))),
+    ("tracer stride 4 plus its last", [*range(4, 4000, 4), 4001]),
+    ("last is a multiple", list(range(1, 1025))),
+    ("sparse and huge", [1 << k for k in range(30, 40)] + list(range(3, 200, 2))),
+]
+
+
+@pytest.mark.parametrize(("name", "seqs"), SAMPLINGS, ids=[s[0] for s in SAMPLINGS])
+def test_the_reader_samples_in_sql_exactly_as_the_encoder_does(
+    tmp_path: Path, name: str, seqs: list[int]
+) -> None:
+    db = nccl_node_db(tmp_path / "node.db")
+    add_comms(db, [comm(ts=NOW - 1)])
+    r = reader(tmp_path / "node.db")
+    r.read(NOW - 1)
+    add_calls(db, [call(s, ts_enter=NOW - 0.5) for s in seqs])
+    (report,) = r.read(NOW)
+    calls = [CollectiveCall(s, "ncclAllReduce", 0) for s in sorted(seqs)]
+    assert [c.seq for c in report.calls] == [c.seq for c in sample_calls(calls, MAX_CALLS)]
+    assert report.dropped == len(seqs) - len(report.calls)
 
 
 def test_stale_communicators_drop_out_and_a_replaced_db_starts_over(tmp_path: Path) -> None:
