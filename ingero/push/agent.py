@@ -12,7 +12,7 @@ import random
 import threading
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field, replace
-from typing import Protocol
+from typing import Protocol, TypeVar
 
 from ingero.clock import Clock
 from ingero.events import Event
@@ -33,6 +33,7 @@ from ingero.slurm.jobfile import JobInfo
 from ingero.systemd import Notifier, watchdog_interval
 
 log = logging.getLogger(__name__)
+T = TypeVar("T")
 
 
 class Sampler(Protocol):
@@ -124,7 +125,7 @@ class Agent:
         status = self.status
         status.iterations += 1
         ident, job_file = self._current_identity()
-        sample = self.sampler.sample(self._fresh_peers(), job_file)
+        sample = self.sampler.sample(self._fresh(self._peers), job_file)
         if sample.transition is not None:
             t = sample.transition
             log.info("node state %s -> %s (%s)", t.previous, t.current, t.reason)
@@ -174,7 +175,7 @@ class Agent:
             self.clock.now(),
             job_ended=sample.job_running is False,
             fleet_episode=reading.episode_id if reading is not None else None,
-            peer_lag=self._fresh_lag(),
+            peer_lag=self._fresh(self._lag),
         )
         for event in self.classifier.observe(observation):
             log.warning("%s", event.message())
@@ -235,21 +236,14 @@ class Agent:
         state = "stalled" if s.stalled else s.state
         return f"{state} score={score} mode={s.mode} threshold={threshold}{straggler}"
 
-    def _fresh_peers(self) -> dict[str, float] | None:
-        if self._peers is None:
+    def _fresh(self, held: tuple[T, float] | None) -> T | None:
+        """What a Fleet reply said, while as fresh as a threshold in mode ``fleet``."""
+        if held is None:
             return None
-        medians, at = self._peers
+        value, at = held
         if self.clock.monotonic() - at > float(self.config.detection.fleet_max_age):
             return None
-        return medians
-
-    def _fresh_lag(self) -> float | None:
-        if self._lag is None:
-            return None
-        lag, at = self._lag
-        if self.clock.monotonic() - at > float(self.config.detection.fleet_max_age):
-            return None
-        return lag
+        return value
 
     def _clock_skew(self, offset: ClockOffset | None, push: NodePush) -> None:
         change = self.skew.observe(offset)

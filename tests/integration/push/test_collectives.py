@@ -192,6 +192,7 @@ def test_collectives_and_a_clock_offset_near_zero_reach_fleet(
         tracer.join()
         Procs.stop(c.pushers[c.node(0)])
         close()
+    assert c.fleet_metric("ingero_fleet_requests_total", transport=transport, signal="metrics") >= 4
     pushes = rec.snapshot()
     assert rec.server_times and all(p.node_id == c.node(0) for p in pushes)
     # Both ranks of the communicator, in every push that has them; sequence numbers only grow.
@@ -219,3 +220,5 @@ def test_collectives_and_a_clock_offset_near_zero_reach_fleet(
         assert 0 < push.clock.uncertainty_s < 1.0
         assert abs(push.clock.offset_s) <= push.clock.uncertainty_s + 1e-6
     assert not [e for e in c.events() if e.type == "clock_skew"]
+    # Fleet took every point of every push: the communicators pass its decoder.
+    assert c.fleet_metric("ingero_fleet_rejected_total") == 0
