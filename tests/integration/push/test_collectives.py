@@ -6,8 +6,8 @@ between fleet-push and Fleet: it decodes each push and passes it, and Fleet's re
 its headers or initial metadata (``server_time`` among them), through unchanged. A thread
 writes a tracer interval of two NCCL ranks into the node DB every interval, as ``ingero
 trace`` does. Node and Fleet share this host's clock, so the pushed offset must be within
-its uncertainty of 0 (no way to skew one side's clock here without a test hook in the
-product: the skew itself is covered by the estimator's unit tests).
+its uncertainty of 0. A skewed clock is made without any hook in the product: the proxy
+adds 500 ms to Fleet's time on its way back, as a Fleet whose clock runs ahead would send.
 """
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ import http.server
 import os
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from concurrent import futures
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -48,6 +48,14 @@ class Recorder:
     pushes: list[NodePush] = field(default_factory=list)
     server_times: list[float] = field(default_factory=list)
     lock: threading.Lock = field(default_factory=threading.Lock)
+    # Added to Fleet's server time on its way back: the node then reads a Fleet whose
+    # clock is this far ahead of its own (the proxy is the test's, the product is untouched).
+    shift: float = 0.0
+
+    def shifted(self, name: str, value: str) -> str:
+        if name.endswith("server-time") and value:
+            return repr(float(value) + self.shift)
+        return value
 
     def record(self, body: bytes, reply: dict[str, str]) -> None:
         decoded = decode_health(ExportMetricsServiceRequest.FromString(body))
@@ -76,7 +84,7 @@ def http_proxy(fleet_port: int, rec: Recorder) -> http.server.ThreadingHTTPServe
             )
             answer = conn.getresponse()
             data = answer.read()
-            headers = {k.lower(): v for k, v in answer.getheaders()}
+            headers = {k.lower(): rec.shifted(k.lower(), v) for k, v in answer.getheaders()}
             conn.close()
             if self.path == "/v1/metrics" and answer.status == 200:
                 rec.record(body, {k.removeprefix("x-ingero-"): v for k, v in headers.items()})
@@ -104,7 +112,7 @@ def grpc_proxy(fleet_port: int, rec: Recorder) -> tuple[grpc.Server, int]:
 
         def handle(body: bytes, context: grpc.ServicerContext) -> bytes:
             reply, call = call_fleet.with_call(body, timeout=10)
-            metadata = tuple((k, str(v)) for k, v in call.initial_metadata())
+            metadata = tuple((k, rec.shifted(k, str(v))) for k, v in call.initial_metadata())
             context.send_initial_metadata(metadata)
             if method == METRICS:
                 rec.record(body, {k.removeprefix("ingero-"): v for k, v in metadata})
@@ -152,6 +160,20 @@ class Tracer(threading.Thread):
             conn.close()
 
 
+def start(c: Cluster, transport: str, rec: Recorder) -> Callable[[], None]:
+    """Fleet, the sink, a recording proxy in front of Fleet and fleet-push through it;
+    returns what stops the proxy."""
+    c.start_fleet()
+    c.start_sink()
+    if transport == "http":
+        proxy = http_proxy(c.ports["otlp_http"], rec)
+        c.start_push(0, transport, f"http://127.0.0.1:{proxy.server_address[1]}")
+        return proxy.shutdown
+    server, port = grpc_proxy(c.ports["otlp_grpc"], rec)
+    c.start_push(0, transport, f"127.0.0.1:{port}")
+    return lambda: server.stop(None)
+
+
 @pytest.fixture
 def cluster(tmp_path: Path) -> Iterator[Cluster]:
     procs = Procs()
@@ -167,21 +189,12 @@ def test_collectives_and_a_clock_offset_near_zero_reach_fleet(
     cluster: Cluster, transport: str
 ) -> None:
     c = cluster
-    c.start_fleet()
-    c.start_sink()
     tracer = Tracer(c.tmp / f"{c.node(0)}.db")
     tracer.start()
     rec = Recorder()
-    if transport == "http":
-        proxy = http_proxy(c.ports["otlp_http"], rec)
-        endpoint = f"http://127.0.0.1:{proxy.server_address[1]}"
-        close = proxy.shutdown
-    else:
-        server, port = grpc_proxy(c.ports["otlp_grpc"], rec)
-        endpoint = f"127.0.0.1:{port}"
-        close = lambda: server.stop(None)  # noqa: E731
+    close: Callable[[], None] = lambda: None  # noqa: E731
     try:
-        c.start_push(0, transport, endpoint)
+        close = start(c, transport, rec)
         with_clock = wait_for(
             lambda: [p for p in rec.snapshot() if p.collectives and p.clock][3:],
             60,
@@ -190,7 +203,8 @@ def test_collectives_and_a_clock_offset_near_zero_reach_fleet(
     finally:
         tracer.stop.set()
         tracer.join()
-        Procs.stop(c.pushers[c.node(0)])
+        if c.node(0) in c.pushers:
+            Procs.stop(c.pushers[c.node(0)])
         close()
     assert c.fleet_metric("ingero_fleet_requests_total", transport=transport, signal="metrics") >= 4
     pushes = rec.snapshot()
@@ -222,3 +236,43 @@ def test_collectives_and_a_clock_offset_near_zero_reach_fleet(
     assert not [e for e in c.events() if e.type == "clock_skew"]
     # Fleet took every point of every push: the communicators pass its decoder.
     assert c.fleet_metric("ingero_fleet_rejected_total") == 0
+
+
+def test_a_clock_off_fleets_raises_clock_skew_on_every_channel_and_ends_it(
+    cluster: Cluster,
+) -> None:
+    """Fleet's time reaches the node 500 ms ahead (through the proxy): the pushed offset
+    says so within its uncertainty, clock_skew starts once, reaches the socket sink and
+    Fleet (OTLP logs), and ends with the same event_id once the times agree again."""
+    c = cluster
+    rec = Recorder(shift=0.5)
+    close = start(c, "http", rec)
+    try:
+        skewed = wait_for(
+            lambda: [p for p in rec.snapshot() if p.clock][1:], 60, "two pushed offsets"
+        )
+        for push in skewed:
+            assert push.clock is not None
+            assert abs(push.clock.offset_s - 0.5) <= push.clock.uncertainty_s + 1e-6
+        (start_event,) = wait_for(
+            lambda: [e for e in c.events() if e.type == "clock_skew"], 30, "clock_skew start"
+        )
+        assert start_event.extra["state"] == "start" and start_event.node_id == c.node(0)
+        assert start_event.extra["offset_ms"] == pytest.approx(
+            500, abs=start_event.extra["uncertainty_ms"] + 0.001
+        )
+        rec.shift = 0.0  # the clocks agree again (a step: the old samples are dropped)
+        events = wait_for(
+            lambda: [e for e in c.events() if e.type == "clock_skew"][1:], 30, "clock_skew end"
+        )
+        # Fleet gets both through OTLP logs and passes them to its journal exit point.
+        wait_for(
+            lambda: c.fleet_metric("ingero_fleet_events_total", type="clock_skew") == 2,
+            30,
+            "Fleet to publish both clock_skew events",
+        )
+    finally:
+        Procs.stop(c.pushers[c.node(0)])
+        close()
+    assert [e.extra["state"] for e in events] == ["end"]
+    assert events[0].event_id == start_event.event_id
