@@ -165,10 +165,11 @@ class CollectivesReader:
         self._warned: str | None = None
 
     def read(self, now: float) -> tuple[CommReport, ...]:
-        """The communicators as of ``now``; none (logged once) when the DB cannot be read."""
+        """The communicators as of ``now``; none (logged once) when the DB cannot be read
+        or holds what no tracer writes: the health push goes out either way."""
         try:
             return self._read(now)
-        except (sqlite3.Error, SchemaError, OSError) as exc:
+        except (sqlite3.Error, SchemaError, OSError, TypeError, ValueError) as exc:
             message = f"{self.db_path}: cannot read NCCL tables: {exc}"
             if message != self._warned:
                 log.warning("%s", message)

@@ -219,6 +219,13 @@ def test_a_locked_or_broken_table_costs_one_warning_and_no_reports(
     db.close()
 
 
+def test_a_row_no_tracer_writes_costs_the_report_not_the_push(tmp_path: Path) -> None:
+    db = nccl_node_db(tmp_path / "node.db")
+    add_comms(db, [comm(nranks="many")])  # SQLite keeps what it is given
+    assert reader(tmp_path / "node.db").read(NOW) == ()
+    db.close()
+
+
 def test_eight_ranks_round_trip_through_the_health_push_sharing_sampled_seqs(
     tmp_path: Path,
 ) -> None:
