@@ -9,7 +9,7 @@ the wire (media types, gzip, limits, the answers) is the OTLP receiver core's
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 
 from google.protobuf.message import Message
 from opentelemetry.proto.collector.logs.v1.logs_service_pb2 import ExportLogsServiceRequest
@@ -26,7 +26,7 @@ from ingero.otlp.health import decode_health
 from ingero.otlp.limits import TOO_LONG, ValueTooLong
 from ingero.otlp.logs import decode_events
 from ingero.otlp.receiver import export_response
-from ingero.otlp.threshold import ThresholdView
+from ingero.otlp.threshold import ThresholdView, with_fields
 from ingero.otlp.transport import Signal
 
 # Rejection reasons added by the receiver (the decoders add the per-point ones, the OTLP
@@ -90,7 +90,7 @@ class Receiver:
             # Fleet's time as it answers, the last thing before the reply is written: the
             # node estimates its clock offset from it (ingero.push.clock_offset). Once per
             # request, not per push: a request carries one node's push.
-            reply.view = replace(reply.view, server_time=self._clock.now())
+            reply.view = with_fields(reply.view, server_time=self._clock.now())
         return reply
 
     def logs_request(self, request: ExportLogsServiceRequest) -> PushReply:
