@@ -129,6 +129,7 @@ def run_agent(
         clock=clock,
         baseline_path=state_dir / "baselines.json",
         gpu=gpu,
+        collectives=config.collectives,
     )
     client = make_client(config)
     ch = config.channels

@@ -97,7 +97,7 @@ class FleetDaemon:
         self.score_history = (
             ScoreHistory(interval, clock) if self.echo_forwarder is not None and interval else None
         )
-        self.receiver = Receiver(self.state, self.metrics, self.events)
+        self.receiver = Receiver(self.state, self.metrics, self.events, clock)
         self._notifier = notifier or systemd_notifier()
         self._tick_listeners: list[tuple[str, TickListener]] = []
         self._stop = threading.Event()

@@ -17,6 +17,7 @@ from opentelemetry.proto.collector.metrics.v1.metrics_service_pb2 import (
     ExportMetricsServiceRequest,
 )
 
+from ingero.clock import Clock, SystemClock
 from ingero.fleet.events import EventQueue
 from ingero.fleet.metrics import FleetMetrics
 from ingero.fleet.model import CapacityError
@@ -25,7 +26,7 @@ from ingero.otlp.health import decode_health
 from ingero.otlp.limits import TOO_LONG, ValueTooLong
 from ingero.otlp.logs import decode_events
 from ingero.otlp.receiver import export_response
-from ingero.otlp.threshold import ThresholdView
+from ingero.otlp.threshold import ThresholdView, with_fields
 from ingero.otlp.transport import Signal
 
 # Rejection reasons added by the receiver (the decoders add the per-point ones, the OTLP
@@ -49,10 +50,17 @@ class PushReply:
 class Receiver:
     """Feeds decoded requests to the state and the event queue; counts what it refuses."""
 
-    def __init__(self, state: FleetState, metrics: FleetMetrics, events: EventQueue) -> None:
+    def __init__(
+        self,
+        state: FleetState,
+        metrics: FleetMetrics,
+        events: EventQueue,
+        clock: Clock | None = None,
+    ) -> None:
         self._state = state
         self._metrics = metrics
         self._events = events
+        self._clock = clock or SystemClock()
 
     def refuse(self, reason: str) -> None:
         self._metrics.count_rejected({reason: 1})
@@ -78,6 +86,11 @@ class Receiver:
             reply.messages.append(message)
         if reasons:
             self._metrics.count_rejected(reasons)
+        if reply.view is not None:
+            # Fleet's time as it answers, the last thing before the reply is written: the
+            # node estimates its clock offset from it (ingero.push.clock_offset). Once per
+            # request, not per push: a request carries one node's push.
+            reply.view = with_fields(reply.view, server_time=self._clock.now())
         return reply
 
     def logs_request(self, request: ExportLogsServiceRequest) -> PushReply:

@@ -119,21 +119,33 @@ class CollectivesDecode:
     errors: list[str] = field(default_factory=list)
 
 
-def sample_calls(calls: Sequence[CollectiveCall], limit: int = MAX_CALLS) -> list[CollectiveCall]:
-    """At most ``limit`` of ``calls`` (in sequence order): all of them when they fit, else
-    those whose seq is a multiple of the smallest power of two that makes them fit, plus the
-    last call. Power-of-two strides nest, so two ranks whose counts differ a little keep the
-    same multiples of the larger stride, and Fleet can join them on those."""
-    if len(calls) <= limit:
-        return list(calls)
+def sample_seqs(seqs: Sequence[int], limit: int = MAX_CALLS) -> list[int]:
+    """At most ``limit`` of ``seqs`` (increasing): all of them when they fit, else those
+    that are multiples of the smallest power of two that makes them fit, plus the last.
+    Power-of-two strides nest, so two ranks whose counts differ a little keep the same
+    multiples of the larger stride, and Fleet can join them on those."""
+    if len(seqs) <= limit:
+        return list(seqs)
     if limit <= 1:
-        return list(calls[-1:]) if limit == 1 else []
+        return list(seqs[-1:]) if limit == 1 else []
     stride = 2
     while True:
-        picked = [c for c in calls[:-1] if c.seq % stride == 0]
+        picked = [s for s in seqs[:-1] if s % stride == 0]
         if len(picked) <= limit - 1:
-            return [*picked, calls[-1]]
+            return [*picked, seqs[-1]]
         stride *= 2
+
+
+def sample_calls(calls: Sequence[CollectiveCall], limit: int = MAX_CALLS) -> list[CollectiveCall]:
+    """At most ``limit`` of ``calls`` (in sequence order), picked by :func:`sample_seqs`
+    (which the node's reader also applies to the seqs alone, before it reads the calls)."""
+    if len(calls) <= limit:
+        return list(calls)
+    keep = sample_seqs([c.seq for c in calls], limit)
+    if not keep:
+        return []
+    multiples = set(keep[:-1])
+    return [*(c for c in calls[:-1] if c.seq in multiples), calls[-1]]
 
 
 def encode_collectives(

@@ -217,6 +217,17 @@ class ThresholdView:
     )
 
 
+def with_fields(view: ThresholdView, **values: Any) -> ThresholdView:
+    """A copy of ``view`` with ``values`` set, unchecked, for Fleet's hot path: built
+    directly, because dataclasses.replace re-runs __init__ and copy.copy goes through
+    __reduce_ex__ (8 and 4 µs, most of an ingest; this is about 1 µs). The view is frozen
+    to its users, not to its builder; the caller passes values of the fields' kinds."""
+    copy: ThresholdView = object.__new__(ThresholdView)
+    copy.__dict__.update(view.__dict__)
+    copy.__dict__.update(values)
+    return copy
+
+
 def _header_name(key: str) -> str:
     """``ingero-quorum-met`` -> ``X-Ingero-Quorum-Met``."""
     return "X-" + "-".join(part.capitalize() for part in key.split("-"))

@@ -12,16 +12,18 @@ import random
 import threading
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field, replace
-from typing import Protocol
+from typing import Protocol, TypeVar
 
 from ingero.clock import Clock
 from ingero.events import Event
+from ingero.otlp.collectives import ClockOffset
 from ingero.otlp.exporter import jittered
 from ingero.otlp.health import NodePush, encode_health
 from ingero.otlp.resource import PUSH_SERVICE, service_attributes
 from ingero.push.channels import Channel
 from ingero.push.classifier import Classifier, Observation
 from ingero.push.client import PushClient
+from ingero.push.clock_offset import ClockEstimator, SkewEpisode, skew_event
 from ingero.push.config import PushConfig
 from ingero.push.detection import Decision, DetectionSelector
 from ingero.push.detection_store import DetectionStore
@@ -31,6 +33,7 @@ from ingero.slurm.jobfile import JobInfo
 from ingero.systemd import Notifier, watchdog_interval
 
 log = logging.getLogger(__name__)
+T = TypeVar("T")
 
 
 class Sampler(Protocol):
@@ -106,20 +109,42 @@ class Agent:
         # Fleet's peer medians of the raw rates, with the monotonic time they came; used as
         # the throughput reference while as fresh as a threshold in mode ``fleet``.
         self._peers: tuple[dict[str, float], float] | None = None
+        # Fleet's peer lag of this node's NCCL rank (None: not late), with the monotonic
+        # time of the reply that said so; held as long as a threshold in mode ``fleet``.
+        self._lag: tuple[float | None, float] | None = None
+        interval = float(config.push_interval)
+        # The last ``samples`` pushes span about that many intervals; twice that, jitter
+        # and a slow Fleet included, before an estimate counts as stale.
+        self.clock_offset = ClockEstimator(
+            config.clock.samples, 2 * config.clock.samples * interval
+        )
+        self.skew = SkewEpisode(float(config.clock.skew_bound))
 
     def step(self) -> float:
         """One iteration; returns the seconds to wait before the next one."""
         status = self.status
         status.iterations += 1
         ident, job_file = self._current_identity()
-        sample = self.sampler.sample(self._fresh_peers(), job_file)
+        sample = self.sampler.sample(self._fresh(self._peers), job_file)
         if sample.transition is not None:
             t = sample.transition
             log.info("node state %s -> %s (%s)", t.previous, t.current, t.reason)
         push = self._node_push(sample, ident)
         status.state, status.score, status.stalled = sample.state, push.score, sample.stalled
-        result = self.client.push(encode_health(push, int(self.clock.now() * 1e9), self.service))
+        request = encode_health(push, int(self.clock.now() * 1e9), self.service)
+        # The round trip on the monotonic clock, placed at the wall time of sending: a
+        # wall-clock step during the push cannot fake a short (or negative) round trip.
+        sent, sent_mono = self.clock.now(), self.clock.monotonic()
+        result = self.client.push(request)
+        received_mono = self.clock.monotonic()
         reading = result.reading
+        offset = self.clock_offset.observe(
+            sent,
+            sent + (received_mono - sent_mono),
+            reading.server_time if result.ok and reading is not None else None,
+            received_mono,
+        )
+        self._clock_skew(offset, push)
         if result.ok:
             status.pushes_ok += 1
             if reading is None and result.error is None:
@@ -135,6 +160,8 @@ class Agent:
             status.last_error = result.error
         if reading is not None and reading.peer_rates and reading.quorum_met:
             self._peers = (dict(reading.peer_rates), self.clock.monotonic())
+        if reading is not None:
+            self._lag = (reading.peer_lag, self.clock.monotonic())
         fresh = self.selector.on_fleet(reading)
         decision = self.selector.decide(push.score if sample.state == "active" else None)
         if self.store is not None and (fresh or sample.state == "active"):
@@ -148,6 +175,7 @@ class Agent:
             self.clock.now(),
             job_ended=sample.job_running is False,
             fleet_episode=reading.episode_id if reading is not None else None,
+            peer_lag=self._fresh(self._lag),
         )
         for event in self.classifier.observe(observation):
             log.warning("%s", event.message())
@@ -208,13 +236,33 @@ class Agent:
         state = "stalled" if s.stalled else s.state
         return f"{state} score={score} mode={s.mode} threshold={threshold}{straggler}"
 
-    def _fresh_peers(self) -> dict[str, float] | None:
-        if self._peers is None:
+    def _fresh(self, held: tuple[T, float] | None) -> T | None:
+        """What a Fleet reply said, while as fresh as a threshold in mode ``fleet``."""
+        if held is None:
             return None
-        medians, at = self._peers
+        value, at = held
         if self.clock.monotonic() - at > float(self.config.detection.fleet_max_age):
             return None
-        return medians
+        return value
+
+    def _clock_skew(self, offset: ClockOffset | None, push: NodePush) -> None:
+        change = self.skew.observe(offset)
+        if change is None or offset is None:
+            return
+        state, event_id = change
+        event = skew_event(
+            state,
+            event_id,
+            offset,
+            self.skew.bound,
+            node_id=push.node_id,
+            cluster_id=push.cluster_id,
+            timestamp=self.clock.now(),
+            job_id=push.job_id,
+            rank=push.rank,
+        )
+        log.warning("%s", event.message())
+        self._emit(event)
 
     def _current_identity(self) -> tuple[Identity, bool]:
         """The identity this interval, and whether the prolog's job file is present."""
@@ -246,6 +294,8 @@ class Agent:
             rates=dict(result.rates) if result else {},
             stalled=sample.stalled,
             episode_id=self.classifier.episode_id,
+            collectives=sample.collectives,
+            clock=self.clock_offset.estimate(self.clock.monotonic()),
         )
 
     def _mode_event(self, decision: Decision, push: NodePush) -> Event:

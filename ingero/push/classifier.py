@@ -14,6 +14,11 @@ Rules (documented in docs/fleet-push.md):
 - a stalled node (its job runs, it launches nothing) is classified like any active node; its
   ``straggler_state`` carries ``reason: stall``, and if its job ends before it works again
   the episode ends with ``reason: job_ended``, never ``recovered``;
+- Fleet's ``peer_lag`` in the push reply (this node's NCCL rank enters its collectives
+  consistently late behind its peers) makes the interval a straggler interval whatever the
+  score: the same enter rule applies, the ``straggler_state`` carries ``reason: peer_lag``,
+  ``peer_lag_s`` and dominant signal ``peer_lag``, and the episode cannot recover while
+  Fleet still reports the lag;
 - one episode, one id: an episode that starts while Fleet already has one open for this
   node takes Fleet's id (from the push reply); the node's open id goes with every push, so
   Fleet adopts it when the node saw the episode first.
@@ -47,6 +52,8 @@ class Observation:
     stalled: bool = False
     job_ended: bool = False  # the node's job is known to have ended (processes gone)
     fleet_episode: str | None = None  # Fleet's open episode of this node, from the reply
+    # Fleet's entry lag (s) of this node's NCCL rank behind its peers; None: not late.
+    peer_lag: float | None = None
 
     @classmethod
     def of(
@@ -57,6 +64,7 @@ class Observation:
         *,
         job_ended: bool = False,
         fleet_episode: str | None = None,
+        peer_lag: float | None = None,
     ) -> Observation:
         """The interval a push and its detection decision describe."""
         return cls(
@@ -74,6 +82,7 @@ class Observation:
             stalled=push.stalled,
             job_ended=job_ended,
             fleet_episode=fleet_episode,
+            peer_lag=peer_lag,
         )
 
 
@@ -110,10 +119,12 @@ class Classifier:
                 obs.job_ended or self._stall or (self._job is not None and obs.job_id != self._job)
             )
             return [self._end(obs, "job_ended" if ended else f"node is {obs.state}")]
-        if obs.threshold is None:
+        lagging = obs.peer_lag is not None
+        if obs.threshold is None and not lagging:
             return []
+        below = lagging or (obs.threshold is not None and obs.score < obs.threshold)
         if self._episode is None:
-            self._below = self._below + 1 if obs.score < obs.threshold else 0
+            self._below = self._below + 1 if below else 0
             if self._below >= self._config.enter_intervals:
                 self._below = 0
                 self._episode = obs.fleet_episode or new_event_id()
@@ -124,7 +135,11 @@ class Classifier:
                 return [self._event("straggler_state", obs, {"repeat": 0})]
             return []
         self._stall = self._stall or obs.stalled
-        if obs.score >= obs.threshold + self._config.hysteresis:
+        if (
+            not lagging
+            and obs.threshold is not None
+            and obs.score >= obs.threshold + self._config.hysteresis
+        ):
             return [self._end(obs, "recovered")]
         self._since_emit += 1
         every = self._config.reemit_intervals
@@ -141,8 +156,14 @@ class Classifier:
 
     def _event(self, kind: str, obs: Observation, extra: dict[str, object]) -> Event:
         assert self._episode is not None
+        signal = obs.dominant_signal
         if kind == "straggler_state" and obs.stalled:
             extra = {**extra, "reason": "stall"}
+        elif kind == "straggler_state" and obs.peer_lag is not None:
+            extra = {**extra, "reason": "peer_lag", "peer_lag_s": obs.peer_lag}
+        if kind == "straggler_state" and obs.peer_lag is not None:
+            # The cross-rank signal names the cause better than the node's own score does.
+            signal = "peer_lag"
         return Event(
             type=kind,
             node_id=obs.node_id,
@@ -154,6 +175,6 @@ class Classifier:
             score=obs.score,
             threshold=obs.threshold,
             detection_mode=obs.mode,
-            dominant_signal=obs.dominant_signal,
+            dominant_signal=signal,
             extra={**extra, "panic": obs.panic},
         )

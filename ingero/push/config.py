@@ -67,6 +67,30 @@ class ChannelsConfig:
 
 
 @dataclass(frozen=True)
+class CollectivesConfig:
+    """What of the node DB's NCCL tables goes with each push (issue 14)."""
+
+    enabled: bool = True
+    # A communicator is pushed while the tracer wrote a row for it within this many push
+    # intervals (a process that exited, or a communicator destroyed, drops out after them).
+    recent_intervals: int = field(default=3, metadata=positive())
+    # At most this many sampled calls are read from the node DB per push (the newest), so
+    # a burst of collectives costs a bounded read; the encoder keeps at most 1,024 of them.
+    max_calls_read: int = field(default=16384, metadata=positive())
+
+
+@dataclass(frozen=True)
+class ClockConfig:
+    """The clock offset to Fleet, estimated from push round trips (issue 14)."""
+
+    # The estimate is the best (shortest round trip) of the last this many replies that
+    # carried Fleet's time.
+    samples: int = field(default=8, metadata=positive())
+    # clock_skew starts when the offset is beyond this bound by more than its uncertainty.
+    skew_bound: Duration = field(default=Duration(0.010), metadata=positive())
+
+
+@dataclass(frozen=True)
 class PushConfig:
     fleet_endpoint: str = f"http://127.0.0.1:{FLEET_OTLP_HTTP_PORT}"
     transport: Literal["http", "grpc"] = "http"
@@ -89,6 +113,8 @@ class PushConfig:
     detection: DetectionConfig = field(default_factory=DetectionConfig)
     classifier: ClassifierConfig = field(default_factory=ClassifierConfig)
     channels: ChannelsConfig = field(default_factory=ChannelsConfig)
+    collectives: CollectivesConfig = field(default_factory=CollectivesConfig)
+    clock: ClockConfig = field(default_factory=ClockConfig)
     score: ScoreConfig = field(default_factory=ScoreConfig)
 
     def validate(self) -> None:

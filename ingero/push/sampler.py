@@ -9,15 +9,18 @@ from __future__ import annotations
 import logging
 import os
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 from ingero.clock import Clock
 from ingero.collectors.gpu import GpuQuery, GpuStatus, NoGpu
 from ingero.collectors.nodedb import NodeDbUnavailable, WindowAggregates, read_window
 from ingero.collectors.procfs import ProcfsError, ProcReader
+from ingero.otlp.collectives import CommReport
 from ingero.otlp.health import KERNEL_LAUNCH_RATE, STEP_RATE, THROUGHPUT_RATES, NodeState
 from ingero.push.baseline import BaselineSet, BaselineStore, EmaBaseline
+from ingero.push.collectives import CollectivesReader
+from ingero.push.config import CollectivesConfig
 from ingero.push.gpu_health import GpuFinding, GpuHealth, GpuHealthTracker
 from ingero.push.nodestate import NodeStateMachine, Transition
 from ingero.push.score import ScoreConfig, ScoreInputs, ScoreResult, compute_score
@@ -42,6 +45,8 @@ class NodeSample:
     job_running: bool | None = None
     # The peer rate the throughput signal was measured against, None: the own baseline.
     peer_rate: str | None = None
+    # The node's NCCL communicators this interval (ingero.push.collectives).
+    collectives: tuple[CommReport, ...] = ()
 
     @property
     def score(self) -> float:
@@ -63,11 +68,24 @@ class NodeSampler:
         proc: ProcReader | None = None,
         gpu: GpuQuery | None = None,
         pid_alive: Callable[[int], bool] | None = None,
+        collectives: CollectivesConfig | None = None,
     ) -> None:
         """``pid_alive`` tells whether a traced process still exists (default: this host's
-        process table); the benchmark's simulated processes inject their own."""
+        process table); the benchmark's simulated processes inject their own.
+        ``collectives``: read the node DB's NCCL tables too (None: not at all)."""
         config.validate()
         self.pid_alive = pid_alive or _pid_alive
+        self.collectives = (
+            CollectivesReader(
+                db_path,
+                interval_s=window_s,
+                recent_intervals=collectives.recent_intervals,
+                max_calls_read=collectives.max_calls_read,
+                pid_alive=self.pid_alive,
+            )
+            if collectives is not None and collectives.enabled
+            else None
+        )
         # The processes that launched kernels in the last window with launches.
         self.traced_pids: tuple[int, ...] = ()
         self.config = config
@@ -128,7 +146,10 @@ class NodeSampler:
             host_mem_free = self.proc.meminfo().available_fraction
         except ProcfsError as exc:
             log.warning("%s", exc)
-        return self.evaluate(window, now, cpu_busy, host_mem_free, peer_rates, job_file)
+        sample = self.evaluate(window, now, cpu_busy, host_mem_free, peer_rates, job_file)
+        if self.collectives is None:
+            return sample
+        return replace(sample, collectives=self.collectives.read(now))
 
     def evaluate(
         self,

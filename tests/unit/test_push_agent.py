@@ -307,3 +307,96 @@ def test_each_mode_change_is_logged_once(caplog: pytest.LogCaptureFixture) -> No
     ]
     push_lines = [r.getMessage() for r in caplog.records if "push to Fleet" in r.getMessage()]
     assert push_lines == ["push to Fleet: refused"]  # not once per failed interval
+
+
+class TimedClient(Client):
+    """A Fleet whose clock runs ``offset`` s ahead of the node's and which answers at the
+    midpoint of a ``rtt`` round trip (``offset`` None: an older Fleet, no time sent)."""
+
+    def __init__(self, clock: ManualClock) -> None:
+        super().__init__()
+        self.clock = clock
+        self.offset: float | None = 0.0
+        self.rtt = 0.002
+
+    def push(self, request: ExportMetricsServiceRequest) -> PushResult:
+        self.pushed.append(request)
+        self.clock.advance(self.rtt / 2)
+        server = None if self.offset is None else self.clock.now() + self.offset
+        self.clock.advance(self.rtt / 2)
+        view = ThresholdView(threshold=0.7, quorum_met=True, server_time=server)
+        return PushResult(True, view)
+
+
+def timed(config: PushConfig | None = None):  # type: ignore[no-untyped-def]
+    agent, clock, sampler, _client, rec = make(config=config)
+    client = TimedClient(clock)
+    agent.client = client
+    return agent, clock, sampler, client, rec
+
+
+def test_the_clock_offset_from_push_round_trips_goes_with_the_next_push() -> None:
+    agent, clock, _sampler, client, _rec = timed()
+    client.offset = 0.003
+    agent.step()
+    assert decode_health(client.pushed[0]).pushes[0].clock is None  # no round trip yet
+    clock.advance(5)
+    agent.step()
+    offset = decode_health(client.pushed[1]).pushes[0].clock
+    assert offset is not None
+    assert offset.offset_s == pytest.approx(0.003, abs=1e-6)
+    assert offset.uncertainty_s == pytest.approx(0.001, abs=1e-6)
+
+
+def test_clock_skew_starts_and_ends_with_one_event_id_through_the_channels() -> None:
+    agent, clock, _sampler, client, rec = timed()
+    client.offset = -0.050  # the node's clock is 50 ms ahead of Fleet's
+    agent.step()
+    skews = [e for e in rec.events if e.type == "clock_skew"]
+    assert [e.extra["state"] for e in skews] == ["start"]
+    assert skews[0].extra["offset_ms"] == pytest.approx(-50.0, abs=0.01)
+    assert skews[0].job_id == "42" and skews[0].rank == 1
+    for _ in range(3):  # still off: no repeat
+        clock.advance(5)
+        agent.step()
+    client.offset = 0.0  # chrony stepped the node's clock back
+    clock.advance(5)
+    agent.step()
+    skews = [e for e in rec.events if e.type == "clock_skew"]
+    assert [e.extra["state"] for e in skews] == ["start", "end"]
+    assert skews[0].event_id == skews[1].event_id
+    assert agent.status.events["clock_skew"] == 2
+
+
+def test_an_older_fleet_without_its_time_gives_no_offset_and_no_event() -> None:
+    agent, clock, _sampler, client, rec = timed()
+    client.offset = None
+    for _ in range(3):
+        agent.step()
+        clock.advance(5)
+    assert all(decode_health(p).pushes[0].clock is None for p in client.pushed)
+    assert not [e for e in rec.events if e.type == "clock_skew"]
+
+
+def test_fleets_peer_lag_makes_the_node_a_straggler_with_a_good_score() -> None:
+    agent, clock, sampler, client, rec = make()
+    sampler.score = 0.95
+    client.result = PushResult(True, ThresholdView(threshold=0.7, quorum_met=True, peer_lag=0.29))
+    agent.step()
+    assert not agent.status.straggling  # one interval is not an episode
+    clock.advance(5)
+    agent.step()
+    assert agent.status.straggling
+    event = rec.events[-1]
+    assert event.type == "straggler_state" and event.dominant_signal == "peer_lag"
+    assert event.extra["peer_lag_s"] == 0.29
+    # Fleet unreachable for a push: the lag it last sent still counts while fresh.
+    client.result = PushResult(False, error="refused")
+    clock.advance(5)
+    agent.step()
+    assert agent.status.straggling
+    # Fleet no longer finds the rank late: the good score resolves the episode.
+    client.result = PushResult(True, ThresholdView(threshold=0.7, quorum_met=True))
+    clock.advance(5)
+    agent.step()
+    assert rec.events[-1].type == "straggler_resolved" and not agent.status.straggling

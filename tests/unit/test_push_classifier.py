@@ -4,6 +4,9 @@ from __future__ import annotations
 
 from dataclasses import replace
 
+import pytest
+
+from ingero.otlp.threshold import ENTER_INTERVALS
 from ingero.push.classifier import Classifier, Observation
 from ingero.push.config import ClassifierConfig
 
@@ -133,3 +136,62 @@ def test_the_job_leaving_the_node_ends_its_episode_as_fleet_says() -> None:
     c.observe(replace(BASE, score=0.5))
     (idle,) = c.observe(replace(BASE, state="idle", score=0.9))
     assert idle.extra["reason"] == "node is idle"
+
+
+# (name, [(score, peer_lag)] per interval, events per interval)
+PEER_LAG = [
+    (
+        "lag above the threshold enters after ENTER_INTERVALS",
+        [(0.9, 0.29), (0.9, 0.29), (0.9, 0.3)],
+        [[], ["straggler_state"], []],
+    ),
+    (
+        "one lagging interval is not an episode",
+        [(0.9, 0.29), (0.9, None), (0.9, 0.29)],
+        [[], [], []],
+    ),
+    (
+        "a good score does not recover while Fleet reports the lag",
+        [(0.9, 0.2), (0.9, 0.2), (0.95, 0.2), (0.95, None)],
+        [[], ["straggler_state"], [], ["straggler_resolved"]],
+    ),
+    (
+        "low score then lag count as one run",
+        [(0.5, None), (0.9, 0.2)],
+        [[], ["straggler_state"]],
+    ),
+    (
+        "lag gone, low score keeps the episode",
+        [(0.9, 0.2), (0.9, 0.2), (0.5, None), (0.9, None)],
+        [[], ["straggler_state"], [], ["straggler_resolved"]],
+    ),
+]
+
+
+@pytest.mark.parametrize(("name", "steps", "expected"), PEER_LAG, ids=[p[0] for p in PEER_LAG])
+def test_fleets_peer_lag_makes_a_straggler_interval_whatever_the_score(
+    name: str, steps: list[tuple[float, float | None]], expected: list[list[str]]
+) -> None:
+    c = Classifier(ClassifierConfig(reemit_intervals=0))  # enter_intervals: ENTER_INTERVALS
+    assert ENTER_INTERVALS == 2
+    got = [[e.type for e in c.observe(replace(BASE, score=s, peer_lag=lag))] for s, lag in steps]
+    assert got == expected
+
+
+def test_a_peer_lag_episode_names_the_signal_and_the_lag() -> None:
+    c = Classifier(ClassifierConfig(reemit_intervals=0))
+    events = [e for _ in range(2) for e in c.observe(replace(BASE, peer_lag=0.29))]
+    (event,) = events
+    assert event.dominant_signal == "peer_lag"
+    assert event.extra["reason"] == "peer_lag" and event.extra["peer_lag_s"] == 0.29
+    assert event.score == 0.9 and event.threshold == 0.7
+
+
+def test_peer_lag_classifies_without_a_threshold_too() -> None:
+    # No quorum for the score, but Fleet joined the ranks: the lag alone is a signal.
+    c = Classifier(ClassifierConfig(reemit_intervals=0))
+    got = run(c, 0.9, 0.9, threshold=None, peer_lag=0.2)
+    assert got == [[], ["straggler_state"]]
+    # ... and with neither, the episode is held (nothing says it recovered).
+    assert run(c, 0.9, threshold=None) == [[]]
+    assert c.straggling

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+import time
 from pathlib import Path
 from typing import Any
 
@@ -130,9 +131,13 @@ def push_all(fleet: Fleet, job: str = "77") -> list[NodePush]:
 def test_http_headers_carry_the_threshold(fleet: Fleet, encoding: str) -> None:
     pushes = push_all(fleet)
     view = settled(fleet, "hpc", len(SCORES), job_id="77")
+    before = time.time()
     reply = fleet.push(pushes[:1], encoding)
+    after = time.time()
     assert reply.status == 200
     assert float(reply.headers["x-ingero-threshold"]) == view["threshold"]
+    # Fleet's time as it answered (same host, same clock): within the round trip.
+    assert before <= float(reply.headers["x-ingero-server-time"]) <= after
     assert reply.headers["x-ingero-quorum-met"] == "true"
     assert reply.headers["x-ingero-panic"] == "false"
     expected_type = "application/json" if encoding == "json" else "application/x-protobuf"
@@ -151,11 +156,14 @@ def test_grpc_initial_metadata_carries_the_threshold(fleet: Fleet) -> None:
             request_serializer=lambda m: m.SerializeToString(),
             response_deserializer=ExportMetricsServiceResponse.FromString,
         )
+        before = time.time()
         response, call = export.with_call(
             health_request(pushes[:2]), timeout=10, compression=grpc.Compression.Gzip
         )
+        after = time.time()
     metadata = dict(call.initial_metadata())
     assert float(metadata["ingero-threshold"]) == view["threshold"]
+    assert before <= float(metadata["ingero-server-time"]) <= after
     assert metadata["ingero-quorum-met"] == "true"
     assert metadata["ingero-panic"] == "false"
     assert response.partial_success.rejected_data_points == 0

@@ -159,9 +159,12 @@ class Cluster:
         self.workloads[node] = proc
         return proc
 
-    def start_push(self, i: int, transport: str = "http") -> subprocess.Popen[bytes]:
+    def start_push(
+        self, i: int, transport: str = "http", endpoint: str | None = None
+    ) -> subprocess.Popen[bytes]:
+        """``endpoint``: where it pushes instead of Fleet (a recording proxy in front of it)."""
         node = self.node(i)
-        endpoint = (
+        endpoint = endpoint or (
             f"http://127.0.0.1:{self.ports['otlp_http']}"
             if transport == "http"
             else f"127.0.0.1:{self.ports['otlp_grpc']}"
