@@ -10,13 +10,19 @@ its own protocol (OTLP ``google.rpc.Status``, Fleet's and Echo's JSON, gRPC stat
 
 from __future__ import annotations
 
+import logging
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Generic, TypeVar
 
 from ingero.audit import ACCEPTED, REFUSED, AuditKey, AuditLog
-from ingero.bearer import Identity, Keyring
+from ingero.bearer import Identity, Keyring, NamedToken
 from ingero.clock import Clock
+from ingero.errors import ConfigError
 from ingero.ratelimit import RateLimitConfig, RateLimiter
+from ingero.tls import ServerTls
+
+log = logging.getLogger(__name__)
 
 T = TypeVar("T")
 
@@ -97,3 +103,34 @@ class Gate(Generic[T]):
     def _record(self, key: AuditKey) -> None:
         if self.audit is not None:
             self.audit.record(key)
+
+
+def reload_material(
+    daemon: str,
+    keyring: Keyring[T],
+    read_tokens: Callable[[], list[NamedToken[T]]],
+    tls: ServerTls | None,
+) -> bool:
+    """SIGHUP: the tokens and the TLS certificate and key read again. What cannot be read
+    keeps what was loaded before, with one log line saying why; a reload never turns
+    authentication off (no token left). True when everything was reloaded."""
+    ok = True
+    try:
+        tokens = read_tokens()
+        if keyring.enabled and not tokens:
+            raise ConfigError("no token left; a reload cannot turn authentication off")
+        current, grace = keyring.replace(tokens)
+        log.info("%s: reloaded %d token(s), %d more in their grace window", daemon, current, grace)
+    except ConfigError as exc:
+        ok = False
+        log.error("%s: token reload failed, keeping the tokens loaded before: %s", daemon, exc)
+    if tls is not None:
+        try:
+            tls.reload()
+            log.info("%s: reloaded the TLS certificate %s", daemon, tls.cert)
+        except ConfigError as exc:
+            ok = False
+            log.error(
+                "%s: TLS reload failed, keeping the certificate loaded before: %s", daemon, exc
+            )
+    return ok

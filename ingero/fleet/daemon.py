@@ -21,11 +21,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from types import FrameType
 
-from ingero.access import Gate
+from ingero.access import Gate, reload_material
 from ingero.audit import AuditLog, warn_open_listeners
 from ingero.bearer import Keyring, NamedToken, load_token_files
 from ingero.clock import Clock, SystemClock
-from ingero.errors import ConfigError
 from ingero.fleet.api import ApiHandler
 from ingero.fleet.config import FleetConfig
 from ingero.fleet.events import EventQueue, EventSink, JournalSink
@@ -162,31 +161,8 @@ class FleetDaemon:
         return load_token_files(files, auth.token_dir)
 
     def reload(self) -> bool:
-        """SIGHUP: read the token files and the TLS certificate and key again. What cannot
-        be read keeps what was loaded before (one log line says why); True when all of it
-        was reloaded."""
-        ok = True
-        try:
-            tokens = self._load_tokens()
-            if self.keyring.enabled and not tokens:
-                raise ConfigError(
-                    "auth: the token files hold no token; a reload cannot turn authentication off"
-                )
-            current, grace = self.keyring.replace(tokens)
-            log.info("fleet: reloaded %d token(s), %d more in their grace window", current, grace)
-        except ConfigError as exc:
-            ok = False
-            log.error("fleet: token reload failed, keeping the tokens loaded before: %s", exc)
-        if self.tls is not None:
-            try:
-                self.tls.reload()
-                log.info("fleet: reloaded the TLS certificate %s", self.tls.cert)
-            except ConfigError as exc:
-                ok = False
-                log.error(
-                    "fleet: TLS reload failed, keeping the certificate loaded before: %s", exc
-                )
-        return ok
+        """SIGHUP: token files, certificate and key again (``ingero.access``)."""
+        return reload_material("fleet", self.keyring, self._load_tokens, self.tls)
 
     # ---- extension points ---------------------------------------------------------
 

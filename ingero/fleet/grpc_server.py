@@ -29,6 +29,7 @@ from ingero.otlp.receiver import (
     grpc_code,
     grpc_handlers,
     parse_body,
+    peer_host,
     refusal_error,
 )
 from ingero.otlp.threshold import encode_metadata
@@ -114,10 +115,3 @@ class OtlpGrpcServer:
             return self._receiver.response(signal, reply)
 
         return export
-
-
-def peer_host(peer: str) -> str:
-    """The address of a gRPC peer (``ipv4:1.2.3.4:5``, ``ipv6:[::1]:5``) without its port."""
-    _, _, rest = peer.partition(":")
-    host = rest.rpartition(":")[0] if rest.count(":") >= 1 else rest
-    return host.strip("[]") or peer

@@ -285,5 +285,12 @@ def grpc_handlers(exports: Mapping[Signal, Export]) -> tuple[grpc.GenericRpcHand
     )
 
 
+def peer_host(peer: str) -> str:
+    """The address of a gRPC peer (``ipv4:1.2.3.4:5``, ``ipv6:[::1]:5``) without its port."""
+    _, _, rest = peer.partition(":")
+    host = rest.rpartition(":")[0] if ":" in rest else rest
+    return host.strip("[]%") or peer
+
+
 def _serialize(message: Message) -> bytes:
     return message.SerializeToString()
