@@ -1,0 +1,146 @@
+"""Echo's security surface against the real daemon: the tokens file and the certificate
+rotated on SIGHUP while events are sent continuously (no send fails), the old token refused
+after the grace window, and a token over its rate answered 429 with Retry-After."""
+
+from __future__ import annotations
+
+import json
+import signal
+import threading
+import urllib.error
+import urllib.request
+from pathlib import Path
+
+import pytest
+
+from ingero.bearer import TokenFile
+from ingero.otlp.exporter import ExportError, HttpExporter
+from ingero.otlp.logs import encode_events
+from ingero.tls import client_ssl_context
+from tests.integration.fleet.helpers import wait_for
+from tests.integration.fleet.test_security import (
+    make_ca,
+    make_leaf,
+    pem_fingerprint,
+    replace,
+    served_fingerprint,
+)
+
+from .helpers import TOKEN_OPS, EchoProcess, http, straggler
+
+pytestmark = pytest.mark.integration
+
+OLD, NEW = "fleet-old-0123456789abcdef", "fleet-new-0123456789abcdef"
+
+
+def tokens_yaml(*tokens: tuple[str, str]) -> bytes:
+    entries = [{"name": "ops", "token": TOKEN_OPS}]
+    entries += [{"name": name, "token": token} for name, token in tokens]
+    return json.dumps({"tokens": entries}).encode()
+
+
+class Sender(threading.Thread):
+    """Events to Echo's OTLP/HTTP over TLS, back to back, with the token file's token."""
+
+    def __init__(self, endpoint: str, token: TokenFile, ca: Path) -> None:
+        super().__init__(daemon=True)
+        self.exporter = HttpExporter(endpoint, token, 10.0, client_ssl_context(str(ca)), "echo")
+        self.ok = 0
+        self.failures: list[str] = []
+        self.halt = threading.Event()
+
+    def run(self) -> None:
+        i = 0
+        while not self.halt.is_set():
+            i += 1
+            try:
+                self.exporter.send(encode_events([straggler(f"n{i}", "A", float(i))]))
+                self.ok += 1
+            except ExportError as exc:
+                self.failures.append(str(exc))
+
+
+def test_rotation_under_load_fails_no_send(tmp_path: Path) -> None:
+    ca, ca_key = make_ca(tmp_path)
+    cert_a, key_a = make_leaf(tmp_path, ca, ca_key, "a")
+    cert_b, key_b = make_leaf(tmp_path, ca, ca_key, "b")
+    cert, key = tmp_path / "server.pem", tmp_path / "server.key"
+    replace(cert, cert_a.read_bytes())
+    replace(key, key_a.read_bytes())
+    tokens = tmp_path / "echo-tokens.yaml"
+    replace(tokens, tokens_yaml(("fleet-old", OLD)))
+    sender_token = tmp_path / "sender-token"
+    sender_token.write_text(OLD + "\n")
+    grace = 2.0
+    echo = EchoProcess(
+        tmp_path,
+        tls=(cert, key),
+        auth={"tokens_file": str(tokens), "token_grace": f"{grace}s"},
+    ).start()
+    assert echo.proc is not None
+    proc = echo.proc
+    sender = Sender(
+        f"https://localhost:{echo.otlp_http.rpartition(':')[2]}",
+        TokenFile(str(sender_token), "token"),
+        ca,
+    )
+    try:
+        assert served_fingerprint(echo.otlp_http, ca) == pem_fingerprint(cert_a)
+        sender.start()
+        wait_for(lambda: sender.ok > 10, what="sends before the rotation")
+        replace(tokens, tokens_yaml(("fleet-old", OLD), ("fleet-new", NEW)))
+        proc.send_signal(signal.SIGHUP)
+        wait_for(lambda: echo.log().count("reloaded the TLS certificate") >= 1)
+        replace(sender_token, (NEW + "\n").encode())
+        replace(tokens, tokens_yaml(("fleet-new", NEW)))
+        replace(cert, cert_b.read_bytes())
+        replace(key, key_b.read_bytes())
+        proc.send_signal(signal.SIGHUP)
+        wait_for(lambda: echo.log().count("reloaded the TLS certificate") >= 2)
+        assert served_fingerprint(echo.otlp_http, ca) == pem_fingerprint(cert_b)
+        assert served_fingerprint(echo.api, ca) == pem_fingerprint(cert_b)
+        # a tokens file that does not parse keeps the tokens loaded before
+        replace(tokens, b"tokens: [\n")
+        proc.send_signal(signal.SIGHUP)
+        wait_for(lambda: "token reload failed" in echo.log(), what="the failed reload's line")
+        old = HttpExporter(
+            f"https://localhost:{echo.otlp_http.rpartition(':')[2]}",
+            OLD,
+            10.0,
+            client_ssl_context(str(ca)),
+            "echo",
+        )
+
+        def old_refused() -> bool:
+            try:
+                old.send(encode_events([straggler("old", "A", 1.0)]))
+            except ExportError as exc:
+                return "HTTP 401" in str(exc)
+            return False
+
+        wait_for(old_refused, timeout=grace + 30, what="the old token refused")
+        mark = sender.ok
+        wait_for(lambda: sender.ok > mark + 10, what="sends after the grace window")
+    finally:
+        sender.halt.set()
+        sender.join(timeout=30)
+        echo.stop()
+    assert sender.failures == []
+
+
+def test_token_over_its_rate_gets_429_with_retry_after(tmp_path: Path) -> None:
+    echo = EchoProcess(tmp_path, auth={"rate_limit": {"per_token": 0.5, "token_burst": 2}}).start()
+    try:
+        url = f"{echo.url}/api/v1/sql"
+        body = json.dumps({"query": "SELECT 1"}).encode()
+        statuses = [http("POST", url, body, TOKEN_OPS)[0] for _ in range(3)]
+        assert statuses == [200, 200, 429]
+        request = urllib.request.Request(url, body, method="POST")
+        request.add_header("Authorization", f"Bearer {TOKEN_OPS}")
+        with pytest.raises(urllib.error.HTTPError) as info:
+            urllib.request.urlopen(request, timeout=30)
+        assert info.value.code == 429 and info.value.headers["Retry-After"] == "2"
+        assert "rate limit" in json.loads(info.value.read())["error"]
+        wait_for(lambda: http("POST", url, body, TOKEN_OPS)[0] == 200, what="a refilled bucket")
+    finally:
+        echo.stop()
