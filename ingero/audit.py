@@ -19,7 +19,7 @@ import ipaddress
 import logging
 import threading
 from collections.abc import Callable
-from dataclasses import dataclass
+from typing import NamedTuple
 
 from ingero.clock import Clock, SystemClock
 from ingero.journald import JournalWriter, stderr_is_journal
@@ -35,8 +35,7 @@ REFUSED = "refused"
 OVERFLOW = "overflow"
 
 
-@dataclass(frozen=True)
-class AuditKey:
+class AuditKey(NamedTuple):  # a tuple: made and hashed on every request, so cheap
     listener: str
     outcome: str  # accepted | refused
     name: str = ""  # the token's name (accepted only)

@@ -177,27 +177,37 @@ class Keyring(Generic[T]):
         self._grace = grace
         self._clock = clock or SystemClock()
         self._lock = threading.Lock()  # serialises replacements only
-        self._current: Mapping[bytes, NamedToken[T]] = {t.digest: t for t in tokens}
-        # digest -> (token, monotonic time its grace ends)
-        self._retired: Mapping[bytes, tuple[NamedToken[T], float]] = {}
+        # digest -> the Check that accepts it, made once per load, not per request
+        self._current: Mapping[bytes, Check[T]] = self._accepting(tokens)
+        # digest -> (its Check, monotonic time its grace ends)
+        self._retired: Mapping[bytes, tuple[Check[T], float]] = {}
+
+    @staticmethod
+    def _accepting(tokens: list[NamedToken[T]]) -> dict[bytes, Check[T]]:
+        return {
+            t.digest: Check(
+                Identity(t.name, token_id(t.digest), t.payload), None, token_id(t.digest)
+            )
+            for t in tokens
+        }
 
     @property
     def enabled(self) -> bool:
         return bool(self._current)
 
     def names(self) -> list[str]:
-        return sorted(t.name for t in self._current.values())
+        return sorted(c.identity.name for c in self._current.values() if c.identity)
 
     def replace(self, tokens: list[NamedToken[T]]) -> tuple[int, int]:
         """Accept ``tokens`` from now on; those dropped stay valid for the grace window.
         Returns (tokens now current, tokens in their grace window)."""
         with self._lock:
             now = self._clock.monotonic()
-            new = {t.digest: t for t in tokens}
+            new = self._accepting(tokens)
             retired = {d: r for d, r in self._retired.items() if r[1] > now and d not in new}
-            for d, t in self._current.items():
+            for d, c in self._current.items():
                 if d not in new:
-                    retired[d] = (t, now + self._grace)
+                    retired[d] = (c, now + self._grace)
             self._retired, self._current = retired, new
             return len(new), len(retired)
 
@@ -210,16 +220,15 @@ class Keyring(Generic[T]):
         if scheme.lower() != "bearer" or not token:  # RFC 7235: the scheme is case-insensitive
             return Check(None, NOT_BEARER)
         presented = digest(token)
-        tid = token_id(presented)
         found = self._current.get(presented)
-        if found is None:
-            retired = self._retired.get(presented)
-            if retired is None:
-                return Check(None, UNKNOWN, tid)
-            if retired[1] <= self._clock.monotonic():
-                return Check(None, RETIRED, tid)
-            found = retired[0]
-        return Check(Identity(found.name, tid, found.payload), None, tid)
+        if found is not None:
+            return found
+        retired = self._retired.get(presented)
+        if retired is None:
+            return Check(None, UNKNOWN, token_id(presented))
+        if retired[1] <= self._clock.monotonic():
+            return Check(None, RETIRED, token_id(presented))
+        return retired[0]
 
 
 def load_token_files(files: Mapping[str, str], directory: str | None) -> list[NamedToken[None]]:

@@ -53,16 +53,18 @@ class RateLimiter:
             return 0.0
         now = self._clock.monotonic()
         with self._lock:
-            level, last = self._buckets.pop(key, (self.burst, now))
+            buckets = self._buckets
+            level, last = buckets.get(key, (self.burst, now))
             level = min(self.burst, level + (now - last) * self.rate)
             wait = 0.0
             if level >= 1.0:
                 level -= 1.0
             else:
                 wait = (1.0 - level) / self.rate
-            self._buckets[key] = (level, now)
-            if len(self._buckets) > self.max_keys:
-                self._buckets.popitem(last=False)
+            buckets[key] = (level, now)
+            buckets.move_to_end(key)
+            if len(buckets) > self.max_keys:
+                buckets.popitem(last=False)
             return wait
 
     def __len__(self) -> int:
