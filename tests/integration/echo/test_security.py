@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import json
 import signal
-import threading
 import urllib.error
 import urllib.request
 from pathlib import Path
@@ -18,7 +17,8 @@ from ingero.otlp.exporter import ExportError, HttpExporter
 from ingero.otlp.logs import encode_events
 from ingero.tls import client_ssl_context
 from tests.integration.fleet.helpers import wait_for
-from tests.integration.fleet.test_security import (
+from tests.integration.security import (
+    BackToBack,
     make_ca,
     make_leaf,
     pem_fingerprint,
@@ -39,25 +39,18 @@ def tokens_yaml(*tokens: tuple[str, str]) -> bytes:
     return json.dumps({"tokens": entries}).encode()
 
 
-class Sender(threading.Thread):
+def events_sender(endpoint: str, token: TokenFile, ca: Path) -> BackToBack:
     """Events to Echo's OTLP/HTTP over TLS, back to back, with the token file's token."""
+    exporter = HttpExporter(endpoint, token, 10.0, client_ssl_context(str(ca)), "echo")
 
-    def __init__(self, endpoint: str, token: TokenFile, ca: Path) -> None:
-        super().__init__(daemon=True)
-        self.exporter = HttpExporter(endpoint, token, 10.0, client_ssl_context(str(ca)), "echo")
-        self.ok = 0
-        self.failures: list[str] = []
-        self.halt = threading.Event()
+    def send(i: int) -> str | None:
+        try:
+            exporter.send(encode_events([straggler(f"n{i}", "A", float(i))]))
+        except ExportError as exc:
+            return str(exc)
+        return None
 
-    def run(self) -> None:
-        i = 0
-        while not self.halt.is_set():
-            i += 1
-            try:
-                self.exporter.send(encode_events([straggler(f"n{i}", "A", float(i))]))
-                self.ok += 1
-            except ExportError as exc:
-                self.failures.append(str(exc))
+    return BackToBack(send)
 
 
 def test_rotation_under_load_fails_no_send(tmp_path: Path) -> None:
@@ -79,7 +72,7 @@ def test_rotation_under_load_fails_no_send(tmp_path: Path) -> None:
     ).start()
     assert echo.proc is not None
     proc = echo.proc
-    sender = Sender(
+    sender = events_sender(
         f"https://localhost:{echo.otlp_http.rpartition(':')[2]}",
         TokenFile(str(sender_token), "token"),
         ca,
@@ -122,8 +115,7 @@ def test_rotation_under_load_fails_no_send(tmp_path: Path) -> None:
         mark = sender.ok
         wait_for(lambda: sender.ok > mark + 10, what="sends after the grace window")
     finally:
-        sender.halt.set()
-        sender.join(timeout=30)
+        sender.stop()
         echo.stop()
     assert sender.failures == []
 

@@ -4,13 +4,9 @@ fleet-push's client, and the warning for an open listener."""
 
 from __future__ import annotations
 
-import hashlib
 import os
 import signal
-import socket
 import ssl
-import subprocess
-import threading
 from collections.abc import Callable
 from pathlib import Path
 
@@ -23,114 +19,36 @@ from ingero.otlp.health import NodePush
 from ingero.push.client import make_client
 from ingero.push.config import PushConfig
 from tests.integration.fleet.helpers import Fleet, health_request, start_fleet, wait_for
+from tests.integration.security import (
+    BackToBack,
+    make_ca,
+    make_leaf,
+    pem_fingerprint,
+    replace,
+    served_fingerprint,
+)
 
 
-def openssl(*args: str) -> None:
-    subprocess.run(["openssl", *args], check=True, capture_output=True, timeout=60)
+def pusher(config: PushConfig, node: str) -> BackToBack:
+    """fleet-push's own client (HTTP or gRPC), pushing back to back."""
+    client = make_client(config)
+
+    def send(i: int) -> str | None:
+        push = NodePush(node_id=node, cluster_id="c", score=0.9 - (i % 3) * 0.01)
+        result = client.push(health_request([push]))
+        return None if result.ok else str(result.error)
+
+    return BackToBack(send)
 
 
-def make_ca(tmp: Path) -> tuple[Path, Path]:
-    ca, ca_key = tmp / "ca.pem", tmp / "ca.key"
-    openssl(
-        "req",
-        "-x509",
-        "-newkey",
-        "rsa:2048",
-        "-nodes",
-        "-days",
-        "1",
-        "-subj",
-        "/CN=test-ca",
-        "-keyout",
-        str(ca_key),
-        "-out",
-        str(ca),
-    )
-    return ca, ca_key
-
-
-def make_leaf(tmp: Path, ca: Path, ca_key: Path, name: str) -> tuple[Path, Path]:
-    """A localhost certificate signed by the test CA (each call: a new key and serial)."""
-    cert, key, csr = tmp / f"{name}.pem", tmp / f"{name}.key", tmp / f"{name}.csr"
-    ext = tmp / "san.ext"
-    ext.write_text("subjectAltName=DNS:localhost,IP:127.0.0.1\n")
-    openssl(
-        "req",
-        "-newkey",
-        "rsa:2048",
-        "-nodes",
-        "-subj",
-        "/CN=localhost",
-        "-keyout",
-        str(key),
-        "-out",
-        str(csr),
-    )
-    openssl(
-        "x509",
-        "-req",
-        "-in",
-        str(csr),
-        "-CA",
-        str(ca),
-        "-CAkey",
-        str(ca_key),
-        "-CAcreateserial",
-        "-days",
-        "1",
-        "-extfile",
-        str(ext),
-        "-out",
-        str(cert),
-    )
-    return cert, key
-
-
-def replace(path: Path, data: bytes) -> None:
-    """Write ``data`` to ``path`` atomically, as an operator's rotation would."""
-    tmp = path.with_name(path.name + ".new")
-    tmp.write_bytes(data)
-    tmp.replace(path)
-
-
-def served_fingerprint(address: str, ca: Path) -> str:
-    port = int(address.rpartition(":")[2])
-    context = ssl.create_default_context(cafile=str(ca))
-    with (
-        socket.create_connection(("127.0.0.1", port), timeout=10) as raw,
-        context.wrap_socket(raw, server_hostname="localhost") as tls,
-    ):
-        der = tls.getpeercert(binary_form=True)
-    assert der is not None
-    return hashlib.sha256(der).hexdigest()
-
-
-def pem_fingerprint(cert: Path) -> str:
-    return hashlib.sha256(ssl.PEM_cert_to_DER_cert(cert.read_text())).hexdigest()
-
-
-class Pusher(threading.Thread):
-    """fleet-push's own client (HTTP or gRPC), pushing back to back until stopped."""
-
-    def __init__(self, config: PushConfig, node: str) -> None:
-        super().__init__(daemon=True)
-        self.client = make_client(config)
-        self.node = node
-        self.ok = 0
-        self.failures: list[str] = []
-        self.halt = threading.Event()
-
-    def run(self) -> None:
-        i = 0
-        while not self.halt.is_set():
-            i += 1
-            push = NodePush(node_id=self.node, cluster_id="c", score=0.9 - (i % 3) * 0.01)
-            result = self.client.push(health_request([push]))
-            if result.ok:
-                self.ok += 1
-            else:
-                self.failures.append(str(result.error))
-        self.client.close()
+def token_fleet(tmp: Path, token: str, rate_limit: dict[str, float]) -> Fleet:
+    """A Fleet whose one token is ``token``, with ``rate_limit`` over the defaults."""
+    token_file = tmp / "token"
+    token_file.write_text(token + "\n")
+    auth = {"bearer_token_file": str(token_file), "rate_limit": rate_limit}
+    fleet = start_fleet(tmp, {"auth": auth})
+    fleet.token = token
+    return fleet
 
 
 def hup(fleet: Fleet) -> None:
@@ -174,7 +92,7 @@ def test_rotating_tokens_and_certificate_under_load_fails_no_push(tmp_path: Path
     port = fleet.otlp_http.rpartition(":")[2]
     gport = fleet.otlp_grpc.rpartition(":")[2]
     pushers = [
-        Pusher(
+        pusher(
             PushConfig(
                 fleet_endpoint=f"https://localhost:{port}",
                 auth_token_file=str(node_token),
@@ -183,7 +101,7 @@ def test_rotating_tokens_and_certificate_under_load_fails_no_push(tmp_path: Path
             ),
             "http-node",
         ),
-        Pusher(
+        pusher(
             PushConfig(
                 fleet_endpoint=f"localhost:{gport}",
                 transport="grpc",
@@ -230,9 +148,7 @@ def test_rotating_tokens_and_certificate_under_load_fails_no_push(tmp_path: Path
         )
     finally:
         for p in pushers:
-            p.halt.set()
-        for p in pushers:
-            p.join(timeout=30)
+            p.stop()
     try:
         assert [p.failures for p in pushers] == [[], []]
         assert served_fingerprint(fleet.otlp_http, ca) == pem_fingerprint(cert_b)
@@ -253,19 +169,9 @@ def test_rotating_tokens_and_certificate_under_load_fails_no_push(tmp_path: Path
 
 
 def test_token_over_its_rate_gets_429_and_fleet_push_waits_as_told(tmp_path: Path) -> None:
+    fleet = token_fleet(tmp_path, "rate-token-0123456789", {"per_token": 0.5, "token_burst": 3})
     token_file = tmp_path / "token"
-    token_file.write_text("rate-token-0123456789\n")
-    fleet = start_fleet(
-        tmp_path,
-        {
-            "auth": {
-                "bearer_token_file": str(token_file),
-                "rate_limit": {"per_token": 0.5, "token_burst": 3},
-            }
-        },
-    )
     try:
-        fleet.token = "rate-token-0123456789"
         push = [NodePush(node_id="n", cluster_id="c", score=0.9)]
         statuses = [fleet.push(push) for _ in range(4)]
         assert [r.status for r in statuses] == [200, 200, 200, 429]
@@ -294,16 +200,8 @@ def test_token_over_its_rate_gets_429_and_fleet_push_waits_as_told(tmp_path: Pat
 
 
 def test_refusals_from_one_address_are_limited(tmp_path: Path) -> None:
-    token_file = tmp_path / "token"
-    token_file.write_text("good-token-0123456789\n")
-    fleet = start_fleet(
-        tmp_path,
-        {
-            "auth": {
-                "bearer_token_file": str(token_file),
-                "rate_limit": {"refusals_per_source": 0.2, "refusal_burst": 2},
-            }
-        },
+    fleet = token_fleet(
+        tmp_path, "good-token-0123456789", {"refusals_per_source": 0.2, "refusal_burst": 2}
     )
     try:
         fleet.token = "guess"
