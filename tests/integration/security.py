@@ -94,3 +94,24 @@ class BackToBack(threading.Thread):
     def stop(self) -> None:
         self.halt.set()
         self.join(timeout=30)
+
+
+class RotationCerts:
+    """A CA, two leaves it signed (``a``, ``b``) and the paths a server is configured with
+    (``cert``, ``key``), holding ``a`` until :meth:`use` installs another."""
+
+    def __init__(self, tmp: Path) -> None:
+        self.ca, ca_key = make_ca(tmp)
+        self.a = make_leaf(tmp, self.ca, ca_key, "a")
+        self.b = make_leaf(tmp, self.ca, ca_key, "b")
+        self.cert, self.key = tmp / "server.pem", tmp / "server.key"
+        self.use(self.a)
+
+    def use(self, leaf: tuple[Path, Path]) -> None:
+        replace(self.cert, leaf[0].read_bytes())
+        replace(self.key, leaf[1].read_bytes())
+
+    def served(self, address: str) -> Path:
+        """Which leaf a new connection to ``address`` is served."""
+        served = served_fingerprint(address, self.ca)
+        return next(c for c, _ in (self.a, self.b) if pem_fingerprint(c) == served)

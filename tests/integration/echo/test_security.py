@@ -17,14 +17,7 @@ from ingero.otlp.exporter import ExportError, HttpExporter
 from ingero.otlp.logs import encode_events
 from ingero.tls import client_ssl_context
 from tests.integration.fleet.helpers import wait_for
-from tests.integration.security import (
-    BackToBack,
-    make_ca,
-    make_leaf,
-    pem_fingerprint,
-    replace,
-    served_fingerprint,
-)
+from tests.integration.security import BackToBack, RotationCerts, replace
 
 from .helpers import TOKEN_OPS, EchoProcess, http, straggler
 
@@ -54,12 +47,8 @@ def events_sender(endpoint: str, token: TokenFile, ca: Path) -> BackToBack:
 
 
 def test_rotation_under_load_fails_no_send(tmp_path: Path) -> None:
-    ca, ca_key = make_ca(tmp_path)
-    cert_a, key_a = make_leaf(tmp_path, ca, ca_key, "a")
-    cert_b, key_b = make_leaf(tmp_path, ca, ca_key, "b")
-    cert, key = tmp_path / "server.pem", tmp_path / "server.key"
-    replace(cert, cert_a.read_bytes())
-    replace(key, key_a.read_bytes())
+    certs = RotationCerts(tmp_path)
+    ca, cert, key = certs.ca, certs.cert, certs.key
     tokens = tmp_path / "echo-tokens.yaml"
     replace(tokens, tokens_yaml(("fleet-old", OLD)))
     sender_token = tmp_path / "sender-token"
@@ -78,7 +67,7 @@ def test_rotation_under_load_fails_no_send(tmp_path: Path) -> None:
         ca,
     )
     try:
-        assert served_fingerprint(echo.otlp_http, ca) == pem_fingerprint(cert_a)
+        assert certs.served(echo.otlp_http) == certs.a[0]
         sender.start()
         wait_for(lambda: sender.ok > 10, what="sends before the rotation")
         replace(tokens, tokens_yaml(("fleet-old", OLD), ("fleet-new", NEW)))
@@ -86,12 +75,11 @@ def test_rotation_under_load_fails_no_send(tmp_path: Path) -> None:
         wait_for(lambda: echo.log().count("reloaded the TLS certificate") >= 1)
         replace(sender_token, (NEW + "\n").encode())
         replace(tokens, tokens_yaml(("fleet-new", NEW)))
-        replace(cert, cert_b.read_bytes())
-        replace(key, key_b.read_bytes())
+        certs.use(certs.b)
         proc.send_signal(signal.SIGHUP)
         wait_for(lambda: echo.log().count("reloaded the TLS certificate") >= 2)
-        assert served_fingerprint(echo.otlp_http, ca) == pem_fingerprint(cert_b)
-        assert served_fingerprint(echo.api, ca) == pem_fingerprint(cert_b)
+        assert certs.served(echo.otlp_http) == certs.b[0]
+        assert certs.served(echo.api) == certs.b[0]
         # a tokens file that does not parse keeps the tokens loaded before
         replace(tokens, b"tokens: [\n")
         proc.send_signal(signal.SIGHUP)

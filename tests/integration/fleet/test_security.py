@@ -19,14 +19,7 @@ from ingero.otlp.health import NodePush
 from ingero.push.client import make_client
 from ingero.push.config import PushConfig
 from tests.integration.fleet.helpers import Fleet, health_request, start_fleet, wait_for
-from tests.integration.security import (
-    BackToBack,
-    make_ca,
-    make_leaf,
-    pem_fingerprint,
-    replace,
-    served_fingerprint,
-)
+from tests.integration.security import BackToBack, RotationCerts, replace
 
 
 def pusher(config: PushConfig, node: str) -> BackToBack:
@@ -63,12 +56,8 @@ def log_count(fleet: Fleet, text: str) -> Callable[[], int]:
 
 
 def test_rotating_tokens_and_certificate_under_load_fails_no_push(tmp_path: Path) -> None:
-    ca, ca_key = make_ca(tmp_path)
-    cert_a, key_a = make_leaf(tmp_path, ca, ca_key, "a")
-    cert_b, key_b = make_leaf(tmp_path, ca, ca_key, "b")
-    cert, key = tmp_path / "server.pem", tmp_path / "server.key"
-    replace(cert, cert_a.read_bytes())
-    replace(key, key_a.read_bytes())
+    certs = RotationCerts(tmp_path)
+    ca, cert, key = certs.ca, certs.cert, certs.key
     tokens = tmp_path / "tokens"
     tokens.mkdir()
     old, new = "old-token-0123456789", "new-token-9876543210"
@@ -113,7 +102,7 @@ def test_rotating_tokens_and_certificate_under_load_fails_no_push(tmp_path: Path
         ),
     ]
     try:
-        assert served_fingerprint(fleet.otlp_http, ca) == pem_fingerprint(cert_a)
+        assert certs.served(fleet.otlp_http) == certs.a[0]
         for p in pushers:
             p.start()
         wait_for(lambda: all(p.ok > 20 for p in pushers), what="pushes before the rotation")
@@ -124,12 +113,11 @@ def test_rotating_tokens_and_certificate_under_load_fails_no_push(tmp_path: Path
         replace(node_token, (new + "\n").encode())
         # 2. The old token is removed and the certificate replaced, in one reload.
         (tokens / "node-old").unlink()
-        replace(cert, cert_b.read_bytes())
-        replace(key, key_b.read_bytes())
+        certs.use(certs.b)
         hup(fleet)
         wait_for(lambda: reloaded() >= 2, what="the second reload")
-        assert served_fingerprint(fleet.otlp_http, ca) == pem_fingerprint(cert_b)
-        assert served_fingerprint(fleet.api, ca) == pem_fingerprint(cert_b)
+        assert certs.served(fleet.otlp_http) == certs.b[0]
+        assert certs.served(fleet.api) == certs.b[0]
         # 3. A reload that fails (a certificate that is not one) keeps the old material.
         replace(cert, b"not a certificate\n")
         hup(fleet)
@@ -151,7 +139,7 @@ def test_rotating_tokens_and_certificate_under_load_fails_no_push(tmp_path: Path
             p.stop()
     try:
         assert [p.failures for p in pushers] == [[], []]
-        assert served_fingerprint(fleet.otlp_http, ca) == pem_fingerprint(cert_b)
+        assert certs.served(fleet.otlp_http) == certs.b[0]
         # A new gRPC connection is served the new certificate too.
         creds = grpc.ssl_channel_credentials(ca.read_bytes())
         with grpc.secure_channel(f"localhost:{gport}", creds) as channel:
