@@ -185,18 +185,18 @@ class EchoDaemon:
             ]
             while not all(s.started for s in self._servers) and not any(t.done() for t in tasks):
                 await asyncio.sleep(0.02)
+            listen = self.config.listen
+            warn_open_listeners(
+                "echo",
+                {"api": listen.api, "otlp_http": listen.otlp_http, "otlp_grpc": listen.otlp_grpc},
+                self.tokens.enabled,
+            )
             log.info(
                 "echo ready: api %s, otlp http %s, otlp grpc port %d, db %s",
                 self.config.listen.api,
                 self.config.listen.otlp_http,
                 grpc_port,
                 self.config.db,
-            )
-            listen = self.config.listen
-            warn_open_listeners(
-                "echo",
-                {"api": listen.api, "otlp_http": listen.otlp_http, "otlp_grpc": listen.otlp_grpc},
-                self.tokens.enabled,
             )
             notifier().notify("READY=1")
             await asyncio.gather(*tasks)

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from ingero.access import RATE_LIMITED, SOURCE_RATE_LIMITED, Gate, Refusal
+from ingero.access import RATE_LIMITED, SOURCE_RATE_LIMITED, Gate, Refusal, reload_material
 from ingero.audit import ACCEPTED, OVERFLOW, REFUSED, AuditCounter, AuditKey, is_loopback
 from ingero.bearer import (
     MAX_TOKEN_FILE_BYTES,
@@ -29,6 +29,8 @@ from ingero.clock import ManualClock
 from ingero.errors import ConfigError
 from ingero.otlp.receiver import peer_host, retry_after_value
 from ingero.ratelimit import RateLimitConfig, RateLimiter
+from ingero.tls import ServerTls
+from tests.integration.security import make_cert
 
 
 @pytest.mark.parametrize(
@@ -231,3 +233,44 @@ def test_grpc_peer_host(peer: str, host: str) -> None:
 )
 def test_is_loopback(host: str, loopback: bool) -> None:
     assert is_loopback(host) is loopback
+
+
+def test_reload_keeps_what_was_loaded_when_it_fails(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    ring = keyring(ManualClock(), "old")
+    good = [NamedToken("n-new", digest("new"), None)]
+
+    def broken() -> list[NamedToken[None]]:
+        raise ConfigError("auth.token_dir: /x: holds 2 lines; a token file holds one token")
+
+    caplog.set_level("INFO")
+    assert not reload_material("fleet", ring, broken, None)
+    assert not reload_material("fleet", ring, list, None)  # no token left: refused
+    assert ring.names() == ["n-old"]
+    failures = [r.getMessage() for r in caplog.records if r.levelname == "ERROR"]
+    assert failures == [
+        "fleet: token reload failed, keeping the tokens loaded before: "
+        "auth.token_dir: /x: holds 2 lines; a token file holds one token",
+        "fleet: token reload failed, keeping the tokens loaded before: "
+        "no token left; a reload cannot turn authentication off",
+    ]
+    assert reload_material("fleet", ring, lambda: good, None)
+    assert ring.names() == ["n-new"]
+
+
+def test_server_tls_reload_swaps_or_keeps_the_pair(tmp_path: Path) -> None:
+    cert, key = make_cert(tmp_path)
+    tls = ServerTls(str(cert), str(key))
+    context = tls.ssl_context()
+    assert tls.ssl_context() is context  # one front context; handshakes pick the current
+    credentials = tls.grpc_credentials()
+    assert credentials is not None
+    first = tls._current
+    tls.reload()
+    assert tls._current is not first
+    second = tls._current
+    cert.write_text("not a certificate\n")
+    with pytest.raises(ConfigError, match=r"auth\.tls_cert/tls_key: cannot load"):
+        tls.reload()
+    assert tls._current is second

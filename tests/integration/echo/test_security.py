@@ -124,3 +124,18 @@ def test_token_over_its_rate_gets_429_with_retry_after(tmp_path: Path) -> None:
         wait_for(lambda: http("POST", url, body, TOKEN_OPS)[0] == 200, what="a refilled bucket")
     finally:
         echo.stop()
+
+
+def test_open_listener_without_tokens_warns_once(tmp_path: Path) -> None:
+    echo = EchoProcess(tmp_path, tokens=False)
+    config = json.loads((tmp_path / "echo.yaml").read_text())
+    config["listen"]["otlp_grpc"] = "0.0.0.0:" + echo.otlp_grpc.rpartition(":")[2]
+    (tmp_path / "echo.yaml").write_text(json.dumps(config))
+    echo.start()
+    try:
+        wait_for(lambda: "echo ready" in echo.log(), what="the ready line")
+        lines = [line for line in echo.log().splitlines() if "no bearer token" in line]
+        assert len(lines) == 1 and "otlp_grpc 0.0.0." in lines[0]
+        assert "api 127.0.0.1" not in lines[0]  # loopback listeners are not named
+    finally:
+        echo.stop()
