@@ -27,10 +27,10 @@ def make_cert(tmp: Path) -> tuple[Path, Path]:
     return cert, key
 
 
-def make_ca(tmp: Path) -> tuple[Path, Path]:
-    ca, ca_key = tmp / "ca.pem", tmp / "ca.key"
+def make_ca(tmp: Path, name: str = "ca") -> tuple[Path, Path]:
+    ca, ca_key = tmp / f"{name}.pem", tmp / f"{name}.key"
     openssl("req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "1", "-subj",
-            "/CN=test-ca", "-keyout", str(ca_key), "-out", str(ca))  # fmt: skip
+            f"/CN=test-{name}", "-keyout", str(ca_key), "-out", str(ca))  # fmt: skip
     return ca, ca_key
 
 
@@ -97,13 +97,18 @@ class BackToBack(threading.Thread):
 
 
 class RotationCerts:
-    """A CA, two leaves it signed (``a``, ``b``) and the paths a server is configured with
-    (``cert``, ``key``), holding ``a`` until :meth:`use` installs another."""
+    """Two CAs and a leaf each signed (``a`` by ``ca_a``, ``b`` by ``ca_b``), ``ca`` a
+    bundle trusting both (what senders trust through a rotation), and the paths a server is
+    configured with (``cert``, ``key``), holding ``a`` until :meth:`use` installs another.
+    A client trusting only ``ca_b`` connects only once ``b`` is served."""
 
     def __init__(self, tmp: Path) -> None:
-        self.ca, ca_key = make_ca(tmp)
-        self.a = make_leaf(tmp, self.ca, ca_key, "a")
-        self.b = make_leaf(tmp, self.ca, ca_key, "b")
+        self.ca_a, key_a = make_ca(tmp, "ca-a")
+        self.ca_b, key_b = make_ca(tmp, "ca-b")
+        self.a = make_leaf(tmp, self.ca_a, key_a, "a")
+        self.b = make_leaf(tmp, self.ca_b, key_b, "b")
+        self.ca = tmp / "ca-bundle.pem"
+        self.ca.write_bytes(self.ca_a.read_bytes() + self.ca_b.read_bytes())
         self.cert, self.key = tmp / "server.pem", tmp / "server.key"
         self.use(self.a)
 
