@@ -5,21 +5,27 @@ fleet-push's client, and the warning for an open listener."""
 from __future__ import annotations
 
 import os
+import random
 import signal
 import ssl
 from collections.abc import Callable
 from pathlib import Path
 
 import grpc
+import pytest
 from opentelemetry.proto.collector.metrics.v1.metrics_service_pb2 import (
     ExportMetricsServiceResponse,
 )
 
+from ingero.clock import ManualClock
 from ingero.otlp.health import NodePush
+from ingero.push.agent import Agent
+from ingero.push.agent import Identity as AgentIdentity
 from ingero.push.client import make_client
 from ingero.push.config import PushConfig
 from tests.integration.fleet.helpers import Fleet, health_request, start_fleet, wait_for
 from tests.integration.security import BackToBack, RotationCerts, replace
+from tests.unit.test_push_agent import Sampler
 
 
 def pusher(config: PushConfig, node: str) -> BackToBack:
@@ -183,6 +189,37 @@ def test_token_over_its_rate_gets_429_and_fleet_push_waits_as_told(tmp_path: Pat
             what="/metrics once the bucket refilled",
         )
         assert b'ingero_fleet_rejected_total{reason="rate_limited"}' in metrics
+    finally:
+        fleet.stop()
+
+
+@pytest.mark.parametrize("transport", ["http", "grpc"])
+def test_the_push_agent_waits_as_long_as_fleet_asks(tmp_path: Path, transport: str) -> None:
+    """fleet-push's agent (its real client; a stand-in sampler, as no GPU runs here) against
+    the real Fleet: over the token's rate, the next push waits Fleet's Retry-After/RetryInfo
+    (10 s at 0.1/s), not the 1 s push interval."""
+    fleet = token_fleet(tmp_path, "agent-token-0123456789", {"per_token": 0.1, "token_burst": 1})
+    try:
+        endpoint = f"http://{fleet.otlp_http}" if transport == "http" else fleet.otlp_grpc
+        config = PushConfig(
+            fleet_endpoint=endpoint,
+            transport=transport,  # type: ignore[arg-type]
+            auth_token_file=str(tmp_path / "token"),
+            push_interval=1.0,
+        )
+        clock = ManualClock()
+        agent = Agent(
+            config,
+            AgentIdentity("n1", "c1", job_id="42", rank=1),
+            Sampler(clock),
+            make_client(config),
+            [],
+            clock,
+            None,
+            random.Random(0),
+        )
+        assert agent.step() <= 1.1  # accepted: the push interval, jittered
+        assert 9.0 < agent.step() <= 10.0  # refused 429: Fleet's wait
     finally:
         fleet.stop()
 
