@@ -4,19 +4,23 @@ after the grace window, and a token over its rate answered 429 with Retry-After.
 
 from __future__ import annotations
 
+import hashlib
 import json
 import signal
+import sys
 import urllib.error
 import urllib.request
 from pathlib import Path
 
 import pytest
 
+from ingero.audit import AUDIT_MESSAGE_ID
 from ingero.bearer import TokenFile
 from ingero.otlp.exporter import ExportError, HttpExporter
 from ingero.otlp.logs import encode_events
 from ingero.tls import client_ssl_context
 from tests.integration.fleet.helpers import wait_for
+from tests.integration.journald_harness import run_with_journald, unavailable
 from tests.integration.security import BackToBack, RotationCerts, replace
 
 from .helpers import TOKEN_OPS, EchoProcess, http, straggler
@@ -139,3 +143,46 @@ def test_open_listener_without_tokens_warns_once(tmp_path: Path) -> None:
         assert "api 127.0.0.1" not in lines[0]  # loopback listeners are not named
     finally:
         echo.stop()
+
+
+AUDIT_SCRIPT = r"""
+import json, sys
+from pathlib import Path
+from tests.integration.echo.helpers import TOKEN_OPS, EchoProcess, http
+echo = EchoProcess(Path(sys.argv[1])).start()
+url, body = echo.url + "/api/v1/sql", json.dumps({"query": "SELECT 1"}).encode()
+statuses = [http("POST", url, body, TOKEN_OPS)[0] for _ in range(20)]
+statuses += [http("POST", url, body, "wrong-token-guess")[0] for _ in range(2)]
+assert echo.stop() == 0
+assert statuses == [200] * 20 + [401] * 2, statuses
+"""
+
+
+def test_audit_entries_in_journald(tmp_path: Path) -> None:
+    reason = unavailable()
+    if reason:
+        pytest.skip(reason)
+    script = tmp_path / "run.py"
+    script.write_text(AUDIT_SCRIPT)
+    root = Path(__file__).resolve().parents[3]
+    command = (
+        f"cd {root} && PYTHONPATH={root} {sys.executable} {script} {tmp_path} || exit 1; "
+        "journalctl --sync 2>/dev/null; "
+        f"journalctl -o json --all --no-pager MESSAGE_ID={AUDIT_MESSAGE_ID}"
+    )
+    result = run_with_journald(["bash", "-c", command], timeout=120)
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert TOKEN_OPS not in result.stdout
+    entries = [json.loads(line) for line in result.stdout.splitlines()]
+    assert {e["INGERO_DAEMON"] for e in entries} == {"echo"}
+    accepted = [e for e in entries if e["INGERO_OUTCOME"] == "accepted"]
+    assert sum(int(e["INGERO_COUNT"]) for e in accepted) == 20
+    assert {(e["INGERO_LISTENER"], e["INGERO_TOKEN_NAME"]) for e in accepted} == {("api", "ops")}
+    assert {e["INGERO_TOKEN_ID"] for e in accepted} == {
+        hashlib.sha256(TOKEN_OPS.encode()).hexdigest()[:12]
+    }
+    refused = [e for e in entries if e["INGERO_OUTCOME"] == "refused"]
+    assert sum(int(e["INGERO_COUNT"]) for e in refused) == 2
+    assert {(e["INGERO_REASON"], e["INGERO_SOURCE"]) for e in refused} == {
+        ("unknown_token", "127.0.0.1")
+    }
