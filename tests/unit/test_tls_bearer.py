@@ -24,7 +24,11 @@ def test_token_file_read_stripped_and_presented(tmp_path: Path) -> None:
 
 @pytest.mark.parametrize(
     ("content", "message"),
-    [(None, "auth_token_file: cannot read"), ("  \n", "holds no token"), (b"\xff\xfe", "not UTF-8")],
+    [
+        (None, "auth_token_file: cannot read"),
+        ("  \n", "holds no token"),
+        (b"\xff\xfe", "not UTF-8"),
+    ],
 )
 def test_bad_token_files(tmp_path: Path, content: str | bytes | None, message: str) -> None:
     path = tmp_path / "token"
