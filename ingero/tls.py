@@ -8,7 +8,9 @@ trust a CA file, or the system's roots, through :func:`client_ssl_context` and
 
 from __future__ import annotations
 
+import logging
 import ssl
+import threading
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -16,6 +18,8 @@ from ingero.errors import ConfigError
 
 if TYPE_CHECKING:  # grpc is imported where used: an HTTP-only fleet-push never loads it
     import grpc
+
+log = logging.getLogger(__name__)
 
 
 def check_pair(cert: str | None, key: str | None, section: str = "auth") -> None:
@@ -56,6 +60,70 @@ def grpc_server_credentials(
     chain = _read(cert, f"{section}.tls_cert")
     private = _read(key, f"{section}.tls_key")
     return grpc.ssl_server_credentials([(private, chain)])
+
+
+class ServerTls:
+    """A listener certificate and key that :meth:`reload` replaces without a restart.
+
+    HTTP listeners get :meth:`ssl_context`: a front context whose SNI callback (which
+    OpenSSL calls on every ClientHello, with or without a server name) hands each new
+    handshake the context loaded last, so connections already open keep theirs. gRPC gets
+    :meth:`grpc_credentials`: grpc's dynamic credentials, whose fetcher grpc calls before
+    new handshakes and which answer the new pair once after each reload. A reload that
+    cannot load the new pair raises ConfigError and keeps the old one.
+    """
+
+    def __init__(self, cert: str, key: str, section: str = "auth") -> None:
+        self.cert, self.key, self.section = cert, key, section
+        self._lock = threading.Lock()
+        self._current, self._pem = self._load()
+        self._generation = 0
+        self._grpc_seen = 0
+        self._front: ssl.SSLContext | None = None
+
+    def _load(self) -> tuple[ssl.SSLContext, tuple[bytes, bytes]]:
+        context = server_ssl_context(self.cert, self.key, self.section)
+        assert context is not None
+        # the same files, read once more for grpc; a pair that ssl just loaded is valid PEM
+        chain = _read(self.cert, f"{self.section}.tls_cert")
+        private = _read(self.key, f"{self.section}.tls_key")
+        return context, (private, chain)
+
+    def reload(self) -> None:
+        """Load the files again; ConfigError (the old pair stays in use) when they fail."""
+        context, pem = self._load()
+        with self._lock:
+            self._current, self._pem = context, pem
+            self._generation += 1
+
+    def ssl_context(self) -> ssl.SSLContext:
+        if self._front is None:
+            front = server_ssl_context(self.cert, self.key, self.section)
+            assert front is not None
+            front.sni_callback = self._pick
+            self._front = front
+        return self._front
+
+    def _pick(self, conn: ssl.SSLObject, server_name: str | None, front: ssl.SSLContext) -> None:
+        conn.context = self._current
+
+    def grpc_credentials(self) -> grpc.ServerCredentials:
+        import grpc
+
+        def fetch() -> grpc.ServerCertificateConfiguration | None:
+            with self._lock:
+                if self._grpc_seen == self._generation:
+                    return None  # unchanged: grpc keeps the configuration it has
+                self._grpc_seen = self._generation
+                return grpc.ssl_server_certificate_configuration([self._pem])
+
+        initial = grpc.ssl_server_certificate_configuration([self._pem])
+        return grpc.dynamic_ssl_server_credentials(initial, fetch)
+
+
+def server_tls(cert: str | None, key: str | None, section: str = "auth") -> ServerTls | None:
+    """The reloadable TLS material of a listener; None without a certificate."""
+    return ServerTls(cert, key, section) if cert is not None and key is not None else None
 
 
 def client_ssl_context(ca_file: str | None, setting: str = "ca_file") -> ssl.SSLContext | None:

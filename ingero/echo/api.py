@@ -24,14 +24,16 @@ from starlette.routing import BaseRoute, Route
 from starlette.types import ASGIApp, Receive, Scope, Send
 
 from ingero import __version__
+from ingero.access import Gate, Refusal
 from ingero.buildinfo import daemon_registry
 from ingero.echo.answers import QUESTIONS
-from ingero.echo.auth import AccessDenied, Principal, TokenTable
+from ingero.echo.auth import AccessDenied, Clusters, Principal, principal
 from ingero.echo.httpbody import BodyTooLarge, read_body
 from ingero.echo.jsontext import encode_answer
 from ingero.echo.questions import BadRequest
 from ingero.echo.service import SQL_PARAM, SQL_QUESTION, SQL_SUMMARY, Service
 from ingero.echo.sql import SqlError
+from ingero.otlp.receiver import retry_after_value
 from ingero.otlp.values import load_json
 
 log = logging.getLogger("ingero.echo.api")
@@ -47,34 +49,46 @@ class JsonAnswer(JSONResponse):
         return encode_answer(content)
 
 
-def error(status: int, message: str) -> JSONResponse:
-    headers = {"WWW-Authenticate": 'Bearer realm="ingero-echo"'} if status == 401 else None
+def error(status: int, message: str, retry_after: float | None = None) -> JSONResponse:
+    headers = {"WWW-Authenticate": 'Bearer realm="ingero-echo"'} if status == 401 else {}
+    if retry_after is not None:
+        headers["Retry-After"] = retry_after_value(retry_after)
     return JSONResponse({"error": message, "status": status}, status_code=status, headers=headers)
 
 
-def authenticate(tokens: TokenTable, request_headers: Any) -> Principal | None:
-    return tokens.authenticate(request_headers.get("authorization"))
+def admit(gate: Gate[Clusters], listener: str, request: Request) -> Principal | JSONResponse:
+    """The caller's principal, or the refusal (401, or 429 with Retry-After) to answer."""
+    source = request.client.host if request.client else ""
+    admitted = gate.admit(
+        listener,
+        request.headers.get("authorization"),
+        source,
+        "a valid bearer token is required",
+    )
+    if isinstance(admitted, Refusal):
+        return error(admitted.status, admitted.message, admitted.retry_after)
+    return principal(admitted)
 
 
 class RequireToken:
     """ASGI wrapper: answers 401 (JSON) unless the request carries a valid bearer token."""
 
-    def __init__(self, app: ASGIApp, tokens: TokenTable) -> None:
+    def __init__(self, app: ASGIApp, gate: Gate[Clusters]) -> None:
         self.app = app
-        self.tokens = tokens
+        self.gate = gate
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] == "http":
-            request = Request(scope)
-            if authenticate(self.tokens, request.headers) is None:
-                await error(401, "a valid bearer token is required")(scope, receive, send)
+            admitted = admit(self.gate, "mcp", Request(scope))
+            if isinstance(admitted, Response):
+                await admitted(scope, receive, send)
                 return
         await self.app(scope, receive, send)
 
 
 def build_app(
     service: Service,
-    tokens: TokenTable,
+    gate: Gate[Clusters],
     mcp_routes: list[BaseRoute] | None = None,
     mcp_lifespan: Callable[[], Any] | None = None,
 ) -> Starlette:
@@ -82,11 +96,11 @@ def build_app(
 
     def guarded(handler: Callable[[Request, Principal], Awaitable[Response]]) -> Any:
         async def endpoint(request: Request) -> Response:
-            principal = authenticate(tokens, request.headers)
-            if principal is None:
-                return error(401, "a valid bearer token is required")
+            caller = admit(gate, "api", request)
+            if isinstance(caller, Response):
+                return caller
             try:
-                return await handler(request, principal)
+                return await handler(request, caller)
             except BadRequest as exc:
                 return error(400, str(exc))
             except SqlError as exc:
@@ -152,7 +166,7 @@ def build_app(
     ]
     for route in mcp_routes or []:
         if isinstance(route, Route):
-            routes.append(Route(route.path, RequireToken(route.app, tokens), methods=route.methods))
+            routes.append(Route(route.path, RequireToken(route.app, gate), methods=route.methods))
 
     async def http_error(request: Request, exc: Exception) -> Response:
         assert isinstance(exc, HTTPException)

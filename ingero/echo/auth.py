@@ -1,22 +1,25 @@
 """Bearer tokens, each optionally scoped to clusters.
 
 The tokens file (YAML) lists ``{name, token | sha256, clusters}`` entries; ``clusters``
-absent means every cluster. Tokens are compared as SHA-256 digests with
-``hmac.compare_digest`` against every entry, so timing says nothing about which or how
-much matched; only the entry's ``name`` is ever logged.
+absent means every cluster. The entries go into the shared :class:`~ingero.bearer.Keyring`
+(tokens looked up by SHA-256 digest, reloaded on SIGHUP with a grace window for removed
+ones); only an entry's ``name`` and token id are ever logged.
 """
 
 from __future__ import annotations
 
-import hashlib
-import hmac
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
 import yaml
 
+from ingero.bearer import Identity, Keyring, NamedToken, digest
+from ingero.clock import Clock
 from ingero.errors import ConfigError
+
+Clusters = frozenset[str] | None
+# A tokens file lists a few hundred entries at most; it is not read past this.
+MAX_TOKENS_FILE_BYTES = 1024 * 1024
 
 
 class AccessDenied(Exception):
@@ -41,39 +44,54 @@ class Principal:
 ANONYMOUS = Principal("anonymous")
 
 
-@dataclass(frozen=True)
-class _Entry:
-    name: str
-    digest: bytes
-    clusters: frozenset[str] | None
+def principal(identity: Identity[Clusters]) -> Principal:
+    """The principal of an identity the shared gate admitted (no name: authentication off)."""
+    return Principal(identity.name, identity.payload) if identity.name else ANONYMOUS
 
 
 class TokenTable:
     """The configured tokens; an empty table (no file) means authentication is off."""
 
-    def __init__(self, entries: list[_Entry]) -> None:
-        self._entries = entries
+    def __init__(
+        self,
+        entries: list[NamedToken[Clusters]],
+        grace: float = 300.0,
+        clock: Clock | None = None,
+    ) -> None:
+        self.keyring: Keyring[Clusters] = Keyring(entries, grace, clock)
 
     @property
     def enabled(self) -> bool:
-        return bool(self._entries)
+        return self.keyring.enabled
 
     @classmethod
-    def load(cls, path: str | None) -> TokenTable:
+    def load(cls, path: str | None, grace: float = 300.0) -> TokenTable:
+        return cls(cls.read(path), grace)
+
+    @classmethod
+    def read(cls, path: str | None) -> list[NamedToken[Clusters]]:
         if path is None:
-            return cls([])
+            return []
         try:
-            raw = yaml.safe_load(Path(path).read_text())
+            with open(path, "rb") as f:
+                data = f.read(MAX_TOKENS_FILE_BYTES + 1)
+            if len(data) > MAX_TOKENS_FILE_BYTES:
+                raise ConfigError(f"{path}: tokens file over {MAX_TOKENS_FILE_BYTES} bytes")
+            raw = yaml.safe_load(data.decode())
         except (OSError, UnicodeDecodeError, yaml.YAMLError) as exc:
             raise ConfigError(f"{path}: cannot read tokens file: {exc}") from None
-        return cls.parse(raw, path)
+        return cls.entries(raw, path)
 
     @classmethod
     def parse(cls, raw: Any, source: str) -> TokenTable:
+        return cls(cls.entries(raw, source))
+
+    @classmethod
+    def entries(cls, raw: Any, source: str) -> list[NamedToken[Clusters]]:
         tokens = raw.get("tokens") if isinstance(raw, dict) else None
         if not isinstance(tokens, list) or not tokens:
             raise ConfigError(f"{source}: expected a non-empty list under 'tokens'")
-        entries: list[_Entry] = []
+        entries: list[NamedToken[Clusters]] = []
         for i, item in enumerate(tokens):
             where = f"{source}: tokens[{i}]"
             if not isinstance(item, dict):
@@ -90,13 +108,13 @@ class TokenTable:
             if token is not None:
                 if not isinstance(token, str) or len(token) < 16:
                     raise ConfigError(f"{where}: 'token' must be a string of 16+ characters")
-                digest = hashlib.sha256(token.encode()).digest()
+                token_digest = digest(token)
             else:
                 try:
-                    digest = bytes.fromhex(str(sha))
+                    token_digest = bytes.fromhex(str(sha))
                 except ValueError:
-                    digest = b""
-                if len(digest) != 32:
+                    token_digest = b""
+                if len(token_digest) != 32:
                     raise ConfigError(f"{where}: 'sha256' must be 64 hex digits")
             clusters = item.get("clusters")
             if clusters is not None and (
@@ -105,22 +123,15 @@ class TokenTable:
             ):
                 raise ConfigError(f"{where}: 'clusters' must be a list of cluster ids")
             entries.append(
-                _Entry(name, digest, frozenset(clusters) if clusters is not None else None)
+                NamedToken(
+                    name, token_digest, frozenset(clusters) if clusters is not None else None
+                )
             )
-        return cls(entries)
+        return entries
 
     def authenticate(self, authorization: str | None) -> Principal | None:
         """The principal for an ``Authorization`` header value, or None when it is not valid."""
-        if not self._entries:
+        if not self.keyring.enabled:
             return ANONYMOUS
-        if not authorization:
-            return None
-        scheme, _, token = authorization.partition(" ")
-        if scheme.lower() != "bearer" or not token.strip():
-            return None
-        presented = hashlib.sha256(token.strip().encode()).digest()
-        found: _Entry | None = None
-        for entry in self._entries:  # no early exit: every entry is compared
-            if hmac.compare_digest(presented, entry.digest):
-                found = entry
-        return Principal(found.name, found.clusters) if found is not None else None
+        identity = self.keyring.check(authorization).identity
+        return principal(identity) if identity is not None else None

@@ -6,6 +6,7 @@ import os
 from dataclasses import dataclass, field
 
 from ingero.config import HOSTPORT, Duration, check, positive
+from ingero.ratelimit import RateLimitConfig
 from ingero.tls import check_pair
 
 
@@ -52,6 +53,12 @@ class AuthConfig:
     ingest_requires_token: bool = True
     tls_cert: str | None = None  # PEM; with tls_key, every listener speaks TLS
     tls_key: str | None = None
+    # SIGHUP reads the tokens file and the certificate again; a token the new file drops
+    # stays valid this long (docs/security.md).
+    token_grace: Duration = field(
+        default=Duration(300.0), metadata=check(lambda v: v >= 0, "must be 0 or more")
+    )
+    rate_limit: RateLimitConfig = field(default_factory=RateLimitConfig)
 
     def validate(self) -> None:
         check_pair(self.tls_cert, self.tls_key)

@@ -18,6 +18,8 @@ from typing import Any
 
 import uvicorn
 
+from ingero.access import Gate, reload_material
+from ingero.audit import AuditLog, warn_open_listeners
 from ingero.clock import Clock, SystemClock
 from ingero.echo.api import build_app
 from ingero.echo.auth import TokenTable
@@ -30,7 +32,7 @@ from ingero.echo.service import Service
 from ingero.echo.store import Store
 from ingero.errors import UnavailableError
 from ingero.systemd import notifier
-from ingero.tls import grpc_server_credentials, server_ssl_context
+from ingero.tls import server_tls
 
 log = logging.getLogger("ingero.echo")
 
@@ -68,12 +70,12 @@ class EchoDaemon:
     def __init__(self, config: EchoConfig, clock: Clock | None = None) -> None:
         self.config = config
         self.clock = clock or SystemClock()
-        self.tokens = TokenTable.load(config.auth.tokens_file)
+        self.tokens = TokenTable.load(config.auth.tokens_file, float(config.auth.token_grace))
         rates = GpuRates.load(config.gpu_rates_file)
         # Checked now, so a bad certificate is one configuration error before anything runs.
-        cert, key = config.auth.tls_cert, config.auth.tls_key
-        self._tls = server_ssl_context(cert, key) is not None
-        self._grpc_credentials = grpc_server_credentials(cert, key)
+        self.tls = server_tls(config.auth.tls_cert, config.auth.tls_key)
+        self.audit = AuditLog("echo")
+        self.gate = Gate(self.tokens.keyring, None, config.auth.rate_limit, self.audit)
         self.store = Store(
             config.db,
             clock=self.clock,
@@ -87,7 +89,7 @@ class EchoDaemon:
             self.store,
             config.limits.max_request_bytes,
             config.limits.max_events_per_request,
-            self.tokens if config.auth.ingest_requires_token else None,
+            self.gate if config.auth.ingest_requires_token else None,
             self.decoder,
         )
         self.service = Service(
@@ -112,7 +114,7 @@ class EchoDaemon:
         api_host, _ = _split(self.config.listen.api)
         tls: dict[str, Any] = (
             {"ssl_certfile": self.config.auth.tls_cert, "ssl_keyfile": self.config.auth.tls_key}
-            if self._tls
+            if self.tls is not None
             else {}
         )
         mcp = build_server(LocalBackend(self.service, self.tokens))
@@ -127,7 +129,7 @@ class EchoDaemon:
             mcp_routes = list(mcp_app.routes)
         app = build_app(
             self.service,
-            self.tokens,
+            self.gate,
             mcp_routes=mcp_routes,
             mcp_lifespan=mcp.session_manager.run if self.config.mcp_http else None,
         )
@@ -157,9 +159,15 @@ class EchoDaemon:
                 uvicorn.Config(self.ingest.http_app(), log_level="warning", lifespan="off", **tls)
             ),
         ]
+        if self.tls is not None:
+            for server in self._servers:
+                # uvicorn's own context would be fixed at start; ours swaps on SIGHUP
+                server.config.load()
+                server.config.ssl = self.tls.ssl_context()
         try:
             grpc_server, grpc_port = self.ingest.grpc_server(
-                self.config.listen.otlp_grpc, self._grpc_credentials
+                self.config.listen.otlp_grpc,
+                self.tls.grpc_credentials() if self.tls is not None else None,
             )
         except BaseException:
             api_sock.close()
@@ -169,6 +177,7 @@ class EchoDaemon:
         loop = asyncio.get_running_loop()
         for sig in (signal.SIGTERM, signal.SIGINT):
             loop.add_signal_handler(sig, self.stop)
+        loop.add_signal_handler(signal.SIGHUP, self.reload)
         try:
             tasks = [
                 asyncio.create_task(server.serve(sockets=[sock]))
@@ -176,6 +185,12 @@ class EchoDaemon:
             ]
             while not all(s.started for s in self._servers) and not any(t.done() for t in tasks):
                 await asyncio.sleep(0.02)
+            listen = self.config.listen
+            warn_open_listeners(
+                "echo",
+                {"api": listen.api, "otlp_http": listen.otlp_http, "otlp_grpc": listen.otlp_grpc},
+                self.tokens.enabled,
+            )
             log.info(
                 "echo ready: api %s, otlp http %s, otlp grpc port %d, db %s",
                 self.config.listen.api,
@@ -196,6 +211,12 @@ class EchoDaemon:
         """Stop the decoding workers, then commit what is queued and release the store."""
         self.decoder.close()
         self.store.close()
+        self.audit.close()
+
+    def reload(self) -> bool:
+        """SIGHUP: the tokens file, certificate and key again (``ingero.access``)."""
+        path = self.config.auth.tokens_file
+        return reload_material("echo", self.tokens.keyring, lambda: TokenTable.read(path), self.tls)
 
     def stop(self) -> None:
         for server in self._servers:

@@ -28,7 +28,8 @@ from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import Route
 
-from ingero.echo.auth import Principal, TokenTable
+from ingero.access import Gate, Refusal
+from ingero.echo.auth import ANONYMOUS, Clusters, Principal, principal
 from ingero.echo.decoding import Decoded, DecodePool
 from ingero.echo.httpbody import BodyTooLarge, read_body
 from ingero.echo.rows import CLUSTER_ID
@@ -44,6 +45,8 @@ from ingero.otlp.receiver import (
     grpc_handlers,
     inflate,
     media_type,
+    peer_host,
+    refusal_error,
     reply_media,
     success_reply,
     too_large,
@@ -98,22 +101,27 @@ class Ingest:
         store: Store,
         max_request_bytes: int,
         max_events: int,
-        tokens: TokenTable | None = None,
+        gate: Gate[Clusters] | None = None,
         decoder: DecodePool | None = None,
     ) -> None:
         self.store = store
         self.max_request_bytes = max_request_bytes
         self.max_events = max_events
-        self.tokens = tokens or TokenTable([])
+        self.gate = gate
         self.decoder = decoder or DecodePool(0)
         self.stats = IngestStats()
 
-    def authorize(self, authorization: str | None) -> Principal:
-        """The sender's principal; with tokens configured, writing needs one too."""
-        principal = self.tokens.authenticate(authorization)
-        if principal is None:
-            raise RequestError(401, "unauthenticated", "a valid bearer token is required")
-        return principal
+    def authorize(self, listener: str, authorization: str | None, source: str) -> Principal:
+        """The sender's principal; with tokens configured (and a gate), writing needs one
+        too, within its rate limit."""
+        if self.gate is None:
+            return ANONYMOUS
+        admitted = self.gate.admit(
+            listener, authorization, source, "a valid bearer token is required"
+        )
+        if isinstance(admitted, Refusal):
+            raise refusal_error(admitted, "unauthenticated")
+        return principal(admitted)
 
     def accept(self, decoded: Decoded, principal: Principal) -> concurrent.futures.Future[int]:
         """Queue decoded records for the store once the principal may write every cluster
@@ -136,7 +144,7 @@ class Ingest:
         it, and with it the request's body and message until the cycle collector ran."""
         if isinstance(exc, RequestError):
             self.stats.reject(_REASONS.get(exc.reason, exc.reason))
-            return RequestError(exc.status, exc.reason, str(exc))
+            return RequestError(exc.status, exc.reason, str(exc), exc.retry_after)
         # not stored (a decoding worker died, the commit failed or timed out): not counted
         return RequestError(503, "unavailable", f"not stored, retry: {exc or 'commit timed out'}")
 
@@ -168,7 +176,8 @@ class Ingest:
     async def _http(self, request: Request, kind: Signal) -> Response:
         media = _reply_media(request)
         try:
-            principal = self.authorize(request.headers.get("authorization"))
+            source = request.client.host if request.client else ""
+            principal = self.authorize("otlp-http", request.headers.get("authorization"), source)
             media = media_type(request.headers.get("content-type"))
             try:
                 body = await read_body(request, self.max_request_bytes)
@@ -183,7 +192,9 @@ class Ingest:
             await asyncio.wait_for(asyncio.wrap_future(future), COMMIT_TIMEOUT)
         except (RequestError, UnavailableError, TimeoutError) as exc:
             refusal = self._refused(exc)
-            return _response(error_reply(refusal.status, str(refusal), media, REALM))
+            return _response(
+                error_reply(refusal.status, str(refusal), media, REALM, refusal.retry_after)
+            )
         return _response(success_reply(export_response(kind), media))
 
     async def _decode(self, body: bytes, content_type: str, kind: Signal) -> Decoded:
@@ -222,7 +233,9 @@ class Ingest:
         def export(body: bytes, context: grpc.ServicerContext) -> Message:
             metadata = dict(context.invocation_metadata() or ())
             try:
-                principal = self.authorize(metadata.get("authorization"))
+                principal = self.authorize(
+                    "otlp-grpc", metadata.get("authorization"), peer_host(context.peer())
+                )
                 now = self.store.clock.now()
                 records = self.decoder.decode_sync(body, PROTOBUF, kind, self.max_events, now)
                 self.accept(records, principal).result(timeout=COMMIT_TIMEOUT)

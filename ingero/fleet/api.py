@@ -12,10 +12,12 @@ from urllib.parse import parse_qs
 
 from prometheus_client import CONTENT_TYPE_LATEST
 
-from ingero.bearer import BearerAuth
+from ingero.access import Gate
+from ingero.bearer import Identity
 from ingero.fleet.httpserver import HttpRequest, HttpResponse
 from ingero.fleet.metrics import FleetMetrics
 from ingero.fleet.state import FleetState
+from ingero.otlp.receiver import retry_after_value
 from ingero.otlp.threshold import API_PATH, encode_json
 
 _JSON = "application/json"
@@ -30,12 +32,12 @@ class ApiHandler:
         self,
         state: FleetState,
         metrics: FleetMetrics,
-        auth: BearerAuth,
+        gate: Gate[None],
         ready: Callable[[], bool],
     ) -> None:
         self._state = state
         self._metrics = metrics
-        self._auth = auth
+        self._gate = gate
         self._ready = ready
 
     def gate(self, request: HttpRequest, length: int) -> HttpResponse | None:
@@ -45,12 +47,21 @@ class ApiHandler:
             return json_response(400, {"error": "GET requests carry no body"})
         if request.path in ("/healthz", "/readyz"):
             return None
-        if not self._auth.allows(request.headers.get("authorization")):
+        message = "missing or wrong bearer token"
+        admitted = self._gate.admit(
+            "api", request.headers.get("authorization"), request.peer, message
+        )
+        if isinstance(admitted, Identity):
+            return None
+        if admitted.status == 401:
             self._metrics.count_rejected({"unauthorized": 1})
-            response = json_response(401, {"error": "missing or wrong bearer token"})
+            response = json_response(401, {"error": message})
             response.headers.append(("WWW-Authenticate", 'Bearer realm="ingero-fleet"'))
             return response
-        return None
+        self._metrics.count_rejected({admitted.reason: 1})
+        response = json_response(429, {"error": admitted.message})
+        response.headers.append(("Retry-After", retry_after_value(admitted.retry_after or 1.0)))
+        return response
 
     def __call__(self, request: HttpRequest) -> HttpResponse:
         if request.path == API_PATH:

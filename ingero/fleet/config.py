@@ -7,6 +7,7 @@ from dataclasses import dataclass, field
 from ingero.config import HOSTPORT, Duration, check, in_range, positive
 from ingero.otlp.ports import FLEET_API_PORT, FLEET_OTLP_GRPC_PORT, FLEET_OTLP_HTTP_PORT
 from ingero.otlp.threshold import ENTER_INTERVALS
+from ingero.ratelimit import RateLimitConfig
 from ingero.slurm.drain_policy import DrainConfig
 from ingero.tls import check_pair
 
@@ -41,9 +42,19 @@ class QuorumConfig:
 
 @dataclass(frozen=True)
 class AuthConfig:
+    # Tokens every listener accepts (but /healthz and /readyz), several at once: this file,
+    # each of token_files and each file of token_dir, one token per file named by the
+    # file's name in the audit log. SIGHUP reads them again (docs/security.md).
     bearer_token_file: str | None = None
+    token_files: list[str] = field(default_factory=list)
+    token_dir: str | None = None
+    # A token a SIGHUP removed stays valid this long, so senders can switch over.
+    token_grace: Duration = field(
+        default=Duration(300.0), metadata=check(lambda v: v >= 0, "must be 0 or more")
+    )
     tls_cert: str | None = None
     tls_key: str | None = None
+    rate_limit: RateLimitConfig = field(default_factory=RateLimitConfig)
 
     def validate(self) -> None:
         check_pair(self.tls_cert, self.tls_key)

@@ -21,7 +21,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from types import FrameType
 
-from ingero.bearer import BearerAuth, read_token
+from ingero.access import Gate, reload_material
+from ingero.audit import AuditLog, warn_open_listeners
+from ingero.bearer import Keyring, NamedToken, load_token_files
 from ingero.clock import Clock, SystemClock
 from ingero.fleet.api import ApiHandler
 from ingero.fleet.config import FleetConfig
@@ -38,7 +40,7 @@ from ingero.fleet.state import FleetState
 from ingero.otlp.resource import FLEET_SERVICE, service_attributes
 from ingero.systemd import Notifier, watchdog_interval
 from ingero.systemd import notifier as systemd_notifier
-from ingero.tls import grpc_server_credentials, server_ssl_context
+from ingero.tls import server_tls
 
 log = logging.getLogger(__name__)
 
@@ -107,11 +109,16 @@ class FleetDaemon:
         if self.score_history is not None:
             self.add_tick_listener(self._forward_scores, "echo-score-history")
 
-        auth = BearerAuth(read_token(config.auth.bearer_token_file, "auth.bearer_token_file"))
-        ssl_context = server_ssl_context(config.auth.tls_cert, config.auth.tls_key)
+        self._reload_requested = False
+        self._wake = threading.Event()
+        self.keyring = Keyring(self._load_tokens(), float(config.auth.token_grace))
+        self.audit = AuditLog("fleet")
+        self.gate = Gate(self.keyring, None, config.auth.rate_limit, self.audit)
+        self.tls = server_tls(config.auth.tls_cert, config.auth.tls_key)
+        ssl_context = self.tls.ssl_context() if self.tls is not None else None
         max_body = config.limits.max_body_bytes
-        otlp = OtlpHttpHandler(self.receiver, self.metrics, auth, max_body)
-        api = ApiHandler(self.state, self.metrics, auth, self.ready)
+        otlp = OtlpHttpHandler(self.receiver, self.metrics, self.gate, max_body)
+        api = ApiHandler(self.state, self.metrics, self.gate, self.ready)
 
         def protocol_error(status: int) -> None:
             self.metrics.count_rejected({f"http_{status}": 1})
@@ -143,10 +150,20 @@ class FleetDaemon:
             config.listen.otlp_grpc,
             self.receiver,
             self.metrics,
-            auth,
+            self.gate,
             max_body,
-            grpc_server_credentials(config.auth.tls_cert, config.auth.tls_key),
+            self.tls.grpc_credentials() if self.tls is not None else None,
         )
+
+    def _load_tokens(self) -> list[NamedToken[None]]:
+        auth = self.config.auth
+        files = {"auth.bearer_token_file": auth.bearer_token_file or ""}
+        files.update({f"auth.token_files[{i}]": path for i, path in enumerate(auth.token_files)})
+        return load_token_files(files, auth.token_dir)
+
+    def reload(self) -> bool:
+        """SIGHUP: token files, certificate and key again (``ingero.access``)."""
+        return reload_material("fleet", self.keyring, self._load_tokens, self.tls)
 
     # ---- extension points ---------------------------------------------------------
 
@@ -193,6 +210,11 @@ class FleetDaemon:
         self._last_tick_ok = time.monotonic()
         self._tick_thread = threading.Thread(target=self._tick_loop, name="fleet-tick", daemon=True)
         self._tick_thread.start()
+        warn_open_listeners(
+            "fleet",
+            {"otlp_grpc": bound.otlp_grpc, "otlp_http": bound.otlp_http, "api": bound.api},
+            self.keyring.enabled,
+        )
         log.info(
             "fleet listening: otlp_grpc=%s otlp_http=%s api=%s",
             bound.otlp_grpc,
@@ -216,6 +238,7 @@ class FleetDaemon:
         self.events.deliver()  # what arrived before the listeners closed is not lost
         if self.echo_forwarder is not None:
             self.echo_forwarder.close(timeout=10)
+        self.audit.close()
         self.journal.close()
 
     def ready(self) -> bool:
@@ -225,16 +248,27 @@ class FleetDaemon:
         return self._started and last is not None and time.monotonic() - last < 3 * interval
 
     def run_until_signal(self) -> None:
-        """Serve until SIGTERM or SIGINT, then shut down cleanly."""
+        """Serve until SIGTERM or SIGINT, then shut down cleanly; SIGHUP reloads."""
 
         def handle(signum: int, frame: FrameType | None) -> None:
             log.info("fleet: %s received, shutting down", signal.Signals(signum).name)
             self._stop.set()
+            self._wake.set()
+
+        def hangup(signum: int, frame: FrameType | None) -> None:
+            # only a flag here: the reload runs on the main loop below, not in the handler
+            self._reload_requested = True
+            self._wake.set()
 
         signal.signal(signal.SIGTERM, handle)
         signal.signal(signal.SIGINT, handle)
-        while not self._stop.wait(1.0):
-            pass
+        signal.signal(signal.SIGHUP, hangup)
+        while not self._stop.is_set():
+            self._wake.wait(1.0)
+            self._wake.clear()
+            if self._reload_requested and not self._stop.is_set():
+                self._reload_requested = False
+                self.reload()
         self.stop()
 
     # ---- tick thread ----------------------------------------------------------------

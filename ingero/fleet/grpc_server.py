@@ -17,8 +17,10 @@ from typing import NoReturn
 import grpc
 from google.protobuf.message import Message
 
-from ingero.bearer import BearerAuth
+from ingero.access import Gate
+from ingero.bearer import Identity
 from ingero.fleet.metrics import FleetMetrics
+from ingero.fleet.otlp_http import UNAUTHORIZED, UNAUTHORIZED_MESSAGE
 from ingero.fleet.receiver import Receiver
 from ingero.otlp.receiver import (
     REQUESTS,
@@ -27,6 +29,8 @@ from ingero.otlp.receiver import (
     grpc_code,
     grpc_handlers,
     parse_body,
+    peer_host,
+    refusal_error,
 )
 from ingero.otlp.threshold import encode_metadata
 from ingero.otlp.transport import PROTOBUF, Signal
@@ -38,7 +42,7 @@ class OtlpGrpcServer:
         address: str,
         receiver: Receiver,
         metrics: FleetMetrics,
-        auth: BearerAuth,
+        gate: Gate[None],
         max_body_bytes: int,
         credentials: grpc.ServerCredentials | None = None,
         workers: int = 8,
@@ -46,7 +50,7 @@ class OtlpGrpcServer:
         self._address = address
         self._receiver = receiver
         self._metrics = metrics
-        self._auth = auth
+        self._gate = gate
         self._credentials = credentials
         self._server = grpc.server(
             ThreadPoolExecutor(max_workers=workers, thread_name_prefix="otlp-grpc"),
@@ -86,13 +90,15 @@ class OtlpGrpcServer:
         abort(context, error)
 
     def _authorize(self, context: grpc.ServicerContext, signal: str, start: float) -> None:
-        if self._auth.enabled:
+        if self._gate.enabled:
             token = next(
                 (str(v) for k, v in context.invocation_metadata() if k == "authorization"), None
             )
-            if not self._auth.allows(token):
-                error = RequestError(401, "unauthorized", "missing or wrong bearer token")
-                self._refuse(context, signal, error, start)
+            admitted = self._gate.admit(
+                "otlp-grpc", token, peer_host(context.peer()), UNAUTHORIZED_MESSAGE
+            )
+            if not isinstance(admitted, Identity):
+                self._refuse(context, signal, refusal_error(admitted, UNAUTHORIZED), start)
 
     def _export(self, signal: Signal) -> Callable[[bytes, grpc.ServicerContext], Message]:
         def export(raw: bytes, context: grpc.ServicerContext) -> Message:

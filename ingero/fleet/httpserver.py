@@ -40,6 +40,7 @@ class HttpRequest:
     query: str
     headers: dict[str, str]  # lower-case names; repeated headers keep the last value
     body: bytes = b""
+    peer: str = ""  # the client's address (the audit log's and rate limits' source)
 
 
 @dataclass
@@ -82,9 +83,12 @@ class _Connection(asyncio.Protocol):
         self._head_timer: asyncio.TimerHandle | None = None
         self.transport: asyncio.Transport | None = None
         self.last_active = 0.0
+        self.peer = ""
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         self.transport = cast(asyncio.Transport, transport)
+        peername = transport.get_extra_info("peername")
+        self.peer = str(peername[0]) if isinstance(peername, tuple) and peername else ""
         self.last_active = self._server.loop_time()
         self._server.connections.add(self)
 
@@ -152,6 +156,7 @@ class _Connection(asyncio.Protocol):
         except BadHead as exc:
             self._fail(exc.status, str(exc))
             return False
+        request.peer = self.peer
         refused = self._server.gate(request, length) if self._server.gate else None
         if refused is not None:
             # The body was not read, so the connection cannot carry another request.

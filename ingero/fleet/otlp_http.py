@@ -11,7 +11,8 @@ from __future__ import annotations
 
 import time
 
-from ingero.bearer import BearerAuth
+from ingero.access import Gate
+from ingero.bearer import Identity
 from ingero.fleet.httpserver import HttpRequest, HttpResponse
 from ingero.fleet.metrics import FleetMetrics
 from ingero.fleet.receiver import Receiver
@@ -23,6 +24,7 @@ from ingero.otlp.receiver import (
     error_reply,
     method_not_allowed,
     not_found,
+    refusal_error,
     reply_media,
     success_reply,
     too_large,
@@ -37,20 +39,26 @@ def _response(reply: Reply) -> HttpResponse:
     return HttpResponse(reply.status, reply.body, reply.content_type, reply.headers)
 
 
-def error_response(status: int, message: str, content_type: str | None = None) -> HttpResponse:
+UNAUTHORIZED = "unauthorized"  # the counted reason of a 401 (the audit log has which check)
+UNAUTHORIZED_MESSAGE = "missing or wrong bearer token"
+
+
+def error_response(
+    status: int, message: str, content_type: str | None = None, retry_after: float | None = None
+) -> HttpResponse:
     """A refusal in the encoding of a request of ``content_type``."""
-    return _response(error_reply(status, message, reply_media(content_type), REALM))
+    return _response(error_reply(status, message, reply_media(content_type), REALM, retry_after))
 
 
 class OtlpHttpHandler:
     """The request handler and the pre-body gate of the OTLP/HTTP listener."""
 
     def __init__(
-        self, receiver: Receiver, metrics: FleetMetrics, auth: BearerAuth, max_body_bytes: int
+        self, receiver: Receiver, metrics: FleetMetrics, gate: Gate[None], max_body_bytes: int
     ) -> None:
         self._receiver = receiver
         self._metrics = metrics
-        self._auth = auth
+        self._gate = gate
         self._max_body = max_body_bytes
 
     def gate(self, request: HttpRequest, length: int) -> HttpResponse | None:
@@ -59,9 +67,11 @@ class OtlpHttpHandler:
             return self._refused(request, "other", not_found())
         if request.method != "POST":
             return self._refused(request, signal, method_not_allowed())
-        if not self._auth.allows(request.headers.get("authorization")):
-            error = RequestError(401, "unauthorized", "missing or wrong bearer token")
-            return self._refused(request, signal, error)
+        admitted = self._gate.admit(
+            "otlp-http", request.headers.get("authorization"), request.peer, UNAUTHORIZED_MESSAGE
+        )
+        if not isinstance(admitted, Identity):
+            return self._refused(request, signal, refusal_error(admitted, UNAUTHORIZED))
         if length > self._max_body:
             return self._refused(request, signal, too_large(self._max_body))
         return None
@@ -69,7 +79,9 @@ class OtlpHttpHandler:
     def _refused(self, request: HttpRequest, signal: str, error: RequestError) -> HttpResponse:
         self._receiver.refuse(error.reason)
         self._metrics.count_request("http", signal, str(error.status), 0.0)
-        return error_response(error.status, str(error), request.headers.get("content-type"))
+        return error_response(
+            error.status, str(error), request.headers.get("content-type"), error.retry_after
+        )
 
     def __call__(self, request: HttpRequest) -> HttpResponse:
         start = time.perf_counter()

@@ -35,7 +35,7 @@ from google.protobuf.message import DecodeError, Message
 from google.rpc.error_details_pb2 import RetryInfo
 from google.rpc.status_pb2 import Status
 
-from ingero.bearer import authorization
+from ingero.bearer import TokenSource, authorization, current_token
 from ingero.otlp.transport import HTTP_PATHS, PROTOBUF, Signal, export_method
 from ingero.tls import grpc_channel_credentials
 
@@ -184,7 +184,7 @@ class HttpExporter:
     def __init__(
         self,
         endpoint: str,
-        token: str | None,
+        token: TokenSource,
         timeout: float,
         ssl_context: ssl.SSLContext | None = None,
         receiver: str = "the receiver",
@@ -192,7 +192,9 @@ class HttpExporter:
         compression: str = "none",
     ) -> None:
         """``headers`` go on every request (OTEL_EXPORTER_OTLP_HEADERS); ``compression``
-        ``gzip`` compresses the bodies (Content-Encoding: gzip)."""
+        ``gzip`` compresses the bodies (Content-Encoding: gzip). ``token`` may be a callable
+        (a :class:`~ingero.bearer.TokenFile`), asked on every request, so a rotated token
+        is sent from the next request on."""
         url = urllib.parse.urlsplit(endpoint if "://" in endpoint else f"http://{endpoint}")
         if url.scheme not in ("http", "https") or not url.hostname:
             raise ValueError(f"endpoint must be http(s)://HOST:PORT, got {endpoint!r}")
@@ -202,9 +204,8 @@ class HttpExporter:
         self.timeout = timeout
         self.receiver = receiver
         self._ssl = ssl_context
-        self._auth = {**(headers or {})}
-        if token:
-            self._auth["Authorization"] = authorization(token)
+        self._headers = {**(headers or {})}
+        self._token = token
         self._gzip = compression == "gzip"
 
     def request(self, method: str, path: str, body: bytes | None = None) -> HttpAnswer:
@@ -217,7 +218,10 @@ class HttpExporter:
             )
         else:
             conn = http.client.HTTPConnection(host, port, timeout=self.timeout)
-        headers = {**self._auth, **({"Content-Type": PROTOBUF} if body is not None else {})}
+        headers = {**self._headers, **({"Content-Type": PROTOBUF} if body is not None else {})}
+        token = current_token(self._token)
+        if token:
+            headers["Authorization"] = authorization(token)
         if body is not None and self._gzip:
             body = gzip.compress(body)
             headers["Content-Encoding"] = "gzip"
@@ -256,7 +260,7 @@ class GrpcExporter:
     def __init__(
         self,
         endpoint: str,
-        token: str | None,
+        token: TokenSource,
         timeout: float,
         ca_file: str | None = None,
         receiver: str = "the receiver",
@@ -273,8 +277,7 @@ class GrpcExporter:
             self.channel = grpc.insecure_channel(target)
         # gRPC metadata keys must be lower case.
         self.metadata = [(k.lower(), v) for k, v in (headers or {}).items()]
-        if token:
-            self.metadata.append(("authorization", authorization(token)))
+        self._token = token
         self._compression = grpc.Compression.Gzip if compression == "gzip" else None
         self.timeout = timeout
         self.receiver = receiver
@@ -295,12 +298,16 @@ class GrpcExporter:
             _response, call = self._method(signal_of(request)).with_call(
                 request,
                 timeout=self.timeout,
-                metadata=self.metadata,
+                metadata=self._metadata(),
                 compression=self._compression,
             )
         except self._grpc.RpcError as exc:
             raise self.error(exc) from None
         return call
+
+    def _metadata(self) -> list[tuple[str, str]]:
+        token = current_token(self._token)
+        return [*self.metadata, ("authorization", authorization(token))] if token else self.metadata
 
     def error(self, exc: grpc.RpcError) -> ExportError:
         code = exc.code() if hasattr(exc, "code") else self._grpc.StatusCode.UNKNOWN

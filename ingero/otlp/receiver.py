@@ -17,6 +17,7 @@ partial success, Echo's all-or-nothing store); what crosses the wire is decided 
 from __future__ import annotations
 
 import json
+import math
 import zlib
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
@@ -24,7 +25,9 @@ from typing import NoReturn, TypeVar
 
 import grpc
 from google.protobuf import json_format
+from google.protobuf.any_pb2 import Any as AnyMessage
 from google.protobuf.message import Message
+from google.rpc.error_details_pb2 import RetryInfo
 from google.rpc.status_pb2 import Status
 from opentelemetry.proto.collector.logs.v1.logs_service_pb2 import (
     ExportLogsServiceRequest,
@@ -35,6 +38,7 @@ from opentelemetry.proto.collector.metrics.v1.metrics_service_pb2 import (
     ExportMetricsServiceResponse,
 )
 
+from ingero.access import Refusal
 from ingero.otlp.limits import shown
 from ingero.otlp.transport import JSON, PROTOBUF, SERVICES, Signal
 from ingero.otlp.values import OtlpDecodeError, parse_json, parse_protobuf
@@ -78,16 +82,29 @@ def grpc_code(status: int) -> grpc.StatusCode:
 
 
 class RequestError(Exception):
-    """A request refused as a whole: HTTP status, counted reason and a message for the sender."""
+    """A request refused as a whole: HTTP status, counted reason and a message for the sender;
+    ``retry_after`` (seconds) for a 429: sent as Retry-After over HTTP, RetryInfo over gRPC."""
 
-    def __init__(self, status: int, reason: str, message: str) -> None:
+    def __init__(
+        self, status: int, reason: str, message: str, retry_after: float | None = None
+    ) -> None:
         super().__init__(message)
         self.status = status
         self.reason = reason
+        self.retry_after = retry_after
 
-    def __reduce__(self) -> tuple[type[RequestError], tuple[int, str, str]]:
+    def __reduce__(
+        self,
+    ) -> tuple[type[RequestError], tuple[int, str, str, float | None]]:
         # raised in one of Echo's decoding processes, it must unpickle whole in the daemon
-        return (RequestError, (self.status, self.reason, str(self)))
+        return (RequestError, (self.status, self.reason, str(self), self.retry_after))
+
+
+def refusal_error(refusal: Refusal, unauthorized: str) -> RequestError:
+    """The gate's refusal as a RequestError; a 401 is counted as ``unauthorized``, a 429
+    by its own reason (the audit log has the detail of both)."""
+    reason = unauthorized if refusal.status == 401 else refusal.reason
+    return RequestError(refusal.status, reason, refusal.message, refusal.retry_after)
 
 
 def too_large(limit: int) -> RequestError:
@@ -198,9 +215,15 @@ def success_reply(response: Message, media: str) -> Reply:
     return Reply(200, response.SerializeToString(), PROTOBUF)
 
 
-def error_reply(status: int, message: str, media: str, realm: str | None = None) -> Reply:
+def error_reply(
+    status: int,
+    message: str,
+    media: str,
+    realm: str | None = None,
+    retry_after: float | None = None,
+) -> Reply:
     """A refusal: ``google.rpc.Status`` in ``media`` (JSON adds ``error`` and ``status``);
-    a 401 names the bearer ``realm``."""
+    a 401 names the bearer ``realm``; ``retry_after`` becomes a Retry-After header."""
     code = grpc_code(status).value[0]
     if media == JSON:
         body = json.dumps({"code": code, "message": message, "error": message, "status": status})
@@ -209,7 +232,14 @@ def error_reply(status: int, message: str, media: str, realm: str | None = None)
         reply = Reply(status, Status(code=code, message=message).SerializeToString(), PROTOBUF)
     if status == 401 and realm is not None:
         reply.headers.append(("WWW-Authenticate", f'Bearer realm="{realm}"'))
+    if retry_after is not None:
+        reply.headers.append(("Retry-After", retry_after_value(retry_after)))
     return reply
+
+
+def retry_after_value(seconds: float) -> str:
+    """A Retry-After header value: whole seconds (delta-seconds), at least 1."""
+    return str(max(1, math.ceil(seconds)))
 
 
 # ---- gRPC -----------------------------------------------------------------------------------
@@ -217,9 +247,22 @@ def error_reply(status: int, message: str, media: str, realm: str | None = None)
 Export = Callable[[bytes, grpc.ServicerContext], Message]
 
 
+_STATUS_DETAILS = "grpc-status-details-bin"
+
+
 def abort(context: grpc.ServicerContext, error: RequestError) -> NoReturn:
-    """End a gRPC call with the code of ``error``'s HTTP status and its message."""
-    context.abort(grpc_code(error.status), str(error))
+    """End a gRPC call with the code of ``error``'s HTTP status and its message; with a
+    ``retry_after``, the status details carry ``google.rpc.RetryInfo`` (what grpcio-status
+    would send: a ``google.rpc.Status`` in the ``grpc-status-details-bin`` trailer)."""
+    code = grpc_code(error.status)
+    if error.retry_after is not None:
+        info = RetryInfo()
+        info.retry_delay.FromNanoseconds(int(error.retry_after * 1e9))
+        detail = AnyMessage()
+        detail.Pack(info)
+        status = Status(code=code.value[0], message=str(error), details=[detail])
+        context.set_trailing_metadata([(_STATUS_DETAILS, status.SerializeToString())])
+    context.abort(code, str(error))
     raise AssertionError("grpc's abort() raises; its type stubs do not say so")
 
 
@@ -240,6 +283,13 @@ def grpc_handlers(exports: Mapping[Signal, Export]) -> tuple[grpc.GenericRpcHand
         )
         for signal, export in exports.items()
     )
+
+
+def peer_host(peer: str) -> str:
+    """The address of a gRPC peer (``ipv4:1.2.3.4:5``, ``ipv6:[::1]:5``) without its port."""
+    _, _, rest = peer.partition(":")
+    host = rest.rpartition(":")[0] if ":" in rest else rest
+    return host.strip("[]%") or peer
 
 
 def _serialize(message: Message) -> bytes:

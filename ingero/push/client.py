@@ -22,7 +22,7 @@ from opentelemetry.proto.collector.metrics.v1.metrics_service_pb2 import (
     ExportMetricsServiceRequest,
 )
 
-from ingero.bearer import read_token
+from ingero.bearer import token_source
 from ingero.otlp.exporter import ExportError, GrpcExporter, HttpExporter, parse_retry_after
 from ingero.otlp.ports import FLEET_API_PORT
 from ingero.otlp.threshold import (
@@ -77,7 +77,7 @@ class HttpPushClient:
     """OTLP/HTTP with protobuf bodies (``/v1/metrics``, ``/v1/logs``)."""
 
     def __init__(self, config: PushConfig) -> None:
-        token = read_token(config.auth_token_file, "auth_token_file")
+        token = token_source(config.auth_token_file, "auth_token_file")
         context = client_ssl_context(config.ca_file)
         timeout = config.push_timeout
         self._otlp = HttpExporter(
@@ -132,7 +132,7 @@ class GrpcPushClient:
     """OTLP gRPC (MetricsService/Export, LogsService/Export); threshold in response metadata."""
 
     def __init__(self, config: PushConfig) -> None:
-        token = read_token(config.auth_token_file, "auth_token_file")
+        token = token_source(config.auth_token_file, "auth_token_file")
         self._otlp = GrpcExporter(
             config.fleet_endpoint,
             token,

@@ -7,7 +7,7 @@ import math
 
 import pytest
 
-from ingero.bearer import BearerAuth
+from ingero.bearer import Keyring, NamedToken, digest
 from ingero.fleet.httpserver import BadHead, HttpResponse, _parse_head, render
 from ingero.fleet.metrics import FleetMetrics
 from ingero.fleet.model import GroupStats
@@ -91,17 +91,20 @@ def test_inflate_bounds_and_errors() -> None:
 
 
 def test_bearer_auth() -> None:
-    open_auth = BearerAuth(None)
-    assert not open_auth.enabled and open_auth.allows(None)
-    auth = BearerAuth("tok")
-    assert auth.allows("Bearer tok")
-    assert not auth.allows(None)
-    assert not auth.allows("Bearer tok2")
+    assert not Keyring([]).enabled
+    auth = Keyring([NamedToken("t", digest("tok"), None)])
+
+    def allows(value: str | None) -> bool:
+        return auth.check(value).identity is not None
+
+    assert auth.enabled and allows("Bearer tok")
+    assert not allows(None)
+    assert not allows("Bearer tok2")
     # the scheme name is case-insensitive (RFC 7235); the token is not
-    assert auth.allows("bearer tok") and auth.allows("BEARER tok")
-    assert not auth.allows("Bearer TOK")
-    assert not auth.allows("Basic tok") and not auth.allows("tok") and not auth.allows("")
-    assert not auth.allows("Bearer t\u00f6k")
+    assert allows("bearer tok") and allows("BEARER tok")
+    assert not allows("Bearer TOK")
+    assert not allows("Basic tok") and not allows("tok") and not allows("")
+    assert not allows("Bearer t\u00f6k")
 
 
 def view(threshold: float | None, quorum: bool, panic: bool) -> ThresholdView:

@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from ingero.bearer import BearerAuth, authorization, read_token
+from ingero.bearer import Keyring, NamedToken, authorization, digest, read_token
 from ingero.errors import ConfigError
 from ingero.tls import check_pair, client_ssl_context, grpc_server_credentials, server_ssl_context
 
@@ -16,13 +16,19 @@ def test_token_file_read_stripped_and_presented(tmp_path: Path) -> None:
     path.write_text("s3cret\n")
     token = read_token(str(path), "auth.bearer_token_file")
     assert token == "s3cret"
-    assert BearerAuth(token).allows(authorization("s3cret"))
+    assert token is not None
+    keyring = Keyring([NamedToken("t", digest(token), None)])
+    assert keyring.check(authorization("s3cret")).identity is not None
     assert read_token(None, "auth.bearer_token_file") is None
 
 
 @pytest.mark.parametrize(
     ("content", "message"),
-    [(None, "auth_token_file: cannot read"), ("  \n", "is empty"), (b"\xff\xfe", "cannot read")],
+    [
+        (None, "auth_token_file: cannot read"),
+        ("  \n", "holds no token"),
+        (b"\xff\xfe", "not UTF-8"),
+    ],
 )
 def test_bad_token_files(tmp_path: Path, content: str | bytes | None, message: str) -> None:
     path = tmp_path / "token"

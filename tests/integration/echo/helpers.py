@@ -63,6 +63,7 @@ class EchoProcess:
     tls: tuple[Path, Path] | None = None  # (cert, key)
     decode_workers: int | None = None  # None: the daemon's default
     limits: dict[str, Any] = field(default_factory=dict)  # laid over the tests' limits
+    auth: dict[str, Any] = field(default_factory=dict)  # laid over the auth section
     db: Path = field(init=False)
     api: str = field(init=False)
     otlp_http: str = field(init=False)
@@ -102,6 +103,8 @@ class EchoProcess:
             config.setdefault("auth", {}).update(
                 tls_cert=str(self.tls[0]), tls_key=str(self.tls[1])
             )
+        if self.auth:
+            config.setdefault("auth", {}).update(self.auth)
         (self.workdir / "echo.yaml").write_text(json.dumps(config))
 
     @property

@@ -20,21 +20,11 @@ from opentelemetry.proto.collector.logs.v1 import logs_service_pb2_grpc
 
 from ingero.fleet.forwarder import Forwarder
 from ingero.otlp.logs import encode_events
+from tests.integration.security import make_cert
 
 from .helpers import TOKEN_OPS, EchoProcess, straggler
 
 pytestmark = pytest.mark.integration
-
-
-def make_cert(tmp: Path) -> tuple[Path, Path]:
-    cert, key = tmp / "cert.pem", tmp / "key.pem"
-    subprocess.run(
-        ["openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "1",
-         "-subj", "/CN=localhost", "-addext", "subjectAltName=DNS:localhost,IP:127.0.0.1",
-         "-keyout", str(key), "-out", str(cert)],
-        check=True, capture_output=True, timeout=60,
-    )  # fmt: skip
-    return cert, key
 
 
 def count(echo: EchoProcess, context: ssl.SSLContext) -> int:

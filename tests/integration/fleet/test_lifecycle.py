@@ -20,6 +20,7 @@ from opentelemetry.proto.collector.metrics.v1.metrics_service_pb2 import (
 from ingero.otlp.health import NodePush
 from tests.integration.fleet.helpers import ROOT, health_request, start_fleet, wait_for
 from tests.integration.fleet.test_push_paths import sdk_push
+from tests.integration.security import make_cert
 
 pytestmark = pytest.mark.integration
 
@@ -112,34 +113,6 @@ def test_bearer_token_on_every_listener(tmp_path: Path) -> None:
         assert fleet.metric("ingero_fleet_rejected_total", reason="unauthorized") == 4
     finally:
         fleet.stop()
-
-
-def make_cert(tmp: Path) -> tuple[Path, Path]:
-    cert, key = tmp / "cert.pem", tmp / "key.pem"
-    subprocess.run(
-        [
-            "openssl",
-            "req",
-            "-x509",
-            "-newkey",
-            "rsa:2048",
-            "-nodes",
-            "-days",
-            "1",
-            "-subj",
-            "/CN=localhost",
-            "-addext",
-            "subjectAltName=DNS:localhost,IP:127.0.0.1",
-            "-keyout",
-            str(key),
-            "-out",
-            str(cert),
-        ],
-        check=True,
-        capture_output=True,
-        timeout=60,
-    )
-    return cert, key
 
 
 def test_tls_on_every_listener(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:

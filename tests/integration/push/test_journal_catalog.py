@@ -12,6 +12,7 @@ from pathlib import Path
 
 import pytest
 
+from ingero.audit import AUDIT_MESSAGE_ID, OPEN_LISTENER_MESSAGE_ID
 from ingero.events import MESSAGE_IDS
 from ingero.slurm.hooks import HOOK_PROBLEM_MESSAGE_ID
 from tests.integration.journald_harness import run_with_journald, unavailable
@@ -43,7 +44,9 @@ def _installed(tmp_path: Path) -> Path:
 
 def test_every_message_id_has_one_entry_and_journalctl_compiles_it(tmp_path: Path) -> None:
     ids = re.findall(r"^-- ([0-9a-f]{32})$", CATALOG.read_text(), re.M)
-    assert sorted(ids) == sorted({*MESSAGE_IDS.values(), HOOK_PROBLEM_MESSAGE_ID})
+    assert sorted(ids) == sorted(
+        {*MESSAGE_IDS.values(), HOOK_PROBLEM_MESSAGE_ID, AUDIT_MESSAGE_ID, OPEN_LISTENER_MESSAGE_ID}
+    )
     root = _installed(tmp_path)
     listed = subprocess.run(
         ["journalctl", f"--root={root}", "--list-catalog"],
