@@ -351,3 +351,30 @@ def test_the_writer_lives_on_when_its_caches_cannot_be_reloaded_after_a_failure(
         assert store.stats["commit_errors"] == 2
     finally:
         store.close()
+
+
+def test_nccl_episodes_fold_only_new_events_and_age_out(tmp_path: Path) -> None:
+    """A partly retried batch folds only the events the store did not have; retention takes
+    NCCL episodes that ended (or were last seen) before max_age with the other rows."""
+    clock = ManualClock(start=10_000.0)
+    store = Store(tmp_path / "e.db", clock=clock, max_age=1000.0, retention_interval=3600)
+
+    def lag(ts: float, eid: str, state: str = "start") -> Event:
+        extra = {"comm_hash": "ab" * 8, "comm_rank": 1, "lag_p50_ms": ts / 100, "state": state}
+        return Event("peer_lag", "n1", "A", ts, event_id=eid, job_id="7", extra=extra)
+
+    old, new = str(uuid.uuid4()), str(uuid.uuid4())
+    try:
+        first = [lag(8000.0, old), lag(8100.0, old, "end")]
+        assert store.write(first) == 2
+        # a retry of the first batch with one new event of a second episode in it
+        assert store.write([*first, lag(9500.0, new)]) == 1
+        assert count(store, "SELECT sum(n_events) FROM collective_episodes") == 3
+        assert count(store, "SELECT count(*) FROM collective_episodes") == 2
+        store.retain_now()
+        conn = store.reader()
+        kept = conn.execute("SELECT event_id, max_lag_p50_ms FROM collective_episodes").fetchall()
+        conn.close()
+        assert kept == [(new, 95.0)]
+    finally:
+        store.close()
