@@ -3,8 +3,8 @@ into one row per episode as they are stored, and the folds the ``collective_lag`
 question makes of those rows (ranks ranked by lag, hung collectives, skewed clocks).
 
 Fleet gives every event of one episode (its ``state: start`` re-emits and its
-``state: end``) one ``event_id``, so an episode is identified by (``event_id``, ``type``)
-and folds with one upsert, whatever order its events arrive in: the time span widens,
+``state: end``) one ``event_id``, so an episode is identified by (``event_id``, ``type``,
+``cluster_id``: a sender of one cluster can never fold into another's episode) and folds with one upsert, whatever order its events arrive in: the time span widens,
 the worst lag only grows, ``end_ts`` is set by an end event, and the other figures (lag,
 how often last, missing ranks, node) are those of the newest ``start`` event, all of them
 from that one event (an older one arriving late replaces none). The end event's figures
@@ -65,27 +65,25 @@ COLUMNS = (
     "since_ts",
     "reason",
 )
-# Figures an episode takes from the newest of its events that ranks highest (start events
-# before end events): all from one event, so the fold is the same in every order.
-_LATEST = (
-    "node_id",
-    "rank",
-    "comm_hash",
-    "comm_rank",
-    "nranks",
-    "op",
-    "seq",
-    "lag_p50_ms",
-    "lag_p95_ms",
-    "collectives",
-    "last_count",
-    "bytes",
-    "missing_ranks",
-    "missing_nodes",
-    "inside_ranks",
-    "inside_for_s",
-    "reason",
+# Columns the upsert folds its own way; every other one is a figure the episode takes from
+# the newest of its events that ranks highest (start events before end events): all from
+# one event, so the fold is the same in every order.
+_FOLDED = frozenset(
+    {
+        "event_id",
+        "type",
+        "cluster_id",
+        "job_id",
+        "start_ts",
+        "last_ts",
+        "end_ts",
+        "n_events",
+        "max_lag_p50_ms",
+        "max_lag_p95_ms",
+        "since_ts",
+    }
 )
+_LATEST = tuple(c for c in COLUMNS if c not in _FOLDED)
 
 
 _NEWER = (
@@ -102,10 +100,10 @@ def _newest(column: str) -> str:
 UPSERT = (
     f"INSERT INTO collective_episodes ({', '.join(COLUMNS)})"
     f" VALUES ({','.join('?' * len(COLUMNS))})"
-    " ON CONFLICT (event_id, type) DO UPDATE SET "
+    " ON CONFLICT (event_id, type, cluster_id) DO UPDATE SET "
     + ", ".join(
         [
-            *(_newest(c) for c in (*_LATEST, "figures_ts", "figures_end")),
+            *(_newest(c) for c in _LATEST),
             "start_ts = min(start_ts, excluded.start_ts)",
             "last_ts = max(last_ts, excluded.last_ts)",
             "end_ts = CASE WHEN excluded.end_ts IS NULL THEN end_ts"

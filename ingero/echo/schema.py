@@ -10,9 +10,9 @@ Tables (timestamps are Unix seconds):
 - ``nodes``: last known facts per node (GPU model and count for the cost of straggling);
   ``last_seen`` from events is kept to within 5 minutes (the writer skips rewrites).
 - ``collective_episodes``: NCCL ``peer_lag`` and ``collective_hang`` episodes, one row per
-  (``event_id``, ``type``) (Fleet gives an episode's events one id), folded as they arrive
-  (``ingero.echo.collectives``), so the per-job ``collective_lag`` question reads a job's
-  episodes by index instead of its raw events.
+  (``event_id``, ``type``, ``cluster_id``) (Fleet gives an episode's events one id),
+  folded as they arrive (``ingero.echo.collectives``), so the per-job ``collective_lag``
+  question reads a job's episodes by index instead of its raw events.
 """
 
 from __future__ import annotations
@@ -137,7 +137,7 @@ def _v3(db: sqlite_utils.Database) -> None:
         " collectives INTEGER, last_count INTEGER, bytes INTEGER,"
         " missing_ranks TEXT, missing_nodes TEXT, inside_ranks INTEGER, inside_for_s REAL,"
         " since_ts REAL, reason TEXT,"
-        " UNIQUE (event_id, type))"
+        " UNIQUE (event_id, type, cluster_id))"
     )
     # A job's episodes (the question), and a node's (stragglers' annotations).
     db.execute(

@@ -141,6 +141,19 @@ def test_an_episode_folds_the_same_in_every_order(
         assert {k: got[k] for k in expected} == expected, order
 
 
+def test_one_event_id_in_two_clusters_is_two_episodes() -> None:
+    """A sender of one cluster never folds into another cluster's episode."""
+    conn = sqlite3.connect(":memory:", isolation_level=None)
+    migrate(sqlite_utils.Database(conn), MIGRATIONS)
+    mine = row_of("peer_lag", 10.0, lag_p50_ms=5.0)
+    theirs = {**row_of("peer_lag", 20.0, lag_p50_ms=900.0), "cluster_id": "B"}
+    conn.executemany(collectives.UPSERT, [tuple(mine.values()), tuple(theirs.values())])
+    rows = conn.execute(
+        "SELECT cluster_id, max_lag_p50_ms, n_events FROM collective_episodes ORDER BY 1"
+    ).fetchall()
+    assert rows == [("A", 5.0, 1), ("B", 900.0, 1)]
+
+
 def lag_ep(
     cluster: str = "A",
     comm_rank: int | None = 1,
