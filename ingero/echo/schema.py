@@ -21,6 +21,9 @@ from collections.abc import Callable
 
 import sqlite_utils
 
+from ingero.echo import collectives
+from ingero.echo.rows import COLUMNS
+
 # The events index that node filters read (questions name it: see answers.events).
 EVENTS_BY_CLUSTER = "idx_events_cluster_id_ts_node_id"
 
@@ -147,6 +150,12 @@ def _v3(db: sqlite_utils.Database) -> None:
         "CREATE INDEX collective_episodes_node"
         " ON collective_episodes (cluster_id, node_id, start_ts)"
     )
+    # Events a version 2 store already holds fold in as new ones would (in any order).
+    stored = db.execute(
+        f"SELECT {', '.join(COLUMNS)} FROM events WHERE type IN (?, ?) ORDER BY id",
+        sorted(collectives.TYPES),
+    )
+    db.conn.executemany(collectives.UPSERT, (collectives.episode_row(row) for row in stored))
 
 
 MIGRATIONS: list[Callable[[sqlite_utils.Database], None]] = [_v1, _v2, _v3]

@@ -14,7 +14,7 @@ import sqlite_utils
 
 from ingero.clock import ManualClock
 from ingero.echo import store as store_module
-from ingero.echo.rows import EventRow, ScorePoint, event_row
+from ingero.echo.rows import INSERT_EVENT, EventRow, ScorePoint, event_row
 from ingero.echo.schema import MIGRATIONS
 from ingero.echo.store import Store, StoreLockedError
 from ingero.errors import UnavailableError
@@ -198,6 +198,35 @@ def test_a_v1_database_is_migrated_and_keeps_de_duplicating(tmp_path: Path) -> N
         assert store.write([straggler("n1", "A", 110.0, kind="straggler_resolved")]) == 1
         assert episode_rows(store) == [("n1", 100.0, 100.0, 110.0, None, 2)]
         assert count(store, "PRAGMA user_version") == len(MIGRATIONS)
+    finally:
+        store.close()
+
+
+def test_a_v2_database_folds_the_nccl_events_it_holds_when_migrated(tmp_path: Path) -> None:
+    db = tmp_path / "e.db"
+    conn = sqlite3.connect(db, isolation_level=None)
+    migrate(sqlite_utils.Database(conn), MIGRATIONS[:2])
+    eid = str(uuid.uuid4())
+    held = [
+        Event("peer_lag", "n1", "A", ts, event_id=eid, job_id="7", extra=extra)
+        for ts, extra in (
+            (200.0, {"comm_rank": 3, "lag_p50_ms": 9.0, "state": "end"}),
+            (100.0, {"comm_rank": 3, "lag_p50_ms": 250.0, "state": "start"}),
+        )
+    ]
+    held.append(straggler("n1", "A", 100.0))
+    conn.executemany(INSERT_EVENT, [event_row(e, 1.0) for e in held])
+    conn.close()
+    store = Store(db)
+    try:
+        reader = store.reader()
+        rows = reader.execute(
+            "SELECT event_id, comm_rank, start_ts, end_ts, lag_p50_ms, n_events"
+            " FROM collective_episodes"
+        ).fetchall()
+        reader.close()
+        assert rows == [(eid, 3, 100.0, 200.0, 250.0, 2)]
+        assert count(store, "PRAGMA user_version") == len(MIGRATIONS) == 3
     finally:
         store.close()
 
