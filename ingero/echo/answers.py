@@ -462,7 +462,7 @@ def job_report(conn: sqlite3.Connection, ctx: Context, args: dict[str, Any]) -> 
         "summaries": of_type("job_summary"),
         "peer_lag": of_type("peer_lag"),
         "collective_hangs": of_type("collective_hang"),
-        "lagging_ranks": ctx.fit(_collective_lag(conn, ctx, window_args)["ranks"][: ctx.max_rows]),
+        "lagging_ranks": ctx.fit(_collective_lag(conn, ctx, window_args)["ranks"]),
     }
 
 
@@ -471,36 +471,23 @@ def collective_lag(conn: sqlite3.Connection, ctx: Context, args: dict[str, Any])
     its hung collectives, and the clocks of its nodes that were off (which makes lag
     figures from them doubtful)."""
     answer = _collective_lag(conn, ctx, args)
-    limit = _limit(args, ctx)
     for key in ("ranks", "hangs", "clock_skew"):
-        answer[key] = ctx.fit(answer[key][:limit])
+        answer[key] = ctx.fit(answer[key])
     return answer
 
 
 def _collective_lag(conn: sqlite3.Connection, ctx: Context, args: dict[str, Any]) -> dict[str, Any]:
-    """The whole answer (``job_report`` takes its ranks); only answers are cut."""
+    """The answer's lists, each at most ``limit`` long (``job_report`` takes its ranks);
+    the byte limit is the caller's to apply."""
     where, params = _scope(ctx, args)
     since, until = _window(args, ctx)
     job = args["job_id"]
-    # the job index, then the episodes that overlap the window
-    episodes = (
-        f"FROM collective_episodes WHERE job_id = ? AND {where} AND type = ?"
-        " AND start_ts <= ? AND coalesce(end_ts, last_ts) >= ?"
-    )
-    ranks = collectives.rank_lag(
-        collectives.LagEpisode(*r)
-        for r in conn.execute(
-            f"SELECT {collectives.LAG_FIELDS} {episodes}",
-            [job, *params, collectives.LAG, until, since],
-        )
-    )
-    hangs = collectives.hangs(
-        collectives.HangEpisode(*r)
-        for r in conn.execute(
-            f"SELECT {collectives.HANG_FIELDS} {episodes} LIMIT ?",
-            [job, *params, collectives.HANG, until, since, ctx.max_rows],
-        )
-    )
+    # by the job index; the helpers add the window
+    job_where = f"job_id = ? AND {where}"
+    job_params = [job, *params]
+    limit = _limit(args, ctx)
+    ranks = collectives.rank_lag(conn, job_where, job_params, (since, until), limit)
+    hangs = collectives.hangs(conn, job_where, job_params, (since, until), limit)
     # clock_skew comes from nodes, which know no job: the job's nodes are those of its events
     skew = collectives.clock_skew(
         conn.execute(
@@ -509,7 +496,7 @@ def _collective_lag(conn: sqlite3.Connection, ctx: Context, args: dict[str, Any]
             f" (SELECT DISTINCT cluster_id, node_id FROM events WHERE job_id = ? AND {where})",
             [collectives.SKEW, *params, since, until, job, *params],
         )
-    )
+    )[:limit]
     return {
         "job_id": job,
         "window": {"since": since, "until": until},

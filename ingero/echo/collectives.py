@@ -14,15 +14,17 @@ The store folds only events it did not have, so a retried batch never counts twi
 
 An event's extra fields are what a sender put there: a field of the wrong type is read as
 missing (the event itself is kept as it came), never as a reason to fail the commit, which
-a sender would retry for ever. Pure and standard library only.
+a sender would retry for ever. Standard library only; the questions' reads take a
+connection and a WHERE fragment (the caller's scope), the rest is pure.
 """
 
 from __future__ import annotations
 
 import json
 import math
-from collections.abc import Iterable
-from typing import Any, NamedTuple
+import sqlite3
+from collections.abc import Iterable, Sequence
+from typing import Any
 
 from ingero.echo.rows import CLUSTER_ID, EVENT_ID, EXTRA, JOB_ID, NODE_ID, RANK, TS, TYPE, EventRow
 
@@ -31,6 +33,7 @@ HANG = "collective_hang"
 SKEW = "clock_skew"
 TYPES = frozenset({LAG, HANG})
 END = "end"  # an episode's closing event has extra state "end" (the others "start")
+Window = tuple[float, float]  # since, until
 
 # The columns of ``collective_episodes`` an event fills, in the order ``episode_row`` gives.
 COLUMNS = (
@@ -194,139 +197,112 @@ def episode_row(row: EventRow) -> tuple[Any, ...]:
 # -- what the question makes of the rows ------------------------------------------------------
 
 
-class LagEpisode(NamedTuple):
-    """One ``peer_lag`` episode as the question reads it (``LAG_FIELDS`` of the table)."""
-
-    cluster_id: str
-    comm_hash: str | None
-    comm_rank: int | None
-    rank: int | None
-    node_id: str
-    nranks: int | None
-    op: str | None
-    lag_p50_ms: float | None
-    lag_p95_ms: float | None
-    max_lag_p50_ms: float | None
-    max_lag_p95_ms: float | None
-    collectives: int | None
-    last_count: int | None
-    bytes: int | None
-    start_ts: float
-    last_ts: float
-    end_ts: float | None
-
-
-LAG_FIELDS = ", ".join(LagEpisode._fields)
-
-
-def _max(a: float | None, b: float | None) -> float | None:
-    return b if a is None else a if b is None else max(a, b)
+# One entry per (cluster, communicator, comm rank): the figures of its newest episode
+# (SQLite gives a GROUP BY's bare columns from the row of its one max(): ``newest``), and
+# over all of its episodes the worst lag, how many (open), first and last seen
+# (``overall``), joined on the group key (a missing hash or rank grouped as one). In SQL
+# and ranked there, so a job of many episodes is never folded in Python and LIMIT keeps
+# the worst: 32,000 episodes of 64 ranks answered in ~0.25 s (a Python fold: ~0.5 s;
+# window functions: ~1 s).
+_KEY = "cluster_id, coalesce(comm_hash, '') AS k_hash, coalesce(comm_rank, -1) AS k_rank"
+_RANKS_SQL = (
+    "SELECT overall.cluster_id, comm_hash, comm_rank, rank, node_id, nranks, op,"
+    " lag_p50_ms, lag_p95_ms, worst_p50, worst_p95, last_count, collectives, bytes, n, n_open,"
+    " first_seen, last_seen"
+    f" FROM (SELECT {_KEY}, max(max_lag_p50_ms) AS worst_p50, max(max_lag_p95_ms) AS worst_p95,"
+    " count(*) AS n, sum(end_ts IS NULL) AS n_open, min(start_ts) AS first_seen"
+    " FROM collective_episodes WHERE type = ? AND {where} GROUP BY 1, 2, 3) AS overall"
+    f" JOIN (SELECT {_KEY}, max(last_ts) AS last_seen, comm_hash, comm_rank, rank, node_id,"
+    " nranks, op, lag_p50_ms, lag_p95_ms, last_count, collectives, bytes"
+    " FROM collective_episodes WHERE type = ? AND {where} GROUP BY 1, 2, 3) AS newest"
+    " USING (cluster_id, k_hash, k_rank)"
+    " ORDER BY worst_p50 IS NULL, worst_p50 DESC, coalesce(last_count, 0) DESC,"
+    " overall.cluster_id, k_hash, k_rank LIMIT ?"
+)
 
 
-def rank_lag(episodes: Iterable[LagEpisode]) -> list[dict[str, Any]]:
-    """Ranks of a job ranked by lag: one entry per (cluster, communicator, comm rank) with
-    the figures of its newest episode (lag now, how often last, on which node), its worst
-    lag, and its episodes open and closed. Worst p50 lag first, then the most often last."""
-    ranks: dict[tuple[str, str | None, int | None], dict[str, Any]] = {}
-    newest: dict[tuple[str, str | None, int | None], float] = {}
-    for ep in episodes:
-        key = (ep.cluster_id, ep.comm_hash, ep.comm_rank)
-        r = ranks.get(key)
-        if r is None:
-            r = ranks[key] = {
-                "cluster_id": ep.cluster_id,
-                "comm_hash": ep.comm_hash,
-                "comm_rank": ep.comm_rank,
-                "max_lag_p50_ms": None,
-                "max_lag_p95_ms": None,
-                "episodes": 0,
-                "open_episodes": 0,
-                "closed_episodes": 0,
-                "first_seen": ep.start_ts,
-                "last_seen": ep.last_ts,
-            }
-        if ep.last_ts >= newest.get(key, -math.inf):
-            newest[key] = ep.last_ts
-            r.update(
-                rank=ep.rank,
-                node_id=ep.node_id,
-                nranks=ep.nranks,
-                op=ep.op,
-                lag_p50_ms=ep.lag_p50_ms,
-                lag_p95_ms=ep.lag_p95_ms,
-                times_last=ep.last_count,
-                collectives=ep.collectives,
-                bytes=ep.bytes,
-            )
-        r["max_lag_p50_ms"] = _max(r["max_lag_p50_ms"], ep.max_lag_p50_ms)
-        r["max_lag_p95_ms"] = _max(r["max_lag_p95_ms"], ep.max_lag_p95_ms)
-        r["episodes"] += 1
-        r["open_episodes" if ep.end_ts is None else "closed_episodes"] += 1
-        r["first_seen"] = min(r["first_seen"], ep.start_ts)
-        r["last_seen"] = max(r["last_seen"], ep.last_ts)
-    return sorted(
-        ranks.values(),
-        key=lambda r: (
-            r["max_lag_p50_ms"] is None,
-            -(r["max_lag_p50_ms"] or 0.0),
-            -(r["times_last"] or 0),
-            r["cluster_id"],
-            r["comm_hash"] or "",
-            -1 if r["comm_rank"] is None else r["comm_rank"],
-        ),
-    )
+def _window(where: str) -> str:
+    return f"{where} AND start_ts <= ? AND coalesce(end_ts, last_ts) >= ?"
 
 
-class HangEpisode(NamedTuple):
-    """One ``collective_hang`` episode as the question reads it (``HANG_FIELDS``)."""
-
-    cluster_id: str
-    event_id: str
-    node_id: str
-    comm_hash: str | None
-    seq: int | None
-    op: str | None
-    nranks: int | None
-    reason: str | None
-    missing_ranks: str | None  # JSON
-    missing_nodes: str | None  # JSON
-    inside_ranks: int | None
-    inside_for_s: float | None
-    since_ts: float | None
-    start_ts: float
-    last_ts: float
-    end_ts: float | None
-
-
-HANG_FIELDS = ", ".join(HangEpisode._fields)
-
-
-def hangs(episodes: Iterable[HangEpisode]) -> list[dict[str, Any]]:
-    """Hung collectives: those still open first, then the most recent."""
-    out = [
+def rank_lag(
+    conn: sqlite3.Connection, where: str, params: Sequence[Any], window: Window, limit: int
+) -> list[dict[str, Any]]:
+    """Ranks ranked by lag, over the ``peer_lag`` episodes that overlap ``window``
+    (since, until) among those ``where`` (a condition on ``collective_episodes``, with
+    ``params``) selects: worst p50 lag first, then the rank last most often (missing
+    figures last), then by cluster, communicator and rank. The lag now, how often last,
+    the node and the Slurm rank are those of the rank's newest episode."""
+    sql = _RANKS_SQL.format(where=_window(where))
+    selected = [LAG, *params, window[1], window[0]]
+    return [
         {
-            "cluster_id": ep.cluster_id,
-            "event_id": ep.event_id,
-            "comm_hash": ep.comm_hash,
-            "seq": ep.seq,
-            "op": ep.op,
-            "nranks": ep.nranks,
-            "reason": ep.reason,
-            "missing_ranks": json.loads(ep.missing_ranks) if ep.missing_ranks else [],
-            "missing_nodes": json.loads(ep.missing_nodes) if ep.missing_nodes else [],
-            "node_id": ep.node_id or None,
-            "inside_ranks": ep.inside_ranks,
-            "inside_for_s": ep.inside_for_s,
-            "since": ep.since_ts if ep.since_ts is not None else ep.start_ts,
-            "detected": ep.start_ts,
-            "last_seen": ep.last_ts,
-            "ended": ep.end_ts,
-            "open": ep.end_ts is None,
+            "cluster_id": c,
+            "comm_hash": comm,
+            "comm_rank": comm_rank,
+            "rank": rank,
+            "node_id": node,
+            "nranks": nranks,
+            "op": op,
+            "lag_p50_ms": p50,
+            "lag_p95_ms": p95,
+            "max_lag_p50_ms": worst50,
+            "max_lag_p95_ms": worst95,
+            "times_last": last,
+            "collectives": counted,
+            "bytes": size,
+            "episodes": n,
+            "open_episodes": n_open,
+            "closed_episodes": n - n_open,
+            "first_seen": first,
+            "last_seen": seen,
         }
-        for ep in episodes
-    ]
-    out.sort(key=lambda h: (not h["open"], -h["since"], h["comm_hash"] or "", h["seq"] or 0))
-    return out
+        for (
+            c, comm, comm_rank, rank, node, nranks, op, p50, p95, worst50, worst95, last,
+            counted, size, n, n_open, first, seen,
+        ) in conn.execute(sql, [*selected, *selected, limit])
+    ]  # fmt: skip
+
+
+_HANGS_SQL = (
+    "SELECT cluster_id, event_id, node_id, comm_hash, seq, op, nranks, reason, missing_ranks,"
+    " missing_nodes, inside_ranks, inside_for_s, coalesce(since_ts, start_ts), start_ts,"
+    " last_ts, end_ts FROM collective_episodes WHERE type = ? AND {where}"
+    " ORDER BY end_ts IS NOT NULL, coalesce(since_ts, start_ts) DESC, comm_hash, seq LIMIT ?"
+)
+
+
+def hangs(
+    conn: sqlite3.Connection, where: str, params: Sequence[Any], window: Window, limit: int
+) -> list[dict[str, Any]]:
+    """Hung collectives that overlap ``window`` among those ``where`` selects: those
+    still open first, then the most recent (by when the ranks went in)."""
+    sql = _HANGS_SQL.format(where=_window(where))
+    return [
+        {
+            "cluster_id": c,
+            "event_id": eid,
+            "comm_hash": comm,
+            "seq": seq,
+            "op": op,
+            "nranks": nranks,
+            "reason": reason,
+            "missing_ranks": json.loads(ranks) if ranks else [],
+            "missing_nodes": json.loads(nodes) if nodes else [],
+            "node_id": node or None,
+            "inside_ranks": inside,
+            "inside_for_s": inside_for,
+            "since": since,
+            "detected": start,
+            "last_seen": last,
+            "ended": end,
+            "open": end is None,
+        }
+        for (
+            c, eid, node, comm, seq, op, nranks, reason, ranks, nodes, inside, inside_for,
+            since, start, last, end,
+        ) in conn.execute(sql, [HANG, *params, window[1], window[0], limit])
+    ]  # fmt: skip
 
 
 def clock_skew(events: Iterable[tuple[str, str, float, str | None]]) -> list[dict[str, Any]]:
@@ -358,7 +334,8 @@ def clock_skew(events: Iterable[tuple[str, str, float, str | None]]) -> list[dic
                 last_seen=ts,
             )
         if offset is not None:
-            n["max_abs_offset_ms"] = _max(n["max_abs_offset_ms"], abs(offset))
+            worst = n["max_abs_offset_ms"]
+            n["max_abs_offset_ms"] = abs(offset) if worst is None else max(worst, abs(offset))
         n["events"] += 1
         n["first_seen"] = min(n["first_seen"], ts)
     return sorted(

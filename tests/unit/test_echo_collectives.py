@@ -6,13 +6,14 @@ from __future__ import annotations
 
 import itertools
 import sqlite3
+import uuid
 from typing import Any
 
 import pytest
 import sqlite_utils
 
 from ingero.echo import collectives
-from ingero.echo.collectives import COLUMNS, HangEpisode, LagEpisode, episode_row
+from ingero.echo.collectives import COLUMNS, episode_row
 from ingero.echo.rows import event_row
 from ingero.echo.schema import MIGRATIONS
 from ingero.events import Event
@@ -154,6 +155,14 @@ def test_one_event_id_in_two_clusters_is_two_episodes() -> None:
     assert rows == [("A", 5.0, 1), ("B", 900.0, 1)]
 
 
+def folded(*episodes: list[tuple[Any, ...]]) -> sqlite3.Connection:
+    """An in-memory store holding the episodes (each a list of event rows) folded."""
+    conn = sqlite3.connect(":memory:", isolation_level=None)
+    migrate(sqlite_utils.Database(conn), MIGRATIONS)
+    conn.executemany(collectives.UPSERT, [row for ep in episodes for row in ep])
+    return conn
+
+
 def lag_ep(
     cluster: str = "A",
     comm_rank: int | None = 1,
@@ -162,11 +171,26 @@ def lag_ep(
     start: float = 0.0,
     end: float | None = None,
     node: str = "n",
-) -> LagEpisode:
-    return LagEpisode(
-        cluster, "c" * 16, comm_rank, comm_rank, node, 8, "allreduce", p50, p50, p50, p50, 20,
-        last, 1024, start, start + 10.0, end,
-    )  # fmt: skip
+) -> list[tuple[Any, ...]]:
+    """One peer_lag episode: its start event (and end event, if it ended)."""
+    eid = str(uuid.uuid4())
+    figures = {"comm_hash": "c" * 16, "comm_rank": comm_rank, "nranks": 8, "op": "allreduce"}
+    figures.update(lag_p50_ms=p50, lag_p95_ms=p50, last_count=last, collectives=20)
+    events = [(start + 10.0, "start", figures), (end, "end", {"comm_rank": comm_rank})]
+    return [
+        episode_row(
+            event_row(
+                Event("peer_lag", node, cluster, ts, event_id=eid, job_id="7", rank=comm_rank,
+                      extra={k: v for k, v in {**extra, "state": state}.items() if v is not None}),
+                0.0,
+            )
+        )
+        for ts, state, extra in events[: 2 if end is not None else 1]
+    ]  # fmt: skip
+
+
+def ranked(*episodes: list[tuple[Any, ...]], window: tuple[float, float] = (0.0, 1e9)) -> Any:
+    return collectives.rank_lag(folded(*episodes), "1", [], window, 100)
 
 
 @pytest.mark.parametrize(
@@ -186,48 +210,69 @@ def lag_ep(
         ([lag_ep(p50=30.0, end=50.0), lag_ep(p50=3.0, start=100.0)], [(1, 30.0)]),
         # the same comm rank in two clusters is two ranks
         ([lag_ep(cluster="B", p50=1.0), lag_ep(cluster="A", p50=2.0)], [(1, 2.0), (1, 1.0)]),
+        # a rank whose events carried no comm rank is still one rank
+        ([lag_ep(comm_rank=None, p50=7.0), lag_ep(comm_rank=None, p50=8.0)], [(None, 8.0)]),
     ],
 )
 def test_ranks_are_ranked_by_worst_lag_then_times_last(
-    episodes: list[LagEpisode], expected: list[tuple[int, float | None]]
+    episodes: list[list[tuple[Any, ...]]], expected: list[tuple[int, float | None]]
 ) -> None:
-    got = collectives.rank_lag(episodes)
+    got = ranked(*episodes)
     assert [(r["comm_rank"], r["max_lag_p50_ms"]) for r in got] == expected
 
 
 def test_a_ranks_figures_are_its_newest_episodes_and_episodes_are_counted() -> None:
     older = lag_ep(p50=30.0, last=9, start=0.0, end=50.0, node="old-node")
     newer = lag_ep(p50=3.0, last=2, start=100.0, node="new-node")
-    for order in ([older, newer], [newer, older]):
-        (rank,) = collectives.rank_lag(order)
-        assert (rank["node_id"], rank["lag_p50_ms"], rank["times_last"]) == ("new-node", 3.0, 2)
-        assert (rank["episodes"], rank["open_episodes"], rank["closed_episodes"]) == (2, 1, 1)
-        assert (rank["first_seen"], rank["last_seen"]) == (0.0, 110.0)
+    (rank,) = ranked(older, newer)
+    assert (rank["node_id"], rank["lag_p50_ms"], rank["times_last"]) == ("new-node", 3.0, 2)
+    assert (rank["episodes"], rank["open_episodes"], rank["closed_episodes"]) == (2, 1, 1)
+    assert (rank["first_seen"], rank["last_seen"]) == (10.0, 110.0)
+    # only the episodes that overlap the window count
+    (early,) = ranked(older, newer, window=(0.0, 60.0))
+    assert (early["node_id"], early["episodes"], early["max_lag_p50_ms"]) == ("old-node", 1, 30.0)
+    assert ranked(older, newer, window=(60.0, 100.0)) == []
 
 
-def hang_ep(seq: int, since: float | None, end: float | None, missing: str | None) -> HangEpisode:
-    return HangEpisode(
-        "A", f"e{seq}", "", "c" * 16, seq, "allreduce", 8, "missing_ranks", missing, None, 7,
-        40.0, since, 500.0 + seq, 600.0 + seq, end,
-    )  # fmt: skip
+def hang_ep(
+    seq: int, inside_for: float | None, end: float | None, missing: list[int] | None
+) -> list[tuple[Any, ...]]:
+    eid = str(uuid.uuid4())
+    extra: dict[str, Any] = {"comm_hash": "c" * 16, "seq": seq, "state": "start"}
+    if inside_for is not None:
+        extra["inside_for_s"] = inside_for
+    if missing is not None:
+        extra["missing_ranks"] = missing
+    rows = [row_of_event("collective_hang", 500.0 + seq, eid, extra)]
+    if end is not None:
+        rows.append(row_of_event("collective_hang", end, eid, {"state": "end"}))
+    return rows
+
+
+def row_of_event(kind: str, ts: float, eid: str, extra: dict[str, Any]) -> tuple[Any, ...]:
+    return episode_row(
+        event_row(Event(kind, "", "A", ts, event_id=eid, job_id="7", extra=extra), 0)
+    )
 
 
 def test_hangs_open_first_then_newest_with_their_ranks() -> None:
-    got = collectives.hangs(
-        [
-            hang_ep(1, 100.0, 700.0, "[3]"),
-            hang_ep(2, 300.0, None, "[5,6]"),
-            hang_ep(3, 200.0, None, None),
-            hang_ep(4, None, 900.0, "[]"),
-        ]
+    conn = folded(
+        hang_ep(1, 400.0, 700.0, [3]),
+        hang_ep(2, 202.0, None, [5, 6]),
+        hang_ep(3, 303.0, None, None),
+        hang_ep(4, None, 900.0, []),
     )
+    got = collectives.hangs(conn, "1", [], (0.0, 1e9), 100)
     assert [(h["seq"], h["open"], h["missing_ranks"], h["since"]) for h in got] == [
         (2, True, [5, 6], 300.0),
         (3, True, [], 200.0),
         (4, False, [], 504.0),  # no inside_for_s ever: since its detection
-        (1, False, [3], 100.0),
+        (1, False, [3], 101.0),
     ]
     assert got[0]["node_id"] is None and got[3]["ended"] == 700.0
+    assert [h["seq"] for h in collectives.hangs(conn, "1", [], (0.0, 1e9), 2)] == [2, 3]
+    # an open hang counts until its last event, an ended one until its end
+    assert [h["seq"] for h in collectives.hangs(conn, "1", [], (600.0, 1e9), 9)] == [4, 1]
 
 
 @pytest.mark.parametrize(

@@ -156,6 +156,19 @@ def test_ranks_are_ranked_by_lag_with_the_newest_figures_and_episodes_folded(
         TOKEN_OPS,
     )
     assert status == 200 and rows["rows"] == [[3]]
+    # every event is still a row of its own, its extras readable in SQL
+    query = (
+        "SELECT json_extract(extra, '$.comm_rank'), json_extract(extra, '$.lag_p50_ms')"
+        " FROM events WHERE type = 'peer_lag' AND cluster_id = 'A' ORDER BY ts"
+    )
+    status, rows = http(
+        "POST", f"{echo.url}/api/v1/sql", json.dumps({"query": query}).encode(), TOKEN_OPS
+    )
+    assert rows["rows"] == [[41, 250.0], [41, 290.0], [41, 4.0], [7, 40.0]]
+    # limit holds for each list
+    one = ask(echo, "collective_lag", job_id=JOB, cluster_id="A", since=0, until=3000, limit=1)[1]
+    assert [len(one[k]) for k in ("ranks", "hangs", "clock_skew")] == [1, 1, 1]
+    assert one["ranks"][0]["comm_rank"] == 41 and one["hangs"][0]["seq"] == 9001
 
 
 def test_hung_collectives_name_the_ranks_that_never_entered(echo: EchoProcess) -> None:
