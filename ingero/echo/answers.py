@@ -152,7 +152,9 @@ LAG_RANK = obj(
         "max_lag_p50_ms": NUM_N,
         "max_lag_p95_ms": NUM_N,
         "times_last": INT_N,
+        "times_late": INT_N,
         "collectives": INT_N,
+        "peers_wait_p50_ms": NUM_N,
         "bytes": INT_N,
         "episodes": INT,
         "open_episodes": INT,
@@ -172,6 +174,7 @@ HANG = obj(
         "reason": STR_N,
         "missing_ranks": list_of(INT),
         "missing_nodes": list_of(STR),
+        "missing_count": INT_N,
         "node_id": STR_N,
         "inside_ranks": INT_N,
         "inside_for_s": NUM_N,
@@ -179,6 +182,7 @@ HANG = obj(
         "detected": NUM,
         "last_seen": NUM,
         "ended": NUM_N,
+        "end_reason": STR_N,
         "open": {"type": "boolean"},
     }
 )

@@ -67,6 +67,10 @@ COLUMNS = (
     "inside_for_s",
     "since_ts",
     "reason",
+    "end_reason",
+    "missing_count",
+    "late_count",
+    "peers_wait_p50_ms",
 )
 # Columns the upsert folds its own way; every other one is a figure the episode takes from
 # the newest of its events that ranks highest (start events before end events): all from
@@ -84,6 +88,7 @@ _FOLDED = frozenset(
         "max_lag_p50_ms",
         "max_lag_p95_ms",
         "since_ts",
+        "end_reason",
     }
 )
 _LATEST = tuple(c for c in COLUMNS if c not in _FOLDED)
@@ -118,6 +123,7 @@ UPSERT = (
             " coalesce(excluded.max_lag_p95_ms, max_lag_p95_ms))",
             "since_ts = min(coalesce(since_ts, excluded.since_ts),"
             " coalesce(excluded.since_ts, since_ts))",
+            "end_reason = coalesce(excluded.end_reason, end_reason)",
         ]
     )
 )
@@ -135,6 +141,16 @@ def _num(value: Any) -> float | None:
 
 def _str(value: Any) -> str | None:
     return value if type(value) is str and value else None
+
+
+def _count(count: Any, listed: Any) -> int | None:
+    """A count of ranks: given as a number, else as many as are listed (a sender may name
+    only the first few ranks and count them all), else a number where the list would be."""
+    if type(count) is int:
+        return count
+    if isinstance(listed, list):
+        return len(listed)
+    return _int(listed)
 
 
 def _ints(value: Any) -> str | None:
@@ -159,6 +175,13 @@ def episode_row(row: EventRow) -> tuple[Any, ...]:
     ended = extra.get("state") == END
     p50, p95 = _num(extra.get("lag_p50_ms")), _num(extra.get("lag_p95_ms"))
     inside = _num(extra.get("inside_for_s"))
+    missing = _ints(extra.get("missing_ranks"))
+    # when the ranks went in: a hang is seen after they had been inside that long, and its
+    # end event may say (``since``); the earliest of what its events say
+    went_in = [ts - inside] if inside is not None else []
+    if _num(extra.get("since")) is not None:
+        went_in.append(float(extra["since"]))
+    reason = _str(extra.get("reason"))
     return (
         row[EVENT_ID],
         row[TYPE],
@@ -184,13 +207,16 @@ def episode_row(row: EventRow) -> tuple[Any, ...]:
         _int(extra.get("collectives")),
         _int(extra.get("last_count")),
         _int(extra.get("bytes")),
-        _ints(extra.get("missing_ranks")),
+        missing,
         _strs(extra.get("missing_nodes")),
-        _int(extra.get("inside_ranks")),
+        _count(extra.get("inside_count"), extra.get("inside_ranks")),
         inside,
-        # when the ranks went in: the hang was seen after they had been inside that long
-        ts - inside if inside is not None and row[TYPE] == HANG else None,
-        _str(extra.get("reason")),
+        min(went_in) if went_in and row[TYPE] == HANG else None,
+        None if ended else reason,  # why it is an episode; an end's reason is how it ended
+        reason if ended else None,
+        _count(extra.get("missing_count"), extra.get("missing_ranks")),
+        _int(extra.get("late_count")),
+        _num(extra.get("peers_wait_p50_ms")),
     )
 
 
@@ -207,13 +233,14 @@ def episode_row(row: EventRow) -> tuple[Any, ...]:
 _KEY = "cluster_id, coalesce(comm_hash, '') AS k_hash, coalesce(comm_rank, -1) AS k_rank"
 _RANKS_SQL = (
     "SELECT overall.cluster_id, comm_hash, comm_rank, rank, node_id, nranks, op,"
-    " lag_p50_ms, lag_p95_ms, worst_p50, worst_p95, last_count, collectives, bytes, n, n_open,"
-    " first_seen, last_seen"
+    " lag_p50_ms, lag_p95_ms, worst_p50, worst_p95, last_count, late_count, collectives,"
+    " peers_wait_p50_ms, bytes, n, n_open, first_seen, last_seen"
     f" FROM (SELECT {_KEY}, max(max_lag_p50_ms) AS worst_p50, max(max_lag_p95_ms) AS worst_p95,"
     " count(*) AS n, sum(end_ts IS NULL) AS n_open, min(start_ts) AS first_seen"
     " FROM collective_episodes WHERE type = ? AND {where} GROUP BY 1, 2, 3) AS overall"
     f" JOIN (SELECT {_KEY}, max(last_ts) AS last_seen, comm_hash, comm_rank, rank, node_id,"
-    " nranks, op, lag_p50_ms, lag_p95_ms, last_count, collectives, bytes"
+    " nranks, op, lag_p50_ms, lag_p95_ms, last_count, late_count, collectives,"
+    " peers_wait_p50_ms, bytes"
     " FROM collective_episodes WHERE type = ? AND {where} GROUP BY 1, 2, 3) AS newest"
     " USING (cluster_id, k_hash, k_rank)"
     " ORDER BY worst_p50 IS NULL, worst_p50 DESC, coalesce(last_count, 0) DESC,"
@@ -249,7 +276,9 @@ def rank_lag(
             "max_lag_p50_ms": worst50,
             "max_lag_p95_ms": worst95,
             "times_last": last,
+            "times_late": late,
             "collectives": counted,
+            "peers_wait_p50_ms": wait,
             "bytes": size,
             "episodes": n,
             "open_episodes": n_open,
@@ -258,16 +287,16 @@ def rank_lag(
             "last_seen": seen,
         }
         for (
-            c, comm, comm_rank, rank, node, nranks, op, p50, p95, worst50, worst95, last,
-            counted, size, n, n_open, first, seen,
+            c, comm, comm_rank, rank, node, nranks, op, p50, p95, worst50, worst95, last, late,
+            counted, wait, size, n, n_open, first, seen,
         ) in conn.execute(sql, [*selected, *selected, limit])
     ]  # fmt: skip
 
 
 _HANGS_SQL = (
     "SELECT cluster_id, event_id, node_id, comm_hash, seq, op, nranks, reason, missing_ranks,"
-    " missing_nodes, inside_ranks, inside_for_s, coalesce(since_ts, start_ts), start_ts,"
-    " last_ts, end_ts FROM collective_episodes WHERE type = ? AND {where}"
+    " missing_nodes, missing_count, inside_ranks, inside_for_s, coalesce(since_ts, start_ts),"
+    " start_ts, last_ts, end_ts, end_reason FROM collective_episodes WHERE type = ? AND {where}"
     " ORDER BY end_ts IS NOT NULL, coalesce(since_ts, start_ts) DESC, comm_hash, seq LIMIT ?"
 )
 
@@ -289,6 +318,7 @@ def hangs(
             "reason": reason,
             "missing_ranks": json.loads(ranks) if ranks else [],
             "missing_nodes": json.loads(nodes) if nodes else [],
+            "missing_count": n_missing,
             "node_id": node or None,
             "inside_ranks": inside,
             "inside_for_s": inside_for,
@@ -296,11 +326,12 @@ def hangs(
             "detected": start,
             "last_seen": last,
             "ended": end,
+            "end_reason": end_reason,
             "open": end is None,
         }
         for (
-            c, eid, node, comm, seq, op, nranks, reason, ranks, nodes, inside, inside_for,
-            since, start, last, end,
+            c, eid, node, comm, seq, op, nranks, reason, ranks, nodes, n_missing, inside,
+            inside_for, since, start, last, end, end_reason,
         ) in conn.execute(sql, [HANG, *params, window[1], window[0], limit])
     ]  # fmt: skip
 

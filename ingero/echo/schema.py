@@ -139,7 +139,8 @@ def _v3(db: sqlite_utils.Database) -> None:
         " lag_p50_ms REAL, lag_p95_ms REAL, max_lag_p50_ms REAL, max_lag_p95_ms REAL,"
         " collectives INTEGER, last_count INTEGER, bytes INTEGER,"
         " missing_ranks TEXT, missing_nodes TEXT, inside_ranks INTEGER, inside_for_s REAL,"
-        " since_ts REAL, reason TEXT,"
+        " since_ts REAL, reason TEXT, end_reason TEXT, missing_count INTEGER,"
+        " late_count INTEGER, peers_wait_p50_ms REAL,"
         " UNIQUE (event_id, type, cluster_id))"
     )
     # A job's episodes (the question), and a node's (stragglers' annotations).

@@ -63,6 +63,38 @@ def row_of(kind: str, ts: float, node: str = "n1", **extra: Any) -> dict[str, An
             {"missing_ranks": ["41"], "missing_nodes": [1], "inside_for_s": None, "state": "x"},
             {"missing_ranks": None, "missing_nodes": None, "since_ts": None, "end_ts": None},
         ),
+        # ranks inside or missing listed (the first few) and counted (all)
+        (
+            "collective_hang",
+            {"inside_ranks": [1, 2, 3], "inside_count": 60, "missing_ranks": [9]},
+            {"inside_ranks": 60, "missing_count": 1, "missing_ranks": "[9]"},
+        ),
+        (
+            "collective_hang",
+            {"inside_ranks": [1, 2, 3]},
+            {"inside_ranks": 3, "missing_count": None},
+        ),
+        (
+            "collective_hang",
+            {"inside_ranks": 7, "missing_count": 64},
+            {"inside_ranks": 7, "missing_count": 64},
+        ),
+        # an end event's reason is how the episode ended; its since when the ranks went in
+        (
+            "collective_hang",
+            {"reason": "collective_returned", "since": 70.5, "state": "end"},
+            {"reason": None, "end_reason": "collective_returned", "since_ts": 70.5},
+        ),
+        (
+            "collective_hang",
+            {"reason": "missing_ranks", "since": 90.0, "inside_for_s": 20.0},
+            {"reason": "missing_ranks", "end_reason": None, "since_ts": 80.0},
+        ),
+        (
+            "peer_lag",
+            {"late_count": 17, "peers_wait_p50_ms": 280, "since": 5.0},
+            {"late_count": 17, "peers_wait_p50_ms": 280.0, "since_ts": None},
+        ),
         # a peer_lag's inside_for_s (were one sent) says nothing about when ranks went in
         ("peer_lag", {"inside_for_s": 5.0}, {"since_ts": None, "inside_for_s": 5.0}),
         ("peer_lag", {}, {"comm_hash": None, "n_events": 1, "start_ts": 100.0, "job_id": "7"}),

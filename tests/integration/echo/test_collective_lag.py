@@ -53,20 +53,34 @@ E41, E7, EB, H_OPEN, H_ALL = (f"00000000-0000-4000-8000-00000000000{i}" for i in
 # rank 41 of job 1234 on n41: late by 250 then 290 ms, resolved at 1200
 RANK41 = [
     lag("n41", "A", 1000.0, 41, E41, lag_p50_ms=250.0, lag_p95_ms=300.0, last_count=12),
-    lag("n41", "A", 1060.0, 41, E41, lag_p50_ms=290.0, lag_p95_ms=310.0, last_count=14),
+    lag(
+        "n41",
+        "A",
+        1060.0,
+        41,
+        E41,
+        lag_p50_ms=290.0,
+        lag_p95_ms=310.0,
+        last_count=14,
+        late_count=17,
+        peers_wait_p50_ms=280.0,
+    ),
     lag("n41", "A", 1200.0, 41, E41, lag_p50_ms=4.0, lag_p95_ms=9.0, last_count=1, state="end"),
 ]
 RANK7 = [lag("n7", "A", 1500.0, 7, E7, lag_p50_ms=40.0, lag_p95_ms=55.0, last_count=6)]
 HANGS = [
     # collective 9001: 63 ranks inside for 40 s when seen, rank 41 never entered; still open
+    # (the ranks inside listed, as Fleet names the first few and counts them all)
     hang(
         "n41",
         2000.0,
         H_OPEN,
         seq=9001,
         missing_ranks=[41],
+        missing_count=1,
         missing_nodes=["n41"],
-        inside_ranks=63,
+        inside_ranks=list(range(41)),
+        inside_count=63,
         inside_for_s=40.0,
         reason="missing_ranks",
     ),
@@ -87,9 +101,10 @@ HANGS = [
         1600.0,
         H_ALL,
         seq=8000,
-        inside_ranks=64,
-        inside_for_s=131.0,
-        reason="all_inside",
+        # the end, as Fleet sends it: how it ended, and since when the ranks were inside
+        reason="collective_returned",
+        since=1465.0,
+        duration_s=135.0,
         state="end",
     ),
 ]
@@ -142,6 +157,7 @@ def test_ranks_are_ranked_by_lag_with_the_newest_figures_and_episodes_folded(
     # the figures of the newest start event (the re-emit), not of the resolution
     assert (r41["lag_p50_ms"], r41["lag_p95_ms"], r41["times_last"]) == (290.0, 310.0, 14)
     assert (r41["max_lag_p50_ms"], r41["max_lag_p95_ms"]) == (290.0, 310.0)
+    assert (r41["times_late"], r41["peers_wait_p50_ms"]) == (17, 280.0)
     assert (r41["episodes"], r41["open_episodes"], r41["closed_episodes"]) == (1, 0, 1)
     assert (r41["first_seen"], r41["last_seen"]) == (1000.0, 1200.0)
     assert (r41["comm_hash"], r41["op"], r41["nranks"], r41["rank"]) == (COMM, "allreduce", 64, 41)
@@ -182,13 +198,15 @@ def test_hung_collectives_name_the_ranks_that_never_entered(echo: EchoProcess) -
         "missing_ranks",
         "n41",
     )
+    assert (stuck["missing_count"], stuck["end_reason"]) == (1, None)
     # every rank inside: no node named; since = when they went in, from the first sighting
     assert (all_inside["node_id"], all_inside["reason"]) == (None, "all_inside")
     assert (all_inside["since"], all_inside["ended"], all_inside["inside_for_s"]) == (
-        1469.0,
+        1465.0,
         1600.0,
         31.0,
     )
+    assert (all_inside["end_reason"], all_inside["missing_count"]) == ("collective_returned", 0)
     skew = body["clock_skew"]
     assert [(n["node_id"], n["offset_ms"], n["max_abs_offset_ms"], n["open"]) for n in skew] == [
         ("n41", -25.0, 25.0, True)
