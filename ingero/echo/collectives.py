@@ -26,7 +26,18 @@ import sqlite3
 from collections.abc import Iterable, Sequence
 from typing import Any
 
-from ingero.echo.rows import CLUSTER_ID, EVENT_ID, EXTRA, JOB_ID, NODE_ID, RANK, TS, TYPE, EventRow
+from ingero.echo.rows import (
+    CLUSTER_ID,
+    EVENT_ID,
+    EXTRA,
+    JOB_ID,
+    NODE_ID,
+    RANK,
+    TS,
+    TYPE,
+    EventRow,
+)
+from ingero.echo.rows import COLUMNS as EVENT_COLUMNS
 
 LAG = "peer_lag"
 HANG = "collective_hang"
@@ -35,14 +46,12 @@ TYPES = frozenset({LAG, HANG})
 END = "end"  # an episode's closing event has extra state "end" (the others "start")
 Window = tuple[float, float]  # since, until
 
-# The columns of ``collective_episodes`` an event fills, in the order ``episode_row`` gives.
+# The columns of ``collective_episodes`` an event fills, in the order ``episode_row`` gives:
+# the event's own first six (event_id, type, cluster_id, node_id, job_id, rank), then its
+# NCCL figures and the fold's.
+_EVENT_COLUMNS = EVENT_COLUMNS[: RANK + 1]
 COLUMNS = (
-    "event_id",
-    "type",
-    "cluster_id",
-    "node_id",
-    "job_id",
-    "rank",
+    *_EVENT_COLUMNS,
     "comm_hash",
     "comm_rank",
     "nranks",
