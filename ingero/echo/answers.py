@@ -13,6 +13,7 @@ import statistics
 from typing import Any
 
 from ingero.config import parse_duration
+from ingero.echo import collectives
 from ingero.echo.questions import (
     INT,
     INT_N,
@@ -124,6 +125,79 @@ STRAGGLER = obj(
         "episodes": INT,
         "open": {"type": "boolean"},
         "last_seen": NUM,
+        "peer_lag_ms": {
+            **NUM_N,
+            "description": "Worst median NCCL entry lag (ms) of the node's ranks behind their"
+            " peers in its peer_lag episodes of the window; null when none",
+        },
+        "collective_hangs": {
+            **INT,
+            "description": "Hung-collective episodes of the window naming the node among the"
+            " nodes of ranks that never entered the collective",
+        },
+    }
+)
+
+LAG_RANK = obj(
+    {
+        "cluster_id": STR,
+        "comm_hash": STR_N,
+        "comm_rank": INT_N,
+        "rank": INT_N,
+        "node_id": STR,
+        "nranks": INT_N,
+        "op": STR_N,
+        "lag_p50_ms": NUM_N,
+        "lag_p95_ms": NUM_N,
+        "max_lag_p50_ms": NUM_N,
+        "max_lag_p95_ms": NUM_N,
+        "times_last": INT_N,
+        "times_late": INT_N,
+        "collectives": INT_N,
+        "peers_wait_p50_ms": NUM_N,
+        "bytes": INT_N,
+        "episodes": INT,
+        "open_episodes": INT,
+        "closed_episodes": INT,
+        "first_seen": NUM,
+        "last_seen": NUM,
+    }
+)
+HANG = obj(
+    {
+        "cluster_id": STR,
+        "event_id": STR,
+        "comm_hash": STR_N,
+        "seq": INT_N,
+        "op": STR_N,
+        "nranks": INT_N,
+        "reason": STR_N,
+        "missing_ranks": list_of(INT),
+        "missing_nodes": list_of(STR),
+        "missing_count": INT_N,
+        "node_id": STR_N,
+        "inside_ranks": INT_N,
+        "inside_for_s": NUM_N,
+        "since": NUM,
+        "detected": NUM,
+        "last_seen": NUM,
+        "ended": NUM_N,
+        "end_reason": STR_N,
+        "open": {"type": "boolean"},
+    }
+)
+SKEWED_NODE = obj(
+    {
+        "cluster_id": STR,
+        "node_id": STR,
+        "offset_ms": NUM_N,
+        "uncertainty_ms": NUM_N,
+        "bound_ms": NUM_N,
+        "max_abs_offset_ms": NUM_N,
+        "open": {"type": "boolean"},
+        "events": INT,
+        "first_seen": NUM,
+        "last_seen": NUM,
     }
 )
 
@@ -198,22 +272,56 @@ def _stragglers(conn: sqlite3.Connection, ctx: Context, args: dict[str, Any]) ->
         f" GROUP BY cluster_id, node_id ORDER BY {order} DESC, node_id LIMIT ?"
     )
     rows = conn.execute(sql, [until, since, *params, until, since, _limit(args, ctx)])
+    ranked = [
+        {
+            "cluster_id": c,
+            "node_id": n,
+            "seconds_below": max(0.0, float(s)),
+            "max_depth": d,
+            "episodes": e,
+            "open": bool(o),
+            "last_seen": last,
+            "peer_lag_ms": None,
+            "collective_hangs": 0,
+        }
+        for c, n, s, d, e, o, last in rows
+    ]
+    _add_collectives(conn, ranked, where, params, since, until)
     return {
         "window": {"since": since, "until": until},
         "order_by": args.get("order_by") or "time",
-        "stragglers": [
-            {
-                "cluster_id": c,
-                "node_id": n,
-                "seconds_below": max(0.0, float(s)),
-                "max_depth": d,
-                "episodes": e,
-                "open": bool(o),
-                "last_seen": last,
-            }
-            for c, n, s, d, e, o, last in rows
-        ],
+        "stragglers": ranked,
     }
+
+
+def _add_collectives(
+    conn: sqlite3.Connection,
+    ranked: list[dict[str, Any]],
+    where: str,
+    params: list[Any],
+    since: float,
+    until: float,
+) -> None:
+    """Each straggler's NCCL side in the window (``where``/``params``: scope and job): the
+    worst entry lag of its ranks, and the hangs that name it among the missing nodes."""
+    if not ranked:
+        return
+    by_node = {(r["cluster_id"], r["node_id"]): r for r in ranked}
+    overlap = f"{where} AND start_ts <= ? AND coalesce(end_ts, last_ts) >= ?"
+    for c, n, lag in conn.execute(
+        "SELECT cluster_id, node_id, max(max_lag_p50_ms) FROM collective_episodes"
+        f" WHERE type = ? AND {overlap} GROUP BY cluster_id, node_id",
+        [collectives.LAG, *params, until, since],
+    ):
+        if (c, n) in by_node:
+            by_node[(c, n)]["peer_lag_ms"] = lag
+    for c, missing in conn.execute(
+        f"SELECT cluster_id, missing_nodes FROM collective_episodes WHERE type = ? AND {overlap}",
+        [collectives.HANG, *params, until, since],
+    ):
+        for node in set(json.loads(missing)) if missing else ():
+            if (c, node) in by_node:
+                by_node[(c, node)]["collective_hangs"] += 1
 
 
 def outliers(conn: sqlite3.Connection, ctx: Context, args: dict[str, Any]) -> dict[str, Any]:
@@ -357,6 +465,48 @@ def job_report(conn: sqlite3.Connection, ctx: Context, args: dict[str, Any]) -> 
         "drains": drained,
         "summaries": of_type("job_summary"),
         "peer_lag": of_type("peer_lag"),
+        "collective_hangs": of_type("collective_hang"),
+        "lagging_ranks": ctx.fit(_collective_lag(conn, ctx, window_args)["ranks"]),
+    }
+
+
+def collective_lag(conn: sqlite3.Connection, ctx: Context, args: dict[str, Any]) -> dict[str, Any]:
+    """Which rank of a job is late, in which collective: its ranks ranked by NCCL entry lag,
+    its hung collectives, and the clocks of its nodes that were off (which makes lag
+    figures from them doubtful)."""
+    answer = _collective_lag(conn, ctx, args)
+    for key in ("ranks", "hangs", "clock_skew"):
+        answer[key] = ctx.fit(answer[key])
+    return answer
+
+
+def _collective_lag(conn: sqlite3.Connection, ctx: Context, args: dict[str, Any]) -> dict[str, Any]:
+    """The answer's lists, each at most ``limit`` long (``job_report`` takes its ranks);
+    the byte limit is the caller's to apply."""
+    where, params = _scope(ctx, args)
+    since, until = _window(args, ctx)
+    job = args["job_id"]
+    # by the job index; the helpers add the window
+    job_where = f"job_id = ? AND {where}"
+    job_params = [job, *params]
+    limit = _limit(args, ctx)
+    ranks = collectives.rank_lag(conn, job_where, job_params, (since, until), limit)
+    hangs = collectives.hangs(conn, job_where, job_params, (since, until), limit)
+    # clock_skew comes from nodes, which know no job: the job's nodes are those of its events
+    skew = collectives.clock_skew(
+        conn.execute(
+            f"SELECT cluster_id, node_id, ts, extra FROM events WHERE type = ? AND {where}"
+            " AND ts >= ? AND ts <= ? AND (cluster_id, node_id) IN"
+            f" (SELECT DISTINCT cluster_id, node_id FROM events WHERE job_id = ? AND {where})",
+            [collectives.SKEW, *params, since, until, job, *params],
+        )
+    )[:limit]
+    return {
+        "job_id": job,
+        "window": {"since": since, "until": until},
+        "ranks": ranks,
+        "hangs": hangs,
+        "clock_skew": skew,
     }
 
 
@@ -504,7 +654,8 @@ QUESTIONS: dict[str, Question] = {
         Question(
             "job_report",
             "Everything about one Slurm job: nodes, event counts, stragglers, drains,"
-            " NCCL peer-lag events and job summaries",
+            " NCCL peer-lag and hung-collective events, its ranks ranked by NCCL entry lag,"
+            " and job summaries",
             (Param("job_id", "string", "Slurm job id", required=True), P_CLUSTER),
             answer_schema(
                 {
@@ -518,9 +669,35 @@ QUESTIONS: dict[str, Question] = {
                     "drains": list_of(EVENT),
                     "summaries": list_of(EVENT),
                     "peer_lag": list_of(EVENT),
+                    "collective_hangs": list_of(EVENT),
+                    "lagging_ranks": list_of(LAG_RANK),
                 }
             ),
             job_report,
+        ),
+        Question(
+            "collective_lag",
+            "Which rank of a job is late, in which NCCL collective: ranks ranked by entry lag"
+            " behind their peers, hung collectives (the ranks that never entered), and nodes"
+            " whose clock was off",
+            (
+                Param("job_id", "string", "Slurm job id", required=True),
+                P_CLUSTER,
+                P_SINCE,
+                P_UNTIL,
+                P_LAST,
+                P_LIMIT,
+            ),
+            answer_schema(
+                {
+                    "job_id": STR,
+                    "window": WINDOW,
+                    "ranks": list_of(LAG_RANK),
+                    "hangs": list_of(HANG),
+                    "clock_skew": list_of(SKEWED_NODE),
+                }
+            ),
+            collective_lag,
         ),
         Question(
             "drains",

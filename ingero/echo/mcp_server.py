@@ -149,6 +149,14 @@ def investigate_text(cluster_id: str, job_id: str | None) -> str:
         " episodes began and ended, its scores against the threshold and the dominant signal;"
         + (f" call `job_report` for job {job_id};" if job_id else " call `job_report` for its job;")
         + " call `drains` to see whether it was drained.\n"
+        "   For a job that spans several nodes, call `collective_lag` with"
+        + (f' {{"job_id": "{job_id}"}}' if job_id else " its job_id")
+        + ": its ranks ranked by how late they enter the NCCL collectives behind their"
+        " peers (lag p50/p95, how often last, on which node), any hung collective with the"
+        " ranks and nodes that never entered it (or none: every rank inside, a network or"
+        " NVLink problem rather than a rank), and nodes whose clock was off (their lag"
+        " figures are doubtful). A rank that is late most often names the node that holds"
+        " the job back, even when every node's own score looks alike.\n"
         f'4. Call `outliers` with {{"cluster_id": "{cluster_id}"}} to see whether the node is'
         " also low in score history outside its episodes (a persistent problem) or only in"
         " this job (a transient or job-specific one). If many nodes straggle at once, suspect"

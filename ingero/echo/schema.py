@@ -9,6 +9,10 @@ Tables (timestamps are Unix seconds):
 - ``scores``: downsampled health-score history, one row per node per bucket.
 - ``nodes``: last known facts per node (GPU model and count for the cost of straggling);
   ``last_seen`` from events is kept to within 5 minutes (the writer skips rewrites).
+- ``collective_episodes``: NCCL ``peer_lag`` and ``collective_hang`` episodes, one row per
+  (``event_id``, ``type``, ``cluster_id``) (Fleet gives an episode's events one id),
+  folded as they arrive (``ingero.echo.collectives``), so the per-job ``collective_lag``
+  question reads a job's episodes by index instead of its raw events.
 """
 
 from __future__ import annotations
@@ -17,11 +21,14 @@ from collections.abc import Callable
 
 import sqlite_utils
 
+from ingero.echo import collectives
+from ingero.echo.rows import COLUMNS
+
 # The events index that node filters read (questions name it: see answers.events).
 EVENTS_BY_CLUSTER = "idx_events_cluster_id_ts_node_id"
 
 # Tables a tenant may read through SQL, each with its cluster column.
-TENANT_TABLES: tuple[str, ...] = ("events", "episodes", "scores", "nodes")
+TENANT_TABLES: tuple[str, ...] = ("events", "episodes", "scores", "nodes", "collective_episodes")
 
 
 def _v1(db: sqlite_utils.Database) -> None:
@@ -118,4 +125,38 @@ def _v2(db: sqlite_utils.Database) -> None:
     db.execute("ALTER TABLE episodes ADD COLUMN event_id TEXT")
 
 
-MIGRATIONS: list[Callable[[sqlite_utils.Database], None]] = [_v1, _v2]
+def _v3(db: sqlite_utils.Database) -> None:
+    # Plain SQL: the UNIQUE key is what the writer's upsert folds an episode's events on.
+    db.execute(
+        "CREATE TABLE collective_episodes ("
+        " id INTEGER PRIMARY KEY,"
+        " event_id TEXT NOT NULL, type TEXT NOT NULL,"
+        " cluster_id TEXT NOT NULL, node_id TEXT NOT NULL, job_id TEXT NOT NULL, rank INTEGER,"
+        " comm_hash TEXT, comm_rank INTEGER, nranks INTEGER, op TEXT, seq INTEGER,"
+        " start_ts REAL NOT NULL, last_ts REAL NOT NULL, end_ts REAL,"
+        " figures_ts REAL NOT NULL, figures_end INTEGER NOT NULL,"
+        " n_events INTEGER NOT NULL,"
+        " lag_p50_ms REAL, lag_p95_ms REAL, max_lag_p50_ms REAL, max_lag_p95_ms REAL,"
+        " collectives INTEGER, last_count INTEGER, bytes INTEGER,"
+        " missing_ranks TEXT, missing_nodes TEXT, inside_ranks INTEGER, inside_for_s REAL,"
+        " since_ts REAL, reason TEXT, end_reason TEXT, missing_count INTEGER,"
+        " late_count INTEGER, peers_wait_p50_ms REAL,"
+        " UNIQUE (event_id, type, cluster_id))"
+    )
+    # A job's episodes (the question), and a node's (stragglers' annotations).
+    db.execute(
+        "CREATE INDEX collective_episodes_job ON collective_episodes (job_id, cluster_id, start_ts)"
+    )
+    db.execute(
+        "CREATE INDEX collective_episodes_node"
+        " ON collective_episodes (cluster_id, node_id, start_ts)"
+    )
+    # Events a version 2 store already holds fold in as new ones would (in any order).
+    stored = db.execute(
+        f"SELECT {', '.join(COLUMNS)} FROM events WHERE type IN (?, ?) ORDER BY id",
+        sorted(collectives.TYPES),
+    )
+    db.conn.executemany(collectives.UPSERT, (collectives.episode_row(row) for row in stored))
+
+
+MIGRATIONS: list[Callable[[sqlite_utils.Database], None]] = [_v1, _v2, _v3]

@@ -23,7 +23,8 @@ SQL_PARAM = Param(
     "query", "string", "One read-only SQLite SELECT statement", required=True, max_length=20_000
 )
 SQL_SUMMARY = (
-    "Read-only SQL (SQLite dialect) over tables events, episodes, scores and nodes;"
+    "Read-only SQL (SQLite dialect) over tables events, episodes, scores, nodes and"
+    " collective_episodes;"
     " bounded in rows, bytes and time, limited to the clusters of the caller's token"
 )
 

@@ -11,7 +11,8 @@ file held with ``flock`` keeps a second Echo process from ever writing the same 
 
 What is stored is defined in ``ingero.echo.rows`` (an event as its row, a score sample);
 straggler events are folded into the ``episodes`` table by the pure fold all readers
-share (``ingero.episodes``); this module is the writer around them: SQL, the thread,
+share (``ingero.episodes``), NCCL peer-lag and hang events into ``collective_episodes``
+(``ingero.echo.collectives``); this module is the writer around them: SQL, the thread,
 retention.
 """
 
@@ -34,6 +35,7 @@ from typing import IO, Any, NamedTuple
 import sqlite_utils
 
 from ingero.clock import Clock, SystemClock
+from ingero.echo import collectives
 from ingero.echo.rows import (
     CLUSTER_ID,
     DOMINANT_SIGNAL,
@@ -318,6 +320,10 @@ class Store:
         self.stats["events_duplicate"] += received - len(fresh)
         self.stats["events_stored"] += len(fresh)
         self._fold_episodes([row for row in fresh if row[TYPE] in TYPES])
+        self._conn.executemany(
+            collectives.UPSERT,
+            [collectives.episode_row(row) for row in fresh if row[TYPE] in collectives.TYPES],
+        )
         self._touch_nodes(fresh)
         return counts
 
@@ -533,7 +539,8 @@ class Store:
 
     def _delete_before(self, cutoff: float, max_event_id: int | None) -> tuple[int, int, int]:
         """Delete, among the oldest stored rows, events (with id <= ``max_event_id`` if given,
-        else older than ``cutoff``), and episodes and score buckets older than ``cutoff``."""
+        else older than ``cutoff``), and episodes and score buckets older than ``cutoff``;
+        returns (events, episodes, score buckets and NCCL episodes) deleted."""
         conn = self._conn
         n = _RETENTION_WINDOW
         if max_event_id is not None:
@@ -549,7 +556,15 @@ class Store:
             " FROM episodes ORDER BY id LIMIT ?) WHERE coalesce(end_ts, last_ts) <= ?)",
             (n, cutoff),
         ).rowcount
+        # NCCL episodes count with the score buckets: deleting them asks for no reload of
+        # the straggler fold, and a step that deleted some does more.
         scores = conn.execute(
+            "DELETE FROM collective_episodes WHERE id IN (SELECT id FROM (SELECT id, end_ts,"
+            " last_ts FROM collective_episodes ORDER BY id LIMIT ?)"
+            " WHERE coalesce(end_ts, last_ts) <= ?)",
+            (n, cutoff),
+        ).rowcount
+        scores += conn.execute(
             "DELETE FROM scores WHERE rowid IN (SELECT rowid FROM"
             " (SELECT rowid, bucket FROM scores ORDER BY rowid LIMIT ?) WHERE bucket < ?)",
             (n, cutoff),

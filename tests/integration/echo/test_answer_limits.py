@@ -23,6 +23,7 @@ from mcp.client import Client
 from mcp.client.streamable_http import streamable_http_client
 
 from ingero.echo.api import MAX_SQL_BODY
+from ingero.events import Event
 from ingero.otlp.logs import encode_events
 
 from .helpers import TOKEN_A, TOKEN_OPS, EchoProcess, http, straggler
@@ -158,6 +159,43 @@ def test_question_answers_are_cut_at_the_byte_limit_too(echo: EchoProcess) -> No
     )
     assert answers[0]["truncated_reason"] == "bytes" and 0 < len(answers[0]["events"]) < 120
     assert (answers[1]["truncated"], answers[1]["truncated_reason"]) == (False, None)
+
+
+def test_collective_lag_is_cut_at_the_byte_limit_too(echo: EchoProcess) -> None:
+    """100 hung collectives of one job, each naming 2,500 missing ranks (~15 kB of JSON
+    apiece, 1.5 MB in all): the hangs are cut short, and so is job_report's list of them."""
+    url = f"http://{echo.otlp_http}/v1/logs"
+    for part in range(4):
+        events = [
+            Event(
+                "collective_hang",
+                "n0",
+                "A",
+                7000.0 + 25 * part + i,
+                job_id="h9",
+                extra={"seq": 25 * part + i, "missing_ranks": list(range(10_000, 12_500))},
+            )
+            for i in range(25)
+        ]
+        status, _ = http(
+            "POST", url, encode_events(events).SerializeToString(), TOKEN_OPS,
+            "application/x-protobuf",
+        )  # fmt: skip
+        assert status == 200
+    status, body = http(
+        "GET",
+        f"{echo.url}/api/v1/collective_lag?job_id=h9&since=0&until=9000&limit=1000",
+        token=TOKEN_A,
+    )
+    assert status == 200, body
+    assert (body["truncated"], body["truncated_reason"]) == (True, "bytes")
+    compact = json.dumps(body, separators=(",", ":"))  # as the budget counts (and Echo sends)
+    assert 0 < len(body["hangs"]) < 100 and len(compact) <= MAX_ANSWER + 1024
+    # the newest first: what is cut is the oldest
+    assert body["hangs"][0]["seq"] == 99 and len(body["hangs"][0]["missing_ranks"]) == 2500
+    status, report = http("GET", f"{echo.url}/api/v1/job_report?job_id=h9", token=TOKEN_A)
+    assert status == 200 and report["truncated_reason"] == "bytes"
+    assert 0 < len(report["collective_hangs"]) < 100
 
 
 def _post_raw(echo: EchoProcess, head: str, body: Iterator[bytes]) -> tuple[int, bytes]:

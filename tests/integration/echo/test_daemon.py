@@ -252,6 +252,7 @@ def _check_mcp(out: dict[str, Any]) -> None:
         "outliers",
         "events",
         "job_report",
+        "collective_lag",
         "drains",
         "cost",
         "sql",

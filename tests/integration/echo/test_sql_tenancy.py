@@ -29,7 +29,7 @@ from .helpers import TOKEN_A, TOKEN_OPS, EchoProcess, http, straggler
 pytestmark = pytest.mark.integration
 
 PROTOBUF = "application/x-protobuf"
-TABLES = ("events", "episodes", "scores", "nodes")
+TABLES = ("events", "episodes", "scores", "nodes", "collective_episodes")
 NO, A, NONE = "no", "A", "none"
 
 
@@ -211,7 +211,7 @@ def _check(query: str, expect: str, ok: bool, rows: list[list[Any]], error: str)
 @pytest.fixture(scope="module", autouse=True)
 def seeded(echo: EchoProcess) -> None:
     """Both clusters in every table: events, episodes (an opened and a resolved one),
-    nodes (from events), scores (from health pushes)."""
+    NCCL episodes (a peer_lag event), nodes (from events), scores (from health pushes)."""
     events = []
     for cluster, prefix in (("A", "alpha"), ("B", "bravo")):
         for i in range(3):
@@ -220,6 +220,9 @@ def seeded(echo: EchoProcess) -> None:
                 straggler(node, cluster, 1000.0 + i, gpu_model="NVIDIA H100", gpu_count=8)
             )
         events.append(straggler(f"{prefix}0", cluster, 1100.0, kind="straggler_resolved"))
+        events.append(
+            straggler(f"{prefix}1", cluster, 1200.0, kind="peer_lag", comm_rank=1, lag_p50_ms=9.0)
+        )
     url = f"http://{echo.otlp_http}/v1/logs"
     status, body = http("POST", url, encode_events(events).SerializeToString(), TOKEN_OPS, PROTOBUF)
     assert status == 200, body

@@ -14,7 +14,7 @@ import sqlite_utils
 
 from ingero.clock import ManualClock
 from ingero.echo import store as store_module
-from ingero.echo.rows import EventRow, ScorePoint, event_row
+from ingero.echo.rows import INSERT_EVENT, EventRow, ScorePoint, event_row
 from ingero.echo.schema import MIGRATIONS
 from ingero.echo.store import Store, StoreLockedError
 from ingero.errors import UnavailableError
@@ -202,6 +202,35 @@ def test_a_v1_database_is_migrated_and_keeps_de_duplicating(tmp_path: Path) -> N
         store.close()
 
 
+def test_a_v2_database_folds_the_nccl_events_it_holds_when_migrated(tmp_path: Path) -> None:
+    db = tmp_path / "e.db"
+    conn = sqlite3.connect(db, isolation_level=None)
+    migrate(sqlite_utils.Database(conn), MIGRATIONS[:2])
+    eid = str(uuid.uuid4())
+    held = [
+        Event("peer_lag", "n1", "A", ts, event_id=eid, job_id="7", extra=extra)
+        for ts, extra in (
+            (200.0, {"comm_rank": 3, "lag_p50_ms": 9.0, "state": "end"}),
+            (100.0, {"comm_rank": 3, "lag_p50_ms": 250.0, "state": "start"}),
+        )
+    ]
+    held.append(straggler("n1", "A", 100.0))
+    conn.executemany(INSERT_EVENT, [event_row(e, 1.0) for e in held])
+    conn.close()
+    store = Store(db)
+    try:
+        reader = store.reader()
+        rows = reader.execute(
+            "SELECT event_id, comm_rank, start_ts, end_ts, lag_p50_ms, n_events"
+            " FROM collective_episodes"
+        ).fetchall()
+        reader.close()
+        assert rows == [(eid, 3, 100.0, 200.0, 250.0, 2)]
+        assert count(store, "PRAGMA user_version") == len(MIGRATIONS) == 3
+    finally:
+        store.close()
+
+
 def test_node_facts_change_at_once_but_last_seen_only_every_5_minutes(tmp_path: Path) -> None:
     store = Store(tmp_path / "e.db")
     try:
@@ -349,5 +378,32 @@ def test_the_writer_lives_on_when_its_caches_cannot_be_reloaded_after_a_failure(
             store.submit([straggler("n2", "A", 101.0)]).result(timeout=30)
         assert store.submit([straggler("n2", "A", 101.0)]).result(timeout=30) == 1
         assert store.stats["commit_errors"] == 2
+    finally:
+        store.close()
+
+
+def test_nccl_episodes_fold_only_new_events_and_age_out(tmp_path: Path) -> None:
+    """A partly retried batch folds only the events the store did not have; retention takes
+    NCCL episodes that ended (or were last seen) before max_age with the other rows."""
+    clock = ManualClock(start=10_000.0)
+    store = Store(tmp_path / "e.db", clock=clock, max_age=1000.0, retention_interval=3600)
+
+    def lag(ts: float, eid: str, state: str = "start") -> Event:
+        extra = {"comm_hash": "ab" * 8, "comm_rank": 1, "lag_p50_ms": ts / 100, "state": state}
+        return Event("peer_lag", "n1", "A", ts, event_id=eid, job_id="7", extra=extra)
+
+    old, new = str(uuid.uuid4()), str(uuid.uuid4())
+    try:
+        first = [lag(8000.0, old), lag(8100.0, old, "end")]
+        assert store.write(first) == 2
+        # a retry of the first batch with one new event of a second episode in it
+        assert store.write([*first, lag(9500.0, new)]) == 1
+        assert count(store, "SELECT sum(n_events) FROM collective_episodes") == 3
+        assert count(store, "SELECT count(*) FROM collective_episodes") == 2
+        store.retain_now()
+        conn = store.reader()
+        kept = conn.execute("SELECT event_id, max_lag_p50_ms FROM collective_episodes").fetchall()
+        conn.close()
+        assert kept == [(new, 95.0)]
     finally:
         store.close()

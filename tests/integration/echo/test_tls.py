@@ -90,7 +90,7 @@ def test_every_listener_speaks_tls(tmp_path: Path, monkeypatch: pytest.MonkeyPat
             "row_count": 1,
             "truncated": False,
             "truncated_reason": None,
-            "tables": ["events", "episodes", "scores", "nodes"],
+            "tables": ["events", "episodes", "scores", "nodes", "collective_episodes"],
         }
     finally:
         echo.stop()
