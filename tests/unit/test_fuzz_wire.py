@@ -440,6 +440,10 @@ class _Transport:
     def resume_reading(self) -> None:
         pass
 
+    def get_extra_info(self, name: str, default: object = None) -> object:
+        # The peer address (for rate limits and the audit log), as a TCP transport has it.
+        return ("127.0.0.1", 40000) if name == "peername" else default
+
 
 def _gate(request: HttpRequest, length: int) -> HttpResponse | None:
     # No head over the limits reaches the application, however it arrived.
