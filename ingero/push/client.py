@@ -6,7 +6,10 @@ only when none of them is present is ``GET /api/v1/threshold`` polled. All three
 by :mod:`ingero.otlp.threshold`, which rejects a value outside a sane range (not finite,
 < 0, > 1, not ``true|false``): it is never used. Sending, timeouts, which failures retry
 and the wait Fleet asks for (``Retry-After``, gRPC RetryInfo) are the OTLP exporter core's
-(:mod:`ingero.otlp.exporter`), which Fleet's forwarder to Echo shares.
+(:mod:`ingero.otlp.exporter`), which Fleet's forwarder to Echo shares; so is the failover
+between several endpoints (``fleet_endpoint`` a list: sticky on the one that works, the next
+one when it is down or answers 5xx/UNAVAILABLE). Every request carries the node's cluster
+id (``X-Ingero-Cluster-Id``, gRPC ``ingero-cluster-id``) for a balancer to hash on.
 """
 
 from __future__ import annotations
@@ -23,7 +26,16 @@ from opentelemetry.proto.collector.metrics.v1.metrics_service_pb2 import (
 )
 
 from ingero.bearer import read_token
-from ingero.otlp.exporter import ExportError, GrpcExporter, HttpExporter, parse_retry_after
+from ingero.otlp.exporter import (
+    Backoff,
+    ExportError,
+    Failover,
+    GrpcExporter,
+    HttpAnswer,
+    HttpExporter,
+    fails_over_http,
+    parse_retry_after,
+)
 from ingero.otlp.ports import FLEET_API_PORT
 from ingero.otlp.threshold import (
     API_PATH,
@@ -32,6 +44,7 @@ from ingero.otlp.threshold import (
     decode_json,
     decode_metadata,
 )
+from ingero.otlp.transport import CLUSTER_ID_HEADER, CLUSTER_ID_METADATA
 from ingero.otlp.values import load_json
 from ingero.push.config import PushConfig
 from ingero.tls import client_ssl_context
@@ -58,11 +71,11 @@ class PushClient(Protocol):
     def close(self) -> None: ...
 
 
-def api_base(config: PushConfig) -> str:
-    """Where Fleet's threshold API is: configured, else the push host on Fleet's API port."""
+def api_base(config: PushConfig, endpoint: str) -> str:
+    """Where Fleet's threshold API is: configured, else ``endpoint``'s host on Fleet's API
+    port."""
     if config.api_endpoint:
         return config.api_endpoint.rstrip("/")
-    endpoint = config.fleet_endpoint
     if "://" not in endpoint:
         endpoint = "http://" + endpoint
     parts = urllib.parse.urlsplit(endpoint)
@@ -73,31 +86,81 @@ def api_base(config: PushConfig) -> str:
     return f"{scheme}://{host}:{FLEET_API_PORT}"
 
 
+def endpoint_backoff(config: PushConfig) -> Backoff:
+    """How long an endpoint that failed is left out: a push interval, doubling to twelve
+    while it keeps failing (a minute at the default 5 s)."""
+    interval = float(config.push_interval)
+    return Backoff(interval, 12 * interval)
+
+
+class _ThresholdApi:
+    """Fleet's threshold API, polled only when a push answer carries no threshold; one per
+    push endpoint (unless ``api_endpoint`` names one), the current endpoint's is asked."""
+
+    def __init__(self, config: PushConfig, token: str | None) -> None:
+        context = client_ssl_context(config.ca_file)
+        headers = {**config.headers, CLUSTER_ID_HEADER: config.cluster_id}
+        self._apis = [
+            HttpExporter(
+                api_base(config, endpoint),
+                token,
+                config.push_timeout,
+                context,
+                "Fleet's API",
+                headers=headers,
+            )
+            for endpoint in config.fleet_endpoints
+        ]
+
+    def poll(self, endpoint: int, cluster_id: str, job_id: str | None) -> ThresholdView | None:
+        api = self._apis[endpoint]
+        query = {"cluster_id": cluster_id, **({"job_id": job_id} if job_id else {})}
+        path = f"{api.url.path.rstrip('/')}{API_PATH}?{urllib.parse.urlencode(query)}"
+        try:
+            answer = api.request("GET", path)
+            if not answer.ok:
+                raise answer.error(api.receiver, time.time())
+            return decode_json(load_json(answer.body))
+        except (ExportError, ValueError) as exc:
+            log.debug("threshold API: %s", exc)
+            return None
+
+
 class HttpPushClient:
     """OTLP/HTTP with protobuf bodies (``/v1/metrics``, ``/v1/logs``)."""
 
     def __init__(self, config: PushConfig) -> None:
         token = read_token(config.auth_token_file, "auth_token_file")
         context = client_ssl_context(config.ca_file)
-        timeout = config.push_timeout
-        self._otlp = HttpExporter(
-            config.fleet_endpoint,
-            token,
-            timeout,
-            context,
-            "Fleet",
-            headers=config.headers,
-            compression=config.compression,
+        endpoints = config.fleet_endpoints
+        self._otlp = Failover(
+            [
+                HttpExporter(
+                    endpoint,
+                    token,
+                    config.push_timeout,
+                    context,
+                    "Fleet" if len(endpoints) == 1 else f"Fleet at {endpoint}",
+                    headers={**config.headers, CLUSTER_ID_HEADER: config.cluster_id},
+                    compression=config.compression,
+                )
+                for endpoint in endpoints
+            ],
+            lambda: endpoint_backoff(config),
         )
-        self._api = HttpExporter(
-            api_base(config), token, timeout, context, "Fleet's API", headers=config.headers
-        )
+        self._api = _ThresholdApi(config, token)
 
     def push(self, request: ExportMetricsServiceRequest) -> PushResult:
+        def post(exporter: HttpExporter) -> HttpAnswer:
+            answer = exporter.post("metrics", request)
+            if fails_over_http(answer.status):  # failing, not refusing: try the next one
+                raise answer.error(exporter.receiver, time.time())
+            return answer
+
         try:
-            answer = self._otlp.post("metrics", request)
-        except ExportError as exc:  # refused, timed out, TLS: Fleet is unreachable
-            return PushResult(ok=False, error=str(exc))
+            answer = self._otlp.call(post)
+        except ExportError as exc:  # refused, timed out, TLS, 5xx: Fleet is unreachable
+            return PushResult(ok=False, retry_after=exc.retry_after, error=str(exc))
         retry_after = parse_retry_after(answer.headers.get("retry-after"), time.time())
         reading = None
         error = None if answer.ok else f"HTTP {answer.status}"
@@ -109,23 +172,14 @@ class HttpPushClient:
         return PushResult(answer.ok, reading, retry_after, error)
 
     def poll_threshold(self, cluster_id: str, job_id: str | None) -> ThresholdView | None:
-        query = {"cluster_id": cluster_id, **({"job_id": job_id} if job_id else {})}
-        path = f"{self._api.url.path.rstrip('/')}{API_PATH}?{urllib.parse.urlencode(query)}"
-        try:
-            answer = self._api.request("GET", path)
-            if not answer.ok:
-                raise answer.error(self._api.receiver, time.time())
-            return decode_json(load_json(answer.body))
-        except (ExportError, ValueError) as exc:
-            log.debug("threshold API: %s", exc)
-            return None
+        return self._api.poll(self._otlp.current, cluster_id, job_id)
 
     def export_logs(self, request: ExportLogsServiceRequest) -> None:
-        self._otlp.send(request)
+        self._otlp.call(lambda exporter: exporter.send(request))
 
     def close(self) -> None:
-        self._otlp.close()
-        self._api.close()
+        for exporter in self._otlp.targets:
+            exporter.close()
 
 
 class GrpcPushClient:
@@ -133,20 +187,27 @@ class GrpcPushClient:
 
     def __init__(self, config: PushConfig) -> None:
         token = read_token(config.auth_token_file, "auth_token_file")
-        self._otlp = GrpcExporter(
-            config.fleet_endpoint,
-            token,
-            config.push_timeout,
-            config.ca_file,
-            "Fleet",
-            headers=config.headers,
-            compression=config.compression,
+        endpoints = config.fleet_endpoints
+        self._otlp = Failover(
+            [
+                GrpcExporter(
+                    endpoint,
+                    token,
+                    config.push_timeout,
+                    config.ca_file,
+                    "Fleet" if len(endpoints) == 1 else f"Fleet at {endpoint}",
+                    headers={**config.headers, CLUSTER_ID_METADATA: config.cluster_id},
+                    compression=config.compression,
+                )
+                for endpoint in endpoints
+            ],
+            lambda: endpoint_backoff(config),
         )
-        self._http = HttpPushClient(config)
+        self._api = _ThresholdApi(config, token)
 
     def push(self, request: ExportMetricsServiceRequest) -> PushResult:
         try:
-            call = self._otlp.send(request)
+            call = self._otlp.call(lambda exporter: exporter.send(request))
         except ExportError as exc:
             return PushResult(ok=False, retry_after=exc.retry_after, error=str(exc))
         try:
@@ -157,13 +218,14 @@ class GrpcPushClient:
             return PushResult(True, None, error=f"rejected: {exc}")
 
     def poll_threshold(self, cluster_id: str, job_id: str | None) -> ThresholdView | None:
-        return self._http.poll_threshold(cluster_id, job_id)
+        return self._api.poll(self._otlp.current, cluster_id, job_id)
 
     def export_logs(self, request: ExportLogsServiceRequest) -> None:
-        self._otlp.send(request)
+        self._otlp.call(lambda exporter: exporter.send(request))
 
     def close(self) -> None:
-        self._otlp.close()
+        for exporter in self._otlp.targets:
+            exporter.close()
 
 
 def make_client(config: PushConfig) -> PushClient:
