@@ -85,6 +85,10 @@ class NodeVerdict:
     quorum_met: bool
     dominant_signal: str | None
     event_id: str = ""
+    # This replica owns the node's cluster for drains (ingero.fleet.ownership): fresh
+    # pushes of the cluster and the group's quorum for drain.min_intervals ticks since
+    # the replica took the cluster over.
+    drain_owner: bool = True
 
 
 @dataclass(frozen=True)
@@ -101,3 +105,7 @@ class TickResult:
     events: tuple[Event, ...]
     expired_nodes: tuple[str, ...]
     clusters: tuple[ClusterStats, ...] = ()
+    # Clusters this replica took over since the previous tick (first push, or first
+    # after longer than the node TTL), and how many it owns now.
+    taken_over: tuple[str, ...] = ()
+    owned_clusters: int = 0

@@ -41,6 +41,7 @@ from ingero.fleet.model import (
     NodeVerdict,
     TickResult,
 )
+from ingero.fleet.ownership import Ownership
 from ingero.fleet.threshold import IntArray
 from ingero.fleet.tick import Outcome, Snapshot, compute, degraded_events, finite, summaries
 from ingero.otlp.health import NODE_STATES, PEER_RATES, NodePush, group_key
@@ -160,6 +161,10 @@ class FleetState:
         self._groups: tuple[GroupStats, ...] = ()
         self._clusters: tuple[ClusterStats, ...] = ()
         self._last: TickResult | None = None
+        # Which clusters this replica owns for drains (several replicas behind a balancer).
+        self._owners = Ownership(
+            float(config.push_interval), config.node_ttl, config.drain.min_intervals
+        )
 
     # ---- hot path -------------------------------------------------------------------
 
@@ -189,7 +194,9 @@ class FleetState:
             self._gid[slot] = gid
             self._active[slot] = push.state == "active"
             self._idle[slot] = push.state == "idle"
-            self._seen[slot] = self._clock.monotonic()
+            mono = self._clock.monotonic()
+            self._seen[slot] = mono
+            self._owners.pushed(push.cluster_id, mono)
             self._rank[slot] = push.rank
             self._signal[slot] = push.dominant_signal
             self._meta[slot] = (push.host_name, push.gpu_model, push.gpu_count, push.provider)
@@ -323,6 +330,9 @@ class FleetState:
         out = compute(snap, self._config)
         groups, clusters, views = summaries(snap, out, self._config)
         with self._lock:
+            taken = self._owners.tick(
+                snap.mono, ((g.cluster_id, g.group, g.quorum_met) for g in groups)
+            )
             self._store(snap, out)
             events = [resolved_event(c, snap.now, "expired") for c in snap.expired]
             events.extend(self._closing_events(snap, out))
@@ -339,6 +349,8 @@ class FleetState:
                 events=tuple(events),
                 expired_nodes=tuple(snap.expired_ids),
                 clusters=clusters,
+                taken_over=tuple(taken),
+                owned_clusters=self._owners.owned(snap.mono),
             )
             return self._last
 
@@ -479,6 +491,7 @@ class FleetState:
                     quorum_met=True,
                     dominant_signal=self._signal[slot],
                     event_id=self._episode_id[slot],
+                    drain_owner=self._owners.owner(snap.gcluster[g], snap.gkeys[g], snap.mono),
                 )
             )
         return verdicts, events
