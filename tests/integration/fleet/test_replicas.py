@@ -390,3 +390,60 @@ def test_fleet_push_fails_over_between_endpoints_without_a_balancer(
         for f in fleets:
             if f.proc is not None and f.proc.poll() is None:
                 f.stop()
+
+
+@pytest.mark.parametrize("transport", ["grpc", "http"])
+def test_pushes_through_haproxy_land_by_cluster_id(tmp_path: Path, transport: str) -> None:
+    """Without the cluster id header HAProxy would spread one cluster's requests (HTTP
+    requests, gRPC calls on one HTTP/2 connection) over every replica."""
+    reason = hap.missing_reason()
+    if reason:
+        pytest.skip(reason)
+    ports = slurm.free_ports(12)
+    fleets: list[Fleet] = []
+    balancer = None
+    names = ("otlp_http", "otlp_grpc", "api")
+    try:
+        servers = []
+        for i in range(3):
+            p = dict(zip(names, ports[3 * i : 3 * i + 3], strict=True))
+            (tmp_path / f"f{i}").mkdir()
+            config = {"listen": {k: f"127.0.0.1:{v}" for k, v in p.items()}}
+            fleets.append(start_fleet(tmp_path / f"f{i}", config))
+            servers.append({"name": f"f{i}", "host": "127.0.0.1", **p})
+        balancer = hap.start_haproxy(tmp_path, servers, ports[9:12])
+        endpoint = f"http://{balancer.otlp_http}" if transport == "http" else balancer.otlp_grpc
+        clusters = [f"k{i:02d}" for i in range(12)]
+        for cluster in clusters:
+            config = PushConfig(
+                fleet_endpoint=endpoint,
+                transport=transport,  # type: ignore[arg-type]
+                cluster_id=cluster,
+            )
+            client: PushClient = (
+                HttpPushClient(config) if transport == "http" else GrpcPushClient(config)
+            )
+            try:
+                for n in range(6):  # six requests of one cluster, one channel for gRPC
+                    node = NodePush(f"{cluster}-n{n}", cluster, 0.9, "active", job_id="j")
+                    assert client.push(health_request([node])).ok
+            finally:
+                client.close()
+
+        def placed() -> dict[str, list[int]] | None:
+            out = {
+                c: [i for i, f in enumerate(fleets) if f.threshold(c, "j").status == 200]
+                for c in clusters
+            }
+            return out if all(out.values()) else None
+
+        where = wait_for(placed, 10, "every cluster placed")
+        assert all(len(on) == 1 for on in where.values()), where
+        assert {on[0] for on in where.values()} == {0, 1, 2}, where
+        for c, (i,) in where.items():  # all six nodes of the cluster on that replica
+            assert fleets[i].threshold(c, "j").json()["active_nodes"] == 6
+    finally:
+        if balancer is not None:
+            balancer.stop()
+        for f in fleets:
+            f.stop()
