@@ -17,9 +17,11 @@ from __future__ import annotations
 import logging
 import time
 import urllib.parse
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Protocol
+from typing import Generic, Protocol, TypeVar
 
+from google.protobuf.message import Message
 from opentelemetry.proto.collector.logs.v1.logs_service_pb2 import ExportLogsServiceRequest
 from opentelemetry.proto.collector.metrics.v1.metrics_service_pb2 import (
     ExportMetricsServiceRequest,
@@ -126,29 +128,61 @@ class _ThresholdApi:
             return None
 
 
-class HttpPushClient:
+class _Exporter(Protocol):
+    def send(self, request: Message) -> object: ...
+
+    def close(self) -> None: ...
+
+
+X = TypeVar("X", bound=_Exporter)
+
+
+class _FleetClient(Generic[X]):
+    """What both transports share: one exporter per endpoint behind a Failover, the
+    threshold API of the current endpoint, events sent like pushes."""
+
+    def __init__(
+        self, config: PushConfig, token: str | None, exporter: Callable[[str, str], X]
+    ) -> None:
+        """``exporter(endpoint, receiver name)`` builds the transport's exporter."""
+        endpoints = config.fleet_endpoints
+        self._otlp = Failover(
+            [exporter(e, "Fleet" if len(endpoints) == 1 else f"Fleet at {e}") for e in endpoints],
+            lambda: endpoint_backoff(config),
+        )
+        self._api = _ThresholdApi(config, token)
+
+    def poll_threshold(self, cluster_id: str, job_id: str | None) -> ThresholdView | None:
+        return self._api.poll(self._otlp.current, cluster_id, job_id)
+
+    def export_logs(self, request: ExportLogsServiceRequest) -> None:
+        self._otlp.call(lambda exporter: exporter.send(request))
+
+    def close(self) -> None:
+        for exporter in self._otlp.targets:
+            exporter.close()
+
+
+class HttpPushClient(_FleetClient[HttpExporter]):
     """OTLP/HTTP with protobuf bodies (``/v1/metrics``, ``/v1/logs``)."""
 
     def __init__(self, config: PushConfig) -> None:
         token = read_token(config.auth_token_file, "auth_token_file")
         context = client_ssl_context(config.ca_file)
-        endpoints = config.fleet_endpoints
-        self._otlp = Failover(
-            [
-                HttpExporter(
-                    endpoint,
-                    token,
-                    config.push_timeout,
-                    context,
-                    "Fleet" if len(endpoints) == 1 else f"Fleet at {endpoint}",
-                    headers={**config.headers, CLUSTER_ID_HEADER: config.cluster_id},
-                    compression=config.compression,
-                )
-                for endpoint in endpoints
-            ],
-            lambda: endpoint_backoff(config),
-        )
-        self._api = _ThresholdApi(config, token)
+        headers = {**config.headers, CLUSTER_ID_HEADER: config.cluster_id}
+
+        def exporter(endpoint: str, receiver: str) -> HttpExporter:
+            return HttpExporter(
+                endpoint,
+                token,
+                config.push_timeout,
+                context,
+                receiver,
+                headers=headers,
+                compression=config.compression,
+            )
+
+        super().__init__(config, token, exporter)
 
     def push(self, request: ExportMetricsServiceRequest) -> PushResult:
         def post(exporter: HttpExporter) -> HttpAnswer:
@@ -171,39 +205,26 @@ class HttpPushClient:
             error = error or f"rejected: {exc}"
         return PushResult(answer.ok, reading, retry_after, error)
 
-    def poll_threshold(self, cluster_id: str, job_id: str | None) -> ThresholdView | None:
-        return self._api.poll(self._otlp.current, cluster_id, job_id)
 
-    def export_logs(self, request: ExportLogsServiceRequest) -> None:
-        self._otlp.call(lambda exporter: exporter.send(request))
-
-    def close(self) -> None:
-        for exporter in self._otlp.targets:
-            exporter.close()
-
-
-class GrpcPushClient:
+class GrpcPushClient(_FleetClient[GrpcExporter]):
     """OTLP gRPC (MetricsService/Export, LogsService/Export); threshold in response metadata."""
 
     def __init__(self, config: PushConfig) -> None:
         token = read_token(config.auth_token_file, "auth_token_file")
-        endpoints = config.fleet_endpoints
-        self._otlp = Failover(
-            [
-                GrpcExporter(
-                    endpoint,
-                    token,
-                    config.push_timeout,
-                    config.ca_file,
-                    "Fleet" if len(endpoints) == 1 else f"Fleet at {endpoint}",
-                    headers={**config.headers, CLUSTER_ID_METADATA: config.cluster_id},
-                    compression=config.compression,
-                )
-                for endpoint in endpoints
-            ],
-            lambda: endpoint_backoff(config),
-        )
-        self._api = _ThresholdApi(config, token)
+        metadata = {**config.headers, CLUSTER_ID_METADATA: config.cluster_id}
+
+        def exporter(endpoint: str, receiver: str) -> GrpcExporter:
+            return GrpcExporter(
+                endpoint,
+                token,
+                config.push_timeout,
+                config.ca_file,
+                receiver,
+                headers=metadata,
+                compression=config.compression,
+            )
+
+        super().__init__(config, token, exporter)
 
     def push(self, request: ExportMetricsServiceRequest) -> PushResult:
         try:
@@ -216,16 +237,6 @@ class GrpcPushClient:
         except ValueError as exc:
             log.warning("rejected threshold from Fleet: %s", exc)
             return PushResult(True, None, error=f"rejected: {exc}")
-
-    def poll_threshold(self, cluster_id: str, job_id: str | None) -> ThresholdView | None:
-        return self._api.poll(self._otlp.current, cluster_id, job_id)
-
-    def export_logs(self, request: ExportLogsServiceRequest) -> None:
-        self._otlp.call(lambda exporter: exporter.send(request))
-
-    def close(self) -> None:
-        for exporter in self._otlp.targets:
-            exporter.close()
 
 
 def make_client(config: PushConfig) -> PushClient:
