@@ -128,6 +128,14 @@ class _ThresholdApi:
             return None
 
 
+class _Failing(ExportError):
+    """A 5xx answer as the failover's error, keeping the answer for the push result."""
+
+    def __init__(self, answer: HttpAnswer, error: ExportError) -> None:
+        super().__init__(str(error), error.retryable, error.retry_after, error.failover)
+        self.answer = answer
+
+
 class _Exporter(Protocol):
     def send(self, request: Message) -> object: ...
 
@@ -188,12 +196,14 @@ class HttpPushClient(_FleetClient[HttpExporter]):
         def post(exporter: HttpExporter) -> HttpAnswer:
             answer = exporter.post("metrics", request)
             if fails_over_http(answer.status):  # failing, not refusing: try the next one
-                raise answer.error(exporter.receiver, time.time())
+                raise _Failing(answer, answer.error(exporter.receiver, time.time()))
             return answer
 
         try:
             answer = self._otlp.call(post)
-        except ExportError as exc:  # refused, timed out, TLS, 5xx: Fleet is unreachable
+        except _Failing as exc:  # every endpoint tried answered 5xx: the last answer
+            answer = exc.answer
+        except ExportError as exc:  # refused, timed out, TLS: Fleet is unreachable
             return PushResult(ok=False, retry_after=exc.retry_after, error=str(exc))
         retry_after = parse_retry_after(answer.headers.get("retry-after"), time.time())
         reading = None
