@@ -209,7 +209,13 @@ def _coerce(hint: Any, value: Any, source: str, key: str) -> Any:
         args = [a for a in typing.get_args(hint) if a is not type(None)]
         if value is None:
             return None
-        return _coerce(args[0], value, source, key)
+        # ``str | list[str]``: the first form the value fits; the error is the last form's.
+        for arg in args[:-1]:
+            try:
+                return _coerce(arg, value, source, key)
+            except ValueError:
+                continue
+        return _coerce(args[-1], value, source, key)
     if dataclasses.is_dataclass(hint):
         if not isinstance(value, dict):
             raise ValueError(f"expected a mapping, got {value!r}")

@@ -24,7 +24,12 @@ from ingero.push.otel_env import otel_env_defaults
 
 @click.command("fleet-push")
 @click.option("--config", "config_path", type=click.Path(dir_okay=False), help="YAML config file.")
-@click.option("--endpoint", help="Fleet OTLP endpoint (fleet_endpoint).")
+@click.option(
+    "--endpoint",
+    multiple=True,
+    help="Fleet OTLP endpoint (fleet_endpoint); repeat it, or separate with commas, to fail "
+    "over between Fleet replicas.",
+)
 @click.option("--api-endpoint", help="Fleet threshold API base URL (api_endpoint).")
 @click.option("--transport", type=click.Choice(["http", "grpc"]), help="OTLP transport.")
 @click.option("--node-id", help="This node's name (default: Slurm NodeName, else host name).")
@@ -42,7 +47,7 @@ from ingero.push.otel_env import otel_env_defaults
 @log_level_options
 def command(
     config_path: str | None,
-    endpoint: str | None,
+    endpoint: tuple[str, ...],
     api_endpoint: str | None,
     transport: str | None,
     node_id: str | None,
@@ -62,7 +67,8 @@ def command(
 ) -> None:
     """Push this node's health score to Fleet and report when it straggles."""
     overrides: dict[str, Any] = {
-        "fleet_endpoint": endpoint,
+        # One flag stays a string (as in the file); several are the failover list.
+        "fleet_endpoint": (endpoint[0] if len(endpoint) == 1 else list(endpoint)) or None,
         "api_endpoint": api_endpoint,
         "transport": transport,
         "node_id": node_id,

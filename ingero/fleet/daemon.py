@@ -328,6 +328,14 @@ class FleetDaemon:
             ),
         )
         self.metrics.update_clock_offsets(self.state.clock_offsets())
+        self.metrics.owned_clusters.set(result.owned_clusters)
+        if result.taken_over:
+            self.metrics.takeovers.inc(len(result.taken_over))
+            shown = ", ".join(result.taken_over[:10])
+            more = f" and {len(result.taken_over) - 10} more" if len(result.taken_over) > 10 else ""
+            # A takeover after another replica died (or at start): thresholds rebuild from
+            # the next pushes, and no drain until the ownership rule holds again.
+            log.info("fleet: took over cluster(s) %s%s", shown, more)
         self.events.submit(result.events, source="tick")
         for name, listener in list(self._tick_listeners):
             try:

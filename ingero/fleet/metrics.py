@@ -78,6 +78,16 @@ class FleetMetrics:
             "ingero_fleet_tracked_nodes", "Nodes Fleet holds a score for.", registry=r
         )
         self.groups = Gauge("ingero_fleet_groups", "Peer groups Fleet tracks.", registry=r)
+        self.owned_clusters = Gauge(
+            "ingero_fleet_owned_clusters",
+            "Clusters that pushed to this replica within the last two push intervals.",
+            registry=r,
+        )
+        self.takeovers = Counter(
+            "ingero_fleet_cluster_takeovers",
+            "Clusters this replica took over: first push, or first after the node TTL.",
+            registry=r,
+        )
         self.tick_seconds = Histogram(
             "ingero_fleet_tick_seconds",
             "Duration of one threshold tick (state tick + publishing).",

@@ -85,6 +85,10 @@ class NodeVerdict:
     quorum_met: bool
     dominant_signal: str | None
     event_id: str = ""
+    # This replica owns the node's cluster for drains (ingero.fleet.ownership): fresh
+    # pushes of the cluster and the group's quorum for drain.min_intervals ticks since
+    # the replica took the cluster over.
+    drain_owner: bool = True
 
 
 @dataclass(frozen=True)
@@ -105,3 +109,7 @@ class TickResult:
     nccl_comms: int = 0
     hung_comms: int = 0
     nccl_refused: int = 0
+    # Clusters this replica took over since the previous tick (first push, or first
+    # after longer than the node TTL), and how many it owns now.
+    taken_over: tuple[str, ...] = ()
+    owned_clusters: int = 0

@@ -42,6 +42,7 @@ from ingero.fleet.model import (
     NodeVerdict,
     TickResult,
 )
+from ingero.fleet.ownership import Ownership
 from ingero.fleet.threshold import IntArray
 from ingero.fleet.tick import Outcome, Snapshot, compute, degraded_events, finite, summaries
 from ingero.otlp.health import NODE_STATES, PEER_RATES, NodePush, group_key
@@ -165,6 +166,10 @@ class FleetState:
         # is stored; the per-node lag it flags is published here by each tick.
         self._nccl = CollectiveJoin(config.nccl, config.node_ttl)
         self._peer_lag: dict[str, float] = {}
+        # Which clusters this replica owns for drains (several replicas behind a balancer).
+        self._owners = Ownership(
+            float(config.push_interval), config.node_ttl, config.drain.min_intervals
+        )
 
     # ---- hot path -------------------------------------------------------------------
 
@@ -194,7 +199,9 @@ class FleetState:
             self._gid[slot] = gid
             self._active[slot] = push.state == "active"
             self._idle[slot] = push.state == "idle"
-            self._seen[slot] = self._clock.monotonic()
+            mono = self._clock.monotonic()
+            self._seen[slot] = mono
+            self._owners.pushed(push.cluster_id, mono)
             self._rank[slot] = push.rank
             self._signal[slot] = push.dominant_signal
             self._meta[slot] = (push.host_name, push.gpu_model, push.gpu_count, push.provider)
@@ -338,6 +345,9 @@ class FleetState:
         out = compute(snap, self._config)
         groups, clusters, views = summaries(snap, out, self._config)
         with self._lock:
+            taken = self._owners.tick(
+                snap.mono, ((g.cluster_id, g.group, g.quorum_met) for g in groups)
+            )
             self._store(snap, out)
             events = [resolved_event(c, snap.now, "expired") for c in snap.expired]
             events.extend(self._closing_events(snap, out))
@@ -359,6 +369,8 @@ class FleetState:
                 nccl_comms=nccl.comms,
                 hung_comms=nccl.hung,
                 nccl_refused=nccl.refused,
+                taken_over=tuple(taken),
+                owned_clusters=self._owners.owned(snap.mono),
             )
             return self._last
 
@@ -508,6 +520,7 @@ class FleetState:
                     quorum_met=True,
                     dominant_signal=self._signal[slot],
                     event_id=self._episode_id[slot],
+                    drain_owner=self._owners.owner(snap.gcluster[g], snap.gkeys[g], snap.mono),
                 )
             )
         return verdicts, events

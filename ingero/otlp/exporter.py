@@ -15,6 +15,11 @@ which failures are worth a retry, how long to wait before it.
   gRPC ``google.rpc.RetryInfo`` in the status details; :class:`Backoff` waits
   exponentially longer, jittered, and at least that long.
 
+- Which failures move a sender with several receivers (fleet-push's endpoints, no balancer
+  in front) on to the next one (:class:`Failover`): the receiver could not be reached or did
+  not answer in time, HTTP 5xx, gRPC UNAVAILABLE or DEADLINE_EXCEEDED. A refusal (4xx, a
+  gRPC status saying the request is wrong) would be refused by any replica alike.
+
 grpc is imported only by the gRPC exporter, so an HTTP-only fleet-push never loads it.
 """
 
@@ -27,9 +32,9 @@ import random
 import ssl
 import time
 import urllib.parse
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Generic, TypeVar
 
 from google.protobuf.message import DecodeError, Message
 from google.rpc.error_details_pb2 import RetryInfo
@@ -58,22 +63,45 @@ _RETRY_GRPC = frozenset(
         "UNKNOWN",
     }
 )
+_FAILOVER_GRPC = frozenset({"UNAVAILABLE", "DEADLINE_EXCEEDED"})
 _STATUS_DETAILS = "grpc-status-details-bin"
+
+T = TypeVar("T")
+R = TypeVar("R")
 
 
 class ExportError(Exception):
-    """An export that failed: whether a retry can help (``retryable``), and the seconds the
-    receiver asked the sender to wait first (``retry_after``, None when it did not say)."""
+    """An export that failed: whether a retry can help (``retryable``), the seconds the
+    receiver asked the sender to wait first (``retry_after``, None when it did not say), and
+    whether another receiver of the same data may take it (``failover``: this one is down
+    or failing, rather than refusing the request)."""
 
-    def __init__(self, message: str, retryable: bool, retry_after: float | None = None) -> None:
+    def __init__(
+        self,
+        message: str,
+        retryable: bool,
+        retry_after: float | None = None,
+        failover: bool = False,
+    ) -> None:
         super().__init__(message)
         self.retryable = retryable
         self.retry_after = retry_after
+        self.failover = failover
 
 
 def retryable_http(status: int) -> bool:
     """Whether an export answered HTTP ``status`` (not 2xx) may pass when sent again."""
     return status in (408, 429) or 500 <= status <= 599
+
+
+def fails_over_http(status: int) -> bool:
+    """Whether an HTTP answer ``status`` says the receiver is failing (try another one)."""
+    return 500 <= status <= 599
+
+
+def fails_over_grpc(code: str) -> bool:
+    """Whether a gRPC status ``code`` (its name) says the receiver is down or failing."""
+    return code in _FAILOVER_GRPC
 
 
 def retryable_grpc(code: str, retry_info: bool = False) -> bool:
@@ -172,6 +200,7 @@ class HttpAnswer:
             f"{receiver} answered HTTP {self.status}" + (f": {message}" if message else ""),
             retryable_http(self.status),
             parse_retry_after(self.headers.get("retry-after"), now),
+            failover=fails_over_http(self.status),
         )
 
 
@@ -232,7 +261,9 @@ class HttpExporter:
             data = response.read() if ok else response.read(_MAX_ERROR_BODY)
             answer = {k.lower(): v for k, v in response.getheaders()}
         except (OSError, http.client.HTTPException) as exc:
-            raise ExportError(f"cannot reach {self.receiver}: {exc}", retryable=True) from None
+            raise ExportError(
+                f"cannot reach {self.receiver}: {exc}", retryable=True, failover=True
+            ) from None
         finally:
             conn.close()
         return HttpAnswer(response.status, answer, data)
@@ -318,10 +349,70 @@ class GrpcExporter:
             f"{self.receiver} answered {code.name}: {details}",
             retryable_grpc(code.name, retry_after is not None),
             retry_after,
+            failover=fails_over_grpc(code.name),
         )
 
     def close(self) -> None:
         self.channel.close()
+
+
+class Failover(Generic[T]):
+    """Several receivers of the same data (exporters, one per endpoint), sticky on the one
+    that works: without a balancer, a sender fails over by itself.
+
+    :meth:`call` tries the current receiver; when it fails with ``ExportError.failover``
+    (down or failing, not refusing), the next one in the list is tried within the same call
+    and, if it takes the request, becomes current: the sender stays there (no flapping back
+    while the first one restarts) until it fails in turn. A receiver that failed is left
+    out for a wait from its own :class:`Backoff` (doubling while it keeps failing, at least
+    its Retry-After); when every receiver is waiting, the one whose wait ends first is
+    tried, so one call costs at most one attempt per receiver.
+    """
+
+    def __init__(
+        self,
+        targets: Sequence[T],
+        backoff: Callable[[], Backoff],
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        if not targets:
+            raise ValueError("at least one receiver is needed")
+        self.targets = tuple(targets)
+        self._clock = clock
+        self._backoffs = [backoff() for _ in self.targets]
+        self._retry_at = [0.0] * len(self.targets)
+        self.current = 0
+
+    def order(self) -> list[int]:
+        """The receivers one call tries, in order: the current one, then the others (in
+        list order after it) whose back-off is over."""
+        now = self._clock()
+        n = len(self.targets)
+        after = ((self.current + k) % n for k in range(1, n))
+        return [self.current, *(i for i in after if self._retry_at[i] <= now)]
+
+    def call(self, attempt: Callable[[T], R]) -> R:
+        """``attempt(receiver)`` on the current receiver, then the next ones while it fails
+        over; the first result, else the last ExportError. An error that is no reason to
+        fail over (a refusal) is raised at once."""
+        last: ExportError | None = None
+        for i in self.order():
+            try:
+                result = attempt(self.targets[i])
+            except ExportError as exc:
+                if not exc.failover:
+                    raise
+                self._retry_at[i] = self._clock() + self._backoffs[i].next(exc.retry_after)
+                last = exc
+                continue
+            self._backoffs[i].reset()
+            self._retry_at[i] = 0.0
+            self.current = i
+            return result
+        # Every receiver tried has failed: next time start with the one that waits least.
+        self.current = min(range(len(self.targets)), key=self._retry_at.__getitem__)
+        assert last is not None
+        raise last
 
 
 def _serialize(message: Message) -> bytes:

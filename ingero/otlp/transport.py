@@ -1,5 +1,7 @@
 """OTLP's transport names, for the receiver core and the exporter core alike: the two
-signals ingero sends, their OTLP/HTTP paths and gRPC services, and the two media types.
+signals ingero sends, their OTLP/HTTP paths and gRPC services, the two media types, and
+the cluster id header fleet-push sends on every request (a balancer in front of Fleet
+replicas hashes on it, so every node of a cluster lands on one replica).
 
 Kept apart from both cores (and free of grpc) so an HTTP-only fleet-push never loads grpc.
 """
@@ -11,6 +13,13 @@ from typing import Literal
 
 PROTOBUF = "application/x-protobuf"
 JSON = "application/json"
+
+# The pushing node's cluster id, on every fleet-push request: an HTTP header (OTLP/HTTP and
+# the threshold API) and gRPC metadata (keys are lower case there). Informational: Fleet
+# reads the cluster id from the OTLP resource, never from this header; it exists for
+# load balancers (DESIGN.md "Contracts").
+CLUSTER_ID_HEADER = "X-Ingero-Cluster-Id"
+CLUSTER_ID_METADATA = "ingero-cluster-id"
 
 Signal = Literal["logs", "metrics"]
 # OTLP/HTTP paths and gRPC services, per signal.

@@ -6,7 +6,10 @@ only when none of them is present is ``GET /api/v1/threshold`` polled. All three
 by :mod:`ingero.otlp.threshold`, which rejects a value outside a sane range (not finite,
 < 0, > 1, not ``true|false``): it is never used. Sending, timeouts, which failures retry
 and the wait Fleet asks for (``Retry-After``, gRPC RetryInfo) are the OTLP exporter core's
-(:mod:`ingero.otlp.exporter`), which Fleet's forwarder to Echo shares.
+(:mod:`ingero.otlp.exporter`), which Fleet's forwarder to Echo shares; so is the failover
+between several endpoints (``fleet_endpoint`` a list: sticky on the one that works, the next
+one when it is down or answers 5xx/UNAVAILABLE). Every request carries the node's cluster
+id (``X-Ingero-Cluster-Id``, gRPC ``ingero-cluster-id``) for a balancer to hash on.
 """
 
 from __future__ import annotations
@@ -14,16 +17,27 @@ from __future__ import annotations
 import logging
 import time
 import urllib.parse
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Protocol
+from typing import Generic, Protocol, TypeVar
 
+from google.protobuf.message import Message
 from opentelemetry.proto.collector.logs.v1.logs_service_pb2 import ExportLogsServiceRequest
 from opentelemetry.proto.collector.metrics.v1.metrics_service_pb2 import (
     ExportMetricsServiceRequest,
 )
 
-from ingero.bearer import token_source
-from ingero.otlp.exporter import ExportError, GrpcExporter, HttpExporter, parse_retry_after
+from ingero.bearer import TokenSource, token_source
+from ingero.otlp.exporter import (
+    Backoff,
+    ExportError,
+    Failover,
+    GrpcExporter,
+    HttpAnswer,
+    HttpExporter,
+    fails_over_http,
+    parse_retry_after,
+)
 from ingero.otlp.ports import FLEET_API_PORT
 from ingero.otlp.threshold import (
     API_PATH,
@@ -32,6 +46,7 @@ from ingero.otlp.threshold import (
     decode_json,
     decode_metadata,
 )
+from ingero.otlp.transport import CLUSTER_ID_HEADER, CLUSTER_ID_METADATA
 from ingero.otlp.values import load_json
 from ingero.push.config import PushConfig
 from ingero.tls import client_ssl_context
@@ -58,11 +73,11 @@ class PushClient(Protocol):
     def close(self) -> None: ...
 
 
-def api_base(config: PushConfig) -> str:
-    """Where Fleet's threshold API is: configured, else the push host on Fleet's API port."""
+def api_base(config: PushConfig, endpoint: str) -> str:
+    """Where Fleet's threshold API is: configured, else ``endpoint``'s host on Fleet's API
+    port."""
     if config.api_endpoint:
         return config.api_endpoint.rstrip("/")
-    endpoint = config.fleet_endpoint
     if "://" not in endpoint:
         endpoint = "http://" + endpoint
     parts = urllib.parse.urlsplit(endpoint)
@@ -73,31 +88,123 @@ def api_base(config: PushConfig) -> str:
     return f"{scheme}://{host}:{FLEET_API_PORT}"
 
 
-class HttpPushClient:
+def endpoint_backoff(config: PushConfig) -> Backoff:
+    """How long an endpoint that failed is left out: a push interval, doubling to twelve
+    while it keeps failing (a minute at the default 5 s)."""
+    interval = float(config.push_interval)
+    return Backoff(interval, 12 * interval)
+
+
+class _ThresholdApi:
+    """Fleet's threshold API, polled only when a push answer carries no threshold; one per
+    push endpoint (unless ``api_endpoint`` names one), the current endpoint's is asked."""
+
+    def __init__(self, config: PushConfig, token: TokenSource) -> None:
+        context = client_ssl_context(config.ca_file)
+        headers = {**config.headers, CLUSTER_ID_HEADER: config.cluster_id}
+        self._apis = [
+            HttpExporter(
+                api_base(config, endpoint),
+                token,
+                config.push_timeout,
+                context,
+                "Fleet's API",
+                headers=headers,
+            )
+            for endpoint in config.fleet_endpoints
+        ]
+
+    def poll(self, endpoint: int, cluster_id: str, job_id: str | None) -> ThresholdView | None:
+        api = self._apis[endpoint]
+        query = {"cluster_id": cluster_id, **({"job_id": job_id} if job_id else {})}
+        path = f"{api.url.path.rstrip('/')}{API_PATH}?{urllib.parse.urlencode(query)}"
+        try:
+            answer = api.request("GET", path)
+            if not answer.ok:
+                raise answer.error(api.receiver, time.time())
+            return decode_json(load_json(answer.body))
+        except (ExportError, ValueError) as exc:
+            log.debug("threshold API: %s", exc)
+            return None
+
+
+class _Failing(ExportError):
+    """A 5xx answer as the failover's error, keeping the answer for the push result."""
+
+    def __init__(self, answer: HttpAnswer, error: ExportError) -> None:
+        super().__init__(str(error), error.retryable, error.retry_after, error.failover)
+        self.answer = answer
+
+
+class _Exporter(Protocol):
+    def send(self, request: Message) -> object: ...
+
+    def close(self) -> None: ...
+
+
+X = TypeVar("X", bound=_Exporter)
+
+
+class _FleetClient(Generic[X]):
+    """What both transports share: one exporter per endpoint behind a Failover, the
+    threshold API of the current endpoint, events sent like pushes."""
+
+    def __init__(
+        self, config: PushConfig, token: TokenSource, exporter: Callable[[str, str], X]
+    ) -> None:
+        """``exporter(endpoint, receiver name)`` builds the transport's exporter."""
+        endpoints = config.fleet_endpoints
+        self._otlp = Failover(
+            [exporter(e, "Fleet" if len(endpoints) == 1 else f"Fleet at {e}") for e in endpoints],
+            lambda: endpoint_backoff(config),
+        )
+        self._api = _ThresholdApi(config, token)
+
+    def poll_threshold(self, cluster_id: str, job_id: str | None) -> ThresholdView | None:
+        return self._api.poll(self._otlp.current, cluster_id, job_id)
+
+    def export_logs(self, request: ExportLogsServiceRequest) -> None:
+        self._otlp.call(lambda exporter: exporter.send(request))
+
+    def close(self) -> None:
+        for exporter in self._otlp.targets:
+            exporter.close()
+
+
+class HttpPushClient(_FleetClient[HttpExporter]):
     """OTLP/HTTP with protobuf bodies (``/v1/metrics``, ``/v1/logs``)."""
 
     def __init__(self, config: PushConfig) -> None:
         token = token_source(config.auth_token_file, "auth_token_file")
         context = client_ssl_context(config.ca_file)
-        timeout = config.push_timeout
-        self._otlp = HttpExporter(
-            config.fleet_endpoint,
-            token,
-            timeout,
-            context,
-            "Fleet",
-            headers=config.headers,
-            compression=config.compression,
-        )
-        self._api = HttpExporter(
-            api_base(config), token, timeout, context, "Fleet's API", headers=config.headers
-        )
+        headers = {**config.headers, CLUSTER_ID_HEADER: config.cluster_id}
+
+        def exporter(endpoint: str, receiver: str) -> HttpExporter:
+            return HttpExporter(
+                endpoint,
+                token,
+                config.push_timeout,
+                context,
+                receiver,
+                headers=headers,
+                compression=config.compression,
+            )
+
+        super().__init__(config, token, exporter)
 
     def push(self, request: ExportMetricsServiceRequest) -> PushResult:
+        def post(exporter: HttpExporter) -> HttpAnswer:
+            answer = exporter.post("metrics", request)
+            if fails_over_http(answer.status):  # failing, not refusing: try the next one
+                raise _Failing(answer, answer.error(exporter.receiver, time.time()))
+            return answer
+
         try:
-            answer = self._otlp.post("metrics", request)
+            answer = self._otlp.call(post)
+        except _Failing as exc:  # every endpoint tried answered 5xx: the last answer
+            answer = exc.answer
         except ExportError as exc:  # refused, timed out, TLS: Fleet is unreachable
-            return PushResult(ok=False, error=str(exc))
+            return PushResult(ok=False, retry_after=exc.retry_after, error=str(exc))
         retry_after = parse_retry_after(answer.headers.get("retry-after"), time.time())
         reading = None
         error = None if answer.ok else f"HTTP {answer.status}"
@@ -108,45 +215,30 @@ class HttpPushClient:
             error = error or f"rejected: {exc}"
         return PushResult(answer.ok, reading, retry_after, error)
 
-    def poll_threshold(self, cluster_id: str, job_id: str | None) -> ThresholdView | None:
-        query = {"cluster_id": cluster_id, **({"job_id": job_id} if job_id else {})}
-        path = f"{self._api.url.path.rstrip('/')}{API_PATH}?{urllib.parse.urlencode(query)}"
-        try:
-            answer = self._api.request("GET", path)
-            if not answer.ok:
-                raise answer.error(self._api.receiver, time.time())
-            return decode_json(load_json(answer.body))
-        except (ExportError, ValueError) as exc:
-            log.debug("threshold API: %s", exc)
-            return None
 
-    def export_logs(self, request: ExportLogsServiceRequest) -> None:
-        self._otlp.send(request)
-
-    def close(self) -> None:
-        self._otlp.close()
-        self._api.close()
-
-
-class GrpcPushClient:
+class GrpcPushClient(_FleetClient[GrpcExporter]):
     """OTLP gRPC (MetricsService/Export, LogsService/Export); threshold in response metadata."""
 
     def __init__(self, config: PushConfig) -> None:
         token = token_source(config.auth_token_file, "auth_token_file")
-        self._otlp = GrpcExporter(
-            config.fleet_endpoint,
-            token,
-            config.push_timeout,
-            config.ca_file,
-            "Fleet",
-            headers=config.headers,
-            compression=config.compression,
-        )
-        self._http = HttpPushClient(config)
+        metadata = {**config.headers, CLUSTER_ID_METADATA: config.cluster_id}
+
+        def exporter(endpoint: str, receiver: str) -> GrpcExporter:
+            return GrpcExporter(
+                endpoint,
+                token,
+                config.push_timeout,
+                config.ca_file,
+                receiver,
+                headers=metadata,
+                compression=config.compression,
+            )
+
+        super().__init__(config, token, exporter)
 
     def push(self, request: ExportMetricsServiceRequest) -> PushResult:
         try:
-            call = self._otlp.send(request)
+            call = self._otlp.call(lambda exporter: exporter.send(request))
         except ExportError as exc:
             return PushResult(ok=False, retry_after=exc.retry_after, error=str(exc))
         try:
@@ -155,15 +247,6 @@ class GrpcPushClient:
         except ValueError as exc:
             log.warning("rejected threshold from Fleet: %s", exc)
             return PushResult(True, None, error=f"rejected: {exc}")
-
-    def poll_threshold(self, cluster_id: str, job_id: str | None) -> ThresholdView | None:
-        return self._http.poll_threshold(cluster_id, job_id)
-
-    def export_logs(self, request: ExportLogsServiceRequest) -> None:
-        self._otlp.send(request)
-
-    def close(self) -> None:
-        self._otlp.close()
 
 
 def make_client(config: PushConfig) -> PushClient:

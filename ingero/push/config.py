@@ -92,7 +92,9 @@ class ClockConfig:
 
 @dataclass(frozen=True)
 class PushConfig:
-    fleet_endpoint: str = f"http://127.0.0.1:{FLEET_OTLP_HTTP_PORT}"
+    # One endpoint, or several (a list, or one string with commas) to fail over between
+    # where no balancer is in front of Fleet's replicas (ingero.otlp.exporter.Failover).
+    fleet_endpoint: str | list[str] = f"http://127.0.0.1:{FLEET_OTLP_HTTP_PORT}"
     transport: Literal["http", "grpc"] = "http"
     # Fleet's threshold API, polled only when a push response carries no threshold headers.
     api_endpoint: str | None = None
@@ -118,10 +120,24 @@ class PushConfig:
     score: ScoreConfig = field(default_factory=ScoreConfig)
 
     def validate(self) -> None:
-        if self.transport == "http" and not self.fleet_endpoint.startswith(("http://", "https://")):
-            raise ValueError("fleet_endpoint must start with http:// or https://")
+        if not self.fleet_endpoints:
+            raise ValueError("fleet_endpoint: no endpoint given")
+        for endpoint in self.fleet_endpoints:
+            if self.transport == "http" and not endpoint.startswith(("http://", "https://")):
+                raise ValueError(
+                    f"fleet_endpoint must start with http:// or https://, got {endpoint!r}"
+                )
         if self.timeout is not None and self.timeout >= self.push_interval:
             raise ValueError("timeout must be shorter than push_interval")
+
+    @property
+    def fleet_endpoints(self) -> list[str]:
+        """Every configured endpoint, in failover order (a string may list several,
+        comma-separated, as ``--endpoint a,b`` does)."""
+        given = (
+            [self.fleet_endpoint] if isinstance(self.fleet_endpoint, str) else self.fleet_endpoint
+        )
+        return [e.strip() for item in given for e in item.split(",") if e.strip()]
 
     @property
     def push_timeout(self) -> float:

@@ -6,6 +6,9 @@ between ticks. Output: decisions (drain, resume, skip with a reason code) for th
 controller to carry out. Rules, in order, for a node in its straggler state:
 
 1. fewer than ``min_intervals`` consecutive straggler ticks: not yet (no decision);
+1a. this Fleet replica does not own the node's cluster now (``ingero.fleet.ownership``:
+   no push of it within two intervals, or its group has not had quorum for
+   ``min_intervals`` ticks since the replica took the cluster over): skip ``not_owner``;
 2. its group is in panic (a shared cause is likelier): skip ``panic``;
 3. its group has no quorum (the threshold is not trustworthy): skip ``no_quorum``;
 4. Slurm does not know the node: skip ``unknown_node``;
@@ -81,6 +84,8 @@ class Verdict(Protocol):
     def panic(self) -> bool: ...
     @property
     def quorum_met(self) -> bool: ...
+    @property
+    def drain_owner(self) -> bool: ...
 
 
 @dataclass(frozen=True)
@@ -198,6 +203,12 @@ def _blocker(
     monotonic_now: float,
     budget: int,
 ) -> tuple[str, str] | None:
+    if not verdict.drain_owner:
+        return (
+            "not_owner",
+            "this Fleet replica does not own the node's cluster now (no recent push of it, "
+            "or no quorum for min_intervals ticks since it took the cluster over)",
+        )
     if verdict.panic:
         return "panic", "the node's group is degraded as a whole (panic): nothing is drained"
     if not verdict.quorum_met:

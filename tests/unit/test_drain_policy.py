@@ -33,6 +33,7 @@ class V:
     since: float = SINCE
     panic: bool = False
     quorum_met: bool = True
+    drain_owner: bool = True
 
 
 def idle(name: str, **kw: object) -> NodeInfo:
@@ -87,6 +88,8 @@ def test_non_stragglers_are_ignored() -> None:
     ("verdict", "nodes", "code"),
     [
         (V("n3", panic=True), NODES, "panic"),
+        (V("n3", drain_owner=False), NODES, "not_owner"),
+        (V("n3", drain_owner=False, panic=True), NODES, "not_owner"),
         (V("n3", quorum_met=False), NODES, "no_quorum"),
         (V("zz"), NODES, "unknown_node"),
         (V("n3"), [idle("n3", state="down", reason="hw fault"), *NODES[3:]], "down"),

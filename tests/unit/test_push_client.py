@@ -57,9 +57,10 @@ def test_jitter_stays_within_bounds_and_spreads() -> None:
     ],
 )
 def test_api_base(endpoint: str, api: str | None, expected: str) -> None:
-    assert api_base(PushConfig(fleet_endpoint=endpoint, api_endpoint=api)) == expected
+    cfg = PushConfig(fleet_endpoint=endpoint, api_endpoint=api)
+    assert api_base(cfg, cfg.fleet_endpoints[0]) == expected
 
 
 def test_grpc_target_gets_http_api() -> None:
     cfg = PushConfig(fleet_endpoint="fleet:4317", transport="grpc")
-    assert api_base(cfg) == "http://fleet:8080"
+    assert api_base(cfg, "fleet:4317") == "http://fleet:8080"

@@ -36,6 +36,7 @@ class Script:
     api: object = None
     raw_api: bytes | None = None  # sent as is instead of ``api`` as JSON
     seen: list[tuple[str, str, bytes]] = []  # noqa: RUF012
+    clusters: list[str] = []  # noqa: RUF012 - the X-Ingero-Cluster-Id of each POST
 
 
 Served = tuple[ThreadingHTTPServer, type[Script]]
@@ -43,7 +44,17 @@ Served = tuple[ThreadingHTTPServer, type[Script]]
 
 @pytest.fixture
 def server() -> Iterator[Served]:
-    script = type("S", (Script,), {"headers": {}, "seen": []})
+    yield from serve()
+
+
+@pytest.fixture
+def second() -> Iterator[Served]:
+    """Another scripted Fleet (a second endpoint)."""
+    yield from serve()
+
+
+def serve() -> Iterator[Served]:
+    script = type("S", (Script,), {"headers": {}, "seen": [], "clusters": []})
 
     class Handler(BaseHTTPRequestHandler):
         def _reply(self, status: int, headers: dict[str, str], body: bytes) -> None:
@@ -57,6 +68,7 @@ def server() -> Iterator[Served]:
         def do_POST(self) -> None:
             body = self.rfile.read(int(self.headers["Content-Length"]))
             script.seen.append((self.path, self.headers.get("Authorization", ""), body))
+            script.clusters.append(self.headers.get("X-Ingero-Cluster-Id", ""))
             time.sleep(script.delay)
             self._reply(script.status, script.headers, b"")
 
@@ -160,3 +172,24 @@ def test_unreachable_fleet() -> None:
     c = HttpPushClient(PushConfig(fleet_endpoint="http://127.0.0.1:1"))
     result = c.push(request())
     assert not result.ok and result.error
+
+
+def test_a_failing_fleet_hands_over_to_the_next_endpoint(server: Served, second: Served) -> None:
+    (one, first), (two, other) = server, second
+    urls = [f"http://127.0.0.1:{srv.server_address[1]}" for srv in (one, two)]
+    push = HttpPushClient(PushConfig(fleet_endpoint=urls, cluster_id="c1"))
+    first.status = 503
+    assert push.push(request()).ok  # the 503 is retried on the second, within the push
+    assert (len(first.seen), len(other.seen)) == (1, 1)
+    first.status = 200
+    assert push.push(request()).ok  # sticky: the second works, so it stays there
+    assert (len(first.seen), len(other.seen)) == (1, 2)
+    other.status = 400  # a refusal is the same on every replica: no failover
+    result = push.push(request())
+    assert not result.ok and result.error == "HTTP 400"
+    assert (len(first.seen), len(other.seen)) == (1, 3)
+    assert set(first.clusters + other.clusters) == {"c1"}  # the balancer's hash key
+    other.status = 500  # both failing now: the first is in back-off, not tried again yet
+    result = push.push(request())
+    assert not result.ok and result.error == "HTTP 500"
+    assert (len(first.seen), len(other.seen)) == (1, 4)
