@@ -57,9 +57,12 @@ def group_figures(values: FloatArray, seg: IntArray, n_groups: int) -> GroupFigu
 
 
 def raw_thresholds(median: FloatArray, mad: FloatArray, k: float, min_margin: float) -> FloatArray:
-    """``median - max(k·1.4826·MAD, min_margin)``: the margin never shrinks below the floor."""
+    """``median - max(k·1.4826·MAD, min_margin)``, at least 0: the margin never shrinks below
+    the floor, and a wide spread (half a small group straggling: median 0.6, MAD 0.3) gives 0,
+    not a negative threshold, which the reply contract (a score in [0, 1]) cannot carry and
+    nodes would refuse."""
     margin: FloatArray = np.maximum(k * MAD_SCALE * mad, min_margin)
-    return median - margin
+    return np.maximum(median - margin, 0.0)
 
 
 def ema(previous: FloatArray, raw: FloatArray, alpha: float) -> FloatArray:

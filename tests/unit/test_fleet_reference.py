@@ -75,7 +75,7 @@ class Reference:
                 continue
             med = statistics.median(members)
             mad = statistics.median([abs(v - med) for v in members])
-            raw = med - max(t.k * 1.4826 * mad, t.min_margin)
+            raw = max(0.0, med - max(t.k * 1.4826 * mad, t.min_margin))
             if quorum[group]:
                 prev = self.ema.get(group)
                 smoothed = raw if prev is None else t.ema_alpha * raw + (1 - t.ema_alpha) * prev

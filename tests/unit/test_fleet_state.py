@@ -525,7 +525,7 @@ def test_group_figures_match_a_per_group_computation(pushes: list[tuple[str, flo
         values = members[str(group.job_id)]
         med = statistics.median(values)
         mad = statistics.median([abs(v - med) for v in values])
-        thr = med - max(tcfg.k * 1.4826 * mad, tcfg.min_margin)
+        thr = max(0.0, med - max(tcfg.k * 1.4826 * mad, tcfg.min_margin))
         assert group.median == med and group.mad == mad
         assert group.threshold == pytest.approx(thr, abs=1e-12)
         assert group.quorum_met is (len(values) >= config.quorum.statistical_min)

@@ -55,7 +55,7 @@ def test_mad_and_raw_threshold_match_a_direct_computation(
         med = statistics.median(members)
         mad = statistics.median([abs(v - med) for v in members])
         assert figs.mad[g] == mad
-        assert raw[g] == pytest.approx(med - max(k * 1.4826 * mad, min_margin), abs=1e-12)
+        assert raw[g] == pytest.approx(max(0.0, med - max(k * 1.4826 * mad, min_margin)), abs=1e-12)
 
 
 def test_random_groups_of_many_sizes_match() -> None:
@@ -133,3 +133,14 @@ def test_below_counts_are_strict_and_per_group() -> None:
     seg = np.array([0, 0, 0, 1, 2], dtype=np.int64)
     threshold = np.array([0.8, 0.95, np.nan, 0.5])  # group 2: no threshold; group 3: empty
     assert th.below_counts(scores, threshold, seg, 4).tolist() == [2, 1, 0, 0]
+
+
+def test_a_wide_spread_gives_threshold_zero_never_a_negative_one() -> None:
+    """Half of a small group straggling (median 0.6, MAD 0.3) once sent -0.73, which every
+    node refused as outside [0, 1]; 0 says the same (nobody is below it) within the contract."""
+    from ingero.otlp.threshold import ThresholdView, decode_headers, encode_headers
+
+    raw = th.raw_thresholds(np.array([0.6]), np.array([0.3]), k=3.0, min_margin=0.05)
+    assert raw[0] == 0.0
+    view = ThresholdView(threshold=float(raw[0]), quorum_met=True)
+    assert decode_headers(dict(encode_headers(view))) == view
