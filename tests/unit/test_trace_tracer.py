@@ -19,7 +19,7 @@ OP = OP_IDS["cudaLaunchKernel"]
 
 
 def _sample(pid: int, kind: int = KIND_CALL, ts: int = 0) -> bytes:
-    return EVENT_FORMAT.pack(ts, 1000, 0, 0, pid, pid, OP, 35, -1, -1, 0, kind)
+    return EVENT_FORMAT.pack(ts, 1000, 0, 0, 0, 0, pid, pid, OP, 35, -1, -1, 0, kind)
 
 
 class FakeProbes:
