@@ -66,12 +66,19 @@ ncclResult_t ncclGetUniqueId(ncclUniqueId *uniqueId) {
     return ncclSuccess;
 }
 
+/* The last destroyed communicator's memory, handed out again by the next init: a
+ * re-created communicator at the same address, as an allocator may well do, so tracers
+ * must not carry the old one's numbering over. */
+static ncclComm_t spare;
+
 static ncclResult_t init(ncclComm_t *out, int nranks, ncclUniqueId id, int rank) {
     if (!out || nranks < 1 || rank < 0 || rank >= nranks)
         return ncclInvalidArgument;
-    ncclComm_t comm = calloc(1, sizeof(*comm));
+    ncclComm_t comm = spare ? spare : malloc(sizeof(*comm));
+    spare = NULL;
     if (!comm)
         return ncclSystemError;
+    memset(comm, 0, sizeof(*comm));
     comm->rank = rank;
     comm->nranks = nranks;
     const char *dir = getenv("FAKE_NCCL_DIR");
@@ -115,7 +122,8 @@ static ncclResult_t release(ncclComm_t comm) {
         return ncclInvalidArgument;
     if (comm->arrived)
         munmap((void *)comm->arrived, (size_t)comm->nranks * sizeof(uint64_t));
-    free(comm);
+    free(spare);
+    spare = comm;
     return ncclSuccess;
 }
 

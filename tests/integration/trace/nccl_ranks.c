@@ -109,9 +109,10 @@ int main(int argc, char **argv) {
             issued2 += 1;
         }
         if (recreate_after && i == recreate_after) {
+            ncclComm_t old = comm1;
             CHECK(ncclCommDestroy(comm1));
             CHECK(ncclCommInitRank(&comm1, nranks, id3, rank));
-            printf("recreated_after=%ld\n", issued1);
+            printf("recreated_after=%ld\nsame_handle=%d\n", issued1, comm1 == old);
             issued1 = 0;
         }
     }
