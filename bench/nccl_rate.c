@@ -5,15 +5,10 @@
 #include <nccl.h>
 #include <stdio.h>
 #include <stdlib.h>
-#include <time.h>
+
+#include "thread_cpu.h"
 
 static float buf[1024];
-
-static double now_ns(void) {
-    struct timespec ts;
-    clock_gettime(CLOCK_THREAD_CPUTIME_ID, &ts);
-    return ts.tv_sec * 1e9 + ts.tv_nsec;
-}
 
 int main(int argc, char **argv) {
     if (argc < 3) {

@@ -61,6 +61,17 @@ def calls(rows: NcclRows, *cols: str) -> list[tuple[object, ...]]:
 HEX_A, HEX_B, HEX_A2 = (f"{h:016x}" for h in (HA, HB, HA2))
 STATE = ("calls", "entered_seq", "returned_seq", "inflight_seq", "inflight_op", "inflight_since")
 
+# A nested group of two collectives on thread T, closed by its inner end only.
+NESTED: list[tuple[Any, ...]] = [
+    ("gs", T),
+    ("enter", T, 1.0, A, 1, "ncclAllReduce"),
+    ("leave", T, 1.01, A, 1),
+    ("gs", T),
+    ("enter", T, 1.02, A, 2, "ncclAllGather"),
+    ("leave", T, 1.03, A, 2),
+    ("ge", T, 1.04),
+]
+
 CASES: dict[str, tuple[list[tuple[Any, ...]], dict[str, tuple[object, ...]]]] = {
     "plain calls return in order": (
         [
@@ -83,26 +94,14 @@ CASES: dict[str, tuple[list[tuple[Any, ...]], dict[str, tuple[object, ...]]]] = 
     ),
     "group calls stay in flight until the outermost group end": (
         [
-            ("gs", T),
-            ("enter", T, 1.0, A, 1, "ncclAllReduce"),
-            ("leave", T, 1.01, A, 1),
-            ("gs", T),
-            ("enter", T, 1.02, A, 2, "ncclAllGather"),
-            ("leave", T, 1.03, A, 2),
-            ("ge", T, 1.04),  # inner end: nothing launched yet
+            *NESTED,  # the inner end launches nothing yet
             ("close", 2.0),
         ],
         {HEX_A: (2, 2, 0, 1, "ncclAllReduce", 1.0)},
     ),
     "the outermost group end returns every call of the group": (
         [
-            ("gs", T),
-            ("enter", T, 1.0, A, 1, "ncclAllReduce"),
-            ("leave", T, 1.01, A, 1),
-            ("gs", T),
-            ("enter", T, 1.02, A, 2, "ncclAllGather"),
-            ("leave", T, 1.03, A, 2),
-            ("ge", T, 1.04),
+            *NESTED,
             ("ge", T, 1.5),
             ("close", 2.0),
         ],
@@ -202,10 +201,7 @@ def test_a_hung_call_keeps_its_arrival_time_and_is_written_once() -> None:
 
 
 def test_group_return_time_is_the_outermost_end() -> None:
-    (rows,) = run([("gs", T), ("enter", T, 1.0, A, 1, "ncclAllReduce"), ("leave", T, 1.01, A, 1),
-                   ("gs", T), ("enter", T, 1.02, A, 2, "ncclAllGather"),
-                   ("leave", T, 1.03, A, 2), ("ge", T, 1.04), ("ge", T, 1.5),
-                   ("close", 2.0)])  # fmt: skip
+    (rows,) = run([*NESTED, ("ge", T, 1.5), ("close", 2.0)])
     assert calls(rows, "seq", "ts_return") == [(1, 1.5), (2, 1.5)]
 
 
