@@ -5,17 +5,10 @@
 #include <cuda_runtime_api.h>
 #include <stdio.h>
 #include <stdlib.h>
-#include <time.h>
+
+#include "thread_cpu.h"
 
 static void kernel_stub(void) {}
-
-/* CPU time of this thread: uprobe handlers run in its context and count, while time spent
- * waiting for a CPU on a shared machine does not. */
-static double now_ns(void) {
-    struct timespec ts;
-    clock_gettime(CLOCK_THREAD_CPUTIME_ID, &ts);
-    return ts.tv_sec * 1e9 + ts.tv_nsec;
-}
 
 int main(int argc, char **argv) {
     if (argc < 3) {

@@ -26,13 +26,14 @@ import statistics
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from ingero.trace.ops import CUDART
-from ingero.trace.probes import load
+from ingero.trace.probes import load, probe_names
 from ingero.trace.procmaps import LibraryFile
 
 CUDA_HOME = Path(os.environ.get("CUDA_HOME", "/usr/local/cuda"))
@@ -92,39 +93,60 @@ class Config:
 
 
 class Floor(Config):
-    def __init__(self, bcc_bpf: type, path: str) -> None:
+    def __init__(self, bcc_bpf: type, path: str, symbol: bytes = SYMBOL) -> None:
         super().__init__("floor")
         self.bpf = bcc_bpf(text=FLOOR_PROGRAM.encode())
         self.path = path.encode()
+        self.symbol = symbol
 
     def on(self) -> None:
-        self.bpf.attach_uprobe(name=self.path, sym=SYMBOL, fn_name=b"enter")
-        self.bpf.attach_uretprobe(name=self.path, sym=SYMBOL, fn_name=b"leave")
+        self.bpf.attach_uprobe(name=self.path, sym=self.symbol, fn_name=b"enter")
+        self.bpf.attach_uretprobe(name=self.path, sym=self.symbol, fn_name=b"leave")
 
     def off(self) -> None:
-        self.bpf.detach_uprobe(name=self.path, sym=SYMBOL)
-        self.bpf.detach_uretprobe(name=self.path, sym=SYMBOL)
+        self.bpf.detach_uprobe(name=self.path, sym=self.symbol)
+        self.bpf.detach_uretprobe(name=self.path, sym=self.symbol)
 
 
 class Ingero(Config):
-    def __init__(self) -> None:
+    """ingero's program on every op of ``lib`` plus the host tracepoints. With ``poll_s``
+    a thread reads the ring buffer that often while attached, as the tracer does."""
+
+    def __init__(self, lib: LibraryFile | None = None, poll_s: float | None = None) -> None:
         super().__init__("ingero")
         self.probes = load()
-        self.lib = library()
+        self.lib = lib or library()
         self.attachments = self.probes.attach_library(self.lib)
         self.probes.open_ring(lambda data: None)
+        self.poll_s = poll_s
+        self._stop = threading.Event()
+        self._poller: threading.Thread | None = None
         self.off()
 
     def on(self) -> None:
         bpf, path = self.probes.bpf, self.lib.path.encode()
         for att in self.attachments:
             sym = att.symbol.encode()
-            bpf.attach_uprobe(name=path, sym=sym, fn_name=f"enter_{att.op_id}".encode())
-            bpf.attach_uretprobe(name=path, sym=sym, fn_name=f"leave_{att.op_id}".encode())
+            enter, leave = probe_names(att)
+            bpf.attach_uprobe(name=path, sym=sym, fn_name=enter.encode())
+            bpf.attach_uretprobe(name=path, sym=sym, fn_name=leave.encode())
         for tp, fn in TRACEPOINTS.items():
             bpf.attach_tracepoint(tp=tp.encode(), fn_name=fn.encode())
+        if self.poll_s is not None:
+            self._stop.clear()
+            self._poller = threading.Thread(target=self._poll, daemon=True)
+            self._poller.start()
+
+    def _poll(self) -> None:
+        assert self.poll_s is not None
+        while not self._stop.wait(self.poll_s):
+            self.probes.poll()
 
     def off(self) -> None:
+        if self._poller is not None:
+            self._stop.set()
+            self._poller.join()
+            self._poller = None
         bpf, path = self.probes.bpf, self.lib.path.encode()
         for att in self.attachments:
             bpf.detach_uprobe(name=path, sym=att.symbol.encode())

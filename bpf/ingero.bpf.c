@@ -12,6 +12,12 @@
 //
 // ingero/trace/probes.py appends one PROBE_PAIR(...) line per traced operation and
 // defines SAMPLE_EVERY, OP_OFFCPU and the NCCL comm-init/destroy op ids.
+//
+// NCCL collectives are numbered here, per (process, communicator handle), at entry: the
+// counter lives in the communicator's map entry (reset by ncclCommInitRank), so a lost
+// sample never shifts the numbers. The arrival is sampled too (KIND_ENTER), so a rank
+// blocked inside a collective is seen before it returns; ingero/trace/collectives.py
+// folds arrivals and returns (and group start/end) into in-flight state per interval.
 
 #include <uapi/linux/ptrace.h>
 
@@ -19,6 +25,7 @@
 #define KIND_EXIT 1
 #define KIND_COMM_INIT 2
 #define KIND_NEW 3
+#define KIND_ENTER 4  // a numbered NCCL collective entered (its arrival)
 
 #define HOST_PAGE_ALLOCS 0
 #define HOST_BLOCK_IO 1
@@ -48,15 +55,25 @@ struct call_t {
     u64 ts;
     u64 bytes;
     u64 comm;   // NCCL communicator handle, or the ncclComm_t* of an init call
-    u64 hash;   // NCCL unique-id hash of an init call
+    u64 hash;   // NCCL unique-id hash (of the init call, or of the call's communicator)
+    u64 seq;    // collective sequence number on the communicator (0: not numbered)
     s32 rank;
     s32 nranks;
     u32 dtype;
     u32 op;
 };
 
+// Communicators are keyed by process and handle: handles are heap addresses, which two
+// processes may share.
+struct comm_key {
+    u64 handle;
+    u32 tgid;
+    u32 pad;
+};
+
 struct comm_t {
     u64 hash;
+    u64 seq;    // collectives entered on this communicator so far
     s32 rank;
     s32 nranks;
 };
@@ -66,6 +83,8 @@ struct event_t {
     u64 duration_ns;
     u64 bytes;
     u64 comm_hash;
+    u64 comm;   // communicator handle (NCCL calls, init and destroy)
+    u64 seq;    // collective sequence number (0: not a numbered collective)
     u32 tgid;
     u32 tid;
     u32 op;
@@ -90,7 +109,7 @@ struct bio_key {
 
 BPF_HASH(stats, struct stat_key, struct stat_val, 16384);
 BPF_PERCPU_ARRAY(zero_stat, struct stat_val, 1);  // an all-zero value too big for the stack
-BPF_HASH(comms, u64, struct comm_t, 4096);
+BPF_HASH(comms, struct comm_key, struct comm_t, 4096);
 BPF_HASH(traced, u32, u8, 4096);
 BPF_HASH(offstart, u32, struct off_t, 65536);
 BPF_HASH(bio_start, struct bio_key, u64, 16384);
@@ -247,20 +266,51 @@ static __always_inline void record(u64 id, u32 op, u64 dur, u64 bytes, int err) 
 }
 
 static __always_inline int call_enter(struct pt_regs *ctx, u32 op, int bytes_arg, int count_arg,
-                                      int dtype_arg, int comm_arg) {
+                                      int dtype_arg, int comm_arg, int numbered) {
     u64 id = bpf_get_current_pid_tgid();
     struct call_t c = {};
     c.ts = bpf_ktime_get_ns();
     c.op = op;
+    c.rank = -1;
+    c.nranks = -1;
     if (bytes_arg)
         c.bytes = arg_n(ctx, bytes_arg);
     if (count_arg && dtype_arg) {
         c.dtype = (u32)arg_n(ctx, dtype_arg);
         c.bytes = arg_n(ctx, count_arg) * dtype_size(c.dtype);
     }
-    if (comm_arg)
+    if (comm_arg) {
         c.comm = arg_n(ctx, comm_arg);
+        // The communicator is looked up here, not at return: the collective's number is
+        // taken at its arrival, in the order the process issues them (NCCL's own order).
+        struct comm_key k = {.handle = c.comm, .tgid = id >> 32};
+        struct comm_t *cm = comms.lookup(&k);
+        if (cm) {
+            c.hash = cm->hash;
+            c.rank = cm->rank;
+            c.nranks = cm->nranks;
+            if (numbered)
+                c.seq = __sync_fetch_and_add(&cm->seq, 1) + 1;
+        }
+    }
     call_put(id, &c);
+    if (c.seq) {
+        // The arrival, so a call that never returns (a hung collective) is still seen.
+        struct event_t ev = {};
+        ev.ts = c.ts;
+        ev.bytes = c.bytes;
+        ev.comm_hash = c.hash;
+        ev.comm = c.comm;
+        ev.seq = c.seq;
+        ev.tgid = id >> 32;
+        ev.tid = (u32)id;
+        ev.op = op;
+        ev.rank = c.rank;
+        ev.nranks = c.nranks;
+        ev.dtype = c.dtype;
+        ev.kind = KIND_ENTER;
+        emit(&ev);
+    }
     return 0;
 }
 
@@ -284,26 +334,20 @@ static __always_inline int call_leave(struct pt_regs *ctx, int always) {
         ev.op = c->op;
         ev.ret = ret;
         ev.dtype = c->dtype;
-        ev.rank = -1;
-        ev.nranks = -1;
-        if (c->comm) {
-            u64 handle = c->comm;
-            struct comm_t *cm = comms.lookup(&handle);
-            if (cm) {
-                ev.comm_hash = cm->hash;
-                ev.rank = cm->rank;
-                ev.nranks = cm->nranks;
-            }
-        }
+        ev.comm_hash = c->hash;
+        ev.comm = c->comm;
+        ev.seq = c->seq;
+        ev.rank = c->rank;
+        ev.nranks = c->nranks;
         emit(&ev);
     }
     call_done(id, c);
     return 0;
 }
 
-#define PROBE_PAIR(OP, BYTES_ARG, COUNT_ARG, DTYPE_ARG, COMM_ARG, ALWAYS)           \
+#define PROBE_PAIR(OP, BYTES_ARG, COUNT_ARG, DTYPE_ARG, COMM_ARG, ALWAYS, NUMBERED) \
     int enter_##OP(struct pt_regs *ctx) {                                            \
-        return call_enter(ctx, OP, BYTES_ARG, COUNT_ARG, DTYPE_ARG, COMM_ARG);        \
+        return call_enter(ctx, OP, BYTES_ARG, COUNT_ARG, DTYPE_ARG, COMM_ARG, NUMBERED); \
     }                                                                                \
     int leave_##OP(struct pt_regs *ctx) { return call_leave(ctx, ALWAYS); }
 
@@ -315,7 +359,7 @@ int enter_comm_init(struct pt_regs *ctx) {
     struct call_t c = {};
     c.ts = bpf_ktime_get_ns();
     c.op = OP_COMM_INIT;
-    c.comm = PT_REGS_PARM1(ctx);
+    c.comm = PT_REGS_PARM1(ctx);  // ncclComm_t *: the handle is read from it at return
     c.nranks = (s32)PT_REGS_PARM2(ctx);
     c.rank = (s32)PT_REGS_PARM3(ctx);
     u64 h = 14695981039346656037ULL;
@@ -343,8 +387,10 @@ int leave_comm_init(struct pt_regs *ctx) {
     u64 handle = 0;
     bpf_probe_read_user(&handle, sizeof(handle), (void *)c->comm);
     if (ret == 0 && handle) {
+        // A new communicator (or a re-created one at a reused address): numbering from 1.
+        struct comm_key k = {.handle = handle, .tgid = tgid};
         struct comm_t cm = {.hash = c->hash, .rank = c->rank, .nranks = c->nranks};
-        comms.update(&handle, &cm);
+        comms.update(&k, &cm);
     }
     record(id, c->op, dur, 0, ret != 0);
     struct event_t ev = {};
@@ -355,6 +401,7 @@ int leave_comm_init(struct pt_regs *ctx) {
     ev.op = c->op;
     ev.ret = ret;
     ev.comm_hash = c->hash;
+    ev.comm = ret == 0 ? handle : 0;
     ev.rank = c->rank;
     ev.nranks = c->nranks;
     ev.kind = KIND_COMM_INIT;
@@ -365,16 +412,16 @@ int leave_comm_init(struct pt_regs *ctx) {
 
 // ncclCommDestroy / ncclCommAbort (comm): forget the communicator after the call.
 int enter_comm_destroy(struct pt_regs *ctx) {
-    return call_enter(ctx, OP_COMM_DESTROY, 0, 0, 0, 1);
+    return call_enter(ctx, OP_COMM_DESTROY, 0, 0, 0, 1, 0);
 }
 
 int leave_comm_destroy(struct pt_regs *ctx) {
     u64 id = bpf_get_current_pid_tgid();
     struct call_t *c = call_get(id);
-    u64 handle = c ? c->comm : 0;
+    struct comm_key k = {.handle = c ? c->comm : 0, .tgid = id >> 32};
     call_leave(ctx, 1);
-    if (handle)
-        comms.delete(&handle);
+    if (k.handle)
+        comms.delete(&k);
     return 0;
 }
 

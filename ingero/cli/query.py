@@ -19,7 +19,7 @@ from ingero.cli.options import (
 )
 from ingero.cluster.fanout import Fanout
 from ingero.errors import EXIT_DATAERR, EXIT_OK, IngeroError, UsageError
-from ingero.explain.reader import NODE_TABLES, TIME_COLUMNS
+from ingero.explain.reader import QUERY_TABLES, TIME_COLUMNS
 
 
 class QueryError(IngeroError):
@@ -62,8 +62,8 @@ def query(ctx: click.Context, sql: str | None, db_path: Path, table: str | None,
           ssh_options: str | None, remote_ingero: str) -> int:  # fmt: skip
     """Run one read-only SQL statement (or --table) against the node DB.
 
-    Tables: intervals, raw_events, host_intervals, gpu_intervals, gpu_processes, processes (see
-    docs/explain.md). Writes, ATTACH, PRAGMA and extensions are refused; a query stops at
+    Tables: intervals, raw_events, host_intervals, gpu_intervals, gpu_processes, processes,
+    nccl_calls, nccl_comms (see docs/explain.md, docs/trace.md). Writes, ATTACH, PRAGMA and extensions are refused; a query stops at
     --limit rows and after --timeout. With --nodes or --job-nodes the query runs on every
     node over SSH (`ingero query --json` there) and the rows gain a leading `node` column;
     nodes that fail are listed on stderr. Exit 0, 65 for a refused or failed query, 69 when
@@ -103,7 +103,7 @@ def query(ctx: click.Context, sql: str | None, db_path: Path, table: str | None,
         result = run_bounded(
             db.conn,
             sql,
-            read_only_authorizer(NODE_TABLES),
+            read_only_authorizer(QUERY_TABLES),
             max_rows=limit,
             timeout=timeout_s,
             refused_hint="ingero query is read-only and limited to the node DB's tables",

@@ -16,6 +16,7 @@ import click
 from ingero import nodedb
 from ingero.clock import SystemClock
 from ingero.errors import UnavailableError, UsageError
+from ingero.trace.collectives import DEFAULT_SAMPLE_MAX
 
 if TYPE_CHECKING:
     from ingero.trace.tracer import TickResult, Tracer
@@ -46,6 +47,10 @@ def parse_size(text: str) -> int:
               help="Seconds per aggregate interval.")  # fmt: skip
 @click.option("--sample-every", type=click.IntRange(min=1), default=64, show_default=True,
               help="Send 1 in N CUDA calls to the ring buffer as raw events (NCCL: all).")  # fmt: skip
+@click.option("--nccl-sample-max", type=click.IntRange(min=1), default=DEFAULT_SAMPLE_MAX,
+              show_default=True,
+              help="Per communicator and interval, NCCL collectives written to nccl_calls "
+                   "individually; beyond it a power-of-two stride of sequence numbers.")  # fmt: skip
 @click.option("--gpu/--no-gpu", default=True, show_default=True,
               help="Write a gpu_intervals row per GPU every interval (NVML, else nvidia-smi).")  # fmt: skip
 def trace(
@@ -55,10 +60,12 @@ def trace(
     max_db: str | None,
     interval: float,
     sample_every: int,
+    nccl_sample_max: int,
     gpu: bool,
 ) -> int:
     """Trace CUDA, NCCL and host events into the node DB (needs root or CAP_BPF+CAP_PERFMON)."""
     from ingero.trace.bccload import BccUnavailable
+    from ingero.trace.collectives import Collectives
     from ingero.trace.gpusampler import default_sampler
     from ingero.trace.probes import ProbeError, load
     from ingero.trace.tags import TagCache
@@ -87,7 +94,7 @@ def trace(
     gpus = default_sampler() if gpu else None
     tracer = Tracer(probes, writer, SystemClock(), TagCache(), pid=pid,
                     extra_libraries=system_libraries(find_lib) if pid is None else [],
-                    gpu=gpus)  # fmt: skip
+                    gpu=gpus, nccl=Collectives(nccl_sample_max))  # fmt: skip
     stop = threading.Event()
 
     def on_signal(signum: int, frame: FrameType | None) -> None:

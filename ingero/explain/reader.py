@@ -40,6 +40,10 @@ NODE_TABLES = (
     "gpu_processes",
     "processes",
 )
+# Node DB v3: NCCL collectives per communicator (ingero trace). Queryable; not yet part of
+# merge/export/fan-out (NODE_TABLES), which read every node DB, older ones included.
+NCCL_TABLES = ("nccl_calls", "nccl_comms")
+QUERY_TABLES = (*NODE_TABLES, *NCCL_TABLES)
 # The column each table's rows are placed in time by (query --since, merge, export).
 TIME_COLUMNS = {
     "intervals": "ts_end",
@@ -48,6 +52,8 @@ TIME_COLUMNS = {
     "gpu_intervals": "ts_end",
     "gpu_processes": "ts_end",
     "processes": "last_seen",
+    "nccl_calls": "ts_enter",
+    "nccl_comms": "ts",
 }
 
 

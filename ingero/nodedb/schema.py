@@ -12,6 +12,10 @@ Tables (all timestamps are Unix seconds, durations nanoseconds):
 - ``gpu_processes`` (version 2): per interval, the processes NVML lists on each GPU, with the
   Slurm job and rank each belongs to.
 - ``processes``: each traced process with its job tags.
+- ``nccl_calls`` (version 3): sampled individual NCCL collectives with their sequence number
+  on their communicator, entry (arrival) and return times.
+- ``nccl_comms`` (version 3): per interval, per process, per NCCL communicator: collectives
+  entered, the last entered/returned numbers and the oldest collective still in flight.
 """
 
 from __future__ import annotations
@@ -25,7 +29,7 @@ import sqlite_utils
 from ingero import sqlitemigrate
 from ingero.sqlitemigrate import SchemaError as SchemaError  # re-exported for readers
 
-SCHEMA_VERSION = 2
+SCHEMA_VERSION = 3
 
 
 def _v1(db: sqlite_utils.Database) -> None:
@@ -149,8 +153,57 @@ def _v2(db: sqlite_utils.Database) -> None:
     db.table("gpu_processes").create_index(["ts_end"])
 
 
+def _v3(db: sqlite_utils.Database) -> None:
+    # comm_hash: 16 lowercase hex digits, as raw_events.detail carries it (identical on
+    # every rank of a communicator: the join key across nodes). rank: the Slurm rank tag,
+    # as raw_events.rank; comm_rank: the rank inside the communicator.
+    db.table("nccl_calls").create(
+        {
+            "ts_enter": float,  # arrival (uprobe entry), Unix s
+            "ts_return": float,  # return, or the outermost ncclGroupEnd's; NULL: in flight
+            "pid": int,
+            "tid": int,
+            "job_id": str,
+            "rank": int,
+            "comm_hash": str,
+            "comm_rank": int,
+            "nranks": int,
+            "seq": int,  # n-th collective on the communicator in this process, from 1
+            "op": str,
+            "bytes": int,
+            "ret": int,
+        },
+        not_null={"ts_enter", "pid", "comm_hash", "seq", "op"},
+    )
+    db.table("nccl_calls").create_index(["ts_enter"])
+    db.table("nccl_calls").create_index(["comm_hash", "seq"])
+    db.table("nccl_comms").create(
+        {
+            "ts": float,  # interval end, Unix s
+            "pid": int,
+            "job_id": str,
+            "rank": int,
+            "comm_hash": str,
+            "comm_rank": int,
+            "nranks": int,
+            "calls": int,  # collectives entered in the interval
+            "entered_seq": int,  # last entered (0: none yet)
+            "returned_seq": int,  # last returned (0: none yet)
+            "last_enter_ts": float,
+            "inflight_seq": int,  # oldest collective entered and not returned (NULL: none)
+            "inflight_op": str,
+            "inflight_since": float,  # its arrival, Unix s
+            "wait_ns": int,  # host-side durations of the collectives returned in the interval
+            "sampled": int,  # calls of the interval written to nccl_calls
+            "dropped": int,  # calls of the interval not written there
+        },
+        not_null={"ts", "pid", "comm_hash", "calls", "entered_seq", "returned_seq"},
+    )
+    db.table("nccl_comms").create_index(["ts"])
+
+
 # Index i holds the migration from version i to i + 1. Append only.
-MIGRATIONS: list[Callable[[sqlite_utils.Database], None]] = [_v1, _v2]
+MIGRATIONS: list[Callable[[sqlite_utils.Database], None]] = [_v1, _v2, _v3]
 assert len(MIGRATIONS) == SCHEMA_VERSION
 
 

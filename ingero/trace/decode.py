@@ -8,14 +8,16 @@ from dataclasses import dataclass
 
 from ingero.trace.ops import OPS, op_name
 
-# Must match struct event_t: 4 u64 then 8 32-bit fields, little-endian, no padding.
-EVENT_FORMAT = struct.Struct("<QQQQIIIiiiII")
+# Must match struct event_t: 6 u64 then 8 32-bit fields, little-endian, no padding.
+EVENT_FORMAT = struct.Struct("<QQQQQQIIIiiiII")
 EVENT_SIZE = EVENT_FORMAT.size
 
 KIND_CALL = 0
 KIND_EXIT = 1
 KIND_COMM_INIT = 2
 KIND_NEW = 3  # first traced call of a process
+KIND_ENTER = 4  # arrival of a numbered NCCL collective (ts is its entry time)
+KINDS = (KIND_CALL, KIND_EXIT, KIND_COMM_INIT, KIND_NEW, KIND_ENTER)
 
 NCCL_DTYPES = (
     "int8", "uint8", "int32", "uint32", "int64", "uint64",
@@ -51,6 +53,8 @@ class TraceEvent:
     duration_ns: int
     bytes: int
     comm_hash: int
+    comm: int  # NCCL communicator handle (0: none)
+    seq: int  # collective sequence number on the communicator (0: not numbered)
     pid: int
     tid: int
     op_id: int
@@ -83,6 +87,8 @@ class TraceEvent:
             d["rank"] = self.rank
         if self.nranks >= 0:
             d["nranks"] = self.nranks
+        if self.seq:
+            d["seq"] = self.seq
         if self.kind == KIND_CALL and 0 <= self.op_id < len(OPS) and OPS[self.op_id].dtype_arg:
             d["datatype"] = (
                 NCCL_DTYPES[self.dtype] if self.dtype < len(NCCL_DTYPES) else str(self.dtype)
@@ -96,6 +102,6 @@ def decode(data: bytes) -> TraceEvent:
         raise DecodeError(f"sample of {len(data)} bytes, expected {EVENT_SIZE}")
     fields = EVENT_FORMAT.unpack_from(data)
     event = TraceEvent(*fields)
-    if event.kind not in (KIND_CALL, KIND_EXIT, KIND_COMM_INIT, KIND_NEW):
+    if event.kind not in KINDS:
         raise DecodeError(f"unknown sample kind {event.kind}")
     return event

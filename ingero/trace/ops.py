@@ -31,6 +31,9 @@ class Op:
     comm_arg: int = 0
     always_sample: bool = False
     special: str = ""  # comm_init | comm_destroy: hand-written probe pairs
+    # An NCCL collective: numbered per communicator at entry (its arrival is also sampled).
+    # Point-to-point ncclSend/ncclRecv are not: NCCL orders them per peer, not per comm.
+    numbered: bool = False
 
     @property
     def source(self) -> str:
@@ -45,10 +48,11 @@ def _drv(name: str, symbols: tuple[str, ...], bytes_arg: int = 0) -> Op:
     return Op(name, CUDA, symbols, bytes_arg=bytes_arg)
 
 
-def _coll(name: str, count: int, dtype: int, comm: int) -> Op:
+def _coll(name: str, count: int, dtype: int, comm: int, numbered: bool = True) -> Op:
     return Op(
-        name, NCCL, (name,), count_arg=count, dtype_arg=dtype, comm_arg=comm, always_sample=True
-    )
+        name, NCCL, (name,), count_arg=count, dtype_arg=dtype, comm_arg=comm, always_sample=True,
+        numbered=numbered,
+    )  # fmt: skip
 
 
 OPS: tuple[Op, ...] = (
@@ -84,8 +88,14 @@ OPS: tuple[Op, ...] = (
     _coll("ncclReduce", 3, 4, 7),
     _coll("ncclAllGather", 3, 4, 5),
     _coll("ncclReduceScatter", 3, 4, 6),
-    _coll("ncclSend", 2, 3, 5),
-    _coll("ncclRecv", 2, 3, 5),
+    # NCCL 2.28+ (absent symbols are simply not attached).
+    _coll("ncclAlltoAll", 3, 4, 5),
+    _coll("ncclGather", 3, 4, 6),
+    _coll("ncclScatter", 3, 4, 6),
+    _coll("ncclSend", 2, 3, 5, numbered=False),
+    _coll("ncclRecv", 2, 3, 5, numbered=False),
+    # Collectives issued inside a group stay in flight until the outermost ncclGroupEnd.
+    Op("ncclGroupStart", NCCL, ("ncclGroupStart",), always_sample=True),
     Op("ncclGroupEnd", NCCL, ("ncclGroupEnd",), always_sample=True),
     Op(
         "ncclCommInitRank",
@@ -108,6 +118,8 @@ OP_IDS = {op.name: i for i, op in enumerate(OPS)}
 OP_OFFCPU = OP_IDS["offcpu"]
 OP_COMM_INIT = OP_IDS["ncclCommInitRank"]
 OP_COMM_DESTROY = OP_IDS["ncclCommDestroy"]
+OP_GROUP_START = OP_IDS["ncclGroupStart"]
+OP_GROUP_END = OP_IDS["ncclGroupEnd"]
 
 
 def ops_for_lib(lib: str) -> list[tuple[int, Op]]:

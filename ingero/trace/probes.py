@@ -55,7 +55,7 @@ def program_text(source: str, sample_every: int = DEFAULT_SAMPLE_EVERY) -> str:
     )
     pairs = [
         f"PROBE_PAIR({i}, {op.bytes_arg}, {op.count_arg}, {op.dtype_arg}, {op.comm_arg}, "
-        f"{int(op.always_sample)})"
+        f"{int(op.always_sample)}, {int(op.numbered)})"
         for i, op in enumerate(OPS)
         if op.symbols and not op.special
     ]
@@ -118,6 +118,10 @@ class Probes:
         for pid in pids:
             with contextlib.suppress(KeyError):
                 del traced[traced.Key(pid)]
+        comms = self.bpf[b"comms"]  # communicators a process never destroyed
+        for k in [k for k in comms if k.tgid in pids]:
+            with contextlib.suppress(KeyError):
+                del comms[k]
 
     def snapshot(self) -> tuple[Snapshot, dict[int, int]]:
         """Cumulative stats, histograms and host counters, plus the block I/O histogram."""

@@ -11,7 +11,8 @@ from typing import Any, Protocol
 
 from ingero.clock import Clock
 from ingero.trace.aggregate import Snapshot, diff_hist, host_row, interval_rows
-from ingero.trace.decode import KIND_EXIT, KIND_NEW, DecodeError, TraceEvent, decode
+from ingero.trace.collectives import Collectives
+from ingero.trace.decode import KIND_ENTER, KIND_EXIT, KIND_NEW, DecodeError, TraceEvent, decode
 from ingero.trace.gpusampler import GpuRows
 from ingero.trace.ops import CUDA, CUDART, NCCL
 from ingero.trace.procmaps import DEFAULT_PROC, LibraryFile, scan, unique_libraries
@@ -67,6 +68,7 @@ class Tracer:
     proc: Path = DEFAULT_PROC
     extra_libraries: list[LibraryFile] = field(default_factory=list)
     gpu: GpuRowSource | None = None
+    nccl: Collectives = field(default_factory=Collectives)
     _prev: Snapshot = EMPTY
     _prev_bio: dict[int, int] = field(default_factory=dict)
     _last: float = 0.0
@@ -142,10 +144,14 @@ class Tracer:
         for ev in samples:
             if ev.kind == KIND_EXIT:
                 self._exited.add(ev.pid)
+            ts = now - (mono_ns - ev.ts_ns) / 1e9
+            self.nccl.feed(ev, ts)
+            if ev.kind == KIND_ENTER:
+                continue  # an arrival: its call is one raw event, at its return
             tag = tags.get(ev.pid)
             raw.append(
                 {
-                    "ts": now - (mono_ns - ev.ts_ns) / 1e9,
+                    "ts": ts,
                     "pid": ev.pid,
                     "tid": ev.tid,
                     "job_id": tag.job_id if tag else None,
@@ -160,9 +166,11 @@ class Tracer:
             )
         processes = [self._process_row(p, now) for p in sorted({r["pid"] for r in rows})]  # type: ignore[type-var]
         gpu = self._gpu_rows(self._last, now)
+        nccl = self.nccl.close(now, tags)
         self.sink.submit(
-            Batch(rows, raw, [host], [p for p in processes if p], gpu.intervals, gpu.processes)
-        )
+            Batch(rows, raw, [host], [p for p in processes if p], gpu.intervals, gpu.processes,
+                  nccl.calls, nccl.comms)
+        )  # fmt: skip
         result = TickResult(
             self._last, now, rows, host, len(samples), self._bad_samples,
             self._probe_count, len(self._known), len(gpu.intervals),

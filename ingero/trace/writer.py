@@ -22,8 +22,10 @@ from ingero.nodedb.schema import connect
 # Tables pruned by age, with their time column.
 _AGED = (("raw_events", "ts"), ("intervals", "ts_end"), ("host_intervals", "ts_end"),
          ("gpu_intervals", "ts_end"), ("gpu_processes", "ts_end"),
-         ("processes", "last_seen"))  # fmt: skip
-_INSERTED = ("intervals", "raw_events", "host_intervals", "gpu_intervals", "gpu_processes")
+         ("processes", "last_seen"), ("nccl_calls", "ts_enter"),
+         ("nccl_comms", "ts"))  # fmt: skip
+_INSERTED = ("intervals", "raw_events", "host_intervals", "gpu_intervals", "gpu_processes",
+             "nccl_calls", "nccl_comms")  # fmt: skip
 PRUNE_FRACTION = 0.1
 # Batches kept for retry after a failed write (locked or full DB) before the oldest is dropped.
 MAX_RETRY = 100
@@ -37,6 +39,8 @@ class Batch:
     processes: Sequence[dict[str, object]] = ()
     gpu_intervals: Sequence[dict[str, object]] = ()
     gpu_processes: Sequence[dict[str, object]] = ()
+    nccl_calls: Sequence[dict[str, object]] = ()
+    nccl_comms: Sequence[dict[str, object]] = ()
 
 
 @dataclass

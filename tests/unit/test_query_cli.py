@@ -68,6 +68,26 @@ def test_table_since_limit_as_csv(node_db: Path, capsys: pytest.CaptureFixture[s
     assert code == 0 and err == "5 rows\n"
 
 
+def test_nccl_tables_are_queryable(node_db: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    from ingero.nodedb.schema import connect
+    from ingero.trace.writer import Batch, write_batch
+
+    db = connect(node_db)
+    row = {"ts": time.time(), "pid": 1, "job_id": "7", "rank": 0, "comm_hash": "00000000000000ab",
+           "comm_rank": 0, "nranks": 4, "calls": 3, "entered_seq": 9, "returned_seq": 8,
+           "last_enter_ts": None, "inflight_seq": 9, "inflight_op": "ncclAllReduce",
+           "inflight_since": None, "wait_ns": 0, "sampled": 3, "dropped": 0}  # fmt: skip
+    write_batch(db, Batch(nccl_comms=[row]))
+    db.conn.close()
+    code, out, err = run(capsys, "--db", str(node_db), "--json", "--table", "nccl_comms")
+    assert (code, err) == (0, ""), err
+    got = json.loads(out)
+    assert got["row_count"] == 1
+    assert dict(zip(got["columns"], got["rows"][0], strict=True))["inflight_seq"] == 9
+    code, out, err = run(capsys, "--db", str(node_db), "SELECT COUNT(*) FROM nccl_calls")
+    assert code == 0, err
+
+
 def test_row_limit_stops_and_says_so(node_db: Path, capsys: pytest.CaptureFixture[str]) -> None:
     code, out, err = run(
         capsys, "--db", str(node_db), "--limit", "4", "--json", "SELECT * FROM host_intervals"

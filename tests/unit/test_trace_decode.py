@@ -12,6 +12,7 @@ from ingero.trace.decode import (
     EVENT_SIZE,
     KIND_CALL,
     KIND_COMM_INIT,
+    KIND_ENTER,
     KIND_EXIT,
     DecodeError,
     decode,
@@ -21,15 +22,16 @@ from ingero.trace.ops import OP_IDS
 
 
 def _pack(**kw: int) -> bytes:
-    f = dict(ts=1, duration_ns=2, bytes=3, comm_hash=0, tgid=10, tid=11, op=0, ret=0,
+    f = dict(ts=1, duration_ns=2, bytes=3, comm_hash=0, comm=0, seq=0, tgid=10, tid=11, op=0,
+             ret=0,
              rank=-1, nranks=-1, dtype=0, kind=KIND_CALL)  # fmt: skip
     f.update(kw)
     return EVENT_FORMAT.pack(*f.values())
 
 
 def test_layout_matches_the_c_struct() -> None:
-    # struct event_t: 4 u64 + 8 32-bit fields = 64 bytes, no padding.
-    assert EVENT_SIZE == 64
+    # struct event_t: 6 u64 + 8 32-bit fields = 80 bytes, no padding.
+    assert EVENT_SIZE == 80
 
 
 def test_cuda_call() -> None:
@@ -47,6 +49,13 @@ def test_nccl_call_detail() -> None:
         "comm_hash": "0000000000000abc", "rank": 2, "nranks": 8, "datatype": "float32"}  # fmt: skip
 
 
+def test_numbered_collective_carries_handle_and_seq() -> None:
+    ev = decode(_pack(op=OP_IDS["ncclAllReduce"], kind=KIND_ENTER, comm=0x55AA, seq=8812,
+                      comm_hash=0xABC, rank=1, nranks=4))  # fmt: skip
+    assert (ev.kind, ev.comm, ev.seq, ev.op) == (KIND_ENTER, 0x55AA, 8812, "ncclAllReduce")
+    assert json.loads(ev.detail() or "")["seq"] == 8812
+
+
 def test_comm_init_and_exit() -> None:
     init = decode(_pack(op=OP_IDS["ncclCommInitRank"], kind=KIND_COMM_INIT, rank=0, nranks=2))
     assert init.op == "ncclCommInitRank"
@@ -60,7 +69,7 @@ def test_unknown_op_id_is_named_not_raised() -> None:
 
 
 def test_short_sample_is_an_error() -> None:
-    with pytest.raises(DecodeError, match="expected 64"):
+    with pytest.raises(DecodeError, match="expected 80"):
         decode(b"\0" * 10)
 
 

@@ -16,7 +16,8 @@ def test_one_probe_pair_per_generic_op() -> None:
     text = program_text(bpf_source_path().read_text(), sample_every=16)
     assert "#define SAMPLE_EVERY 16" in text
     assert f"#define OP_OFFCPU {OP_OFFCPU}" in text
-    pairs = re.findall(r"^PROBE_PAIR\((\d+), (\d), (\d), (\d), (\d), ([01])\)$", text, re.M)
+    pairs = re.findall(r"^PROBE_PAIR\((\d+), (\d), (\d), (\d), (\d), ([01]), ([01])\)$", text,
+                       re.M)  # fmt: skip
     generic = [i for i, op in enumerate(OPS) if op.symbols and not op.special]
     assert [int(p[0]) for p in pairs] == generic
     for p in pairs:
@@ -24,6 +25,7 @@ def test_one_probe_pair_per_generic_op() -> None:
         assert tuple(int(x) for x in p[1:5]) == (op.bytes_arg, op.count_arg, op.dtype_arg,
                                                  op.comm_arg)  # fmt: skip
         assert int(p[5]) == int(op.always_sample)
+        assert int(p[6]) == int(op.numbered)
 
 
 def test_special_ops_use_hand_written_probes() -> None:

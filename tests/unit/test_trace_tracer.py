@@ -8,7 +8,14 @@ from typing import Any
 
 from ingero.clock import ManualClock
 from ingero.trace.aggregate import Snapshot, StatVal, slot_of
-from ingero.trace.decode import EVENT_FORMAT, KIND_CALL, KIND_EXIT, KIND_NEW
+from ingero.trace.decode import (
+    EVENT_FORMAT,
+    KIND_CALL,
+    KIND_COMM_INIT,
+    KIND_ENTER,
+    KIND_EXIT,
+    KIND_NEW,
+)
 from ingero.trace.ops import OP_IDS
 from ingero.trace.procmaps import LibraryFile
 from ingero.trace.tags import TagCache
@@ -19,7 +26,7 @@ OP = OP_IDS["cudaLaunchKernel"]
 
 
 def _sample(pid: int, kind: int = KIND_CALL, ts: int = 0) -> bytes:
-    return EVENT_FORMAT.pack(ts, 1000, 0, 0, pid, pid, OP, 35, -1, -1, 0, kind)
+    return EVENT_FORMAT.pack(ts, 1000, 0, 0, 0, 0, pid, pid, OP, 35, -1, -1, 0, kind)
 
 
 class FakeProbes:
@@ -103,6 +110,33 @@ def test_interval_rows_samples_and_exit_cleanup(tmp_path: Path) -> None:
     assert probes.forgotten == {42}
     clock.advance(1.0)
     assert tracer.tick().intervals == []
+
+
+def test_nccl_arrivals_fill_the_nccl_tables_not_raw_events(tmp_path: Path) -> None:
+    tracer, probes, sink, clock = make_tracer(tmp_path)
+    ar = OP_IDS["ncclAllReduce"]
+
+    def nccl(kind: int, ts: float, seq: int, op: int = ar) -> bytes:
+        # ts, duration, bytes, hash, handle, seq, pid, tid, op, ret, rank, nranks, dtype, kind
+        return EVENT_FORMAT.pack(int(ts * 1e9), 0, 4000, 0xAB, 0x7000, seq, 42, 43, op, 0, 1, 4,
+                                 7, kind)  # fmt: skip
+
+    probes.pending = [_sample(42, KIND_NEW), nccl(KIND_COMM_INIT, 0.1, 0, OP_IDS["ncclCommInitRank"]),
+                      nccl(KIND_ENTER, 0.2, 1), nccl(KIND_CALL, 0.3, 1), nccl(KIND_ENTER, 0.6, 2)]  # fmt: skip
+    clock.advance(1.0)
+    tracer.tick()
+    batch = sink.batches[-1]
+    # One raw event per call (at its return), plus the init; arrivals only feed the fold.
+    assert [r["op"] for r in batch.raw_events] == ["ncclCommInitRank", "ncclAllReduce"]
+    (comm,) = batch.nccl_comms
+    now = clock.now()  # the kernel's monotonic 1.0 s
+    assert (comm["comm_hash"], comm["job_id"], comm["rank"], comm["comm_rank"]) == (
+        "00000000000000ab", "8", 0, 1)  # fmt: skip
+    assert (comm["entered_seq"], comm["returned_seq"], comm["inflight_seq"]) == (2, 1, 2)
+    assert abs(float(comm["inflight_since"]) - (now - 0.4)) < 1e-6  # type: ignore[arg-type]
+    (call,) = batch.nccl_calls  # seq 2 is still in flight: written with its return
+    assert (call["seq"], call["bytes"]) == (1, 4000)
+    assert abs(float(call["ts_enter"]) - (now - 0.8)) < 1e-6  # type: ignore[arg-type]
 
 
 def test_bad_samples_are_counted_and_the_loop_goes_on(tmp_path: Path) -> None:

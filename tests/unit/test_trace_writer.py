@@ -54,6 +54,30 @@ def test_prune_deletes_oldest_first_until_it_fits() -> None:
     assert kept == 20 * (1199 - int(oldest_kept) + 1)
 
 
+def _nccl(ts: float) -> tuple[dict[str, object], dict[str, object]]:
+    base = {"pid": 1, "job_id": "7", "rank": 0, "comm_hash": "00000000000000ab",
+            "comm_rank": 0, "nranks": 4}  # fmt: skip
+    call = {**base, "ts_enter": ts, "ts_return": ts + 0.1, "tid": 1, "seq": int(ts),
+            "op": "ncclAllReduce", "bytes": 4096, "ret": 0}  # fmt: skip
+    comm = {**base, "ts": ts, "calls": 1, "entered_seq": int(ts), "returned_seq": int(ts),
+            "last_enter_ts": ts, "inflight_seq": None, "inflight_op": None,
+            "inflight_since": None, "wait_ns": 100, "sampled": 1, "dropped": 0}  # fmt: skip
+    return call, comm
+
+
+def test_prune_covers_the_nccl_tables() -> None:
+    db = connect(":memory:")
+    for i in range(300):
+        call, comm = _nccl(1000.0 + i)
+        write_batch(db, Batch(nccl_calls=[call] * 20, nccl_comms=[comm]))
+    limit = used_bytes(db) // 3
+    assert prune(db, limit) > 0
+    assert used_bytes(db) <= limit
+    for table, col in (("nccl_calls", "ts_enter"), ("nccl_comms", "ts")):
+        lo, hi = db.execute(f"SELECT MIN({col}), MAX({col}) FROM {table}").fetchone()
+        assert hi == 1299.0 and lo > 1000.0, table  # the oldest went, the newest stayed
+
+
 def test_prune_is_a_no_op_under_the_limit() -> None:
     db = connect(":memory:")
     write_batch(db, Batch([_interval(1.0)]))
@@ -104,7 +128,7 @@ def test_a_version_1_node_db_is_migrated_keeping_its_rows(tmp_path: Path) -> Non
     writer = NodeDbWriter(path)
     writer.close()
     db = connect(path, readonly=True)
-    assert db.execute("PRAGMA user_version").fetchone()[0] == SCHEMA_VERSION == 2
+    assert db.execute("PRAGMA user_version").fetchone()[0] == SCHEMA_VERSION == 3
     columns = {c.name for c in db.table("gpu_intervals").columns}
     assert set(GPU_HEALTH_COLUMNS) <= columns
     # The old row is there; what version 1 never measured reads as NULL, not 0.
@@ -112,3 +136,7 @@ def test_a_version_1_node_db_is_migrated_keeping_its_rows(tmp_path: Path) -> Non
         "SELECT busy_ns, throttle_reasons, ecc_uncorrected, xid_count FROM gpu_intervals"
     ).fetchall() == [(5, None, None, None)]
     assert db.table("gpu_processes").exists()
+    # Version 3: the NCCL tables, with the indexes their readers rely on.
+    assert db.table("nccl_calls").exists() and db.table("nccl_comms").exists()
+    indexes = {tuple(i.columns) for t in ("nccl_calls", "nccl_comms") for i in db.table(t).indexes}
+    assert {("ts_enter",), ("comm_hash", "seq"), ("ts",)} <= indexes

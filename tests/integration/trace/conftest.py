@@ -148,7 +148,8 @@ def start_tracer(tmp_path: Path, bpf_ready: None) -> Iterator[object]:
 
     def start(*args: str, interval: str = "0.3") -> TracerProc:
         notify = Notify(tmp_path / f"notify{len(started)}.sock")
-        db = tmp_path / "node.db"
+        # One node DB per tracer (several tracers in one test stand for several nodes).
+        db = tmp_path / ("node.db" if not started else f"node{len(started)}.db")
         env = dict(os.environ, NOTIFY_SOCKET=str(notify.path))
         proc = subprocess.Popen(
             [sys.executable, "-m", "ingero.cli.main", "trace", "--record", "--db", str(db),
@@ -213,6 +214,19 @@ def finish(proc: subprocess.Popen[str]) -> dict[str, str]:
     out, err = proc.communicate("go\n", timeout=120)
     assert proc.returncode == 0, err
     return dict(line.split("=", 1) for line in out.splitlines() if "=" in line)
+
+
+@pytest.fixture(scope="session")
+def nccl_ranks(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """nccl_ranks.c linked against fake_libnccl.c built as libnccl.so.2 (NCCL's real header:
+    the stand-in has the real signatures), for multi-rank runs without GPUs."""
+    nccl = _nccl_dir()
+    out = tmp_path_factory.mktemp("fake_nccl")
+    inc = [f"-I{nccl}/include", f"-I{CUDA_HOME}/include"]
+    _gcc(HERE / "fake_libnccl.c", out / "libnccl.so.2", "-O0", "-shared", "-fPIC",
+         "-Wl,-soname,libnccl.so.2", *inc)  # fmt: skip
+    return _gcc(HERE / "nccl_ranks.c", out / "nccl_ranks", *inc, str(out / "libnccl.so.2"),
+                f"-Wl,-rpath,{out}")  # fmt: skip
 
 
 @pytest.fixture(scope="session")

@@ -24,8 +24,10 @@ int main(int argc, char **argv) {
     static float sendbuf[4096], recvbuf[4096];
     ncclComm_t comm = NULL;
     int rc_init = ncclCommInitRank(&comm, nranks, id, rank);
-    int rc_ar = 0, rc_send = 0, rc_bcast = 0, rc_ag = 0;
+    int rc_ar = 0, rc_send = 0, rc_bcast = 0, rc_ag = 0, rc_gs = 0, rc_ge = 0;
     for (long i = 0; i < iters; i++) {
+        rc_gs = ncclGroupStart();
+        rc_ge = ncclGroupEnd();
         rc_ar = ncclAllReduce(sendbuf, recvbuf, 1000, ncclFloat32, ncclSum, comm, 0);
         rc_send = ncclSend(sendbuf, 256, ncclInt64, (rank + 1) % nranks, comm, 0);
         rc_bcast = ncclBroadcast(sendbuf, recvbuf, 300, ncclFloat16, 0, comm, 0);
@@ -39,6 +41,7 @@ int main(int argc, char **argv) {
            rc_init, rc_ar, rc_send);
     printf("ncclBroadcast=%d\nncclAllGather=%d\nncclCommDestroy=%d\n", rc_bcast, rc_ag,
            rc_destroy);
+    printf("ncclGroupStart=%d\nncclGroupEnd=%d\n", rc_gs, rc_ge);
     fflush(stdout);
     return 0;
 }

@@ -59,6 +59,15 @@ def test_nccl_collectives_and_communicator(start_tracer: Any, spawn: Any, nccl_l
         assert rows[op]["source"] == "nccl"
         assert rows[op]["e"] == (ITERS if int(out[op]) != 0 else 0), op
     assert rows["ncclCommInitRank"]["n"] == 1
+    # Group start and end (an empty group): probed on the real library, every call sampled.
+    for op in ("ncclGroupStart", "ncclGroupEnd"):
+        assert rows[op]["n"] == ITERS, op
+        assert rows[op]["e"] == (ITERS if int(out[op]) != 0 else 0), op
+        (n,) = _query(tracer.db, "SELECT COUNT(*) FROM raw_events WHERE pid = ? AND op = ?",
+                      workload.pid, op)[0]  # fmt: skip
+        assert n == ITERS, op
+    # No live communicator without a GPU: nothing is numbered, so no nccl_comms rows.
+    assert _query(tracer.db, "SELECT COUNT(*) FROM nccl_comms")[0][0] == 0
 
     # Every NCCL call is sampled, with its datatype.
     for op, (size, dtype) in COLLECTIVES.items():
