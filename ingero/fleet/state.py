@@ -694,9 +694,7 @@ def _node_view(
                 ratios[name] = rate / median
     if not ratios and not episode and lag is None:
         return view
-    return with_fields(
-        view, rate_ratios=ratios or None, episode_id=episode or None, peer_lag=lag
-    )
+    return with_fields(view, rate_ratios=ratios or None, episode_id=episode or None, peer_lag=lag)
 
 
 def _rate(value: float | None) -> float:
