@@ -1,7 +1,7 @@
 """A node DB with the NCCL tables of node DB schema version 3 (``nccl_calls``,
-``nccl_comms``), for the fleet-push tests and bench until the tracer's migration creates them:
-the columns and meanings are the tracer's (docs/design.md, node DB), created here only where
-the node DB does not have them yet."""
+``nccl_comms``) and helpers that fill them as ``ingero trace`` does, for the fleet-push
+tests and bench. The tables are the node DB's own migration's (ingero.nodedb.schema): the
+columns written are read from the migrated tables, so the helpers follow the schema."""
 
 from __future__ import annotations
 
@@ -12,75 +12,26 @@ from typing import Any
 
 from ingero.nodedb.schema import connect
 
-NCCL_DDL = """
-CREATE TABLE IF NOT EXISTS nccl_calls (
-    ts_enter REAL NOT NULL, ts_return REAL, pid INTEGER NOT NULL, tid INTEGER,
-    job_id TEXT, rank INTEGER, comm_hash TEXT NOT NULL, comm_rank INTEGER NOT NULL,
-    nranks INTEGER NOT NULL, seq INTEGER NOT NULL, op TEXT NOT NULL, bytes INTEGER,
-    ret INTEGER
-);
-CREATE INDEX IF NOT EXISTS nccl_calls_ts_enter ON nccl_calls (ts_enter);
-CREATE INDEX IF NOT EXISTS nccl_calls_comm_seq ON nccl_calls (comm_hash, seq);
-CREATE TABLE IF NOT EXISTS nccl_comms (
-    ts REAL NOT NULL, pid INTEGER NOT NULL, job_id TEXT, rank INTEGER,
-    comm_hash TEXT NOT NULL, comm_rank INTEGER NOT NULL, nranks INTEGER NOT NULL,
-    calls INTEGER NOT NULL, entered_seq INTEGER NOT NULL, returned_seq INTEGER NOT NULL,
-    last_enter_ts REAL, inflight_seq INTEGER, inflight_op TEXT, inflight_since REAL,
-    wait_ns INTEGER NOT NULL, sampled INTEGER NOT NULL, dropped INTEGER NOT NULL
-);
-CREATE INDEX IF NOT EXISTS nccl_comms_ts ON nccl_comms (ts);
-"""
-
-COMM_COLUMNS = [
-    "ts",
-    "pid",
-    "job_id",
-    "rank",
-    "comm_hash",
-    "comm_rank",
-    "nranks",
-    "calls",
-    "entered_seq",
-    "returned_seq",
-    "last_enter_ts",
-    "inflight_seq",
-    "inflight_op",
-    "inflight_since",
-    "wait_ns",
-    "sampled",
-    "dropped",
-]
-CALL_COLUMNS = [
-    "ts_enter",
-    "ts_return",
-    "pid",
-    "tid",
-    "job_id",
-    "rank",
-    "comm_hash",
-    "comm_rank",
-    "nranks",
-    "seq",
-    "op",
-    "bytes",
-    "ret",
-]
-
 
 def nccl_node_db(path: Path) -> sqlite3.Connection:
-    """A writer connection to a node DB (created, migrated) that has the NCCL tables."""
-    db = connect(path)
-    db.conn.executescript(NCCL_DDL)
-    return db.conn
+    """A writer connection to a node DB, created and migrated by the tracer's migration."""
+    return connect(path).conn
 
 
-def _insert(
-    conn: sqlite3.Connection, table: str, columns: list[str], rows: Iterable[dict[str, Any]]
-) -> None:
+def _columns(conn: sqlite3.Connection, table: str) -> list[str]:
+    return [str(row[1]) for row in conn.execute(f"PRAGMA table_info({table})")]
+
+
+def _insert(conn: sqlite3.Connection, table: str, rows: Iterable[dict[str, Any]]) -> None:
+    batch = list(rows)
+    columns = _columns(conn, table)
+    unknown = {key for row in batch for key in row} - set(columns)
+    if unknown:  # a helper's column the migration does not have: the helper is stale
+        raise KeyError(f"{table} has no column(s) {sorted(unknown)}")
     marks = ", ".join("?" for _ in columns)
     conn.executemany(
         f"INSERT INTO {table} ({', '.join(columns)}) VALUES ({marks})",
-        [tuple(row.get(c) for c in columns) for row in rows],
+        [tuple(row.get(c) for c in columns) for row in batch],
     )
     conn.commit()
 
@@ -90,11 +41,11 @@ def add_comms(conn: sqlite3.Connection, rows: Iterable[dict[str, Any]]) -> None:
     full = [
         {"calls": 0, "returned_seq": 0, "wait_ns": 0, "sampled": 0, "dropped": 0, **r} for r in rows
     ]
-    _insert(conn, "nccl_comms", COMM_COLUMNS, full)
+    _insert(conn, "nccl_comms", full)
 
 
 def add_calls(conn: sqlite3.Connection, rows: Iterable[dict[str, Any]]) -> None:
-    _insert(conn, "nccl_calls", CALL_COLUMNS, rows)
+    _insert(conn, "nccl_calls", rows)
 
 
 def rank_interval(

@@ -11,7 +11,8 @@ import subprocess
 import sys
 import time
 import urllib.request
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TypeVar
@@ -20,6 +21,7 @@ import yaml
 from prometheus_client.parser import text_string_to_metric_families
 
 from ingero.events import Event
+from tests.integration.echo.helpers import EchoProcess
 
 T = TypeVar("T")
 ROOT = Path(__file__).resolve().parents[3]
@@ -94,6 +96,7 @@ class Cluster:
     workloads: dict[str, subprocess.Popen[bytes]] = field(default_factory=dict)
     echo_endpoint: str | None = None  # where Fleet forwards events, if anywhere
     job_id: str | None = None  # every node runs this Slurm job, its file in <node>.jobs
+    fleet_config: dict[str, Any] = field(default_factory=dict)  # laid over Fleet's config
 
     @property
     def events_file(self) -> Path:
@@ -112,6 +115,7 @@ class Cluster:
         }
         if self.echo_endpoint:
             cfg["echo"] = {"endpoint": self.echo_endpoint, "score_history_interval": "0s"}
+        cfg.update(self.fleet_config)
         path = self.tmp / "fleet.yaml"
         path.write_text(yaml.safe_dump(cfg))
         ready = self.tmp / "fleet-ready.json"
@@ -247,3 +251,18 @@ def fleet_metric(api_port: int, name: str, token: str | None = None, **labels: s
         for sample in family.samples
         if sample.name == name and set(labels.items()) <= set(sample.labels.items())
     )
+
+
+@contextmanager
+def with_echo(c: Cluster) -> Iterator[EchoProcess]:
+    """A real ``ingero echo`` (no tokens) that the cluster's Fleet forwards its events to;
+    after, every process the cluster started is stopped by its PID, then Echo."""
+    (c.tmp / "echo-work").mkdir()
+    echo = EchoProcess(c.tmp / "echo-work", tokens=False)
+    try:
+        echo.start()
+        c.echo_endpoint = f"http://{echo.otlp_http}"
+        yield echo
+    finally:
+        c.procs.stop_all()
+        echo.stop()

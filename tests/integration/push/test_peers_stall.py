@@ -26,7 +26,7 @@ import pytest
 
 from ingero.events import Event
 from tests.integration.echo.helpers import EchoProcess, http
-from tests.integration.push.cluster import Cluster, Procs, wait_for
+from tests.integration.push.cluster import Cluster, Procs, wait_for, with_echo
 
 pytestmark = pytest.mark.integration
 
@@ -39,17 +39,9 @@ DETECT_WITHIN = 40
 
 @pytest.fixture
 def cluster(tmp_path: Path) -> Iterator[tuple[Cluster, EchoProcess]]:
-    procs = Procs()
-    (tmp_path / "echo-work").mkdir()
-    echo = EchoProcess(tmp_path / "echo-work", tokens=False)
-    c = Cluster(tmp_path, procs, INTERVAL, NODES, job_id=JOB)
-    try:
-        echo.start()
-        c.echo_endpoint = f"http://{echo.otlp_http}"
+    c = Cluster(tmp_path, Procs(), INTERVAL, NODES, job_id=JOB)
+    with with_echo(c) as echo:
         yield c, echo
-    finally:
-        procs.stop_all()
-        echo.stop()
 
 
 def of(c: Cluster, kind: str, node: str) -> list[Event]:

@@ -146,10 +146,12 @@ def start_tracer(tmp_path: Path, bpf_ready: None) -> Iterator[object]:
     """Start ``ingero trace --record`` (real BPF) and wait for READY=1; stopped by PID after."""
     started: list[TracerProc] = []
 
-    def start(*args: str, interval: str = "0.3") -> TracerProc:
+    def start(*args: str, interval: str = "0.3", db: Path | None = None) -> TracerProc:
+        """``db``: the node DB to write (default: one per tracer in the test's directory)."""
         notify = Notify(tmp_path / f"notify{len(started)}.sock")
         # One node DB per tracer (several tracers in one test stand for several nodes).
-        db = tmp_path / ("node.db" if not started else f"node{len(started)}.db")
+        if db is None:
+            db = tmp_path / ("node.db" if not started else f"node{len(started)}.db")
         env = dict(os.environ, NOTIFY_SOCKET=str(notify.path))
         proc = subprocess.Popen(
             [sys.executable, "-m", "ingero.cli.main", "trace", "--record", "--db", str(db),

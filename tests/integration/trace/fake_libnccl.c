@@ -9,9 +9,15 @@
  * collective returns once every rank has entered at least as many. Without $FAKE_NCCL_DIR
  * (or with one rank) collectives return at once. Inside ncclGroupStart/ncclGroupEnd
  * collectives are only queued; the outermost ncclGroupEnd waits for the group's last one
- * (NCCL launches a group at its end). ncclSend/ncclRecv return at once (point-to-point). */
+ * (NCCL launches a group at its end). ncclSend/ncclRecv return at once (point-to-point).
+ *
+ * $FAKE_NCCL_LIBCUDA names a libcuda.so.1 (fake_libcuda.c) that is loaded at start: each
+ * launched collective then calls its cuLaunchKernel once, as real NCCL launches a kernel
+ * per collective through the driver, so the traced process launches kernels and fleet-push
+ * counts it as working (a node with no launches is idle). Without it nothing is launched. */
 #include <nccl.h>
 
+#include <dlfcn.h>
 #include <fcntl.h>
 #include <stdint.h>
 #include <stdio.h>
@@ -32,7 +38,22 @@ static __thread int group_depth;
 static __thread ncclComm_t group_comms[MAX_GROUP_COMMS];
 static __thread int group_n;
 
+typedef int (*launch_fn)(void *, unsigned, unsigned, unsigned, unsigned, unsigned, unsigned,
+                         unsigned, void *, void **, void **);
+static launch_fn cu_launch;
+
+__attribute__((constructor)) static void load_libcuda(void) {
+    const char *path = getenv("FAKE_NCCL_LIBCUDA");
+    void *lib = path ? dlopen(path, RTLD_NOW) : NULL;
+    if (path && !lib)
+        fprintf(stderr, "fake libnccl: %s\n", dlerror());
+    if (lib)
+        cu_launch = (launch_fn)dlsym(lib, "cuLaunchKernel");
+}
+
 static void rendezvous(ncclComm_t comm) {
+    if (cu_launch) /* the collective's kernel (the stand-in driver fails it; it is counted) */
+        cu_launch(NULL, 1, 1, 1, 64, 1, 1, 0, NULL, NULL, NULL);
     if (!comm->arrived)
         return;
     uint64_t n = comm->issued;

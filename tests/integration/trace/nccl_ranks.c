@@ -4,6 +4,7 @@
  * Usage: nccl_ranks RANK NRANKS ITERATIONS SEED [options]
  *   -d MS      this rank sleeps MS milliseconds before each iteration (a late rank)
  *   -S N       this rank stops (pauses forever) before its N-th collective on comm 1
+ *   -F PATH    this rank stops (as -S) before the first collective after PATH exists
  *   -g K       every K-th iteration issues a nested group of 2 collectives instead of one
  *   -2         a second communicator: one broadcast on it per iteration
  *   -x K       after K iterations, destroy comm 1 and create it again with a new id
@@ -44,18 +45,20 @@ static void print_id(const char *name, ncclUniqueId id) {
 int main(int argc, char **argv) {
     if (argc < 5) {
         fprintf(stderr, "usage: %s RANK NRANKS ITERATIONS SEED [-d MS] [-S N] [-g K] [-2] "
-                        "[-x K] [-p]\n", argv[0]);
+                        "[-F PATH] [-x K] [-p]\n", argv[0]);
         return 2;
     }
     int rank = atoi(argv[1]), nranks = atoi(argv[2]), seed = atoi(argv[4]);
     long iters = atol(argv[3]);
     long delay_ms = 0, stop_before = 0, group_every = 0, recreate_after = 0;
+    const char *stop_file = NULL;
     int second = 0, p2p = 0;
     optind = 5;
-    for (int c; (c = getopt(argc, argv, "d:S:g:2x:p")) != -1;) {
+    for (int c; (c = getopt(argc, argv, "d:S:F:g:2x:p")) != -1;) {
         switch (c) {
         case 'd': delay_ms = atol(optarg); break;
         case 'S': stop_before = atol(optarg); break;
+        case 'F': stop_file = optarg; break;
         case 'g': group_every = atol(optarg); break;
         case '2': second = 1; break;
         case 'x': recreate_after = atol(optarg); break;
@@ -81,7 +84,8 @@ int main(int argc, char **argv) {
     for (long i = 1; i <= iters; i++) {
         if (delay_ms)
             usleep((useconds_t)(delay_ms * 1000));
-        if (stop_before && issued1 + 1 == stop_before) {
+        if ((stop_before && issued1 + 1 == stop_before) ||
+            (stop_file && access(stop_file, F_OK) == 0)) {
             printf("stopped=%ld\n", issued1);
             fflush(stdout);
             for (;;)

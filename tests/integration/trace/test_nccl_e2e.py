@@ -1,0 +1,188 @@
+"""Issue 14 end to end on real processes: a late NCCL rank and a hung collective, from the
+ranks' processes through ``ingero trace``, ``ingero fleet-push`` and ``ingero fleet`` to
+``ingero echo``.
+
+Four ranks of one communicator run against the stand-in libnccl (fake_libnccl.c: NCCL's real
+signatures, collectives rendezvous across processes), each a Slurm rank of job 77 (its
+environment, and the prolog's job file in its node's jobs directory). Each is traced by its
+own real ``ingero trace --pid --record`` into its own node DB, read by its own real ``ingero
+fleet-push`` (own node id, same cluster and job), all pushing to one real ``ingero fleet``
+that forwards its events to a real ``ingero echo``.
+
+Rank 3 enters every collective 200 ms late: Fleet's ``peer_lag`` names it (node and
+comm_rank, lag within 20%), its fleet-push reads the lag from its push replies and raises
+``straggler_state`` for ``peer_lag``, and Echo's ``collective_lag`` ranks it first. Then
+rank 1 stops before its next collective while the others enter it: Fleet's
+``collective_hang`` names rank 1 and its node within one push interval of ``hang_after``,
+and Echo's ``collective_lag`` lists the hang. Progress is counted in Fleet's ticks.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import urllib.parse
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from ingero.slurm.jobfile import JobInfo, write_job
+from ingero.trace.decode import unique_id_hash
+from tests.integration.echo.helpers import EchoProcess, http
+from tests.integration.push.cluster import Cluster, Procs, wait_for, with_echo
+
+pytestmark = pytest.mark.integration
+
+NRANKS, LATE_RANK, DELAY_MS, STOP_RANK = 4, 3, 200, 1
+JOB, CLUSTER = "77", "itest"
+INTERVAL = 0.5  # fleet-push and Fleet
+TRACER_INTERVAL = "0.25"
+HANG_AFTER = 3.0  # six push intervals
+HANG_TICKS = round(HANG_AFTER / INTERVAL)
+
+
+@pytest.fixture
+def chain(tmp_path: Path) -> Iterator[tuple[Cluster, EchoProcess]]:
+    c = Cluster(
+        tmp_path,
+        Procs(),
+        INTERVAL,
+        NRANKS,
+        job_id=JOB,
+        # A window of 10 joined collectives: about 2 s of a 200 ms late rank.
+        fleet_config={"nccl": {"hang_after": f"{HANG_AFTER}s", "window": 10}},
+    )
+    with with_echo(c) as echo:
+        yield c, echo
+
+
+def events(echo: EchoProcess, kind: str) -> list[dict[str, Any]]:
+    """Echo's stored events of ``kind`` (Fleet's, forwarded), oldest first, extra parsed."""
+    query = (
+        "SELECT node_id, job_id, rank, dominant_signal, extra FROM events"
+        f" WHERE type = '{kind}' ORDER BY ts"
+    )
+    status, body = http("POST", echo.url + "/api/v1/sql", json.dumps({"query": query}).encode())
+    assert status == 200, body
+    rows = [dict(zip(body["columns"], row, strict=True)) for row in body["rows"]]
+    for row in rows:
+        row["extra"] = json.loads(row["extra"])
+    return rows
+
+
+def collective_lag(echo: EchoProcess) -> dict[str, Any]:
+    query = urllib.parse.urlencode({"job_id": JOB, "cluster_id": CLUSTER, "since": 0})
+    status, body = http("GET", f"{echo.url}/api/v1/collective_lag?{query}")
+    assert status == 200, body
+    return dict(body)
+
+
+def comm_hash(proc: Any) -> str:
+    """Communicator 1's hash (as the tracer writes it) from the rank's id lines."""
+    ids = {}
+    while (line := proc.stdout.readline().strip()) != "ready":
+        assert line, f"rank exited before it was ready: {proc.stderr.read()}"
+        name, value = line.split("=", 1)
+        ids[name] = value
+    return f"{unique_id_hash(bytes.fromhex(ids['id1'])):016x}"
+
+
+def test_late_rank_and_hung_collective_from_ranks_to_echo(
+    bpf_ready: None,  # first: skipped before any daemon starts where BPF cannot run
+    chain: tuple[Cluster, EchoProcess],
+    start_tracer: Any,
+    spawn: Any,
+    nccl_ranks: Path,
+    driver_loop: Path,
+) -> None:
+    c, echo = chain
+    nodes = [c.node(i) for i in range(NRANKS)]
+    stop_file = c.tmp / "stop-rank"
+    rendezvous = c.tmp / "rendezvous"
+    rendezvous.mkdir()
+    ranks = []
+    for rank, node in enumerate(nodes):
+        # The prolog's job file on each node (fleet-push reads its job and rank from it).
+        write_job(c.jobs_dir(rank), JobInfo(JOB, CLUSTER, node, rank, NRANKS, nodes))
+        # Each collective launches its kernel through the stand-in driver, as NCCL does:
+        # fleet-push counts a node without kernel launches as idle and classifies it not.
+        env = dict(os.environ, FAKE_NCCL_DIR=str(rendezvous), SLURM_JOB_ID=JOB,
+                   FAKE_NCCL_LIBCUDA=str(driver_loop.parent / "libcuda.so.1"),
+                   SLURM_PROCID=str(rank), INGERO_JOBS_DIR=str(c.jobs_dir(rank)))  # fmt: skip
+        opts = {LATE_RANK: ["-d", str(DELAY_MS)], STOP_RANK: ["-F", str(stop_file)]}
+        # Iterations enough to outlast the test; the ranks are killed by PID after it.
+        argv = [str(nccl_ranks), str(rank), str(NRANKS), "100000", "9", *opts.get(rank, [])]
+        ranks.append(spawn(argv, env=env))
+    (comm,) = {comm_hash(proc) for proc in ranks}
+    for rank, proc in enumerate(ranks):
+        start_tracer(
+            "--pid", str(proc.pid), interval=TRACER_INTERVAL, db=c.tmp / f"{nodes[rank]}.db"
+        )
+    c.start_fleet()
+    c.start_sink()
+    for rank in range(NRANKS):
+        c.start_push(rank)
+    for proc in ranks:
+        proc.stdin.write("go\n")
+        proc.stdin.flush()
+
+    # (a) The late rank, and only it, named by Fleet (forwarded to Echo) with its lag.
+    (lag,) = wait_for(lambda: events(echo, "peer_lag"), 120, "Fleet's peer_lag in Echo")
+    late_node = nodes[LATE_RANK]
+    assert (lag["node_id"], lag["job_id"], lag["rank"]) == (late_node, JOB, LATE_RANK), lag
+    extra = lag["extra"]
+    assert (extra["state"], extra["comm_hash"], extra["comm_rank"], extra["nranks"]) == (
+        "start", comm, LATE_RANK, NRANKS
+    ), extra  # fmt: skip
+    assert extra["op"] == "ncclAllReduce" and extra["clock_offset_known"] is True, extra
+    assert extra["lag_p50_ms"] == pytest.approx(DELAY_MS, rel=0.2), extra
+    # Its fleet-push read the lag from its push replies (X-Ingero-Peer-Lag) and raised
+    # straggler_state for it; no other node did.
+    (state,) = wait_for(
+        lambda: [e for e in c.events() if e.type == "straggler_state"],
+        60,
+        "the late node's straggler_state",
+    )
+    assert state.node_id == late_node and state.job_id == JOB, state
+    assert state.extra["reason"] == "peer_lag" and state.dominant_signal == "peer_lag", state
+    assert state.extra["peer_lag_s"] == pytest.approx(DELAY_MS / 1e3, rel=0.2), state
+    # Echo ranks it first.
+    ranked = wait_for(lambda: collective_lag(echo)["ranks"], 30, "collective_lag's ranks")
+    first = ranked[0]
+    assert (first["node_id"], first["comm_rank"], first["comm_hash"]) == (
+        late_node,
+        LATE_RANK,
+        comm,
+    )
+    assert first["lag_p50_ms"] == pytest.approx(DELAY_MS, rel=0.2), first
+
+    # (b) Rank 1 stops before its next collective; the others enter it and wait inside.
+    ticks = c.fleet_metric("ingero_fleet_tick_seconds_count")
+    stop_file.touch()
+    stopped = ranks[STOP_RANK].stdout.readline().strip()
+    assert stopped.startswith("stopped="), stopped
+    hung_seq = int(stopped.split("=", 1)[1]) + 1
+    hang = wait_for(
+        lambda: [e for e in events(echo, "collective_hang") if e["extra"]["state"] == "start"],
+        120,
+        "Fleet's collective_hang in Echo",
+    )[0]
+    waited = c.fleet_metric("ingero_fleet_tick_seconds_count") - ticks
+    extra = hang["extra"]
+    assert (extra["comm_hash"], extra["seq"], extra["op"]) == (comm, hung_seq, "ncclAllReduce")
+    assert extra["missing_ranks"] == [STOP_RANK] and extra["missing_nodes"] == [nodes[STOP_RANK]]
+    assert hang["node_id"] == nodes[STOP_RANK] and hang["job_id"] == JOB, hang
+    assert extra["inside_ranks"] == [r for r in range(NRANKS) if r != STOP_RANK], extra
+    # Detected on the first tick past the bound (Fleet's own figures) ...
+    assert HANG_AFTER <= extra["inside_for_s"] < HANG_AFTER + INTERVAL, extra
+    # ... about as many ticks after the stop as the bound holds intervals: a few more for
+    # the tracer's interval, the push interval and the late rank's 200 ms, not many.
+    assert HANG_TICKS <= waited <= HANG_TICKS + 4, waited
+    # Echo lists the hang, open, naming the rank that never entered.
+    hangs = wait_for(lambda: collective_lag(echo)["hangs"], 30, "collective_lag's hangs")
+    assert [(h["seq"], h["open"], h["missing_ranks"], h["missing_nodes"]) for h in hangs] == [
+        (hung_seq, True, [STOP_RANK], [nodes[STOP_RANK]])
+    ]
+    assert hangs[0]["comm_hash"] == comm and hangs[0]["reason"] == "missing_ranks", hangs[0]
