@@ -9,6 +9,12 @@ with ``stalled`` set, so it keeps being classified and counted by Fleet; it is a
 while its peers go on. A node whose job is known to have ended is idle at once (its last
 quiet samples are no measurement of it); only where nothing tells whether a job runs does
 the old rule hold: idle after ``idle_after`` quiet samples.
+
+Waiting is not stalled either: a node whose NCCL rank is inside a collective (entered, not
+returned) launches nothing because it waits for a peer at the collective's barrier. In a
+job-wide hang every rank but the missing one is such a victim; Fleet's ``collective_hang``
+names the one that never arrived, so the victims stay ``active``, not stalled, and their
+quiet samples do not count towards idle.
 """
 
 from __future__ import annotations
@@ -50,12 +56,18 @@ class NodeStateMachine:
         return self.work_samples >= self.warmup_samples
 
     def observe(
-        self, *, readable: bool, kernel_launches: int = 0, job_running: bool | None = None
+        self,
+        *,
+        readable: bool,
+        kernel_launches: int = 0,
+        job_running: bool | None = None,
+        waiting: bool = False,
     ) -> Transition | None:
         """Feed one sample; returns the transition it caused, if any.
 
         ``job_running``: whether this node's job still runs (True), has ended (False), or
         nothing tells (None); it matters only for samples without kernel launches.
+        ``waiting``: a rank of this node is inside an NCCL collective (waits for its peers).
         """
         self.stalled = False
         if not readable:
@@ -66,6 +78,8 @@ class NodeStateMachine:
             if self.warmed_up:
                 return self._move("active", "GPU work seen")
             return self._move("calibrating", f"warm-up {self.work_samples}/{self.warmup_samples}")
+        if waiting and job_running is not False:
+            return None  # at a collective's barrier: neither stalled nor quiet towards idle
         self.quiet_samples += 1
         if job_running is True and self.warmed_up and self.state in ("active", "stale"):
             self.stalled = True

@@ -146,10 +146,12 @@ class NodeSampler:
             host_mem_free = self.proc.meminfo().available_fraction
         except ProcfsError as exc:
             log.warning("%s", exc)
-        sample = self.evaluate(window, now, cpu_busy, host_mem_free, peer_rates, job_file)
-        if self.collectives is None:
-            return sample
-        return replace(sample, collectives=self.collectives.read(now))
+        comms = self.collectives.read(now) if self.collectives is not None else ()
+        waiting = any(c.inflight_seq is not None for c in comms)
+        sample = self.evaluate(
+            window, now, cpu_busy, host_mem_free, peer_rates, job_file, waiting=waiting
+        )
+        return replace(sample, collectives=comms) if comms else sample
 
     def evaluate(
         self,
@@ -159,10 +161,13 @@ class NodeSampler:
         host_mem_free: float | None,
         peer_rates: Mapping[str, float] | None = None,
         job_file: bool = False,
+        *,
+        waiting: bool = False,
     ) -> NodeSample:
         """Score one window read from the node DB, with the host's CPU and memory readings;
         advances the state machine, the baselines and the GPU health state (the benchmark
-        drives this directly with generated windows)."""
+        drives this directly with generated windows). ``waiting``: a rank of the node is
+        inside an NCCL collective (ingero.push.nodestate: waiting is not stalled)."""
         # GPU rows in the node DB (NVML through ingero trace or gpu-sample) first; a live
         # query only where nothing writes them. Busy is measured or missing, never estimated.
         gpu_error = None
@@ -184,7 +189,10 @@ class NodeSampler:
             self.traced_pids = window.launch_pids
         was_stalled = self.state.stalled
         transition = self.state.observe(
-            readable=True, kernel_launches=window.kernel_launches, job_running=running
+            readable=True,
+            kernel_launches=window.kernel_launches,
+            job_running=running,
+            waiting=waiting,
         )
         stalled = self.state.stalled
         if stalled != was_stalled:

@@ -125,3 +125,22 @@ def test_since_follows_the_clock() -> None:
 def test_bad_settings_are_rejected(warmup: int, idle: int) -> None:
     with pytest.raises(ValueError):
         NodeStateMachine(warmup_samples=warmup, idle_after=idle, clock=ManualClock())
+
+
+@pytest.mark.parametrize(
+    ("job_running", "waiting", "stalled", "state"),
+    [
+        (True, False, True, "active"),  # the job runs, nothing launched: stalled
+        (True, True, False, "active"),  # inside a collective: a victim waiting, not stalled
+        (None, True, False, "active"),  # nothing says the job runs, but a rank waits inside
+        (False, True, False, "idle"),  # the job has ended: idle whatever the last rows say
+    ],
+)
+def test_a_rank_waiting_inside_a_collective_is_not_stalled(
+    job_running: bool | None, waiting: bool, stalled: bool, state: str
+) -> None:
+    m = machine(warmup=1, idle_after=2)
+    m.observe(readable=True, kernel_launches=5)
+    for _ in range(4):  # more quiet samples than idle_after
+        m.observe(readable=True, job_running=job_running, waiting=waiting)
+    assert (m.stalled, m.state) == (stalled, state)

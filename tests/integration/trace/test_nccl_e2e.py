@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import json
 import os
+import time
 import urllib.parse
 from collections.abc import Iterator
 from pathlib import Path
@@ -186,3 +187,13 @@ def test_late_rank_and_hung_collective_from_ranks_to_echo(
         (hung_seq, True, [STOP_RANK], [nodes[STOP_RANK]])
     ]
     assert hangs[0]["comm_hash"] == comm and hangs[0]["reason"] == "missing_ranks", hangs[0]
+    # The ranks waiting inside the hung collective launch nothing, but they are its victims,
+    # not stragglers: no node-side stall for them (ingero.push.nodestate, "waiting is not
+    # stalled"); the rank that never arrived may be flagged as stalled.
+    time.sleep(4 * INTERVAL)  # a few more samples of everyone inside
+    stalls = {
+        e.node_id
+        for e in c.events()
+        if e.type == "straggler_state" and e.extra.get("reason") == "stall"
+    }
+    assert stalls <= {nodes[STOP_RANK]}, stalls
