@@ -18,7 +18,7 @@ from ingero.cli.options import (
     node_db_option,
     seconds,
 )
-from ingero.cluster.fanout import Fanout
+from ingero.cluster.fanout import Fanout, MergedRows
 from ingero.errors import EXIT_OK, UsageError
 
 if TYPE_CHECKING:
@@ -131,6 +131,7 @@ def explain(ctx: click.Context, db_path: Path, window: str, job_id: str | None,
 def _across(spread: Fanout, args: list[str], as_json: bool) -> int:
     from ingero.cluster.across import (
         cross_node_peer_lag,
+        nccl_calls_sql,
         nccl_sql,
         recent_window,
         signal_dict,
@@ -162,13 +163,16 @@ def _across(spread: Fanout, args: list[str], as_json: bool) -> int:
         # The second round reads every node's NCCL calls of the recent window (unbounded
         # by --limit only up to the query's own cap) to align the collectives across nodes.
         db = ["--db", args[args.index("--db") + 1]] if "--db" in args else []
-        sql = nccl_sql(*window)
-        rows = merge_query_results(
-            run_on_nodes(list(reports), [options.remote_ingero, "query", "--json", "--limit",
-                                         "100000", *db, sql], options),
-            options.node_timeout_s,
-        )  # fmt: skip
-        peer = cross_node_peer_lag(rows, *window)
+
+        def nodes_query(sql: str) -> MergedRows:
+            argv = [options.remote_ingero, "query", "--json", "--limit", "100000", *db, sql]
+            return merge_query_results(run_on_nodes(list(reports), argv, options),
+                                       options.node_timeout_s)  # fmt: skip
+
+        # nccl_calls (node DB v3) joins collectives by sequence number; a node whose DB
+        # predates it refuses that query and is aligned from its raw events alone.
+        rows = nodes_query(nccl_sql(*window))
+        peer = cross_node_peer_lag(rows, *window, numbered=nodes_query(nccl_calls_sql(*window)))
     for failure in failed:
         click.echo(f"ingero: {failure['node']}: {failure['error']}", err=True)
     if as_json:

@@ -2,7 +2,9 @@
 
 Each node explains itself (``ingero explain --json`` there). Across nodes this adds the one
 cause a single node cannot see: which rank reaches the collectives of a communicator last
-(peer lag), from every node's sampled NCCL calls, aligned per communicator. Pure: takes the
+(peer lag), from every node's sampled NCCL calls (``nccl_calls`` where a node's DB has it,
+v3, and its NCCL ``raw_events``), joined per communicator by sequence number where the
+tracer numbered them (``join_collectives``). Pure: takes the
 nodes' JSON answers and rows, returns plain values.
 """
 
@@ -13,6 +15,7 @@ from typing import Any
 
 from ingero.cluster.fanout import MergedRows
 from ingero.explain.chains import CollectiveCall, Signal, Timeline, peer_lag_signal
+from ingero.explain.reader import NCCL_CALL_COLUMNS
 
 # The columns the NCCL query reads from every node (see ``nccl_sql``).
 NCCL_COLUMNS = ("ts", "duration_ns", "pid", "rank", "op", "detail")
@@ -23,6 +26,14 @@ def nccl_sql(start: float, end: float) -> str:
     return (
         f"SELECT {', '.join(NCCL_COLUMNS)} FROM raw_events WHERE source = 'nccl'"
         f" AND ts > {float(start)!r} AND ts <= {float(end)!r} ORDER BY ts"
+    )
+
+
+def nccl_calls_sql(start: float, end: float) -> str:
+    """The numbered collectives (``nccl_calls``, node DB v3) that arrived in ``(start, end]``."""
+    return (
+        f"SELECT {', '.join(NCCL_CALL_COLUMNS)} FROM nccl_calls"
+        f" WHERE ts_enter > {float(start)!r} AND ts_enter <= {float(end)!r} ORDER BY ts_enter"
     )
 
 
@@ -38,20 +49,33 @@ def recent_window(reports: Mapping[str, Mapping[str, Any]]) -> tuple[float, floa
     return min(a for a, _ in spans), max(b for _, b in spans)
 
 
-def cross_node_peer_lag(rows: MergedRows, start: float, end: float) -> Signal | None:
-    """The rank (and node) that reaches a communicator's collectives last, from all nodes."""
-    from ingero.explain.reader import collective
+def cross_node_peer_lag(
+    rows: MergedRows, start: float, end: float, numbered: MergedRows | None = None
+) -> Signal | None:
+    """The rank (and node) that reaches a communicator's collectives last, from all nodes.
+
+    ``rows``: the nodes' NCCL raw events (``nccl_sql``); ``numbered``: their ``nccl_calls``
+    (``nccl_calls_sql``; nodes whose DB predates it simply have none).
+    """
+    from ingero.explain.reader import collective, numbered_collective, sampled_collectives
 
     index = {c: i for i, c in enumerate(rows.columns)}
     if any(c not in index for c in ("node", *NCCL_COLUMNS)):
         return None
-    calls: list[CollectiveCall] = []
+    raw: list[CollectiveCall] = []
     for row in rows.rows:
         ts, dur, pid, rank, op, detail = (row[index[c]] for c in NCCL_COLUMNS)
         call = collective(ts, dur, pid, rank, op, detail, node=str(row[index["node"]]))
         if call is not None:
-            calls.append(call)
-    return peer_lag_signal(Timeline(start, start, end, collectives=tuple(calls)))
+            raw.append(call)
+    calls: list[CollectiveCall] = []
+    if numbered is not None and set(NCCL_CALL_COLUMNS) <= set(numbered.columns):
+        for values in numbered.rows:
+            named = dict(zip(numbered.columns, values, strict=True))
+            if (call := numbered_collective(named, node=str(named["node"]))) is not None:
+                calls.append(call)
+    collectives = tuple(sampled_collectives(calls, raw))
+    return peer_lag_signal(Timeline(start, start, end, collectives=collectives))
 
 
 def top_line(node: str, report: Mapping[str, Any]) -> str:

@@ -11,13 +11,16 @@ trace object and the warnings to print. Layout:
   node's off-CPU seconds per second, page allocations, block I/O p99 and TCP retransmits,
   and GPU busy where recorded;
 - thread 0 of each node, "ingero events": straggler episodes and drains as slices;
-- NCCL collectives: the i-th call of each rank of one communicator is one collective; its
-  calls carry the same ``collective`` argument and are chained by flow events.
+- NCCL collectives (``nccl_calls`` where the node DB has it, v3, and the sampled NCCL
+  ``raw_events`` not among them), from arrival to return; one still in flight when written
+  lasts to the end of the trace. The ranks' calls of one collective (``join_collectives``:
+  one communicator and sequence number, or the i-th call of each rank for node DBs older
+  than v3) carry the same ``collective`` argument and are chained by flow events.
 
 Clocks: a node's measured offset (``merged_nodes.clock_offset_s``, measured by
 ``merge``/``export --nodes``) is subtracted from its times. Where none is known, the offset
-is estimated from the collectives it shares with other nodes (all ranks leave an
-all-reduce together) and applied. Nodes whose clocks disagree by more than
+is estimated from the collectives it shares with other nodes, joined as above (all ranks
+leave an all-reduce together) and applied. Nodes whose clocks disagree by more than
 ``CLOCK_WARN_S`` are named in a warning.
 """
 
@@ -31,8 +34,12 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Final
 
-from ingero.explain.chains import CollectiveCall
-from ingero.explain.reader import collective
+from ingero.explain.chains import CollectiveCall, join_collectives
+from ingero.explain.reader import (
+    collective,
+    numbered_collective,
+    sampled_collectives,
+)
 
 CLOCK_WARN_S: Final = 0.1
 FORMATS: Final = ("perfetto", "chrome")
@@ -61,50 +68,51 @@ class Slice:
     args: Mapping[str, Any] = field(default_factory=dict)
 
 
+def _raw_collective(node: str, r: Mapping[str, Any]) -> CollectiveCall | None:
+    if r.get("source") != "nccl":
+        return None
+    return collective(
+        r.get("ts"), r.get("duration_ns"), r.get("pid"), r.get("rank"), r.get("op"),
+        r.get("detail"), node=node,
+    )  # fmt: skip
+
+
+def _numbered(n: NodeData) -> list[tuple[CollectiveCall, dict[str, Any]]]:
+    """The node's ``nccl_calls`` rows (none before node DB v3) as calls, with their row."""
+    out = []
+    for r in n.rows("nccl_calls"):
+        if (call := numbered_collective(r, node=n.node)) is not None:
+            out.append((call, r))
+    return out
+
+
 def _collectives(nodes: Sequence[NodeData]) -> list[CollectiveCall]:
+    """Every node's collectives: ``nccl_calls``, and the NCCL raw events not among them."""
     calls = []
     for n in nodes:
-        for r in n.rows("raw_events"):
-            if r.get("source") != "nccl":
-                continue
-            c = collective(
-                r.get("ts"),
-                r.get("duration_ns"),
-                r.get("pid"),
-                r.get("rank"),
-                r.get("op"),
-                r.get("detail"),
-                node=n.node,
-            )
-            if c is not None:
-                calls.append(c)
+        raw = [c for r in n.rows("raw_events") if (c := _raw_collective(n.node, r)) is not None]
+        calls += sampled_collectives((c for c, _ in _numbered(n)), raw)
     return calls
 
 
-def align_collectives(calls: Iterable[CollectiveCall]) -> dict[tuple[str | None, int, float], str]:
-    """Collective id of each call: the i-th call of every rank of a communicator and op."""
-    by_rank: dict[tuple[str, str], dict[tuple[str | None, int], list[CollectiveCall]]] = (
-        defaultdict(lambda: defaultdict(list))
-    )
-    for c in sorted(calls, key=lambda c: c.ts):
-        by_rank[(c.comm_hash, c.op)][(c.node, c.pid)].append(c)
-    ids = {}
-    for (comm, op), ranks in by_rank.items():
-        for seq_calls in ranks.values():
-            for i, c in enumerate(seq_calls):
-                ids[(c.node, c.pid, c.ts)] = f"{comm[:8]}:{op}:{i}"
-    return ids
+def align_collectives(calls: Iterable[CollectiveCall]) -> dict[CollectiveCall, str]:
+    """Collective id of each call (``join_collectives``): communicator, op and number."""
+    return {
+        c: f"{comm[:8]}:{op}:{n}"
+        for (comm, op, n), members in join_collectives(calls).items()
+        for c in members.values()
+    }
 
 
 def estimate_offsets(
-    calls: Sequence[CollectiveCall], ids: Mapping[tuple[str | None, int, float], str]
+    calls: Sequence[CollectiveCall], ids: Mapping[CollectiveCall, str]
 ) -> dict[str, float]:
     """Each node's clock offset judged by the collectives it shares (median return-time gap
     to the median of all ranks); nodes with no shared collective are left out."""
     ends: dict[str, list[tuple[str, float]]] = defaultdict(list)
     for c in calls:
-        if c.node is not None:
-            ends[ids[(c.node, c.pid, c.ts)]].append((c.node, c.ts))
+        if c.node is not None and c.returned and c in ids:
+            ends[ids[c]].append((c.node, c.ts))
     gaps: dict[str, list[float]] = defaultdict(list)
     for members in ends.values():
         if len({n for n, _ in members}) < 2:
@@ -161,11 +169,15 @@ def build_trace(
     def local(node: str, ts: float) -> float:
         return ts - offsets[node]
 
+    numbered = {n.node: _numbered(n) for n in nodes}
+    # a raw event of a collective nccl_calls holds is drawn from there (arrival, in flight)
+    in_table = {(c.node, c.pid, c.comm_hash, c.seq) for v in numbered.values() for c, _ in v}
     starts = [
         local(n.node, float(r["ts"]) - float(r.get("duration_ns") or 0) / 1e9)
         for n in nodes
         for r in n.rows("raw_events")
     ]
+    starts += [local(c.node or "", c.arrival) for v in numbered.values() for c, _ in v]
     starts += [
         local(n.node, float(r["ts_start"]))
         for n in nodes
@@ -177,6 +189,7 @@ def build_trace(
     events: list[dict[str, Any]] = []
     pid_of = {n.node: i for i, n in enumerate(nodes, 1)}
     flows: dict[str, list[dict[str, Any]]] = defaultdict(list)
+    in_flight: list[dict[str, Any]] = []  # collectives not returned: drawn to the end
     for n in nodes:
         pid = pid_of[n.node]
         events.append(
@@ -201,7 +214,7 @@ def build_trace(
             }
         )
         procs = {int(p["pid"]): p for p in n.rows("processes")}
-        tids = {int(r["pid"]) for t in ("raw_events", "intervals") for r in n.rows(t)}
+        tids = {int(r["pid"]) for t in ("raw_events", "intervals", "nccl_calls") for r in n.rows(t)}
         for tid in sorted(tids):
             p = procs.get(tid, {})
             rank = p.get("rank")
@@ -223,6 +236,9 @@ def build_trace(
                 }
             )
         for r in n.rows("raw_events"):
+            call = _raw_collective(n.node, r)
+            if call is not None and (n.node, call.pid, call.comm_hash, call.seq) in in_table:
+                continue
             dur_ns = int(r.get("duration_ns") or 0)
             end = local(n.node, float(r["ts"]))
             args: dict[str, Any] = {"ret": r.get("ret"), "bytes": r.get("bytes")}
@@ -231,7 +247,7 @@ def build_trace(
                     args.update(json.loads(str(r["detail"])))
                 except ValueError:
                     args["detail"] = r["detail"]
-            cid = ids.get((n.node, int(r["pid"]), float(r["ts"])))
+            cid = None if call is None else ids.get(call)
             event = {
                 "ph": "X",
                 "name": str(r["op"]),
@@ -243,6 +259,29 @@ def build_trace(
                 "args": args,
             }
             if cid is not None:
+                args["collective"] = cid
+                flows[cid].append(event)
+            events.append(event)
+        for call, r in numbered[n.node]:
+            args = {
+                k: r.get(k)
+                for k in ("comm_hash", "comm_rank", "nranks", "seq", "bytes", "ret")
+                if r.get(k) is not None
+            }
+            event = {
+                "ph": "X",
+                "name": call.op,
+                "cat": "nccl",
+                "ts": _us(local(n.node, call.arrival), t0),
+                "dur": round(call.duration_ns / 1e3, 3),
+                "pid": pid,
+                "tid": call.pid,
+                "args": args,
+            }
+            if not call.returned:
+                args["in_flight"] = True
+                in_flight.append(event)
+            if (cid := ids.get(call)) is not None:
                 args["collective"] = cid
                 flows[cid].append(event)
             events.append(event)
@@ -298,6 +337,8 @@ def build_trace(
                     }
                 )
     end_of_trace = max((e["ts"] + e.get("dur", 0) for e in events if "ts" in e), default=0.0)
+    for e in in_flight:
+        e["dur"] = round(max(0.0, end_of_trace - e["ts"]), 3)
     for s in slices:
         if s.node not in pid_of:
             continue

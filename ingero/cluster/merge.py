@@ -1,7 +1,9 @@
 """``ingero merge``: many node DBs in one queryable database, with node, job and rank on every row.
 
 The merged database has the node DB's tables (``intervals``, ``raw_events``,
-``host_intervals``, ``gpu_intervals``, ``processes``), each with a leading ``node`` column
+``host_intervals``, ``gpu_intervals``, ``gpu_processes``, ``processes``, and from node DB v3
+``nccl_calls`` and ``nccl_comms``: present once a node that has them is merged, a node DB
+without them adds no rows there), each with a leading ``node`` column
 and ``job_id``/``rank`` columns, plus ``merged_nodes`` (one row per node: where its rows came
 from, its schema version and clock offset where measured). Rows of the node-wide tables
 (host and GPU intervals) get the node's job and rank when the node ran exactly one job
@@ -23,7 +25,7 @@ from typing import Any, Final
 import sqlite_utils
 
 from ingero.errors import EXIT_DATAERR, IngeroError
-from ingero.explain.reader import NODE_TABLES
+from ingero.explain.reader import CARRIED_TABLES
 from ingero.nodedb.schema import SCHEMA_VERSION
 
 MERGED_TABLE: Final = "merged_nodes"
@@ -148,11 +150,11 @@ def merge_rows(
             job, rank = _node_job((row[j], row[r]) for row in procs)
     written = 0
     with out.conn:
-        for table in NODE_TABLES:
+        for table in CARRIED_TABLES:
             if out.table(table).exists():
                 out.execute(f'DELETE FROM "{table}" WHERE node = ?', [node])
         for table, (columns, rows) in tables.items():
-            if table not in NODE_TABLES:
+            if table not in CARRIED_TABLES:
                 continue
             _ensure_table(out, table, columns)
             names = ["node", *columns]
@@ -190,7 +192,10 @@ def merge_node_db(out: sqlite_utils.Database, node: str, path: Path) -> int:
     try:
         version = int(src.execute("PRAGMA user_version").fetchone()[0])
         tables = {}
-        for table in NODE_TABLES:
+        present = set(src.table_names())
+        for table in CARRIED_TABLES:
+            if table not in present:  # an older node DB (no NCCL tables before v3)
+                continue
             cur = src.conn.execute(f'SELECT * FROM "{table}"')
             tables[table] = ([d[0] for d in cur.description], _batches(cur))
         return merge_rows(out, node, tables, source=str(path), schema_version=version)

@@ -2,7 +2,9 @@
 
 Each table's newest rows of the last ``since`` seconds (at most ``limit``) come from
 ``ingero query --json --table T`` on every node, so the node's read-only guard applies;
-a node that fails any table is left out whole (a node is merged completely or not at all).
+a node that fails any table is left out whole (a node is merged completely or not at all),
+except that a node whose ingero refuses an optional table (``nccl_calls``/``nccl_comms``:
+its node DB is older than v3, or its ingero is) gives no rows of it.
 Clock offsets are measured in the same run (``fanout.clock_offsets``).
 """
 
@@ -12,8 +14,15 @@ import math
 from dataclasses import dataclass, field
 from typing import Any, Final
 
-from ingero.cluster.fanout import Fanout, clock_offsets, remote_json, run_on_nodes
-from ingero.explain.reader import NODE_TABLES
+from ingero.cluster.fanout import (
+    COMMAND_NOT_FOUND,
+    Fanout,
+    NodeResult,
+    clock_offsets,
+    remote_json,
+    run_on_nodes,
+)
+from ingero.explain.reader import CARRIED_TABLES, OPTIONAL_TABLES
 
 # Rows come over SSH as JSON held in memory: bounded by time and count (merge, export).
 DEFAULT_SINCE: Final = "15m"
@@ -35,7 +44,7 @@ def fetch_tables(spread: Fanout, since_s: float, limit: int, remote_db: str | No
     out = Fetched()
     nodes = list(spread.nodes)
     db = ["--db", remote_db] if remote_db else []
-    for table in NODE_TABLES:
+    for table in CARRIED_TABLES:
         if not nodes:
             break
         argv = [
@@ -55,6 +64,8 @@ def fetch_tables(spread: Fanout, since_s: float, limit: int, remote_db: str | No
         for r in run_on_nodes(nodes, argv, options):
             answer = remote_json(r) if r.ok else None
             if answer is None or not isinstance(answer.get("columns"), list):
+                if table in OPTIONAL_TABLES and refused(r):
+                    continue
                 failure = r.as_failure(options.node_timeout_s)
                 failure["error"] = f"{table}: {failure['error']}"
                 out.failed.append(failure)
@@ -67,3 +78,9 @@ def fetch_tables(spread: Fanout, since_s: float, limit: int, remote_db: str | No
                 out.truncated.append((r.node, table))
     out.offsets = clock_offsets(list(out.tables), options) if out.tables else {}
     return out
+
+
+def refused(result: NodeResult) -> bool:
+    """The node's ingero ran and said no (no such table, an unknown --table): not a node
+    that could not be reached, timed out or has no ingero."""
+    return result.reachable and result.rc not in (0, COMMAND_NOT_FOUND)

@@ -7,7 +7,7 @@ from typing import Any
 
 from ingero.cluster.export import NodeData
 from ingero.cluster.merge import MERGED_TABLE
-from ingero.explain.reader import NODE_TABLES, TIME_COLUMNS, latest_ts, open_node_db
+from ingero.explain.reader import CARRIED_TABLES, TIME_COLUMNS, latest_ts, open_node_db
 
 
 def read_db(
@@ -37,10 +37,11 @@ def read_db(
             if merged
             else {}
         )
+        present = set(db.table_names())  # no NCCL tables in a node DB before v3
         out = []
         for name in names:
             data = NodeData(name, clock_offset_s=offsets.get(name))
-            for table in NODE_TABLES:
+            for table in (t for t in CARRIED_TABLES if t in present):
                 col = TIME_COLUMNS[table]
                 where = "node = ? AND " if merged else ""
                 args: list[Any] = [name] if merged else []

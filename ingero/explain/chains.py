@@ -118,7 +118,10 @@ class GpuPoint:
 
 @dataclass(frozen=True)
 class CollectiveCall:
-    """One sampled NCCL call (``raw_events``); ``ts`` is when it returned."""
+    """One sampled NCCL collective (``raw_events`` or ``nccl_calls``); ``ts`` is when it
+    returned (its arrival where it had not returned when written: then ``duration_ns`` is 0
+    and ``returned`` False). ``seq``: its number on its communicator in its process, where
+    the tracer numbered it (node DB v3), else None."""
 
     ts: float
     duration_ns: int
@@ -127,6 +130,49 @@ class CollectiveCall:
     comm_hash: str
     rank: int | None = None
     node: str | None = None
+    seq: int | None = None
+    returned: bool = True
+
+    @property
+    def arrival(self) -> float:
+        return self.ts - self.duration_ns / 1e9
+
+
+# Which collective a call is part of: (communicator hash, op, number). The number is the
+# call's ``seq`` where every call of its communicator has one, else its position among its
+# rank's calls of that communicator and op.
+CollectiveId = tuple[str, str, int]
+RankKey = tuple[str | None, int]  # (node, pid)
+
+
+def join_collectives(
+    calls: Iterable[CollectiveCall],
+) -> dict[CollectiveId, dict[RankKey, CollectiveCall]]:
+    """The ranks' calls of each collective, joined across ranks (and nodes).
+
+    Where the tracer numbered a communicator's collectives (node DB v3: ``nccl_calls`` and
+    ``raw_events.detail.seq``), one collective is its (communicator, seq) on every rank, so
+    a rank whose sample misses a call leaves the others' collectives where they are. A
+    communicator with any call without a number (an older node DB among the ranks) falls
+    back to "the i-th call of each rank (per op) is one collective", which one missing
+    sample shifts. A call seen twice (the same rank and key) is kept once, the first.
+    """
+    by_comm: dict[str, list[CollectiveCall]] = defaultdict(list)
+    for c in calls:
+        by_comm[c.comm_hash].append(c)
+    out: dict[CollectiveId, dict[RankKey, CollectiveCall]] = defaultdict(dict)
+    for comm, members in by_comm.items():
+        if all(c.seq is not None for c in members):
+            for c in members:
+                assert c.seq is not None
+                out[(comm, c.op, c.seq)].setdefault((c.node, c.pid), c)
+            continue
+        position: dict[tuple[str, RankKey], int] = defaultdict(int)
+        for c in sorted(members, key=lambda c: c.ts):
+            i = position[(c.op, (c.node, c.pid))]
+            position[(c.op, (c.node, c.pid))] = i + 1
+            out[(comm, c.op, i)][(c.node, c.pid)] = c
+    return dict(out)
 
 
 @dataclass(frozen=True)
@@ -873,27 +919,31 @@ def _throughput_signal(t: Timeline) -> Signal | None:
 def peer_lag_signal(t: Timeline) -> Signal | None:
     """The rank that reaches a communicator's collectives last, most of the time.
 
-    Every rank of a communicator calls its collectives in the same order, so the i-th call
-    of each rank (per communicator and op) is one collective. A rank's arrival is when its
-    call began (return time - duration); the others wait for the last one to arrive.
+    Collectives are joined across ranks by ``join_collectives`` (their sequence number
+    where the tracer numbered them). A round is a collective every rank seen (per
+    communicator and op) has a sampled call in. A rank's arrival is when its call began;
+    the others wait for the last one to arrive.
     """
     calls = [c for c in t.collectives if _recent(c.ts, t)]
-    groups: dict[tuple[str, str], dict[tuple[str | None, int], list[CollectiveCall]]] = defaultdict(
-        lambda: defaultdict(list)
-    )
-    for c in sorted(calls, key=lambda c: c.ts):
-        groups[(c.comm_hash, c.op)][(c.node, c.pid)].append(c)
+    groups: dict[tuple[str, str], dict[int, dict[RankKey, CollectiveCall]]] = defaultdict(dict)
+    for (comm, op, n), members in join_collectives(calls).items():
+        groups[(comm, op)][n] = members
     worst: tuple[float, Signal] | None = None
-    for (comm, op), ranks in groups.items():
-        if len(ranks) < 2:
+    for (comm, op), collectives in groups.items():
+        everyone = {k for members in collectives.values() for k in members}
+        if len(everyone) < 2:
             continue
-        rounds = min(len(v) for v in ranks.values())
+        full = [m for _, m in sorted(collectives.items()) if len(m) == len(everyone)]
+        rounds = len(full)
         if rounds < PEER_MIN_ROUNDS:
             continue
-        last: dict[tuple[str | None, int], int] = defaultdict(int)
-        lags: dict[tuple[str | None, int], list[float]] = defaultdict(list)
-        for i in range(rounds):
-            arrivals = {k: v[i].ts - v[i].duration_ns / 1e9 for k, v in ranks.items()}
+        ranks: dict[RankKey, list[CollectiveCall]] = defaultdict(list)
+        last: dict[RankKey, int] = defaultdict(int)
+        lags: dict[RankKey, list[float]] = defaultdict(list)
+        for members in full:
+            for k, c in members.items():
+                ranks[k].append(c)
+            arrivals = {k: c.arrival for k, c in members.items()}
             latest = max(arrivals, key=lambda k: arrivals[k])
             last[latest] += 1
             others = [a for k, a in arrivals.items() if k != latest]
@@ -924,6 +974,11 @@ def peer_lag_signal(t: Timeline) -> Signal | None:
                 "last_in": times,
                 "median_lag_ns": round(lag_ns),
                 "ranks": len(ranks),
+                # "seq": joined by the tracer's sequence numbers; "position": the i-th
+                # call of each rank (a node DB older than v3 among the ranks)
+                "joined_by": "seq"
+                if all(c.seq is not None for m in full for c in m.values())
+                else "position",
             },
             pids=frozenset(p for _, p in ranks),
             onset=min(c.ts for c in ranks[key]),

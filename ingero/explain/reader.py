@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import sqlite3
+from collections.abc import Iterable, Mapping
 from pathlib import Path
 
 import sqlite_utils
@@ -40,10 +41,16 @@ NODE_TABLES = (
     "gpu_processes",
     "processes",
 )
-# Node DB v3: NCCL collectives per communicator (ingero trace). Queryable; not yet part of
-# merge/export/fan-out (NODE_TABLES), which read every node DB, older ones included.
+# Node DB v3: NCCL collectives per communicator (ingero trace). Older node DBs lack them:
+# merge, export and the fan-out carry them where a node DB has them (``OPTIONAL_TABLES``).
 NCCL_TABLES = ("nccl_calls", "nccl_comms")
 QUERY_TABLES = (*NODE_TABLES, *NCCL_TABLES)
+# The tables merge/export/fan-out carry: every node DB has NODE_TABLES; the others only
+# from the schema version that added them, so a DB without one gives no rows of it.
+CARRIED_TABLES = QUERY_TABLES
+OPTIONAL_TABLES = frozenset(NCCL_TABLES)
+# The nccl_calls columns a collective is read from (``numbered_collective``).
+NCCL_CALL_COLUMNS = ("ts_enter", "ts_return", "pid", "comm_rank", "rank", "op", "comm_hash", "seq")
 # The column each table's rows are placed in time by (query --since, merge, export).
 TIME_COLUMNS = {
     "intervals": "ts_end",
@@ -307,7 +314,7 @@ def read_timeline(
                 next((x for x in x_vals if x), None),
             )
         )
-    collectives = []
+    raw = []
     for ts, dur, pid, rank, op, detail in conn.execute(
         "SELECT ts, duration_ns, pid, rank, op, detail FROM raw_events"
         f" WHERE source = 'nccl' AND ts > ? AND ts <= ? {job_sql} ORDER BY ts",
@@ -315,7 +322,19 @@ def read_timeline(
     ):
         call = collective(ts, dur, pid, rank, op, detail)
         if call is not None:
-            collectives.append(call)
+            raw.append(call)
+    numbered = []
+    if "nccl_calls" in db.table_names():  # node DB v3
+        cols = ", ".join(NCCL_CALL_COLUMNS)
+        for row in conn.execute(
+            f"SELECT {cols} FROM nccl_calls WHERE ts_enter > ? AND ts_enter <= ? {job_sql}"
+            " ORDER BY ts_enter",
+            (start, end, *job_args),
+        ):
+            call = numbered_collective(dict(zip(NCCL_CALL_COLUMNS, row, strict=True)))
+            if call is not None:
+                numbered.append(call)
+    collectives = sampled_collectives(numbered, raw)
     processes = {
         p.pid: Process(p.pid, p.comm, p.job_id, p.rank) for p in read_processes(db, job_id)
     }
@@ -340,6 +359,7 @@ def collective(
     if not comm or ts is None or duration_ns is None or str(op) in NON_COLLECTIVE_OPS:
         return None
     detail_rank = info.get("rank")
+    seq = info.get("seq")
     return CollectiveCall(
         ts=float(str(ts)),
         duration_ns=int(str(duration_ns)),
@@ -350,4 +370,43 @@ def collective(
         if isinstance(detail_rank, int)
         else (None if rank is None else int(str(rank))),
         node=node,
+        seq=seq if isinstance(seq, int) and not isinstance(seq, bool) else None,
     )
+
+
+def numbered_collective(
+    row: Mapping[str, object], node: str | None = None
+) -> CollectiveCall | None:
+    """An ``nccl_calls`` row (``NCCL_CALL_COLUMNS``) as a collective call. One not returned
+    when written is placed at its arrival, with no duration. Its rank is the one inside the
+    communicator, as ``raw_events.detail`` gives it, else the Slurm rank tag."""
+    if any(row.get(c) is None for c in ("ts_enter", "pid", "op", "comm_hash", "seq")):
+        return None  # NOT NULL in the node DB; a merged or fetched row may lack one
+    rank = row.get("rank") if row.get("comm_rank") is None else row.get("comm_rank")
+    enter = float(str(row["ts_enter"]))
+    back = None if row.get("ts_return") is None else float(str(row["ts_return"]))
+    return CollectiveCall(
+        ts=enter if back is None else back,
+        duration_ns=0 if back is None else max(0, round((back - enter) * 1e9)),
+        pid=int(str(row["pid"])),
+        op=str(row["op"]),
+        comm_hash=str(row["comm_hash"]),
+        rank=None if rank is None else int(str(rank)),
+        node=node,
+        seq=int(str(row["seq"])),
+        returned=back is not None,
+    )
+
+
+def sampled_collectives(
+    numbered: Iterable[CollectiveCall], raw: Iterable[CollectiveCall]
+) -> list[CollectiveCall]:
+    """The ``nccl_calls`` calls, and the ``raw_events`` ones that are not among them.
+
+    Both tables sample the same collectives (independently); ``nccl_calls`` has the arrival
+    and the calls in flight, so a call in both is taken from there.
+    """
+    out = list(numbered)
+    seen = {(c.node, c.pid, c.comm_hash, c.seq) for c in out}
+    out += [c for c in raw if c.seq is None or (c.node, c.pid, c.comm_hash, c.seq) not in seen]
+    return out

@@ -193,3 +193,36 @@ def test_export_over_ssh_is_a_valid_timeline_with_a_track_per_node(
         if e["ph"] == "X" and "collective" in e["args"]
     }
     assert len(collectives) == 240
+
+
+def test_merge_and_export_over_ssh_carry_nccl_calls_where_a_node_db_has_them(
+    tmp_path: Path,
+) -> None:
+    """gpu1 and gpu3 run node DB v3 (nccl_calls; gpu3's sample lacks collective #5), gpu2 an
+    older v2 DB: its ingero refuses the NCCL tables, and it is merged without them."""
+    from tests.unit.collective_dbs import COLLECTIVES, job
+
+    files = job(tmp_path / "dbs", {"gpu2": 2}, how="calls", missing={"gpu3": {5}})
+    dbs = {f.stem: f for f in files}
+    out = tmp_path / "job.db"
+    with ssh_nodes(tmp_path / "ssh", dbs) as n:
+        merged = ingero(n, "merge", str(out), "--nodes", "gpu[1-3]", "--since", "100000d")
+        exported = ingero(n, "export", "--nodes", "gpu[1-3]", "--since", "100000d")
+    assert merged.returncode == 0, merged.stderr
+    assert "gpu2" not in merged.stderr.replace("gpu2: ", "", 1)  # only its "rows" line
+    conn = sqlite3.connect(out)
+    try:
+        calls = conn.execute(
+            "SELECT node, COUNT(*), MAX(seq) FROM nccl_calls GROUP BY node ORDER BY node"
+        ).fetchall()
+        comms = conn.execute("SELECT COUNT(*) FROM nccl_comms").fetchone()[0]
+        raw = dict(conn.execute("SELECT node, COUNT(*) FROM raw_events GROUP BY node").fetchall())
+    finally:
+        conn.close()
+    assert calls == [("gpu1", COLLECTIVES, COLLECTIVES), ("gpu3", COLLECTIVES - 1, COLLECTIVES)]
+    assert comms == 0 and raw == {"gpu2": COLLECTIVES}
+    assert exported.returncode == 0, exported.stderr
+    trace = json.loads(exported.stdout)
+    assert problems(trace) == []
+    seqs = [e["args"]["seq"] for e in trace["traceEvents"] if "seq" in e.get("args", {})]
+    assert len(seqs) == 2 * COLLECTIVES - 1  # gpu2's raw events (v2) carry none
