@@ -40,26 +40,28 @@ def test_echo_refuses_a_bad_config_with_the_key_named(tmp_path: Path) -> None:
         assert f"limits.decode_workers: {message}" in result.stderr, result.stderr
 
 
-def test_echo_says_which_port_is_taken(tmp_path: Path) -> None:
+@pytest.mark.parametrize(
+    ("flag", "what"),
+    [("--api", "the API"), ("--otlp-http", "OTLP/HTTP"), ("--otlp-grpc", "OTLP/gRPC")],
+)
+def test_echo_says_which_port_is_taken(tmp_path: Path, flag: str, what: str) -> None:
     import socket
 
     with socket.socket() as taken:
+        # SO_REUSEPORT as another grpcio server's socket has it: the port is still taken
+        taken.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
         taken.bind(("127.0.0.1", 0))
         taken.listen()
         port = taken.getsockname()[1]
+        listen = {f: f"127.0.0.1:{free_port()}" for f in ("--api", "--otlp-http", "--otlp-grpc")}
+        listen[flag] = f"127.0.0.1:{port}"
         result = ingero(
-            "echo",
-            "--db",
-            str(tmp_path / "e.db"),
-            "--api",
-            f"127.0.0.1:{port}",
-            "--otlp-http",
-            f"127.0.0.1:{free_port()}",
-            "--otlp-grpc",
-            f"127.0.0.1:{free_port()}",
+            "echo", "--db", str(tmp_path / "e.db"), *(a for kv in listen.items() for a in kv)
         )
-    assert result.returncode == 69
-    assert f"cannot listen for the API on 127.0.0.1:{port}" in result.stderr
+    # one clear line and EX_UNAVAILABLE, as Fleet, for every listener (not "internal error")
+    assert result.returncode == 69, result.stderr
+    assert f"cannot listen for {what} on 127.0.0.1:{port}" in result.stderr
+    assert "Traceback" not in result.stderr and "internal error" not in result.stderr
 
 
 def test_mcp_says_when_echo_cannot_be_reached() -> None:
