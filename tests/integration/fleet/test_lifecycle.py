@@ -20,6 +20,7 @@ from opentelemetry.proto.collector.metrics.v1.metrics_service_pb2 import (
 from ingero.otlp.health import NodePush
 from tests.integration.fleet.helpers import ROOT, health_request, start_fleet, wait_for
 from tests.integration.fleet.test_push_paths import sdk_push
+from tests.integration.procfs import HangupsWhileStarting
 from tests.integration.security import make_cert
 
 pytestmark = pytest.mark.integration
@@ -150,3 +151,22 @@ def test_tls_on_every_listener(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) 
             fleet.request(fleet.api, "GET", "/healthz")
     finally:
         fleet.stop()
+
+
+@pytest.mark.parametrize("attempt", range(3))
+def test_sighup_while_starting_is_one_reload_once_ready(tmp_path: Path, attempt: int) -> None:
+    # logrotate or `systemctl reload` racing a start: SIGHUP's default action would end Fleet
+    hangups = HangupsWhileStarting(str(tmp_path / "fleet.yaml"), (tmp_path / "ready.json").exists)
+    hangups.start()
+    try:
+        fleet = start_fleet(tmp_path)  # raises when Fleet died of a SIGHUP
+    finally:
+        hangups.stop()
+    try:
+        assert hangups.during_start >= 1
+        assert fleet.request(fleet.api, "GET", "/healthz").status == 200
+        assert fleet.push([NodePush(node_id="n", cluster_id="c", score=0.9)]).status == 200
+        wait_for(lambda: "fleet: reloaded 0 token(s)" in fleet.log(), 30, "the queued reload")
+        assert "SIGHUP during start-up, reloading once now that it is ready" in fleet.log()
+    finally:
+        assert fleet.stop() == 0
