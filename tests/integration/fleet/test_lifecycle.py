@@ -54,31 +54,28 @@ def test_notify_ready_watchdog_status_and_sigterm(tmp_path: Path) -> None:
     assert "SIGTERM received" in fleet.log()
 
 
-def test_port_in_use_exits_69(tmp_path: Path) -> None:
+@pytest.mark.parametrize("flag", ["--otlp-grpc", "--otlp-http", "--api"])
+def test_port_in_use_exits_69(flag: str) -> None:
     with socket.socket() as taken:
+        # SO_REUSEPORT as another grpcio server's socket has it: the port is still taken
+        taken.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
         taken.bind(("127.0.0.1", 0))
         taken.listen()
         port = taken.getsockname()[1]
+        listen = {f: "127.0.0.1:0" for f in ("--otlp-grpc", "--otlp-http", "--api")}
+        listen[flag] = f"127.0.0.1:{port}"
         result = subprocess.run(
-            [
-                sys.executable,
-                "-m",
-                "ingero.cli.main",
-                "fleet",
-                "--otlp-grpc",
-                "127.0.0.1:0",
-                "--otlp-http",
-                f"127.0.0.1:{port}",
-                "--api",
-                "127.0.0.1:0",
-            ],
+            [sys.executable, "-m", "ingero.cli.main", "fleet"]
+            + [arg for pair in listen.items() for arg in pair],
             cwd=ROOT,
             capture_output=True,
             text=True,
             timeout=60,
         )
-    assert result.returncode == 69
-    assert "cannot listen" in result.stderr
+    assert result.returncode == 69, result.stderr
+    (line,) = [x for x in result.stderr.splitlines() if x.startswith("ingero: ")]
+    assert line.startswith("ingero: fleet: cannot listen: ") and str(port) in line, line
+    assert "Traceback" not in result.stderr and "internal error" not in result.stderr
 
 
 def test_bearer_token_on_every_listener(tmp_path: Path) -> None:
