@@ -9,6 +9,7 @@ import click
 from ingero.cli.options import log_level_options, print_config_option, setup_logging
 from ingero.cli.options import print_config as show_config
 from ingero.config import load_config
+from ingero.hangup import StartupHangups
 
 
 @click.command("echo")
@@ -32,6 +33,9 @@ def echo(
     verbose: bool,
 ) -> None:
     """Run Echo, the durable cluster event store."""
+    # First, before the imports, the configuration, the store and the listeners: a SIGHUP
+    # from here on is a reload once Echo is ready, not the end of the process.
+    hangups = StartupHangups("echo").install()
     from ingero.echo.config import EchoConfig
 
     config = load_config(
@@ -52,4 +56,4 @@ def echo(
     setup_logging(log_level, verbose, "%(levelname)s %(name)s: %(message)s")
     from ingero.echo.daemon import EchoDaemon
 
-    asyncio.run(EchoDaemon(config).run())
+    asyncio.run(EchoDaemon(config).run(hangups))

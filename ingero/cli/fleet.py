@@ -7,6 +7,7 @@ import click
 from ingero.cli.options import log_level_options, print_config_option, setup_logging
 from ingero.cli.options import print_config as show_config
 from ingero.errors import UnavailableError, UsageError
+from ingero.hangup import StartupHangups
 
 
 @click.command("fleet")
@@ -40,6 +41,9 @@ def command(
     verbose: bool,
 ) -> None:
     """Receive node health over OTLP, serve per-group thresholds, flag stragglers."""
+    # First, before the imports, the configuration and the listeners: a SIGHUP from here on
+    # is a reload once Fleet is ready, not the end of the process.
+    hangups = StartupHangups("fleet").install()
     from ingero.config import load_config
     from ingero.fleet.config import FleetConfig
     from ingero.fleet.daemon import FleetDaemon, write_ready_file
@@ -80,7 +84,7 @@ def command(
             except OSError as exc:
                 daemon.stop()
                 raise UsageError(f"--ready-file {ready_file}: {exc.strerror or exc}") from None
-        daemon.run_until_signal()
+        daemon.run_until_signal(hangups)
     finally:
         if drain is not None:  # let a Slurm call in flight finish before exiting
             drain.stop()

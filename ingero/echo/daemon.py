@@ -31,6 +31,7 @@ from ingero.echo.rates import GpuRates
 from ingero.echo.service import Service
 from ingero.echo.store import Store
 from ingero.errors import UnavailableError
+from ingero.hangup import StartupHangups
 from ingero.systemd import notifier
 from ingero.tls import server_tls
 
@@ -110,7 +111,9 @@ class EchoDaemon:
             "store": dict(self.store.stats),
         }
 
-    async def run(self) -> None:
+    async def run(self, hangups: StartupHangups | None = None) -> None:
+        """Serve until SIGTERM or SIGINT; SIGHUP reloads (once, when ready, for any that
+        ``hangups`` caught while Echo was starting)."""
         api_host, _ = _split(self.config.listen.api)
         tls: dict[str, Any] = (
             {"ssl_certfile": self.config.auth.tls_cert, "ssl_keyfile": self.config.auth.tls_key}
@@ -199,6 +202,8 @@ class EchoDaemon:
                 self.config.db,
             )
             notifier().notify("READY=1")
+            if hangups is not None and hangups.take():  # our handler is in place by now
+                self.reload()
             await asyncio.gather(*tasks)
         finally:
             notifier().notify("STOPPING=1")

@@ -36,10 +36,12 @@ from ingero.echo.rows import CLUSTER_ID
 from ingero.echo.store import Store
 from ingero.errors import UnavailableError
 from ingero.otlp.receiver import (
+    GRPC_NO_REUSEPORT,
     UNSUPPORTED_MEDIA_TYPE,
     Reply,
     RequestError,
     abort,
+    bind_grpc,
     error_reply,
     export_response,
     grpc_handlers,
@@ -214,18 +216,19 @@ class Ingest:
         can run in the decoding workers), not grpcio's."""
         server = grpc.server(
             concurrent.futures.ThreadPoolExecutor(max_workers=workers, thread_name_prefix="otlp"),
-            options=[("grpc.max_receive_message_length", self.max_request_bytes)],
+            options=[
+                ("grpc.max_receive_message_length", self.max_request_bytes),
+                GRPC_NO_REUSEPORT,
+            ],
         )
         server.add_generic_rpc_handlers(
             grpc_handlers({kind: self._grpc_export(kind) for kind in ("logs", "metrics")})
         )
-        port = (
-            server.add_secure_port(address, credentials)
-            if credentials is not None
-            else server.add_insecure_port(address)
-        )
-        if port == 0:
-            raise UnavailableError(f"cannot listen for OTLP/gRPC on {address}")
+        try:
+            port = bind_grpc(server, address, credentials)
+        except OSError as exc:
+            # one line and EX_UNAVAILABLE, as for the HTTP listeners and as Fleet does
+            raise UnavailableError(f"cannot listen for OTLP/gRPC on {address}: {exc}") from None
         server.start()
         return server, port
 

@@ -45,6 +45,7 @@ import numpy as np
 
 from ingero.events import Event, new_event_id
 from ingero.fleet.config import NcclConfig
+from ingero.fleet.model import PeerLagCause
 from ingero.fleet.threshold import MAD_SCALE, BoolArray, FloatArray, IntArray
 from ingero.otlp.collectives import CommReport
 from ingero.otlp.health import NodePush
@@ -151,6 +152,8 @@ class NcclTick:
     hung: int
     joined: int
     refused: int
+    # node_id -> the flagged rank behind ``peer_lag`` (what a drain reason names)
+    causes: dict[str, PeerLagCause] = field(default_factory=dict)
 
 
 def _required(nranks: int, fraction: float) -> int:
@@ -269,6 +272,7 @@ class CollectiveJoin:
         events: list[Event] = []
         peer_lag: dict[str, float] = {}
         groups: dict[str, str] = {}
+        causes: dict[str, PeerLagCause] = {}
         joined = hung = 0
         with self._tick_lock:
             with self._lock:
@@ -285,10 +289,11 @@ class CollectiveJoin:
                 events.extend(self._judge_lag(comm, now))
                 events.extend(self._judge_hang(comm, now))
                 hung += comm.hang is not None
-                for episode in comm.lagging.values():
+                for rank, episode in comm.lagging.items():
                     if episode.lag_s > peer_lag.get(episode.node_id, -1.0):
                         peer_lag[episode.node_id] = episode.lag_s
                         groups[episode.node_id] = comm.group
+                        causes[episode.node_id] = PeerLagCause(comm.comm_hash, rank, episode.lag_s)
                 done.append((comm, pending))
             with self._lock:
                 for comm, leftover in done:
@@ -302,6 +307,7 @@ class CollectiveJoin:
             hung=hung,
             joined=joined,
             refused=refused,
+            causes=causes,
         )
 
     def _expire(self, now: float, mono: float) -> list[Event]:

@@ -37,6 +37,7 @@ from ingero.fleet.otlp_http import OtlpHttpHandler
 from ingero.fleet.receiver import Receiver
 from ingero.fleet.score_history import ScoreHistory
 from ingero.fleet.state import FleetState
+from ingero.hangup import StartupHangups
 from ingero.otlp.resource import FLEET_SERVICE, service_attributes
 from ingero.systemd import Notifier, watchdog_interval
 from ingero.systemd import notifier as systemd_notifier
@@ -247,8 +248,9 @@ class FleetDaemon:
         interval = float(self.config.push_interval)
         return self._started and last is not None and time.monotonic() - last < 3 * interval
 
-    def run_until_signal(self) -> None:
-        """Serve until SIGTERM or SIGINT, then shut down cleanly; SIGHUP reloads."""
+    def run_until_signal(self, hangups: StartupHangups | None = None) -> None:
+        """Serve until SIGTERM or SIGINT, then shut down cleanly; SIGHUP reloads (once for
+        any that ``hangups`` caught while Fleet was starting)."""
 
         def handle(signum: int, frame: FrameType | None) -> None:
             log.info("fleet: %s received, shutting down", signal.Signals(signum).name)
@@ -263,6 +265,9 @@ class FleetDaemon:
         signal.signal(signal.SIGTERM, handle)
         signal.signal(signal.SIGINT, handle)
         signal.signal(signal.SIGHUP, hangup)
+        if hangups is not None and hangups.take():  # after ours is in place: none is missed
+            self._reload_requested = True
+            self._wake.set()
         while not self._stop.is_set():
             self._wake.wait(1.0)
             self._wake.clear()

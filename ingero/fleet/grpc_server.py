@@ -23,9 +23,11 @@ from ingero.fleet.metrics import FleetMetrics
 from ingero.fleet.otlp_http import UNAUTHORIZED, UNAUTHORIZED_MESSAGE
 from ingero.fleet.receiver import Receiver
 from ingero.otlp.receiver import (
+    GRPC_NO_REUSEPORT,
     REQUESTS,
     RequestError,
     abort,
+    bind_grpc,
     grpc_code,
     grpc_handlers,
     parse_body,
@@ -56,8 +58,7 @@ class OtlpGrpcServer:
             ThreadPoolExecutor(max_workers=workers, thread_name_prefix="otlp-grpc"),
             options=[
                 ("grpc.max_receive_message_length", max_body_bytes),
-                # Without this a second Fleet on the same port would bind silently.
-                ("grpc.so_reuseport", 0),
+                GRPC_NO_REUSEPORT,
             ],
         )
         self._server.add_generic_rpc_handlers(
@@ -66,17 +67,9 @@ class OtlpGrpcServer:
 
     def start(self) -> int:
         """Bind and serve; returns the bound port (OSError when the address is unavailable)."""
-        try:
-            if self._credentials is None:
-                port = self._server.add_insecure_port(self._address)
-            else:
-                port = self._server.add_secure_port(self._address, self._credentials)
-        except RuntimeError as exc:
-            raise OSError(f"cannot bind {self._address}: {exc}") from None
-        if port == 0:
-            raise OSError(f"cannot bind {self._address}")
+        port = bind_grpc(self._server, self._address, self._credentials)
         self._server.start()
-        return int(port)
+        return port
 
     def stop(self, grace: float = 2.0) -> None:
         self._server.stop(grace).wait()

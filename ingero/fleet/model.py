@@ -62,13 +62,25 @@ class ClusterStats:
 
 
 @dataclass(frozen=True)
+class PeerLagCause:
+    """The NCCL rank that made a node a straggler by peer lag alone: its communicator, its
+    rank in it and how late it enters collectives (median lag behind the median entry, s)."""
+
+    comm_hash: str
+    comm_rank: int
+    lag_s: float
+
+
+@dataclass(frozen=True)
 class NodeVerdict:
     """A node in the straggler state after a tick.
 
     ``consecutive_straggler_ticks`` counts ticks in a row with this verdict (the drain
     controller needs ``drain.min_intervals`` of them); ``since`` is the wall time of the
     tick the episode began; ``panic`` means the node's group is degraded as a whole and
-    nothing may be drained.
+    nothing may be drained. ``reason`` says why it is a straggler this tick: ``score`` (its
+    score is below the threshold) or ``peer_lag`` (only an NCCL rank of it enters
+    collectives late; ``peer_lag`` then names that rank), as the ``straggler_state`` event.
     """
 
     node_id: str
@@ -89,6 +101,8 @@ class NodeVerdict:
     # pushes of the cluster and the group's quorum for drain.min_intervals ticks since
     # the replica took the cluster over.
     drain_owner: bool = True
+    reason: str = "score"
+    peer_lag: PeerLagCause | None = None
 
 
 @dataclass(frozen=True)

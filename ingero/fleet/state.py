@@ -40,6 +40,7 @@ from ingero.fleet.model import (
     ClusterStats,
     GroupStats,
     NodeVerdict,
+    PeerLagCause,
     TickResult,
 )
 from ingero.fleet.ownership import Ownership
@@ -352,7 +353,7 @@ class FleetState:
             events = [resolved_event(c, snap.now, "expired") for c in snap.expired]
             events.extend(self._closing_events(snap, out))
             events.extend(degraded_events(snap, out))
-            verdicts, started = self._open_episodes(snap, out)
+            verdicts, started = self._open_episodes(snap, out, nccl.causes)
             events.extend(started)
             events.extend(nccl.events)
             self._peer_lag = nccl.peer_lag
@@ -467,8 +468,11 @@ class FleetState:
             events.append(resolved_event(closing, snap.now, reason))
         return events
 
-    def _open_episodes(self, snap: Snapshot, out: Outcome) -> tuple[list[NodeVerdict], list[Event]]:
-        """Verdicts for every straggler; a ``straggler_state`` event for each new one."""
+    def _open_episodes(
+        self, snap: Snapshot, out: Outcome, causes: Mapping[str, PeerLagCause]
+    ) -> tuple[list[NodeVerdict], list[Event]]:
+        """Verdicts for every straggler; a ``straggler_state`` event for each new one.
+        ``causes`` names the flagged NCCL rank of each node a straggler by peer lag alone."""
         verdicts: list[NodeVerdict] = []
         events: list[Event] = []
         sel = np.flatnonzero(out.straggler)
@@ -521,6 +525,8 @@ class FleetState:
                     dominant_signal=self._signal[slot],
                     event_id=self._episode_id[slot],
                     drain_owner=self._owners.owner(snap.gcluster[g], snap.gkeys[g], snap.mono),
+                    reason="peer_lag" if lag else "score",
+                    peer_lag=causes.get(self._node_id[slot]) if lag else None,
                 )
             )
         return verdicts, events

@@ -285,6 +285,27 @@ def grpc_handlers(exports: Mapping[Signal, Export]) -> tuple[grpc.GenericRpcHand
     )
 
 
+# A second daemon on a taken gRPC port must fail to bind, not share the port silently
+# (grpcio sets SO_REUSEPORT by default).
+GRPC_NO_REUSEPORT = ("grpc.so_reuseport", 0)
+
+
+def bind_grpc(server: grpc.Server, address: str, credentials: grpc.ServerCredentials | None) -> int:
+    """Bind ``address`` on ``server`` (TLS with ``credentials``); returns the bound port.
+    OSError with one line when it cannot: grpcio raises RuntimeError (newer releases) or
+    returns port 0 (older ones), neither of which a person should see as a crash."""
+    try:
+        if credentials is None:
+            port = server.add_insecure_port(address)
+        else:
+            port = server.add_secure_port(address, credentials)
+    except RuntimeError as exc:
+        raise OSError(f"cannot bind {address}: {exc}") from None
+    if port == 0:
+        raise OSError(f"cannot bind {address}")
+    return int(port)
+
+
 def peer_host(peer: str) -> str:
     """The address of a gRPC peer (``ipv4:1.2.3.4:5``, ``ipv6:[::1]:5``) without its port."""
     _, _, rest = peer.partition(":")

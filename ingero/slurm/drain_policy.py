@@ -19,7 +19,9 @@ controller to carry out. Rules, in order, for a node in its straggler state:
 8. draining it would put more than ``max_fraction`` of the cluster's nodes in ingero's
    hands (rounded down, so small clusters may allow none): skip ``max_fraction``;
 9. ``dry_run``: skip ``dry_run`` (the event says what would have been done);
-10. otherwise drain, with the reason ``ingero: straggler score=… threshold=… job=… since=…``.
+10. otherwise drain, with the reason ``ingero: straggler score=… threshold=… job=… since=…``,
+    or, for a node Fleet flags by NCCL peer lag alone (its score is not below the threshold,
+    so the score would mislead), ``ingero: peer_lag rank R of comm H N ms late (job J)``.
 
 With ``auto_resume``, a node ingero drained is resumed only on positive evidence: Fleet
 ended its straggler episode with reason ``recovered`` (which Fleet reports only with quorum;
@@ -59,6 +61,17 @@ class DrainConfig:
     auto_resume: bool = False
 
 
+class LagCause(Protocol):
+    """The NCCL rank behind a peer-lag verdict (Fleet's ``PeerLagCause`` has it)."""
+
+    @property
+    def comm_hash(self) -> str: ...
+    @property
+    def comm_rank(self) -> int: ...
+    @property
+    def lag_s(self) -> float: ...
+
+
 class Verdict(Protocol):
     """What the policy needs of a straggler verdict (Fleet's ``NodeVerdict`` has it)."""
 
@@ -86,6 +99,10 @@ class Verdict(Protocol):
     def quorum_met(self) -> bool: ...
     @property
     def drain_owner(self) -> bool: ...
+    @property
+    def reason(self) -> str: ...  # "score" or "peer_lag": why the node is a straggler
+    @property
+    def peer_lag(self) -> LagCause | None: ...  # the lagging rank when reason is peer_lag
 
 
 @dataclass(frozen=True)
@@ -125,7 +142,15 @@ def iso_time(epoch: float) -> str:
 
 
 def drain_reason(verdict: Verdict) -> str:
-    """Slurm's reason for an ingero drain (one line, starts with ``ingero:``)."""
+    """Slurm's reason for an ingero drain (one line, starts with ``ingero:``): what made the
+    node a straggler, so ``scontrol show node`` does not show a score above its threshold
+    as the cause of a drain for peer lag."""
+    lag = verdict.peer_lag
+    if verdict.reason == "peer_lag" and lag is not None:
+        return (
+            f"{INGERO_REASON_PREFIX} peer_lag rank {lag.comm_rank} of comm {lag.comm_hash} "
+            f"{lag.lag_s * 1e3:.0f} ms late (job {verdict.job_id or 'none'})"
+        )
     return (
         f"{INGERO_REASON_PREFIX} straggler score={verdict.score:.2f} "
         f"threshold={verdict.threshold:.2f} job={verdict.job_id or 'none'} "

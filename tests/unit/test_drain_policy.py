@@ -21,6 +21,13 @@ SINCE = 1_795_000_000.0  # 2026-11-18T11:06:40Z
 
 
 @dataclass(frozen=True)
+class Lag:
+    comm_hash: str = "0123456789abcdef"
+    comm_rank: int = 3
+    lag_s: float = 0.19997
+
+
+@dataclass(frozen=True)
 class V:
     node_id: str
     score: float = 0.41
@@ -34,6 +41,8 @@ class V:
     panic: bool = False
     quorum_met: bool = True
     drain_owner: bool = True
+    reason: str = "score"
+    peer_lag: Lag | None = None
 
 
 def idle(name: str, **kw: object) -> NodeInfo:
@@ -69,6 +78,43 @@ def test_drains_a_persistent_straggler_with_the_documented_reason() -> None:
         "ingero: straggler score=0.41 threshold=0.87 job=1234 since=2026-11-18T11:06:40Z"
     )
     assert d.reason == drain_reason(V("n3"))
+
+
+@pytest.mark.parametrize(
+    ("verdict", "reason"),
+    [
+        # A score straggler keeps its score in the reason.
+        (
+            V("n3"),
+            "ingero: straggler score=0.41 threshold=0.87 job=1234 since=2026-11-18T11:06:40Z",
+        ),
+        # Peer lag alone: the score is above the threshold, so the reason names the rank.
+        (
+            V("n3", score=0.95, reason="peer_lag", peer_lag=Lag(), job_id="77"),
+            "ingero: peer_lag rank 3 of comm 0123456789abcdef 200 ms late (job 77)",
+        ),
+        (
+            V("n3", score=0.95, reason="peer_lag", peer_lag=Lag("fedcba9876543210", 0, 1.5)),
+            "ingero: peer_lag rank 0 of comm fedcba9876543210 1500 ms late (job 1234)",
+        ),
+        (
+            V("n3", reason="peer_lag", peer_lag=Lag(lag_s=0.0004), job_id=None),
+            "ingero: peer_lag rank 3 of comm 0123456789abcdef 0 ms late (job none)",
+        ),
+        # A peer_lag verdict that lost its rank (cannot happen in Fleet): the score format.
+        (
+            V("n3", reason="peer_lag"),
+            "ingero: straggler score=0.41 threshold=0.87 job=1234 since=2026-11-18T11:06:40Z",
+        ),
+    ],
+)
+def test_drain_reason_says_why(verdict: V, reason: str) -> None:
+    (d,) = run([verdict])
+    assert d.action == "drain" and d.reason == reason
+    # Ingero recognises its own drain by the reason, whatever the cause.
+    held = idle("n3", flags=frozenset({"DRAIN"}), reason=d.reason)
+    assert held.ingero_reason
+    assert run([verdict], [held, *NODES[3:]]) == []
 
 
 def test_reason_without_job() -> None:

@@ -19,6 +19,7 @@ from ingero.fleet.state import FleetState
 from ingero.otlp.collectives import ClockOffset, CollectiveCall, CommReport, sample_calls
 from ingero.otlp.health import NodePush
 from ingero.otlp.threshold import ThresholdView
+from ingero.slurm.drain_policy import drain_reason
 
 ROOT = Path(__file__).resolve().parents[2]
 HASH = "9f1c2e3d4a5b6c7d"
@@ -455,6 +456,15 @@ def test_peer_lag_makes_a_fleet_straggler_and_reaches_the_replies() -> None:
     (verdict,) = sim.tick.verdicts
     assert verdict.node_id == "n5" and verdict.quorum_met and not verdict.panic
     assert verdict.consecutive_straggler_ticks >= 1
+    # The verdict names the lagging rank, and a drain for it says so (not its score).
+    assert verdict.reason == "peer_lag" and verdict.peer_lag is not None
+    assert verdict.peer_lag.comm_rank == 5
+    assert verdict.peer_lag.comm_hash == lag.extra["comm_hash"]
+    assert verdict.peer_lag.lag_s == pytest.approx(0.2, rel=0.2)
+    ms = f"{verdict.peer_lag.lag_s * 1e3:.0f}"
+    assert drain_reason(verdict) == (
+        f"ingero: peer_lag rank 5 of comm {lag.extra['comm_hash']} {ms} ms late (job 1234)"
+    )
     # Recovers: the lag episode ends, and with it the straggler episode.
     sim.delay = {}
     for _ in range(3):

@@ -82,6 +82,7 @@ def test_one_straggler_among_eight() -> None:
     (verdict,) = result.verdicts
     assert verdict.node_id == "n3" and verdict.consecutive_straggler_ticks == 1
     assert verdict.since == clock.now() and verdict.event_id == event.event_id
+    assert verdict.reason == "score" and verdict.peer_lag is None
 
 
 def test_default_config_flags_a_node_that_slows_down_mid_job() -> None:

@@ -1,14 +1,19 @@
-"""The two commands' failure modes: one clear line and a sysexits code, no traceback."""
+"""The two commands' failure modes (one clear line and a sysexits code, no traceback) and
+SIGHUP while Echo starts."""
 
 from __future__ import annotations
 
+import socket
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 
-from .helpers import free_port
+from tests.integration.fleet.helpers import wait_for
+from tests.integration.procfs import HangupsWhileStarting
+
+from .helpers import EchoProcess, free_port, http
 
 pytestmark = pytest.mark.integration
 
@@ -40,29 +45,60 @@ def test_echo_refuses_a_bad_config_with_the_key_named(tmp_path: Path) -> None:
         assert f"limits.decode_workers: {message}" in result.stderr, result.stderr
 
 
-def test_echo_says_which_port_is_taken(tmp_path: Path) -> None:
+@pytest.mark.parametrize(
+    ("flag", "what"),
+    [("--api", "the API"), ("--otlp-http", "OTLP/HTTP"), ("--otlp-grpc", "OTLP/gRPC")],
+)
+def test_echo_says_which_port_is_taken(tmp_path: Path, flag: str, what: str) -> None:
     import socket
 
     with socket.socket() as taken:
+        # SO_REUSEPORT as another grpcio server's socket has it: the port is still taken
+        taken.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
         taken.bind(("127.0.0.1", 0))
         taken.listen()
         port = taken.getsockname()[1]
+        listen = {f: f"127.0.0.1:{free_port()}" for f in ("--api", "--otlp-http", "--otlp-grpc")}
+        listen[flag] = f"127.0.0.1:{port}"
         result = ingero(
-            "echo",
-            "--db",
-            str(tmp_path / "e.db"),
-            "--api",
-            f"127.0.0.1:{port}",
-            "--otlp-http",
-            f"127.0.0.1:{free_port()}",
-            "--otlp-grpc",
-            f"127.0.0.1:{free_port()}",
+            "echo", "--db", str(tmp_path / "e.db"), *(a for kv in listen.items() for a in kv)
         )
-    assert result.returncode == 69
-    assert f"cannot listen for the API on 127.0.0.1:{port}" in result.stderr
+    # one clear line and EX_UNAVAILABLE, as Fleet, for every listener (not "internal error")
+    assert result.returncode == 69, result.stderr
+    assert f"cannot listen for {what} on 127.0.0.1:{port}" in result.stderr
+    assert "Traceback" not in result.stderr and "internal error" not in result.stderr
 
 
 def test_mcp_says_when_echo_cannot_be_reached() -> None:
     result = ingero("mcp", "--echo", f"http://127.0.0.1:{free_port()}")
     assert result.returncode == 69
     assert "cannot reach echo at" in result.stderr and "Traceback" not in result.stderr
+
+
+def _listening(address: str) -> bool:
+    host, _, port = address.rpartition(":")
+    try:
+        with socket.create_connection((host, int(port)), timeout=1):
+            return True
+    except OSError:
+        return False
+
+
+@pytest.mark.parametrize("attempt", range(3))
+def test_sighup_while_starting_is_one_reload_once_ready(tmp_path: Path, attempt: int) -> None:
+    # logrotate or `systemctl reload` racing a start: SIGHUP's default action would end Echo
+    echo = EchoProcess(tmp_path)
+    # Echo binds the API before it serves: not listening there means not ready.
+    hangups = HangupsWhileStarting(str(tmp_path / "echo.yaml"), lambda: _listening(echo.api))
+    hangups.start()
+    try:
+        echo.start()  # raises when Echo died of a SIGHUP
+    finally:
+        hangups.stop()
+    try:
+        assert hangups.during_start >= 1
+        assert http("GET", echo.url + "/healthz")[0] == 200
+        wait_for(lambda: "echo: reloaded 3 token(s)" in echo.log(), 30, "the queued reload")
+        assert "SIGHUP during start-up, reloading once now that it is ready" in echo.log()
+    finally:
+        assert echo.stop() == 0

@@ -20,6 +20,7 @@ from opentelemetry.proto.collector.metrics.v1.metrics_service_pb2 import (
 from ingero.otlp.health import NodePush
 from tests.integration.fleet.helpers import ROOT, health_request, start_fleet, wait_for
 from tests.integration.fleet.test_push_paths import sdk_push
+from tests.integration.procfs import HangupsWhileStarting
 from tests.integration.security import make_cert
 
 pytestmark = pytest.mark.integration
@@ -53,31 +54,28 @@ def test_notify_ready_watchdog_status_and_sigterm(tmp_path: Path) -> None:
     assert "SIGTERM received" in fleet.log()
 
 
-def test_port_in_use_exits_69(tmp_path: Path) -> None:
+@pytest.mark.parametrize("flag", ["--otlp-grpc", "--otlp-http", "--api"])
+def test_port_in_use_exits_69(flag: str) -> None:
     with socket.socket() as taken:
+        # SO_REUSEPORT as another grpcio server's socket has it: the port is still taken
+        taken.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
         taken.bind(("127.0.0.1", 0))
         taken.listen()
         port = taken.getsockname()[1]
+        listen = {f: "127.0.0.1:0" for f in ("--otlp-grpc", "--otlp-http", "--api")}
+        listen[flag] = f"127.0.0.1:{port}"
         result = subprocess.run(
-            [
-                sys.executable,
-                "-m",
-                "ingero.cli.main",
-                "fleet",
-                "--otlp-grpc",
-                "127.0.0.1:0",
-                "--otlp-http",
-                f"127.0.0.1:{port}",
-                "--api",
-                "127.0.0.1:0",
-            ],
+            [sys.executable, "-m", "ingero.cli.main", "fleet"]
+            + [arg for pair in listen.items() for arg in pair],
             cwd=ROOT,
             capture_output=True,
             text=True,
             timeout=60,
         )
-    assert result.returncode == 69
-    assert "cannot listen" in result.stderr
+    assert result.returncode == 69, result.stderr
+    (line,) = [x for x in result.stderr.splitlines() if x.startswith("ingero: ")]
+    assert line.startswith("ingero: fleet: cannot listen: ") and str(port) in line, line
+    assert "Traceback" not in result.stderr and "internal error" not in result.stderr
 
 
 def test_bearer_token_on_every_listener(tmp_path: Path) -> None:
@@ -150,3 +148,22 @@ def test_tls_on_every_listener(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) 
             fleet.request(fleet.api, "GET", "/healthz")
     finally:
         fleet.stop()
+
+
+@pytest.mark.parametrize("attempt", range(3))
+def test_sighup_while_starting_is_one_reload_once_ready(tmp_path: Path, attempt: int) -> None:
+    # logrotate or `systemctl reload` racing a start: SIGHUP's default action would end Fleet
+    hangups = HangupsWhileStarting(str(tmp_path / "fleet.yaml"), (tmp_path / "ready.json").exists)
+    hangups.start()
+    try:
+        fleet = start_fleet(tmp_path)  # raises when Fleet died of a SIGHUP
+    finally:
+        hangups.stop()
+    try:
+        assert hangups.during_start >= 1
+        assert fleet.request(fleet.api, "GET", "/healthz").status == 200
+        assert fleet.push([NodePush(node_id="n", cluster_id="c", score=0.9)]).status == 200
+        wait_for(lambda: "fleet: reloaded 0 token(s)" in fleet.log(), 30, "the queued reload")
+        assert "SIGHUP during start-up, reloading once now that it is ready" in fleet.log()
+    finally:
+        assert fleet.stop() == 0

@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 
 from ingero.events import Event
-from ingero.fleet.model import NodeVerdict, TickResult
+from ingero.fleet.model import NodeVerdict, PeerLagCause, TickResult
 from ingero.otlp.health import NodePush
 from ingero.slurm.backend import NodeInfo, ScontrolBackend
 from ingero.slurm.drain import DrainController
@@ -129,6 +129,29 @@ def test_drains_exactly_the_straggler_with_an_ingero_reason(
     # the next tick leaves it as it is (already drained by ingero): no new decision
     r.tick(verdict("n2", score=0.1))
     assert nodes(slurm)["n2"].reason == reason and len(r.events) == 1
+
+
+def test_a_peer_lag_drain_names_the_rank_and_stays_ingeros(
+    slurm: SlurmCluster, run: type[Run]
+) -> None:
+    # Fleet's verdict for a node straggling by NCCL peer lag alone: its score is above the
+    # threshold, so a score reason would mislead whoever reads `scontrol show node`.
+    lag = PeerLagCause(comm_hash="0123456789abcdef", comm_rank=2, lag_s=0.19997)
+    r = run(CONFIG)
+    r.tick(verdict("n3", score=0.95, reason="peer_lag", peer_lag=lag))
+    reason = "ingero: peer_lag rank 2 of comm 0123456789abcdef 200 ms late (job 41)"
+    show = slurm.run(["scontrol", "show", "node", "n3"]).stdout
+    assert f"Reason={reason} [" in show and "DRAIN" in show
+    (event,) = [e for e in r.events if e.type == "node_drained"]
+    assert event.extra["reason"] == reason
+    # still ingero's own drain: listed as ingero's, resumable by `ingero drain resume`
+    rows = json.loads(ingero("drain", "list", "--json").stdout)
+    assert [(row["node"], row["owner"], row["reason"]) for row in rows] == [
+        ("n3", "ingero", reason)
+    ]
+    done = ingero("drain", "resume", "n3")
+    assert done.returncode == 0, done.stderr
+    assert not nodes(slurm)["n3"].drained
 
 
 def test_a_node_drained_by_someone_else_keeps_its_reason(
