@@ -12,10 +12,8 @@ from pathlib import Path
 
 import pytest
 
-from ingero.events import Event
 from ingero.fleet.spool import SPOOL_FILE
 from ingero.otlp.health import NodePush
-from ingero.otlp.logs import encode_events
 from tests.integration.fleet.helpers import Fleet, start_fleet, wait_for
 
 from .helpers import TOKEN_OPS, EchoProcess, straggler
@@ -45,17 +43,6 @@ def spooled(spool_dir: Path) -> int:
         return int(conn.execute("SELECT count(*) FROM events").fetchone()[0])
     finally:
         conn.close()
-
-
-def post_logs(fleet: Fleet, events: list[Event]) -> None:
-    reply = fleet.request(
-        fleet.otlp_http,
-        "POST",
-        "/v1/logs",
-        encode_events(events).SerializeToString(),
-        {"Content-Type": "application/x-protobuf"},
-    )
-    assert reply.status == 200, reply
 
 
 def fleet_raised(fleet: Fleet) -> set[str]:
@@ -99,7 +86,9 @@ def test_events_accepted_before_a_sigkill_reach_echo_once_after_the_restart(
             for r in range(REQUESTS)
         ]
         for events in sent:
-            post_logs(fleet, events)  # 200: acknowledged, so the node will not resend
+            assert (
+                fleet.post_logs(events).status == 200
+            )  # 200: acknowledged, so the node will not resend
         # Killed right after the last 200: those events must already be on disk, not
         # waiting in memory for the next tick.
         assert fleet.proc is not None
