@@ -97,9 +97,13 @@ class EventSpool:
             try:
                 self._db.executemany("INSERT INTO events (body) VALUES (?)", taken)
                 self._db.execute("COMMIT")
-            except sqlite3.Error:
-                self._db.execute("ROLLBACK")
-                raise
+            except sqlite3.Error as exc:
+                # A full disk (or a file gone bad) refuses these, as a bound would: the
+                # caller counts them dropped; the spool keeps what it holds and goes on.
+                if self._db.in_transaction:  # SQLITE_FULL has rolled back already
+                    self._db.execute("ROLLBACK")
+                log.error("echo spool %s: %d events not stored: %s", self.path, len(taken), exc)
+                return 0
             self._count += len(taken)
             self._bytes += added
             return len(taken)
@@ -130,7 +134,13 @@ class EventSpool:
             if self._db is None or not self._taken:
                 return
             # Rows appended meanwhile have larger ids (rowid = max + 1), so this is the batch.
-            self._db.execute("DELETE FROM events WHERE id <= ?", (self._taken[-1][0],))
+            try:
+                self._db.execute("DELETE FROM events WHERE id <= ?", (self._taken[-1][0],))
+            except sqlite3.Error as exc:
+                # Kept: the batch is taken and sent again (Echo stores it once), and the
+                # sender thread lives on.
+                log.error("echo spool %s: a sent batch not deleted: %s", self.path, exc)
+                return
             self._count -= len(self._taken)
             self._bytes -= sum(size for _, size in self._taken)
             self._taken = []

@@ -161,3 +161,21 @@ def test_a_refused_spooled_batch_is_deleted_not_retried(tmp_path: Path) -> None:
     fwd.close(1)
     assert fwd.stats.dropped_rejected == 5 and len(sender.accepted) == 2
     assert len(EventSpool(tmp_path, 100, 10**9)) == 0
+
+
+def test_a_full_disk_refuses_the_append_and_keeps_what_is_stored(tmp_path: Path) -> None:
+    spool = EventSpool(tmp_path, 10**6, 10**12)
+    first = ev(0)
+    assert spool.append([first]) == 1
+    assert spool._db is not None
+    pages = spool._db.execute("PRAGMA page_count").fetchone()[0]
+    spool._db.execute(f"PRAGMA max_page_count={pages}")  # SQLite's own "disk is full"
+    big = [ev(i) for i in range(1, 2000)]
+    assert spool.append(big) == 0
+    assert len(spool) == 1
+    batch, _ = spool.take(10)
+    assert [e.event_id for e in batch] == [first.event_id]
+    spool.done()
+    spool._db.execute("PRAGMA max_page_count=1073741823")
+    assert spool.append(big[:5]) == 5 and len(spool) == 5
+    spool.close()
