@@ -65,6 +65,12 @@ class EchoConfig:
     endpoint: str | None = None
     # Every this-many seconds one score sample per active or idle node goes to Echo; 0: none.
     score_history_interval: Duration = Duration(30.0)  # noqa: RUF009 - an immutable float
+    # Where the events waiting for Echo are kept (a SQLite file in it), so a replica killed
+    # before forwarding them sends them after its restart; none: in memory, lost if killed.
+    spool_dir: str | None = None
+    # Bounds of the spool; beyond either, new events are dropped and counted (as in memory).
+    spool_max_events: int = field(default=1_000_000, metadata=positive())
+    spool_max_bytes: int = field(default=512 * 1024 * 1024, metadata=positive())
 
 
 @dataclass(frozen=True)

@@ -36,6 +36,7 @@ from ingero.fleet.model import TickResult
 from ingero.fleet.otlp_http import OtlpHttpHandler
 from ingero.fleet.receiver import Receiver
 from ingero.fleet.score_history import ScoreHistory
+from ingero.fleet.spool import EventSpool
 from ingero.fleet.state import FleetState
 from ingero.hangup import StartupHangups
 from ingero.otlp.resource import FLEET_SERVICE, service_attributes
@@ -90,12 +91,25 @@ class FleetDaemon:
                 service=service_attributes(
                     FLEET_SERVICE, f"{socket.gethostname()}/{config.listen.api}"
                 ),
+                spool=(
+                    EventSpool(
+                        config.echo.spool_dir,
+                        config.echo.spool_max_events,
+                        config.echo.spool_max_bytes,
+                    )
+                    if config.echo.spool_dir
+                    else None
+                ),
             )
             if config.echo.endpoint
             else None
         )
         if self.echo_forwarder is not None:
-            self.events.add_sink(self.echo_forwarder, "echo")
+            # With a spool, in the receiver's thread: a node's events are on disk before
+            # its request is acknowledged, not in memory until the next tick.
+            self.events.add_sink(
+                self.echo_forwarder, "echo", immediate=config.echo.spool_dir is not None
+            )
         interval = float(config.echo.score_history_interval)
         self.score_history = (
             ScoreHistory(interval, clock) if self.echo_forwarder is not None and interval else None

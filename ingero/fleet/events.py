@@ -60,17 +60,26 @@ class EventQueue:
         self._capacity = capacity
         self._lock = threading.Lock()
         self._sinks: list[tuple[str, EventSink]] = []
+        self._immediate: list[tuple[str, EventSink]] = []
 
-    def add_sink(self, sink: EventSink, name: str | None = None) -> None:
-        self._sinks.append((name or str(getattr(sink, "__name__", sink)), sink))
+    def add_sink(self, sink: EventSink, name: str | None = None, immediate: bool = False) -> None:
+        """``immediate``: called by ``submit`` itself, in the submitter's thread, before the
+        submitter answers (a durable sink: a node's request is acknowledged only once its
+        events are stored); else by ``deliver`` on the tick thread."""
+        entry = (name or str(getattr(sink, "__name__", sink)), sink)
+        (self._immediate if immediate else self._sinks).append(entry)
 
     def submit(self, events: Iterable[Event], source: str) -> None:
+        accepted: list[Event] = []
         with self._lock:
             for event in events:
                 if len(self._queue) >= self._capacity:
                     self._metrics.events_dropped.inc()
                     continue
                 self._queue.append((event, source))
+                accepted.append(event)
+        if accepted:
+            self._call(self._immediate, accepted)
 
     def deliver(self) -> int:
         """Hand every queued event to every sink (tick thread only); returns how many."""
@@ -82,10 +91,13 @@ class EventQueue:
         events = [event for event, _ in batch]
         for event, source in batch:
             self._metrics.events.labels(event.type, source).inc()
-        for name, sink in self._sinks:
+        self._call(self._sinks, events)
+        return len(events)
+
+    def _call(self, sinks: list[tuple[str, EventSink]], events: Sequence[Event]) -> None:
+        for name, sink in sinks:
             try:
                 sink(events)
             except Exception:
                 log.exception("event sink %s failed", name)
                 self._metrics.listener_errors.labels(name).inc()
-        return len(events)

@@ -11,6 +11,11 @@ UNAVAILABLE…) with exponential backoff and jitter, and never sooner than Echo 
 ``event_id``, so a retry of a batch that was in fact stored doubles nothing. A batch Echo
 refuses as invalid (other 4xx, INVALID_ARGUMENT) is dropped and counted, never retried.
 Score samples are safe to resend too: Echo ignores a node's sample not newer than its last.
+
+With a spool (:mod:`ingero.fleet.spool`, ``echo.spool_dir``) the event queue is a SQLite
+file instead of memory: ``submit`` returns once the events are committed there, a batch is
+deleted only once Echo acknowledged (or refused) it, and what a killed process left is sent
+first at the next start. Score samples stay in memory: losing some costs a point of history.
 """
 
 from __future__ import annotations
@@ -30,6 +35,7 @@ from opentelemetry.proto.collector.metrics.v1.metrics_service_pb2 import (
 
 from ingero.events import Event
 from ingero.fleet.score_history import ScoreSample, encode_scores
+from ingero.fleet.spool import EventSpool
 from ingero.otlp.exporter import Backoff, ExportError, GrpcExporter, HttpExporter
 from ingero.otlp.logs import encode_events
 
@@ -96,6 +102,11 @@ class _Lane(Generic[T]):
     capacity: int
     encode: Callable[[list[T]], Request]
     items: deque[T] = field(default_factory=deque)
+    # Durable store instead of ``items`` (events only); its ``max_*`` bound it, not capacity.
+    spool: EventSpool | None = None
+
+    def queued(self) -> int:
+        return len(self.spool) if self.spool is not None else len(self.items)
 
 
 class Forwarder:
@@ -113,8 +124,11 @@ class Forwarder:
         backoff_max: float = 30.0,
         token: str | None = None,
         service: dict[str, object] | None = None,
+        spool: EventSpool | None = None,
     ) -> None:
-        """``service``: Fleet's ``service.*`` resource attributes, on every request sent."""
+        """``service``: Fleet's ``service.*`` resource attributes, on every request sent.
+        ``spool``: keep the events there rather than in memory (``capacity`` then unused);
+        the forwarder closes it."""
         self.sender = make_sender(sender, token) if isinstance(sender, str) else sender
         self.capacity = capacity
         self.batch_size = batch_size
@@ -122,7 +136,7 @@ class Forwarder:
         self.backoff_max = backoff_max
         self.stats = ForwarderStats()
         self._events: _Lane[Event] = _Lane(
-            "events", "", capacity, lambda events: encode_events(events, service)
+            "events", "", capacity, lambda events: encode_events(events, service), spool=spool
         )
         self._scores: _Lane[ScoreSample] = _Lane(
             "score samples", "scores_", score_capacity, lambda s: encode_scores(s, service)
@@ -148,15 +162,25 @@ class Forwarder:
 
     def _submit(self, lane: _Lane[T], items: Iterable[T]) -> int:
         accepted = dropped = 0
-        with self._cond:
-            for item in items:
-                if self._closing or len(lane.items) >= lane.capacity:
-                    dropped += 1
-                    continue
-                lane.items.append(item)
-                accepted += 1
+        if lane.spool is not None:
+            batch: list[Any] = list(items)
+            # The write is outside the condition: the sender's reads and other submitters
+            # wait on the spool's own lock only, never on a commit while holding this one.
+            accepted = 0 if self._closing else lane.spool.append(batch)
+            dropped = len(batch) - accepted
             if accepted:
-                self._cond.notify()
+                with self._cond:
+                    self._cond.notify()
+        else:
+            with self._cond:
+                for item in items:
+                    if self._closing or len(lane.items) >= lane.capacity:
+                        dropped += 1
+                        continue
+                    lane.items.append(item)
+                    accepted += 1
+                if accepted:
+                    self._cond.notify()
         self.stats.add(lane.prefix, queued=accepted, dropped_full=dropped)
         now = time.monotonic()
         if dropped and now >= self._next_drop_log:
@@ -168,7 +192,7 @@ class Forwarder:
         return accepted
 
     def _queued(self) -> int:
-        return len(self._events.items) + len(self._scores.items)
+        return self._events.queued() + self._scores.queued()
 
     def pending(self) -> int:
         with self._cond:
@@ -191,6 +215,13 @@ class Forwarder:
         self._thread.join(timeout=max(1.0, self.backoff_max))
         for prefix, n in left.items():
             self.stats.add(prefix, dropped_at_close=n)
+        spool = self._events.spool
+        if spool is not None:
+            if len(spool):  # kept, not lost: the next start sends them first
+                log.warning(
+                    "echo forwarder: %d events left in the spool %s", len(spool), spool.path
+                )
+            spool.close()
         self.sender.close()
 
     def _run(self) -> None:
@@ -200,10 +231,22 @@ class Forwarder:
                 if self._closing:
                     return
                 # Events first: an episode matters more than one more point of history.
-                lane: _Lane[Any] = self._events if self._events.items else self._scores
-                batch = [lane.items.popleft() for _ in range(min(self.batch_size, len(lane.items)))]
-                self._inflight = len(batch)
-            self._deliver(lane, batch)
+                lane: _Lane[Any] = self._events if self._events.queued() else self._scores
+                if lane.spool is None:
+                    n = min(self.batch_size, len(lane.items))
+                    batch = [lane.items.popleft() for _ in range(n)]
+                    self._inflight = len(batch)
+            if lane.spool is not None:
+                # The batch stays counted in the spool until done: no _inflight needed.
+                batch, bad = lane.spool.take(self.batch_size)
+                if bad:
+                    self.stats.add(lane.prefix, dropped_rejected=bad)
+                if batch:
+                    self._deliver(lane, batch)
+                else:
+                    lane.spool.done()
+            else:
+                self._deliver(lane, batch)
             with self._cond:
                 self._inflight = 0
                 self._cond.notify_all()
@@ -220,6 +263,8 @@ class Forwarder:
                 if not exc.retryable:
                     log.error("echo refused %d %s, dropped: %s", len(batch), lane.noun, exc)
                     self.stats.add(lane.prefix, dropped_rejected=len(batch))
+                    if lane.spool is not None:
+                        lane.spool.done()
                     return
                 self.stats.add("", retries=1)
                 delay = backoff.next(exc.retry_after)
@@ -232,8 +277,11 @@ class Forwarder:
                 )
                 with self._cond:
                     if self._cond.wait_for(lambda: self._closing, delay):
-                        self.stats.add(lane.prefix, dropped_at_close=len(batch))
+                        if lane.spool is None:  # a spooled batch stays for the next start
+                            self.stats.add(lane.prefix, dropped_at_close=len(batch))
                         return
                 continue
+            if lane.spool is not None:
+                lane.spool.done()
             self.stats.add(lane.prefix, sent=len(batch))
             return

@@ -105,6 +105,12 @@ def test_push_runs_after_trace_and_leaves_its_state_directory_alone() -> None:
     assert service("ingero-trace.service")["StateDirectory"] == "ingero"
 
 
+def test_fleet_may_write_its_echo_spool_under_var_lib_ingero_only() -> None:
+    svc = service("ingero-fleet.service")
+    assert svc["ReadWritePaths"] == "-/var/lib/ingero" and svc["ProtectSystem"] == "strict"
+    assert "StateDirectory" not in svc
+
+
 def test_gpu_sample_sees_the_nvidia_devices_and_runs_before_push() -> None:
     unit = parse((UNITS / "ingero-gpu-sample.service").read_text())
     # NVML opens /dev/nvidia*; a private /dev would hide every GPU.

@@ -9,7 +9,6 @@ from pathlib import Path
 import pytest
 
 from ingero.events import Event
-from ingero.otlp.logs import encode_events
 from tests.integration.fleet.helpers import Fleet, start_fleet, wait_for
 
 from .helpers import TOKEN_OPS, EchoProcess
@@ -30,14 +29,7 @@ def stored(db: Path, event_id: str) -> int:
 
 
 def push_event(fleet: Fleet, event: Event) -> None:
-    reply = fleet.request(
-        fleet.otlp_http,
-        "POST",
-        "/v1/logs",
-        encode_events([event]).SerializeToString(),
-        {"Content-Type": "application/x-protobuf"},
-    )
-    assert reply.status == 200
+    assert fleet.post_logs([event]).status == 200
 
 
 @pytest.mark.parametrize("transport", ["http", "grpc"])

@@ -22,7 +22,9 @@ from opentelemetry.proto.collector.metrics.v1.metrics_service_pb2 import (
 )
 from prometheus_client.parser import text_string_to_metric_families
 
+from ingero.events import Event
 from ingero.otlp.health import NodePush, encode_health
+from ingero.otlp.logs import encode_events
 
 T = TypeVar("T")
 ROOT = Path(__file__).resolve().parents[3]
@@ -128,6 +130,16 @@ class Fleet:
             "/v1/metrics",
             body,
             {"Content-Type": content_type, **(headers or {})},
+        )
+
+    def post_logs(self, events: Iterable[Event]) -> Reply:
+        """Events as one OTLP/HTTP logs request, the way fleet-push sends them."""
+        return self.request(
+            self.otlp_http,
+            "POST",
+            "/v1/logs",
+            encode_events(list(events)).SerializeToString(),
+            {"Content-Type": "application/x-protobuf"},
         )
 
     def threshold(self, cluster_id: str, job_id: str | None = None, **more: str) -> Reply:

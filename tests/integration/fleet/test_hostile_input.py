@@ -23,7 +23,6 @@ from ingero.events import Event
 from ingero.fleet.httpserver import MAX_HEAD_BYTES, MAX_HEADERS
 from ingero.otlp.health import NodePush
 from ingero.otlp.limits import MAX_EVENT_BYTES, MAX_ID_CHARS, MAX_JSON_DEPTH
-from ingero.otlp.logs import encode_events
 from tests.integration.fleet.helpers import Fleet, health_request, start_fleet, wait_for
 from tests.integration.procfs import rss_bytes
 
@@ -278,13 +277,7 @@ def test_grpc_push_and_logs_over_the_limits_get_partial_success(fleet: Fleet) ->
         Event("node_drained", "ok", "other", 1.0, extra={"note": "z" * MAX_EVENT_BYTES}),
         Event("node_drained", "ok", "other", 1.0),
     ]
-    reply = fleet.request(
-        fleet.otlp_http,
-        "POST",
-        "/v1/logs",
-        encode_events(events).SerializeToString(),
-        {"Content-Type": "application/x-protobuf"},
-    )
+    reply = fleet.post_logs(events)
     partial = ExportLogsServiceResponse.FromString(reply.body).partial_success
     assert reply.status == 200 and partial.rejected_log_records == 2
     assert f"the limit is {MAX_EVENT_BYTES}" in partial.error_message
