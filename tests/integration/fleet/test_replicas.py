@@ -442,7 +442,13 @@ def test_pushes_through_haproxy_land_by_cluster_id(tmp_path: Path, transport: st
         assert all(len(on) == 1 for on in where.values()), where
         assert {on[0] for on in where.values()} == {0, 1, 2}, where
         for c, (i,) in where.items():  # all six nodes of the cluster on that replica
-            assert fleets[i].threshold(c, "j").json()["active_nodes"] == 6
+            # active_nodes is the last tick's count: a tick may have run between two of the
+            # six pushes, so wait for the next one rather than read it at once.
+            wait_for(
+                lambda c=c, i=i: fleets[i].threshold(c, "j").json()["active_nodes"] == 6,
+                10,
+                f"all six nodes of {c} counted on f{i}",
+            )
     finally:
         if balancer is not None:
             balancer.stop()
