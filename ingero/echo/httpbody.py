@@ -2,7 +2,13 @@
 
 from __future__ import annotations
 
-from starlette.requests import Request
+import asyncio
+import contextlib
+from collections.abc import AsyncIterator
+
+from starlette.requests import ClientDisconnect, Request
+
+from ingero.otlp.receiver import DISCARD_MAX_BYTES, DISCARD_TIMEOUT_S
 
 
 class BodyTooLarge(Exception):
@@ -12,15 +18,54 @@ class BodyTooLarge(Exception):
         super().__init__(f"request body over {limit} bytes")
 
 
+def _declared(request: Request) -> int | None:
+    declared = request.headers.get("content-length", "")
+    return int(declared) if declared.isdigit() else None
+
+
+async def _discard(stream: AsyncIterator[bytes], seen: int = 0) -> None:
+    """Read and drop the rest of a refused body, up to DISCARD_MAX_BYTES in all and for at
+    most DISCARD_TIMEOUT_S, so that uvicorn does not close the connection on unread data
+    (a TCP reset the sender sees instead of the refusal). Holds one chunk at a time."""
+
+    async def drain() -> None:
+        nonlocal seen
+        async for chunk in stream:
+            seen += len(chunk)
+            if seen > DISCARD_MAX_BYTES:
+                return
+
+    with contextlib.suppress(TimeoutError, ClientDisconnect):
+        await asyncio.wait_for(drain(), DISCARD_TIMEOUT_S)
+
+
+async def discard_body(request: Request) -> None:
+    """Drop a body that will not be read (a request refused before its body), within the
+    bounds of ``_discard``; nothing if it was read already or is declared too large."""
+    declared = _declared(request)
+    if declared == 0 or (declared is not None and declared > DISCARD_MAX_BYTES):
+        return
+    try:
+        stream = request.stream()
+        await _discard(stream)
+    except RuntimeError:  # starlette's "Stream consumed": the body was read
+        pass
+
+
 async def read_body(request: Request, limit: int) -> bytes:
     """The body; BodyTooLarge from its Content-Length, or as soon as a chunked or
-    understated body passes ``limit``. The rest is left unread (the server drops it)."""
-    declared = request.headers.get("content-length", "")
-    if declared.isdigit() and int(declared) > limit:
+    understated body passes ``limit``. What is refused is read and dropped (bounded, see
+    ``_discard``) before the answer, so the sender reads the 413."""
+    declared = _declared(request)
+    if declared is not None and declared > limit:
+        if declared <= DISCARD_MAX_BYTES:
+            await _discard(request.stream())
         raise BodyTooLarge(limit)
     body = bytearray()
-    async for chunk in request.stream():
+    stream = request.stream()
+    async for chunk in stream:
         if len(body) + len(chunk) > limit:
+            await _discard(stream, len(body) + len(chunk))
             raise BodyTooLarge(limit)
         body += chunk
     return bytes(body)

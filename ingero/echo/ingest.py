@@ -31,7 +31,7 @@ from starlette.routing import Route
 from ingero.access import Gate, Refusal
 from ingero.echo.auth import ANONYMOUS, Clusters, Principal, principal
 from ingero.echo.decoding import Decoded, DecodePool
-from ingero.echo.httpbody import BodyTooLarge, read_body
+from ingero.echo.httpbody import BodyTooLarge, discard_body, read_body
 from ingero.echo.rows import CLUSTER_ID
 from ingero.echo.store import Store
 from ingero.errors import UnavailableError
@@ -194,6 +194,9 @@ class Ingest:
             await asyncio.wait_for(asyncio.wrap_future(future), COMMIT_TIMEOUT)
         except (RequestError, UnavailableError, TimeoutError) as exc:
             refusal = self._refused(exc)
+            # refused before its body was read (401, 415, 429): drop it, or the sender
+            # may see a reset instead of the refusal
+            await discard_body(request)
             return _response(
                 error_reply(refusal.status, str(refusal), media, REALM, refusal.retry_after)
             )

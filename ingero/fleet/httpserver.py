@@ -24,6 +24,8 @@ from dataclasses import dataclass, field
 from http import HTTPStatus
 from typing import cast
 
+from ingero.otlp.receiver import DISCARD_MAX_BYTES, DISCARD_TIMEOUT_S
+
 log = logging.getLogger(__name__)
 
 MAX_HEAD_BYTES = 64 * 1024  # request line and headers, without the blank line ending them
@@ -81,6 +83,8 @@ class _Connection(asyncio.Protocol):
         self._keep_alive = True
         self._scanned = 0  # bytes of the buffer already searched for the head's end
         self._head_timer: asyncio.TimerHandle | None = None
+        self._discarding = 0  # bytes of a refused body still to drop before closing
+        self._discard_timer: asyncio.TimerHandle | None = None
         self.transport: asyncio.Transport | None = None
         self.last_active = 0.0
         self.peer = ""
@@ -96,6 +100,8 @@ class _Connection(asyncio.Protocol):
         self._server.connections.discard(self)
         self.transport = None
         self._stop_head_timer()
+        if self._discard_timer is not None:
+            self._discard_timer.cancel()
 
     # A client that sends requests but never reads the replies stops being read from
     # once the transport's write buffer is full, so memory stays bounded.
@@ -109,6 +115,11 @@ class _Connection(asyncio.Protocol):
 
     def data_received(self, data: bytes) -> None:
         self.last_active = self._server.loop_time()
+        if self._discarding:
+            self._discarding -= min(len(data), self._discarding)
+            if not self._discarding and self.transport is not None:
+                self.transport.close()
+            return
         self._buffer += data
         self._serve_buffer()
         if (
@@ -161,7 +172,7 @@ class _Connection(asyncio.Protocol):
         if refused is not None:
             # The body was not read, so the connection cannot carry another request.
             refused.close = True
-            self._respond(refused, request.method == "HEAD")
+            self._respond(refused, request.method == "HEAD", discard=length)
             return False
         if length and request.headers.get("expect", "").lower() == "100-continue":
             # curl waits for this before sending a body over 1 KiB.
@@ -185,12 +196,29 @@ class _Connection(asyncio.Protocol):
         self._server.count_protocol_error(status)
         self._respond(HttpResponse(status, (message + "\n").encode(), close=True))
 
-    def _respond(self, response: HttpResponse, head_only: bool = False) -> None:
+    def _respond(self, response: HttpResponse, head_only: bool = False, discard: int = 0) -> None:
+        """Write ``response``; close after it unless kept alive. ``discard``: the length of
+        the refused request's body, read and dropped first (see DISCARD_MAX_BYTES)."""
         if self.transport is None:
             return
         keep_alive = self._keep_alive and not response.close
         self.transport.write(render(response, keep_alive, head_only))
-        if not keep_alive:
+        if keep_alive:
+            return
+        rest = discard - len(self._buffer)
+        self._buffer.clear()
+        if rest <= 0 or discard > DISCARD_MAX_BYTES:
+            self.transport.close()
+            return
+        # The answer is already on its way; the rest of the body is dropped as it comes
+        # (bounded in bytes and time) so the close carries no unread data, which would
+        # be a reset the sender sees instead of the answer.
+        self._discarding = rest
+        self._discard_timer = self._server.call_later(DISCARD_TIMEOUT_S, self._discard_timed_out)
+
+    def _discard_timed_out(self) -> None:
+        self._discard_timer = None
+        if self.transport is not None:
             self.transport.close()
 
 

@@ -59,6 +59,14 @@ MALFORMED_GZIP = "malformed_gzip"
 NOT_FOUND = "not_found"
 METHOD = "method"
 
+# A refused request's body is read and thrown away, up to this many bytes and for at most
+# this long, before the connection closes: closing a socket with unread data sends a TCP
+# reset, and a sender still writing its body (urllib, http.client) then sees "connection
+# reset by peer" instead of the refusal. A body declared larger is not waited for: the
+# refusal goes out at once and the connection closes.
+DISCARD_MAX_BYTES = 16 * 1024 * 1024
+DISCARD_TIMEOUT_S = 5.0
+
 # The one table from an HTTP status to the gRPC status code of the same refusal: the code
 # of a gRPC refusal, and the ``code`` of the google.rpc.Status body of an HTTP one.
 GRPC_CODES: Mapping[int, grpc.StatusCode] = {

@@ -102,6 +102,22 @@ def test_both_transports_store_and_the_api_answers(echo: EchoProcess) -> None:
     assert stored(echo, "node_id = 'a9'") == 1
 
 
+@pytest.mark.parametrize(
+    ("size", "token", "want"),
+    [(2_100_000, TOKEN_OPS, 413), (12_000_000, TOKEN_OPS, 413), (12_000_000, None, 401)],
+)
+def test_a_refused_body_gets_its_refusal_not_a_connection_reset(
+    echo: EchoProcess, size: int, token: str | None, want: int
+) -> None:
+    # urllib writes the whole body, then reads the answer, and asks for the connection to
+    # be closed after it: if Echo closed on the unread rest, the kernel sent a reset and
+    # the sender saw "connection reset by peer" instead of the refusal (a CI failure)
+    url = f"http://{echo.otlp_http}/v1/logs"
+    for _ in range(5):
+        status, answer = http("POST", url, b"\0" * size, token, content_type=PROTOBUF)
+        assert status == want, answer
+
+
 def test_bad_input_gets_a_clear_error_is_counted_and_nothing_is_stored_half(
     echo: EchoProcess,
 ) -> None:

@@ -107,6 +107,37 @@ def test_declared_oversized_body_refused_before_reading(fleet: Fleet) -> None:
     intact(fleet)
 
 
+@pytest.mark.parametrize("size", [MAX_BODY + 1, 12_000_000])
+def test_a_body_over_the_limit_gets_the_413_not_a_connection_reset(fleet: Fleet, size: int) -> None:
+    # http.client writes the whole body before it reads the answer: had Fleet closed on
+    # the unread rest, the kernel would send a reset and the sender would see "connection
+    # reset by peer" instead of the 413
+    for _ in range(5):
+        reply = fleet.post_metrics(b"\0" * size, "application/x-protobuf", {"Connection": "close"})
+        assert reply.status == 413
+        assert f"over {MAX_BODY} bytes" in status_message(reply.body)
+    intact(fleet)
+
+
+def test_a_refused_body_never_sent_does_not_hold_the_connection(fleet: Fleet) -> None:
+    # a body small enough to be dropped before closing is announced and never sent: the
+    # 413 still comes at once, and the connection closes by the discard timeout
+    host, _, port = fleet.otlp_http.rpartition(":")
+    with socket.create_connection((host, int(port)), timeout=30) as sock:
+        sock.sendall(
+            b"POST /v1/metrics HTTP/1.1\r\nHost: x\r\nContent-Type: application/x-protobuf\r\n"
+            b"Content-Length: 1000000\r\n\r\n"
+        )
+        answer = sock.recv(65536)
+        assert answer.startswith(b"HTTP/1.1 413 ")
+        sock.sendall(b"\0" * 1000)  # part of the body: dropped, not parsed as a request
+        rest = b""
+        while chunk := sock.recv(65536):
+            rest += chunk
+    assert rest == b""  # closed (by the timeout), and nothing more was answered
+    intact(fleet)
+
+
 def test_gzip_bomb_stops_at_the_limit(fleet: Fleet) -> None:
     bomb = gzip.compress(b"\0" * (20 * MAX_BODY))
     assert len(bomb) < MAX_BODY
