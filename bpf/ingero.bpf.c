@@ -138,41 +138,88 @@ static __always_inline u32 slot_of(u64 d) {
     return slot < NSLOTS ? slot : NSLOTS - 1;
 }
 
-// The call in flight on each thread, from entry to return. Task-local storage is the
-// cheapest place (no hash insert/delete per call); kernels without BTF for
-// bpf_get_current_task_btf() get a hash keyed by thread (probes.py falls back to it).
+// The calls in flight on each thread, from entry to return: a stack, because traced calls
+// nest. NCCL launches each collective's kernel through the driver API (cuLaunchKernel[Ex])
+// inside ncclAllReduce, and the runtime calls into the driver: with one slot per thread
+// the inner call's entry overwrote the outer one and its return cleared it, so the outer
+// call (the collective) never returned. Returns come in LIFO order, so the top is the one
+// returning. A return that never fires (a thread that exits inside a call) leaves a stale
+// entry below the others; past CALL_DEPTH the top is overwritten, as one slot was.
+#define CALL_DEPTH 4
+struct call_stack {
+    u32 depth;
+    u32 pad;
+    struct call_t c[CALL_DEPTH];
+};
+
+// CALL_DEPTH is a power of two: the masks below are what the verifier reads as bounds.
+static __always_inline void stack_push(struct call_stack *s, struct call_t *c) {
+    u32 i = s->depth < CALL_DEPTH ? s->depth : CALL_DEPTH - 1;
+    i &= CALL_DEPTH - 1;
+    s->c[i] = *c;
+    s->depth = i + 1;
+}
+
+static __always_inline struct call_t *stack_top(struct call_stack *s) {
+    u32 d = s->depth;
+    if (d == 0 || d > CALL_DEPTH)
+        return 0;
+    return &s->c[(d - 1) & (CALL_DEPTH - 1)];
+}
+
+// Task-local storage is the cheapest place (no hash insert/delete per call); kernels
+// without BTF for bpf_get_current_task_btf() get a hash keyed by thread (probes.py falls
+// back to it).
 #ifdef USE_TASK_STORAGE
-BPF_TASK_STORAGE(calls, struct call_t);
+BPF_TASK_STORAGE(calls, struct call_stack);
 
 static __always_inline void call_put(u64 id, struct call_t *c) {
     struct task_struct *t = (struct task_struct *)bpf_get_current_task_btf();
-    struct call_t *slot = calls.task_storage_get(t, 0, BPF_LOCAL_STORAGE_GET_F_CREATE);
-    if (slot)
-        *slot = *c;
+    struct call_stack *s = calls.task_storage_get(t, 0, BPF_LOCAL_STORAGE_GET_F_CREATE);
+    if (s)
+        stack_push(s, c);
 }
 
 static __always_inline struct call_t *call_get(u64 id) {
     struct task_struct *t = (struct task_struct *)bpf_get_current_task_btf();
-    struct call_t *slot = calls.task_storage_get(t, 0, 0);
-    return slot && slot->ts ? slot : 0;
+    struct call_stack *s = calls.task_storage_get(t, 0, 0);
+    return s ? stack_top(s) : 0;
 }
 
 static __always_inline void call_done(u64 id, struct call_t *c) {
-    c->ts = 0;
+    struct task_struct *t = (struct task_struct *)bpf_get_current_task_btf();
+    struct call_stack *s = calls.task_storage_get(t, 0, 0);
+    if (s && s->depth > 0)
+        s->depth -= 1;
 }
 #else
-BPF_HASH(calls, u64, struct call_t, 65536);
+// Threads inside a traced call at once (an entry is deleted when its stack empties).
+BPF_HASH(calls, u64, struct call_stack, 16384);
+BPF_PERCPU_ARRAY(zero_stack, struct call_stack, 1);  // an empty stack, too big for the stack
 
 static __always_inline void call_put(u64 id, struct call_t *c) {
-    calls.update(&id, c);
+    u32 z = 0;
+    struct call_stack *zero = zero_stack.lookup(&z);
+    if (!zero)
+        return;
+    struct call_stack *s = calls.lookup_or_try_init(&id, zero);
+    if (s)
+        stack_push(s, c);
 }
 
 static __always_inline struct call_t *call_get(u64 id) {
-    return calls.lookup(&id);
+    struct call_stack *s = calls.lookup(&id);
+    return s ? stack_top(s) : 0;
 }
 
 static __always_inline void call_done(u64 id, struct call_t *c) {
-    calls.delete(&id);
+    struct call_stack *s = calls.lookup(&id);
+    if (!s)
+        return;
+    if (s->depth > 1)
+        s->depth -= 1;
+    else
+        calls.delete(&id);
 }
 #endif
 

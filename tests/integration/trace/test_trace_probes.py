@@ -8,8 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from ingero.trace.decode import decode
-from ingero.trace.ops import CUDART, OP_IDS
+from ingero.trace.decode import KIND_CALL, decode
+from ingero.trace.ops import CUDA, CUDART, NCCL, OP_IDS
 from ingero.trace.probes import load
 from ingero.trace.procmaps import LibraryFile
 
@@ -54,5 +54,54 @@ def test_both_variants_count_every_call(
         mine = [d for d in samples if decode(d).pid == pid]
         assert len(mine) == 9 * 250 + 2
         assert snap.host["dropped_events"] == 0
+    finally:
+        probes.close()
+
+
+@pytest.mark.parametrize("task_storage", [True, False], ids=["task-storage", "hash"])
+def test_nested_calls_each_return(
+    bpf_ready: None, nccl_ranks: Path, driver_loop: Path, task_storage: bool
+) -> None:
+    """Traced calls nest: NCCL launches each collective's kernel through the driver API
+    inside the collective (the stand-in calls the stand-in libcuda's cuLaunchKernel, as
+    real NCCL calls cuLaunchKernelEx). The inner call's entry and return must leave the
+    outer one in flight, so the collective still returns, with its number and a duration
+    that holds the launch."""
+    iters = 40
+    probes = load(sample_every=1, task_storage=task_storage)
+    try:
+        if task_storage and not probes.task_storage:
+            pytest.skip("this kernel cannot load task-local storage; the hash variant ran")
+        libcuda = driver_loop.parent / "libcuda.so.1"
+        for lib, path in ((NCCL, nccl_ranks.parent / "libnccl.so.2"), (CUDA, libcuda)):
+            st = os.stat(path)
+            assert probes.attach_library(LibraryFile(lib, str(path), st.st_dev, st.st_ino))
+        samples: list[bytes] = []
+        probes.open_ring(samples.append)
+        env = dict(os.environ, FAKE_NCCL_LIBCUDA=str(libcuda))
+        proc = subprocess.Popen([str(nccl_ranks), "0", "1", str(iters), "3"], env=env,
+                                stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)  # fmt: skip
+        try:
+            out, _ = proc.communicate("go\n", timeout=60)
+        finally:
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait()
+        assert f"comm1_collectives={iters}" in out
+        probes.poll()
+        snap, _ = probes.snapshot()
+        pid = proc.pid
+        # the inner launches (failed by the stand-in driver) and the outer collectives
+        assert snap.stats[(pid, OP_IDS["cuLaunchKernel"])].count == iters
+        assert snap.stats[(pid, OP_IDS["ncclAllReduce"])].count == iters
+        events = [e for e in map(decode, samples) if e.pid == pid]
+        returns = sorted(e.seq for e in events if e.kind == KIND_CALL and e.op == "ncclAllReduce")
+        assert returns == list(range(1, iters + 1))
+        launch = {e.tid: e.duration_ns for e in events if e.op == "cuLaunchKernel"}
+        assert all(
+            e.duration_ns >= launch[e.tid]
+            for e in events
+            if e.kind == KIND_CALL and e.op == "ncclAllReduce"
+        )
     finally:
         probes.close()
