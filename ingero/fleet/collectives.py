@@ -21,10 +21,15 @@ tick thread, once per push interval) does the work:
   ``state: start``); late in fewer than half that share closes it (same ``event_id``,
   ``state: end``). The node's flagged lag goes to its push replies (``X-Ingero-Peer-Lag``)
   and counts in Fleet's straggler classification.
-- **collective_hang**: ranks inside the communicator's highest collective N for more than
-  ``nccl.hang_after`` while some rank's last entered collective is below N: one event per
-  (communicator, N) naming those ranks (the wavefront), or naming none when every rank is
-  inside (the fabric, not a rank); ``state: end`` once the communicator moves on.
+- **collective_hang**: ranks that entered the communicator's highest collective N and
+  nothing since, for more than ``nccl.hang_after``, while some rank's last entered
+  collective is below N: one event per (communicator, N) naming those ranks (the
+  wavefront). Real NCCL returns from the call once the collective is enqueued, so the
+  waiting ranks have returned from N and wait in a stream sync; a stand-in or blocking
+  call keeps them inside it. When every rank is still *inside the call* to N, the event
+  names none (the fabric, not a rank); every rank past N's call and none further is not
+  judged (computing and waiting look alike from here). ``state: end`` once the
+  communicator moves on or the missing ranks arrive.
 
 Memory is bounded by configuration: ``nccl.max_comms`` communicators in all and
 ``nccl.max_comms_per_group`` per peer group (new ones beyond are refused and counted),
@@ -437,28 +442,42 @@ class CollectiveJoin:
 
     def _judge_hang(self, comm: _Comm, now: float) -> list[Event]:
         top = max(st.report.entered_seq for st in comm.view.values())
-        inside: dict[int, float] = {}
+        # Ranks that entered the highest collective and have entered nothing since, with
+        # when they entered it (Fleet's clock), and of those the ones still inside the
+        # call. Real NCCL returns once the collective is enqueued on the GPU stream, so a
+        # rank waiting for a peer that never comes is not inside the call but in a later
+        # stream sync: having entered N and nothing after is what a waiting rank shows.
+        arrived: dict[int, float] = {}
+        blocked: set[int] = set()
         for rank, st in comm.view.items():
+            if st.report.entered_seq != top:
+                continue
             since_ns = _inside_since(st.report, top)
             if since_ns is not None:
-                inside[rank] = (since_ns + st.offset_ns) / 1e9
-        events: list[Event] = []
-        hang = comm.hang
-        if hang is not None and (hang.seq != top or not inside):
-            comm.hang = None
-            events.append(_hang_end(comm, hang, now, "moved_on"))
-        if not inside or comm.hang is not None or top == 0:
-            return events
-        inside_for = now - min(inside.values())
-        if inside_for < float(self._cfg.hang_after):
-            return events
+                blocked.add(rank)
+            else:
+                since_ns = st.report.last_enter_ns
+            if since_ns:
+                arrived[rank] = (since_ns + st.offset_ns) / 1e9
         missing = [
             r
             for r in range(comm.nranks)
             if r not in comm.view or comm.view[r].report.entered_seq < top
         ]
-        if not missing and len(inside) < comm.nranks:
-            return events  # every rank got there and some already left: not stuck in it
+        # Every rank at N is a hang only when every rank is still inside the call: ranks
+        # that entered N, returned and entered nothing since may as well be computing
+        # (evaluation, a checkpoint) as waiting, and cannot be told apart from here.
+        all_inside = not missing and len(blocked) == comm.nranks
+        events: list[Event] = []
+        hang = comm.hang
+        if hang is not None and (hang.seq != top or not (missing or all_inside)):
+            comm.hang = None
+            events.append(_hang_end(comm, hang, now, "moved_on"))
+        if not arrived or comm.hang is not None or top == 0 or not (missing or all_inside):
+            return events
+        inside_for = now - min(arrived.values())
+        if inside_for < float(self._cfg.hang_after):
+            return events
         op = next(
             (
                 st.report.inflight_op
@@ -468,7 +487,7 @@ class CollectiveJoin:
             _op_of(comm, top),
         )
         comm.hang = _Hang(new_event_id(), top, op, now - inside_for, missing)
-        events.append(_hang_start(comm, comm.hang, inside, now))
+        events.append(_hang_start(comm, comm.hang, arrived, blocked, now))
         return events
 
 
@@ -640,15 +659,21 @@ def _hang_event(comm: _Comm, hang: _Hang, now: float, state: str, **more: object
     )
 
 
-def _hang_start(comm: _Comm, hang: _Hang, inside: dict[int, float], now: float) -> Event:
-    inside_ranks = sorted(inside)
+def _hang_start(
+    comm: _Comm, hang: _Hang, arrived: dict[int, float], blocked: set[int], now: float
+) -> Event:
+    inside_ranks = sorted(arrived)
     return _hang_event(
         comm,
         hang,
         now,
         "start",
+        # the ranks that entered collective N (and nothing since): the ones waiting
         inside_ranks=_named(inside_ranks),
         inside_count=len(inside_ranks),
+        # of those, the ones still inside the NCCL call; the others returned at enqueue,
+        # as real NCCL does, and wait in a stream sync
+        in_call_count=len(blocked),
         inside_for_s=round(now - hang.since, 3),
         reason="missing_ranks"
         if hang.missing

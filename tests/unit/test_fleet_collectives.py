@@ -50,6 +50,9 @@ class Sim:
     events: list[Event] = field(default_factory=list)
     ticks: int = 0
     block_at: int | None = None  # every rank that gets there stays inside this seq
+    # Real NCCL: the call to ``block_at`` returns at enqueue, and the rank waits in a stream
+    # sync after it (it enters nothing more); without it the rank stays inside the call.
+    asynchronous: bool = False
     # Through a FleetState (its ingest and tick) instead of the bare join.
     state: FleetState | None = None
     score: dict[str, float] = field(default_factory=dict)
@@ -76,7 +79,7 @@ class Sim:
                     continue
                 enter = start + i * PERIOD + self.delay.get(rank, 0.0)
                 node = self.node_of[rank]
-                blocked = seq == self.block_at
+                blocked = seq == self.block_at and not self.asynchronous
                 returned = None if blocked else self.node_time_ns(node, enter + 0.001)
                 calls[rank].append(
                     CollectiveCall(
@@ -93,7 +96,7 @@ class Sim:
                 entered = mine[-1].seq if mine else self.last_entered(rank)
                 inflight = [c for c in mine if c.returned_ns is None]
                 returned = max((c.seq for c in mine if c.returned_ns), default=entered)
-                if inflight or self.inside(rank):
+                if inflight or (self.inside(rank) and not self.asynchronous):
                     returned = entered - 1
                 reports.append(
                     CommReport(
@@ -364,6 +367,51 @@ def test_collective_hang(case: HangCase) -> None:
     (end,) = sim.of("collective_hang", "end")
     assert end.event_id == hang.event_id and end.extra["reason"] == "moved_on"
     assert end.extra["missing_nodes"] == hang.extra["missing_nodes"]
+
+
+@pytest.mark.parametrize("case", [c for c in HANG_CASES if c.missing], ids=lambda c: c.name)
+def test_collective_hang_when_the_calls_return_at_enqueue(case: HangCase) -> None:
+    """Real NCCL returns from ncclAllReduce once it is enqueued: the ranks that wait for a
+    missing peer entered N and returned, and enter nothing more (they wait in a stream
+    sync). The wavefront is named all the same, on the first tick past the bound, and the
+    hang ends when the missing ranks arrive, even if nothing follows N."""
+    config = NcclConfig(hang_after=3.0)
+    sim = Sim(case.nranks, case.node_of, config=config, asynchronous=True)
+    sim.interval()
+    block = sim.seq + 10
+    sim.block_at = block
+    sim.stop_before = {r: block + rel for r, rel in case.stop_before.items()}
+    ticks = 0
+    while not sim.of("collective_hang"):
+        sim.interval()
+        ticks += 1
+        assert ticks < 20
+    (hang,) = sim.of("collective_hang")
+    assert config.hang_after <= hang.extra["inside_for_s"] < config.hang_after + INTERVAL
+    assert (hang.extra["seq"], hang.extra["op"]) == (block, "ncclAllReduce")
+    assert hang.extra["missing_ranks"] == case.missing
+    assert hang.extra["inside_ranks"] == [r for r in range(case.nranks) if r not in case.missing]
+    assert hang.extra["in_call_count"] == 0
+    assert hang.extra["reason"] == "missing_ranks"
+    sim.interval()
+    assert len(sim.of("collective_hang")) == 1
+    sim.stop_before = {}  # the missing ranks enter N (and, as the others, nothing after)
+    sim.interval()
+    (end,) = sim.of("collective_hang", "end")
+    assert end.event_id == hang.event_id and end.extra["reason"] == "moved_on"
+
+
+def test_every_rank_past_the_call_is_not_a_hang() -> None:
+    """Every rank entered N and returned, and none entered anything since: computing
+    between collectives (an evaluation, a checkpoint) looks the same as a fabric hang
+    once the calls return at enqueue, so nothing is raised, however long."""
+    sim = Sim(8, one_per_node(8), config=NcclConfig(hang_after=3.0), asynchronous=True)
+    sim.interval()
+    sim.block_at = sim.seq + 10
+    for _ in range(10):
+        result = sim.interval()
+    assert sim.of("collective_hang") == []
+    assert result.hung == 0
 
 
 def test_no_hang_below_the_bound() -> None:
