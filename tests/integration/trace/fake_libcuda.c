@@ -1,7 +1,13 @@
 /* A stand-in libcuda.so.1 for machines without the NVIDIA driver: the driver API entry
  * points ingero probes, with their real signatures, each failing with FAKE_ERROR.
  * cuMemAlloc is an alias of cuMemAlloc_v2 (one address, two names), like NCCL's
- * ncclX/pncclX, so the test also proves each address is probed once. */
+ * ncclX/pncclX, so the test also proves each address is probed once.
+ *
+ * The syncs wait for the stand-in libnccl's collectives when it runs as real NCCL does
+ * (FAKE_NCCL_ASYNC=1, see fake_libnccl.c): the call returns at enqueue, the stream sync
+ * waits for the peers. Without that library loaded they return at once. */
+#define _GNU_SOURCE
+#include <dlfcn.h>
 #include <stddef.h>
 
 #define FAKE_ERROR 999
@@ -46,9 +52,19 @@ int cuLaunchCooperativeKernel(CUfunction f, unsigned gx, unsigned gy, unsigned g
     return FAKE_ERROR;
 }
 
-int cuCtxSynchronize(void) { return FAKE_ERROR; }
+static void wait_collectives(void) {
+    void (*wait)(void) = (void (*)(void))dlsym(RTLD_DEFAULT, "fake_nccl_stream_wait");
+    if (wait)
+        wait();
+}
+
+int cuCtxSynchronize(void) {
+    wait_collectives();
+    return FAKE_ERROR;
+}
 
 int cuStreamSynchronize(CUstream stream) {
     (void)stream;
+    wait_collectives();
     return FAKE_ERROR;
 }

@@ -14,7 +14,14 @@
  * $FAKE_NCCL_LIBCUDA names a libcuda.so.1 (fake_libcuda.c) that is loaded at start: each
  * launched collective then calls its cuLaunchKernel once, as real NCCL launches a kernel
  * per collective through the driver, so the traced process launches kernels and fleet-push
- * counts it as working (a node with no launches is idle). Without it nothing is launched. */
+ * counts it as working (a node with no launches is idle). Without it nothing is launched.
+ *
+ * $FAKE_NCCL_ASYNC=1 makes the collectives behave as real NCCL's do on a GPU: the call only
+ * enqueues (records the arrival, launches the kernel) and returns at once, and the wait for
+ * the peers happens where the GPU stream is waited for: the stand-in driver's
+ * cuStreamSynchronize/cuCtxSynchronize call fake_nccl_stream_wait() below, which returns
+ * once every rank has entered every collective this process launched. A rank whose peer
+ * never comes then hangs in a stream sync, having returned from the collective. */
 #include <nccl.h>
 
 #include <dlfcn.h>
@@ -31,7 +38,13 @@ struct ncclComm {
     int rank, nranks;
     volatile uint64_t *arrived; /* shared: collectives entered, per rank (NULL: no peers) */
     uint64_t issued;            /* collectives this rank has issued on the communicator */
+    uint64_t launched;          /* of those, launched (a group's at its outermost end) */
 };
+
+/* Live communicators with peers, for fake_nccl_stream_wait (async mode). */
+#define MAX_LIVE_COMMS 16
+static ncclComm_t live[MAX_LIVE_COMMS];
+static int async_mode;
 
 #define MAX_GROUP_COMMS 16
 static __thread int group_depth;
@@ -43,6 +56,8 @@ typedef int (*launch_fn)(void *, unsigned, unsigned, unsigned, unsigned, unsigne
 static launch_fn cu_launch;
 
 __attribute__((constructor)) static void load_libcuda(void) {
+    const char *mode = getenv("FAKE_NCCL_ASYNC");
+    async_mode = mode && strcmp(mode, "1") == 0;
     const char *path = getenv("FAKE_NCCL_LIBCUDA");
     void *lib = path ? dlopen(path, RTLD_NOW) : NULL;
     if (path && !lib)
@@ -51,17 +66,32 @@ __attribute__((constructor)) static void load_libcuda(void) {
         cu_launch = (launch_fn)dlsym(lib, "cuLaunchKernel");
 }
 
-static void rendezvous(ncclComm_t comm) {
-    if (cu_launch) /* the collective's kernel (the stand-in driver fails it; it is counted) */
-        cu_launch(NULL, 1, 1, 1, 64, 1, 1, 0, NULL, NULL, NULL);
-    if (!comm->arrived)
-        return;
-    uint64_t n = comm->issued;
-    __atomic_store_n(&comm->arrived[comm->rank], n, __ATOMIC_SEQ_CST);
+static void wait_peers(ncclComm_t comm, uint64_t n) {
     struct timespec nap = {0, 50 * 1000};
     for (int r = 0; r < comm->nranks; r++)
         while (__atomic_load_n(&comm->arrived[r], __ATOMIC_SEQ_CST) < n)
             nanosleep(&nap, NULL);
+}
+
+static void rendezvous(ncclComm_t comm) {
+    if (cu_launch) /* the collective's kernel (the stand-in driver fails it; it is counted) */
+        cu_launch(NULL, 1, 1, 1, 64, 1, 1, 0, NULL, NULL, NULL);
+    comm->launched = comm->issued;
+    if (!comm->arrived)
+        return;
+    __atomic_store_n(&comm->arrived[comm->rank], comm->launched, __ATOMIC_SEQ_CST);
+    if (!async_mode)
+        wait_peers(comm, comm->launched);
+}
+
+/* Called by the stand-in driver's stream and context syncs (async mode): the GPU work
+ * this process launched is done once every peer entered each launched collective. */
+void fake_nccl_stream_wait(void) {
+    if (!async_mode)
+        return;
+    for (int i = 0; i < MAX_LIVE_COMMS; i++)
+        if (live[i])
+            wait_peers(live[i], live[i]->launched);
 }
 
 static ncclResult_t collective(ncclComm_t comm) {
@@ -123,6 +153,11 @@ static ncclResult_t init(ncclComm_t *out, int nranks, ncclUniqueId id, int rank)
             return ncclSystemError;
         }
         comm->arrived = map;
+        for (int i = 0; i < MAX_LIVE_COMMS; i++)
+            if (!live[i]) {
+                live[i] = comm;
+                break;
+            }
     }
     *out = comm;
     return ncclSuccess;
@@ -141,6 +176,9 @@ ncclResult_t ncclCommInitRankConfig(ncclComm_t *comm, int nranks, ncclUniqueId c
 static ncclResult_t release(ncclComm_t comm) {
     if (!comm)
         return ncclInvalidArgument;
+    for (int i = 0; i < MAX_LIVE_COMMS; i++)
+        if (live[i] == comm)
+            live[i] = NULL;
     if (comm->arrived)
         munmap((void *)comm->arrived, (size_t)comm->nranks * sizeof(uint64_t));
     free(spare);

@@ -9,8 +9,12 @@
  *   -2         a second communicator: one broadcast on it per iteration
  *   -x K       after K iterations, destroy comm 1 and create it again with a new id
  *   -p         one ncclSend + ncclRecv per iteration (point-to-point: not numbered)
+ *   -a         end each iteration with cuStreamSynchronize of $FAKE_NCCL_LIBCUDA, as a
+ *              training step does (loss.item()): with FAKE_NCCL_ASYNC=1 the collectives
+ *              return at enqueue, as real NCCL's do, and the rank waits for its peers there
  * The unique id is built from SEED (all ranks of a job pass the same). Prints the ids
  * (hex) and "ready", waits for a line on stdin, runs, prints the counts and exits. */
+#include <dlfcn.h>
 #include <nccl.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -45,16 +49,16 @@ static void print_id(const char *name, ncclUniqueId id) {
 int main(int argc, char **argv) {
     if (argc < 5) {
         fprintf(stderr, "usage: %s RANK NRANKS ITERATIONS SEED [-d MS] [-S N] [-g K] [-2] "
-                        "[-F PATH] [-x K] [-p]\n", argv[0]);
+                        "[-F PATH] [-x K] [-p] [-a]\n", argv[0]);
         return 2;
     }
     int rank = atoi(argv[1]), nranks = atoi(argv[2]), seed = atoi(argv[4]);
     long iters = atol(argv[3]);
     long delay_ms = 0, stop_before = 0, group_every = 0, recreate_after = 0;
     const char *stop_file = NULL;
-    int second = 0, p2p = 0;
+    int second = 0, p2p = 0, sync_each = 0;
     optind = 5;
-    for (int c; (c = getopt(argc, argv, "d:S:F:g:2x:p")) != -1;) {
+    for (int c; (c = getopt(argc, argv, "d:S:F:g:2x:pa")) != -1;) {
         switch (c) {
         case 'd': delay_ms = atol(optarg); break;
         case 'S': stop_before = atol(optarg); break;
@@ -63,7 +67,18 @@ int main(int argc, char **argv) {
         case '2': second = 1; break;
         case 'x': recreate_after = atol(optarg); break;
         case 'p': p2p = 1; break;
+        case 'a': sync_each = 1; break;
         default: return 2;
+        }
+    }
+    int (*stream_sync)(void *) = NULL;
+    if (sync_each) {
+        const char *path = getenv("FAKE_NCCL_LIBCUDA");
+        void *cuda = path ? dlopen(path, RTLD_NOW) : NULL;
+        stream_sync = cuda ? (int (*)(void *))dlsym(cuda, "cuStreamSynchronize") : NULL;
+        if (!stream_sync) {
+            fprintf(stderr, "-a needs FAKE_NCCL_LIBCUDA: %s\n", path ? dlerror() : "unset");
+            return 2;
         }
     }
     ncclUniqueId id1 = make_id(seed), id2 = make_id(seed + 1), id3 = make_id(seed + 2);
@@ -112,6 +127,8 @@ int main(int argc, char **argv) {
             CHECK(ncclBroadcast(sendbuf, recvbuf, 300, ncclFloat16, 0, comm2, 0));
             issued2 += 1;
         }
+        if (stream_sync)
+            stream_sync(NULL); /* the step's end; fails in the stand-in, after waiting */
         if (recreate_after && i == recreate_after) {
             ncclComm_t old = comm1;
             CHECK(ncclCommDestroy(comm1));

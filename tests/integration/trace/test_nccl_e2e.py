@@ -15,6 +15,12 @@ comm_rank, lag within 20%), its fleet-push reads the lag from its push replies a
 rank 1 stops before its next collective while the others enter it: Fleet's
 ``collective_hang`` names rank 1 and its node within one push interval of ``hang_after``,
 and Echo's ``collective_lag`` lists the hang. Progress is counted in Fleet's ticks.
+
+Twice: with the collectives blocking inside the call (``in_call``), and as real NCCL runs
+on a GPU (``enqueue``): the call returns once the collective is enqueued and the rank
+waits for its peers in the stream sync that ends its step (fake_libnccl.c's
+FAKE_NCCL_ASYNC, the driver's cuStreamSynchronize), so the ranks waiting in a hang have
+returned from the collective.
 """
 
 from __future__ import annotations
@@ -90,7 +96,9 @@ def comm_hash(proc: Any) -> str:
     return f"{unique_id_hash(bytes.fromhex(ids['id1'])):016x}"
 
 
+@pytest.mark.parametrize("mode", ["in_call", "enqueue"])
 def test_late_rank_and_hung_collective_from_ranks_to_echo(
+    mode: str,
     bpf_ready: None,  # first: skipped before any daemon starts where BPF cannot run
     chain: tuple[Cluster, EchoProcess],
     start_tracer: Any,
@@ -113,8 +121,13 @@ def test_late_rank_and_hung_collective_from_ranks_to_echo(
                    FAKE_NCCL_LIBCUDA=str(driver_loop.parent / "libcuda.so.1"),
                    SLURM_PROCID=str(rank), INGERO_JOBS_DIR=str(c.jobs_dir(rank)))  # fmt: skip
         opts = {LATE_RANK: ["-d", str(DELAY_MS)], STOP_RANK: ["-F", str(stop_file)]}
+        step = []
+        if mode == "enqueue":
+            env["FAKE_NCCL_ASYNC"] = "1"
+            step = ["-a"]  # each iteration ends in a stream sync, where the rank waits
         # Iterations enough to outlast the test; the ranks are killed by PID after it.
-        argv = [str(nccl_ranks), str(rank), str(NRANKS), "100000", "9", *opts.get(rank, [])]
+        argv = [str(nccl_ranks), str(rank), str(NRANKS), "100000", "9", *step,
+                *opts.get(rank, [])]  # fmt: skip
         ranks.append(spawn(argv, env=env))
     (comm,) = {comm_hash(proc) for proc in ranks}
     for rank, proc in enumerate(ranks):
@@ -176,6 +189,8 @@ def test_late_rank_and_hung_collective_from_ranks_to_echo(
     assert extra["missing_ranks"] == [STOP_RANK] and extra["missing_nodes"] == [nodes[STOP_RANK]]
     assert hang["node_id"] == nodes[STOP_RANK] and hang["job_id"] == JOB, hang
     assert extra["inside_ranks"] == [r for r in range(NRANKS) if r != STOP_RANK], extra
+    # In the call, or returned from it at enqueue and waiting in the stream sync.
+    assert extra["in_call_count"] == (NRANKS - 1 if mode == "in_call" else 0), extra
     # Detected on the first tick past the bound (Fleet's own figures) ...
     assert HANG_AFTER <= extra["inside_for_s"] < HANG_AFTER + INTERVAL, extra
     # ... about as many ticks after the stop as the bound holds intervals: a few more for
@@ -187,6 +202,11 @@ def test_late_rank_and_hung_collective_from_ranks_to_echo(
         (hung_seq, True, [STOP_RANK], [nodes[STOP_RANK]])
     ]
     assert hangs[0]["comm_hash"] == comm and hangs[0]["reason"] == "missing_ranks", hangs[0]
+    if mode == "enqueue":
+        # A rank waiting in a stream sync looks, on its own node, like a rank that froze
+        # after its last call (no in-flight sync is recorded): its fleet-push may flag it
+        # as stalled. Only Fleet, comparing the ranks, tells the victims from the missing.
+        return
     # The ranks waiting inside the hung collective launch nothing, but they are its victims,
     # not stragglers: no node-side stall for them (ingero.push.nodestate, "waiting is not
     # stalled"); the rank that never arrived may be flagged as stalled.
