@@ -180,15 +180,13 @@ static __always_inline void call_put(u64 id, struct call_t *c) {
         stack_push(s, c);
 }
 
-static __always_inline struct call_t *call_get(u64 id) {
+static __always_inline struct call_stack *calls_of(u64 id) {
     struct task_struct *t = (struct task_struct *)bpf_get_current_task_btf();
-    struct call_stack *s = calls.task_storage_get(t, 0, 0);
-    return s ? stack_top(s) : 0;
+    return calls.task_storage_get(t, 0, 0);
 }
 
-static __always_inline void call_done(u64 id, struct call_t *c) {
-    struct task_struct *t = (struct task_struct *)bpf_get_current_task_btf();
-    struct call_stack *s = calls.task_storage_get(t, 0, 0);
+// The call on top returned (one write: no lookup, as the one slot's ``ts = 0`` was).
+static __always_inline void call_pop(u64 id, struct call_stack *s) {
     if (s && s->depth > 0)
         s->depth -= 1;
 }
@@ -207,21 +205,22 @@ static __always_inline void call_put(u64 id, struct call_t *c) {
         stack_push(s, c);
 }
 
-static __always_inline struct call_t *call_get(u64 id) {
-    struct call_stack *s = calls.lookup(&id);
-    return s ? stack_top(s) : 0;
+static __always_inline struct call_stack *calls_of(u64 id) {
+    return calls.lookup(&id);
 }
 
-static __always_inline void call_done(u64 id, struct call_t *c) {
-    struct call_stack *s = calls.lookup(&id);
-    if (!s)
-        return;
-    if (s->depth > 1)
+static __always_inline void call_pop(u64 id, struct call_stack *s) {
+    if (s && s->depth > 1)
         s->depth -= 1;
-    else
+    else if (s)
         calls.delete(&id);
 }
 #endif
+
+// The call returning on this thread (the top of its stack), or 0.
+static __always_inline struct call_t *call_get(struct call_stack *s) {
+    return s ? stack_top(s) : 0;
+}
 
 static __always_inline void host_add(u32 idx, u64 v) {
     u64 *p = host.lookup(&idx);
@@ -363,7 +362,8 @@ static __always_inline int call_enter(struct pt_regs *ctx, u32 op, int bytes_arg
 
 static __always_inline int call_leave(struct pt_regs *ctx, int always) {
     u64 id = bpf_get_current_pid_tgid();
-    struct call_t *c = call_get(id);
+    struct call_stack *s = calls_of(id);
+    struct call_t *c = call_get(s);
     if (!c)
         return 0;
     u64 now = bpf_ktime_get_ns();
@@ -388,7 +388,7 @@ static __always_inline int call_leave(struct pt_regs *ctx, int always) {
         ev.nranks = c->nranks;
         emit(&ev);
     }
-    call_done(id, c);
+    call_pop(id, s);
     return 0;
 }
 
@@ -424,7 +424,8 @@ int enter_comm_init(struct pt_regs *ctx) {
 
 int leave_comm_init(struct pt_regs *ctx) {
     u64 id = bpf_get_current_pid_tgid();
-    struct call_t *c = call_get(id);
+    struct call_stack *s = calls_of(id);
+    struct call_t *c = call_get(s);
     if (!c)
         return 0;
     u64 now = bpf_ktime_get_ns();
@@ -453,7 +454,7 @@ int leave_comm_init(struct pt_regs *ctx) {
     ev.nranks = c->nranks;
     ev.kind = KIND_COMM_INIT;
     emit(&ev);
-    call_done(id, c);
+    call_pop(id, s);
     return 0;
 }
 
@@ -464,7 +465,8 @@ int enter_comm_destroy(struct pt_regs *ctx) {
 
 int leave_comm_destroy(struct pt_regs *ctx) {
     u64 id = bpf_get_current_pid_tgid();
-    struct call_t *c = call_get(id);
+    struct call_stack *s = calls_of(id);
+    struct call_t *c = call_get(s);
     struct comm_key k = {.handle = c ? c->comm : 0, .tgid = id >> 32};
     call_leave(ctx, 1);
     if (k.handle)
