@@ -334,10 +334,9 @@ HANG_CASES = [
 ]
 
 
-@pytest.mark.parametrize("case", HANG_CASES, ids=lambda c: c.name)
-def test_collective_hang(case: HangCase) -> None:
-    config = NcclConfig(hang_after=3.0)
-    sim = Sim(case.nranks, case.node_of, config=config)
+def run_to_hang(sim: Sim, case: HangCase) -> tuple[Event, int]:
+    """One interval, then every rank blocks at a collective inside the next one (the
+    case's ranks stop short of it); intervals until the hang is raised: (it, the seq)."""
     sim.interval()
     block = sim.seq + 10  # inside the next interval
     sim.block_at = block
@@ -348,6 +347,14 @@ def test_collective_hang(case: HangCase) -> None:
         ticks += 1
         assert ticks < 20
     (hang,) = sim.of("collective_hang")
+    return hang, block
+
+
+@pytest.mark.parametrize("case", HANG_CASES, ids=lambda c: c.name)
+def test_collective_hang(case: HangCase) -> None:
+    config = NcclConfig(hang_after=3.0)
+    sim = Sim(case.nranks, case.node_of, config=config)
+    hang, block = run_to_hang(sim, case)
     # Blocked half an interval into the first one, detected on the first tick past the bound.
     assert hang.extra["inside_for_s"] >= config.hang_after
     assert hang.extra["inside_for_s"] < config.hang_after + INTERVAL
@@ -377,16 +384,7 @@ def test_collective_hang_when_the_calls_return_at_enqueue(case: HangCase) -> Non
     hang ends when the missing ranks arrive, even if nothing follows N."""
     config = NcclConfig(hang_after=3.0)
     sim = Sim(case.nranks, case.node_of, config=config, asynchronous=True)
-    sim.interval()
-    block = sim.seq + 10
-    sim.block_at = block
-    sim.stop_before = {r: block + rel for r, rel in case.stop_before.items()}
-    ticks = 0
-    while not sim.of("collective_hang"):
-        sim.interval()
-        ticks += 1
-        assert ticks < 20
-    (hang,) = sim.of("collective_hang")
+    hang, block = run_to_hang(sim, case)
     assert config.hang_after <= hang.extra["inside_for_s"] < config.hang_after + INTERVAL
     assert (hang.extra["seq"], hang.extra["op"]) == (block, "ncclAllReduce")
     assert hang.extra["missing_ranks"] == case.missing
