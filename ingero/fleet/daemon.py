@@ -105,6 +105,7 @@ class FleetDaemon:
             else None
         )
         if self.echo_forwarder is not None:
+            self.metrics.read_echo_forwarding(self.echo_forwarder.figures)
             # With a spool, in the receiver's thread: a node's events are on disk before
             # its request is acknowledged, not in memory until the next tick.
             self.events.add_sink(

@@ -34,6 +34,7 @@ from opentelemetry.proto.collector.metrics.v1.metrics_service_pb2 import (
 )
 
 from ingero.events import Event
+from ingero.fleet.metrics import EchoForwarding
 from ingero.fleet.score_history import ScoreSample, encode_scores
 from ingero.fleet.spool import EventSpool
 from ingero.otlp.exporter import Backoff, ExportError, GrpcExporter, HttpExporter
@@ -144,6 +145,7 @@ class Forwarder:
         self._cond = threading.Condition()
         self._closing = False
         self._inflight = 0
+        self._inflight_lane: _Lane[Any] | None = None  # whose batch is in flight (memory)
         self._next_drop_log = 0.0
         self._thread = threading.Thread(target=self._run, name="echo-forwarder", daemon=True)
         self._thread.start()
@@ -194,6 +196,30 @@ class Forwarder:
     def _queued(self) -> int:
         return self._events.queued() + self._scores.queued()
 
+    def figures(self) -> EchoForwarding:
+        """Its counters and queue depths, for ``/metrics``."""
+        kinds: dict[str, _Lane[Any]] = {"events": self._events, "scores": self._scores}
+        with self.stats._lock:
+            count = {k: v for k, v in vars(self.stats).items() if isinstance(v, int)}
+        with self._cond:
+            # a spool counts its batch in flight until done; memory lanes do not
+            queued = {
+                kind: lane.queued() + (self._inflight if lane is self._inflight_lane else 0)
+                for kind, lane in kinds.items()
+            }
+        spool = self._events.spool
+        return EchoForwarding(
+            sent={kind: count[lane.prefix + "sent"] for kind, lane in kinds.items()},
+            dropped={
+                (kind, reason): count[f"{lane.prefix}dropped_{reason}"]
+                for kind, lane in kinds.items()
+                for reason in ("full", "rejected", "at_close")
+            },
+            queued=queued,
+            retries=count["retries"],
+            spool_bytes=spool.size_bytes() if spool is not None else None,
+        )
+
     def pending(self) -> int:
         with self._cond:
             return self._queued() + self._inflight
@@ -236,6 +262,7 @@ class Forwarder:
                     n = min(self.batch_size, len(lane.items))
                     batch = [lane.items.popleft() for _ in range(n)]
                     self._inflight = len(batch)
+                    self._inflight_lane = lane
             if lane.spool is not None:
                 # The batch stays counted in the spool until done: no _inflight needed.
                 batch, bad = lane.spool.take(self.batch_size)
@@ -249,6 +276,7 @@ class Forwarder:
                 self._deliver(lane, batch)
             with self._cond:
                 self._inflight = 0
+                self._inflight_lane = None
                 self._cond.notify_all()
 
     def _deliver(self, lane: _Lane[T], batch: list[T]) -> None:

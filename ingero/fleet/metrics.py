@@ -3,11 +3,12 @@
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from dataclasses import dataclass
 from typing import Protocol
 
 from prometheus_client import Counter, Gauge, Histogram, generate_latest
-from prometheus_client.core import CounterMetricFamily
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.metrics import MetricWrapperBase
 from prometheus_client.registry import Collector
 
@@ -44,6 +45,64 @@ class _DrainFailures(Collector):
             "Slurm calls of the drain controller that failed (each is retried with back-off).",
             value=self.read(),
         )
+
+
+@dataclass(frozen=True)
+class EchoForwarding:
+    """What the Echo forwarder has done and holds, by kind (``events``, ``scores``)."""
+
+    sent: Mapping[str, int]
+    dropped: Mapping[tuple[str, str], int]  # (kind, reason: full|rejected|at_close)
+    queued: Mapping[str, int]  # waiting now, in memory or in the spool, batch in flight too
+    retries: int
+    spool_bytes: int | None = None  # event JSON in the spool; None without a spool
+
+
+class _EchoForwarding(Collector):
+    """Read at scrape time from the forwarder: no second set of counters to keep."""
+
+    def __init__(self) -> None:
+        self.read: Callable[[], EchoForwarding] | None = None
+
+    def collect(self) -> Iterator[Metric]:
+        if self.read is None:
+            return
+        f = self.read()
+        sent = CounterMetricFamily(
+            "ingero_fleet_echo_sent", "Events and score samples Echo acknowledged.", labels=["kind"]
+        )
+        for kind, n in sorted(f.sent.items()):
+            sent.add_metric([kind], n)
+        yield sent
+        dropped = CounterMetricFamily(
+            "ingero_fleet_echo_dropped",
+            "Events and score samples not forwarded to Echo, by reason (full: the queue or "
+            "spool was at its bound; rejected: Echo refused them; at_close: left at shutdown "
+            "without a spool).",
+            labels=["kind", "reason"],
+        )
+        for (kind, reason), n in sorted(f.dropped.items()):
+            dropped.add_metric([kind, reason], n)
+        yield dropped
+        yield CounterMetricFamily(
+            "ingero_fleet_echo_retries",
+            "Batches sent to Echo again after a failure (Echo down or slow).",
+            value=f.retries,
+        )
+        queued = GaugeMetricFamily(
+            "ingero_fleet_echo_queued",
+            "Events and score samples waiting for Echo (the batch in flight included).",
+            labels=["kind"],
+        )
+        for kind, n in sorted(f.queued.items()):
+            queued.add_metric([kind], n)
+        yield queued
+        if f.spool_bytes is not None:
+            yield GaugeMetricFamily(
+                "ingero_fleet_echo_spool_bytes",
+                "Bytes of event JSON in the durable spool (echo.spool_max_bytes bounds it).",
+                value=f.spool_bytes,
+            )
 
 
 class FleetMetrics:
@@ -141,6 +200,8 @@ class FleetMetrics:
         self._clock_offsets: tuple[tuple[str, str, float], ...] = ()
         self._drain_failures = _DrainFailures(lambda: 0)
         r.register(self._drain_failures)
+        self._echo = _EchoForwarding()
+        r.register(self._echo)
         self._children: dict[tuple[str, ...], MetricWrapperBase] = {}
         self._groups: tuple[GroupStats, ...] = ()
         self.node_series_limit = node_series_limit
@@ -150,6 +211,10 @@ class FleetMetrics:
     def read_drain_failures(self, read: Callable[[], int]) -> None:
         """Where ``ingero_fleet_drain_failures_total`` comes from (0 while drain is off)."""
         self._drain_failures.read = read
+
+    def read_echo_forwarding(self, read: Callable[[], EchoForwarding]) -> None:
+        """Where the ``ingero_fleet_echo_*`` series come from (none without an Echo)."""
+        self._echo.read = read
 
     def count_request(self, transport: str, signal: str, code: str, seconds: float) -> None:
         key = (transport, signal, code)

@@ -15,6 +15,7 @@ import pytest
 from ingero.fleet.spool import SPOOL_FILE
 from ingero.otlp.health import NodePush
 from tests.integration.fleet.helpers import Fleet, start_fleet, wait_for
+from tests.integration.fleet.test_prometheus import fetch, promtool_check
 
 from .helpers import TOKEN_OPS, EchoProcess, straggler
 
@@ -89,6 +90,12 @@ def test_events_accepted_before_a_sigkill_reach_echo_once_after_the_restart(
             assert (
                 fleet.post_logs(events).status == 200
             )  # 200: acknowledged, so the node will not resend
+        # /metrics shows them waiting for Echo, in the spool (promtool-clean).
+        waiting = REQUESTS * PER_REQUEST
+        assert fleet.metric("ingero_fleet_echo_queued", kind="events") >= waiting
+        assert fleet.metric("ingero_fleet_echo_spool_bytes") > 0
+        assert fleet.metric("ingero_fleet_echo_sent_total", kind="events") == 0
+        assert promtool_check(fetch(fleet.api)[2]) == ""
         # Killed right after the last 200: those events must already be on disk, not
         # waiting in memory for the next tick.
         assert fleet.proc is not None
@@ -102,6 +109,16 @@ def test_events_accepted_before_a_sigkill_reach_echo_once_after_the_restart(
         wait_for(lambda: set(echo_ids(echo.db)) >= expected, 60, "every event in echo")
         # Acknowledged batches are deleted (the restarted Fleet raised none of its own).
         wait_for(lambda: spooled(spool_dir) == 0, 30, "the spool emptied")
+        wait_for(
+            lambda: (
+                restarted is not None
+                and restarted.metric("ingero_fleet_echo_queued", kind="events") == 0
+            ),
+            30,
+            "/metrics to show nothing waiting",
+        )
+        assert restarted.metric("ingero_fleet_echo_sent_total", kind="events") >= len(expected)
+        assert restarted.metric("ingero_fleet_echo_spool_bytes") == 0
         ids = echo_ids(echo.db)
         mine = [i for i in ids if i in expected]
         assert len(mine) == len(set(mine)) == len(expected)  # each once
