@@ -63,6 +63,9 @@ class AuthConfig:
 @dataclass(frozen=True)
 class EchoConfig:
     endpoint: str | None = None
+    # Fleet's token for Echo, re-read when the file changes (a rotation needs no restart);
+    # without it, INGERO_ECHO_TOKEN from the environment, read at start.
+    token_file: str | None = None
     # Every this-many seconds one score sample per active or idle node goes to Echo; 0: none.
     score_history_interval: Duration = Duration(30.0)  # noqa: RUF009 - an immutable float
     # Where the events waiting for Echo are kept (a SQLite file in it), so a replica killed

@@ -23,7 +23,7 @@ from types import FrameType
 
 from ingero.access import Gate, reload_material
 from ingero.audit import AuditLog, warn_open_listeners
-from ingero.bearer import Keyring, NamedToken, load_token_files
+from ingero.bearer import Keyring, NamedToken, TokenFile, load_token_files
 from ingero.clock import Clock, SystemClock
 from ingero.fleet.api import ApiHandler
 from ingero.fleet.config import FleetConfig
@@ -86,7 +86,11 @@ class FleetDaemon:
         self.echo_forwarder = (
             Forwarder(
                 config.echo.endpoint,
-                token=os.environ.get("INGERO_ECHO_TOKEN"),
+                token=(
+                    TokenFile(config.echo.token_file, "echo.token_file")
+                    if config.echo.token_file
+                    else os.environ.get("INGERO_ECHO_TOKEN")
+                ),
                 # One Fleet per host and API address: stable across restarts.
                 service=service_attributes(
                     FLEET_SERVICE, f"{socket.gethostname()}/{config.listen.api}"

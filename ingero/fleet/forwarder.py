@@ -33,6 +33,7 @@ from opentelemetry.proto.collector.metrics.v1.metrics_service_pb2 import (
     ExportMetricsServiceRequest,
 )
 
+from ingero.bearer import TokenSource
 from ingero.events import Event
 from ingero.fleet.metrics import EchoForwarding
 from ingero.fleet.score_history import ScoreSample, encode_scores
@@ -57,7 +58,7 @@ class Sender(Protocol):
     def close(self) -> None: ...
 
 
-def make_sender(endpoint: str, token: str | None = None) -> Sender:
+def make_sender(endpoint: str, token: TokenSource = None) -> Sender:
     """OTLP/HTTP protobuf to ``http(s)://HOST:PORT[/PREFIX]`` (``https://`` verified against
     the system's CAs or ``SSL_CERT_FILE``), else OTLP/gRPC to ``HOST:PORT`` (``grpc://``
     prefix optional; TLS for ``grpcs://HOST:PORT``, trusted roots: grpc's defaults, which
@@ -123,11 +124,13 @@ class Forwarder:
         batch_size: int = 1000,
         backoff_initial: float = 0.2,
         backoff_max: float = 30.0,
-        token: str | None = None,
+        token: TokenSource = None,
         service: dict[str, object] | None = None,
         spool: EventSpool | None = None,
     ) -> None:
-        """``service``: Fleet's ``service.*`` resource attributes, on every request sent.
+        """``token``: fixed, or a callable asked on every request (a TokenFile: a rotated
+        token is sent without a restart). ``service``: Fleet's ``service.*`` resource
+        attributes, on every request sent.
         ``spool``: keep the events there rather than in memory (``capacity`` then unused);
         the forwarder closes it."""
         self.sender = make_sender(sender, token) if isinstance(sender, str) else sender

@@ -262,6 +262,7 @@ def test_api_bad_queries(fleet: Fleet) -> None:
         ("limits: {max_body_bytes: 0}\n", "limits.max_body_bytes"),
         ("auth: {bearer_token_file: /nonexistent/token}\n", "auth.bearer_token_file"),
         ("auth: {tls_cert: /nonexistent/c.pem, tls_key: /nonexistent/k.pem}\n", "auth.tls"),
+        ("echo: {endpoint: 'http://127.0.0.1:9', token_file: /nonexistent/t}\n", "echo.token_file"),
     ],
 )
 def test_bad_config_is_one_line_and_exit_78(tmp_path: Path, text: str, key: str) -> None:
