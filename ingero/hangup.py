@@ -42,3 +42,18 @@ class StartupHangups:
                 count,
             )
         return count > 0
+
+
+def ignore_hangups(daemon: str, why: str) -> None:
+    """For a daemon with nothing to reload: SIGHUP is logged and ignored.
+
+    Its default action ends the process, and systemd counts SIGHUP among the clean exit
+    signals, so ``Restart=on-failure`` would not bring the unit back: a stray ``pkill
+    -HUP ingero`` or a logrotate ``postrotate`` meant for another daemon would stop a
+    node's tracer or pusher for good. Installed first thing by the command, before the
+    configuration is read. ``why``: what the line says instead of reloading."""
+
+    def on_hangup(signum: int, frame: FrameType | None) -> None:
+        log.info("%s: SIGHUP ignored: %s", daemon, why)
+
+    signal.signal(signal.SIGHUP, on_hangup)

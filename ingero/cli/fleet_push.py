@@ -18,6 +18,7 @@ from ingero.cli.options import log_level_options, print_config_option, setup_log
 from ingero.cli.options import print_config as show_config
 from ingero.clock import SystemClock
 from ingero.config import load_config
+from ingero.hangup import ignore_hangups
 from ingero.push.config import DAEMON, PushConfig, resolve_node_id
 from ingero.push.otel_env import otel_env_defaults
 
@@ -66,6 +67,10 @@ def command(
     verbose: bool,
 ) -> None:
     """Push this node's health score to Fleet and report when it straggles."""
+    # First: a SIGHUP from here on is a log line, not the end of the node's pusher.
+    ignore_hangups(
+        "fleet-push", "the token file is re-read when it changes; restart to reconfigure"
+    )
     overrides: dict[str, Any] = {
         # One flag stays a string (as in the file); several are the failover list.
         "fleet_endpoint": (endpoint[0] if len(endpoint) == 1 else list(endpoint)) or None,

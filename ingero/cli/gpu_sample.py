@@ -19,6 +19,7 @@ import click
 
 from ingero.clock import Clock, SystemClock
 from ingero.errors import UnavailableError
+from ingero.hangup import ignore_hangups
 from ingero.trace.gpusampler import GpuRows
 from ingero.trace.writer import Batch
 
@@ -77,6 +78,7 @@ def run_loop(
 def gpu_sample(db_path: Path, interval: float, max_db: str | None) -> int:
     """Write a gpu_intervals row per GPU every interval (NVML, else nvidia-smi), for nodes
     where `ingero trace` does not run. Exits 69 on a host that has neither."""
+    ignore_hangups("gpu-sample", "nothing to reload")
     import sdnotify
 
     from ingero.cli.trace import parse_size

@@ -12,6 +12,7 @@ import click
 from ingero.cli.options import log_level_options, setup_logging
 from ingero.errors import UnavailableError, UsageError
 from ingero.events import EVENT_SOCKET
+from ingero.hangup import ignore_hangups
 
 
 @click.command("sink")
@@ -29,6 +30,7 @@ def command(
     socket_path: str, metrics_listen: str, print_events: bool, log_level: str, verbose: bool
 ) -> None:
     """The reference consumer of fleet-push's NDJSON event socket."""
+    ignore_hangups("sink", "nothing to reload")
     setup_logging(log_level, verbose, "%(levelname)s %(name)s: %(message)s")
     from ingero.events import Event
     from ingero.sink.server import Sink, serve_metrics

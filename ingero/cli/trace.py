@@ -16,6 +16,7 @@ import click
 from ingero import nodedb
 from ingero.clock import SystemClock
 from ingero.errors import UnavailableError, UsageError
+from ingero.hangup import ignore_hangups
 from ingero.trace.collectives import DEFAULT_SAMPLE_MAX
 
 if TYPE_CHECKING:
@@ -64,6 +65,7 @@ def trace(
     gpu: bool,
 ) -> int:
     """Trace CUDA, NCCL and host events into the node DB (needs root or CAP_BPF+CAP_PERFMON)."""
+    ignore_hangups("trace", "nothing to reload; restart to change probes or options")
     from ingero.trace.bccload import BccUnavailable
     from ingero.trace.collectives import Collectives
     from ingero.trace.gpusampler import default_sampler
