@@ -167,6 +167,28 @@ static __always_inline struct call_t *stack_top(struct call_stack *s) {
     return &s->c[(d - 1) & (CALL_DEPTH - 1)];
 }
 
+// The call under the top one (what called the returning call), or 0.
+static __always_inline struct call_t *stack_below(struct call_stack *s) {
+    u32 d = s->depth;
+    if (d < 2 || d > CALL_DEPTH)
+        return 0;
+    return &s->c[(d - 2) & (CALL_DEPTH - 1)];
+}
+
+static __always_inline int op_in(u64 mask, u32 op) {
+    return op < 64 && ((mask >> op) & 1);
+}
+
+// A driver call made inside a runtime call is the runtime's own work (cudaLaunchKernel
+// launches through cuLaunchKernel, cudaStreamSynchronize waits in cuStreamSynchronize):
+// it is counted once, as the runtime call the application made, whose duration holds it.
+// A driver call inside an NCCL call (the collective's kernel launch) is counted: NCCL's
+// own calls are not launches. RUNTIME_OPS and DRIVER_OPS come from probes.py.
+static __always_inline int runtime_internal(struct call_stack *s, struct call_t *c) {
+    struct call_t *outer = s ? stack_below(s) : 0;
+    return outer && op_in(RUNTIME_OPS, outer->op) && op_in(DRIVER_OPS, c->op);
+}
+
 // Task-local storage is the cheapest place (no hash insert/delete per call); kernels
 // without BTF for bpf_get_current_task_btf() get a hash keyed by thread (probes.py falls
 // back to it).
@@ -366,6 +388,10 @@ static __always_inline int call_leave(struct pt_regs *ctx, int always) {
     struct call_t *c = call_get(s);
     if (!c)
         return 0;
+    if (runtime_internal(s, c)) {
+        call_pop(id, s);
+        return 0;
+    }
     u64 now = bpf_ktime_get_ns();
     u64 dur = now - c->ts;
     u32 tgid = id >> 32;

@@ -28,8 +28,9 @@ from ingero.nodedb.schema import SchemaError, connect
 from ingero.nodedb.schema import version as schema_version
 
 # Kernel launches through the runtime and through the driver API (PyTorch built against
-# CUDA 13 launches through cuLaunchKernel only). The tracer records the inner call of two
-# nested traced calls, so a runtime launch that calls the driver is counted once.
+# CUDA 13 launches through cuLaunchKernel only). A driver call the runtime makes inside a
+# runtime call is not recorded (the runtime call is), so a runtime launch that calls the
+# driver is counted once.
 LAUNCH_OPS: Final = (
     "cudaLaunchKernel",
     "cudaLaunchKernelExC",

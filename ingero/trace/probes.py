@@ -13,6 +13,8 @@ from typing import Any
 from ingero.trace.aggregate import HOST_COUNTERS, Key, Snapshot, StatVal
 from ingero.trace.bccload import load_bcc
 from ingero.trace.ops import (
+    CUDA,
+    CUDART,
     OP_COMM_DESTROY,
     OP_COMM_INIT,
     OP_OFFCPU,
@@ -45,6 +47,15 @@ def bpf_source_path() -> Path:
     raise ProbeError(f"{BPF_SOURCE} not found (looked in {', '.join(map(str, candidates))})")
 
 
+def _op_mask(lib: str) -> int:
+    """The ops of ``lib`` as a bit mask by op id (the program tells a driver call made by
+    the runtime from one the application made)."""
+    mask = sum(1 << i for i, op in enumerate(OPS) if op.lib == lib)
+    if mask >> 64:
+        raise ValueError(f"{lib} op ids past 63 do not fit the program's 64-bit mask")
+    return mask
+
+
 def program_text(source: str, sample_every: int = DEFAULT_SAMPLE_EVERY) -> str:
     """The C source plus one PROBE_PAIR per generic op (special ops are hand-written)."""
     if sample_every < 1:
@@ -52,6 +63,7 @@ def program_text(source: str, sample_every: int = DEFAULT_SAMPLE_EVERY) -> str:
     head = (
         f"#define SAMPLE_EVERY {sample_every}\n#define OP_OFFCPU {OP_OFFCPU}\n"
         f"#define OP_COMM_INIT {OP_COMM_INIT}\n#define OP_COMM_DESTROY {OP_COMM_DESTROY}\n"
+        f"#define RUNTIME_OPS {_op_mask(CUDART)}ULL\n#define DRIVER_OPS {_op_mask(CUDA)}ULL\n"
     )
     pairs = [
         f"PROBE_PAIR({i}, {op.bytes_arg}, {op.count_arg}, {op.dtype_arg}, {op.comm_arg}, "

@@ -232,6 +232,19 @@ def nccl_ranks(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 @pytest.fixture(scope="session")
+def runtime_loop(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """runtime_loop.c against fake_libcudart.c (libcudart.so.13, the toolkit's real header),
+    which calls into fake_libcuda.c (libcuda.so.1) inside each runtime call."""
+    out = tmp_path_factory.mktemp("runtime")
+    inc = f"-I{CUDA_HOME}/include"
+    _gcc(HERE / "fake_libcuda.c", out / "libcuda.so.1", "-O0", "-shared", "-fPIC")
+    _gcc(HERE / "fake_libcudart.c", out / "libcudart.so.13", "-O0", "-shared", "-fPIC", inc,
+         "-Wl,-soname,libcudart.so.13", str(out / "libcuda.so.1"), f"-Wl,-rpath,{out}")  # fmt: skip
+    return _gcc(HERE / "runtime_loop.c", out / "runtime_loop", inc, str(out / "libcudart.so.13"),
+                str(out / "libcuda.so.1"), f"-Wl,-rpath,{out}")  # fmt: skip
+
+
+@pytest.fixture(scope="session")
 def driver_loop(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """driver_loop.c linked against fake_libcuda.c built as libcuda.so.1 (no driver here).
 

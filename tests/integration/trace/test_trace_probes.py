@@ -105,3 +105,40 @@ def test_nested_calls_each_return(
         )
     finally:
         probes.close()
+
+
+@pytest.mark.parametrize("task_storage", [True, False], ids=["task-storage", "hash"])
+def test_a_driver_call_the_runtime_makes_is_counted_once(
+    bpf_ready: None, runtime_loop: Path, task_storage: bool
+) -> None:
+    """The runtime calls the driver inside its own calls (cudaLaunchKernel through
+    cuLaunchKernel): one launch, counted once, as the runtime call; launches the
+    application makes through the driver itself are counted as driver calls."""
+    n = 50
+    probes = load(sample_every=1, task_storage=task_storage)
+    try:
+        if task_storage and not probes.task_storage:
+            pytest.skip("this kernel cannot load task-local storage; the hash variant ran")
+        libs = ((CUDART, runtime_loop.parent / "libcudart.so.13"),
+                (CUDA, runtime_loop.parent / "libcuda.so.1"))  # fmt: skip
+        for lib, path in libs:
+            st = os.stat(path)
+            assert probes.attach_library(LibraryFile(lib, str(path), st.st_dev, st.st_ino))
+        probes.open_ring(lambda _: None)
+        proc = subprocess.Popen([str(runtime_loop), str(n)], stdin=subprocess.PIPE,
+                                stdout=subprocess.PIPE, text=True)  # fmt: skip
+        try:
+            out, _ = proc.communicate("go\n", timeout=60)
+        finally:
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait()
+        assert "done" in out
+        probes.poll()
+        snap, _ = probes.snapshot()
+        counts = {op: snap.stats[(proc.pid, OP_IDS[op])].count
+                  for op in ("cudaLaunchKernel", "cudaStreamSynchronize", "cuLaunchKernel")}  # fmt: skip
+        assert counts == {"cudaLaunchKernel": n, "cudaStreamSynchronize": n, "cuLaunchKernel": n}
+        assert (proc.pid, OP_IDS["cuStreamSynchronize"]) not in snap.stats
+    finally:
+        probes.close()
