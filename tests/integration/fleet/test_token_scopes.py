@@ -22,6 +22,8 @@ from opentelemetry.proto.collector.metrics.v1.metrics_service_pb2 import (
 from ingero.events import Event
 from ingero.otlp.health import NodePush
 from ingero.otlp.logs import encode_events
+from ingero.push.client import make_client
+from ingero.push.config import PushConfig
 from tests.integration.fleet.helpers import (
     Fleet,
     expected_threshold,
@@ -109,6 +111,23 @@ def test_a_scoped_token_pushes_for_its_clusters_only(tmp_path: Path) -> None:
         assert grpc_export(fleet, RACK_A, METRICS_EXPORT, health_request(low)) == denied
         assert grpc_export(fleet, RACK_A, LOGS_EXPORT, encode_events([event])) == denied
         assert refused(fleet) == 4
+        # fleet-push's own clients: one clear line, and no wait asked (a 403 is final:
+        # its exporters do not retry it, ingero.otlp.exporter)
+        for transport, endpoint in (
+            ("http", f"http://{fleet.otlp_http}"),
+            ("grpc", fleet.otlp_grpc),
+        ):
+            config = PushConfig(
+                fleet_endpoint=endpoint,
+                transport=transport,  # type: ignore[arg-type]
+                auth_token_file=str(tokens / "rack-a"),
+                cluster_id="B",
+            )
+            result = make_client(config).push(health_request(low))
+            assert not result.ok and result.retry_after is None
+            assert result.error is not None and "\n" not in result.error
+            assert result.error.endswith("token rack-a may not push for cluster B"), result.error
+        assert refused(fleet) == 6
 
         # B's threshold is ops's alone, ticks later
         mark = ticks(fleet)
