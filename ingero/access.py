@@ -100,6 +100,14 @@ class Gate(Generic[T]):
         self._record(AuditKey(listener, ACCEPTED, identity.name, identity.token_id))
         return identity
 
+    def deny(self, listener: str, identity: Identity[T] | None, source: str, reason: str) -> None:
+        """Audit a request the gate let in that its listener then refused for what it held
+        (Fleet: a cluster outside the token's scope); with authentication off, nothing."""
+        if identity is not None and identity.name:
+            self._record(
+                AuditKey(listener, REFUSED, identity.name, identity.token_id, reason, source)
+            )
+
     def _record(self, key: AuditKey) -> None:
         if self.audit is not None:
             self.audit.record(key)

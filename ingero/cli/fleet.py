@@ -49,24 +49,25 @@ def command(
     from ingero.fleet.daemon import FleetDaemon, write_ready_file
 
     setup_logging(log_level, verbose, "%(levelname)s %(name)s: %(message)s")
-    config = load_config(
-        FleetConfig,
-        "fleet",
-        config_path,
-        {
-            "listen.otlp_grpc": otlp_grpc,
-            "listen.otlp_http": otlp_http,
-            "listen.api": api,
-            "push_interval": push_interval,
-            "ttl_multiplier": ttl_multiplier,
-            "limits.max_nodes": max_nodes,
-            "limits.max_body_bytes": max_body_bytes,
-        },
-    )
+    overrides = {
+        "listen.otlp_grpc": otlp_grpc,
+        "listen.otlp_http": otlp_http,
+        "listen.api": api,
+        "push_interval": push_interval,
+        "ttl_multiplier": ttl_multiplier,
+        "limits.max_nodes": max_nodes,
+        "limits.max_body_bytes": max_body_bytes,
+    }
+
+    def read_config() -> FleetConfig:
+        return load_config(FleetConfig, "fleet", config_path, overrides)
+
+    config = read_config()
     if print_config:
         show_config(config)
         return
-    daemon = FleetDaemon(config)
+    # SIGHUP reads the file again for the tokens' scopes (auth.token_clusters)
+    daemon = FleetDaemon(config, read_config=read_config)
     drain = None
     if config.drain.enabled:  # opt-in: ingero.slurm.drain carries decisions to Slurm
         from ingero.slurm.drain import attach

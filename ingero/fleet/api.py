@@ -16,6 +16,7 @@ from ingero.access import Gate
 from ingero.bearer import Identity
 from ingero.fleet.httpserver import HttpRequest, HttpResponse
 from ingero.fleet.metrics import FleetMetrics
+from ingero.fleet.scope import Scope
 from ingero.fleet.state import FleetState
 from ingero.otlp.receiver import retry_after_value
 from ingero.otlp.threshold import API_PATH, encode_json
@@ -32,7 +33,7 @@ class ApiHandler:
         self,
         state: FleetState,
         metrics: FleetMetrics,
-        gate: Gate[None],
+        gate: Gate[Scope],
         ready: Callable[[], bool],
     ) -> None:
         self._state = state

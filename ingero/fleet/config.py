@@ -55,9 +55,20 @@ class AuthConfig:
     tls_cert: str | None = None
     tls_key: str | None = None
     rate_limit: RateLimitConfig = field(default_factory=RateLimitConfig)
+    # token name -> the cluster ids it may push for (ingero.fleet.scope); a token not
+    # listed may push for every cluster. SIGHUP reads it again with the tokens.
+    token_clusters: dict[str, list[str]] = field(default_factory=dict)
 
     def validate(self) -> None:
         check_pair(self.tls_cert, self.tls_key)
+        for name, clusters in self.token_clusters.items():
+            if not clusters:
+                raise ValueError(
+                    f"token_clusters.{name}: an empty list would refuse every push; "
+                    "list its clusters, or leave the token out to let it push for any"
+                )
+            if not all(clusters):
+                raise ValueError(f"token_clusters.{name}: a cluster id is empty")
 
 
 @dataclass(frozen=True)

@@ -35,6 +35,7 @@ from ingero.fleet.metrics import FleetMetrics
 from ingero.fleet.model import TickResult
 from ingero.fleet.otlp_http import OtlpHttpHandler
 from ingero.fleet.receiver import Receiver
+from ingero.fleet.scope import Scope, scoped_tokens
 from ingero.fleet.score_history import ScoreHistory
 from ingero.fleet.spool import EventSpool
 from ingero.fleet.state import FleetState
@@ -71,8 +72,12 @@ class FleetDaemon:
         config: FleetConfig,
         clock: Clock | None = None,
         notifier: Notifier | None = None,
+        read_config: Callable[[], FleetConfig] | None = None,
     ) -> None:
         self.config = config
+        # Reads the configuration file again on SIGHUP (for the tokens' scopes); None: the
+        # scopes of ``config`` stay.
+        self._read_config = read_config
         self.metrics = FleetMetrics(
             config.metrics.node_series_limit if config.metrics.node_series else None,
             clock_offset_limit=config.metrics.node_series_limit,
@@ -131,9 +136,11 @@ class FleetDaemon:
 
         self._reload_requested = False
         self._wake = threading.Event()
-        self.keyring = Keyring(self._load_tokens(), float(config.auth.token_grace))
+        self.keyring = Keyring(
+            self._load_tokens(config.auth.token_clusters), float(config.auth.token_grace)
+        )
         self.audit = AuditLog("fleet")
-        self.gate = Gate(self.keyring, None, config.auth.rate_limit, self.audit)
+        self.gate: Gate[Scope] = Gate(self.keyring, None, config.auth.rate_limit, self.audit)
         self.tls = server_tls(config.auth.tls_cert, config.auth.tls_key)
         ssl_context = self.tls.ssl_context() if self.tls is not None else None
         max_body = config.limits.max_body_bytes
@@ -175,15 +182,22 @@ class FleetDaemon:
             self.tls.grpc_credentials() if self.tls is not None else None,
         )
 
-    def _load_tokens(self) -> list[NamedToken[None]]:
+    def _load_tokens(self, token_clusters: dict[str, list[str]]) -> list[NamedToken[Scope]]:
         auth = self.config.auth
         files = {"auth.bearer_token_file": auth.bearer_token_file or ""}
         files.update({f"auth.token_files[{i}]": path for i, path in enumerate(auth.token_files)})
-        return load_token_files(files, auth.token_dir)
+        return scoped_tokens(load_token_files(files, auth.token_dir), token_clusters)
+
+    def _reload_tokens(self) -> list[NamedToken[Scope]]:
+        """The token files again, with the scopes (``auth.token_clusters``) of the
+        configuration file as it is now; the rest of the file needs a restart."""
+        config = self._read_config() if self._read_config is not None else self.config
+        return self._load_tokens(config.auth.token_clusters)
 
     def reload(self) -> bool:
-        """SIGHUP: token files, certificate and key again (``ingero.access``)."""
-        return reload_material("fleet", self.keyring, self._load_tokens, self.tls)
+        """SIGHUP: token files and their scopes, certificate and key again
+        (``ingero.access``)."""
+        return reload_material("fleet", self.keyring, self._reload_tokens, self.tls)
 
     # ---- extension points ---------------------------------------------------------
 

@@ -22,6 +22,7 @@ from ingero.bearer import Identity
 from ingero.fleet.metrics import FleetMetrics
 from ingero.fleet.otlp_http import UNAUTHORIZED, UNAUTHORIZED_MESSAGE
 from ingero.fleet.receiver import Receiver
+from ingero.fleet.scope import CLUSTER_NOT_ALLOWED, Scope
 from ingero.otlp.receiver import (
     GRPC_NO_REUSEPORT,
     REQUESTS,
@@ -44,7 +45,7 @@ class OtlpGrpcServer:
         address: str,
         receiver: Receiver,
         metrics: FleetMetrics,
-        gate: Gate[None],
+        gate: Gate[Scope],
         max_body_bytes: int,
         credentials: grpc.ServerCredentials | None = None,
         workers: int = 8,
@@ -82,26 +83,33 @@ class OtlpGrpcServer:
         self._metrics.count_request("grpc", signal, code, time.perf_counter() - start)
         abort(context, error)
 
-    def _authorize(self, context: grpc.ServicerContext, signal: str, start: float) -> None:
-        if self._gate.enabled:
-            token = next(
-                (str(v) for k, v in context.invocation_metadata() if k == "authorization"), None
-            )
-            admitted = self._gate.admit(
-                "otlp-grpc", token, peer_host(context.peer()), UNAUTHORIZED_MESSAGE
-            )
-            if not isinstance(admitted, Identity):
-                self._refuse(context, signal, refusal_error(admitted, UNAUTHORIZED), start)
+    def _authorize(
+        self, context: grpc.ServicerContext, signal: str, start: float
+    ) -> Identity[Scope] | None:
+        """The caller's identity (None with authentication off), or the call ends here."""
+        if not self._gate.enabled:
+            return None
+        token = next(
+            (str(v) for k, v in context.invocation_metadata() if k == "authorization"), None
+        )
+        admitted = self._gate.admit(
+            "otlp-grpc", token, peer_host(context.peer()), UNAUTHORIZED_MESSAGE
+        )
+        if not isinstance(admitted, Identity):
+            self._refuse(context, signal, refusal_error(admitted, UNAUTHORIZED), start)
+        return admitted
 
     def _export(self, signal: Signal) -> Callable[[bytes, grpc.ServicerContext], Message]:
         def export(raw: bytes, context: grpc.ServicerContext) -> Message:
             start = time.perf_counter()
-            self._authorize(context, signal, start)
+            identity = self._authorize(context, signal, start)
             try:
                 request = parse_body(raw, PROTOBUF, REQUESTS[signal])
+                reply = self._receiver.request(signal, request, identity)
             except RequestError as exc:
+                if exc.reason == CLUSTER_NOT_ALLOWED:
+                    self._gate.deny("otlp-grpc", identity, peer_host(context.peer()), exc.reason)
                 self._refuse(context, signal, exc, start)
-            reply = self._receiver.request(signal, request)
             if signal == "metrics":
                 context.send_initial_metadata(encode_metadata(reply.view))
             self._metrics.count_request("grpc", signal, "OK", time.perf_counter() - start)

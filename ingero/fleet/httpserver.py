@@ -24,6 +24,8 @@ from dataclasses import dataclass, field
 from http import HTTPStatus
 from typing import cast
 
+from ingero.bearer import Identity
+from ingero.fleet.scope import Scope
 from ingero.otlp.receiver import DISCARD_MAX_BYTES, DISCARD_TIMEOUT_S
 
 log = logging.getLogger(__name__)
@@ -43,6 +45,8 @@ class HttpRequest:
     headers: dict[str, str]  # lower-case names; repeated headers keep the last value
     body: bytes = b""
     peer: str = ""  # the client's address (the audit log's and rate limits' source)
+    # Who the pre-body gate let in: the handler judges the body by its token's scope.
+    identity: Identity[Scope] | None = None
 
 
 @dataclass

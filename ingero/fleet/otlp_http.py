@@ -16,6 +16,7 @@ from ingero.bearer import Identity
 from ingero.fleet.httpserver import HttpRequest, HttpResponse
 from ingero.fleet.metrics import FleetMetrics
 from ingero.fleet.receiver import Receiver
+from ingero.fleet.scope import CLUSTER_NOT_ALLOWED, Scope
 from ingero.otlp.receiver import (
     REQUESTS,
     Reply,
@@ -54,7 +55,7 @@ class OtlpHttpHandler:
     """The request handler and the pre-body gate of the OTLP/HTTP listener."""
 
     def __init__(
-        self, receiver: Receiver, metrics: FleetMetrics, gate: Gate[None], max_body_bytes: int
+        self, receiver: Receiver, metrics: FleetMetrics, gate: Gate[Scope], max_body_bytes: int
     ) -> None:
         self._receiver = receiver
         self._metrics = metrics
@@ -74,6 +75,7 @@ class OtlpHttpHandler:
             return self._refused(request, signal, refusal_error(admitted, UNAUTHORIZED))
         if length > self._max_body:
             return self._refused(request, signal, too_large(self._max_body))
+        request.identity = admitted
         return None
 
     def _refused(self, request: HttpRequest, signal: str, error: RequestError) -> HttpResponse:
@@ -96,12 +98,14 @@ class OtlpHttpHandler:
                 self._max_body,
                 REQUESTS[signal],
             )
-            reply = self._receiver.request(signal, message)
+            reply = self._receiver.request(signal, message, request.identity)
             response = _response(success_reply(self._receiver.response(signal, reply), media))
             if signal == "metrics":
                 response.headers = encode_headers(reply.view)
         except RequestError as exc:
             self._receiver.refuse(exc.reason)
+            if exc.reason == CLUSTER_NOT_ALLOWED:
+                self._gate.deny("otlp-http", request.identity, request.peer, exc.reason)
             response = error_response(exc.status, str(exc), content_type)
         self._metrics.count_request(
             "http", signal, str(response.status), time.perf_counter() - start

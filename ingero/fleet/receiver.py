@@ -17,10 +17,12 @@ from opentelemetry.proto.collector.metrics.v1.metrics_service_pb2 import (
     ExportMetricsServiceRequest,
 )
 
+from ingero.bearer import Identity
 from ingero.clock import Clock, SystemClock
 from ingero.fleet.events import EventQueue
 from ingero.fleet.metrics import FleetMetrics
 from ingero.fleet.model import CapacityError
+from ingero.fleet.scope import Scope, check_scope
 from ingero.fleet.state import FleetState
 from ingero.otlp.health import decode_health
 from ingero.otlp.limits import TOO_LONG, ValueTooLong
@@ -65,8 +67,13 @@ class Receiver:
     def refuse(self, reason: str) -> None:
         self._metrics.count_rejected({reason: 1})
 
-    def metrics_request(self, request: ExportMetricsServiceRequest) -> PushReply:
+    def metrics_request(
+        self, request: ExportMetricsServiceRequest, identity: Identity[Scope] | None = None
+    ) -> PushReply:
         decoded = decode_health(request, details=False, rates=True)
+        # Before anything is ingested or counted: a refused request leaves no trace but its
+        # refusal (RequestError, 403).
+        check_scope(identity, (push.cluster_id for push in decoded.pushes))
         reply = PushReply(rejected=decoded.rejected, messages=decoded.messages)
         reasons = dict(decoded.reasons)
         for push in decoded.pushes:
@@ -93,8 +100,11 @@ class Receiver:
             reply.view = with_fields(reply.view, server_time=self._clock.now())
         return reply
 
-    def logs_request(self, request: ExportLogsServiceRequest) -> PushReply:
+    def logs_request(
+        self, request: ExportLogsServiceRequest, identity: Identity[Scope] | None = None
+    ) -> PushReply:
         decoded = decode_events(request)
+        check_scope(identity, (event.cluster_id for event in decoded.events))
         if decoded.events:
             self._events.submit(decoded.events, source="otlp")
         if decoded.reasons:
@@ -103,13 +113,17 @@ class Receiver:
             accepted=len(decoded.events), rejected=decoded.rejected, messages=decoded.messages
         )
 
-    def request(self, signal: Signal, message: Message) -> PushReply:
-        """A decoded Export request of ``signal``, ingested."""
+    def request(
+        self, signal: Signal, message: Message, identity: Identity[Scope] | None = None
+    ) -> PushReply:
+        """A decoded Export request of ``signal`` from ``identity`` (None: authentication
+        off), ingested; a RequestError (403) when it holds a cluster outside the token's
+        scope, then nothing of it is."""
         if signal == "metrics":
             assert isinstance(message, ExportMetricsServiceRequest)
-            return self.metrics_request(message)
+            return self.metrics_request(message, identity)
         assert isinstance(message, ExportLogsServiceRequest)
-        return self.logs_request(message)
+        return self.logs_request(message, identity)
 
     @staticmethod
     def response(signal: Signal, reply: PushReply) -> Message:

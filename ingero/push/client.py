@@ -37,6 +37,7 @@ from ingero.otlp.exporter import (
     HttpExporter,
     fails_over_http,
     parse_retry_after,
+    refusal_message,
 )
 from ingero.otlp.ports import FLEET_API_PORT
 from ingero.otlp.threshold import (
@@ -207,7 +208,10 @@ class HttpPushClient(_FleetClient[HttpExporter]):
             return PushResult(ok=False, retry_after=exc.retry_after, error=str(exc))
         retry_after = parse_retry_after(answer.headers.get("retry-after"), time.time())
         reading = None
-        error = None if answer.ok else f"HTTP {answer.status}"
+        error = None
+        if not answer.ok:  # what Fleet said, so the one line logged says why (403: scope)
+            said = refusal_message(answer.body, answer.headers.get("content-type", ""))
+            error = f"HTTP {answer.status}" + (f": {said}" if said else "")
         try:
             reading = decode_headers(answer.headers)
         except ValueError as exc:

@@ -1,0 +1,72 @@
+"""Fleet tokens scoped to clusters (``auth.token_clusters``): which token may push for which
+cluster, decided in one place for both OTLP transports.
+
+A token named in ``auth.token_clusters`` may push only scores and events of its clusters;
+a token not named there (and every request while authentication is off) is unscoped. The
+scope rides on the token's :class:`~ingero.bearer.Identity` (its payload), so it is
+replaced with the tokens on SIGHUP and a request is judged by the scope its token had when
+the gate let it in.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+
+from ingero.bearer import Identity, NamedToken
+from ingero.errors import ConfigError
+from ingero.otlp.receiver import RequestError
+
+Scope = frozenset[str] | None
+"""The clusters a token may push for; None: every cluster."""
+
+# The counted (ingero_fleet_rejected_total) and audited reason of a refusal.
+CLUSTER_NOT_ALLOWED = "cluster_not_allowed"
+
+
+def scoped_tokens(
+    tokens: Iterable[NamedToken[None]], token_clusters: Mapping[str, list[str]]
+) -> list[NamedToken[Scope]]:
+    """``tokens`` with their scopes attached; a ConfigError naming a scoped token that is
+    not among them (a typo would otherwise leave the real token unscoped, silently)."""
+    tokens = list(tokens)
+    names = {t.name for t in tokens}
+    unknown = sorted(set(token_clusters) - names)
+    if unknown:
+        known = ", ".join(sorted(names)) or "none"
+        raise ConfigError(
+            f"auth.token_clusters: no token is named {unknown[0]!r} "
+            f"(token names are their files' names: {known})"
+        )
+    return [
+        NamedToken(
+            t.name,
+            t.digest,
+            frozenset(token_clusters[t.name]) if t.name in token_clusters else None,
+        )
+        for t in tokens
+    ]
+
+
+def outside_scope(scope: Scope, clusters: Iterable[str]) -> str | None:
+    """The first of ``clusters`` that ``scope`` does not cover, None when it covers them
+    all. An unscoped token is not looked at further: ``clusters`` is never iterated."""
+    if scope is None:
+        return None
+    for cluster_id in clusters:
+        if cluster_id not in scope:
+            return cluster_id
+    return None
+
+
+def check_scope(identity: Identity[Scope] | None, clusters: Iterable[str]) -> None:
+    """Raise the 403 (PERMISSION_DENIED over gRPC) that refuses a whole request holding a
+    cluster outside the scope of ``identity``'s token (None: authentication off)."""
+    if identity is None:
+        return
+    cluster_id = outside_scope(identity.payload, clusters)
+    if cluster_id is not None:
+        raise RequestError(
+            403,
+            CLUSTER_NOT_ALLOWED,
+            f"token {identity.name} may not push for cluster {cluster_id}",
+        )
