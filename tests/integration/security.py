@@ -12,6 +12,10 @@ import threading
 from collections.abc import Callable
 from pathlib import Path
 
+from ingero.events import Event
+from ingero.otlp.exporter import ExportError, HttpExporter
+from ingero.otlp.logs import encode_events
+
 SAN = "subjectAltName=DNS:localhost,IP:127.0.0.1"
 
 
@@ -51,6 +55,16 @@ def replace(path: Path, data: bytes) -> None:
     tmp = path.with_name(path.name + ".new")
     tmp.write_bytes(data)
     tmp.replace(path)
+
+
+def refuses_token(exporter: HttpExporter) -> bool:
+    """Whether an events request with ``exporter``'s token is refused as unauthorised (a
+    retired token past its grace window)."""
+    try:
+        exporter.send(encode_events([Event("straggler_state", "old", "A", 1.0, score=0.1)]))
+    except ExportError as exc:
+        return "HTTP 401" in str(exc)
+    return False
 
 
 def served_fingerprint(address: str, ca: Path) -> str:

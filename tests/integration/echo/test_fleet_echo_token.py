@@ -9,10 +9,9 @@ from pathlib import Path
 
 import pytest
 
-from ingero.otlp.exporter import ExportError, HttpExporter
-from ingero.otlp.logs import encode_events
+from ingero.otlp.exporter import HttpExporter
 from tests.integration.fleet.helpers import start_fleet, wait_for
-from tests.integration.security import replace
+from tests.integration.security import refuses_token, replace
 
 from .helpers import EchoProcess, straggler
 from .test_fleet_spool import echo_ids
@@ -56,15 +55,7 @@ def test_fleet_follows_a_rotated_echo_token(tmp_path: Path) -> None:
         replace(tokens, tokens_yaml(("fleet-new", NEW)))
         echo.proc.send_signal(signal.SIGHUP)
         old = HttpExporter(f"http://{echo.otlp_http}", OLD, 10.0, None, "echo")
-
-        def old_refused() -> bool:
-            try:
-                old.send(encode_events([straggler("old", "A", 1.0)]))
-            except ExportError as exc:
-                return "HTTP 401" in str(exc)
-            return False
-
-        wait_for(old_refused, GRACE + 30, "the old token refused after the grace window")
+        wait_for(lambda: refuses_token(old), GRACE + 30, "the old token refused after the grace")
 
         after = [straggler(f"after{i}", "A", 3_000.0 + i) for i in range(5)]
         assert fleet.post_logs(after).status == 200

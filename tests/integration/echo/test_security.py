@@ -21,7 +21,7 @@ from ingero.otlp.logs import encode_events
 from ingero.tls import client_ssl_context
 from tests.integration.fleet.helpers import wait_for
 from tests.integration.journald_harness import run_with_journald, unavailable
-from tests.integration.security import BackToBack, RotationCerts, replace
+from tests.integration.security import BackToBack, RotationCerts, refuses_token, replace
 
 from .helpers import TOKEN_OPS, EchoProcess, http, straggler
 
@@ -95,15 +95,7 @@ def test_rotation_under_load_fails_no_send(tmp_path: Path) -> None:
             client_ssl_context(str(ca)),
             "echo",
         )
-
-        def old_refused() -> bool:
-            try:
-                old.send(encode_events([straggler("old", "A", 1.0)]))
-            except ExportError as exc:
-                return "HTTP 401" in str(exc)
-            return False
-
-        wait_for(old_refused, timeout=grace + 30, what="the old token refused")
+        wait_for(lambda: refuses_token(old), timeout=grace + 30, what="the old token refused")
         mark = sender.ok
         wait_for(lambda: sender.ok > mark + 10, what="sends after the grace window")
     finally:
