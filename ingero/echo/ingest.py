@@ -177,6 +177,7 @@ class Ingest:
 
     async def _http(self, request: Request, kind: Signal) -> Response:
         media = _reply_media(request)
+        body_read = False  # a refusal past this point has read (or dropped) the body
         try:
             source = request.client.host if request.client else ""
             principal = self.authorize("otlp-http", request.headers.get("authorization"), source)
@@ -185,6 +186,8 @@ class Ingest:
                 body = await read_body(request, self.max_request_bytes)
             except BodyTooLarge:
                 raise too_large(self.max_request_bytes) from None
+            finally:
+                body_read = True
             encoding = request.headers.get("content-encoding")
             if encoding is not None:
                 # zlib lets go of the GIL while it inflates: a thread keeps the loop free
@@ -194,9 +197,10 @@ class Ingest:
             await asyncio.wait_for(asyncio.wrap_future(future), COMMIT_TIMEOUT)
         except (RequestError, UnavailableError, TimeoutError) as exc:
             refusal = self._refused(exc)
-            # refused before its body was read (401, 415, 429): drop it, or the sender
-            # may see a reset instead of the refusal
-            await discard_body(request)
+            if not body_read:
+                # refused before its body was read (401, 415, 429): drop it, or the
+                # sender may see a reset instead of the refusal
+                await discard_body(request)
             return _response(
                 error_reply(refusal.status, str(refusal), media, REALM, refusal.retry_after)
             )
