@@ -40,16 +40,13 @@ async def _discard(stream: AsyncIterator[bytes], seen: int = 0) -> None:
 
 
 async def discard_body(request: Request) -> None:
-    """Drop a body that will not be read (a request refused before its body), within the
-    bounds of ``_discard``; nothing if it was read already or is declared too large."""
+    """Drop the body of a request refused before any of it was read (the caller knows:
+    a body read already cannot be streamed again), within the bounds of ``_discard``;
+    nothing if it is declared empty or too large."""
     declared = _declared(request)
     if declared == 0 or (declared is not None and declared > DISCARD_MAX_BYTES):
         return
-    try:
-        stream = request.stream()
-        await _discard(stream)
-    except RuntimeError:  # starlette's "Stream consumed": the body was read
-        pass
+    await _discard(request.stream())
 
 
 async def read_body(request: Request, limit: int) -> bytes:

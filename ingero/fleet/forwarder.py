@@ -202,8 +202,7 @@ class Forwarder:
     def figures(self) -> EchoForwarding:
         """Its counters and queue depths, for ``/metrics``."""
         kinds: dict[str, _Lane[Any]] = {"events": self._events, "scores": self._scores}
-        with self.stats._lock:
-            count = {k: v for k, v in vars(self.stats).items() if isinstance(v, int)}
+        count = {k: v for k, v in self.stats.snapshot().items() if isinstance(v, int)}
         with self._cond:
             # a spool counts its batch in flight until done; memory lanes do not
             queued = {
