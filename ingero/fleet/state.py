@@ -713,15 +713,7 @@ def _rate(value: float | None) -> float:
     return float(value)
 
 
-_EMPTY_VIEW = ThresholdView(
-    threshold=None,
-    median=None,
-    mad=None,
-    quorum_met=False,
-    panic=False,
-    active_nodes=0,
-    computed_at=None,
-)
+_EMPTY_VIEW = ThresholdView(active_nodes=0)  # no threshold, median, quorum, panic, tick
 
 
 def _empty_view(cluster_id: str, group: str) -> ThresholdView:
