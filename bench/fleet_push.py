@@ -12,7 +12,10 @@ The no-op servers answer every request with an empty 200 / empty OTLP response o
 transport stack (the asyncio HTTP server, grpcio), so the ratio is what Fleet's decode,
 ingest and reply cost on top of the transport; ``--stdlib`` adds a no-op
 ``http.server.ThreadingHTTPServer`` (why Fleet has its own HTTP server). CPU s/1k pushes is the server process's
-user+system time.
+user+system time. On gRPC, ``noop-grpc-meta`` also sends three pairs of initial metadata,
+as Fleet's reply does (grpcio sends them in a batch of their own): what the threshold in
+the reply costs on the transport. ``bench.fleet_compare`` puts Fleet beside the no-op and
+the previous release in one run, with every feature on.
 """
 
 from __future__ import annotations
@@ -59,9 +62,10 @@ def agent_bodies(first: int, count: int) -> list[bytes]:
     ]
 
 
-def http_request(host: str, port: int, body: bytes) -> bytes:
+def http_request(host: str, port: int, body: bytes, token: str | None = None) -> bytes:
+    authorization = f"Authorization: Bearer {token}\r\n" if token else ""
     head = (
-        f"POST /v1/metrics HTTP/1.1\r\nHost: {host}:{port}\r\n"
+        f"POST /v1/metrics HTTP/1.1\r\nHost: {host}:{port}\r\n{authorization}"
         f"Content-Type: application/x-protobuf\r\nContent-Length: {len(body)}\r\n\r\n"
     )
     return head.encode() + body
@@ -120,7 +124,8 @@ def client(args: dict[str, Any], index: int, queue: mp.Queue[Any]) -> None:
 
     async def main() -> tuple[list[float], float]:
         per = args["agents"] // args["clients"]
-        bodies = agent_bodies(index * per, per)
+        # another benchmark's pushes (a function like agent_bodies) and bearer token, if any
+        bodies = args.get("make_bodies", agent_bodies)(index * per, per)
         conns = args["connections"]
         rate = args["rate"] / args["clients"] / conns if args["rate"] else None
         latencies: list[list[float]] = [[] for _ in range(conns)]
@@ -128,7 +133,7 @@ def client(args: dict[str, Any], index: int, queue: mp.Queue[Any]) -> None:
         stop_at = loop.time() + args["duration"]
         if args["transport"] == "http":
             host, port = args["address"].rsplit(":", 1)
-            reqs = [http_request(host, int(port), b) for b in bodies]
+            reqs = [http_request(host, int(port), b, args.get("token")) for b in bodies]
             jobs = [
                 _http_conn(host, int(port), reqs[c::conns], rate, stop_at, latencies[c])
                 for c in range(conns)
@@ -202,6 +207,13 @@ def start_server(kind: str, tmp: Path) -> tuple[subprocess.Popen[bytes], dict[st
     return proc, json.loads(ready.read_text())
 
 
+NOOP_METADATA = (
+    ("ingero-threshold", "0.7"),
+    ("ingero-quorum-met", "true"),
+    ("ingero-panic", "false"),
+)
+
+
 def serve_noop(kind: str, ready_file: str) -> None:
     """A server that does nothing per request, on the same stack as Fleet's receiver."""
     stop = False
@@ -246,12 +258,19 @@ def serve_noop(kind: str, ready_file: str) -> None:
 
         import grpc
 
+        def answer(_request: bytes, context: grpc.ServicerContext) -> bytes:
+            if kind == "noop-grpc-meta":
+                # What Fleet's reply adds on the transport: the threshold in the initial
+                # metadata, which grpcio sends in a batch of its own.
+                context.send_initial_metadata(NOOP_METADATA)
+            return b""
+
         gserver = grpc.server(ThreadPoolExecutor(max_workers=8))
         gserver.add_generic_rpc_handlers(
             (
                 grpc.method_handlers_generic_handler(
                     METRICS_PATH.split("/")[1],
-                    {"Export": grpc.unary_unary_rpc_method_handler(lambda _r, _c: b"")},
+                    {"Export": grpc.unary_unary_rpc_method_handler(answer)},
                 ),
             )
         )
@@ -360,7 +379,7 @@ def main() -> None:
         f"{opts.clients} client processes x {opts.connections} connections, "
         f"{opts.duration:g}s per phase, {os.cpu_count()} CPUs"
     )
-    print(f"{'server':<13}{'transport':<10}{'phase':<7}{'pushes/s':>10}{'p50 ms':>9}"
+    print(f"{'server':<16}{'transport':<10}{'phase':<7}{'pushes/s':>10}{'p50 ms':>9}"
           f"{'p99 ms':>9}{'CPU s/1k':>10}")  # fmt: skip
     with tempfile.TemporaryDirectory() as tmp:
         for transport in opts.transports.split(","):
@@ -368,6 +387,8 @@ def main() -> None:
             kinds = ["fleet", f"noop-{transport}"]
             if transport == "http" and opts.stdlib:
                 kinds.append("noop-stdlib")
+            if transport == "grpc":
+                kinds.append("noop-grpc-meta")
             for kind in kinds:
                 proc, bound = start_server(kind, Path(tmp))
                 address = bound["otlp_http" if transport == "http" else "otlp_grpc"]
@@ -389,7 +410,7 @@ def main() -> None:
                         if phase == "max":
                             best[kind] = result["rate"]
                         print(
-                            f"{kind:<13}{transport:<10}{phase:<7}{result['rate']:>10,.0f}"
+                            f"{kind:<16}{transport:<10}{phase:<7}{result['rate']:>10,.0f}"
                             f"{result['p50_ms']:>9.2f}{result['p99_ms']:>9.2f}"
                             f"{result['cpu_per_1k']:>10.3f}"
                         )

@@ -48,6 +48,11 @@ def authorization(token: str) -> str:
     return f"Bearer {token}"
 
 
+# Authorization values a keyring remembers as accepted (each token, as its senders spell
+# the header); beyond that, the rest are hashed on every request, as all were before.
+MAX_ACCEPTED_VALUES = 256
+
+
 def digest(token: str) -> bytes:
     return hashlib.sha256(token.encode("utf-8", "replace")).digest()
 
@@ -179,6 +184,10 @@ class Keyring(Generic[T]):
         self._lock = threading.Lock()  # serialises replacements only
         # digest -> the Check that accepts it, made once per load, not per request
         self._current: Mapping[bytes, Check[T]] = self._accepting(tokens)
+        # Authorization value -> its Check, for values ``_current`` accepted: every push
+        # presents one of a few such values, so most requests skip the hash. A new dict
+        # comes with every replacement (see check for the order of the two reads).
+        self._accepted: dict[str, Check[T]] = {}
         # digest -> (its Check, monotonic time its grace ends)
         self._retired: Mapping[bytes, tuple[Check[T], float]] = {}
 
@@ -209,12 +218,19 @@ class Keyring(Generic[T]):
                 if d not in new:
                     retired[d] = (c, now + self._grace)
             self._retired, self._current = retired, new
+            self._accepted = {}
             return len(new), len(retired)
 
     def check(self, authorization: str | None) -> Check[T]:
         """Who presents ``authorization`` (the header or metadata value), or why not."""
         if not authorization:
             return Check(None, MISSING)
+        # Read before _current: a replacement swaps _current first, so a value accepted by
+        # the tokens before it lands in the dict it also discards, never in the new one.
+        accepted = self._accepted
+        hit = accepted.get(authorization)
+        if hit is not None:
+            return hit
         scheme, _, token = authorization.partition(" ")
         token = token.strip()
         if scheme.lower() != "bearer" or not token:  # RFC 7235: the scheme is case-insensitive
@@ -222,6 +238,8 @@ class Keyring(Generic[T]):
         presented = digest(token)
         found = self._current.get(presented)
         if found is not None:
+            if len(accepted) < MAX_ACCEPTED_VALUES:
+                accepted[authorization] = found
             return found
         retired = self._retired.get(presented)
         if retired is None:

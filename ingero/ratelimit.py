@@ -49,22 +49,28 @@ class RateLimiter:
     def take(self, key: str) -> float:
         """Spend one token of ``key``'s bucket: 0.0 when there was one, else the seconds
         until there will be (nothing is spent then)."""
-        if not self.rate:
+        rate = self.rate
+        if not rate:
             return 0.0
         now = self._clock.monotonic()
-        with self._lock:
+        with self._lock:  # every push takes this path: names bound once, no min() call
             buckets = self._buckets
-            level, last = buckets.get(key, (self.burst, now))
-            level = min(self.burst, level + (now - last) * self.rate)
+            found = buckets.get(key)
+            if found is None:
+                level = self.burst
+                if len(buckets) >= self.max_keys:
+                    buckets.popitem(last=False)
+            else:
+                level = found[0] + (now - found[1]) * rate
+                if level > self.burst:
+                    level = self.burst
+                buckets.move_to_end(key)
             wait = 0.0
             if level >= 1.0:
                 level -= 1.0
             else:
-                wait = (1.0 - level) / self.rate
+                wait = (1.0 - level) / rate
             buckets[key] = (level, now)
-            buckets.move_to_end(key)
-            if len(buckets) > self.max_keys:
-                buckets.popitem(last=False)
             return wait
 
     def __len__(self) -> int:

@@ -31,7 +31,7 @@ from ingero.otlp.receiver import (
     too_large,
 )
 from ingero.otlp.threshold import encode_headers
-from ingero.otlp.transport import SIGNAL_OF_PATH
+from ingero.otlp.transport import JSON, SIGNAL_OF_PATH
 
 REALM = "ingero-fleet"
 
@@ -99,7 +99,10 @@ class OtlpHttpHandler:
                 REQUESTS[signal],
             )
             reply = self._receiver.request(signal, message, request.identity)
-            response = _response(success_reply(self._receiver.response(signal, reply), media))
+            if reply.rejected:
+                response = _response(success_reply(self._receiver.response(signal, reply), media))
+            else:  # the common answer, an empty Export response: no message to build
+                response = HttpResponse(200, b"{}" if media == JSON else b"", media)
             if signal == "metrics":
                 response.headers = encode_headers(reply.view)
         except RequestError as exc:

@@ -206,7 +206,10 @@ class FleetState:
             self._rank[slot] = push.rank
             self._signal[slot] = push.dominant_signal
             self._meta[slot] = (push.host_name, push.gpu_model, push.gpu_count, push.provider)
-            self._rates[slot] = [_rate(push.rates.get(name)) for name in PEER_RATES]
+            # One item at a time: numpy converts a list for a row assignment (~1 µs a push)
+            rates, pushed = self._rates, push.rates
+            for i, name in enumerate(PEER_RATES):
+                rates[slot, i] = _rate(pushed.get(name))
             self._stalled[slot] = push.stalled
             self._reported[slot] = push.episode_id
             view = self._views.get(key)
@@ -710,16 +713,10 @@ def _rate(value: float | None) -> float:
     return float(value)
 
 
+_EMPTY_VIEW = ThresholdView(active_nodes=0)  # no threshold, median, quorum, panic, tick
+
+
 def _empty_view(cluster_id: str, group: str) -> ThresholdView:
-    """A group no tick has seen yet: no threshold, no quorum."""
-    return ThresholdView(
-        cluster_id=cluster_id,
-        group=group,
-        threshold=None,
-        median=None,
-        mad=None,
-        quorum_met=False,
-        panic=False,
-        active_nodes=0,
-        computed_at=None,
-    )
+    """A group no tick has seen yet: no threshold, no quorum. Every push of a new group
+    until the next tick gets one: a copy of a template, not a dataclass __init__."""
+    return with_fields(_EMPTY_VIEW, cluster_id=cluster_id, group=group)

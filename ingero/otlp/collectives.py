@@ -21,7 +21,6 @@ ranks with slightly different rates still send the same sequence numbers.
 
 from __future__ import annotations
 
-import itertools
 import math
 import re
 from collections.abc import Iterable, Sequence
@@ -30,6 +29,7 @@ from typing import Any
 
 from opentelemetry.proto.metrics.v1.metrics_pb2 import Metric, ScopeMetrics
 
+from ingero.otlp.build import build
 from ingero.otlp.values import add_attributes, attributes_dict
 
 COMM_METRIC = "ingero.nccl.comm"
@@ -250,6 +250,14 @@ def _count(attrs: dict[str, Any], name: str, default: int | None = 0) -> int | N
 
 def _ints(attrs: dict[str, Any], name: str, n: int) -> list[int]:
     value = attrs.get(name, [])
+    # The common case in one pass of comprehensions (every push carries five such lists);
+    # anything else takes the item-by-item checks below, which say what is wrong.
+    if (
+        type(value) is list
+        and len(value) == n
+        and not [item for item in value if type(item) is not int or item < 0]
+    ):
+        return value
     if not isinstance(value, list) or len(value) != n:
         raise ValueError(f"{name} must be a list of {n} integers")
     for item in value:
@@ -278,7 +286,7 @@ def _comm(value: float, attrs: dict[str, Any]) -> CommReport:
     if not 0 <= n <= MAX_CALLS:
         raise ValueError(f"communicator {comm_hash}: {ATTR_SEQS} is not a list of <= {MAX_CALLS}")
     seqs = _ints(attrs, ATTR_SEQS, n)
-    if any(b <= a for a, b in itertools.pairwise(seqs)):
+    if sorted(set(seqs)) != seqs:  # not strictly increasing
         raise ValueError(f"communicator {comm_hash}: {ATTR_SEQS} is not increasing")
     entered = _ints(attrs, ATTR_ENTERED, n)
     returned = _ints(attrs, ATTR_RETURNED, n)
@@ -286,12 +294,12 @@ def _comm(value: float, attrs: dict[str, Any]) -> CommReport:
     ops = attrs.get(ATTR_OPS, [])
     if not isinstance(ops, list) or len(ops) != n:
         raise ValueError(f"communicator {comm_hash}: {ATTR_OPS} must be a list of {n} names")
-    calls = tuple(
-        CollectiveCall(s, _op(o, ATTR_OPS), e, r or None, b)
-        for s, o, e, r, b in zip(seqs, ops, entered, returned, sizes, strict=True)
-    )
+    if [o for o in ops if type(o) is not str or not 0 < len(o) <= MAX_OP_CHARS]:
+        ops = [_op(o, ATTR_OPS) for o in ops]  # raises, naming the first bad one
+    calls = tuple(map(CollectiveCall, seqs, ops, entered, [r or None for r in returned], sizes))
     inflight_op = attrs.get(ATTR_INFLIGHT_OP)
-    return CommReport(
+    return build(
+        CommReport,
         comm_hash=comm_hash,
         comm_rank=rank,
         nranks=nranks,

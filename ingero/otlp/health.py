@@ -28,6 +28,7 @@ from opentelemetry.proto.collector.metrics.v1.metrics_service_pb2 import (
 from opentelemetry.proto.common.v1.common_pb2 import KeyValue
 from opentelemetry.proto.metrics.v1.metrics_pb2 import Metric, NumberDataPoint
 
+from ingero.otlp.build import build
 from ingero.otlp.collectives import (
     ClockOffset,
     CollectivesDecode,
@@ -257,7 +258,11 @@ def encode_health_batch(
 
 
 def _number(point: NumberDataPoint) -> float:
-    return float(point.as_int) if point.WhichOneof("value") == "as_int" else point.as_double
+    # A non-zero (or NaN) double is the set kind (an unset oneof member reads as zero), so
+    # the common point needs no oneof lookup.
+    return point.as_double or (
+        float(point.as_int) if point.WhichOneof("value") == "as_int" else point.as_double
+    )
 
 
 def _attributes(kvs: Iterable[KeyValue]) -> dict[str, Any]:
@@ -265,9 +270,13 @@ def _attributes(kvs: Iterable[KeyValue]) -> dict[str, Any]:
     out: dict[str, Any] = {}
     for kv in kvs:
         value = kv.value
+        text = value.string_value  # a non-empty string is the set kind: no oneof lookup
+        if text:
+            out[kv.key] = text
+            continue
         kind = value.WhichOneof("value")
         if kind == "string_value":
-            out[kv.key] = value.string_value
+            out[kv.key] = text
         elif kind is not None:
             out[kv.key] = getattr(value, kind) if kind[0] in "ibd" else any_to_python(value)
     return out
@@ -452,7 +461,8 @@ def _decode_scores(
             )
             continue
         try:
-            push = NodePush(
+            push = build(
+                NodePush,
                 node_id=node_id,
                 cluster_id=cluster_id,
                 score=score,

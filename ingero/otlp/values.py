@@ -65,8 +65,15 @@ def any_to_python(value: AnyValue) -> Any:
     if kind == "kvlist_value":
         return {kv.key: any_to_python(kv.value) for kv in value.kvlist_value.values}
     if kind == "array_value":
-        return [any_to_python(v) for v in value.array_value.values]
+        return _array(value.array_value.values)
     return getattr(value, kind)
+
+
+def _array(values: Iterable[AnyValue]) -> list[Any]:
+    """An array's items; ints and strings without a oneof lookup (a oneof member reads as
+    zero or empty unless it is the one set, so a non-zero int or a non-empty string is the
+    set kind): NCCL reports carry arrays of a few hundred of them in every push."""
+    return [v.int_value or v.string_value or any_to_python(v) for v in values]
 
 
 def attributes_dict(attributes: Iterable[KeyValue]) -> dict[str, Any]:

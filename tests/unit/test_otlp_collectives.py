@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from dataclasses import fields
+
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -37,6 +39,10 @@ def round_trip(push: NodePush) -> NodePush:
     decoded = decode_health(encode_health(push, T0), details=False, rates=True)
     assert decoded.rejected == 0, decoded.messages
     (out,) = decoded.pushes
+    # The decoder builds both without __init__ (ingero.otlp.build): every field, no other.
+    assert set(vars(out)) == {f.name for f in fields(NodePush)}
+    for report in out.collectives:
+        assert set(vars(report)) == {f.name for f in fields(c.CommReport)}
     return out
 
 

@@ -133,6 +133,20 @@ def test_replaced_token_is_valid_for_the_grace_window_then_retired() -> None:
     assert ring.check("Bearer old").reason == UNKNOWN
 
 
+def test_a_token_accepted_before_a_replacement_is_retired_after_it() -> None:
+    # Accepted values are remembered (no hash per request); a replacement forgets them.
+    clock = ManualClock()
+    ring = keyring(clock, "old", grace=60.0)
+    for _ in range(2):
+        assert ring.check("Bearer old").identity is not None
+    ring.replace([NamedToken("n-new", digest("new"), None)])
+    assert ring.check("Bearer old").identity is not None  # in its grace window
+    clock.advance(60.0)
+    assert ring.check("Bearer old").reason == RETIRED
+    ring.replace([NamedToken("n-new", digest("new"), None)])
+    assert ring.check("Bearer old").reason == UNKNOWN
+
+
 def test_token_id_is_a_hash_prefix_never_the_token() -> None:
     tid = token_id(digest("s3cret-token"))
     assert len(tid) == 12 and "s3cret" not in tid
