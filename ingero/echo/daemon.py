@@ -35,7 +35,7 @@ from ingero.hangup import StartupHangups
 from ingero.systemd import notifier
 from ingero.tls import server_tls
 
-log = logging.getLogger("ingero.echo")
+log = logging.getLogger(__name__)
 
 
 class _Server(uvicorn.Server):
