@@ -2,9 +2,19 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 from ingero.explain.analysis import SHARE_GROWTH, fmt_pct
 from ingero.explain.chains.signal import Signal, in_recent
-from ingero.explain.chains.timeline import Timeline
+from ingero.explain.chains.timeline import GpuPoint, Timeline
+
+
+def _count_per_tick(t: Timeline, hit: Callable[[GpuPoint], bool]) -> dict[float, float]:
+    """How many GPUs were ``hit`` in each interval, over both windows."""
+    return {
+        ts: float(sum(1 for g in t.gpus if g.ts_end == ts and hit(g)))
+        for ts in sorted({g.ts_end for g in t.gpus})
+    }
 
 
 def gpu_throttle(t: Timeline) -> Signal | None:
@@ -20,10 +30,7 @@ def gpu_throttle(t: Timeline) -> Signal | None:
         return None
     gpus = sorted({g.gpu for g in throttled})
     reasons = sorted({g.throttle_detail for g in throttled if g.throttle_detail})
-    series = {
-        ts: float(sum(1 for g in t.gpus if g.ts_end == ts and g.throttled))
-        for ts in sorted({g.ts_end for g in t.gpus})
-    }
+    series = _count_per_tick(t, lambda g: g.throttled)
     return Signal(
         id="gpu_throttle",
         layer="gpu",
@@ -52,10 +59,7 @@ def gpu_xid(t: Timeline) -> Signal | None:
     xids = [g for g in recent if g.xid]
     if not xids or any(g.xid for g in base):
         return None
-    series = {
-        ts: float(sum(1 for g in t.gpus if g.ts_end == ts and g.xid))
-        for ts in sorted({g.ts_end for g in t.gpus})
-    }
+    series = _count_per_tick(t, lambda g: bool(g.xid))
     return Signal(
         id="gpu_xid",
         layer="gpu",
