@@ -88,7 +88,7 @@ class EchoDaemon:
         self.decoder = DecodePool(config.limits.decode_worker_count())
         self.ingest = Ingest(
             self.store,
-            config.limits.max_request_bytes,
+            config.limits.max_body_bytes,
             config.limits.max_events_per_request,
             self.gate if config.auth.ingest_requires_token else None,
             self.decoder,
