@@ -202,7 +202,7 @@ def main() -> None:
             "otlp_http": f"127.0.0.1:{otlp}",
             "otlp_grpc": f"127.0.0.1:{free_port()}",
         },
-        "limits": {"max_request_bytes": 64 * 1024**2},
+        "limits": {"max_body_bytes": 64 * 1024**2},
         "retention": {"max_age": "30000d"},
     }
     (work / "echo.yaml").write_text(json.dumps(config))

@@ -95,11 +95,6 @@ def read_token_file(path: str, key: str) -> str:
     return parse_token_text(data, f"{key}: {path}")
 
 
-def read_token(path: str | None, key: str) -> str | None:
-    """The token in the file at ``path`` (None when no file is configured)."""
-    return read_token_file(path, key) if path else None
-
-
 class TokenFile:
     """A sender's token file, re-read when it changes (one ``stat`` per use), so a node
     picks up a rotated token without a restart. A changed file that cannot be read keeps

@@ -9,6 +9,7 @@ applies CLI overrides last. A bad value raises ``ConfigError`` naming the key an
 from __future__ import annotations
 
 import dataclasses
+import logging
 import math
 import os
 import re
@@ -23,6 +24,8 @@ import yaml
 from ingero.errors import ConfigError
 
 T = TypeVar("T")
+
+log = logging.getLogger(__name__)
 
 DEFAULT_CONFIG_DIR = Path("/etc/ingero")
 CONFIG_ENV = "INGERO_CONFIG"
@@ -52,6 +55,12 @@ def parse_duration(value: object) -> Duration:
 def check(predicate: Callable[[Any], bool], message: str) -> dict[str, Any]:
     """Field metadata: ``field(default=..., metadata=check(lambda v: v > 0, "must be > 0"))``."""
     return {"check": (predicate, message)}
+
+
+def formerly(*names: str) -> dict[str, Any]:
+    """Field metadata: the key's earlier names, still read from sites' files (with one
+    deprecation line each) so a rename that makes one name per idea breaks no config."""
+    return {"formerly": names}
 
 
 def in_range(lo: float, hi: float) -> dict[str, Any]:
@@ -174,6 +183,7 @@ def build(schema: type[T], raw: Mapping[str, Any], source: str, prefix: str = ""
         raise TypeError(f"{schema!r} is not a dataclass")
     hints = typing.get_type_hints(schema)
     fields = {f.name: f for f in dataclasses.fields(schema)}
+    raw = _renamed(fields, raw, source, prefix)
     unknown = sorted(set(raw) - set(fields))
     if unknown:
         key = prefix + str(unknown[0])
@@ -201,6 +211,25 @@ def build(schema: type[T], raw: Mapping[str, Any], source: str, prefix: str = ""
         except ValueError as exc:
             raise ConfigError(f"{source}: {prefix}{exc}") from None
     return typing.cast(T, instance)
+
+
+def _renamed(
+    fields: Mapping[str, dataclasses.Field[Any]], raw: Mapping[str, Any], source: str, prefix: str
+) -> Mapping[str, Any]:
+    """``raw`` with each key's earlier name (``formerly``) read as the key, one warning line
+    per earlier name used; both names set is an error (which one would win is a guess)."""
+    out = dict(raw)
+    for name, field in fields.items():
+        for old in field.metadata.get("formerly", ()):
+            if old not in out:
+                continue
+            if name in out:
+                raise ConfigError(
+                    f"{source}: {prefix}{old} and {prefix}{name} are one setting; keep {name}"
+                )
+            log.warning("%s: %s%s is deprecated; it is %s%s now", source, prefix, old, prefix, name)
+            out[name] = out.pop(old)
+    return out
 
 
 def _coerce(hint: Any, value: Any, source: str, key: str) -> Any:

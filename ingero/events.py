@@ -28,7 +28,7 @@ MESSAGE_IDS: dict[str, str] = {
     "gpu_throttle": "6f3c2a1e9b8d4c7a8e5f0a1b2c3d4e5a",
     "gpu_xid": "6f3c2a1e9b8d4c7a8e5f0a1b2c3d4e5b",
     "gpu_ecc": "6f3c2a1e9b8d4c7a8e5f0a1b2c3d4e5c",
-    # NCCL (issue 14): ranks of a communicator stuck in one collective (extra names the ranks
+    # NCCL: ranks of a communicator stuck in one collective (extra names the ranks
     # that never entered it, or none), raised by Fleet; a node's clock off Fleet's, by the node.
     "collective_hang": "6f3c2a1e9b8d4c7a8e5f0a1b2c3d4e70",
     "clock_skew": "6f3c2a1e9b8d4c7a8e5f0a1b2c3d4e71",

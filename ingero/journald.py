@@ -25,6 +25,7 @@ import struct
 import threading
 from collections.abc import Mapping
 
+from ingero.events import Event
 from ingero.systemd import JOURNAL_SOCKET
 
 log = logging.getLogger(__name__)
@@ -117,6 +118,25 @@ class JournalWriter:
     def _count(self, key: str) -> None:
         with self._lock:
             self._counts[key] += 1
+
+
+class EventJournal:
+    """Events to journald through one writer: MESSAGE_ID, PRIORITY and INGERO_* fields
+    (``Event.journal_fields``), so ``journalctl MESSAGE_ID=…``, ``-p warning`` and
+    ``ingero events`` find fleet-push's and Fleet's events alike. Never blocks or raises."""
+
+    def __init__(self, path: str = JOURNAL_SOCKET) -> None:
+        self._writer = JournalWriter(path)
+
+    def write(self, event: Event) -> bool:
+        """False when the entry did not reach journald (absent, full, refusing)."""
+        return self._writer.write(event.journal_fields())
+
+    def stats(self) -> dict[str, int]:
+        return self._writer.stats()
+
+    def close(self) -> None:
+        self._writer.close()
 
 
 def journal_send(fields: Mapping[str, str], path: str = JOURNAL_SOCKET) -> bool:

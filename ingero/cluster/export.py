@@ -134,13 +134,48 @@ def build_trace(
     if fmt not in FORMATS:
         raise ValueError(f"unknown format {fmt!r}")
     nodes = sorted(nodes, key=lambda n: n.node)
-    warnings: list[str] = []
     calls = _collectives(nodes)
     ids = align_collectives(calls)
-    # Offsets: measured where known; else judged by shared collectives, relative to the
-    # measured nodes' frame (their corrected collectives sit at the median).
+    offsets = _offsets(nodes, estimate_offsets(calls, ids))
+    warnings = _clock_warnings(nodes, offsets)
+    numbered = {n.node: _numbered(n) for n in nodes}
+    clock = _Clock(offsets, _t0(nodes, numbered, slices, offsets))
+    events: list[dict[str, Any]] = []
+    pid_of = {n.node: i for i, n in enumerate(nodes, 1)}
+    flows: dict[str, list[dict[str, Any]]] = defaultdict(list)
+    in_flight: list[dict[str, Any]] = []  # collectives not returned: drawn to the end
+    # a raw event of a collective nccl_calls holds is drawn from there (arrival, in flight)
+    in_table = {(c.node, c.pid, c.comm_hash, c.seq) for v in numbered.values() for c, _ in v}
+    for n in nodes:
+        pid = pid_of[n.node]
+        events += _tracks(n, pid)
+        events += _raw_calls(n, pid, clock, ids, in_table, flows)
+        events += _numbered_calls(n, pid, clock, numbered[n.node], ids, flows, in_flight)
+        events += _call_rates(n, pid, clock)
+        events += _host_counters(n, pid, clock)
+        events += _gpu_counters(n, pid, clock)
+    end_of_trace = max((e["ts"] + e.get("dur", 0) for e in events if "ts" in e), default=0.0)
+    for e in in_flight:
+        e["dur"] = round(max(0.0, end_of_trace - e["ts"]), 3)
+    events += _slices(slices, pid_of, clock.t0, end_of_trace)
+    events += _flows(flows)
+    trace = {
+        "traceEvents": events,
+        "displayTimeUnit": "ms",
+        "otherData": {
+            "producer": "ingero export",
+            "format": fmt,
+            "t0_unix_s": clock.t0,
+            "clock_offsets_s": {k: round(v, 6) for k, v in sorted(offsets.items())},
+        },
+    }
+    return trace, warnings
+
+
+def _offsets(nodes: Sequence[NodeData], estimated: Mapping[str, float]) -> dict[str, float]:
+    """Each node's clock offset: measured where known; else judged by shared collectives,
+    relative to the measured nodes' frame (their corrected collectives sit at the median)."""
     offsets = {n.node: n.clock_offset_s for n in nodes if n.clock_offset_s is not None}
-    estimated = estimate_offsets(calls, ids)
     # Estimates are relative to the ranks' median, measurements to this host: shift the
     # estimates into the measured frame by the nodes that have both.
     both = [estimated[k] - offsets[k] for k in offsets if k in estimated]
@@ -149,196 +184,259 @@ def build_trace(
         offsets.setdefault(node, est - base)
     for n in nodes:
         offsets.setdefault(n.node, 0.0)
-    if len(offsets) > 1:
-        lo = min(offsets, key=lambda k: offsets[k])
-        hi = max(offsets, key=lambda k: offsets[k])
-        spread = offsets[hi] - offsets[lo]
-        if spread > CLOCK_WARN_S:
-            how = {
-                k: "measured"
-                if any(n.node == k and n.clock_offset_s is not None for n in nodes)
-                else "from NCCL collectives"
-                for k in (lo, hi)
-            }
-            warnings.append(
-                f"nodes' clocks disagree by {spread * 1e3:.0f} ms ({hi} {offsets[hi] * 1e3:+.0f}"
-                f" ms, {how[hi]}; {lo} {offsets[lo] * 1e3:+.0f} ms, {how[lo]}):"
-                " offsets applied to the timeline"
-            )
+    return offsets
 
-    def local(node: str, ts: float) -> float:
-        return ts - offsets[node]
 
-    numbered = {n.node: _numbered(n) for n in nodes}
-    # a raw event of a collective nccl_calls holds is drawn from there (arrival, in flight)
-    in_table = {(c.node, c.pid, c.comm_hash, c.seq) for v in numbered.values() for c, _ in v}
+def _clock_warnings(nodes: Sequence[NodeData], offsets: Mapping[str, float]) -> list[str]:
+    """A warning naming the two nodes whose clocks disagree most, past CLOCK_WARN_S."""
+    if len(offsets) <= 1:
+        return []
+    lo = min(offsets, key=lambda k: offsets[k])
+    hi = max(offsets, key=lambda k: offsets[k])
+    spread = offsets[hi] - offsets[lo]
+    if spread <= CLOCK_WARN_S:
+        return []
+    how = {
+        k: "measured"
+        if any(n.node == k and n.clock_offset_s is not None for n in nodes)
+        else "from NCCL collectives"
+        for k in (lo, hi)
+    }
+    return [
+        f"nodes' clocks disagree by {spread * 1e3:.0f} ms ({hi} {offsets[hi] * 1e3:+.0f}"
+        f" ms, {how[hi]}; {lo} {offsets[lo] * 1e3:+.0f} ms, {how[lo]}):"
+        " offsets applied to the timeline"
+    ]
+
+
+@dataclass(frozen=True)
+class _Clock:
+    """A node's times in the reference clock, as microseconds since ``t0``."""
+
+    offsets: Mapping[str, float]
+    t0: float
+
+    def local(self, node: str, ts: float) -> float:
+        return ts - self.offsets[node]
+
+    def us(self, node: str, ts: float) -> float:
+        return _us(self.local(node, ts), self.t0)
+
+
+def _t0(
+    nodes: Sequence[NodeData],
+    numbered: Mapping[str, list[tuple[CollectiveCall, dict[str, Any]]]],
+    slices: Sequence[Slice],
+    offsets: Mapping[str, float],
+) -> float:
+    """The earliest start of anything drawn, in the reference clock."""
     starts = [
-        local(n.node, float(r["ts"]) - float(r.get("duration_ns") or 0) / 1e9)
+        float(r["ts"]) - float(r.get("duration_ns") or 0) / 1e9 - offsets[n.node]
         for n in nodes
         for r in n.rows("raw_events")
     ]
-    starts += [local(c.node or "", c.arrival) for v in numbered.values() for c, _ in v]
+    starts += [c.arrival - offsets[c.node or ""] for v in numbered.values() for c, _ in v]
     starts += [
-        local(n.node, float(r["ts_start"]))
+        float(r["ts_start"]) - offsets[n.node]
         for n in nodes
         for t in ("intervals", "host_intervals", "gpu_intervals")
         for r in n.rows(t)
     ]
     starts += [s.start for s in slices]
-    t0 = min(starts) if starts else 0.0
-    events: list[dict[str, Any]] = []
-    pid_of = {n.node: i for i, n in enumerate(nodes, 1)}
-    flows: dict[str, list[dict[str, Any]]] = defaultdict(list)
-    in_flight: list[dict[str, Any]] = []  # collectives not returned: drawn to the end
-    for n in nodes:
-        pid = pid_of[n.node]
+    return min(starts) if starts else 0.0
+
+
+def _tracks(n: NodeData, pid: int) -> list[dict[str, Any]]:
+    """The node's process track and its threads: "ingero events", one per traced process."""
+    events: list[dict[str, Any]] = [
+        {"ph": "M", "name": "process_name", "pid": pid, "tid": 0, "args": {"name": n.node}},
+        {
+            "ph": "M",
+            "name": "process_sort_index",
+            "pid": pid,
+            "tid": 0,
+            "args": {"sort_index": pid},
+        },
+        {
+            "ph": "M",
+            "name": "thread_name",
+            "pid": pid,
+            "tid": EVENTS_TID,
+            "args": {"name": "ingero events"},
+        },
+    ]
+    procs = {int(p["pid"]): p for p in n.rows("processes")}
+    tids = {int(r["pid"]) for t in ("raw_events", "intervals", "nccl_calls") for r in n.rows(t)}
+    for tid in sorted(tids):
+        p = procs.get(tid, {})
+        rank = p.get("rank")
+        label = (
+            (f"rank {rank} · " if rank is not None else "")
+            + f"pid {tid}"
+            + (f" ({p['comm']})" if p.get("comm") else "")
+        )
         events.append(
-            {"ph": "M", "name": "process_name", "pid": pid, "tid": 0, "args": {"name": n.node}}
+            {"ph": "M", "name": "thread_name", "pid": pid, "tid": tid, "args": {"name": label}}
         )
         events.append(
             {
                 "ph": "M",
-                "name": "process_sort_index",
+                "name": "thread_sort_index",
                 "pid": pid,
-                "tid": 0,
-                "args": {"sort_index": pid},
+                "tid": tid,
+                "args": {"sort_index": rank if isinstance(rank, int) else tid},
             }
         )
-        events.append(
-            {
-                "ph": "M",
-                "name": "thread_name",
-                "pid": pid,
-                "tid": EVENTS_TID,
-                "args": {"name": "ingero events"},
-            }
-        )
-        procs = {int(p["pid"]): p for p in n.rows("processes")}
-        tids = {int(r["pid"]) for t in ("raw_events", "intervals", "nccl_calls") for r in n.rows(t)}
-        for tid in sorted(tids):
-            p = procs.get(tid, {})
-            rank = p.get("rank")
-            label = (
-                (f"rank {rank} · " if rank is not None else "")
-                + f"pid {tid}"
-                + (f" ({p['comm']})" if p.get("comm") else "")
-            )
-            events.append(
-                {"ph": "M", "name": "thread_name", "pid": pid, "tid": tid, "args": {"name": label}}
-            )
-            events.append(
-                {
-                    "ph": "M",
-                    "name": "thread_sort_index",
-                    "pid": pid,
-                    "tid": tid,
-                    "args": {"sort_index": rank if isinstance(rank, int) else tid},
-                }
-            )
-        for r in n.rows("raw_events"):
-            call = _raw_collective(n.node, r)
-            if call is not None and (n.node, call.pid, call.comm_hash, call.seq) in in_table:
-                continue
-            dur_ns = int(r.get("duration_ns") or 0)
-            end = local(n.node, float(r["ts"]))
-            args: dict[str, Any] = {"ret": r.get("ret"), "bytes": r.get("bytes")}
-            if r.get("detail"):
-                try:
-                    args.update(json.loads(str(r["detail"])))
-                except ValueError:
-                    args["detail"] = r["detail"]
-            cid = None if call is None else ids.get(call)
-            event = {
-                "ph": "X",
-                "name": str(r["op"]),
-                "cat": str(r["source"]),
-                "ts": _us(end - dur_ns / 1e9, t0),
-                "dur": round(dur_ns / 1e3, 3),
-                "pid": pid,
-                "tid": int(r["pid"]),
-                "args": args,
-            }
-            if cid is not None:
-                args["collective"] = cid
-                flows[cid].append(event)
-            events.append(event)
-        for call, r in numbered[n.node]:
-            args = {
-                k: r.get(k)
-                for k in ("comm_hash", "comm_rank", "nranks", "seq", "bytes", "ret")
-                if r.get(k) is not None
-            }
-            event = {
-                "ph": "X",
-                "name": call.op,
-                "cat": "nccl",
-                "ts": _us(local(n.node, call.arrival), t0),
-                "dur": round(call.duration_ns / 1e3, 3),
-                "pid": pid,
-                "tid": call.pid,
-                "args": args,
-            }
-            if not call.returned:
-                args["in_flight"] = True
-                in_flight.append(event)
-            if (cid := ids.get(call)) is not None:
-                args["collective"] = cid
-                flows[cid].append(event)
-            events.append(event)
-        by_tick: dict[tuple[int, float, float], dict[str, float]] = defaultdict(dict)
-        for r in n.rows("intervals"):
-            span = float(r["ts_end"]) - float(r["ts_start"])
-            if span > 0:
-                key = (int(r["pid"]), float(r["ts_start"]), float(r["ts_end"]))
-                by_tick[key][str(r["op"])] = round(int(r["count"]) / span, 3)
-        for (tid, a, _), rates in sorted(by_tick.items()):
+    return events
+
+
+def _raw_calls(
+    n: NodeData,
+    pid: int,
+    clock: _Clock,
+    ids: Mapping[CollectiveCall, str],
+    in_table: set[tuple[str | None, int, str, int | None]],
+    flows: dict[str, list[dict[str, Any]]],
+) -> list[dict[str, Any]]:
+    """The sampled calls (``raw_events``) as slices, but the collectives nccl_calls holds."""
+    events = []
+    for r in n.rows("raw_events"):
+        call = _raw_collective(n.node, r)
+        if call is not None and (n.node, call.pid, call.comm_hash, call.seq) in in_table:
+            continue
+        dur_ns = int(r.get("duration_ns") or 0)
+        args: dict[str, Any] = {"ret": r.get("ret"), "bytes": r.get("bytes")}
+        if r.get("detail"):
+            try:
+                args.update(json.loads(str(r["detail"])))
+            except ValueError:
+                args["detail"] = r["detail"]
+        event = {
+            "ph": "X",
+            "name": str(r["op"]),
+            "cat": str(r["source"]),
+            "ts": _us(clock.local(n.node, float(r["ts"])) - dur_ns / 1e9, clock.t0),
+            "dur": round(dur_ns / 1e3, 3),
+            "pid": pid,
+            "tid": int(r["pid"]),
+            "args": args,
+        }
+        if call is not None and (cid := ids.get(call)) is not None:
+            args["collective"] = cid
+            flows[cid].append(event)
+        events.append(event)
+    return events
+
+
+def _numbered_calls(
+    n: NodeData,
+    pid: int,
+    clock: _Clock,
+    numbered: list[tuple[CollectiveCall, dict[str, Any]]],
+    ids: Mapping[CollectiveCall, str],
+    flows: dict[str, list[dict[str, Any]]],
+    in_flight: list[dict[str, Any]],
+) -> list[dict[str, Any]]:
+    """The node's ``nccl_calls`` as slices from arrival; one not returned is in flight."""
+    events = []
+    for call, r in numbered:
+        args = {
+            k: r.get(k)
+            for k in ("comm_hash", "comm_rank", "nranks", "seq", "bytes", "ret")
+            if r.get(k) is not None
+        }
+        event = {
+            "ph": "X",
+            "name": call.op,
+            "cat": "nccl",
+            "ts": clock.us(n.node, call.arrival),
+            "dur": round(call.duration_ns / 1e3, 3),
+            "pid": pid,
+            "tid": call.pid,
+            "args": args,
+        }
+        if not call.returned:
+            args["in_flight"] = True
+            in_flight.append(event)
+        if (cid := ids.get(call)) is not None:
+            args["collective"] = cid
+            flows[cid].append(event)
+        events.append(event)
+    return events
+
+
+def _call_rates(n: NodeData, pid: int, clock: _Clock) -> list[dict[str, Any]]:
+    """Calls per second of each op, per process and interval (``intervals``)."""
+    by_tick: dict[tuple[int, float, float], dict[str, float]] = defaultdict(dict)
+    for r in n.rows("intervals"):
+        span = float(r["ts_end"]) - float(r["ts_start"])
+        if span > 0:
+            key = (int(r["pid"]), float(r["ts_start"]), float(r["ts_end"]))
+            by_tick[key][str(r["op"])] = round(int(r["count"]) / span, 3)
+    return [
+        {
+            "ph": "C",
+            "name": f"calls/s pid {tid}",
+            "pid": pid,
+            "tid": tid,
+            "ts": clock.us(n.node, a),
+            "args": rates,
+        }
+        for (tid, a, _), rates in sorted(by_tick.items())
+    ]
+
+
+def _host_counters(n: NodeData, pid: int, clock: _Clock) -> list[dict[str, Any]]:
+    """The node's off-CPU time, page allocations, block I/O p99 and TCP retransmits."""
+    events = []
+    for r in n.rows("host_intervals"):
+        a, b = float(r["ts_start"]), float(r["ts_end"])
+        if b <= a:
+            continue
+        values = {
+            "off-CPU s/s": round((r.get("offcpu_ns") or 0) / 1e9 / (b - a), 4),
+            "page allocs/s": round((r.get("page_allocs") or 0) / (b - a), 1),
+            "block I/O p99 ms": round((r.get("block_io_p99_ns") or 0) / 1e6, 3),
+            "TCP retransmits": int(r.get("tcp_retransmits") or 0),
+        }
+        for name, value in values.items():
             events.append(
                 {
                     "ph": "C",
-                    "name": f"calls/s pid {tid}",
+                    "name": name,
                     "pid": pid,
-                    "tid": tid,
-                    "ts": _us(local(n.node, a), t0),
-                    "args": rates,
+                    "tid": 0,
+                    "ts": clock.us(n.node, a),
+                    "args": {"value": value},
                 }
             )
-        for r in n.rows("host_intervals"):
-            a, b = float(r["ts_start"]), float(r["ts_end"])
-            if b <= a:
-                continue
-            values = {
-                "off-CPU s/s": round((r.get("offcpu_ns") or 0) / 1e9 / (b - a), 4),
-                "page allocs/s": round((r.get("page_allocs") or 0) / (b - a), 1),
-                "block I/O p99 ms": round((r.get("block_io_p99_ns") or 0) / 1e6, 3),
-                "TCP retransmits": int(r.get("tcp_retransmits") or 0),
-            }
-            for name, value in values.items():
-                events.append(
-                    {
-                        "ph": "C",
-                        "name": name,
-                        "pid": pid,
-                        "tid": 0,
-                        "ts": _us(local(n.node, a), t0),
-                        "args": {"value": value},
-                    }
-                )
-        for r in n.rows("gpu_intervals"):
-            a, b = float(r["ts_start"]), float(r["ts_end"])
-            if b > a and r.get("busy_ns") is not None:
-                events.append(
-                    {
-                        "ph": "C",
-                        "name": f"GPU {r['gpu']} busy",
-                        "pid": pid,
-                        "tid": 0,
-                        "ts": _us(local(n.node, a), t0),
-                        "args": {"fraction": round(float(r["busy_ns"]) / 1e9 / (b - a), 4)},
-                    }
-                )
-    end_of_trace = max((e["ts"] + e.get("dur", 0) for e in events if "ts" in e), default=0.0)
-    for e in in_flight:
-        e["dur"] = round(max(0.0, end_of_trace - e["ts"]), 3)
+    return events
+
+
+def _gpu_counters(n: NodeData, pid: int, clock: _Clock) -> list[dict[str, Any]]:
+    """Each GPU's busy fraction, where the node DB records it."""
+    events = []
+    for r in n.rows("gpu_intervals"):
+        a, b = float(r["ts_start"]), float(r["ts_end"])
+        if b > a and r.get("busy_ns") is not None:
+            events.append(
+                {
+                    "ph": "C",
+                    "name": f"GPU {r['gpu']} busy",
+                    "pid": pid,
+                    "tid": 0,
+                    "ts": clock.us(n.node, a),
+                    "args": {"fraction": round(float(r["busy_ns"]) / 1e9 / (b - a), 4)},
+                }
+            )
+    return events
+
+
+def _slices(
+    slices: Sequence[Slice], pid_of: Mapping[str, int], t0: float, end_of_trace: float
+) -> list[dict[str, Any]]:
+    """Straggler episodes and drains on each node's "ingero events" thread."""
+    events = []
     for s in slices:
         if s.node not in pid_of:
             continue
@@ -356,6 +454,12 @@ def build_trace(
                 "args": dict(s.args),
             }
         )
+    return events
+
+
+def _flows(flows: Mapping[str, list[dict[str, Any]]]) -> list[dict[str, Any]]:
+    """Flow events chaining the ranks' calls of each collective, in time order."""
+    events = []
     for cid, members in flows.items():
         if len(members) < 2:
             continue
@@ -376,17 +480,7 @@ def build_trace(
             if ph != "s":
                 flow["bp"] = "e"
             events.append(flow)
-    trace = {
-        "traceEvents": events,
-        "displayTimeUnit": "ms",
-        "otherData": {
-            "producer": "ingero export",
-            "format": fmt,
-            "t0_unix_s": t0,
-            "clock_offsets_s": {k: round(v, 6) for k, v in sorted(offsets.items())},
-        },
-    }
-    return trace, warnings
+    return events
 
 
 def slices_from_rows(rows: Iterable[Any]) -> list[Slice]:

@@ -36,7 +36,7 @@ from ingero.echo.sql import SqlError
 from ingero.otlp.receiver import retry_after_value
 from ingero.otlp.values import load_json
 
-log = logging.getLogger("ingero.echo.api")
+log = logging.getLogger(__name__)
 
 PREFIX = "/api/v1"
 MAX_SQL_BODY = 64 * 1024

@@ -5,7 +5,7 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass, field
 
-from ingero.config import HOSTPORT, Duration, check, positive
+from ingero.config import HOSTPORT, Duration, check, formerly, positive
 from ingero.ratelimit import RateLimitConfig
 from ingero.tls import check_pair
 
@@ -26,7 +26,10 @@ class RetentionConfig:
 
 @dataclass(frozen=True)
 class LimitsConfig:
-    max_request_bytes: int = field(default=8 * 1024**2, metadata=positive())
+    # OTLP request body (HTTP) / message (gRPC); Fleet's key has the same name.
+    max_body_bytes: int = field(
+        default=8 * 1024**2, metadata=positive() | formerly("max_request_bytes")
+    )
     max_events_per_request: int = field(default=50_000, metadata=positive())
     sql_max_rows: int = field(default=10_000, metadata=positive())
     sql_timeout: Duration = field(default=Duration(5.0), metadata=positive())

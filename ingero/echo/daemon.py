@@ -35,7 +35,7 @@ from ingero.hangup import StartupHangups
 from ingero.systemd import notifier
 from ingero.tls import server_tls
 
-log = logging.getLogger("ingero.echo")
+log = logging.getLogger(__name__)
 
 
 class _Server(uvicorn.Server):
@@ -88,7 +88,7 @@ class EchoDaemon:
         self.decoder = DecodePool(config.limits.decode_worker_count())
         self.ingest = Ingest(
             self.store,
-            config.limits.max_request_bytes,
+            config.limits.max_body_bytes,
             config.limits.max_events_per_request,
             self.gate if config.auth.ingest_requires_token else None,
             self.decoder,

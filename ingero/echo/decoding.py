@@ -32,7 +32,7 @@ from ingero.otlp.logs import decode_events
 from ingero.otlp.receiver import REQUESTS, RequestError, parse_body
 from ingero.otlp.transport import Signal
 
-log = logging.getLogger("ingero.echo.decoding")
+log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)

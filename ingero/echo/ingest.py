@@ -55,7 +55,7 @@ from ingero.otlp.receiver import (
 )
 from ingero.otlp.transport import PROTOBUF, Signal
 
-log = logging.getLogger("ingero.echo.ingest")
+log = logging.getLogger(__name__)
 
 # How long a receiver waits for the commit before telling the sender to retry.
 COMMIT_TIMEOUT = 30.0

@@ -58,7 +58,7 @@ from ingero.errors import CantCreateError, UnavailableError
 from ingero.events import Event
 from ingero.sqlitemigrate import migrate
 
-log = logging.getLogger("ingero.echo.store")
+log = logging.getLogger(__name__)
 
 _MAX_JOBS_PER_TX = 256
 _RETENTION_WINDOW = 100_000  # rows of a table one retention step looks at

@@ -14,7 +14,7 @@ from collections.abc import Callable, Iterable, Sequence
 
 from ingero.events import Event
 from ingero.fleet.metrics import FleetMetrics
-from ingero.journald import JournalWriter, stderr_is_journal
+from ingero.journald import EventJournal, stderr_is_journal
 from ingero.systemd import JOURNAL_SOCKET
 
 log = logging.getLogger(__name__)
@@ -27,30 +27,22 @@ _WARNINGS = frozenset(
 )
 
 
-class JournalSink:
-    """Every event to journald as structured fields, through the writer fleet-push uses
-    (``ingero.journald``): MESSAGE_ID, PRIORITY and INGERO_*, so ``journalctl
-    MESSAGE_ID=…``, ``-p warning`` and ``ingero events`` find Fleet's drains, skips, group
-    and straggler events as they find the node's. The plain stderr line stays where stderr
-    is not the journal already (a terminal, a container log) or the entry did not get
-    through, so a run without journald still shows every decision."""
+class JournalSink(EventJournal):
+    """Every event to journald through the writer fleet-push uses (``ingero.journald``), so
+    Fleet's drains, skips, group and straggler events are found as the node's are. The plain
+    stderr line stays where stderr is not the journal already (a terminal, a container log)
+    or the entry did not get through, so a run without journald still shows every decision."""
 
     def __init__(self, socket_path: str = JOURNAL_SOCKET, stderr_line: bool | None = None) -> None:
-        self._writer = JournalWriter(socket_path)
+        super().__init__(socket_path)
         self._stderr_line = not stderr_is_journal() if stderr_line is None else stderr_line
 
     def __call__(self, events: Sequence[Event]) -> None:
         for event in events:
-            if self._writer.write(event.journal_fields()) and not self._stderr_line:
+            if self.write(event) and not self._stderr_line:
                 continue
             level = logging.WARNING if event.type in _WARNINGS else logging.INFO
             log.log(level, "%s event_id=%s", event.message(), event.event_id)
-
-    def stats(self) -> dict[str, int]:
-        return self._writer.stats()
-
-    def close(self) -> None:
-        self._writer.close()
 
 
 class EventQueue:

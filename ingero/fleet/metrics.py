@@ -173,7 +173,7 @@ class FleetMetrics:
             "Events dropped because the publish queue was full.",
             registry=r,
         )
-        # NCCL communicators joined across ranks (issue 14).
+        # NCCL communicators joined across ranks.
         self.nccl_episodes = Counter(
             "ingero_fleet_nccl_episodes",
             "NCCL episodes Fleet opened, by type: peer_lag (a rank consistently late into "

@@ -119,7 +119,7 @@ class TickResult:
     events: tuple[Event, ...]
     expired_nodes: tuple[str, ...]
     clusters: tuple[ClusterStats, ...] = ()
-    # NCCL communicators joined (issue 14): tracked, hung in a collective, refused by a cap.
+    # NCCL communicators joined: tracked, hung in a collective, refused by a cap.
     nccl_comms: int = 0
     hung_comms: int = 0
     nccl_refused: int = 0

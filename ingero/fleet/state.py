@@ -163,7 +163,7 @@ class FleetState:
         self._groups: tuple[GroupStats, ...] = ()
         self._clusters: tuple[ClusterStats, ...] = ()
         self._last: TickResult | None = None
-        # NCCL communicators joined across ranks (issue 14): its own lock, fed after a push
+        # NCCL communicators joined across ranks: its own lock, fed after a push
         # is stored; the per-node lag it flags is published here by each tick.
         self._nccl = CollectiveJoin(config.nccl, config.node_ttl)
         self._peer_lag: dict[str, float] = {}

@@ -6,7 +6,6 @@ import shutil
 import subprocess
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
-from typing import Protocol
 
 from ingero.errors import UnavailableError, UsageError
 from ingero.events import MESSAGE_IDS
@@ -45,12 +44,6 @@ class Query:
             if value is not None:
                 out.append(f"{name}={value}")
         return out
-
-
-class JournalSource(Protocol):
-    def lines(self, query: Query) -> Iterator[str]:
-        """The records matching ``query``, one ``journalctl -o json`` line each."""
-        ...
 
 
 class Journalctl:

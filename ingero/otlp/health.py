@@ -5,11 +5,11 @@ Names are the public contract of DESIGN.md: resource attributes ``ingero.node.id
 ``ingero.cluster.id``, ``host.name``, ``ingero.gpu.model``, ``ingero.gpu.count``,
 ``ingero.provider``; gauge ``ingero.node.health_score`` with point attributes
 ``ingero.node.state``, ``ingero.workload_type``, ``slurm.job.id``, ``ingero.rank``,
-``ingero.world_size``, ``ingero.dominant_signal``, and (added) ``ingero.node.stalled``,
+``ingero.world_size``, ``ingero.dominant_signal``, ``ingero.node.stalled``,
 ``ingero.episode.id``; gauge ``ingero.node.signal`` (attribute ``ingero.signal``) and gauge
 ``ingero.node.rate`` (attribute ``ingero.rate``).
 
-Added (issue 15, OTel conventions): the sender's ``service.*`` and the semantic-convention
+OpenTelemetry conventions: the sender's ``service.*`` and the semantic-convention
 ``cloud.provider``/``hw.model`` on the resource (:mod:`ingero.otlp.resource`), and, beside the
 mixed-unit ``ingero.node.rate``, one gauge per unit for the rates whose unit is known
 (:data:`UNIT_GAUGES`); the decoder takes either.
@@ -127,7 +127,7 @@ class NodePush:
     stalled: bool = False
     # The node's open straggler episode; "" none open; None: the agent does not say.
     episode_id: str | None = None
-    # Added (issue 14): the node's NCCL communicators over the interval and its clock offset
+    # The node's NCCL communicators over the interval and its clock offset
     # to Fleet (ingero.otlp.collectives); empty / None from an agent that does not send them.
     collectives: tuple[CommReport, ...] = ()
     clock: ClockOffset | None = None

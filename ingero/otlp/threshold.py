@@ -204,12 +204,12 @@ class ThresholdView:
     episode_id: str | None = field(
         default=None, metadata=_wire(TEXT, "ingero-episode-id", optional=True)
     )
-    # Added (issue 14): Fleet's Unix time (s) as it answered the push, from which the node
+    # Fleet's Unix time (s) as it answered the push, from which the node
     # estimates its clock offset to Fleet (half the round trip bounds the error).
     server_time: float | None = field(
         default=None, metadata=_wire(NUMBER, "ingero-server-time", optional=True)
     )
-    # Added (issue 14), per node: the entry lag (s, median over the recent collectives) of
+    # Per node: the entry lag (s, median over the recent collectives) of
     # the node's NCCL rank that Fleet finds consistently late behind its peers; absent while
     # none is. fleet-push counts it as a straggler signal (``peer_lag``).
     peer_lag: float | None = field(

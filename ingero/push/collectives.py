@@ -1,4 +1,4 @@
-"""The node's NCCL communicators for one health push, read from the node DB (issue 14).
+"""The node's NCCL communicators for one health push, read from the node DB.
 
 ``ingero trace`` writes, per interval, one ``nccl_comms`` row per process and communicator
 (the sequence numbers the rank reached, what is in flight) and the sampled collectives to

@@ -68,7 +68,7 @@ class ChannelsConfig:
 
 @dataclass(frozen=True)
 class CollectivesConfig:
-    """What of the node DB's NCCL tables goes with each push (issue 14)."""
+    """What of the node DB's NCCL tables goes with each push."""
 
     enabled: bool = True
     # A communicator is pushed while the tracer wrote a row for it within this many push
@@ -81,7 +81,7 @@ class CollectivesConfig:
 
 @dataclass(frozen=True)
 class ClockConfig:
-    """The clock offset to Fleet, estimated from push round trips (issue 14)."""
+    """The clock offset to Fleet, estimated from push round trips."""
 
     # The estimate is the best (shortest round trip) of the last this many replies that
     # carried Fleet's time.

@@ -10,18 +10,11 @@ from __future__ import annotations
 
 import re
 import shutil
-from typing import Protocol
 
 from ingero.slurm.backend import DEFAULT_TIMEOUT, Runner, SlurmError, run_command
 
 _JOB_ID = re.compile(r"^[0-9]+(_[0-9]+)?(\+[0-9]+)?$")  # 123, array 123_4, het 123+1
 _NODELIST = re.compile(r"(?:^|\s)NodeList=(\S+)")
-
-
-class JobNodes(Protocol):
-    def nodes(self, job_id: str) -> list[str]:
-        """The job's node names in Slurm's order; raises SlurmError."""
-        ...
 
 
 def parse_squeue_nodelist(text: str) -> str | None:

@@ -149,3 +149,23 @@ def test_cli_config_errors_are_one_line_exit_78(
     assert info.value.code == 78
     lines = capsys.readouterr().err.strip().splitlines()
     assert len(lines) == 1 and first in lines[0], lines
+
+
+def test_echo_reads_its_earlier_body_limit_key_with_one_deprecation_line(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Echo's limits.max_body_bytes is Fleet's name; sites' files with max_request_bytes
+    keep working, told once that the key is deprecated."""
+    from ingero.echo.config import EchoConfig
+
+    path = write(tmp_path, "limits: {max_request_bytes: 1234}\n")
+    with caplog.at_level("WARNING", logger="ingero.config"):
+        config = load_config(EchoConfig, "echo", path)
+    assert config.limits.max_body_bytes == 1234
+    lines = [r.getMessage() for r in caplog.records]
+    assert lines == [
+        f"{path}: limits.max_request_bytes is deprecated; it is limits.max_body_bytes now"
+    ]
+    both = write(tmp_path, "limits: {max_request_bytes: 1, max_body_bytes: 2}\n")
+    with pytest.raises(ConfigError, match=r"max_request_bytes and limits\.max_body_bytes are one"):
+        load_config(EchoConfig, "echo", both)

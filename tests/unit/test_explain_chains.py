@@ -11,7 +11,15 @@ import pytest
 
 from ingero.cli.main import main
 from ingero.errors import ConfigError
-from ingero.explain.chains import Chain, explain_chains, load_rules, parse_rules, signals
+from ingero.explain.chains import (
+    DETECTORS,
+    SIGNALS,
+    Chain,
+    explain_chains,
+    load_rules,
+    parse_rules,
+    signals,
+)
 from ingero.explain.reader import open_node_db, read_timeline
 from tests.unit.chain_dbs import END, TICK_S, Proc, real_db
 
@@ -175,6 +183,10 @@ def test_shipped_table_covers_every_cause() -> None:
     with pytest.raises(ConfigError, match="duplicate id"):
         rule = {"id": "a", "name": "x", "fix": "f", "prior": 0.5, "cause_any": ["offcpu"]}
         parse_rules({"rules": [rule, rule]})
+
+
+def test_every_signal_a_rule_may_name_has_one_detector() -> None:
+    assert tuple(DETECTORS) == SIGNALS
 
 
 def test_cli_prints_chains_and_json_keeps_their_structure(

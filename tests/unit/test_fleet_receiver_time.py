@@ -1,4 +1,4 @@
-"""Fleet stamps its time on every push reply it gives, from its injected clock (issue 14)."""
+"""Fleet stamps its time on every push reply it gives, from its injected clock."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""OpenTelemetry conventions on ingero's OTLP (issue 15): service.* on every resource,
+"""OpenTelemetry conventions on ingero's OTLP: service.* on every resource,
 semantic-convention names beside the contract's, one gauge per unit; through the codecs."""
 
 from __future__ import annotations

@@ -78,7 +78,7 @@ class EchoProcess:
         config: dict[str, Any] = {
             "db": str(self.db),
             "listen": {"api": self.api, "otlp_http": self.otlp_http, "otlp_grpc": self.otlp_grpc},
-            "limits": {"max_request_bytes": 2_000_000, "sql_timeout": "1s", "sql_max_rows": 100},
+            "limits": {"max_body_bytes": 2_000_000, "sql_timeout": "1s", "sql_max_rows": 100},
             # test events are stamped near 1970; keep them
             "retention": {"max_age": "30000d"},
         }

@@ -36,7 +36,7 @@ from .helpers import TOKEN_OPS, EchoProcess
 
 pytestmark = pytest.mark.integration
 
-LIMIT = 2_000_000  # Echo's max_request_bytes in EchoProcess; Fleet gets the same
+LIMIT = 2_000_000  # Echo's max_body_bytes in EchoProcess; Fleet gets the same
 PROTOBUF = "application/x-protobuf"
 JSON = "application/json"
 

@@ -1,5 +1,5 @@
 """NCCL collectives and the clock offset, from a node DB through a real ``ingero fleet-push``
-to a real ``ingero fleet``, over OTLP/HTTP and gRPC (issue 14).
+to a real ``ingero fleet``, over OTLP/HTTP and gRPC.
 
 Fleet keeps no collectives yet that a test could read back, so a recording proxy sits
 between fleet-push and Fleet: it decodes each push and passes it, and Fleet's reply with

@@ -1,4 +1,4 @@
-"""Issue 14 end to end on real processes: a late NCCL rank and a hung collective, from the
+"""NCCL across ranks end to end on real processes: a late NCCL rank and a hung collective, from the
 ranks' processes through ``ingero trace``, ``ingero fleet-push`` and ``ingero fleet`` to
 ``ingero echo``.
 
