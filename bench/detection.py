@@ -36,10 +36,7 @@ from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
-from ingero.clock import ManualClock
 from ingero.collectors.nodedb import aggregate_window
-from ingero.config import Duration
-from ingero.events import Event
 from ingero.fleet.config import FleetConfig, ThresholdConfig
 from ingero.fleet.state import FleetState
 from ingero.otlp.health import NodePush
@@ -48,6 +45,9 @@ from ingero.push.classifier import Classifier, Observation
 from ingero.push.config import ClassifierConfig, PushConfig
 from ingero.push.detection import DetectionSelector
 from ingero.push.sampler import NodeSample, NodeSampler
+from ingero.runtime.clock import ManualClock
+from ingero.runtime.config import Duration
+from ingero.schema.events import Event
 from ingero.workload.generator import SHAPE_NAMES, WorkloadGenerator, WorkloadProfile
 
 INTERVAL = 5.0  # push interval (Fleet's default)

@@ -30,8 +30,8 @@ import uuid
 from pathlib import Path
 from typing import Any
 
-from ingero.events import Event
 from ingero.otlp.logs import encode_events
+from ingero.schema.events import Event
 
 
 def free_port() -> int:

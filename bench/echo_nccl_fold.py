@@ -20,7 +20,7 @@ from pathlib import Path
 
 from ingero.echo.rows import EventRow, event_row
 from ingero.echo.store import Store
-from ingero.events import Event
+from ingero.schema.events import Event
 
 
 def stream(kind: str, ranks: int, batch: int, batches: int) -> list[list[EventRow]]:

@@ -25,12 +25,12 @@ from typing import Any
 
 import sqlite_utils
 
-from ingero.clock import ManualClock
 from ingero.echo.auth import Principal
 from ingero.echo.rates import GpuRates
 from ingero.echo.schema import MIGRATIONS
 from ingero.echo.service import Service
-from ingero.sqlitemigrate import migrate
+from ingero.runtime.clock import ManualClock
+from ingero.sqlite.sqlitemigrate import migrate
 
 CLUSTERS = 4
 NODES = 1000

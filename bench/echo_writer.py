@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from ingero.echo.store import Store
-from ingero.events import Event
+from ingero.schema.events import Event
 
 
 class _Rows(list[Any]):

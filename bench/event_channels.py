@@ -19,10 +19,10 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
-from ingero.events import Event
 from ingero.push.channels import Channel
 from ingero.push.channels.journald import JournaldChannel
 from ingero.push.channels.uds import UdsChannel
+from ingero.schema.events import Event
 
 
 def event(i: int) -> Event:

@@ -19,10 +19,10 @@ from collections.abc import Callable
 import numpy as np
 
 from bench.fleet_tick import pushes
-from ingero.clock import ManualClock
 from ingero.fleet.config import FleetConfig
 from ingero.fleet.metrics import FleetMetrics
 from ingero.fleet.state import FleetState
+from ingero.runtime.clock import ManualClock
 
 LIMIT = 1000  # metrics.node_series_limit's default
 

@@ -16,10 +16,10 @@ import time
 import numpy as np
 
 from bench.fleet_tick import pushes
-from ingero.clock import ManualClock
 from ingero.fleet.config import FleetConfig
 from ingero.fleet.metrics import FleetMetrics
 from ingero.fleet.state import FleetState
+from ingero.runtime.clock import ManualClock
 
 
 def measure(n: int, limit: int, runs: int) -> str:

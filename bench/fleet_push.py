@@ -289,16 +289,16 @@ def hot_path(n: int) -> None:
         ExportMetricsServiceRequest,
     )
 
-    from ingero.access import Gate
-    from ingero.audit import AuditLog
-    from ingero.bearer import Keyring, NamedToken, digest
     from ingero.fleet.config import FleetConfig, LimitsConfig
     from ingero.fleet.daemon import FleetDaemon
     from ingero.fleet.httpserver import _parse_head, render
     from ingero.fleet.otlp_http import OtlpHttpHandler
-    from ingero.journald import JournalWriter
     from ingero.otlp.health import decode_health
-    from ingero.ratelimit import RateLimitConfig
+    from ingero.runtime.journald import JournalWriter
+    from ingero.security.access import Gate
+    from ingero.security.audit import AuditLog
+    from ingero.security.bearer import Keyring, NamedToken, digest
+    from ingero.security.ratelimit import RateLimitConfig
 
     bodies = agent_bodies(0, n)
     daemon = FleetDaemon(FleetConfig(limits=LimitsConfig(max_nodes=10 * n)))

@@ -19,10 +19,10 @@ import tempfile
 import time
 from typing import Any
 
-from ingero.events import Event
 from ingero.fleet.forwarder import Forwarder
 from ingero.fleet.spool import EventSpool
 from ingero.otlp.exporter import ExportError
+from ingero.schema.events import Event
 
 
 class Echo:

@@ -17,10 +17,10 @@ import time
 
 import numpy as np
 
-from ingero.clock import ManualClock
 from ingero.fleet.config import FleetConfig
 from ingero.fleet.state import FleetState
 from ingero.otlp.health import NodePush
+from ingero.runtime.clock import ManualClock
 
 GROUP_SIZE = 100
 

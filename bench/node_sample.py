@@ -13,11 +13,11 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
-from ingero.clock import ManualClock
 from ingero.collectors.nodedb import read_window
 from ingero.nodedb.schema import connect
 from ingero.push.sampler import NodeSampler
 from ingero.push.score import ScoreConfig, ScoreInputs, compute_score
+from ingero.runtime.clock import ManualClock
 from ingero.workload.generator import WorkloadGenerator, WorkloadProfile
 from ingero.workload.runner import SyntheticProc
 

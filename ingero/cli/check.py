@@ -8,7 +8,7 @@ from pathlib import Path
 import click
 
 from ingero import nodedb
-from ingero.errors import EXIT_OK, EXIT_UNAVAILABLE
+from ingero.runtime.errors import EXIT_OK, EXIT_UNAVAILABLE
 
 _MARK = {"ok": "[green]✓[/]", "warn": "[yellow]![/]", "fail": "[red]✗[/]", "info": "[blue]·[/]"}
 

@@ -9,7 +9,7 @@ from types import FrameType
 
 import click
 
-from ingero.errors import EXIT_FAILURE, UsageError
+from ingero.runtime.errors import EXIT_FAILURE, UsageError
 from ingero.workload.generator import CAUSES, DEFAULT_SHAPE, SHAPE_NAMES
 
 

@@ -6,7 +6,7 @@ import json
 
 import click
 
-from ingero.errors import UsageError
+from ingero.runtime.errors import UsageError
 from ingero.slurm.backend import DEFAULT_TIMEOUT, make_backend
 
 _BACKEND = click.option(

@@ -8,8 +8,8 @@ import click
 
 from ingero.cli.options import log_level_options, print_config_option, setup_logging
 from ingero.cli.options import print_config as show_config
-from ingero.config import load_config
-from ingero.hangup import StartupHangups
+from ingero.runtime.config import load_config
+from ingero.runtime.hangup import StartupHangups
 
 
 @click.command("echo")

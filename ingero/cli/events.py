@@ -8,10 +8,10 @@ from pathlib import Path
 
 import click
 
-from ingero.errors import UsageError
 from ingero.journal.episodes import EVENT_TYPES, group
 from ingero.journal.journalctl import Journalctl, Query
 from ingero.journal.view import HEADERS, parse_lines, table_rows, to_json
+from ingero.runtime.errors import UsageError
 
 
 @click.command("events")

@@ -19,7 +19,7 @@ from ingero.cli.options import (
     seconds,
 )
 from ingero.cluster.fanout import Fanout, MergedRows
-from ingero.errors import EXIT_OK, UsageError
+from ingero.runtime.errors import EXIT_OK, UsageError
 
 if TYPE_CHECKING:
     from ingero.explain.analysis import Report

@@ -6,8 +6,8 @@ import click
 
 from ingero.cli.options import log_level_options, print_config_option, setup_logging
 from ingero.cli.options import print_config as show_config
-from ingero.errors import UnavailableError, UsageError
-from ingero.hangup import StartupHangups
+from ingero.runtime.errors import UnavailableError, UsageError
+from ingero.runtime.hangup import StartupHangups
 
 
 @click.command("fleet")
@@ -44,9 +44,9 @@ def command(
     # First, before the imports, the configuration and the listeners: a SIGHUP from here on
     # is a reload once Fleet is ready, not the end of the process.
     hangups = StartupHangups("fleet").install()
-    from ingero.config import load_config
     from ingero.fleet.config import FleetConfig
     from ingero.fleet.daemon import FleetDaemon, write_ready_file
+    from ingero.runtime.config import load_config
 
     setup_logging(log_level, verbose, "%(levelname)s %(name)s: %(message)s")
     overrides = {

@@ -16,11 +16,11 @@ import click
 
 from ingero.cli.options import log_level_options, print_config_option, setup_logging
 from ingero.cli.options import print_config as show_config
-from ingero.clock import SystemClock
-from ingero.config import load_config
-from ingero.hangup import ignore_hangups
 from ingero.push.config import DAEMON, PushConfig, resolve_node_id
 from ingero.push.otel_env import otel_env_defaults
+from ingero.runtime.clock import SystemClock
+from ingero.runtime.config import load_config
+from ingero.runtime.hangup import ignore_hangups
 
 
 @click.command("fleet-push")
@@ -119,8 +119,8 @@ def run_agent(
     from ingero.push.client import make_client
     from ingero.push.detection_store import DetectionStore
     from ingero.push.sampler import NodeSampler
+    from ingero.runtime.systemd import notifier
     from ingero.slurm.jobfile import current_jobs, jobs_dir
-    from ingero.systemd import notifier
 
     clock = SystemClock()
     node = resolve_node_id(config.node_id)

@@ -17,9 +17,9 @@ from typing import Protocol
 
 import click
 
-from ingero.clock import Clock, SystemClock
-from ingero.errors import UnavailableError
-from ingero.hangup import ignore_hangups
+from ingero.runtime.clock import Clock, SystemClock
+from ingero.runtime.errors import UnavailableError
+from ingero.runtime.hangup import ignore_hangups
 from ingero.trace.gpusampler import GpuRows
 from ingero.trace.writer import Batch
 

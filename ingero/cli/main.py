@@ -13,7 +13,7 @@ from typing import Any
 import click
 
 from ingero import __version__
-from ingero.errors import EXIT_SOFTWARE, IngeroError
+from ingero.runtime.errors import EXIT_SOFTWARE, IngeroError
 
 # command name -> "module:attribute"; one module per command under ingero.cli.
 COMMANDS: dict[str, str] = {

@@ -8,7 +8,7 @@ from pathlib import Path
 import anyio
 import click
 
-from ingero.errors import ConfigError
+from ingero.runtime.errors import ConfigError
 
 TOKEN_ENV = "INGERO_ECHO_TOKEN"
 

@@ -10,7 +10,7 @@ import click
 from ingero.cli.options import explicit, fanout_from, fanout_options, node_db_option, seconds
 from ingero.cluster.fanout import no_node_answered
 from ingero.cluster.remote import DEFAULT_LIMIT, DEFAULT_SINCE
-from ingero.errors import EXIT_OK, UsageError
+from ingero.runtime.errors import EXIT_OK, UsageError
 
 if TYPE_CHECKING:
     from ingero.cluster.remote import Fetched

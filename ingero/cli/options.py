@@ -11,8 +11,8 @@ import click
 from ingero import nodedb
 from ingero.cluster import fanout as f
 from ingero.cluster.fanout import Fanout, FanoutOptions
-from ingero.config import parse_duration
-from ingero.errors import UsageError
+from ingero.runtime.config import parse_duration
+from ingero.runtime.errors import UsageError
 
 # nodedb.DEFAULT_PATH, not ingero.explain.reader.DEFAULT_DB: every daemon imports this module
 # for its shared options, and the explain package costs ~0.5 s to import.
@@ -176,6 +176,6 @@ def print_config(config: object) -> None:
     a config file."""
     import json
 
-    from ingero.config import to_dict
+    from ingero.runtime.config import to_dict
 
     click.echo(json.dumps(to_dict(config), indent=2))

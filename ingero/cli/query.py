@@ -18,8 +18,8 @@ from ingero.cli.options import (
     seconds,
 )
 from ingero.cluster.fanout import Fanout
-from ingero.errors import EXIT_DATAERR, EXIT_OK, IngeroError, UsageError
 from ingero.explain.reader import QUERY_TABLES, TIME_COLUMNS
+from ingero.runtime.errors import EXIT_DATAERR, EXIT_OK, IngeroError, UsageError
 
 
 class QueryError(IngeroError):
@@ -70,7 +70,7 @@ def query(ctx: click.Context, sql: str | None, db_path: Path, table: str | None,
     the node DB is missing (with --nodes: only when no node answered).
     """
     from ingero.explain.reader import open_node_db
-    from ingero.sqlguard import SqlError, read_only_authorizer, run_bounded
+    from ingero.sqlite.sqlguard import SqlError, read_only_authorizer, run_bounded
 
     if as_json and as_csv:
         raise UsageError("--json and --csv: pick one")
@@ -159,7 +159,7 @@ def _output(
     as_json: bool,
     as_csv: bool,
 ) -> None:
-    from ingero.sqlguard import json_value
+    from ingero.sqlite.sqlguard import json_value
 
     if as_json:
         click.echo(

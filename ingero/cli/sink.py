@@ -10,9 +10,9 @@ from types import FrameType
 import click
 
 from ingero.cli.options import log_level_options, setup_logging
-from ingero.errors import UnavailableError, UsageError
-from ingero.events import EVENT_SOCKET
-from ingero.hangup import ignore_hangups
+from ingero.runtime.errors import UnavailableError, UsageError
+from ingero.runtime.hangup import ignore_hangups
+from ingero.schema.events import EVENT_SOCKET
 
 
 @click.command("sink")
@@ -32,7 +32,7 @@ def command(
     """The reference consumer of fleet-push's NDJSON event socket."""
     ignore_hangups("sink", "nothing to reload")
     setup_logging(log_level, verbose, "%(levelname)s %(name)s: %(message)s")
-    from ingero.events import Event
+    from ingero.schema.events import Event
     from ingero.sink.server import Sink, serve_metrics
 
     def show(event: Event) -> None:

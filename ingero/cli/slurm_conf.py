@@ -7,8 +7,8 @@ from pathlib import Path
 
 import click
 
-from ingero.atomicfile import write_atomic
-from ingero.errors import EXIT_DATAERR, IngeroError
+from ingero.runtime.atomicfile import write_atomic
+from ingero.runtime.errors import EXIT_DATAERR, IngeroError
 from ingero.slurm import slurmconf
 
 

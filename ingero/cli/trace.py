@@ -14,9 +14,9 @@ from typing import TYPE_CHECKING
 import click
 
 from ingero import nodedb
-from ingero.clock import SystemClock
-from ingero.errors import UnavailableError, UsageError
-from ingero.hangup import ignore_hangups
+from ingero.runtime.clock import SystemClock
+from ingero.runtime.errors import UnavailableError, UsageError
+from ingero.runtime.hangup import ignore_hangups
 from ingero.trace.collectives import DEFAULT_SAMPLE_MAX
 
 if TYPE_CHECKING:
@@ -152,7 +152,7 @@ def step(tracer: Tracer, n: int, interval: float) -> TickResult | None:
 
 
 def _run_headless(tracer: Tracer, interval: float, stop: threading.Event) -> None:
-    from ingero.systemd import notifier as systemd_notifier
+    from ingero.runtime.systemd import notifier as systemd_notifier
 
     notifier = systemd_notifier()
     notifier.notify(f"READY=1\nSTATUS=tracing, {tracer.probe_count} probes attached")

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import click
 
-from ingero.errors import UsageError
+from ingero.runtime.errors import UsageError
 from ingero.workload.generator import CAUSES, DEFAULT_SHAPE, SHAPE_NAMES
 
 

@@ -16,7 +16,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, Final
 
-from ingero.errors import EXIT_DATAERR, EXIT_UNAVAILABLE, IngeroError, UsageError
+from ingero.runtime.errors import EXIT_DATAERR, EXIT_UNAVAILABLE, IngeroError, UsageError
 
 DEFAULT_FANOUT: Final = 64  # as clush: ssh processes running at once
 DEFAULT_NODE_TIMEOUT_S: Final = 60.0

@@ -24,9 +24,9 @@ from typing import Any, Final
 
 import sqlite_utils
 
-from ingero.errors import EXIT_DATAERR, IngeroError
 from ingero.explain.reader import CARRIED_TABLES
 from ingero.nodedb.schema import SCHEMA_VERSION
+from ingero.runtime.errors import EXIT_DATAERR, IngeroError
 
 MERGED_TABLE: Final = "merged_nodes"
 # Tables whose rows are node-wide: they get the node's job and rank where it has one.

@@ -25,8 +25,8 @@ from dataclasses import dataclass, field
 from types import MappingProxyType
 from typing import Any, Final
 
-from ingero.clock import Clock, SystemClock
 from ingero.collectors.gpu import GpuInfo, GpuStatus
+from ingero.runtime.clock import Clock, SystemClock
 
 log = logging.getLogger(__name__)
 

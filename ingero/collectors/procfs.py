@@ -8,7 +8,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
-from ingero.errors import IngeroError
+from ingero.runtime.errors import IngeroError
 
 # /proc/stat "cpu" columns: user nice system idle iowait irq softirq steal guest guest_nice.
 # guest and guest_nice are already counted in user and nice, so they are left out of the total.

@@ -31,7 +31,7 @@ from typing import IO, Any, Final, Protocol
 
 from ingero.demo.procs import Children
 from ingero.demo.status import NodeStatus, NotifyListener
-from ingero.systemd import JOURNAL_SOCKET
+from ingero.runtime.systemd import JOURNAL_SOCKET
 from ingero.workload.generator import CAUSES, DEFAULT_SHAPE, SHAPE_NAMES
 
 EXPLAIN_MIN_INTERVALS = 5  # push intervals between the injection and explain, at least

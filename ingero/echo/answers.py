@@ -12,7 +12,6 @@ import sqlite3
 import statistics
 from typing import Any
 
-from ingero.config import parse_duration
 from ingero.echo import collectives
 from ingero.echo.questions import (
     INT,
@@ -30,6 +29,7 @@ from ingero.echo.questions import (
 )
 from ingero.echo.rows import COLUMNS
 from ingero.echo.schema import EVENTS_BY_CLUSTER
+from ingero.runtime.config import parse_duration
 
 # -- helpers ---------------------------------------------------------------------------------
 

@@ -24,8 +24,6 @@ from starlette.routing import BaseRoute, Route
 from starlette.types import ASGIApp, Receive, Scope, Send
 
 from ingero import __version__
-from ingero.access import Gate, Refusal
-from ingero.buildinfo import daemon_registry
 from ingero.echo.answers import QUESTIONS
 from ingero.echo.auth import AccessDenied, Clusters, Principal, principal
 from ingero.echo.httpbody import BodyTooLarge, read_body
@@ -35,6 +33,8 @@ from ingero.echo.service import SQL_PARAM, SQL_QUESTION, SQL_SUMMARY, Service
 from ingero.echo.sql import SqlError
 from ingero.otlp.receiver import retry_after_value
 from ingero.otlp.values import load_json
+from ingero.runtime.buildinfo import daemon_registry
+from ingero.security.access import Gate, Refusal
 
 log = logging.getLogger(__name__)
 

@@ -1,7 +1,7 @@
 """Bearer tokens, each optionally scoped to clusters.
 
 The tokens file (YAML) lists ``{name, token | sha256, clusters}`` entries; ``clusters``
-absent means every cluster. The entries go into the shared :class:`~ingero.bearer.Keyring`
+absent means every cluster. The entries go into the shared :class:`~ingero.security.bearer.Keyring`
 (tokens looked up by SHA-256 digest, reloaded on SIGHUP with a grace window for removed
 ones); only an entry's ``name`` and token id are ever logged.
 """
@@ -13,9 +13,9 @@ from typing import Any
 
 import yaml
 
-from ingero.bearer import Identity, Keyring, NamedToken, digest
-from ingero.clock import Clock
-from ingero.errors import ConfigError
+from ingero.runtime.clock import Clock
+from ingero.runtime.errors import ConfigError
+from ingero.security.bearer import Identity, Keyring, NamedToken, digest
 
 Clusters = frozenset[str] | None
 # A tokens file lists a few hundred entries at most; it is not read past this.

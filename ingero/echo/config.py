@@ -5,9 +5,9 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass, field
 
-from ingero.config import HOSTPORT, Duration, check, formerly, positive
-from ingero.ratelimit import RateLimitConfig
-from ingero.tls import check_pair
+from ingero.runtime.config import HOSTPORT, Duration, check, formerly, positive
+from ingero.security.ratelimit import RateLimitConfig
+from ingero.security.tls import check_pair
 
 
 @dataclass(frozen=True)

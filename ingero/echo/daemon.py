@@ -18,9 +18,6 @@ from typing import Any
 
 import uvicorn
 
-from ingero.access import Gate, reload_material
-from ingero.audit import AuditLog, warn_open_listeners
-from ingero.clock import Clock, SystemClock
 from ingero.echo.api import build_app
 from ingero.echo.auth import TokenTable
 from ingero.echo.config import EchoConfig
@@ -30,10 +27,13 @@ from ingero.echo.mcp_server import LocalBackend, build_server
 from ingero.echo.rates import GpuRates
 from ingero.echo.service import Service
 from ingero.echo.store import Store
-from ingero.errors import UnavailableError
-from ingero.hangup import StartupHangups
-from ingero.systemd import notifier
-from ingero.tls import server_tls
+from ingero.runtime.clock import Clock, SystemClock
+from ingero.runtime.errors import UnavailableError
+from ingero.runtime.hangup import StartupHangups
+from ingero.runtime.systemd import notifier
+from ingero.security.access import Gate, reload_material
+from ingero.security.audit import AuditLog, warn_open_listeners
+from ingero.security.tls import server_tls
 
 log = logging.getLogger(__name__)
 
@@ -219,7 +219,7 @@ class EchoDaemon:
         self.audit.close()
 
     def reload(self) -> bool:
-        """SIGHUP: the tokens file, certificate and key again (``ingero.access``)."""
+        """SIGHUP: the tokens file, certificate and key again (``ingero.security.access``)."""
         path = self.config.auth.tokens_file
         return reload_material("echo", self.tokens.keyring, lambda: TokenTable.read(path), self.tls)
 

@@ -24,13 +24,13 @@ from opentelemetry.proto.collector.metrics.v1.metrics_service_pb2 import (
 )
 
 from ingero.echo.rows import EventRow, ScorePoint, event_row
-from ingero.errors import UnavailableError
-from ingero.events import Event
 from ingero.otlp.health import decode_health
 from ingero.otlp.limits import TOO_LONG
 from ingero.otlp.logs import decode_events
 from ingero.otlp.receiver import REQUESTS, RequestError, parse_body
 from ingero.otlp.transport import Signal
+from ingero.runtime.errors import UnavailableError
+from ingero.schema.events import Event
 
 log = logging.getLogger(__name__)
 

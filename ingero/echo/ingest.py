@@ -28,13 +28,11 @@ from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import Route
 
-from ingero.access import Gate, Refusal
 from ingero.echo.auth import ANONYMOUS, Clusters, Principal, principal
 from ingero.echo.decoding import Decoded, DecodePool
 from ingero.echo.httpbody import BodyTooLarge, discard_body, read_body
 from ingero.echo.rows import CLUSTER_ID
 from ingero.echo.store import Store
-from ingero.errors import UnavailableError
 from ingero.otlp.receiver import (
     GRPC_NO_REUSEPORT,
     UNSUPPORTED_MEDIA_TYPE,
@@ -54,6 +52,8 @@ from ingero.otlp.receiver import (
     too_large,
 )
 from ingero.otlp.transport import PROTOBUF, Signal
+from ingero.runtime.errors import UnavailableError
+from ingero.security.access import Gate, Refusal
 
 log = logging.getLogger(__name__)
 

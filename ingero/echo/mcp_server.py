@@ -22,14 +22,14 @@ from mcp.server.context import ServerRequestContext
 from mcp.server.stdio import stdio_server
 
 from ingero import __version__
-from ingero.bearer import authorization
 from ingero.echo.answers import QUESTIONS
 from ingero.echo.auth import AccessDenied, TokenTable
 from ingero.echo.jsontext import utf8_safe
 from ingero.echo.questions import BadRequest
 from ingero.echo.service import SQL_PARAM, SQL_QUESTION, SQL_SUMMARY, Service
 from ingero.echo.sql import SQL_OUTPUT_SCHEMA, SqlError
-from ingero.errors import UnavailableError
+from ingero.runtime.errors import UnavailableError
+from ingero.security.bearer import authorization
 
 INVESTIGATE = "investigate"
 

@@ -18,7 +18,7 @@ from typing import Any, TypeVar
 
 from ingero.echo.auth import Principal
 from ingero.echo.rates import GpuRates
-from ingero.sqlguard import TRUNCATED_REASONS, ByteBudget
+from ingero.sqlite.sqlguard import TRUNCATED_REASONS, ByteBudget
 
 T = TypeVar("T")
 

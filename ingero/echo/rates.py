@@ -13,7 +13,7 @@ from typing import Any
 
 import yaml
 
-from ingero.errors import ConfigError
+from ingero.runtime.errors import ConfigError
 
 
 @dataclass(frozen=True)

@@ -11,7 +11,7 @@ import json
 from dataclasses import dataclass
 from typing import Final
 
-from ingero.events import Event
+from ingero.schema.events import Event
 
 
 @dataclass(frozen=True)

@@ -8,7 +8,6 @@ import time
 from collections.abc import Callable, Mapping
 from typing import Any
 
-from ingero.clock import Clock, SystemClock
 from ingero.echo.answers import QUESTIONS
 from ingero.echo.auth import Principal
 from ingero.echo.config import LimitsConfig
@@ -16,7 +15,8 @@ from ingero.echo.questions import BadRequest, Context, Param
 from ingero.echo.rates import GpuRates
 from ingero.echo.sql import SQL_OUTPUT_SCHEMA, run_sql
 from ingero.echo.store import connect_readonly
-from ingero.sqlguard import ByteBudget
+from ingero.runtime.clock import Clock, SystemClock
+from ingero.sqlite.sqlguard import ByteBudget
 
 SQL_QUESTION = "sql"
 SQL_PARAM = Param(

@@ -1,6 +1,6 @@
 """Read-only, bounded SQL over the event store.
 
-The walls (``ingero.sqlguard``): the store is opened ``mode=ro`` (SQLite itself refuses
+The walls (``ingero.sqlite.sqlguard``): the store is opened ``mode=ro`` (SQLite itself refuses
 writes) and the connection set ``query_only``; an authorizer allows only SELECT, reads and ordinary
 functions, refusing writes, DDL, ATTACH/DETACH, every PRAGMA and ``load_extension``; a
 progress handler stops a query past its time limit, and the answer stops at its row limit
@@ -29,7 +29,7 @@ from ingero.echo.auth import Principal
 from ingero.echo.questions import TRUNCATION_SCHEMA
 from ingero.echo.schema import TENANT_TABLES
 from ingero.echo.store import connect_readonly
-from ingero.sqlguard import (
+from ingero.sqlite.sqlguard import (
     SqlError,
     check_query_text,
     read_only_authorizer,

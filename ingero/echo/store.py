@@ -11,7 +11,7 @@ file held with ``flock`` keeps a second Echo process from ever writing the same 
 
 What is stored is defined in ``ingero.echo.rows`` (an event as its row, a score sample);
 straggler events are folded into the ``episodes`` table by the pure fold all readers
-share (``ingero.episodes``), NCCL peer-lag and hang events into ``collective_episodes``
+share (``ingero.schema.episodes``), NCCL peer-lag and hang events into ``collective_episodes``
 (``ingero.echo.collectives``); this module is the writer around them: SQL, the thread,
 retention.
 """
@@ -34,7 +34,6 @@ from typing import IO, Any, NamedTuple
 
 import sqlite_utils
 
-from ingero.clock import Clock, SystemClock
 from ingero.echo import collectives
 from ingero.echo.rows import (
     CLUSTER_ID,
@@ -53,10 +52,11 @@ from ingero.echo.rows import (
     event_row,
 )
 from ingero.echo.schema import MIGRATIONS
-from ingero.episodes import RECENTLY_CLOSED, TYPES, Episode, EpisodeFold, Mark
-from ingero.errors import CantCreateError, UnavailableError
-from ingero.events import Event
-from ingero.sqlitemigrate import migrate
+from ingero.runtime.clock import Clock, SystemClock
+from ingero.runtime.errors import CantCreateError, UnavailableError
+from ingero.schema.episodes import RECENTLY_CLOSED, TYPES, Episode, EpisodeFold, Mark
+from ingero.schema.events import Event
+from ingero.sqlite.sqlitemigrate import migrate
 
 log = logging.getLogger(__name__)
 

@@ -17,7 +17,6 @@ import sqlite_utils
 from ingero import nodedb
 from ingero.collectors.nodedb import NodeDbUnavailable, read_window
 from ingero.collectors.nvml import DEGRADING_THROTTLE, throttle_names
-from ingero.errors import EXIT_DATAERR, IngeroError, UnavailableError
 from ingero.explain.analysis import GpuStats, HostStats, OpStats, ProcessInfo, WindowData
 from ingero.explain.chains import (
     CollectiveCall,
@@ -29,6 +28,7 @@ from ingero.explain.chains import (
 )
 from ingero.nodedb.schema import SCHEMA_VERSION, SchemaError, connect
 from ingero.nodedb.schema import version as schema_version
+from ingero.runtime.errors import EXIT_DATAERR, IngeroError, UnavailableError
 
 DEFAULT_DB = Path(nodedb.DEFAULT_PATH)
 # NCCL calls that are not one collective of a communicator (no alignment across ranks).

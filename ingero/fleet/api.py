@@ -16,8 +16,6 @@ from urllib.parse import parse_qs
 
 from prometheus_client import CONTENT_TYPE_LATEST
 
-from ingero.access import Gate, Refusal
-from ingero.bearer import Identity
 from ingero.fleet.httpserver import HttpRequest, HttpResponse
 from ingero.fleet.metrics import FleetMetrics
 from ingero.fleet.read_scope import CLUSTER_READ_NOT_ALLOWED, may_read, read_refusal, scope_of
@@ -25,6 +23,8 @@ from ingero.fleet.scope import Scope
 from ingero.fleet.state import FleetState
 from ingero.otlp.receiver import retry_after_value
 from ingero.otlp.threshold import API_PATH, encode_json
+from ingero.security.access import Gate, Refusal
+from ingero.security.bearer import Identity
 
 _JSON = "application/json"
 

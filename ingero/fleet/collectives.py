@@ -48,12 +48,12 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from ingero.events import Event, new_event_id
 from ingero.fleet.config import NcclConfig
 from ingero.fleet.model import PeerLagCause
 from ingero.fleet.threshold import MAD_SCALE, BoolArray, FloatArray, IntArray
 from ingero.otlp.collectives import CommReport
 from ingero.otlp.health import NodePush
+from ingero.schema.events import Event, new_event_id
 
 DETECTION_MODE = "fleet"
 # Communicators this small (an 8-GPU node's ranks, a few nodes) are joined only when every

@@ -4,12 +4,12 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from ingero.config import HOSTPORT, Duration, check, in_range, positive
 from ingero.otlp.ports import FLEET_API_PORT, FLEET_OTLP_GRPC_PORT, FLEET_OTLP_HTTP_PORT
 from ingero.otlp.threshold import ENTER_INTERVALS
-from ingero.ratelimit import RateLimitConfig
+from ingero.runtime.config import HOSTPORT, Duration, check, in_range, positive
+from ingero.security.ratelimit import RateLimitConfig
+from ingero.security.tls import check_pair
 from ingero.slurm.drain_policy import DrainConfig
-from ingero.tls import check_pair
 
 
 @dataclass(frozen=True)

@@ -21,10 +21,6 @@ from dataclasses import dataclass
 from pathlib import Path
 from types import FrameType
 
-from ingero.access import Gate, reload_material
-from ingero.audit import AuditLog, warn_open_listeners
-from ingero.bearer import Keyring, NamedToken, TokenFile, load_token_files
-from ingero.clock import Clock, SystemClock
 from ingero.fleet.api import ApiHandler
 from ingero.fleet.config import FleetConfig
 from ingero.fleet.events import EventQueue, EventSink, JournalSink
@@ -39,11 +35,15 @@ from ingero.fleet.scope import Scope, scoped_tokens
 from ingero.fleet.score_history import ScoreHistory
 from ingero.fleet.spool import EventSpool
 from ingero.fleet.state import FleetState
-from ingero.hangup import StartupHangups
 from ingero.otlp.resource import FLEET_SERVICE, service_attributes
-from ingero.systemd import Notifier, watchdog_interval
-from ingero.systemd import notifier as systemd_notifier
-from ingero.tls import server_tls
+from ingero.runtime.clock import Clock, SystemClock
+from ingero.runtime.hangup import StartupHangups
+from ingero.runtime.systemd import Notifier, watchdog_interval
+from ingero.runtime.systemd import notifier as systemd_notifier
+from ingero.security.access import Gate, reload_material
+from ingero.security.audit import AuditLog, warn_open_listeners
+from ingero.security.bearer import Keyring, NamedToken, TokenFile, load_token_files
+from ingero.security.tls import server_tls
 
 log = logging.getLogger(__name__)
 
@@ -196,7 +196,7 @@ class FleetDaemon:
 
     def reload(self) -> bool:
         """SIGHUP: token files and their scopes, certificate and key again
-        (``ingero.access``)."""
+        (``ingero.security.access``)."""
         return reload_material("fleet", self.keyring, self._reload_tokens, self.tls)
 
     # ---- extension points ---------------------------------------------------------

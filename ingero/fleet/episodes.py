@@ -4,14 +4,14 @@
 straggler state and which group starts to panic; this module says why an episode ended
 (:func:`closing_reason`) and what each event carries: ``straggler_state`` when an episode
 begins, ``straggler_resolved`` (same ``event_id``) when it ends, ``group_degraded`` once
-per panic. Echo, ``ingero events`` and the epilog fold them back with ``ingero.episodes``.
+per panic. Echo, ``ingero events`` and the epilog fold them back with ``ingero.schema.episodes``.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
-from ingero.events import Event
+from ingero.schema.events import Event
 
 DETECTION_MODE = "fleet"
 

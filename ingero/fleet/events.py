@@ -12,10 +12,10 @@ import threading
 from collections import deque
 from collections.abc import Callable, Iterable, Sequence
 
-from ingero.events import Event
 from ingero.fleet.metrics import FleetMetrics
-from ingero.journald import EventJournal, stderr_is_journal
-from ingero.systemd import JOURNAL_SOCKET
+from ingero.runtime.journald import EventJournal, stderr_is_journal
+from ingero.runtime.systemd import JOURNAL_SOCKET
+from ingero.schema.events import Event
 
 log = logging.getLogger(__name__)
 
@@ -28,7 +28,7 @@ _WARNINGS = frozenset(
 
 
 class JournalSink(EventJournal):
-    """Every event to journald through the writer fleet-push uses (``ingero.journald``), so
+    """Every event to journald through the writer fleet-push uses (``ingero.runtime.journald``), so
     Fleet's drains, skips, group and straggler events are found as the node's are. The plain
     stderr line stays where stderr is not the journal already (a terminal, a container log)
     or the entry did not get through, so a run without journald still shows every decision."""

@@ -33,13 +33,13 @@ from opentelemetry.proto.collector.metrics.v1.metrics_service_pb2 import (
     ExportMetricsServiceRequest,
 )
 
-from ingero.bearer import TokenSource
-from ingero.events import Event
 from ingero.fleet.metrics import EchoForwarding
 from ingero.fleet.score_history import ScoreSample, encode_scores
 from ingero.fleet.spool import EventSpool
 from ingero.otlp.exporter import Backoff, ExportError, GrpcExporter, HttpExporter
 from ingero.otlp.logs import encode_events
+from ingero.schema.events import Event
+from ingero.security.bearer import TokenSource
 
 log = logging.getLogger(__name__)
 

@@ -17,8 +17,6 @@ from typing import NoReturn
 import grpc
 from google.protobuf.message import Message
 
-from ingero.access import Gate
-from ingero.bearer import Identity
 from ingero.fleet.metrics import FleetMetrics
 from ingero.fleet.otlp_http import UNAUTHORIZED, UNAUTHORIZED_MESSAGE
 from ingero.fleet.receiver import Receiver
@@ -37,6 +35,8 @@ from ingero.otlp.receiver import (
 )
 from ingero.otlp.threshold import encode_metadata
 from ingero.otlp.transport import PROTOBUF, Signal
+from ingero.security.access import Gate
+from ingero.security.bearer import Identity
 
 
 class OtlpGrpcServer:

@@ -24,9 +24,9 @@ from dataclasses import dataclass, field
 from http import HTTPStatus
 from typing import cast
 
-from ingero.bearer import Identity
 from ingero.fleet.scope import Scope
 from ingero.otlp.receiver import DISCARD_MAX_BYTES, DISCARD_TIMEOUT_S
+from ingero.security.bearer import Identity
 
 log = logging.getLogger(__name__)
 

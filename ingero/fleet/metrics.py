@@ -12,8 +12,8 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metri
 from prometheus_client.metrics import MetricWrapperBase
 from prometheus_client.registry import Collector
 
-from ingero.buildinfo import daemon_registry
 from ingero.fleet.model import GroupStats
+from ingero.runtime.buildinfo import daemon_registry
 
 _LATENCY_BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.02, 0.05, 0.1, 0.25, 1.0)
 

@@ -9,8 +9,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from ingero.errors import EXIT_UNAVAILABLE, IngeroError
-from ingero.events import Event
+from ingero.runtime.errors import EXIT_UNAVAILABLE, IngeroError
+from ingero.schema.events import Event
 
 
 class CapacityError(IngeroError):

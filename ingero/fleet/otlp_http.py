@@ -11,8 +11,6 @@ from __future__ import annotations
 
 import time
 
-from ingero.access import Gate
-from ingero.bearer import Identity
 from ingero.fleet.httpserver import HttpRequest, HttpResponse
 from ingero.fleet.metrics import FleetMetrics
 from ingero.fleet.receiver import Receiver
@@ -32,6 +30,8 @@ from ingero.otlp.receiver import (
 )
 from ingero.otlp.threshold import encode_headers
 from ingero.otlp.transport import JSON, SIGNAL_OF_PATH
+from ingero.security.access import Gate
+from ingero.security.bearer import Identity
 
 REALM = "ingero-fleet"
 

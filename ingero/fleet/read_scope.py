@@ -17,8 +17,8 @@ operators'.
 
 from __future__ import annotations
 
-from ingero.bearer import Identity
 from ingero.fleet.scope import Scope
+from ingero.security.bearer import Identity
 
 # The counted (ingero_fleet_rejected_total) and audited reason of a refused read; not the
 # push side's cluster_not_allowed, so an alert on misconfigured nodes does not fire on a

@@ -17,8 +17,6 @@ from opentelemetry.proto.collector.metrics.v1.metrics_service_pb2 import (
     ExportMetricsServiceRequest,
 )
 
-from ingero.bearer import Identity
-from ingero.clock import Clock, SystemClock
 from ingero.fleet.events import EventQueue
 from ingero.fleet.metrics import FleetMetrics
 from ingero.fleet.model import CapacityError
@@ -30,6 +28,8 @@ from ingero.otlp.logs import decode_events
 from ingero.otlp.receiver import export_response
 from ingero.otlp.threshold import ThresholdView, with_fields
 from ingero.otlp.transport import Signal
+from ingero.runtime.clock import Clock, SystemClock
+from ingero.security.bearer import Identity
 
 # Rejection reasons added by the receiver (the decoders add the per-point ones, the OTLP
 # receiver core those of requests refused as a whole).

@@ -3,7 +3,7 @@ cluster, decided in one place for both OTLP transports.
 
 A token named in ``auth.token_clusters`` may push only scores and events of its clusters;
 a token not named there (and every request while authentication is off) is unscoped. The
-scope rides on the token's :class:`~ingero.bearer.Identity` (its payload), so it is
+scope rides on the token's :class:`~ingero.security.bearer.Identity` (its payload), so it is
 replaced with the tokens on SIGHUP and a request is judged by the scope its token had when
 the gate let it in.
 """
@@ -12,9 +12,9 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
 
-from ingero.bearer import Identity, NamedToken
-from ingero.errors import ConfigError
 from ingero.otlp.receiver import RequestError
+from ingero.runtime.errors import ConfigError
+from ingero.security.bearer import Identity, NamedToken
 
 Scope = frozenset[str] | None
 """The clusters a token may push for; None: every cluster."""

@@ -18,9 +18,9 @@ from opentelemetry.proto.collector.metrics.v1.metrics_service_pb2 import (
     ExportMetricsServiceRequest,
 )
 
-from ingero.clock import Clock
 from ingero.fleet.state import NodeScore
 from ingero.otlp.health import NodePush, encode_health_batch
+from ingero.runtime.clock import Clock
 
 
 class ScoreSample(NamedTuple):

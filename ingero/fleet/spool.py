@@ -24,8 +24,8 @@ import threading
 from collections.abc import Sequence
 from pathlib import Path
 
-from ingero.errors import CantCreateError
-from ingero.events import Event
+from ingero.runtime.errors import CantCreateError
+from ingero.schema.events import Event
 
 log = logging.getLogger(__name__)
 

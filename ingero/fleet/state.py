@@ -24,8 +24,6 @@ from typing import Literal, NamedTuple
 
 import numpy as np
 
-from ingero.clock import Clock
-from ingero.events import Event, new_event_id
 from ingero.fleet.collectives import CollectiveJoin, NcclTick
 from ingero.fleet.config import FleetConfig
 from ingero.fleet.episodes import (
@@ -49,6 +47,8 @@ from ingero.fleet.tick import Outcome, Snapshot, compute, degraded_events, finit
 from ingero.otlp.health import NODE_STATES, PEER_RATES, NodePush, group_key
 from ingero.otlp.limits import check_lengths, shown
 from ingero.otlp.threshold import ThresholdView, with_fields
+from ingero.runtime.clock import Clock
+from ingero.schema.events import Event, new_event_id
 
 _INITIAL_CAPACITY = 1024
 

@@ -14,7 +14,6 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from ingero.events import Event
 from ingero.fleet import threshold as th
 from ingero.fleet.config import FleetConfig
 from ingero.fleet.episodes import Closing, degraded_event
@@ -22,6 +21,7 @@ from ingero.fleet.model import ClusterStats, GroupStats
 from ingero.fleet.threshold import BoolArray, FloatArray, IntArray
 from ingero.otlp.health import PEER_RATES
 from ingero.otlp.threshold import ThresholdView
+from ingero.schema.events import Event
 
 
 @dataclass

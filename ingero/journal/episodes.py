@@ -2,7 +2,7 @@
 
 A straggler episode on a node (per job) opens at its first ``straggler_state`` event and
 closes at the next ``straggler_resolved``; repeated state events extend it (the fold of
-``ingero.episodes``, which Echo and the Slurm epilog share). Drains and resumes are single
+``ingero.schema.episodes``, which Echo and the Slurm epilog share). Drains and resumes are single
 rows. Pure: takes events, returns rows.
 """
 
@@ -12,8 +12,8 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
-from ingero.episodes import RESOLVED, STATE, EpisodeFold, Mark, identity
-from ingero.events import Event
+from ingero.schema.episodes import RESOLVED, STATE, EpisodeFold, Mark, identity
+from ingero.schema.events import Event
 
 EPISODE, DRAIN, RESUME, SKIP, DEGRADED = "straggler", "drain", "resume", "skip", "degraded"
 

@@ -7,8 +7,8 @@ import subprocess
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 
-from ingero.errors import UnavailableError, UsageError
-from ingero.events import MESSAGE_IDS
+from ingero.runtime.errors import UnavailableError, UsageError
+from ingero.schema.events import MESSAGE_IDS
 
 
 @dataclass(frozen=True)

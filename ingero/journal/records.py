@@ -11,7 +11,7 @@ import json
 from dataclasses import dataclass
 from typing import Any
 
-from ingero.events import EVENT_TYPES, Event
+from ingero.schema.events import EVENT_TYPES, Event
 
 # journald field -> event field, the inverse of Event.journal_fields()
 _NAMED = {"INGERO_NODE": "node_id", "INGERO_CLUSTER": "cluster_id", "INGERO_JOB": "job_id"}

@@ -7,9 +7,9 @@ import time
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 
-from ingero.events import Event
 from ingero.journal.episodes import EPISODE, Row
 from ingero.journal.records import RecordError, parse_line
+from ingero.schema.events import Event
 
 
 @dataclass

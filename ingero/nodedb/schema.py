@@ -26,8 +26,8 @@ from pathlib import Path
 
 import sqlite_utils
 
-from ingero import sqlitemigrate
-from ingero.sqlitemigrate import SchemaError as SchemaError  # re-exported for readers
+from ingero.sqlite import sqlitemigrate
+from ingero.sqlite.sqlitemigrate import SchemaError as SchemaError  # re-exported for readers
 
 SCHEMA_VERSION = 3
 

@@ -40,9 +40,9 @@ from google.protobuf.message import DecodeError, Message
 from google.rpc.error_details_pb2 import RetryInfo
 from google.rpc.status_pb2 import Status
 
-from ingero.bearer import TokenSource, authorization, current_token
 from ingero.otlp.transport import HTTP_PATHS, PROTOBUF, Signal, export_method
-from ingero.tls import grpc_channel_credentials
+from ingero.security.bearer import TokenSource, authorization, current_token
+from ingero.security.tls import grpc_channel_credentials
 
 if TYPE_CHECKING:
     import grpc
@@ -222,7 +222,7 @@ class HttpExporter:
     ) -> None:
         """``headers`` go on every request (OTEL_EXPORTER_OTLP_HEADERS); ``compression``
         ``gzip`` compresses the bodies (Content-Encoding: gzip). ``token`` may be a callable
-        (a :class:`~ingero.bearer.TokenFile`), asked on every request, so a rotated token
+        (a :class:`~ingero.security.bearer.TokenFile`), asked on every request, so a rotated token
         is sent from the next request on."""
         url = urllib.parse.urlsplit(endpoint if "://" in endpoint else f"http://{endpoint}")
         if url.scheme not in ("http", "https") or not url.hostname:

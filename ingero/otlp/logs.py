@@ -16,7 +16,6 @@ from opentelemetry.proto.logs.v1.logs_pb2 import (
     SEVERITY_NUMBER_WARN,
 )
 
-from ingero.events import Event
 from ingero.otlp.limits import (
     MAX_EVENT_BYTES,
     MAX_ID_CHARS,
@@ -25,6 +24,7 @@ from ingero.otlp.limits import (
     check_lengths,
 )
 from ingero.otlp.values import add_attributes, attributes_dict
+from ingero.schema.events import Event
 
 SCOPE_NAME = "ingero"
 EVENT_NAME_PREFIX = "ingero."

@@ -38,10 +38,10 @@ from opentelemetry.proto.collector.metrics.v1.metrics_service_pb2 import (
     ExportMetricsServiceResponse,
 )
 
-from ingero.access import Refusal
 from ingero.otlp.limits import shown
 from ingero.otlp.transport import JSON, PROTOBUF, SERVICES, Signal
 from ingero.otlp.values import OtlpDecodeError, parse_json, parse_protobuf
+from ingero.security.access import Refusal
 
 M = TypeVar("M", bound=Message)
 

@@ -14,8 +14,6 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field, replace
 from typing import Protocol, TypeVar
 
-from ingero.clock import Clock
-from ingero.events import Event
 from ingero.otlp.collectives import ClockOffset
 from ingero.otlp.exporter import jittered
 from ingero.otlp.health import NodePush, encode_health
@@ -29,8 +27,10 @@ from ingero.push.detection import Decision, DetectionSelector
 from ingero.push.detection_store import DetectionStore
 from ingero.push.gpu_health import gpu_events
 from ingero.push.sampler import NodeSample
+from ingero.runtime.clock import Clock
+from ingero.runtime.systemd import Notifier, watchdog_interval
+from ingero.schema.events import Event
 from ingero.slurm.jobfile import JobInfo
-from ingero.systemd import Notifier, watchdog_interval
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")

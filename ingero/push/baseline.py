@@ -15,8 +15,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Final
 
-from ingero.atomicfile import quarantine, write_atomic
-from ingero.clock import Clock
+from ingero.runtime.atomicfile import quarantine, write_atomic
+from ingero.runtime.clock import Clock
 
 log = logging.getLogger(__name__)
 

@@ -28,10 +28,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from ingero.events import Event, new_event_id
 from ingero.otlp.health import NodePush
 from ingero.push.config import ClassifierConfig
 from ingero.push.detection import Decision
+from ingero.schema.events import Event, new_event_id
 
 
 @dataclass(frozen=True)

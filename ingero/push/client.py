@@ -27,7 +27,6 @@ from opentelemetry.proto.collector.metrics.v1.metrics_service_pb2 import (
     ExportMetricsServiceRequest,
 )
 
-from ingero.bearer import TokenSource, token_source
 from ingero.otlp.exporter import (
     Backoff,
     ExportError,
@@ -50,7 +49,8 @@ from ingero.otlp.threshold import (
 from ingero.otlp.transport import CLUSTER_ID_HEADER, CLUSTER_ID_METADATA
 from ingero.otlp.values import load_json
 from ingero.push.config import PushConfig
-from ingero.tls import client_ssl_context
+from ingero.security.bearer import TokenSource, token_source
+from ingero.security.tls import client_ssl_context
 
 log = logging.getLogger(__name__)
 

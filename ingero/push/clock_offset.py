@@ -24,8 +24,8 @@ from __future__ import annotations
 from collections import deque
 from dataclasses import dataclass
 
-from ingero.events import Event, new_event_id
 from ingero.otlp.collectives import ClockOffset
+from ingero.schema.events import Event, new_event_id
 
 # Two honest samples of one clock relation overlap; beyond their uncertainties only drift
 # separates them. 1 ms covers 25 ppm (an unsynchronised crystal) over 40 s of samples; a

@@ -10,13 +10,13 @@ from pathlib import Path
 from typing import Literal
 
 from ingero import nodedb
-from ingero.config import Duration, check, in_range, positive
-from ingero.events import EVENT_SOCKET
 from ingero.otlp.ports import FLEET_OTLP_HTTP_PORT
 from ingero.otlp.threshold import ENTER_INTERVALS
 from ingero.push.score import ScoreConfig
+from ingero.runtime.config import Duration, check, in_range, positive
+from ingero.runtime.systemd import JOURNAL_SOCKET
+from ingero.schema.events import EVENT_SOCKET
 from ingero.slurm.jobfile import JOBS_DIR, JOBS_DIR_ENV
-from ingero.systemd import JOURNAL_SOCKET
 
 DAEMON = "fleet-push"
 

@@ -19,9 +19,9 @@ import math
 from dataclasses import dataclass
 from typing import Literal
 
-from ingero.clock import Clock
 from ingero.otlp.threshold import ThresholdView
 from ingero.push.config import DetectionConfig
+from ingero.runtime.clock import Clock
 
 Mode = Literal["fleet", "fleet-cached", "local-cached", "local-baseline", "none"]
 MODES: tuple[Mode, ...] = ("fleet", "fleet-cached", "local-cached", "local-baseline", "none")

@@ -14,9 +14,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from ingero.atomicfile import quarantine, write_atomic
-from ingero.clock import Clock
 from ingero.push.detection import CachedThreshold, LocalBaseline
+from ingero.runtime.atomicfile import quarantine, write_atomic
+from ingero.runtime.clock import Clock
 
 log = logging.getLogger(__name__)
 

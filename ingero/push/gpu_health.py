@@ -13,7 +13,7 @@ Per GPU and window (``GpuWindow`` from the node DB):
 
 The node's health is its worst GPU's. No GPU reporting health: None (missing, not 1).
 
-Events, one schema with every other (``ingero.events``), ``extra.gpu`` naming the GPU:
+Events, one schema with every other (``ingero.schema.events``), ``extra.gpu`` naming the GPU:
 ``gpu_xid`` once per XID seen (or the GPU lost); ``gpu_ecc`` when an error counter grows or a
 pending/failed flag appears; ``gpu_throttle`` when a GPU's hardware slows it for at least half
 a window (``state: start``) and again when a window has none (``state: end``, same event_id).
@@ -27,8 +27,8 @@ from typing import Any, Final
 
 from ingero.collectors.nodedb import GpuWindow
 from ingero.collectors.nvml import DEGRADING_THROTTLE, throttle_names
-from ingero.events import Event, new_event_id
 from ingero.push.score import GpuHealthConfig
+from ingero.schema.events import Event, new_event_id
 
 THROTTLE_START: Final = 0.5  # share of a window's samples
 ERROR_COUNTERS: Final = ("ecc_uncorrected", "remapped_rows_uncorrectable", "retired_pages")

@@ -21,8 +21,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from ingero.clock import Clock
 from ingero.otlp.health import NodeState
+from ingero.runtime.clock import Clock
 
 
 @dataclass(frozen=True)

@@ -16,7 +16,7 @@ import urllib.parse
 from collections.abc import Mapping
 from typing import Any
 
-from ingero.errors import ConfigError
+from ingero.runtime.errors import ConfigError
 
 ENDPOINT = "OTEL_EXPORTER_OTLP_ENDPOINT"
 METRICS_ENDPOINT = "OTEL_EXPORTER_OTLP_METRICS_ENDPOINT"

@@ -12,7 +12,6 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, replace
 from pathlib import Path
 
-from ingero.clock import Clock
 from ingero.collectors.gpu import GpuQuery, GpuStatus, NoGpu
 from ingero.collectors.nodedb import NodeDbUnavailable, WindowAggregates, read_window
 from ingero.collectors.procfs import ProcfsError, ProcReader
@@ -24,6 +23,7 @@ from ingero.push.config import CollectivesConfig
 from ingero.push.gpu_health import GpuFinding, GpuHealth, GpuHealthTracker
 from ingero.push.nodestate import NodeStateMachine, Transition
 from ingero.push.score import ScoreConfig, ScoreInputs, ScoreResult, compute_score
+from ingero.runtime.clock import Clock
 
 log = logging.getLogger(__name__)
 

@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 from types import MappingProxyType
 from typing import Final
 
-from ingero.config import Duration, in_range, positive
+from ingero.runtime.config import Duration, in_range, positive
 
 SIGNAL_NAMES: Final = ("throughput", "compute", "memory", "cpu")
 # Not weighted: a factor on the weighted score (a sick GPU degrades whatever the rest says).

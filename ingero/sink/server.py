@@ -15,8 +15,8 @@ from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
-from ingero.buildinfo import daemon_registry
-from ingero.events import Event
+from ingero.runtime.buildinfo import daemon_registry
+from ingero.schema.events import Event
 from ingero.sink.state import MAX_LINE_BYTES, SinkState
 
 log = logging.getLogger(__name__)

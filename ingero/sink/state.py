@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass, field
 
-from ingero.events import Event
+from ingero.schema.events import Event
 
 MAX_LINE_BYTES = 64 * 1024
 

@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any, Protocol
 
-from ingero.errors import ConfigError, UnavailableError
+from ingero.runtime.errors import ConfigError, UnavailableError
 
 INGERO_REASON_PREFIX = "ingero:"
 DEFAULT_TIMEOUT = 10.0

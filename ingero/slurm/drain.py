@@ -17,8 +17,8 @@ import threading
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any, Protocol
 
-from ingero.clock import Clock, SystemClock
-from ingero.events import Event
+from ingero.runtime.clock import Clock, SystemClock
+from ingero.schema.events import Event
 from ingero.slurm.backend import NodeInfo, SlurmBackend, SlurmError, make_backend
 from ingero.slurm.drain_policy import Decision, DrainConfig, DrainMemory, Verdict, decide
 

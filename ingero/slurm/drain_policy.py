@@ -42,7 +42,7 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Literal, Protocol
 
-from ingero.config import Duration, in_range, positive
+from ingero.runtime.config import Duration, in_range, positive
 from ingero.slurm.backend import INGERO_REASON_PREFIX, NodeInfo
 
 Action = Literal["drain", "resume", "skip"]

@@ -29,10 +29,10 @@ from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any
 
-from ingero.episodes import RESOLVED, STATE, TYPES, EpisodeFold, Mark, identity
-from ingero.journald import journal_send
+from ingero.runtime.journald import journal_send
+from ingero.runtime.systemd import JOURNAL_SOCKET
+from ingero.schema.episodes import RESOLVED, STATE, TYPES, EpisodeFold, Mark, identity
 from ingero.slurm.jobfile import JobInfo, check_job_id, jobs_dir, read_job, remove_job, write_job
-from ingero.systemd import JOURNAL_SOCKET
 
 EVENT_LOG = "/var/lib/ingero/events.ndjson"
 # The epilog reads at most this much of the end of the event log, so a huge log stays fast.
@@ -192,7 +192,7 @@ def summarize(
 
     A straggler episode runs from a ``straggler_state`` event to the next
     ``straggler_resolved`` (or the job's end); re-sent ``straggler_state`` events inside an
-    episode do not restart it (``ingero.episodes`` folds them). A resolution whose episode
+    episode do not restart it (``ingero.schema.episodes`` folds them). A resolution whose episode
     began before the job is not an episode of it. Lower scores are worse.
     """
     relevant = []
@@ -291,7 +291,7 @@ def run_epilog(env: Mapping[str, str], now: float) -> dict[str, Any]:
 
 
 def _summarise(env: Mapping[str, str], directory: Path, job_id: str, now: float) -> dict[str, Any]:
-    from ingero.events import Event
+    from ingero.schema.events import Event
 
     info: JobInfo | None
     try:

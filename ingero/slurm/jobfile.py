@@ -14,7 +14,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from ingero.atomicfile import write_atomic
+from ingero.runtime.atomicfile import write_atomic
 
 JOBS_DIR = Path("/run/ingero/jobs")
 JOBS_DIR_ENV = "INGERO_JOBS_DIR"

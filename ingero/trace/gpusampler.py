@@ -15,9 +15,9 @@ import shutil
 from dataclasses import dataclass, field
 from typing import Any
 
-from ingero.clock import Clock, SystemClock
 from ingero.collectors.gpu import GpuQuery, GpuStatus, NvidiaSmi
 from ingero.collectors.nvml import NvmlReader, NvmlReading
+from ingero.runtime.clock import Clock, SystemClock
 from ingero.trace.tags import TagCache
 
 log = logging.getLogger(__name__)

@@ -9,7 +9,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
 
-from ingero.clock import Clock
+from ingero.runtime.clock import Clock
 from ingero.trace.aggregate import Snapshot, diff_hist, host_row, interval_rows
 from ingero.trace.collectives import Collectives
 from ingero.trace.decode import KIND_ENTER, KIND_EXIT, KIND_NEW, DecodeError, TraceEvent, decode

@@ -23,8 +23,8 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from types import FrameType
 
-from ingero.clock import Clock, SystemClock
 from ingero.nodedb.schema import connect
+from ingero.runtime.clock import Clock, SystemClock
 from ingero.slurm.jobfile import JobInfo, check_job_id, remove_job, write_job
 from ingero.workload.generator import CAUSES, WorkloadGenerator, WorkloadProfile
 

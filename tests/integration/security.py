@@ -12,9 +12,9 @@ import threading
 from collections.abc import Callable
 from pathlib import Path
 
-from ingero.events import Event
 from ingero.otlp.exporter import ExportError, HttpExporter
 from ingero.otlp.logs import encode_events
+from ingero.schema.events import Event
 
 SAN = "subjectAltName=DNS:localhost,IP:127.0.0.1"
 

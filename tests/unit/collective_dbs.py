@@ -18,8 +18,8 @@ from typing import Any
 
 import sqlite_utils
 
-from ingero import sqlitemigrate
 from ingero.nodedb.schema import MIGRATIONS
+from ingero.sqlite import sqlitemigrate
 
 T0 = 1_700_000_000.0
 COMM = "9f1c2e3d4b5a6978"

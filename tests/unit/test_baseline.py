@@ -9,13 +9,13 @@ from pathlib import Path
 
 import pytest
 
-from ingero.clock import ManualClock
 from ingero.push.baseline import (
     CLOCK_SKEW_ALLOWANCE_S,
     MAX_FILE_BYTES,
     BaselineStore,
     EmaBaseline,
 )
+from ingero.runtime.clock import ManualClock
 
 
 def test_bias_correction_first_sample_is_the_sample() -> None:

@@ -14,9 +14,9 @@ from pathlib import Path
 import pytest
 import yaml
 
-from ingero.errors import EXIT_CANTCREAT, EXIT_UNAVAILABLE
+from ingero.runtime.errors import EXIT_CANTCREAT, EXIT_UNAVAILABLE
 
-# fleet, fleet-push and echo share ingero.config's loader, so they share --print-config.
+# fleet, fleet-push and echo share ingero.runtime.config's loader, so they share --print-config.
 CONFIGURED = ["fleet", "fleet-push", "echo"]
 
 

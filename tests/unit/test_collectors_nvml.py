@@ -8,7 +8,6 @@ from typing import Any
 import pynvml
 import pytest
 
-from ingero.clock import ManualClock
 from ingero.collectors import nvml as mod
 from ingero.collectors.gpu import GpuInfo, GpuStatus
 from ingero.collectors.nvml import (
@@ -19,6 +18,7 @@ from ingero.collectors.nvml import (
     NvmlReading,
     throttle_names,
 )
+from ingero.runtime.clock import ManualClock
 from ingero.trace.gpusampler import GpuSampler, reading_rows
 from tests.unit.fake_pynvml import Fail, FakeNvml, healthy_h100
 

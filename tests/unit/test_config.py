@@ -7,9 +7,9 @@ from pathlib import Path
 import pytest
 
 from ingero.cli.main import main
-from ingero.config import load_config, parse_duration
-from ingero.errors import ConfigError
 from ingero.fleet.config import FleetConfig
+from ingero.runtime.config import load_config, parse_duration
+from ingero.runtime.errors import ConfigError
 
 
 def write(tmp_path: Path, text: str) -> Path:
@@ -159,7 +159,7 @@ def test_echo_reads_its_earlier_body_limit_key_with_one_deprecation_line(
     from ingero.echo.config import EchoConfig
 
     path = write(tmp_path, "limits: {max_request_bytes: 1234}\n")
-    with caplog.at_level("WARNING", logger="ingero.config"):
+    with caplog.at_level("WARNING", logger="ingero.runtime.config"):
         config = load_config(EchoConfig, "echo", path)
     assert config.limits.max_body_bytes == 1234
     lines = [r.getMessage() for r in caplog.records]

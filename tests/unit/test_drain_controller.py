@@ -13,9 +13,9 @@ from dataclasses import dataclass
 
 import pytest
 
-from ingero.clock import ManualClock
-from ingero.events import Event
 from ingero.fleet.model import NodeVerdict, TickResult
+from ingero.runtime.clock import ManualClock
+from ingero.schema.events import Event
 from ingero.slurm.backend import NodeInfo, SlurmError
 from ingero.slurm.drain import DrainController
 from ingero.slurm.drain_policy import DrainConfig

@@ -7,7 +7,7 @@ import hashlib
 import pytest
 
 from ingero.echo.auth import ANONYMOUS, AccessDenied, Principal, TokenTable
-from ingero.errors import ConfigError
+from ingero.runtime.errors import ConfigError
 
 TOKEN_A = "token-for-tenant-a-0123456789"
 TOKEN_ALL = "token-for-the-operator-0123456789"

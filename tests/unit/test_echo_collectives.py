@@ -16,8 +16,8 @@ from ingero.echo import collectives
 from ingero.echo.collectives import COLUMNS, episode_row
 from ingero.echo.rows import event_row
 from ingero.echo.schema import MIGRATIONS
-from ingero.events import Event
-from ingero.sqlitemigrate import migrate
+from ingero.schema.events import Event
+from ingero.sqlite.sqlitemigrate import migrate
 
 EID = "00000000-0000-4000-8000-000000000001"
 

@@ -7,14 +7,14 @@ from pathlib import Path
 import pytest
 from openapi_spec_validator import validate
 
-from ingero.config import build
 from ingero.echo.answers import QUESTIONS
 from ingero.echo.api import openapi_document
 from ingero.echo.config import EchoConfig
 from ingero.echo.mcp_server import investigate_text, tools
 from ingero.echo.questions import BadRequest
 from ingero.echo.rates import GpuRates
-from ingero.errors import ConfigError
+from ingero.runtime.config import build
+from ingero.runtime.errors import ConfigError
 
 
 def test_parameters_are_validated_with_clear_messages() -> None:

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from ingero.echo import rows
-from ingero.events import Event
+from ingero.schema.events import Event
 
 
 def test_named_positions_follow_the_columns() -> None:

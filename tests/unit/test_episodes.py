@@ -1,4 +1,4 @@
-"""The straggler-episode fold (ingero.episodes) and its three readers: Echo's store (see
+"""The straggler-episode fold (ingero.schema.episodes) and its three readers: Echo's store (see
 tests/integration/echo/test_store.py), ``ingero events`` and the Slurm epilog.
 
 Producers give an episode's ``straggler_state``, its re-emits and its
@@ -13,11 +13,11 @@ from pathlib import Path
 
 import pytest
 
-from ingero.episodes import EpisodeFold, Mark
-from ingero.events import Event
 from ingero.journal.episodes import EPISODE, group
 from ingero.push.classifier import Classifier, Observation
 from ingero.push.config import ClassifierConfig
+from ingero.schema.episodes import EpisodeFold, Mark
+from ingero.schema.events import Event
 from ingero.slurm.hooks import run_epilog
 from ingero.slurm.jobfile import JobInfo, write_job
 

@@ -6,7 +6,7 @@ import json
 
 import pytest
 
-from ingero.events import MESSAGE_IDS, Event
+from ingero.schema.events import MESSAGE_IDS, Event
 
 
 def straggler(**extra: object) -> Event:

@@ -10,7 +10,6 @@ from typing import Any
 import pytest
 
 from ingero.cli.main import main
-from ingero.errors import ConfigError
 from ingero.explain.chains import (
     DETECTORS,
     SIGNALS,
@@ -21,6 +20,7 @@ from ingero.explain.chains import (
     signals,
 )
 from ingero.explain.reader import open_node_db, read_timeline
+from ingero.runtime.errors import ConfigError
 from tests.unit.chain_dbs import END, TICK_S, Proc, real_db
 
 WINDOW = 300.0

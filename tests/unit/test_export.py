@@ -13,7 +13,7 @@ from typing import Any
 import pytest
 
 from ingero.cli.main import main
-from ingero.events import Event
+from ingero.schema.events import Event
 from tests.unit.chain_dbs import T0, Proc, real_db
 from tests.unit.tef import problems
 

@@ -10,8 +10,6 @@ from pathlib import Path
 
 import pytest
 
-from ingero.clock import ManualClock
-from ingero.events import MESSAGE_IDS, Event
 from ingero.fleet.collectives import CollectiveJoin, NcclTick
 from ingero.fleet.config import FleetConfig, NcclConfig, QuorumConfig, ThresholdConfig
 from ingero.fleet.model import TickResult
@@ -19,6 +17,8 @@ from ingero.fleet.state import FleetState
 from ingero.otlp.collectives import ClockOffset, CollectiveCall, CommReport, sample_calls
 from ingero.otlp.health import NodePush
 from ingero.otlp.threshold import ThresholdView
+from ingero.runtime.clock import ManualClock
+from ingero.schema.events import MESSAGE_IDS, Event
 from ingero.slurm.drain_policy import drain_reason
 
 ROOT = Path(__file__).resolve().parents[2]

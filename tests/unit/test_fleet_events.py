@@ -10,10 +10,10 @@ from pathlib import Path
 
 import pytest
 
-from ingero.events import MESSAGE_IDS, Event
 from ingero.fleet.events import EventQueue, JournalSink
 from ingero.fleet.metrics import FleetMetrics
-from ingero.journald import stderr_is_journal
+from ingero.runtime.journald import stderr_is_journal
+from ingero.schema.events import MESSAGE_IDS, Event
 from tests.unit.test_journald_wire import parse_native
 
 

@@ -8,12 +8,12 @@ from pathlib import Path
 from opentelemetry.proto.collector.logs.v1.logs_service_pb2 import ExportLogsServiceRequest
 from prometheus_client.parser import text_string_to_metric_families
 
-from ingero.events import Event
 from ingero.fleet.forwarder import Forwarder
 from ingero.fleet.metrics import FleetMetrics
 from ingero.fleet.spool import EventSpool
 from ingero.otlp.exporter import ExportError
 from ingero.otlp.logs import decode_events
+from ingero.schema.events import Event
 
 
 def ev(i: int) -> Event:

@@ -9,13 +9,13 @@ from opentelemetry.proto.collector.metrics.v1.metrics_service_pb2 import (
     ExportMetricsServiceRequest,
 )
 
-from ingero.events import Event
 from ingero.fleet.forwarder import Forwarder
 from ingero.fleet.score_history import ScoreSample
 from ingero.fleet.state import NodeScore
 from ingero.otlp.exporter import ExportError, HttpExporter
 from ingero.otlp.health import decode_health
 from ingero.otlp.logs import decode_events
+from ingero.schema.events import Event
 
 
 def sample(i: int) -> ScoreSample:

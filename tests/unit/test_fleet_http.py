@@ -7,13 +7,13 @@ import math
 
 import pytest
 
-from ingero.bearer import Keyring, NamedToken, digest
 from ingero.fleet.httpserver import BadHead, HttpResponse, _parse_head, render
 from ingero.fleet.metrics import FleetMetrics
 from ingero.fleet.model import GroupStats
 from ingero.otlp.receiver import RequestError, inflate, media_type
 from ingero.otlp.threshold import ThresholdView
 from ingero.otlp.threshold import encode_headers as threshold_headers
+from ingero.security.bearer import Keyring, NamedToken, digest
 
 
 def test_parse_head_keep_alive_rules() -> None:

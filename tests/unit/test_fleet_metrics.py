@@ -8,11 +8,11 @@ from typing import NamedTuple
 from prometheus_client.parser import text_string_to_metric_families
 
 from ingero import __version__
-from ingero.clock import ManualClock
 from ingero.fleet.config import FleetConfig
 from ingero.fleet.metrics import FleetMetrics
 from ingero.fleet.state import FleetState
 from ingero.otlp.health import NodePush
+from ingero.runtime.clock import ManualClock
 
 
 class Row(NamedTuple):

@@ -5,11 +5,11 @@ from __future__ import annotations
 
 import pytest
 
-from ingero.clock import ManualClock
 from ingero.fleet.config import FleetConfig
 from ingero.fleet.ownership import Ownership, owns
 from ingero.fleet.state import FleetState
 from ingero.otlp.health import NodePush
+from ingero.runtime.clock import ManualClock
 from ingero.slurm.drain_policy import DrainConfig
 
 INTERVAL = 5.0

@@ -6,11 +6,11 @@ from __future__ import annotations
 
 import statistics
 
-from ingero.clock import ManualClock
 from ingero.fleet.config import FleetConfig
 from ingero.fleet.model import TickResult
 from ingero.fleet.state import FleetState
 from ingero.otlp.health import NodePush
+from ingero.runtime.clock import ManualClock
 
 JOB = "42"
 NODES = [f"n{i}" for i in range(8)]

@@ -12,10 +12,6 @@ from pathlib import Path
 
 from prometheus_client.parser import text_string_to_metric_families
 
-from ingero.access import SOURCE_RATE_LIMITED, Gate
-from ingero.audit import REFUSED, AuditLog
-from ingero.bearer import Keyring, NamedToken, digest
-from ingero.clock import ManualClock
 from ingero.fleet.api import ApiHandler
 from ingero.fleet.config import FleetConfig
 from ingero.fleet.httpserver import HttpRequest, HttpResponse
@@ -23,9 +19,13 @@ from ingero.fleet.metrics import FleetMetrics
 from ingero.fleet.read_scope import CLUSTER_READ_NOT_ALLOWED
 from ingero.fleet.scope import Scope
 from ingero.fleet.state import FleetState
-from ingero.journald import JournalWriter
 from ingero.otlp.health import NodePush
-from ingero.ratelimit import RateLimitConfig
+from ingero.runtime.clock import ManualClock
+from ingero.runtime.journald import JournalWriter
+from ingero.security.access import SOURCE_RATE_LIMITED, Gate
+from ingero.security.audit import REFUSED, AuditLog
+from ingero.security.bearer import Keyring, NamedToken, digest
+from ingero.security.ratelimit import RateLimitConfig
 from tests.unit.test_fleet_scope import journal_fields
 
 RACK_A = frozenset({"A"})

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-from ingero.clock import ManualClock
 from ingero.fleet.config import FleetConfig
 from ingero.fleet.events import EventQueue
 from ingero.fleet.metrics import FleetMetrics
@@ -10,6 +9,7 @@ from ingero.fleet.receiver import Receiver
 from ingero.fleet.state import FleetState
 from ingero.otlp.health import NodePush, encode_health
 from ingero.otlp.threshold import decode_headers, encode_headers, encode_metadata
+from ingero.runtime.clock import ManualClock
 
 
 def test_every_push_reply_carries_fleets_time_and_a_refused_push_none() -> None:

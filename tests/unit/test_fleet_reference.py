@@ -14,11 +14,11 @@ from dataclasses import dataclass, field
 
 import pytest
 
-from ingero.clock import ManualClock
 from ingero.fleet.config import FleetConfig, ThresholdConfig
 from ingero.fleet.model import TickResult
 from ingero.fleet.state import FleetState
 from ingero.otlp.health import NodePush
+from ingero.runtime.clock import ManualClock
 
 INTERVAL = 5.0
 SCORES = [0.9, 0.91, 0.89, 0.92, 0.88, 0.86, 0.85, 0.84, 0.3, 0.5, 0.7]

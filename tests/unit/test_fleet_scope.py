@@ -9,13 +9,6 @@ from pathlib import Path
 
 import pytest
 
-from ingero.access import Gate
-from ingero.audit import AUDIT_MESSAGE_ID, REFUSED, AuditLog
-from ingero.bearer import Identity, Keyring, NamedToken, digest
-from ingero.clock import ManualClock
-from ingero.config import load_config
-from ingero.errors import ConfigError
-from ingero.events import Event
 from ingero.fleet.config import FleetConfig
 from ingero.fleet.events import EventQueue
 from ingero.fleet.metrics import FleetMetrics
@@ -28,11 +21,18 @@ from ingero.fleet.scope import (
     scoped_tokens,
 )
 from ingero.fleet.state import FleetState
-from ingero.journald import JournalWriter
 from ingero.otlp.health import NodePush, encode_health
 from ingero.otlp.logs import encode_events
 from ingero.otlp.receiver import RequestError
-from ingero.ratelimit import RateLimitConfig
+from ingero.runtime.clock import ManualClock
+from ingero.runtime.config import load_config
+from ingero.runtime.errors import ConfigError
+from ingero.runtime.journald import JournalWriter
+from ingero.schema.events import Event
+from ingero.security.access import Gate
+from ingero.security.audit import AUDIT_MESSAGE_ID, REFUSED, AuditLog
+from ingero.security.bearer import Identity, Keyring, NamedToken, digest
+from ingero.security.ratelimit import RateLimitConfig
 
 RACK_A = frozenset({"A", "A2"})
 

@@ -4,14 +4,14 @@ from __future__ import annotations
 
 import pytest
 
-from ingero.clock import ManualClock
-from ingero.config import load_config
 from ingero.echo.decoding import metrics_to_scores
-from ingero.errors import ConfigError
 from ingero.fleet.config import FleetConfig
 from ingero.fleet.score_history import ScoreHistory, encode_scores
 from ingero.fleet.state import FleetState, NodeScore
 from ingero.otlp.health import NodePush
+from ingero.runtime.clock import ManualClock
+from ingero.runtime.config import load_config
+from ingero.runtime.errors import ConfigError
 
 
 def state(ttl_multiplier: float = 5) -> tuple[FleetState, ManualClock]:

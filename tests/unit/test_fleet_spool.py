@@ -10,10 +10,10 @@ from pathlib import Path
 
 import pytest
 
-from ingero.events import Event
 from ingero.fleet.forwarder import Forwarder
 from ingero.fleet.spool import SPOOL_FILE, EventSpool, SpoolError
 from ingero.otlp.exporter import ExportError
+from ingero.schema.events import Event
 
 from .test_fleet_forwarder import ScriptedSender
 

@@ -12,12 +12,12 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from ingero.clock import ManualClock
-from ingero.events import Event
 from ingero.fleet.config import FleetConfig, LimitsConfig, QuorumConfig, ThresholdConfig
 from ingero.fleet.model import CapacityError, TickResult
 from ingero.fleet.state import FleetState
 from ingero.otlp.health import NodePush
+from ingero.runtime.clock import ManualClock
+from ingero.schema.events import Event
 
 JOB = "42"
 

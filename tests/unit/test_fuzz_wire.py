@@ -23,7 +23,6 @@ from opentelemetry.proto.collector.metrics.v1.metrics_service_pb2 import (
 )
 
 from ingero.echo.decoding import Decoded, decode_body
-from ingero.events import EVENT_TYPES, Event
 from ingero.fleet.httpserver import (
     MAX_HEAD_BYTES,
     MAX_HEADERS,
@@ -41,6 +40,7 @@ from ingero.otlp.logs import decode_events, encode_events
 from ingero.otlp.receiver import RequestError
 from ingero.otlp.transport import JSON, PROTOBUF, Signal
 from ingero.otlp.values import OtlpDecodeError, add_attributes, parse_json, parse_protobuf, to_json
+from ingero.schema.events import EVENT_TYPES, Event
 
 FUZZ = settings(
     max_examples=200,

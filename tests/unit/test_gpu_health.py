@@ -7,9 +7,9 @@ from typing import Any
 import pytest
 
 from ingero.collectors.nodedb import GpuWindow
-from ingero.events import MESSAGE_IDS, Event
 from ingero.push.gpu_health import GpuHealthTracker, gpu_events
 from ingero.push.score import GpuHealthConfig
+from ingero.schema.events import MESSAGE_IDS, Event
 
 CFG = GpuHealthConfig()  # throttle_penalty 0.2, error_penalty 0.5, error_hold 60 s
 

@@ -12,9 +12,9 @@ import pytest
 
 from ingero.cli.gpu_sample import run_loop
 from ingero.cli.main import main
-from ingero.clock import ManualClock
 from ingero.collectors.nvml import NvmlReader
 from ingero.nodedb.schema import connect
+from ingero.runtime.clock import ManualClock
 from ingero.trace.gpusampler import GpuSampler
 from ingero.trace.tags import TagCache
 from ingero.trace.writer import NodeDbWriter

@@ -8,7 +8,7 @@ from collections.abc import Iterator
 
 import pytest
 
-from ingero.hangup import StartupHangups
+from ingero.runtime.hangup import StartupHangups
 
 
 @pytest.fixture
@@ -24,7 +24,7 @@ def test_sighups_during_start_are_one_reload(sent: int, caplog: pytest.LogCaptur
     hangups = StartupHangups("fleet").install()
     for _ in range(sent):
         os.kill(os.getpid(), signal.SIGHUP)  # the handler runs in this (main) thread
-    caplog.set_level("INFO", "ingero.hangup")
+    caplog.set_level("INFO", "ingero.runtime.hangup")
     assert hangups.take() is (sent > 0)
     assert hangups.take() is False  # taken once
     lines = [r.getMessage() for r in caplog.records]

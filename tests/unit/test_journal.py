@@ -14,11 +14,11 @@ import pytest
 from click.testing import CliRunner
 
 from ingero.cli.main import cli
-from ingero.events import MESSAGE_IDS, Event
 from ingero.journal.episodes import DRAIN, EPISODE, EVENT_TYPES, RESUME, group
 from ingero.journal.journalctl import Query
 from ingero.journal.records import RecordError, field_text, parse_line
 from ingero.journal.view import parse_lines, table_rows
+from ingero.schema.events import MESSAGE_IDS, Event
 
 CAPTURE = Path(__file__).with_name("data") / "journal_events.json"
 T0 = 1795000000.0

@@ -10,8 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from ingero.events import MESSAGE_IDS, Event
 from ingero.push.channels.journald import JournaldChannel, encode_fields
+from ingero.schema.events import MESSAGE_IDS, Event
 
 
 def parse_native(data: bytes) -> dict[str, str]:

@@ -3,8 +3,9 @@
 - The node side (trace, collectors, push, sink) never imports fleet or echo, and neither
   does any other part but the CLI (the one place that wires the daemons up).
 - fleet and echo never import each other: what passes between them is an OTLP contract.
-- The contracts (otlp/, events.py) and the leaf helpers (the modules directly in ingero/)
-  may be imported by everyone, so they import nothing but each other.
+- The contracts (otlp/, schema/) and the leaf helpers (security/, runtime/, sqlite/) may
+  be imported by everyone, so they import nothing but each other. No module lies loose at
+  ingero's root: each helper belongs to the leaf package named for what it is for.
 
 Every import counts: module level, inside functions (the CLI's lazy ones) and under
 TYPE_CHECKING.
@@ -21,6 +22,8 @@ PACKAGE = Path(__file__).resolve().parents[2] / "ingero"
 NODE_SIDE = frozenset({"trace", "collectors", "push", "sink"})
 DAEMONS = frozenset({"fleet", "echo"})
 CONTRACTS = frozenset({"otlp"})
+# Leaf packages: what every part may import.
+LEAF_PACKAGES = frozenset({"security", "runtime", "sqlite", "schema"})
 COMPOSITION_ROOT = "cli"
 
 
@@ -56,7 +59,7 @@ def imports(path: Path, root: Path) -> Iterator[tuple[int, str]]:
 
 
 def violations(root: Path = PACKAGE) -> list[str]:
-    leaves = {path.stem for path in root.glob("*.py") if path.stem != "__init__"}
+    leaves = LEAF_PACKAGES | {p.stem for p in root.glob("*.py") if p.stem != "__init__"}
     found = []
     for path in sorted(root.rglob("*.py")):
         here = part_of(module_name(path, root))
@@ -82,6 +85,12 @@ def violations(root: Path = PACKAGE) -> list[str]:
 
 def test_the_layer_rule_holds() -> None:
     assert violations() == []
+
+
+def test_no_module_lies_loose_at_the_root() -> None:
+    """A helper goes in the leaf package named for what it is for (LEAF_PACKAGES)."""
+    assert sorted(p.name for p in PACKAGE.glob("*.py")) == ["__init__.py"]
+    assert all((PACKAGE / name / "__init__.py").is_file() for name in LEAF_PACKAGES)
 
 
 def test_both_daemons_receive_and_both_senders_export_through_the_otlp_cores() -> None:

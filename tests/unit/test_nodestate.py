@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from ingero.clock import ManualClock
 from ingero.push.nodestate import NodeStateMachine
+from ingero.runtime.clock import ManualClock
 
 
 def machine(warmup: int = 3, idle_after: int = 2, warm: int = 0) -> NodeStateMachine:

@@ -11,11 +11,11 @@ from opentelemetry.semconv._incubating.attributes import cloud_attributes, hw_at
 from opentelemetry.semconv.attributes import service_attributes as semconv_service
 
 from ingero import __version__
-from ingero.events import Event
 from ingero.fleet.forwarder import Forwarder
 from ingero.otlp import health, resource
 from ingero.otlp.logs import decode_events
 from ingero.otlp.values import any_to_python, parse_json, parse_protobuf, to_json
+from ingero.schema.events import Event
 
 T = 1_700_000_000_000_000_000
 PUSH = health.NodePush(

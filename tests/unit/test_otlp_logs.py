@@ -8,7 +8,6 @@ import pytest
 from opentelemetry.proto.collector.logs.v1.logs_service_pb2 import ExportLogsServiceRequest
 from opentelemetry.proto.common.v1.common_pb2 import AnyValue, KeyValue
 
-from ingero.events import Event
 from ingero.otlp.logs import decode_events, encode_events
 from ingero.otlp.values import (
     add_attributes,
@@ -19,6 +18,7 @@ from ingero.otlp.values import (
     set_any,
     to_json,
 )
+from ingero.schema.events import Event
 
 EVENT = Event(
     type="straggler_state",

@@ -15,8 +15,6 @@ from opentelemetry.proto.collector.metrics.v1.metrics_service_pb2 import (
     ExportMetricsServiceRequest,
 )
 
-from ingero.clock import ManualClock
-from ingero.events import Event
 from ingero.otlp.health import decode_health
 from ingero.otlp.threshold import ThresholdView
 from ingero.push.agent import Agent, Identity
@@ -26,6 +24,8 @@ from ingero.push.config import ClassifierConfig, PushConfig
 from ingero.push.detection_store import DetectionStore
 from ingero.push.sampler import NodeSample
 from ingero.push.score import ScoreResult
+from ingero.runtime.clock import ManualClock
+from ingero.schema.events import Event
 from ingero.slurm.jobfile import JobInfo
 
 

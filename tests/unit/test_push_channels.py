@@ -9,9 +9,9 @@ from pathlib import Path
 
 from opentelemetry.proto.collector.logs.v1.logs_service_pb2 import ExportLogsServiceRequest
 
-from ingero.events import Event
 from ingero.push.channels.otlp import OtlpLogsChannel
 from ingero.push.channels.uds import UdsChannel
+from ingero.schema.events import Event
 
 
 def event(i: int = 0) -> Event:

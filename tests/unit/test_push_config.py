@@ -7,9 +7,9 @@ from pathlib import Path
 
 import pytest
 
-from ingero.config import load_config
-from ingero.errors import ConfigError
 from ingero.push.config import PushConfig, resolve_node_id
+from ingero.runtime.config import load_config
+from ingero.runtime.errors import ConfigError
 
 
 def write(tmp_path: Path, text: str) -> Path:

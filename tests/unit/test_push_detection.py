@@ -6,10 +6,10 @@ import math
 
 import pytest
 
-from ingero.clock import ManualClock
 from ingero.otlp.threshold import ThresholdView
 from ingero.push.config import DetectionConfig
 from ingero.push.detection import CachedThreshold, DetectionSelector, LocalBaseline
+from ingero.runtime.clock import ManualClock
 
 CFG = DetectionConfig(
     fleet_max_age=15, fleet_cached_max_age=300, local_cached_max_age=3600, local_warmup=3

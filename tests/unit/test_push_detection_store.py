@@ -7,9 +7,9 @@ from pathlib import Path
 
 import pytest
 
-from ingero.clock import ManualClock
 from ingero.push.detection import CachedThreshold, LocalBaseline
 from ingero.push.detection_store import MAX_BYTES, DetectionStore
+from ingero.runtime.clock import ManualClock
 
 
 def test_round_trip(tmp_path: Path) -> None:

@@ -7,9 +7,9 @@ import random
 
 import pytest
 
-from ingero.config import ConfigError, build
 from ingero.otlp.exporter import Backoff, ExportError, Failover, fails_over_grpc, fails_over_http
 from ingero.push.config import PushConfig
+from ingero.runtime.config import ConfigError, build
 
 
 @pytest.mark.parametrize(

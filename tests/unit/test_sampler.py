@@ -7,12 +7,12 @@ from pathlib import Path
 
 import pytest
 
-from ingero.clock import ManualClock
 from ingero.collectors.gpu import GpuStatus, interpret
 from ingero.collectors.procfs import ProcReader
 from ingero.nodedb.schema import connect
 from ingero.push.sampler import NodeSampler
 from ingero.push.score import ScoreConfig
+from ingero.runtime.clock import ManualClock
 from ingero.workload.generator import WorkloadGenerator, WorkloadProfile
 
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures" / "collectors"

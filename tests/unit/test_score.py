@@ -9,8 +9,6 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from ingero.config import build
-from ingero.errors import ConfigError
 from ingero.push.score import (
     ScoreConfig,
     ScoreInputs,
@@ -19,6 +17,8 @@ from ingero.push.score import (
     floor_factor,
     smoothstep,
 )
+from ingero.runtime.config import build
+from ingero.runtime.errors import ConfigError
 
 CFG = ScoreConfig()
 

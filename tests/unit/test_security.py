@@ -8,9 +8,12 @@ from pathlib import Path
 
 import pytest
 
-from ingero.access import RATE_LIMITED, SOURCE_RATE_LIMITED, Gate, Refusal, reload_material
-from ingero.audit import ACCEPTED, OVERFLOW, REFUSED, AuditCounter, AuditKey, is_loopback
-from ingero.bearer import (
+from ingero.otlp.receiver import peer_host, retry_after_value
+from ingero.runtime.clock import ManualClock
+from ingero.runtime.errors import ConfigError
+from ingero.security.access import RATE_LIMITED, SOURCE_RATE_LIMITED, Gate, Refusal, reload_material
+from ingero.security.audit import ACCEPTED, OVERFLOW, REFUSED, AuditCounter, AuditKey, is_loopback
+from ingero.security.bearer import (
     MAX_TOKEN_FILE_BYTES,
     MISSING,
     NOT_BEARER,
@@ -25,11 +28,8 @@ from ingero.bearer import (
     read_token_file,
     token_id,
 )
-from ingero.clock import ManualClock
-from ingero.errors import ConfigError
-from ingero.otlp.receiver import peer_host, retry_after_value
-from ingero.ratelimit import RateLimitConfig, RateLimiter
-from ingero.tls import ServerTls
+from ingero.security.ratelimit import RateLimitConfig, RateLimiter
+from ingero.security.tls import ServerTls
 from tests.integration.security import make_cert
 
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 
-from ingero.events import Event
+from ingero.schema.events import Event
 from ingero.sink.state import MAX_LINE_BYTES, SinkState
 
 

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from ingero.errors import ConfigError, UnavailableError
+from ingero.runtime.errors import ConfigError, UnavailableError
 from ingero.slurm.backend import (
     NodeInfo,
     ScontrolBackend,

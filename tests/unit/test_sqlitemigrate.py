@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 import sqlite_utils
 
-from ingero.sqlitemigrate import SchemaError, migrate
+from ingero.sqlite.sqlitemigrate import SchemaError, migrate
 
 
 def v1(db: sqlite_utils.Database) -> None:

@@ -1,4 +1,4 @@
-"""sd_notify and the watchdog period, shared by every daemon (ingero.systemd)."""
+"""sd_notify and the watchdog period, shared by every daemon (ingero.runtime.systemd)."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from ingero.systemd import notifier, watchdog_interval
+from ingero.runtime.systemd import notifier, watchdog_interval
 
 
 @pytest.mark.parametrize(

@@ -6,9 +6,14 @@ from pathlib import Path
 
 import pytest
 
-from ingero.bearer import Keyring, NamedToken, authorization, digest, read_token_file
-from ingero.errors import ConfigError
-from ingero.tls import check_pair, client_ssl_context, grpc_server_credentials, server_ssl_context
+from ingero.runtime.errors import ConfigError
+from ingero.security.bearer import Keyring, NamedToken, authorization, digest, read_token_file
+from ingero.security.tls import (
+    check_pair,
+    client_ssl_context,
+    grpc_server_credentials,
+    server_ssl_context,
+)
 
 
 def test_token_file_read_stripped_and_presented(tmp_path: Path) -> None:

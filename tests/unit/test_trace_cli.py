@@ -9,7 +9,7 @@ import pytest
 from click.testing import CliRunner
 
 from ingero.cli.trace import parse_size, step, trace
-from ingero.errors import UnavailableError, UsageError
+from ingero.runtime.errors import UnavailableError, UsageError
 from tests.unit.test_trace_tracer import make_tracer
 
 

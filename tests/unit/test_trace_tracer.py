@@ -6,7 +6,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from ingero.clock import ManualClock
+from ingero.runtime.clock import ManualClock
 from ingero.trace.aggregate import Snapshot, StatVal, slot_of
 from ingero.trace.decode import (
     EVENT_FORMAT,

@@ -8,7 +8,7 @@ from typing import Any, Final
 
 import yaml
 
-from ingero.errors import ConfigError
+from ingero.runtime.errors import ConfigError
 
 SIGNALS: Final = (
     "offcpu",

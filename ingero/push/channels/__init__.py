@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from typing import Protocol
 
-from ingero.events import Event
+from ingero.schema.events import Event
 
 
 class Channel(Protocol):

@@ -1,9 +1,9 @@
-"""fleet-push's journald channel: each event through the one journal writer (ingero.journald)."""
+"""fleet-push's journald channel: each event through the one journal writer (ingero.runtime.journald)."""
 
 from __future__ import annotations
 
-from ingero.events import Event
-from ingero.journald import EventJournal, encode_fields
+from ingero.runtime.journald import EventJournal, encode_fields
+from ingero.schema.events import Event
 
 __all__ = ["JournaldChannel", "encode_fields"]
 

@@ -6,9 +6,9 @@ from collections.abc import Callable, Mapping
 
 from opentelemetry.proto.collector.logs.v1.logs_service_pb2 import ExportLogsServiceRequest
 
-from ingero.events import Event
 from ingero.otlp.logs import encode_events
 from ingero.push.channels.queued import QueuedChannel
+from ingero.schema.events import Event
 
 Exporter = Callable[[ExportLogsServiceRequest], None]
 

@@ -7,8 +7,8 @@ import logging
 import queue
 import threading
 
-from ingero.events import Event
 from ingero.otlp.exporter import Backoff, ExportError
+from ingero.schema.events import Event
 
 log = logging.getLogger(__name__)
 

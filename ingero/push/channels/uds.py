@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import socket
 
-from ingero.events import Event
 from ingero.push.channels.queued import QueuedChannel
+from ingero.schema.events import Event
 
 
 class UdsChannel(QueuedChannel):

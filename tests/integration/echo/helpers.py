@@ -17,7 +17,7 @@ from typing import Any
 
 from google.rpc.status_pb2 import Status
 
-from ingero.events import Event
+from ingero.schema.events import Event
 
 TOKEN_OPS = "ops-token-0123456789abcdef"
 TOKEN_A = "tenant-a-token-0123456789abcdef"

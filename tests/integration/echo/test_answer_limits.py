@@ -23,8 +23,8 @@ from mcp.client import Client
 from mcp.client.streamable_http import streamable_http_client
 
 from ingero.echo.api import MAX_SQL_BODY
-from ingero.events import Event
 from ingero.otlp.logs import encode_events
+from ingero.schema.events import Event
 
 from .helpers import TOKEN_A, TOKEN_OPS, EchoProcess, http, straggler
 

@@ -16,8 +16,8 @@ from mcp.client import Client
 from mcp.client.streamable_http import streamable_http_client
 from openapi_spec_validator import validate
 
-from ingero.events import Event
 from ingero.otlp.logs import encode_events
+from ingero.schema.events import Event
 
 from .helpers import TOKEN_A, TOKEN_B, TOKEN_OPS, EchoProcess, http, straggler
 

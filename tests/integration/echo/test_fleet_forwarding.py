@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from ingero.events import Event
+from ingero.schema.events import Event
 from tests.integration.fleet.helpers import Fleet, start_fleet, wait_for
 
 from .helpers import TOKEN_OPS, EchoProcess

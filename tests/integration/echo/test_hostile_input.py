@@ -27,10 +27,10 @@ from opentelemetry.proto.collector.logs.v1 import logs_service_pb2_grpc
 from opentelemetry.proto.collector.logs.v1.logs_service_pb2 import ExportLogsServiceRequest
 
 from ingero.echo.rows import EXTRA, INSERT_EVENT, event_row
-from ingero.events import Event
 from ingero.otlp.health import NodePush, encode_health
 from ingero.otlp.limits import MAX_EVENT_BYTES, MAX_ID_CHARS, MAX_JSON_DEPTH
 from ingero.otlp.logs import encode_events
+from ingero.schema.events import Event
 from tests.integration.procfs import rss_bytes
 
 from .helpers import TOKEN_OPS, EchoProcess, http, straggler

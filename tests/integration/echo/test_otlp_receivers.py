@@ -27,8 +27,8 @@ from opentelemetry.sdk._logs import LoggerProvider
 from opentelemetry.sdk._logs.export import LogRecordExportResult, SimpleLogRecordProcessor
 from opentelemetry.sdk.resources import Resource
 
-from ingero.events import Event
 from ingero.otlp.limits import MAX_JSON_DEPTH
+from ingero.schema.events import Event
 from tests.integration.fleet.helpers import Fleet, start_fleet, wait_for
 from tests.integration.fleet.test_push_paths import recorded, sdk_push
 

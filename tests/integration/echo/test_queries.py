@@ -7,13 +7,13 @@ from pathlib import Path
 
 import pytest
 
-from ingero.clock import ManualClock
 from ingero.echo.auth import AccessDenied, Principal
 from ingero.echo.questions import BadRequest
 from ingero.echo.rates import GpuRates
 from ingero.echo.rows import ScorePoint
 from ingero.echo.service import Service
 from ingero.echo.store import Store
+from ingero.runtime.clock import ManualClock
 
 from .helpers import straggler
 

@@ -14,11 +14,11 @@ from pathlib import Path
 
 import pytest
 
-from ingero.audit import AUDIT_MESSAGE_ID
-from ingero.bearer import TokenFile
 from ingero.otlp.exporter import ExportError, HttpExporter
 from ingero.otlp.logs import encode_events
-from ingero.tls import client_ssl_context
+from ingero.security.audit import AUDIT_MESSAGE_ID
+from ingero.security.bearer import TokenFile
+from ingero.security.tls import client_ssl_context
 from tests.integration.fleet.helpers import wait_for
 from tests.integration.journald_harness import run_with_journald, unavailable
 from tests.integration.security import BackToBack, RotationCerts, refuses_token, replace

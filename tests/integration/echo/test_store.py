@@ -12,16 +12,16 @@ from pathlib import Path
 import pytest
 import sqlite_utils
 
-from ingero.clock import ManualClock
 from ingero.echo import store as store_module
 from ingero.echo.rows import INSERT_EVENT, EventRow, ScorePoint, event_row
 from ingero.echo.schema import MIGRATIONS
 from ingero.echo.store import Store, StoreLockedError
-from ingero.errors import UnavailableError
-from ingero.events import Event
 from ingero.push.classifier import Classifier, Observation
 from ingero.push.config import ClassifierConfig
-from ingero.sqlitemigrate import migrate
+from ingero.runtime.clock import ManualClock
+from ingero.runtime.errors import UnavailableError
+from ingero.schema.events import Event
+from ingero.sqlite.sqlitemigrate import migrate
 
 from .helpers import straggler
 

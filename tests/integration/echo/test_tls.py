@@ -65,7 +65,7 @@ def test_every_listener_speaks_tls(tmp_path: Path, monkeypatch: pytest.MonkeyPat
         # the forwarder over grpcs, in a process whose gRPC roots are the certificate
         code = (
             "import sys\nfrom ingero.fleet.forwarder import Forwarder\n"
-            "from ingero.events import Event\n"
+            "from ingero.schema.events import Event\n"
             f"f = Forwarder({'grpcs://' + echo.otlp_grpc!r}, token={TOKEN_OPS!r})\n"
             "f.submit([Event('straggler_state', 'tls-grpcs', 'A', 300.0)])\n"
             "ok = f.flush(60)\nf.close(1)\nsys.exit(0 if ok and f.stats.sent == 1 else 1)\n"

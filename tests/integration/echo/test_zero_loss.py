@@ -13,8 +13,8 @@ from pathlib import Path
 
 import pytest
 
-from ingero.events import Event
 from ingero.fleet.forwarder import Forwarder
+from ingero.schema.events import Event
 
 from .helpers import TOKEN_OPS, EchoProcess, straggler
 

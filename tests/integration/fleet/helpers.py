@@ -22,9 +22,9 @@ from opentelemetry.proto.collector.metrics.v1.metrics_service_pb2 import (
 )
 from prometheus_client.parser import text_string_to_metric_families
 
-from ingero.events import Event
 from ingero.otlp.health import NodePush, encode_health
 from ingero.otlp.logs import encode_events
+from ingero.schema.events import Event
 
 T = TypeVar("T")
 ROOT = Path(__file__).resolve().parents[3]

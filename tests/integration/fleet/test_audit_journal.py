@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from ingero.audit import AUDIT_MESSAGE_ID, OPEN_LISTENER_MESSAGE_ID
+from ingero.security.audit import AUDIT_MESSAGE_ID, OPEN_LISTENER_MESSAGE_ID
 from tests.integration.journald_harness import run_with_journald, unavailable
 
 ROOT = Path(__file__).resolve().parents[3]

@@ -19,10 +19,10 @@ from opentelemetry.proto.collector.metrics.v1.metrics_service_pb2 import (
     ExportMetricsServiceResponse,
 )
 
-from ingero.events import Event
 from ingero.fleet.httpserver import MAX_HEAD_BYTES, MAX_HEADERS
 from ingero.otlp.health import NodePush
 from ingero.otlp.limits import MAX_EVENT_BYTES, MAX_ID_CHARS, MAX_JSON_DEPTH
+from ingero.schema.events import Event
 from tests.integration.fleet.helpers import Fleet, health_request, start_fleet, wait_for
 from tests.integration.procfs import rss_bytes
 

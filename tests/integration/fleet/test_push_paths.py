@@ -28,9 +28,9 @@ from opentelemetry.sdk.metrics.export import (
 )
 from opentelemetry.sdk.resources import Resource
 
-from ingero.events import Event
 from ingero.otlp.health import NodePush
 from ingero.otlp.logs import encode_events
+from ingero.schema.events import Event
 from tests.integration.fleet.helpers import (
     Fleet,
     expected_threshold,

@@ -23,11 +23,11 @@ from typing import Any
 
 import pytest
 
-from ingero.events import Event
 from ingero.otlp.health import NodePush
 from ingero.otlp.logs import encode_events
 from ingero.push.client import GrpcPushClient, HttpPushClient, PushClient, PushResult
 from ingero.push.config import PushConfig
+from ingero.schema.events import Event
 from tests.integration.echo.helpers import TOKEN_OPS, EchoProcess
 from tests.integration.fleet import haproxy as hap
 from tests.integration.fleet.helpers import Fleet, health_request, start_fleet, wait_for

@@ -11,12 +11,12 @@ from collections.abc import Iterator, Sequence
 
 import pytest
 
-from ingero.config import Duration
-from ingero.events import Event
 from ingero.fleet.config import FleetConfig, ListenConfig, ThresholdConfig
 from ingero.fleet.daemon import FleetDaemon
 from ingero.fleet.model import TickResult
 from ingero.otlp.health import NodePush
+from ingero.runtime.config import Duration
+from ingero.schema.events import Event
 from tests.integration.fleet.helpers import Fleet, expected_threshold, wait_for
 
 pytestmark = pytest.mark.integration

@@ -17,12 +17,12 @@ from opentelemetry.proto.collector.metrics.v1.metrics_service_pb2 import (
     ExportMetricsServiceResponse,
 )
 
-from ingero.clock import ManualClock
 from ingero.otlp.health import NodePush
 from ingero.push.agent import Agent
 from ingero.push.agent import Identity as AgentIdentity
 from ingero.push.client import make_client
 from ingero.push.config import PushConfig
+from ingero.runtime.clock import ManualClock
 from tests.integration.fleet.helpers import Fleet, health_request, start_fleet, wait_for
 from tests.integration.security import BackToBack, RotationCerts, replace
 from tests.unit.test_push_agent import Sampler

@@ -20,11 +20,11 @@ from opentelemetry.proto.collector.metrics.v1.metrics_service_pb2 import (
     ExportMetricsServiceResponse,
 )
 
-from ingero.events import Event
 from ingero.otlp.health import NodePush
 from ingero.otlp.logs import encode_events
 from ingero.push.client import make_client
 from ingero.push.config import PushConfig
+from ingero.schema.events import Event
 from tests.integration.fleet.helpers import (
     Fleet,
     expected_threshold,

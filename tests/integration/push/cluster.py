@@ -20,7 +20,7 @@ from typing import Any, TypeVar
 import yaml
 from prometheus_client.parser import text_string_to_metric_families
 
-from ingero.events import Event
+from ingero.schema.events import Event
 from tests.integration.echo.helpers import EchoProcess
 
 T = TypeVar("T")

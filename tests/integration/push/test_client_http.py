@@ -20,11 +20,11 @@ from opentelemetry.proto.collector.metrics.v1.metrics_service_pb2 import (
     ExportMetricsServiceRequest,
 )
 
-from ingero.config import Duration
 from ingero.otlp.health import NodePush, encode_health
 from ingero.otlp.threshold import ThresholdView
 from ingero.push.client import HttpPushClient
 from ingero.push.config import PushConfig
+from ingero.runtime.config import Duration
 
 pytestmark = pytest.mark.integration
 

@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pytest
 
-from ingero.events import Event
+from ingero.schema.events import Event
 from tests.integration.push.cluster import Cluster, Procs, wait_for
 
 pytestmark = pytest.mark.integration

@@ -3,7 +3,7 @@
 Its default action ends a process, and systemd counts SIGHUP as a clean exit, so
 ``Restart=on-failure`` would not bring the unit back: a stray ``pkill -HUP ingero`` would
 have stopped a node's pusher for good. ``ingero trace`` installs the same handler
-(``ingero.hangup.ignore_hangups``, first thing in each command)."""
+(``ingero.runtime.hangup.ignore_hangups``, first thing in each command)."""
 
 from __future__ import annotations
 

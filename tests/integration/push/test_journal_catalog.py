@@ -12,8 +12,8 @@ from pathlib import Path
 
 import pytest
 
-from ingero.audit import AUDIT_MESSAGE_ID, OPEN_LISTENER_MESSAGE_ID
-from ingero.events import MESSAGE_IDS
+from ingero.schema.events import MESSAGE_IDS
+from ingero.security.audit import AUDIT_MESSAGE_ID, OPEN_LISTENER_MESSAGE_ID
 from ingero.slurm.hooks import HOOK_PROBLEM_MESSAGE_ID
 from tests.integration.journald_harness import run_with_journald, unavailable
 
@@ -61,8 +61,8 @@ def test_every_message_id_has_one_entry_and_journalctl_compiles_it(tmp_path: Pat
 
 WRITER = r"""
 import json
-from ingero.events import Event
-from ingero.journald import JournalWriter
+from ingero.schema.events import Event
+from ingero.runtime.journald import JournalWriter
 w = JournalWriter()
 ev = Event(type="node_drained", node_id="gpu-07", cluster_id="c1", timestamp=1.0, job_id="4711",
            score=0.3, threshold=0.7, extra={"reason": "ingero: straggler"})

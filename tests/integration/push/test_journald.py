@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from ingero.events import MESSAGE_IDS
+from ingero.schema.events import MESSAGE_IDS
 from tests.integration.journald_harness import run_with_journald, unavailable
 
 ROOT = Path(__file__).resolve().parents[3]
@@ -17,7 +17,7 @@ pytestmark = pytest.mark.integration
 
 WRITER = r"""
 import json, sys
-from ingero.events import Event
+from ingero.schema.events import Event
 from ingero.push.channels.journald import JournaldChannel
 ch = JournaldChannel()
 sent = []

@@ -24,7 +24,7 @@ from typing import Any
 
 import pytest
 
-from ingero.events import Event
+from ingero.schema.events import Event
 from tests.integration.echo.helpers import EchoProcess, http
 from tests.integration.push.cluster import Cluster, Procs, wait_for, with_echo
 

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from ingero.events import Event
+from ingero.schema.events import Event
 from tests.integration.push.cluster import Procs, free_port, ingero, wait_for
 
 pytestmark = pytest.mark.integration

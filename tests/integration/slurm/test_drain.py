@@ -16,9 +16,9 @@ from pathlib import Path
 
 import pytest
 
-from ingero.events import Event
 from ingero.fleet.model import NodeVerdict, PeerLagCause, TickResult
 from ingero.otlp.health import NodePush
+from ingero.schema.events import Event
 from ingero.slurm.backend import NodeInfo, ScontrolBackend
 from ingero.slurm.drain import DrainController
 from ingero.slurm.drain_policy import DrainConfig

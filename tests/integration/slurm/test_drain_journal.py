@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from ingero.events import MESSAGE_IDS
+from ingero.schema.events import MESSAGE_IDS
 from tests.integration.journald_harness import run_with_journald, unavailable
 from tests.integration.slurm.cluster import SlurmCluster
 

@@ -223,7 +223,7 @@ JOURNAL_SCRIPT = """set -e
 "$HOOKS/prolog"
 "$PY" -c '
 import time
-from ingero.events import Event
+from ingero.schema.events import Event
 from ingero.slurm.hooks import journal_send
 t = time.time()
 for kind, delay, score in (("straggler_state", 0.01, 0.35), ("straggler_resolved", 0.5, 0.9)):

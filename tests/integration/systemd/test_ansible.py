@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from ingero.events import MESSAGE_IDS
+from ingero.schema.events import MESSAGE_IDS
 from tests.integration.systemd.conftest import ROOT, Artefacts
 from tests.integration.systemd.slurmbox import prolog_flags, run_job, start_slurm, write_site_conf
 from tests.integration.systemd.sysdns import SystemdContainer

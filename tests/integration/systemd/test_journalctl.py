@@ -7,9 +7,9 @@ from pathlib import Path
 
 import pytest
 
-from ingero.errors import UnavailableError, UsageError
 from ingero.journal.episodes import EVENT_TYPES
 from ingero.journal.journalctl import Journalctl, Query
+from ingero.runtime.errors import UnavailableError, UsageError
 
 pytestmark = [
     pytest.mark.integration,

@@ -8,8 +8,8 @@ from collections.abc import Callable
 
 import pytest
 
-from ingero.events import MESSAGE_IDS
 from ingero.journal.records import parse_line
+from ingero.schema.events import MESSAGE_IDS
 from tests.integration.systemd.conftest import Artefacts
 from tests.integration.systemd.slurmbox import prolog_flags, run_job, start_slurm, write_site_conf
 from tests.integration.systemd.sysdns import SystemdContainer, wait_for
@@ -130,7 +130,7 @@ def test_ingero_events_reads_episodes_a_service_wrote(boot: Boot, artefacts: Art
     box = install(boot, artefacts, "iev")
     # a transient service writes through fleet-push's own journald channel
     writer = (
-        "from ingero.events import Event;"
+        "from ingero.schema.events import Event;"
         "from ingero.push.channels.journald import JournaldChannel;"
         "import time; c = JournaldChannel(); t = time.time();"
         "c.send(Event(type='straggler_state', node_id='n7', cluster_id='c', job_id='99',"
@@ -170,7 +170,7 @@ def test_hardened_echo_decodes_in_its_worker_and_stores(boot: Boot, artefacts: A
     assert workers.stdout.split(), box.journal("-u", "ingero-echo", "-o", "cat")
     sender = (
         "import json, urllib.request;"
-        "from ingero.events import Event; from ingero.otlp.logs import encode_events;"
+        "from ingero.schema.events import Event; from ingero.otlp.logs import encode_events;"
         "body = encode_events([Event('straggler_state', f'n{i}', 'c', 1000.0 + i,"
         " score=0.4, threshold=0.8) for i in range(50)]).SerializeToString();"
         "r = urllib.request.urlopen(urllib.request.Request('http://127.0.0.1:4328/v1/logs',"

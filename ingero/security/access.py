@@ -1,9 +1,9 @@
 """The door of every Fleet and Echo listener: bearer token, rate limits, audit, in one place.
 
 :meth:`Gate.admit` checks a request's ``Authorization`` against the daemon's
-:class:`~ingero.bearer.Keyring`, spends from the token's (or, for a refused request, the
-source address's) bucket (``ingero.ratelimit``) and records the
-outcome in the audit log (:mod:`ingero.audit`). It answers the caller's identity or a
+:class:`~ingero.security.bearer.Keyring`, spends from the token's (or, for a refused request, the
+source address's) bucket (``ingero.security.ratelimit``) and records the
+outcome in the audit log (:mod:`ingero.security.audit`). It answers the caller's identity or a
 :class:`Refusal` (HTTP status, reason, message, Retry-After) that each listener words in
 its own protocol (OTLP ``google.rpc.Status``, Fleet's and Echo's JSON, gRPC status).
 """
@@ -15,12 +15,12 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Generic, TypeVar
 
-from ingero.audit import ACCEPTED, REFUSED, AuditKey, AuditLog
-from ingero.bearer import Identity, Keyring, NamedToken
-from ingero.clock import Clock
-from ingero.errors import ConfigError
-from ingero.ratelimit import RateLimitConfig, RateLimiter
-from ingero.tls import ServerTls
+from ingero.runtime.clock import Clock
+from ingero.runtime.errors import ConfigError
+from ingero.security.audit import ACCEPTED, REFUSED, AuditKey, AuditLog
+from ingero.security.bearer import Identity, Keyring, NamedToken
+from ingero.security.ratelimit import RateLimitConfig, RateLimiter
+from ingero.security.tls import ServerTls
 
 log = logging.getLogger(__name__)
 

@@ -14,7 +14,7 @@ import threading
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from ingero.errors import ConfigError
+from ingero.runtime.errors import ConfigError
 
 if TYPE_CHECKING:  # grpc is imported where used: an HTTP-only fleet-push never loads it
     import grpc

@@ -21,7 +21,7 @@ from typing import Any, TypeVar
 
 import yaml
 
-from ingero.errors import ConfigError
+from ingero.runtime.errors import ConfigError
 
 T = TypeVar("T")
 

@@ -23,8 +23,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Generic, TypeVar
 
-from ingero.clock import Clock, SystemClock
-from ingero.errors import ConfigError
+from ingero.runtime.clock import Clock, SystemClock
+from ingero.runtime.errors import ConfigError
 
 log = logging.getLogger(__name__)
 

@@ -1,9 +1,9 @@
 """The audit log of Fleet's and Echo's listeners: who was let in, who was refused and why.
 
 Every request a listener checks is recorded: accepted ones by token name and token id (a
-SHA-256 prefix, ``ingero.bearer.token_id``; never the token), refused ones by reason,
+SHA-256 prefix, ``ingero.security.bearer.token_id``; never the token), refused ones by reason,
 source address and the id of what was presented. Entries go to journald through the one
-journal writer (``ingero.journald``) with their own MESSAGE_ID, so
+journal writer (``ingero.runtime.journald``) with their own MESSAGE_ID, so
 ``journalctl MESSAGE_ID=<AUDIT_MESSAGE_ID> -o json`` reads them.
 
 Cost under a flood is bounded: a request costs one counter increment; once per window
@@ -21,8 +21,8 @@ import threading
 from collections.abc import Callable
 from typing import NamedTuple
 
-from ingero.clock import Clock, SystemClock
-from ingero.journald import JournalWriter, stderr_is_journal
+from ingero.runtime.clock import Clock, SystemClock
+from ingero.runtime.journald import JournalWriter, stderr_is_journal
 
 log = logging.getLogger(__name__)
 

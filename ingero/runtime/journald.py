@@ -25,8 +25,8 @@ import struct
 import threading
 from collections.abc import Mapping
 
-from ingero.events import Event
-from ingero.systemd import JOURNAL_SOCKET
+from ingero.runtime.systemd import JOURNAL_SOCKET
+from ingero.schema.events import Event
 
 log = logging.getLogger(__name__)
 

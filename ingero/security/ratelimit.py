@@ -14,8 +14,8 @@ import threading
 from collections import OrderedDict
 from dataclasses import dataclass, field
 
-from ingero.clock import Clock, SystemClock
-from ingero.config import check, positive
+from ingero.runtime.clock import Clock, SystemClock
+from ingero.runtime.config import check, positive
 
 _NON_NEGATIVE = check(lambda v: v >= 0, "must be 0 (off) or more")
 

@@ -1,0 +1,1 @@
+"""SQLite helpers shared by the node DB and Echo's store: the read-only SQL guard and schema migrations."""
