@@ -379,6 +379,21 @@ def aggregate_window(
     )
 
 
+def nothing_new(
+    now: float, window_s: float, after: float | None, latest_end: float | None
+) -> WindowAggregates:
+    """The window of a read that found no tracer interval ending after ``after`` (pure)."""
+    end = after if after is not None else now
+    return WindowAggregates(
+        start=end - window_s,
+        end=end,
+        covered_s=0.0,
+        kernel_launches=0,
+        steps=0,
+        latest_end=latest_end,
+    )
+
+
 def window_start(latest_end: float, window_s: float, after: float | None) -> float:
     """Where fleet-push's window ending at the newest tracer interval starts (pure): one
     window back, or earlier down to where the previous window ended when the tracer wrote
@@ -423,15 +438,7 @@ def read_latest(
         except sqlite3.Error as exc:
             raise NodeDbUnavailable(f"{path}: {exc}") from None
         if latest is None or (after is not None and float(latest) <= after):
-            end = after if after is not None else now
-            return WindowAggregates(
-                start=end - window_s,
-                end=end,
-                covered_s=0.0,
-                kernel_launches=0,
-                steps=0,
-                latest_end=None if latest is None else float(latest),
-            )
+            return nothing_new(now, window_s, after, None if latest is None else float(latest))
         latest = float(latest)
         start = window_start(latest, window_s, after)
         return _read(db, path, start, latest, window_s, after=after, host=True)

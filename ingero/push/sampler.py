@@ -141,7 +141,9 @@ class NodeSampler:
         self.tracer_interval = 0.0
         self.started = clock.now()
         self.last: NodeSample | None = None
-        self.holding: str | None = None  # why samples are held now (logged once)
+        # Why samples were held so far: each reason is logged once (at a 1 s push interval
+        # a tracer a few ms late holds a sample a minute, which is no news after the first).
+        self.held_for: set[str] = set()
 
     def sample(
         self, peer_rates: Mapping[str, float] | None = None, job_file: bool = False
@@ -231,7 +233,6 @@ class NodeSampler:
                 "quiet: no kernel launches, not yet long enough for a stall",
                 running,
             )
-        self._holding(None)
         if stalled != was_stalled:
             log.warning(
                 "%s",
@@ -305,13 +306,11 @@ class NodeSampler:
         silent = now - (last if last is not None else self.started)
         bound = max(float(self.config.stale_after), 3 * self.tracer_interval)
         if running is not False and silent > bound:
-            self._holding(None)
             reason = f"the tracer wrote nothing for {silent:.0f} s"
             transition = self.state.observe(readable=False, reason=reason)
             return NodeSample(now, self.state.state, None, window, transition, stale_reason=reason)
         transition = self.state.observe(readable=True, job_running=running, intervals=0)
         if transition is not None:  # the job has ended: idle, nothing held
-            self._holding(None)
             sample = NodeSample(
                 now, self.state.state, self.last.result if self.last else None, window,
                 transition, job_running=running,
@@ -335,7 +334,9 @@ class NodeSampler:
         running: bool | None,
     ) -> NodeSample:
         """The last measurement again, in the state the node keeps."""
-        self._holding(why)
+        if why not in self.held_for:
+            self.held_for.add(why)
+            log.info("%s; keeping state %s (logged once)", why, self.state.state)
         last = self.last
         return NodeSample(
             now,
@@ -348,16 +349,6 @@ class NodeSampler:
             peer_rate=last.peer_rate if last is not None else None,
             held=True,
         )
-
-    def _holding(self, why: str | None) -> None:
-        """Logs when samples start and stop being held, once each."""
-        if why == self.holding:
-            return
-        if why is not None:
-            log.info("%s; keeping state %s", why, self.state.state)
-        elif self.holding is not None:
-            log.info("measuring again")
-        self.holding = why
 
     def _job_running(self, window: WindowAggregates, job_file: bool) -> bool | None:
         """Does this node's job still run, in a window without launches? Its processes say
