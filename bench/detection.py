@@ -2,16 +2,20 @@
 
 Each simulated node is one training process of one Slurm job, shaped like what ``ingero
 trace`` recorded on an H100 (``ingero.workload.generator``, ``--shape gpu-bound`` or
-``cpu-bound``): 1 s tracer intervals of cuLaunchKernel, rare syncs, off-CPU rows and NVML GPU
-rows, with multiplicative noise on every rate. Every push interval the node's window is
-interpreted by the same code as fleet-push (``ingero.collectors.nodedb.aggregate_window``)
-and scored by fleet-push's own sampler (``NodeSampler.evaluate``: node state, stall,
+``cpu-bound``): tracer intervals (1 s, ``--tracer-interval``) of cuLaunchKernel, rare syncs,
+off-CPU rows, host rows and NVML GPU rows, with multiplicative noise on every rate, each
+interval's rows written a random 0..``--late`` s after it ends. Each node's tracer and agent
+start at their own moment, and the agent pushes every ``--push-interval`` x (1 ±
+``--push-jitter``). At each push the node's window is placed and interpreted by the same
+code as fleet-push (``ingero.collectors.nodedb``: ``window_start``, ``nothing_new``,
+``aggregate_window``) over the rows written by then, and scored by fleet-push's own sampler (``NodeSampler.evaluate``: node state, stall,
 baselines, GPU health, score); the pushes go to Fleet's threshold engine (``FleetState``),
 and each node classifies itself with its detection selector and hysteresis classifier
 against the threshold of Fleet's previous tick, as a push response gives it. The push reply
 also carries the group's peer medians of the raw rates, which the node's next sample
 measures its throughput against (``--no-peers``: node-local baselines only, as before), and
-Fleet's open episode id, which the node adopts; the node pushes its own. One ManualClock
+Fleet's open episode id, which the node adopts; the node pushes its own. A push that found
+no new tracer interval holds and is not classified, as in the agent. One ManualClock
 drives all; every process is alive unless its job ended.
 
 Prints, per shape: the healthy score distribution; the score drop of a node slowed by 10%,
@@ -20,11 +24,13 @@ healthy nodes' median in the same intervals); detection latency at 10% and 20% (
 intervals from the slowdown to the node's first straggler_state, over seeded runs: median,
 p95, misses) and whether Fleet flagged the same node under the same event_id; a node 25%
 slower from its first interval; a rank that stalls (and how its episode ends when its job
-then ends); and false straggler events (node's and Fleet's) and GPU events of the nodes in
-a steady simulated hour.
+then ends); and false straggler events (node's and Fleet's) per node-hour, GPU events,
+pushes that said stalled and the share of held samples of the nodes in a steady simulated
+hour.
 
     .venv/bin/python bench/detection.py [--shape gpu-bound|cpu-bound|both] [--nodes 64]
         [--runs 20] [--hours 1] [--noise 0.03] [--enter-intervals 2] [--no-peers]
+        [--push-interval 5] [--tracer-interval 1] [--push-jitter 0.1] [--late 0]
 """
 
 from __future__ import annotations
