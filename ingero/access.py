@@ -40,6 +40,12 @@ class Refusal:
     retry_after: float | None = None
 
 
+def _over_source_rate(wait: float) -> Refusal:
+    return Refusal(
+        429, SOURCE_RATE_LIMITED, "too many refused requests from this address; retry later", wait
+    )
+
+
 class Gate(Generic[T]):
     """One per daemon, shared by its listeners (the rate limits count across them)."""
 
@@ -78,12 +84,7 @@ class Gate(Generic[T]):
             refusal = (
                 Refusal(401, check.reason or "unauthorized", unauthorized)
                 if not wait
-                else Refusal(
-                    429,
-                    SOURCE_RATE_LIMITED,
-                    "too many refused requests from this address; retry later",
-                    wait,
-                )
+                else _over_source_rate(wait)
             )
             self._record(
                 AuditKey(listener, REFUSED, "", check.token_id or "", refusal.reason, source)
@@ -107,6 +108,17 @@ class Gate(Generic[T]):
             self._record(
                 AuditKey(listener, REFUSED, identity.name, identity.token_id, reason, source)
             )
+
+    def deny_limited(
+        self, listener: str, identity: Identity[T] | None, source: str, reason: str
+    ) -> Refusal | None:
+        """:meth:`deny`, spending from ``source``'s bucket of refusals as a 401 does: None
+        (the listener answers its own refusal), or the 429 to answer instead once that
+        address is over its rate (audited as such), so probing with a valid token is held
+        back like probing with wrong ones."""
+        wait = self._sources.take(source)
+        self.deny(listener, identity, source, SOURCE_RATE_LIMITED if wait else reason)
+        return _over_source_rate(wait) if wait else None
 
     def _record(self, key: AuditKey) -> None:
         if self.audit is not None:

@@ -1,7 +1,11 @@
 """Fleet's API listener: ``/api/v1/threshold``, ``/metrics``, ``/healthz`` and ``/readyz``.
 
 The bearer token, when configured, guards ``/api`` and ``/metrics``; the health probes stay
-open so a supervisor can probe without a secret.
+open so a supervisor can probe without a secret, and say nothing about any cluster. A token
+scoped to clusters reads only those (:mod:`ingero.fleet.read_scope`).
+
+No answer repeats an id or a path the caller sent: an error says what was wrong, so an
+answer to one tenant never holds another tenant's ids, whoever typed them.
 """
 
 from __future__ import annotations
@@ -12,10 +16,11 @@ from urllib.parse import parse_qs
 
 from prometheus_client import CONTENT_TYPE_LATEST
 
-from ingero.access import Gate
+from ingero.access import Gate, Refusal
 from ingero.bearer import Identity
 from ingero.fleet.httpserver import HttpRequest, HttpResponse
 from ingero.fleet.metrics import FleetMetrics
+from ingero.fleet.read_scope import CLUSTER_READ_NOT_ALLOWED, may_read, read_refusal, scope_of
 from ingero.fleet.scope import Scope
 from ingero.fleet.state import FleetState
 from ingero.otlp.receiver import retry_after_value
@@ -53,22 +58,28 @@ class ApiHandler:
             "api", request.headers.get("authorization"), request.peer, message
         )
         if isinstance(admitted, Identity):
+            request.identity = admitted  # the handler reads within its token's scope
             return None
         if admitted.status == 401:
             self._metrics.count_rejected({"unauthorized": 1})
             response = json_response(401, {"error": message})
             response.headers.append(("WWW-Authenticate", 'Bearer realm="ingero-fleet"'))
             return response
-        self._metrics.count_rejected({admitted.reason: 1})
-        response = json_response(429, {"error": admitted.message})
-        response.headers.append(("Retry-After", retry_after_value(admitted.retry_after or 1.0)))
+        return self._too_many(admitted)
+
+    def _too_many(self, refusal: Refusal) -> HttpResponse:
+        self._metrics.count_rejected({refusal.reason: 1})
+        response = json_response(429, {"error": refusal.message})
+        response.headers.append(("Retry-After", retry_after_value(refusal.retry_after or 1.0)))
         return response
 
     def __call__(self, request: HttpRequest) -> HttpResponse:
         if request.path == API_PATH:
-            return self._threshold(request.query)
+            return self._threshold(request)
         if request.path == "/metrics":
-            return HttpResponse(200, self._metrics.render(), CONTENT_TYPE_LATEST)
+            scope = scope_of(request.identity)
+            body = self._metrics.render() if scope is None else self._metrics.render_clusters(scope)
+            return HttpResponse(200, body, CONTENT_TYPE_LATEST)
         if request.path == "/healthz":
             return HttpResponse(200, b"ok\n")
         if request.path == "/readyz":
@@ -77,30 +88,50 @@ class ApiHandler:
                 if self._ready()
                 else HttpResponse(503, b"not ready\n")
             )
-        return json_response(404, {"error": f"no such path {request.path}"})
+        return json_response(404, {"error": "no such path"})
 
-    def _threshold(self, query: str) -> HttpResponse:
+    def _threshold(self, request: HttpRequest) -> HttpResponse:
+        query = request.query
         try:
             params = parse_qs(query, strict_parsing=bool(query), max_num_fields=16)
-        except ValueError as exc:
-            return json_response(400, {"error": f"bad query string: {exc}"})
-        first = {key: values[-1] for key, values in params.items() if values}
+        except ValueError:
+            return json_response(
+                400, {"error": "bad query string: name=value fields, at most 16, '&' between"}
+            )
+        for name in _PARAMETERS:
+            if len(params.get(name, ())) > 1:
+                # Which one counts would be this parser's choice, not every proxy's in front.
+                return json_response(400, {"error": f"{name} is given more than once"})
+        first = {key: values[0] for key, values in params.items() if values}
         cluster_id = first.get("cluster_id")
         if not cluster_id:
             return json_response(400, {"error": "cluster_id is required"})
+        if not may_read(scope_of(request.identity), cluster_id):
+            # Before any lookup: the same answer whether that cluster exists or not.
+            return self._refuse_read(request)
         job_id = first.get("job_id") or None
         workload = first.get("workload_type") or None
         # node_id: also that node's rate ratios and Fleet's open episode of it.
         node_id = first.get("node_id") or None
         view = self._state.threshold_view(cluster_id, job_id, workload, node_id)
-        if view is None:
-            return json_response(
-                404,
-                {
-                    "error": "no such peer group",
-                    "cluster_id": cluster_id,
-                    "job_id": job_id,
-                    "workload_type": workload,
-                },
-            )
+        # A group key joins ids with '/', so an id holding '/' can spell another cluster's
+        # key ("a" + job "x/job/y" is cluster "a/job/x"'s job "y"): that group is not this
+        # cluster's, and is answered as one that does not exist.
+        if view is None or view.cluster_id != cluster_id:
+            return json_response(404, {"error": "no such peer group"})
         return json_response(200, encode_json(view))
+
+    def _refuse_read(self, request: HttpRequest) -> HttpResponse:
+        """403 for a cluster outside the token's scope: counted and audited like a push
+        refused for one, and 429 once the source is over its rate of refusals."""
+        limited = self._gate.deny_limited(
+            "api", request.identity, request.peer, CLUSTER_READ_NOT_ALLOWED
+        )
+        if limited is not None:
+            return self._too_many(limited)
+        self._metrics.count_rejected({CLUSTER_READ_NOT_ALLOWED: 1})
+        return json_response(403, {"error": read_refusal(request.identity)})
+
+
+# The threshold API's parameters; unknown ones are ignored (an older Fleet, a newer node).
+_PARAMETERS = ("cluster_id", "job_id", "workload_type", "node_id")

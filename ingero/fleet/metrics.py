@@ -283,6 +283,18 @@ class FleetMetrics:
             text += render_nodes(self._nodes, self._nodes_omitted)
         return text
 
+    def render_clusters(self, clusters: frozenset[str]) -> bytes:
+        """``/metrics`` for a token scoped to ``clusters``: only the series labelled with one
+        of them (per-group gauges, clock offsets, per-node series). The Fleet-wide series
+        (requests, refusals, ticks, totals, node_series_omitted) sum every tenant's and are
+        left out."""
+        groups = [g for g in self._groups if g.cluster_id in clusters]
+        text = render_groups(groups)
+        text += render_clock_offsets([o for o in self._clock_offsets if o[0] in clusters])
+        if self.node_series_limit is not None:
+            text += render_nodes([n for n in self._nodes if n[0].cluster_id in clusters], None)
+        return text
+
 
 def _number(value: float | None) -> str:
     if value is None or math.isnan(value):
@@ -331,8 +343,9 @@ _NODE_GAUGES: tuple[tuple[str, str, Callable[[NodeRow, bool], float]], ...] = (
 )  # fmt: skip
 
 
-def render_nodes(nodes: Sequence[tuple[NodeRow, bool]], omitted: int) -> bytes:
-    """The per-node gauges (``metrics.node_series``) and how many nodes the limit left out."""
+def render_nodes(nodes: Sequence[tuple[NodeRow, bool]], omitted: int | None) -> bytes:
+    """The per-node gauges (``metrics.node_series``) and how many nodes the limit left out
+    (``omitted``; None: not shown, a count over every cluster)."""
     labels = [
         f'{{cluster_id="{_label(n.cluster_id)}",group="{_label(n.group)}",'
         f'job_id="{_label(n.job_id or "")}",node_id="{_label(n.node_id)}"}} '
@@ -343,12 +356,13 @@ def render_nodes(nodes: Sequence[tuple[NodeRow, bool]], omitted: int) -> bytes:
         lines.append(f"# HELP ingero_fleet_{name} {help_text}\n# TYPE ingero_fleet_{name} gauge\n")
         for label, (node, straggler) in zip(labels, nodes, strict=True):
             lines.append(f"ingero_fleet_{name}{label}{_number(value(node, straggler))}\n")
-    lines.append(
-        "# HELP ingero_fleet_node_series_omitted Nodes without per-node series "
-        "(over metrics.node_series_limit).\n"
-        "# TYPE ingero_fleet_node_series_omitted gauge\n"
-        f"ingero_fleet_node_series_omitted {omitted}\n"
-    )
+    if omitted is not None:
+        lines.append(
+            "# HELP ingero_fleet_node_series_omitted Nodes without per-node series "
+            "(over metrics.node_series_limit).\n"
+            "# TYPE ingero_fleet_node_series_omitted gauge\n"
+            f"ingero_fleet_node_series_omitted {omitted}\n"
+        )
     return "".join(lines).encode()
 
 

@@ -98,13 +98,16 @@ class Cluster:
     job_id: str | None = None  # every node runs this Slurm job, its file in <node>.jobs
     fleet_config: dict[str, Any] = field(default_factory=dict)  # laid over Fleet's config
     tracer_interval: float | None = None  # the workloads' write interval (None: half a push)
+    cluster_id: str = "itest"  # every node's
+    node_prefix: str = "node"  # node ids are this and two digits
+    token_file: Path | None = None  # fleet-push's auth_token_file, where Fleet wants one
 
     @property
     def events_file(self) -> Path:
         return self.tmp / "sink.out"
 
     def node(self, i: int) -> str:
-        return f"node{i:02d}"
+        return f"{self.node_prefix}{i:02d}"
 
     def start_fleet(self) -> None:
         if not self.ports:
@@ -180,7 +183,7 @@ class Cluster:
             "api_endpoint": f"http://127.0.0.1:{self.ports['api']}",
             "push_interval": f"{self.interval}s",
             "node_id": node,
-            "cluster_id": "itest",
+            "cluster_id": self.cluster_id,
             "node_db": str(self.tmp / f"{node}.db"),
             "state_dir": str(self.tmp / f"{node}.state"),
             "detection": {
@@ -199,6 +202,8 @@ class Cluster:
                 "event_socket": str(self.tmp / "ev.sock"),
             },
         }
+        if self.token_file is not None:
+            cfg["auth_token_file"] = str(self.token_file)
         path = self.tmp / f"{node}.yaml"
         path.write_text(yaml.safe_dump(cfg))
         proc = self.procs.start(
