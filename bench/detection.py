@@ -2,16 +2,20 @@
 
 Each simulated node is one training process of one Slurm job, shaped like what ``ingero
 trace`` recorded on an H100 (``ingero.workload.generator``, ``--shape gpu-bound`` or
-``cpu-bound``): 1 s tracer intervals of cuLaunchKernel, rare syncs, off-CPU rows and NVML GPU
-rows, with multiplicative noise on every rate. Every push interval the node's window is
-interpreted by the same code as fleet-push (``ingero.collectors.nodedb.aggregate_window``)
-and scored by fleet-push's own sampler (``NodeSampler.evaluate``: node state, stall,
+``cpu-bound``): tracer intervals (1 s, ``--tracer-interval``) of cuLaunchKernel, rare syncs,
+off-CPU rows, host rows and NVML GPU rows, with multiplicative noise on every rate, each
+interval's rows written a random 0..``--late`` s after it ends. Each node's tracer and agent
+start at their own moment, and the agent pushes every ``--push-interval`` x (1 ±
+``--push-jitter``). At each push the node's window is placed and interpreted by the same
+code as fleet-push (``ingero.collectors.nodedb``: ``window_start``, ``nothing_new``,
+``aggregate_window``) over the rows written by then, and scored by fleet-push's own sampler (``NodeSampler.evaluate``: node state, stall,
 baselines, GPU health, score); the pushes go to Fleet's threshold engine (``FleetState``),
 and each node classifies itself with its detection selector and hysteresis classifier
 against the threshold of Fleet's previous tick, as a push response gives it. The push reply
 also carries the group's peer medians of the raw rates, which the node's next sample
 measures its throughput against (``--no-peers``: node-local baselines only, as before), and
-Fleet's open episode id, which the node adopts; the node pushes its own. One ManualClock
+Fleet's open episode id, which the node adopts; the node pushes its own. A push that found
+no new tracer interval holds and is not classified, as in the agent. One ManualClock
 drives all; every process is alive unless its job ended.
 
 Prints, per shape: the healthy score distribution; the score drop of a node slowed by 10%,
@@ -20,23 +24,31 @@ healthy nodes' median in the same intervals); detection latency at 10% and 20% (
 intervals from the slowdown to the node's first straggler_state, over seeded runs: median,
 p95, misses) and whether Fleet flagged the same node under the same event_id; a node 25%
 slower from its first interval; a rank that stalls (and how its episode ends when its job
-then ends); and false straggler events (node's and Fleet's) and GPU events of the nodes in
-a steady simulated hour.
+then ends); and false straggler events (node's and Fleet's) per node-hour, GPU events,
+pushes that said stalled and the share of held samples of the nodes in a steady simulated
+hour.
 
     .venv/bin/python bench/detection.py [--shape gpu-bound|cpu-bound|both] [--nodes 64]
         [--runs 20] [--hours 1] [--noise 0.03] [--enter-intervals 2] [--no-peers]
+        [--push-interval 5] [--tracer-interval 1] [--push-jitter 0.1] [--late 0]
 """
 
 from __future__ import annotations
 
 import argparse
 import logging
+import random
 import statistics
 from collections.abc import Iterable
 from pathlib import Path
-from typing import Any
 
-from ingero.collectors.nodedb import aggregate_window
+from ingero.collectors.nodedb import (
+    LOOKBACK_WINDOWS,
+    WindowAggregates,
+    aggregate_window,
+    nothing_new,
+    window_start,
+)
 from ingero.fleet.config import FleetConfig, ThresholdConfig
 from ingero.fleet.state import FleetState
 from ingero.otlp.health import NodePush
@@ -48,11 +60,26 @@ from ingero.push.sampler import NodeSample, NodeSampler
 from ingero.runtime.clock import ManualClock
 from ingero.runtime.config import Duration
 from ingero.schema.events import Event
-from ingero.workload.generator import SHAPE_NAMES, WorkloadGenerator, WorkloadProfile
+from ingero.workload.generator import SHAPE_NAMES, TickRows, WorkloadGenerator, WorkloadProfile
 
-INTERVAL = 5.0  # push interval (Fleet's default)
-TRACE = 1.0  # ingero trace's default interval
 JOB = "4242"
+
+
+class Timing:
+    """Cadences of the run (set from the command line): push and tracer intervals, the
+    agents' push jitter, and how late a tracer writes an interval's rows."""
+
+    push = 5.0  # push interval (Fleet's default)
+    tracer = 1.0  # ingero trace's default interval
+    jitter = PushConfig().jitter  # each push comes after push x (1 ± this)
+    late = 0.0  # each interval's rows are written up to this many seconds after it ends
+
+
+class Written:
+    """One tracer interval's rows and when they land in the node DB."""
+
+    def __init__(self, ts_start: float, ts_end: float, at: float, rows: TickRows) -> None:
+        self.ts_start, self.ts_end, self.at, self.rows = ts_start, ts_end, at, rows
 
 
 class SimNode:
@@ -62,6 +89,7 @@ class SimNode:
         self.name = f"n{rank:03d}"
         self.rank = rank
         self.clock = clock
+        self.rng = random.Random(seed * 7919 + rank)
         self.gen = WorkloadGenerator(
             WorkloadProfile(shape=shape, noise=noise, job_id=JOB, rank=rank, pid=1000 + rank),
             seed=seed * 1000 + rank,
@@ -70,46 +98,96 @@ class SimNode:
             node_id=self.name,
             db_path=Path("/nonexistent/node.db"),  # windows come from the generator
             config=config.score,
-            window_s=INTERVAL,
+            window_s=Timing.push,
             clock=clock,
             pid_alive=lambda pid: not self.ended,
         )
         self.selector = DetectionSelector(config.detection, clock)
         self.classifier = Classifier(config.classifier)
-        self.slowdown = 0.0
-        self.stalled = False
+        self._slowdown = 0.0
+        self._stalled = False
         self.ended = False  # the job ended: the process exited, nothing is written
         self.reply: ThresholdView | None = None  # the last push reply
-        self._before: list[dict[str, Any]] = []  # last window's GPU rows (counter growth)
+        # Each node's tracer and agent started at their own moment.
+        start = clock.now()
+        self.tracer_end = start + self.rng.uniform(0, Timing.tracer)
+        self.next_push = start + self.rng.uniform(0, Timing.push)
+        self.written: list[Written] = []  # rows in the node DB or on their way there
+        self.held = 0  # samples that found no new tracer interval
+
+    # A change of the workload applies to the tracer intervals after it.
+    @property
+    def slowdown(self) -> float:
+        return self._slowdown
+
+    @slowdown.setter
+    def slowdown(self, value: float) -> None:
+        self.trace(self.clock.now())
+        self._slowdown = value
+
+    @property
+    def stalled(self) -> bool:
+        return self._stalled
+
+    @stalled.setter
+    def stalled(self, value: bool) -> None:
+        self.trace(self.clock.now())
+        self._stalled = value
+
+    def trace(self, now: float) -> None:
+        """The tracer's intervals that ended by ``now``, each written up to ``late`` after."""
+        while self.tracer_end + Timing.tracer <= now and not self.ended:
+            start, self.tracer_end = self.tracer_end, self.tracer_end + Timing.tracer
+            at = self.tracer_end + self.rng.uniform(0.0, Timing.late)
+            rows = self.gen.tick(start, self.tracer_end, self._slowdown, self._stalled)
+            self.written.append(Written(start, self.tracer_end, at, rows))
+        # What no window can reach any more is history.
+        horizon = now - (LOOKBACK_WINDOWS + 2) * Timing.push - Timing.tracer
+        while self.written and self.written[0].ts_end < horizon:
+            self.written.pop(0)
+
+    def window(self, now: float) -> WindowAggregates:
+        """What ``read_latest`` reads of this node DB now."""
+        self.trace(now)
+        visible = [w for w in self.written if w.at <= now and w.ts_end <= now]
+        after = self.sampler.anchor
+        latest = max((w.ts_end for w in visible), default=None)
+        if latest is None or (after is not None and latest <= after):
+            return nothing_new(now, Timing.push, after, latest)
+        start = window_start(latest, Timing.push, after)
+        # One window back as well: where GPU counter growth is counted from.
+        gpu_rows = [
+            r for w in visible if w.ts_end > start - Timing.push for r in w.rows.gpu_intervals
+        ]
+        inside = [w for w in visible if start < w.ts_end <= latest]
+        return aggregate_window(
+            start,
+            latest,
+            [r for w in inside for r in w.rows.intervals],
+            gpu_rows,
+            [r for w in inside for r in w.rows.gpu_processes],
+            [r for w in inside for r in w.rows.host_intervals],
+            after=after,
+            latest_end=latest,
+        )
 
     def sample(self, peers: bool = True) -> NodeSample:
-        end = self.clock.now()
-        start = end - INTERVAL
-        intervals: list[dict[str, Any]] = []
-        gpu_rows: list[dict[str, Any]] = []
-        processes: list[dict[str, Any]] = []
-        cpu: list[float] = []
-        mem: list[float] = []
+        now = self.clock.now()
+        window = self.window(now)
+        new = [w for w in self.written if w.at <= now and w.ts_end > (self.sampler.anchor or 0)]
+        cpu = [w.rows.cpu_busy for w in new]
+        mem = [w.rows.mem_available for w in new]
         medians = self.reply.peer_rates if peers and self.reply is not None else None
-        for k in range(0 if self.ended else round(INTERVAL / TRACE)):
-            rows = self.gen.tick(
-                start + k * TRACE, start + (k + 1) * TRACE, self.slowdown, self.stalled
-            )
-            intervals += rows.intervals
-            gpu_rows += rows.gpu_intervals
-            processes += rows.gpu_processes
-            cpu.append(rows.cpu_busy)
-            mem.append(rows.mem_available)
-        window = aggregate_window(start, end, intervals, self._before + gpu_rows, processes)
-        self._before = gpu_rows
-        return self.sampler.evaluate(
+        sample = self.sampler.evaluate(
             window,
-            end,
+            now,
             statistics.mean(cpu) if cpu else None,
             statistics.mean(mem) if mem else None,
             medians,
             not self.ended,  # the job file goes with the job
         )
+        self.held += sample.held
+        return sample
 
     def push(self, sample: NodeSample) -> NodePush:
         result = sample.result
@@ -128,9 +206,13 @@ class SimNode:
         )
 
     def classify(self, push: NodePush, sample: NodeSample, reading: ThresholdView) -> list[Event]:
+        """As the agent does: a held sample is neither learnt from nor classified."""
         self.reply = reading
         self.selector.on_fleet(reading)
-        decision = self.selector.decide(push.score if push.state == "active" else None)
+        measured = push.state == "active" and not sample.held
+        decision = self.selector.decide(push.score if measured else None)
+        if sample.held:
+            return []
         observation = Observation.of(
             push,
             decision,
@@ -149,7 +231,7 @@ class Sim:
         self.clock = ManualClock()
         self.fleet = FleetState(
             FleetConfig(
-                push_interval=Duration(INTERVAL),
+                push_interval=Duration(Timing.push),
                 threshold=ThresholdConfig(enter_intervals=Sim.enter_intervals),
             ),
             self.clock,
@@ -159,26 +241,37 @@ class Sim:
         self.scores: dict[str, float] = {}
         self.states: dict[str, str] = {}
         self.gpu_events = 0
+        self.stalled_pushes: dict[str, int] = {}  # pushes that said stalled, per node
         self.node_events: list[Event] = []  # every straggler event, node side
         self.fleet_events: list[Event] = []  # ... and Fleet side
 
     def step(self) -> dict[str, list[str]]:
-        """One push interval; returns each node's straggler event types."""
-        self.clock.advance(INTERVAL)
+        """One push interval: every node's pushes in it (each at its own jittered time, in
+        time order), then Fleet's tick; returns each node's straggler event types."""
+        end = self.clock.now() + Timing.push
         out: dict[str, list[str]] = {}
-        for node in self.nodes:
+        while True:
+            node = min(self.nodes, key=lambda n: n.next_push)
+            if node.next_push > end:
+                break
+            self.clock.advance(node.next_push - self.clock.now())
+            node.next_push += Timing.push * (1 + node.rng.uniform(-Timing.jitter, Timing.jitter))
             sample = node.sample(Sim.peers)
             self.gpu_events += len(sample.gpu_findings)
             push = node.push(sample)
             self.scores[node.name] = push.score
             self.states[node.name] = "stalled" if push.stalled else push.state
+            self.stalled_pushes[node.name] = self.stalled_pushes.get(node.name, 0) + push.stalled
+            if sample.held and sample.result is None:
+                continue  # the agent does not push before it has measured anything
             view = self.fleet.ingest(push)
             events = [
                 e for e in node.classify(push, sample, view) if e.type.startswith("straggler")
             ]
             self.node_events += events
             if events:
-                out[node.name] = [e.type for e in events]
+                out.setdefault(node.name, []).extend(e.type for e in events)
+        self.clock.advance(end - self.clock.now())
         self.fleet_events += [e for e in self.fleet.tick().events if e.type.startswith("straggler")]
         return out
 
@@ -262,7 +355,7 @@ def slow_from_birth(shape: str, nodes: int, noise: float, limit: int) -> tuple[i
 def stall(
     shape: str, nodes: int, noise: float, warmup: int
 ) -> tuple[int | None, list[str], str, str]:
-    """Intervals to the stalled node's first straggler_state (within 6), its states, how
+    """Intervals to the stalled node's first straggler_state (within 10), its states, how
     its episode ended when its job then ended (node side, Fleet side), and agreement."""
     sim = Sim(shape, nodes, seed=78, noise=noise)
     sim.warm(warmup)
@@ -270,7 +363,7 @@ def stall(
     target.stalled = True
     flagged: int | None = None
     states = []
-    for interval in range(1, 7):
+    for interval in range(1, 11):
         if "straggler_state" in sim.step().get(target.name, []) and flagged is None:
             flagged = interval
         states.append(sim.states[target.name])
@@ -292,18 +385,24 @@ def stall(
 
 def false_events(
     shape: str, nodes: int, noise: float, hours: float, warmup: int
-) -> tuple[int, int, int]:
-    """Episodes the nodes and Fleet started in a steady time, and GPU events."""
+) -> tuple[int, int, int, int, int]:
+    """Episodes the nodes and Fleet started in a steady time, GPU events, pushes that said
+    stalled, and samples held for want of new tracer data."""
     sim = Sim(shape, nodes, seed=10_000, noise=noise)
     sim.warm(warmup)
     sim.gpu_events = 0
     sim.node_events.clear()
     sim.fleet_events.clear()
-    for _ in range(int(hours * 3600 / INTERVAL)):
+    sim.stalled_pushes.clear()
+    for each in sim.nodes:
+        each.held = 0
+    for _ in range(int(hours * 3600 / Timing.push)):
         sim.step()
     node = len({e.event_id for e in sim.node_events if e.type == "straggler_state"})
     fleet = len({e.event_id for e in sim.fleet_events if e.type == "straggler_state"})
-    return node, fleet, sim.gpu_events
+    stalled = sum(sim.stalled_pushes.values())
+    held = sum(n.held for n in sim.nodes)
+    return node, fleet, sim.gpu_events, stalled, held
 
 
 def fmt(values: list[int], missed: int, runs: int) -> str:
@@ -328,7 +427,15 @@ def main() -> None:
                         help="enter rule of both sides (consecutive intervals below)")  # fmt: skip
     parser.add_argument("--no-peers", action="store_true",
                         help="node-local baselines only (ignore the reply's peer medians)")  # fmt: skip
+    parser.add_argument("--push-interval", type=float, default=Timing.push)
+    parser.add_argument("--tracer-interval", type=float, default=Timing.tracer)
+    parser.add_argument("--push-jitter", type=float, default=Timing.jitter,
+                        help="each push comes after push interval x (1 ± this)")  # fmt: skip
+    parser.add_argument("--late", type=float, default=Timing.late,
+                        help="the tracer writes each interval's rows up to this late (s)")  # fmt: skip
     args = parser.parse_args()
+    Timing.push, Timing.tracer = args.push_interval, args.tracer_interval
+    Timing.jitter, Timing.late = args.push_jitter, args.late
     logging.getLogger("ingero").setLevel(logging.ERROR)  # the stall's log lines, not figures
     Sim.enter_intervals = args.enter_intervals
     Sim.peers = not args.no_peers
@@ -337,7 +444,9 @@ def main() -> None:
     for shape in shapes:
         n, noise = args.nodes, args.noise
         print(
-            f"== {shape}: {n} nodes, push interval {INTERVAL:g} s, noise {noise:.0%} per 1 s, "
+            f"== {shape}: {n} nodes, push interval {Timing.push:g} s (±{Timing.jitter:.0%}), "
+            f"tracer interval {Timing.tracer:g} s, rows up to {Timing.late:g} s late, "
+            f"noise {noise:.0%} per interval, "
             f"enter_intervals {Sim.enter_intervals}, "
             + ("peer ratio" if Sim.peers else "node-local baselines only")
         )
@@ -375,15 +484,19 @@ def main() -> None:
             + (
                 f"flagged after {flagged} intervals ({agreement})"
                 if flagged
-                else "not flagged in 6 intervals"
+                else "not flagged in 10 intervals"
             )
-            + f"; its states: {' '.join(states[:6])}; its job then ends: "
-            + f"{' '.join(states[6:])}, episode ended (node / Fleet): {ended}"
+            + f"; its states: {' '.join(states[:10])}; its job then ends: "
+            + f"{' '.join(states[10:])}, episode ended (node / Fleet): {ended}"
         )
-        node, fleet, gpu = false_events(shape, n, noise, args.hours, args.warmup)
+        node, fleet, gpu, stalled, held = false_events(shape, n, noise, args.hours, args.warmup)
+        node_hours = n * args.hours
         print(
-            f"steady {args.hours:g} h: {node} false straggler episodes (node side), "
-            f"{fleet} (Fleet side), {gpu} GPU events in {n * args.hours:g} node-hours"
+            f"steady {args.hours:g} h, {node_hours:g} node-hours: false straggler episodes "
+            f"{node / node_hours:.3g} (node side, {node}) and {fleet / node_hours:.3g} (Fleet "
+            f"side, {fleet}) per node-hour; {gpu} GPU events; {stalled} pushes said stalled; "
+            f"{held / (node_hours * 3600 / Timing.push):.1%} of the samples found no new "
+            "tracer interval and held"
         )
 
 

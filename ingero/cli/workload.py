@@ -104,6 +104,14 @@ from ingero.workload.generator import CAUSES, DEFAULT_SHAPE, SHAPE_NAMES
 @click.option("--rank", type=int, default=None)
 @click.option("--seed", type=int, default=None, help="Random seed (reproducible noise).")
 @click.option("--duration", type=float, default=None, help="Stop after this many seconds.")
+@click.option(
+    "--late",
+    type=float,
+    default=0.0,
+    show_default=True,
+    help="Write each interval's rows up to this many seconds after it ends (a tracer a loaded "
+    "node delays).",
+)
 def workload(
     db_path: Path,
     interval: float,
@@ -123,6 +131,7 @@ def workload(
     rank: int | None,
     seed: int | None,
     duration: float | None,
+    late: float,
 ) -> None:
     """Write what `ingero trace` records of a training process on a real GPU node: driver
     kernel launches, rare syncs, off-CPU time, NVML GPU rows.
@@ -162,6 +171,7 @@ def workload(
             jobs_dir=jobs_dir,
             cause=cause,
             slow_after=slow_after,
+            late=late,
         )
     except ValueError as exc:
         raise UsageError(str(exc)) from None

@@ -10,18 +10,28 @@ nvidia-smi) or is None. The time the host waited in synchronize calls is kept ap
 ``sync_busy_estimate``, a lower bound that ``explain`` may show as an estimate and that the
 score never uses (on a training loop that rarely synchronises it reads near 0 on a busy GPU).
 
-``read_window`` fetches the window's rows; ``aggregate_window`` (pure) turns rows into the
-aggregates, so the benchmark and the tests interpret rows exactly as fleet-push does.
+``read_window`` fetches the rows of a window given by the caller (``ingero explain``'s time
+ranges). fleet-push reads with ``read_latest`` instead: its window ends at the newest tracer
+interval written, not at the time of the push, so a tracer that writes a few ms late makes a
+push find nothing new ("no data", ``new_intervals`` 0), never a window short of rows; and it
+starts no later than where the previous push's window ended, so no row is skipped. A tracer
+interval is one ``host_intervals`` row (the tracer writes one every interval, whatever it
+traced), or the interval rows sharing one ``ts_end`` where no host row was written.
+``aggregate_window`` (pure) turns rows into the aggregates and ``window_start`` (pure) places
+the window, so the benchmark and the tests interpret rows exactly as fleet-push does.
 """
 
 from __future__ import annotations
 
 import json
 import sqlite3
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Iterator, Mapping
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Final
+
+import sqlite_utils
 
 from ingero.collectors.nvml import DEGRADING_THROTTLE
 from ingero.nodedb.schema import SchemaError, connect
@@ -46,6 +56,9 @@ SYNC_OPS: Final = (
 )
 # One row per training step boundary, written by a framework hook or a synthetic workload.
 STEP_OPS: Final = ("step",)
+# A push that comes after a long gap (a slow Fleet, a suspended agent) reads at most this
+# many push windows back: its read stays bounded, and rows older than that are history.
+LOOKBACK_WINDOWS: Final = 4
 # Cumulative GPU counters whose growth within a window is reported.
 COUNTERS: Final = (
     "ecc_uncorrected",
@@ -115,6 +128,16 @@ class WindowAggregates:
     # Processes whose kernel launches the window holds (the rows' pid, where recorded): the
     # traced processes whose liveness tells a stalled job from an ended one.
     launch_pids: tuple[int, ...] = ()
+    # Tracer intervals the window covers, and of them those that end after the previous
+    # window (``aggregate_window``'s ``after``): what is new in this window, with the kernel
+    # launches and the seconds of those new intervals. 0 new intervals: no data.
+    tracer_intervals: int = 0
+    new_intervals: int = 0
+    new_launches: int = 0
+    new_covered_s: float = 0.0
+    # The newest tracer interval end in the node DB (``read_latest``): how long the tracer
+    # has been silent; None where nothing was ever written or not asked.
+    latest_end: float | None = None
 
     @property
     def kernel_launch_rate(self) -> float | None:
@@ -267,27 +290,49 @@ def aggregate_window(
     intervals: Iterable[Mapping[str, Any]],
     gpu_rows: Iterable[Mapping[str, Any]] = (),
     gpu_processes: Iterable[Mapping[str, Any]] = (),
+    host_rows: Iterable[Mapping[str, Any]] = (),
+    after: float | None = None,
+    latest_end: float | None = None,
 ) -> WindowAggregates:
     """The aggregates of ``(start, end]`` from its rows (pure).
 
     ``gpu_rows`` may include rows ending at or before ``start``: the last of those per GPU
-    is where the growth of its cumulative counters is counted from.
+    is where the growth of its cumulative counters is counted from. ``host_rows``: the
+    tracer's ``host_intervals`` rows, one per tracer interval (they make a window without
+    kernel launches a measurement of none); ``after``: where the previous window ended
+    (the intervals ending later are this window's new ones; None: all are new).
     """
     first: float | None = None
     last: float | None = None
     launches = steps = 0
     sync_ns: int | None = None
     launch_pids: set[int] = set()
+    # Tracer intervals by their end: (start, kernel launches).
+    covered_by: dict[float, tuple[float, int]] = {}
+
+    def cover(ts_start: float, ts_end: float, count: int) -> None:
+        nonlocal first, last
+        first = ts_start if first is None else min(first, ts_start)
+        last = ts_end if last is None else max(last, ts_end)
+        known = covered_by.get(ts_end)
+        covered_by[ts_end] = (
+            min(ts_start, known[0]) if known else ts_start,
+            count + (known[1] if known else 0),
+        )
+
+    for row in host_rows:
+        ts_end = float(row["ts_end"])
+        if start < ts_end <= end:
+            cover(float(row["ts_start"]), ts_end, 0)
     for row in intervals:
         ts_end = float(row["ts_end"])
         if not start < ts_end <= end:
             continue
-        ts_start = float(row["ts_start"])
-        first = ts_start if first is None else min(first, ts_start)
-        last = ts_end if last is None else max(last, ts_end)
         op = row["op"]
+        count = int(row["count"]) if op in LAUNCH_OPS else 0
+        cover(float(row["ts_start"]), ts_end, count)
         if op in LAUNCH_OPS:
-            launches += int(row["count"])
+            launches += count
             if row.get("pid") is not None:
                 launch_pids.add(int(row["pid"]))
         elif op in STEP_OPS:
@@ -295,6 +340,7 @@ def aggregate_window(
         elif op in SYNC_OPS:
             sync_ns = (sync_ns or 0) + int(row["total_ns"] or 0)
     covered = max(0.0, last - first) if first is not None and last is not None else 0.0
+    new = [(ts_end, *v) for ts_end, v in covered_by.items() if after is None or ts_end > after]
 
     inside: dict[int, list[Mapping[str, Any]]] = {}
     before: dict[int, Mapping[str, Any]] = {}
@@ -325,7 +371,37 @@ def aggregate_window(
             else None
         ),
         launch_pids=tuple(sorted(launch_pids)),
+        tracer_intervals=len(covered_by),
+        new_intervals=len(new),
+        new_launches=sum(count for _, _, count in new),
+        new_covered_s=sum(max(0.0, ts_end - ts_start) for ts_end, ts_start, _ in new),
+        latest_end=latest_end,
     )
+
+
+def nothing_new(
+    now: float, window_s: float, after: float | None, latest_end: float | None
+) -> WindowAggregates:
+    """The window of a read that found no tracer interval ending after ``after`` (pure)."""
+    end = after if after is not None else now
+    return WindowAggregates(
+        start=end - window_s,
+        end=end,
+        covered_s=0.0,
+        kernel_launches=0,
+        steps=0,
+        latest_end=latest_end,
+    )
+
+
+def window_start(latest_end: float, window_s: float, after: float | None) -> float:
+    """Where fleet-push's window ending at the newest tracer interval starts (pure): one
+    window back, or earlier down to where the previous window ended when the tracer wrote
+    more since (a late push reads every row once), at most ``LOOKBACK_WINDOWS`` back."""
+    start = latest_end - window_s
+    if after is not None and after < start:
+        start = max(after, latest_end - LOOKBACK_WINDOWS * window_s)
+    return start
 
 
 def _rows(cursor: sqlite3.Cursor) -> list[dict[str, Any]]:
@@ -339,9 +415,39 @@ def read_window(
     """Aggregate ``(end - window_s, end]``; raises NodeDbUnavailable with the reason."""
     if window_s <= 0:
         raise ValueError("window_s must be > 0")
+    with _open(path, timeout_s) as db:
+        return _read(db, path, end - window_s, end, window_s)
+
+
+def read_latest(
+    path: Path, now: float, window_s: float, after: float | None, timeout_s: float = 0.5
+) -> WindowAggregates:
+    """fleet-push's window: the one ending at the newest tracer interval written by ``now``
+    (``window_start``), new where it ends after ``after``; a window with no new interval
+    (``new_intervals`` 0) holds no rows. Raises NodeDbUnavailable with the reason."""
+    if window_s <= 0:
+        raise ValueError("window_s must be > 0")
+    with _open(path, timeout_s) as db:
+        try:
+            latest = db.conn.execute(
+                "SELECT MAX(m) FROM (SELECT MAX(ts_end) AS m FROM host_intervals"
+                " WHERE ts_end <= ? UNION ALL SELECT MAX(ts_end) FROM intervals"
+                " WHERE ts_end <= ?)",
+                (now, now),
+            ).fetchone()[0]
+        except sqlite3.Error as exc:
+            raise NodeDbUnavailable(f"{path}: {exc}") from None
+        if latest is None or (after is not None and float(latest) <= after):
+            return nothing_new(now, window_s, after, None if latest is None else float(latest))
+        latest = float(latest)
+        start = window_start(latest, window_s, after)
+        return _read(db, path, start, latest, window_s, after=after, host=True)
+
+
+@contextmanager
+def _open(path: Path, timeout_s: float) -> Iterator[sqlite_utils.Database]:
     if not path.exists():
         raise NodeDbUnavailable(f"{path}: node DB does not exist")
-    start = end - window_s
     try:
         db = connect(path, readonly=True, timeout=timeout_s)
     except SchemaError as exc:
@@ -349,13 +455,39 @@ def read_window(
     except sqlite3.Error as exc:
         raise NodeDbUnavailable(f"{path}: {exc}") from None
     try:
-        conn = db.conn
+        yield db
+    finally:
+        db.conn.close()
+
+
+def _read(
+    db: sqlite_utils.Database,
+    path: Path,
+    start: float,
+    end: float,
+    window_s: float,
+    *,
+    after: float | None = None,
+    host: bool = False,
+) -> WindowAggregates:
+    conn = db.conn
+    try:
         intervals = _rows(
             conn.execute(
                 "SELECT ts_start, ts_end, op, count, total_ns, pid FROM intervals"
                 " WHERE ts_end > ? AND ts_end <= ?",
                 (start, end),
             )
+        )
+        host_rows = (
+            _rows(
+                conn.execute(
+                    "SELECT ts_start, ts_end FROM host_intervals WHERE ts_end > ? AND ts_end <= ?",
+                    (start, end),
+                )
+            )
+            if host
+            else []
         )
         # One window back as well: the last row before the window is where counter growth
         # is counted from.
@@ -375,6 +507,13 @@ def read_window(
             )
     except sqlite3.Error as exc:
         raise NodeDbUnavailable(f"{path}: {exc}") from None
-    finally:
-        db.conn.close()
-    return aggregate_window(start, end, intervals, gpu_rows, processes)
+    return aggregate_window(
+        start,
+        end,
+        intervals,
+        gpu_rows,
+        processes,
+        host_rows,
+        after=after,
+        latest_end=end if host else None,
+    )

@@ -67,6 +67,7 @@ class Status:
     threshold: float | None = None
     straggling: bool = False
     stalled: bool = False
+    held: bool = False  # the last sample held its measurement (no new tracer data)
     last_error: str | None = None
     events: dict[str, int] = field(default_factory=dict)
 
@@ -131,6 +132,10 @@ class Agent:
             log.info("node state %s -> %s (%s)", t.previous, t.current, t.reason)
         push = self._node_push(sample, ident)
         status.state, status.score, status.stalled = sample.state, push.score, sample.stalled
+        status.held = sample.held
+        if sample.held and sample.result is None:
+            # Nothing measured yet to repeat: pushing a score of 0 would be a false one.
+            return jittered(float(self.config.push_interval), self.config.jitter, self.rng)
         request = encode_health(push, int(self.clock.now() * 1e9), self.service)
         # The round trip on the monotonic clock, placed at the wall time of sending: a
         # wall-clock step during the push cannot fake a short (or negative) round trip.
@@ -163,7 +168,10 @@ class Agent:
         if reading is not None:
             self._lag = (reading.peer_lag, self.clock.monotonic())
         fresh = self.selector.on_fleet(reading)
-        decision = self.selector.decide(push.score if sample.state == "active" else None)
+        # A held sample repeats the last measurement: not a new one to learn from or to
+        # classify (it counts neither towards an episode nor towards its end).
+        measured = sample.state == "active" and not sample.held
+        decision = self.selector.decide(push.score if measured else None)
         if self.store is not None and (fresh or sample.state == "active"):
             self._save()
         if decision.transition is not None:
@@ -177,7 +185,7 @@ class Agent:
             fleet_episode=reading.episode_id if reading is not None else None,
             peer_lag=self._fresh(self._lag),
         )
-        for event in self.classifier.observe(observation):
+        for event in () if sample.held else self.classifier.observe(observation):
             log.warning("%s", event.message())
             self._emit(event)
         status.straggling = self.classifier.straggling
@@ -233,7 +241,7 @@ class Agent:
         score = "-" if s.score is None else f"{s.score:.3f}"
         threshold = "-" if s.threshold is None else f"{s.threshold:.3f}"
         straggler = " STRAGGLER" if s.straggling else ""
-        state = "stalled" if s.stalled else s.state
+        state = ("stalled" if s.stalled else s.state) + (" (no new data)" if s.held else "")
         return f"{state} score={score} mode={s.mode} threshold={threshold}{straggler}"
 
     def _fresh(self, held: tuple[T, float] | None) -> T | None:

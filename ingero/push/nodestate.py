@@ -1,12 +1,21 @@
-"""Node state machine: calibrating → active ⇄ idle, and stale while the node DB is unreadable.
+"""Node state machine: calibrating → active ⇄ idle, and stale while the node DB is unreadable
+or its tracer silent.
 
 Pure: driven by one observation per sample and an injectable clock (for when a state began).
 Only ``active`` nodes are classified against their peers.
 
+A sample without data is no measurement: where the tracer wrote no interval since the last
+sample (it writes a few ms late, or on a longer cadence than the pushes), the node keeps its
+state, stalled or not, and nothing counts towards idle or a stall (``intervals`` 0). Only a
+job known to have ended moves it (to idle).
+
 Stalled is not idle: a warmed-up node that launches nothing while its job still runs (the
 caller says so: the job's processes are alive, or its job file is present) stays ``active``
 with ``stalled`` set, so it keeps being classified and counted by Fleet; it is a straggler
-while its peers go on. A node whose job is known to have ended is idle at once (its last
+while its peers go on. A stall is measured: the tracer's intervals since the last launch
+cover at least ``stall_intervals`` intervals and ``stall_after`` seconds (a scheduling
+hiccup of one interval is not one); until then the quiet node is ``pending`` (the caller
+holds its last measurement). A node whose job is known to have ended is idle at once (its last
 quiet samples are no measurement of it); only where nothing tells whether a job runs does
 the old rule hold: idle after ``idle_after`` quiet samples.
 
@@ -37,13 +46,27 @@ class NodeStateMachine:
     """Counts samples with GPU work towards warm-up and samples without it towards idle."""
 
     def __init__(
-        self, *, warmup_samples: int, idle_after: int, clock: Clock, warm_samples: int = 0
+        self,
+        *,
+        warmup_samples: int,
+        idle_after: int,
+        clock: Clock,
+        warm_samples: int = 0,
+        stall_intervals: int,
+        stall_after: float,
     ) -> None:
-        if warmup_samples < 1 or idle_after < 1:
-            raise ValueError("warmup_samples and idle_after must be >= 1")
+        if warmup_samples < 1 or idle_after < 1 or stall_intervals < 1:
+            raise ValueError("warmup_samples, idle_after and stall_intervals must be >= 1")
         self.warmup_samples = warmup_samples
         self.idle_after = idle_after
+        self.stall_intervals = stall_intervals
+        self.stall_after = stall_after
         self.clock = clock
+        # The tracer intervals (and their seconds) since the last one with kernel launches.
+        self.quiet_intervals = 0
+        self.quiet_s = 0.0
+        # Quiet, the job runs, but not yet quiet long enough to be a stall.
+        self.pending = False
         # Samples with work seen so far, including those restored from a baseline file.
         self.work_samples = warm_samples
         self.quiet_samples = 0
@@ -62,28 +85,49 @@ class NodeStateMachine:
         kernel_launches: int = 0,
         job_running: bool | None = None,
         waiting: bool = False,
+        intervals: int = 1,
+        covered_s: float = 0.0,
+        reason: str | None = None,
     ) -> Transition | None:
         """Feed one sample; returns the transition it caused, if any.
 
         ``job_running``: whether this node's job still runs (True), has ended (False), or
         nothing tells (None); it matters only for samples without kernel launches.
         ``waiting``: a rank of this node is inside an NCCL collective (waits for its peers).
+        ``intervals``, ``covered_s``: the new tracer intervals the sample covers and their
+        seconds (0 intervals: no data); ``reason``: why an unreadable sample is stale.
         """
-        self.stalled = False
+        self.pending = False
         if not readable:
-            return self._move("stale", "node DB cannot be read")
+            self.stalled = False
+            return self._move("stale", reason or "node DB cannot be read")
+        if intervals <= 0:
+            # No data: nothing was measured, so nothing changes, unless the job has ended.
+            if job_running is False:
+                self.stalled = False
+                return self._move("idle", "the job has ended")
+            return None
+        self.stalled = False
         if kernel_launches > 0:
             self.quiet_samples = 0
+            self.quiet_intervals, self.quiet_s = 0, 0.0
             self.work_samples += 1
             if self.warmed_up:
                 return self._move("active", "GPU work seen")
             return self._move("calibrating", f"warm-up {self.work_samples}/{self.warmup_samples}")
         if waiting and job_running is not False:
-            return None  # at a collective's barrier: neither stalled nor quiet towards idle
+            # At a collective's barrier: neither stalled nor quiet towards idle or a stall.
+            self.quiet_intervals, self.quiet_s = 0, 0.0
+            return None
         self.quiet_samples += 1
+        self.quiet_intervals += intervals
+        self.quiet_s += covered_s
         if job_running is True and self.warmed_up and self.state in ("active", "stale"):
-            self.stalled = True
-            return self._move("active", "stalled: the job runs but launches nothing")
+            if self.quiet_intervals >= self.stall_intervals and self.quiet_s >= self.stall_after:
+                self.stalled = True
+                return self._move("active", "stalled: the job runs but launches nothing")
+            self.pending = True
+            return self._move("active", "node DB readable again")
         if job_running is False:
             return self._move("idle", "no kernel launches and the job has ended")
         if self.quiet_samples >= self.idle_after:

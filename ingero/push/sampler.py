@@ -2,6 +2,13 @@
 
 The thin I/O shell around the pure score, baseline and state logic; the push agent calls
 ``NodeSampler.sample()`` once per push interval.
+
+Each sample judges the tracer intervals written since the last one
+(``ingero.collectors.nodedb.read_latest``), not the wall-clock time since the last push.
+Where the tracer wrote nothing new the sample holds: the node keeps its state and pushes its
+last measurement again (``held``), logged once; silent past ``score.stale_after`` (and 3 of
+its own intervals) the node is ``stale``. A node whose job runs but launches nothing is held
+too until the quiet intervals make a stall (``ingero.push.nodestate``).
 """
 
 from __future__ import annotations
@@ -13,7 +20,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 
 from ingero.collectors.gpu import GpuQuery, GpuStatus, NoGpu
-from ingero.collectors.nodedb import NodeDbUnavailable, WindowAggregates, read_window
+from ingero.collectors.nodedb import NodeDbUnavailable, WindowAggregates, read_latest
 from ingero.collectors.procfs import ProcfsError, ProcReader
 from ingero.otlp.collectives import CommReport
 from ingero.otlp.health import KERNEL_LAUNCH_RATE, STEP_RATE, THROUGHPUT_RATES, NodeState
@@ -47,6 +54,9 @@ class NodeSample:
     peer_rate: str | None = None
     # The node's NCCL communicators this interval (ingero.push.collectives).
     collectives: tuple[CommReport, ...] = ()
+    # Nothing new was measured (no new tracer interval, or quiet but not yet a stall): the
+    # sample repeats the last measurement and is not classified again.
+    held: bool = False
 
     @property
     def score(self) -> float:
@@ -121,7 +131,19 @@ class NodeSampler:
             idle_after=config.idle_after,
             clock=clock,
             warm_samples=self.baselines.samples,
+            stall_intervals=config.stall_intervals,
+            stall_after=float(config.stall_after),
         )
+        # The newest tracer interval end sampled so far (the next window's new rows end
+        # later), the length of the tracer's intervals, and the last measurement (a held
+        # sample repeats it).
+        self.anchor: float | None = None
+        self.tracer_interval = 0.0
+        self.started = clock.now()
+        self.last: NodeSample | None = None
+        # Why samples were held so far: each reason is logged once (at a 1 s push interval
+        # a tracer a few ms late holds a sample a minute, which is no news after the first).
+        self.held_for: set[str] = set()
 
     def sample(
         self, peer_rates: Mapping[str, float] | None = None, job_file: bool = False
@@ -131,7 +153,7 @@ class NodeSampler:
         this node is present."""
         now = self.clock.now()
         try:
-            window = read_window(self.db_path, now, self.window_s)
+            window = read_latest(self.db_path, now, self.window_s, self.anchor)
         except NodeDbUnavailable as exc:
             transition = self.state.observe(readable=False)
             return NodeSample(now, self.state.state, None, None, transition, stale_reason=str(exc))
@@ -168,6 +190,10 @@ class NodeSampler:
         advances the state machine, the baselines and the GPU health state (the benchmark
         drives this directly with generated windows). ``waiting``: a rank of the node is
         inside an NCCL collective (ingero.push.nodestate: waiting is not stalled)."""
+        if window.new_intervals == 0:
+            return self._no_data(window, now, job_file)
+        self.anchor = window.end
+        self.tracer_interval = window.new_covered_s / window.new_intervals
         # GPU rows in the node DB (NVML through ingero trace or gpu-sample) first; a live
         # query only where nothing writes them. Busy is measured or missing, never estimated.
         gpu_error = None
@@ -183,18 +209,30 @@ class NodeSampler:
         baselines = self.baselines.baselines
         launch_base = baselines.get("kernel_launch_rate")
         busy_base = baselines.get("gpu_busy_fraction")
-        has_work = window.kernel_launches > 0
+        # Work is judged on the new intervals; the rate over the whole window (which may
+        # reach back over rows the last sample saw, where the tracer's cadence is finer).
+        has_work = window.new_launches > 0
         running = None if has_work else self._job_running(window, job_file)
         if has_work:
             self.traced_pids = window.launch_pids
         was_stalled = self.state.stalled
         transition = self.state.observe(
             readable=True,
-            kernel_launches=window.kernel_launches,
+            kernel_launches=window.new_launches,
             job_running=running,
             waiting=waiting,
+            intervals=window.new_intervals,
+            covered_s=window.new_covered_s,
         )
         stalled = self.state.stalled
+        if self.state.pending:
+            return self._hold(
+                now,
+                window,
+                transition,
+                "quiet: no kernel launches, not yet long enough for a stall",
+                running,
+            )
         if stalled != was_stalled:
             log.warning(
                 "%s",
@@ -245,7 +283,7 @@ class NodeSampler:
         )
         if has_work and launch_rate is not None and self.state.state in ("calibrating", "active"):
             self._learn({"kernel_launch_rate": launch_rate, "gpu_busy_fraction": busy})
-        return NodeSample(
+        self.last = NodeSample(
             now,
             self.state.state,
             result,
@@ -257,6 +295,59 @@ class NodeSampler:
             stalled=stalled,
             job_running=running,
             peer_rate=peer_rate,
+        )
+        return self.last
+
+    def _no_data(self, window: WindowAggregates, now: float, job_file: bool) -> NodeSample:
+        """No tracer interval since the last sample: hold, unless the job has ended (idle)
+        or the tracer has been silent past the stale bound."""
+        running = self._job_running(window, job_file)
+        last = window.latest_end if window.latest_end is not None else self.anchor
+        silent = now - (last if last is not None else self.started)
+        bound = max(float(self.config.stale_after), 3 * self.tracer_interval)
+        if running is not False and silent > bound:
+            reason = f"the tracer wrote nothing for {silent:.0f} s"
+            transition = self.state.observe(readable=False, reason=reason)
+            return NodeSample(now, self.state.state, None, window, transition, stale_reason=reason)
+        transition = self.state.observe(readable=True, job_running=running, intervals=0)
+        if transition is not None:  # the job has ended: idle, nothing held
+            sample = NodeSample(
+                now, self.state.state, self.last.result if self.last else None, window,
+                transition, job_running=running,
+            )  # fmt: skip
+            self.last = sample
+            return sample
+        return self._hold(
+            now,
+            window,
+            None,
+            "no data: the tracer wrote no interval since the last sample",
+            running,
+        )
+
+    def _hold(
+        self,
+        now: float,
+        window: WindowAggregates,
+        transition: Transition | None,
+        why: str,
+        running: bool | None,
+    ) -> NodeSample:
+        """The last measurement again, in the state the node keeps."""
+        if why not in self.held_for:
+            self.held_for.add(why)
+            log.info("%s; keeping state %s (logged once)", why, self.state.state)
+        last = self.last
+        return NodeSample(
+            now,
+            self.state.state,
+            last.result if last is not None else None,
+            window,
+            transition,
+            stalled=self.state.stalled,
+            job_running=running,
+            peer_rate=last.peer_rate if last is not None else None,
+            held=True,
         )
 
     def _job_running(self, window: WindowAggregates, job_file: bool) -> bool | None:

@@ -77,6 +77,14 @@ class ScoreConfig:
     ema_alpha_down: float = field(default=0.02, metadata=in_range(1e-6, 1.0))
     warmup_samples: int = field(default=6, metadata=positive())
     idle_after: int = field(default=3, metadata=positive())
+    # A stall is measured, not inferred from one quiet moment: the tracer's intervals since
+    # the last kernel launch cover at least this many intervals (of any length)...
+    stall_intervals: int = field(default=2, metadata=positive())
+    # ...and at least this long (0: the intervals alone decide).
+    stall_after: Duration = field(default=Duration(0.0), metadata=in_range(0.0, 86400.0))
+    # A node DB whose tracer wrote nothing new for this long (and for 3 of its own
+    # intervals) is stale: a silent tracer says nothing about the node, not "stalled".
+    stale_after: Duration = field(default=Duration(15.0), metadata=positive())
     # Where host CPU and memory are read; tests and the demo point it at a synthetic tree.
     proc_root: str = "/proc"
     gpu_health: GpuHealthConfig = field(default_factory=GpuHealthConfig)

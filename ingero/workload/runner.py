@@ -7,13 +7,16 @@ off, and ``slow_after`` turns it on that many seconds after the start. The contr
 holding ``stall`` stops the process's work (as a hung or SIGSTOPped rank: no calls, its GPU
 idle but still held), and so does ``stall_after`` seconds after the start. With a jobs
 directory the runner writes the job's file there at start, as the Slurm prolog does, keeps
-it while it runs (stalled or not) and removes it on exit, as the epilog does.
+it while it runs (stalled or not) and removes it on exit, as the epilog does. ``late``
+writes each interval's rows up to that many seconds after the interval ends (their times
+unchanged), as a tracer delayed by a loaded node does.
 """
 
 from __future__ import annotations
 
 import logging
 import os
+import random
 import signal
 import socket
 import sqlite3
@@ -122,12 +125,16 @@ class WorkloadRunner:
         job: JobInfo | None = None,
         cause: str | None = None,
         slow_after: float | None = None,
+        late: float = 0.0,
     ) -> None:
         """``job``: the job file to keep in ``jobs_dir`` while running (default: the profile's
         job on this host). ``cause``: what ``slowdown`` comes from (None: the process sleeps);
-        ``slow_after``: turn the slowdown on this many seconds after the start."""
+        ``slow_after``: turn the slowdown on this many seconds after the start; ``late``: the
+        most each interval's rows are written after it ends."""
         if interval_s <= 0:
             raise ValueError("interval_s must be > 0")
+        if not 0 <= late < interval_s:
+            raise ValueError("late must be >= 0 and shorter than the interval")
         for name, after in (("stall_after", stall_after), ("slow_after", slow_after)):
             if after is not None and after < 0:
                 raise ValueError(f"{name} must be >= 0")
@@ -159,6 +166,8 @@ class WorkloadRunner:
         self.job = job
         self._stall_at: float | None = None
         self._slow_at: float | None = None
+        self.late = late
+        self._late_rng = random.Random(seed)
 
     def toggle(self, _signum: int = 0, _frame: FrameType | None = None) -> None:
         self.toggled = not self.toggled
@@ -223,6 +232,8 @@ class WorkloadRunner:
                 if self.proc is not None:
                     self.proc.write(now - last, rows.cpu_busy, rows.mem_available)
                 last = now
+                if self.late and self.stop_event.wait(self._late_rng.uniform(0, self.late)):
+                    break
                 with db.conn:
                     db.table("intervals").insert_all(rows.intervals)
                     db.table("gpu_intervals").insert_all(rows.gpu_intervals)

@@ -8,9 +8,20 @@ from ingero.push.nodestate import NodeStateMachine
 from ingero.runtime.clock import ManualClock
 
 
-def machine(warmup: int = 3, idle_after: int = 2, warm: int = 0) -> NodeStateMachine:
+def machine(
+    warmup: int = 3,
+    idle_after: int = 2,
+    warm: int = 0,
+    stall_intervals: int = 1,
+    stall_after: float = 0.0,
+) -> NodeStateMachine:
     return NodeStateMachine(
-        warmup_samples=warmup, idle_after=idle_after, clock=ManualClock(), warm_samples=warm
+        warmup_samples=warmup,
+        idle_after=idle_after,
+        clock=ManualClock(),
+        warm_samples=warm,
+        stall_intervals=stall_intervals,
+        stall_after=stall_after,
     )
 
 
@@ -114,17 +125,25 @@ def test_stale_does_not_lose_warmup_progress() -> None:
 
 def test_since_follows_the_clock() -> None:
     clock = ManualClock()
-    m = NodeStateMachine(warmup_samples=1, idle_after=1, clock=clock)
+    m = NodeStateMachine(
+        warmup_samples=1, idle_after=1, clock=clock, stall_intervals=1, stall_after=0.0
+    )
     clock.advance(10)
     t = m.observe(readable=True, kernel_launches=1)
     assert m.since == 10.0
     assert t is not None and t.at == clock.now()
 
 
-@pytest.mark.parametrize(("warmup", "idle"), [(0, 1), (1, 0)])
-def test_bad_settings_are_rejected(warmup: int, idle: int) -> None:
+@pytest.mark.parametrize(("warmup", "idle", "stall"), [(0, 1, 1), (1, 0, 1), (1, 1, 0)])
+def test_bad_settings_are_rejected(warmup: int, idle: int, stall: int) -> None:
     with pytest.raises(ValueError):
-        NodeStateMachine(warmup_samples=warmup, idle_after=idle, clock=ManualClock())
+        NodeStateMachine(
+            warmup_samples=warmup,
+            idle_after=idle,
+            clock=ManualClock(),
+            stall_intervals=stall,
+            stall_after=0.0,
+        )
 
 
 @pytest.mark.parametrize(
@@ -144,3 +163,81 @@ def test_a_rank_waiting_inside_a_collective_is_not_stalled(
     for _ in range(4):  # more quiet samples than idle_after
         m.observe(readable=True, job_running=job_running, waiting=waiting)
     assert (m.stalled, m.state) == (stalled, state)
+
+
+# One sample: (new tracer intervals, their seconds, kernel launches); (0, 0, 0) is no data.
+Sample = tuple[int, float, int]
+WORK: Sample = (1, 1.0, 500)
+QUIET: Sample = (1, 1.0, 0)
+NO_DATA: Sample = (0, 0.0, 0)
+
+
+@pytest.mark.parametrize(
+    ("stall_intervals", "stall_after", "samples", "stalled_after"),
+    [
+        # Tracer and pushes at one interval: a stall takes 2 quiet intervals, whatever
+        # windows without data come between (a late write, a push ahead of the tracer).
+        (2, 0.0, [QUIET, QUIET], [False, True]),
+        (2, 0.0, [QUIET, NO_DATA, NO_DATA, QUIET], [False, False, False, True]),
+        (2, 0.0, [NO_DATA] * 5, [False] * 5),
+        # Work between quiet intervals starts the count again.
+        (2, 0.0, [QUIET, WORK, QUIET, QUIET], [False, False, False, True]),
+        # Pushes 5x the tracer interval: one window of 5 quiet intervals is a stall.
+        (2, 0.0, [(5, 5.0, 0)], [True]),
+        # Tracer 5x the push interval: 4 pushes of 5 find nothing new.
+        (2, 0.0, [(1, 5.0, 0), *[NO_DATA] * 4, (1, 5.0, 0)], [False] * 5 + [True]),
+        # A configured duration on top: 2 intervals of 0.25 s are not yet 1 s.
+        (2, 1.0, [(2, 0.5, 0), (2, 0.5, 0)], [False, True]),
+        (1, 0.0, [QUIET], [True]),
+    ],
+)
+def test_a_stall_needs_covered_quiet_intervals_and_no_data_is_none(
+    stall_intervals: int, stall_after: float, samples: list[Sample], stalled_after: list[bool]
+) -> None:
+    m = machine(warmup=1, idle_after=2, stall_intervals=stall_intervals, stall_after=stall_after)
+    m.observe(readable=True, kernel_launches=5)
+    seen = []
+    for intervals, seconds, launches in samples:
+        m.observe(
+            readable=True,
+            kernel_launches=launches,
+            job_running=True,
+            intervals=intervals,
+            covered_s=seconds,
+        )
+        seen.append(m.stalled)
+        assert m.state == "active"  # a running job: never idle, whatever the samples
+    assert seen == stalled_after
+
+
+@pytest.mark.parametrize(
+    ("before", "job_running", "after"),
+    [
+        ("active", True, "active"),
+        ("active", None, "active"),  # no data is not quiet: it never counts towards idle
+        ("stalled", True, "stalled"),  # a stall is kept through a window without data
+        ("stalled", None, "stalled"),
+        ("active", False, "idle"),  # ...but a job that has ended is idle at once
+        ("stalled", False, "idle"),
+    ],
+)
+def test_a_window_without_data_keeps_the_state(
+    before: str, job_running: bool | None, after: str
+) -> None:
+    m = machine(warmup=1, idle_after=1, stall_intervals=1)
+    m.observe(readable=True, kernel_launches=5)
+    if before == "stalled":
+        m.observe(readable=True, job_running=True)
+    for _ in range(4):
+        m.observe(readable=True, job_running=job_running, intervals=0)
+    assert ("stalled" if m.stalled else m.state) == after
+
+
+def test_a_silent_tracer_is_stale_with_its_reason_and_not_stalled() -> None:
+    m = machine(warmup=1, idle_after=2, stall_intervals=1)
+    m.observe(readable=True, kernel_launches=5)
+    m.observe(readable=True, job_running=True)
+    assert m.stalled
+    t = m.observe(readable=False, reason="the tracer wrote nothing for 20 s")
+    assert m.state == "stale" and not m.stalled
+    assert t is not None and t.reason == "the tracer wrote nothing for 20 s"

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import random
 import shutil
 from pathlib import Path
 
@@ -38,14 +39,22 @@ class Node:
         self.clock = clock
         self.gpu_rows = gpu_rows  # False: a node where nothing samples NVML
 
-    def run(self, seconds: float, slowdown: float = 0.0, step: float = 0.5, **gpu: object) -> None:
+    def run(
+        self,
+        seconds: float,
+        slowdown: float = 0.0,
+        step: float = 0.5,
+        stalled: bool = False,
+        **gpu: object,
+    ) -> None:
         """``gpu`` overrides columns of the GPU rows (to inject a hardware problem)."""
         for _ in range(round(seconds / step)):
             start = self.clock.now()
             self.clock.advance(step)
-            rows = self.gen.tick(start, self.clock.now(), slowdown)
+            rows = self.gen.tick(start, self.clock.now(), slowdown, stalled)
             with self.db.conn:
                 self.db.table("intervals").insert_all(rows.intervals)
+                self.db.table("host_intervals").insert_all(rows.host_intervals)
                 if self.gpu_rows:
                     self.db.table("gpu_intervals").insert_all(
                         [{**row, **gpu} for row in rows.gpu_intervals]
@@ -144,35 +153,150 @@ def test_a_stalled_process_keeps_the_node_active_stalled_and_scored_until_it_exi
         node.run(2.0)
         healthy = s.sample()
     assert healthy.state == "active" and not healthy.stalled
-    # Stopped, not gone (SIGSTOP, a hang): no rows at all from it, not even GPU rows here.
+    # Stopped, not gone (SIGSTOP, a hang): the tracer still writes its intervals, and they
+    # hold no calls from it (no GPU rows either here).
     node.gpu_rows = False
-    clock.advance(2.0)
+    node.run(2.0, stalled=True)
     stalled = s.sample()
     assert stalled.state == "active" and stalled.stalled and stalled.job_running is True
-    assert stalled.result is not None
+    assert stalled.result is not None and not stalled.held
     # Its launch rate is measured, and it is 0: throughput 0, far below a healthy score.
     assert stalled.result.rates["kernel_launch_rate"] == 0.0
     assert stalled.result.signals["throughput"] == 0.0
     assert stalled.score < healthy.score - 0.4
-    clock.advance(2.0)
+    clock.advance(2.0)  # the tracer wrote nothing new: no data, the stall is kept
+    held = s.sample()
+    assert held.held and held.stalled and held.score == stalled.score
+    node.run(2.0, stalled=True)
     assert s.sample().stalled  # still stalled, never idle while the process lives
     alive.clear()  # the job ends
-    clock.advance(2.0)
+    node.run(2.0, stalled=True)
     ended = s.sample()
     assert ended.state == "idle" and not ended.stalled and ended.job_running is False
 
 
 def test_a_job_file_alone_says_the_job_runs_when_no_process_was_seen(tmp_path: Path) -> None:
     clock = ManualClock()
-    Node(tmp_path, clock)  # an empty node DB: nothing was ever traced
+    node = Node(tmp_path, clock, gpu_rows=False)  # the tracer runs, nothing was ever traced
     s = sampler(tmp_path, clock)
     s.state.work_samples = 3  # warmed up, as after a restart
     s.state.state = "active"
-    clock.advance(2.0)
+    node.run(2.0, stalled=True)
     assert s.sample(job_file=True).stalled
-    clock.advance(2.0)
+    node.run(2.0, stalled=True)
     gone = s.sample(job_file=False)
     assert not gone.stalled and gone.job_running is None  # nothing tells: idle_after rules
+
+
+def test_a_silent_tracer_goes_stale_not_stalled_and_comes_back(tmp_path: Path) -> None:
+    clock = ManualClock()
+    node = Node(tmp_path, clock)
+    s = sampler(tmp_path, clock, pid_alive=lambda pid: True)
+    for _ in range(4):
+        node.run(2.0)
+        s.sample()
+    held = []
+    for _ in range(10):  # 20 s without a row: past stale_after (15 s)
+        clock.advance(2.0)
+        sample = s.sample()
+        assert not sample.stalled
+        held.append(sample.held)
+        if sample.state == "stale":
+            break
+    assert held[:-1] == [True] * (len(held) - 1) and sample.state == "stale"
+    assert sample.stale_reason is not None and "tracer wrote nothing" in sample.stale_reason
+    assert sample.result is None and sample.transition is not None
+    node.run(2.0)
+    back = s.sample()
+    assert back.state == "active" and not back.held and back.result is not None
+
+
+# (tracer interval, push interval, the most the tracer writes a row late, push jitter)
+CADENCES = [
+    # Equal intervals, the pushes in phase with the tracer's writes, which come 0-10 ms
+    # late: half the pushes find no new row (what 48 real nodes on 2 cores did).
+    (1.0, 1.0, 0.01, 0.0),
+    (1.0, 1.0, 0.3, 0.1),
+    (0.5, 1.0, 0.02, 0.1),  # the tracer twice as often
+    (1.0, 5.0, 0.02, 0.1),  # the defaults: 5 tracer intervals per push
+    (2.0, 1.0, 0.02, 0.1),  # the tracer half as often: every other push finds nothing
+    (5.0, 1.0, 0.02, 0.1),
+]
+
+
+def cadence_run(
+    tmp_path: Path, tracer: float, push: float, late: float, jitter: float, stall_at: float
+) -> list[tuple[float, bool, bool, float | None]]:
+    """Writes a healthy workload's rows every ``tracer`` s, each up to ``late`` s after its
+    interval ends (stalled from ``stall_at``), samples every ``push`` s ± ``jitter``,
+    starting ``late / 2`` after a write; returns (time, stalled, held, throughput signal)
+    per sample of the active node."""
+    clock = ManualClock()
+    node = Node(tmp_path, clock)
+    s = NodeSampler(
+        node_id="n1",
+        db_path=node.path,
+        config=ScoreConfig(warmup_samples=3, idle_after=2),
+        window_s=push,
+        clock=clock,
+        proc=ProcReader(FIXTURES / "proc-t0"),
+        pid_alive=lambda pid: True,
+    )
+    rng = random.Random(7)
+    t0 = clock.now()
+    writes = [t0 + k * tracer for k in range(1, int(60 / tracer) + 1)]
+    out = []
+    pushes, t = [], t0 + late / 2
+    while t < t0 + 60:
+        t += push * (1 + rng.uniform(-jitter, jitter))
+        pushes.append(t)
+    events = sorted(
+        [(w + rng.uniform(0, late), "write", w) for w in writes] + [(p, "push", p) for p in pushes]
+    )
+    for at, kind, end in events:
+        clock.advance(at - clock.now())
+        if kind == "write":
+            rows = node.gen.tick(end - tracer, end, 0.0, end - t0 > stall_at)
+            with node.db.conn:
+                node.db.table("intervals").insert_all(rows.intervals)
+                node.db.table("host_intervals").insert_all(rows.host_intervals)
+                node.db.table("gpu_intervals").insert_all(rows.gpu_intervals)
+                node.db.table("gpu_processes").insert_all(rows.gpu_processes)
+        else:
+            sample = s.sample()
+            signal = sample.result.signals.get("throughput") if sample.result else None
+            if sample.state == "active":
+                out.append((at - t0, sample.stalled, sample.held, signal))
+    return out
+
+
+@pytest.mark.parametrize(("tracer", "push", "late", "jitter"), CADENCES)
+def test_late_rows_and_windows_without_data_are_never_a_stall(
+    tmp_path: Path, tracer: float, push: float, late: float, jitter: float
+) -> None:
+    samples = cadence_run(tmp_path, tracer, push, late, jitter, stall_at=1e9)
+    assert len(samples) > 5
+    assert not any(stalled for _, stalled, _, _ in samples)
+    # Rates are per covered time: a late row neither halves one window nor doubles the next.
+    signals = [x for _, _, held, x in samples if not held and x is not None]
+    assert min(signals) > 0.9, signals
+    if push <= tracer:
+        assert any(held for _, _, held, _ in samples)  # windows without data happened
+
+
+@pytest.mark.parametrize(("tracer", "push", "late", "jitter"), CADENCES)
+def test_a_real_stall_is_still_flagged_at_any_cadence(
+    tmp_path: Path, tracer: float, push: float, late: float, jitter: float
+) -> None:
+    samples = cadence_run(tmp_path, tracer, push, late, jitter, stall_at=30.0)
+    before = [stalled for at, stalled, _, _ in samples if at < 30.0]
+    after = [(at, stalled) for at, stalled, _, _ in samples if at >= 30.0]
+    assert before and not any(before)
+    first = next(at for at, stalled in after if stalled)
+    # Two quiet tracer intervals must be written, and then read by a push whose window
+    # holds no launches (with 5 tracer intervals per push, the second after the stall).
+    assert first <= 30.0 + 2 * tracer + late + 2.2 * push + 1e-6
+    assert all(stalled for at, stalled in after if at >= first)
 
 
 def test_throughput_against_the_peers_median_sees_a_node_slow_from_birth(tmp_path: Path) -> None:

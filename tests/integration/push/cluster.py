@@ -97,6 +97,7 @@ class Cluster:
     echo_endpoint: str | None = None  # where Fleet forwards events, if anywhere
     job_id: str | None = None  # every node runs this Slurm job, its file in <node>.jobs
     fleet_config: dict[str, Any] = field(default_factory=dict)  # laid over Fleet's config
+    tracer_interval: float | None = None  # the workloads' write interval (None: half a push)
     cluster_id: str = "itest"  # every node's
     node_prefix: str = "node"  # node ids are this and two digits
     token_file: Path | None = None  # fleet-push's auth_token_file, where Fleet wants one
@@ -152,7 +153,7 @@ class Cluster:
                 "--db",
                 str(self.tmp / f"{node}.db"),
                 "--interval",
-                str(self.interval / 2),
+                str(self.tracer_interval or self.interval / 2),
                 "--noise",
                 "0.02",
                 "--seed",
