@@ -87,6 +87,7 @@ def test_a_port_taken_before_echo_binds_it_moves_its_first_start_not_a_restart(
         assert echo.stop() == 0
     refused = echo.log().count("Address already in use")
     held = socket.socket()
+    held.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # past the stop's TIME_WAIT
     held.bind(_split(echo.api))
     held.listen()
 
