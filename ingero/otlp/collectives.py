@@ -15,8 +15,9 @@ Wire form (additive to the health push, docs/design.md "Contracts"): in the same
   read Fleet's, attribute ``ingero.clock.uncertainty`` (s, half the round trip it came from).
 
 Sizes are bounded whatever the collective rate: at most :data:`MAX_COMMS` communicators per
-push, :data:`MAX_CALLS` calls per communicator and :data:`MAX_CALLS_PER_PUSH` in all, picked by :func:`sample_calls` so that
-ranks with slightly different rates still send the same sequence numbers.
+push, :data:`MAX_CALLS` calls per communicator and :data:`MAX_CALLS_PER_PUSH` in all, picked
+by :func:`sample_calls` with one stride per communicator, so that its ranks send the same
+sequence numbers.
 """
 
 from __future__ import annotations
@@ -119,29 +120,46 @@ class CollectivesDecode:
     errors: list[str] = field(default_factory=list)
 
 
-def sample_seqs(seqs: Sequence[int], limit: int = MAX_CALLS) -> list[int]:
-    """At most ``limit`` of ``seqs`` (increasing): all of them when they fit, else those
-    that are multiples of the smallest power of two that makes them fit, plus the last.
-    Power-of-two strides nest, so two ranks whose counts differ a little keep the same
-    multiples of the larger stride, and Fleet can join them on those."""
-    if len(seqs) <= limit:
-        return list(seqs)
+def seq_stride(seqs: Sequence[int], limit: int = MAX_CALLS) -> int:
+    """The stride :func:`sample_seqs` needs for ``seqs`` (increasing) alone: 1 when they
+    fit in ``limit``, else the smallest power of two whose multiples (but the last seq)
+    fit in ``limit - 1``."""
+    if len(seqs) <= limit or limit < 2:
+        return 1
+    stride = 2
+    while sum(1 for s in seqs[:-1] if s % stride == 0) > limit - 1:
+        stride *= 2
+    return stride
+
+
+def shared_stride(seq_lists: Iterable[Sequence[int]], limit: int = MAX_CALLS) -> int:
+    """One stride for the ranks of a communicator: the largest any of them needs, so each
+    keeps the same multiples and none exceeds ``limit``."""
+    return max((seq_stride(seqs, limit) for seqs in seq_lists), default=1)
+
+
+def sample_seqs(seqs: Sequence[int], limit: int = MAX_CALLS, stride: int = 1) -> list[int]:
+    """At most ``limit`` of ``seqs`` (increasing): all of them when they fit and ``stride``
+    is 1, else those that are multiples of ``stride`` (raised to the smallest power of two
+    that makes them fit), plus the last. Power-of-two strides nest, so two ranks whose
+    counts differ a little keep the same multiples of the larger stride, and the ranks of
+    one push, given one :func:`shared_stride`, keep exactly the same multiples."""
     if limit <= 1:
         return list(seqs[-1:]) if limit == 1 else []
-    stride = 2
-    while True:
-        picked = [s for s in seqs[:-1] if s % stride == 0]
-        if len(picked) <= limit - 1:
-            return [*picked, seqs[-1]]
-        stride *= 2
+    stride = max(stride, seq_stride(seqs, limit))
+    if stride == 1:
+        return list(seqs)
+    return [*(s for s in seqs[:-1] if s % stride == 0), *seqs[-1:]]
 
 
-def sample_calls(calls: Sequence[CollectiveCall], limit: int = MAX_CALLS) -> list[CollectiveCall]:
+def sample_calls(
+    calls: Sequence[CollectiveCall], limit: int = MAX_CALLS, stride: int = 1
+) -> list[CollectiveCall]:
     """At most ``limit`` of ``calls`` (in sequence order), picked by :func:`sample_seqs`
     (which the node's reader also applies to the seqs alone, before it reads the calls)."""
-    if len(calls) <= limit:
+    if len(calls) <= limit and stride == 1:
         return list(calls)
-    keep = sample_seqs([c.seq for c in calls], limit)
+    keep = sample_seqs([c.seq for c in calls], limit, stride)
     if not keep:
         return []
     multiples = set(keep[:-1])
@@ -161,12 +179,17 @@ def encode_collectives(
     per_comm = MAX_CALLS
     while reports and per_comm * len(reports) > MAX_CALLS_PER_PUSH:
         per_comm //= 2
+    # One stride per communicator: its ranks on this node send the same sequence numbers.
+    by_comm: dict[str, list[list[int]]] = {}
+    for comm in reports:
+        by_comm.setdefault(comm.comm_hash, []).append([c.seq for c in comm.calls])
+    strides = {h: shared_stride(seqs, per_comm) for h, seqs in by_comm.items()}
     if reports:
         metric = sm.metrics.add()
         metric.name = COMM_METRIC
         metric.unit = "{collective}"
         for comm in reports:
-            calls = sample_calls(comm.calls, per_comm)
+            calls = sample_calls(comm.calls, per_comm, strides[comm.comm_hash])
             point = metric.gauge.data_points.add()
             point.time_unix_nano = time_unix_nano
             point.as_int = comm.entered_seq

@@ -12,6 +12,11 @@
   late, after the push that its entry time belongs to, is still read once), at most
   ``max_calls_read`` of them, the newest; older ones count as dropped (the first push
   after a start has no previous push: it carries the ranks' state, no calls or counts);
+- aligned by sequence number across the ranks of a communicator (:func:`plan_samples`):
+  a call past the last one every rank of it on the node has reached waits for the next
+  push (one push at most), and one stride samples all of them, so the ranks send the same
+  sequence numbers in a push even when one rank's rows were written after the push read
+  the others';
 
 and builds :class:`~ingero.otlp.collectives.CommReport` values (times in Unix ns of the
 node's clock). A node DB without the tables (no NCCL tracing there, or an older tracer)
@@ -24,7 +29,7 @@ from __future__ import annotations
 import json
 import logging
 import sqlite3
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol
@@ -36,6 +41,7 @@ from ingero.otlp.collectives import (
     CollectiveCall,
     CommReport,
     sample_seqs,
+    shared_stride,
 )
 
 log = logging.getLogger(__name__)
@@ -65,12 +71,20 @@ _SEQS_SQL = f"""
 SELECT pid, comm_hash, comm_rank, count(*) AS n, min(rowid) AS first, group_concat(seq) AS seqs
 FROM ({_READ_SQL}) GROUP BY pid, comm_hash, comm_rank
 """
-# The picked calls of one communicator (its ranks share the picked seqs, mostly), through
+# The highest seq each rank wrote before the first push (which reads no calls).
+_REACHED_SQL = f"""
+SELECT pid, comm_hash, comm_rank, max(seq) AS seq FROM {CALLS_TABLE}
+WHERE rowid <= ? AND ts_enter > ? GROUP BY pid, comm_hash, comm_rank
+"""
+# The picked calls of one communicator (its ranks share the picked seqs), through
 # the tracer's (comm_hash, seq) index.
 _PICKED_SQL = f"""
 SELECT pid, comm_hash, comm_rank, seq, op, ts_enter, ts_return, bytes FROM {CALLS_TABLE}
 WHERE comm_hash = ? AND rowid >= ? AND seq IN (SELECT value FROM json_each(?))
 """
+
+
+Key = tuple[int, str, int]  # (pid, comm_hash, comm_rank)
 
 
 class Row(Protocol):
@@ -83,8 +97,13 @@ def _ns(ts: float | None) -> int | None:
     return None if ts is None else round(ts * 1e9)
 
 
-def _key(row: Row) -> tuple[int, str, int]:
+def _key(row: Row) -> Key:
     return int(row["pid"]), str(row["comm_hash"]), int(row["comm_rank"])
+
+
+def _fresh(row: Row, now: float, fresh_s: float, pid_alive: Callable[[int], bool]) -> bool:
+    """A rank is reported while its process lives or its row is younger than ``fresh_s``."""
+    return now - float(row["ts"]) <= fresh_s or pid_alive(_key(row)[0])
 
 
 def build_reports(
@@ -94,13 +113,13 @@ def build_reports(
     now: float,
     fresh_s: float,
     pid_alive: Callable[[int], bool],
-    unsent: Mapping[tuple[int, str, int], int] | None = None,
+    unsent: Mapping[Key, int] | None = None,
 ) -> list[CommReport]:
     """CommReports from ``nccl_comms`` rows (newest per rank, as :data:`_COMMS_SQL` picks
     them) and ``nccl_calls`` rows. A rank whose process is gone is kept only while its row
     is younger than ``fresh_s``; calls of a rank with no kept row are left out (its
     communicator's size is unknown); ``unsent`` adds the calls left out to ``dropped``."""
-    by_rank: dict[tuple[int, str, int], dict[int, CollectiveCall]] = {}
+    by_rank: dict[Key, dict[int, CollectiveCall]] = {}
     for row in calls:
         # A seq written twice (a rewritten row) is sent once; the decoder wants them unique.
         by_rank.setdefault(_key(row), {})[int(row["seq"])] = CollectiveCall(
@@ -113,7 +132,7 @@ def build_reports(
     out: list[CommReport] = []
     for row in comms:
         key = _key(row)
-        if now - float(row["ts"]) > fresh_s and not pid_alive(key[0]):
+        if not _fresh(row, now, fresh_s, pid_alive):
             continue
         sampled = by_rank.get(key, {})
         out.append(
@@ -134,6 +153,62 @@ def build_reports(
             )
         )
     return out
+
+
+@dataclass(frozen=True)
+class SamplePlan:
+    """What one push sends of the calls it read, per rank (see :func:`plan_samples`)."""
+
+    window: dict[Key, list[int]]  # seqs this push covers: sampled or counted dropped
+    picked: dict[Key, list[int]]  # the sampled ones among them
+    held: dict[Key, list[int]]  # read, past the communicator's cut: the next push's
+    reached: dict[Key, int]  # the highest seq read per rank so far
+
+
+def plan_samples(
+    read: Mapping[Key, Sequence[int]],
+    held: Mapping[Key, Sequence[int]],
+    reached: Mapping[Key, int],
+    ranks: Iterable[Key],
+    limit: int = MAX_CALLS,
+) -> SamplePlan:
+    """Aligns the ranks of each communicator by sequence number, then samples them with one
+    stride. ``read`` is each rank's seqs read this push (increasing), ``held`` those the
+    previous push held back, ``reached`` the highest seq read per rank before, ``ranks``
+    the ranks reported. A communicator's cut is the lowest seq its reported ranks have
+    all reached; a rank's read seqs past it are held for the next push, where they go
+    whatever the cut (a rank that stopped, or lags a whole push, delays the others by one
+    push at most). Without the cut, a push that read rank 0's interval but not yet rank
+    1's would carry their calls of different intervals, with no sequence number shared."""
+    ranks = set(ranks)
+    top = dict(reached)
+    for key, seqs in read.items():
+        if seqs:
+            top[key] = max(top.get(key, 0), max(seqs))
+    cuts: dict[str, int] = {}
+    for key in ranks:
+        if key in top:  # a rank that never wrote a call holds no one back
+            cuts[key[1]] = min(cuts.get(key[1], top[key]), top[key])
+    window: dict[Key, list[int]] = {}
+    later: dict[Key, list[int]] = {}
+    for key in ranks:
+        new = read.get(key, ())
+        cut = cuts.get(key[1], 0)
+        window[key] = sorted({*held.get(key, ()), *(s for s in new if s <= cut)})
+        waiting = sorted({s for s in new if s > cut})
+        if waiting:
+            later[key] = waiting
+    by_comm: dict[str, list[list[int]]] = {}
+    for key, seqs in window.items():
+        by_comm.setdefault(key[1], []).append(seqs)
+    strides = {h: shared_stride(lists, limit) for h, lists in by_comm.items()}
+    picked = {key: sample_seqs(seqs, limit, strides[key[1]]) for key, seqs in window.items()}
+    return SamplePlan(
+        window=window,
+        picked=picked,
+        held=later,
+        reached={key: top[key] for key in ranks if key in top},
+    )
 
 
 @dataclass
@@ -162,6 +237,10 @@ class CollectivesReader:
         self.pid_alive = pid_alive
         self.timeout_s = timeout_s
         self._cursor: _Cursor | None = None
+        # Seqs read but past their communicator's cut, per rank: (lowest rowid read with
+        # them, seqs); and the highest seq read per rank (plan_samples).
+        self._held: dict[Key, tuple[int, list[int]]] = {}
+        self._reached: dict[Key, int] = {}
         self._warned: str | None = None
 
     def read(self, now: float) -> tuple[CommReport, ...]:
@@ -202,13 +281,21 @@ class CollectivesReader:
             first = cursor is None or top.calls < cursor.calls or top.comms < cursor.comms
             if first:
                 cursor = top
+                self._held = {}
+                self._reached = {
+                    _key(row): int(row["seq"])
+                    for row in conn.execute(_REACHED_SQL, (cursor.calls, now - self.recent_s))
+                }
             assert cursor is not None
             comms = conn.execute(
                 _COMMS_SQL,
                 {"cursor": cursor.comms, "since": now - self.recent_s, "limit": 4 * MAX_COMMS},
             ).fetchall()
+            ranks = {
+                _key(row) for row in comms if _fresh(row, now, self.interval_s, self.pid_alive)
+            }
             read = (cursor.calls, now - self.recent_s, self.max_calls_read)
-            calls, unsent, total = self._sampled_calls(conn, read, {_key(row) for row in comms})
+            calls, unsent, total = self._sampled_calls(conn, read, ranks)
             if total == self.max_calls_read:  # the read was cut: the older rows go unsent
                 first_read = conn.execute(f"SELECT min(rowid) FROM ({_READ_SQL})", read).fetchone()[
                     0
@@ -236,33 +323,44 @@ class CollectivesReader:
         self,
         conn: sqlite3.Connection,
         read: tuple[int, float, int],
-        ranks: set[tuple[int, str, int]],
-    ) -> tuple[list[sqlite3.Row], dict[tuple[int, str, int], int], int]:
-        """The read calls of ``ranks``, each rank's sampled as the encoder samples them (at
-        most MAX_CALLS, so the encoder's own sampling nests in it); per rank how many read
-        calls were left out; and how many were read in all. Only the seqs of the calls
-        read cross into Python; then only the picked calls are fetched."""
-        picked: dict[tuple[int, str, int], set[int]] = {}
-        counts: dict[tuple[int, str, int], int] = {}
-        by_comm: dict[str, tuple[int, set[int]]] = {}
+        ranks: set[Key],
+    ) -> tuple[list[sqlite3.Row], dict[Key, int], int]:
+        """The calls of ``ranks`` this push sends, as :func:`plan_samples` aligns and samples
+        them (at most MAX_CALLS each, so the encoder's own sampling nests in it); per rank
+        how many of its window were left out; and how many calls were read in all. Only
+        the seqs of the calls read cross into Python; then only the picked calls are
+        fetched."""
+        seqs: dict[Key, list[int]] = {}
+        firsts: dict[Key, int] = {}
         total = 0
         for row in conn.execute(_SEQS_SQL, read):
             key = _key(row)
             total += int(row["n"])
-            if key not in ranks:
-                continue
-            seqs = sorted({int(s) for s in str(row["seqs"]).split(",")})
-            picked[key] = set(sample_seqs(seqs, MAX_CALLS))
-            counts[key] = int(row["n"])
-            first, wanted = by_comm.get(key[1], (int(row["first"]), set()))
-            by_comm[key[1]] = (min(first, int(row["first"])), wanted | picked[key])
+            if key in ranks:
+                seqs[key] = sorted({int(s) for s in str(row["seqs"]).split(",")})
+                firsts[key] = int(row["first"])
+        held = {key: h for key, h in self._held.items() if key in ranks}
+        plan = plan_samples(
+            seqs, {key: h[1] for key, h in held.items()}, self._reached, ranks, MAX_CALLS
+        )
+        # The rows of held seqs were read before this push's: the lowest rowid to look from.
+        for key, (first, _) in held.items():
+            firsts[key] = min(first, firsts.get(key, first))
+        self._held = {key: (firsts[key], later) for key, later in plan.held.items()}
+        self._reached = plan.reached
+        by_comm: dict[str, tuple[int, set[int]]] = {}
+        for key, seqs_sent in plan.picked.items():
+            if seqs_sent:
+                first, wanted = by_comm.get(key[1], (firsts[key], set()))
+                by_comm[key[1]] = (min(first, firsts[key]), wanted | set(seqs_sent))
+        picked = {key: set(p) for key, p in plan.picked.items()}
         rows: list[sqlite3.Row] = []
+        sent: dict[Key, set[int]] = {}
         for comm_hash, (first, wanted) in by_comm.items():
             for row in conn.execute(_PICKED_SQL, (comm_hash, first, json.dumps(sorted(wanted)))):
                 key = _key(row)
                 if int(row["seq"]) in picked.get(key, ()):
                     rows.append(row)
-        sent: dict[tuple[int, str, int], int] = {}
-        for row in rows:
-            sent[_key(row)] = sent.get(_key(row), 0) + 1
-        return rows, {key: n - sent.get(key, 0) for key, n in counts.items()}, total
+                    sent.setdefault(key, set()).add(int(row["seq"]))
+        unsent = {key: len(w) - len(sent.get(key, ())) for key, w in plan.window.items()}
+        return rows, unsent, total

@@ -53,7 +53,9 @@ class HangupsWhileStarting(threading.Thread):
     ``word`` among its arguments: its configuration file's path), while it is not ready yet. From the moment the daemon maps ``loaded`` (grpc: its start imports
     it, then loads its configuration and binds) each SIGHUP goes to the process while it is
     stopped (SIGSTOP) and not ``ready()``: so it lands during start-up, whatever the timing.
-    ``during_start`` counts those; the thread ends once the daemon is ready or gone."""
+    ``during_start`` counts those; the thread ends once the daemon is ready, or at ``stop``.
+    A child that is gone is replaced by the next one with ``word`` (a start retried on
+    other ports: the retry must see SIGHUPs too)."""
 
     def __init__(self, word: str, ready: Callable[[], bool], loaded: str = "cygrpc") -> None:
         super().__init__(name="hangups", daemon=True)
@@ -73,21 +75,25 @@ class HangupsWhileStarting(threading.Thread):
             pid = pid or child_pid(self.word)
             if pid is None or not maps_contain(pid, self.loaded):
                 if pid is not None and state(pid) in "ZX":
-                    return
+                    pid = None
                 time.sleep(0.002)
                 continue
+            target, pid = pid, None  # kept below while it lives
             try:
-                os.kill(pid, signal.SIGSTOP)
+                os.kill(target, signal.SIGSTOP)
             except ProcessLookupError:
-                return
+                continue
             try:
-                while state(pid) not in "TtZX":
+                while state(target) not in "TtZX":
                     time.sleep(0.001)
-                if state(pid) in "ZX" or self.ready():
+                if self.ready():
                     return
-                os.kill(pid, signal.SIGHUP)
+                if state(target) in "ZX":
+                    continue
+                pid = target
+                os.kill(target, signal.SIGHUP)
                 self.during_start += 1
             finally:
                 with contextlib.suppress(ProcessLookupError):
-                    os.kill(pid, signal.SIGCONT)
+                    os.kill(target, signal.SIGCONT)
             time.sleep(0.01)

@@ -94,6 +94,34 @@ def test_sampled_seqs_of_ranks_with_different_counts_share_a_stride() -> None:
     assert len(common) >= c.MAX_CALLS // 2 - 1
 
 
+# (name, each rank's seqs, the limit per rank)
+RANK_SEQS = [
+    ("one needs a stride, one fits", [range(1, 101), range(50, 101)], 64),
+    ("counts a little apart", [range(1, 1001), range(1, 1041)], 64),
+    ("a rank four times as long", [range(1, 257), range(1, 1025)], 64),
+    ("the limit of a crowded push", [range(1, 129), range(1, 100), range(60, 129)], 16),
+]
+
+
+@pytest.mark.parametrize(("name", "ranks", "limit"), RANK_SEQS, ids=[r[0] for r in RANK_SEQS])
+def test_ranks_of_a_communicator_in_one_push_keep_the_same_multiples(
+    name: str, ranks: list[range], limit: int
+) -> None:
+    """The encoder samples the ranks of one communicator with one stride: each keeps at
+    most ``limit``, and every rank keeps exactly the multiples of that stride it has."""
+    reports = [comm(tuple(call(s) for s in seqs), comm_rank=i) for i, seqs in enumerate(ranks)]
+    crowd = [comm(comm_hash=f"{i:016x}", comm_rank=0) for i in range(1024 // limit - len(ranks))]
+    out = round_trip(NodePush("n1", "c1", 0.9, collectives=(*reports, *crowd)))
+    got = [r for r in out.collectives if r.comm_hash == reports[0].comm_hash]
+    stride = c.shared_stride([list(seqs) for seqs in ranks], limit)
+    assert stride > 1
+    for seqs, report in zip(ranks, got, strict=True):
+        assert 0 < len(report.calls) <= limit
+        kept = [x.seq for x in report.calls]
+        assert kept == [*(s for s in seqs[:-1] if s % stride == 0), seqs[-1]]
+        assert report.dropped == len(seqs) - len(kept)
+
+
 @pytest.mark.parametrize(
     ("attrs", "why"),
     [

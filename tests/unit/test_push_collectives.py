@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 from pathlib import Path
 from typing import Any
 
@@ -256,8 +257,70 @@ def test_eight_ranks_round_trip_through_the_health_push_sharing_sampled_seqs(
     assert len(got.collectives) == 8
     seqs = [{c.seq for c in comm.calls[:-1]} for comm in got.collectives]
     assert all(len(c.calls) <= MAX_CALLS for c in got.collectives)
-    shared = set.intersection(*seqs)
-    assert len(shared) >= 0.9 * min(len(s) for s in seqs)
-    assert all(c.dropped + len(c.calls) == c.calls_in_interval for c in got.collectives)
+    # Rank 0 reached 2000, the last every rank reached: each rank's calls end there, and
+    # one stride picks the same multiples from every rank's (nearly equal) window.
+    assert all(c.calls[-1].seq == 2000 for c in got.collectives)
+    assert len(set.intersection(*seqs)) >= len(seqs[-1]) - 1
+    stride = min(b - a for s in seqs for a, b in itertools.pairwise(sorted(s)))
+    assert all(s % stride == 0 for s in set.union(*seqs)) and len(set.union(*seqs)) < 64
+    # Rank r's 2r calls past 2000 wait for the next push; the rest are sampled or dropped.
+    assert all(
+        c.dropped + len(c.calls) + 2 * c.comm_rank == c.calls_in_interval for c in got.collectives
+    )
     assert [c.calls_in_interval for c in got.collectives] == [1000 + r for r in range(8)]
+    later = {c.comm_rank: c for c in r.read(NOW + 5)}
+    for rank in range(8):
+        assert [c.seq for c in later[rank].calls] == list(range(2001, 2001 + 2 * rank))
+        assert later[rank].dropped == 0
+    db.close()
+
+
+# (name, steps: "p" a push, "wR" rank R's next tracer interval of 200 calls written in its
+# own commits, as a tracer that writes ranks apart would; pushes whose both ranks carry calls)
+INTERLEAVINGS = [
+    ("in step", "p w0 w1 p w0 w1 p p", 2),
+    ("rank 1 written after every push read rank 0", "p w0 w1 w0 p w1 w0 p w1 w0 p w1 p p", 4),
+    ("rank 0 written after every push read rank 1", "p w1 w0 w1 p w0 w1 p w0 p p", 3),
+    ("a push between every write", "p w0 p w1 p w0 p w1 p w0 w1 w0 p w1 p p", 3),
+    ("rank 1 stops", "p w0 w1 w0 p w0 p w0 p p", 1),
+]
+
+
+@pytest.mark.parametrize(
+    ("name", "steps", "both"), INTERLEAVINGS, ids=[i[0] for i in INTERLEAVINGS]
+)
+def test_ranks_of_a_push_share_their_sampled_seqs_however_their_rows_interleave(
+    tmp_path: Path, name: str, steps: str, both: int
+) -> None:
+    """Two ranks of one communicator on the node, in lockstep; their rows reach the node DB
+    apart. Every push that carries both ranks' calls carries the same sequence numbers for
+    each, and every call written after the first push is sent or counted dropped once."""
+    db = nccl_node_db(tmp_path / "node.db")
+    r = CollectivesReader(
+        tmp_path / "node.db", interval_s=1.0, recent_intervals=3, max_calls_read=16384,
+        pid_alive=lambda _: True,
+    )  # fmt: skip
+    written = {0: 0, 1: 0}  # intervals written per rank
+    covered = {0: 0, 1: 0}  # calls sampled or counted dropped per rank, after the first push
+    pushes: list[dict[int, list[int]]] = []
+    for step in steps.split():
+        if step == "p":
+            reports = r.read(NOW + max(written.values()) + 0.5)
+            got = {c.comm_rank: [call.seq for call in c.calls] for c in reports}
+            if pushes:
+                for c in reports:
+                    covered[c.comm_rank] += len(c.calls) + c.dropped
+            pushes.append(got)
+            continue
+        rank = int(step[1])
+        rank_interval(
+            db, end=NOW + written[rank] + 1, pid=10 + rank, comm_hash=H1, comm_rank=rank,
+            nranks=2, first_seq=1 + 200 * written[rank], count=200, period=1 / 200,
+        )  # fmt: skip
+        written[rank] += 1
+    together = [p for p in pushes if p.get(0) and p.get(1)]
+    assert len(together) == both
+    for push in together:
+        assert push[0] == push[1]
+    assert covered == {rank: 200 * written[rank] for rank in (0, 1)}
     db.close()

@@ -70,11 +70,11 @@ class EchoProcess:
     otlp_grpc: str = field(init=False)
     proc: subprocess.Popen[bytes] | None = None
 
+    started: bool = False  # once: its ports are known to whoever it served
+
     def __post_init__(self) -> None:
         self.db = self.workdir / "echo.db"
-        self.api = f"127.0.0.1:{free_port()}"
-        self.otlp_http = f"127.0.0.1:{free_port()}"
-        self.otlp_grpc = f"127.0.0.1:{free_port()}"
+        self._pick_ports()
         config: dict[str, Any] = {
             "db": str(self.db),
             "listen": {"api": self.api, "otlp_http": self.otlp_http, "otlp_grpc": self.otlp_grpc},
@@ -107,11 +107,53 @@ class EchoProcess:
             config.setdefault("auth", {}).update(self.auth)
         (self.workdir / "echo.yaml").write_text(json.dumps(config))
 
+    def _pick_ports(self) -> None:
+        self.api = f"127.0.0.1:{free_port()}"
+        self.otlp_http = f"127.0.0.1:{free_port()}"
+        self.otlp_grpc = f"127.0.0.1:{free_port()}"
+
+    def _repick_ports(self) -> None:
+        """Fresh ports in the configuration file, whatever else a test changed there."""
+        self._pick_ports()
+        path = self.workdir / "echo.yaml"
+        config = json.loads(path.read_text())
+        config["listen"] = {
+            "api": self.api,
+            "otlp_http": self.otlp_http,
+            "otlp_grpc": self.otlp_grpc,
+        }
+        path.write_text(json.dumps(config))
+
     @property
     def url(self) -> str:
         return f"{'https' if self.tls else 'http'}://{self.api}"
 
-    def start(self) -> EchoProcess:
+    def start(self, keep_ports: bool = False) -> EchoProcess:
+        """Starts Echo and waits until it serves. A port free when it was picked can be taken
+        before Echo binds it (another test's listener or a connection's ephemeral port, this
+        host is shared): Echo then exits saying so, and its first start tries fresh ports;
+        a restart, or ``keep_ports`` (ports already handed out), waits for them instead."""
+        for _ in range(20):
+            log = self.workdir / "echo.log"
+            offset = log.stat().st_size if log.exists() else 0
+            try:
+                self._start()
+            except RuntimeError:
+                said = log.read_bytes()[offset:] if log.exists() else b""
+                if self.proc is None or self.proc.poll() is None:
+                    raise
+                if b"Address already in use" not in said:
+                    raise
+                if self.started or keep_ports:
+                    time.sleep(0.5)
+                else:
+                    self._repick_ports()
+                continue
+            self.started = True
+            return self
+        raise RuntimeError(f"echo found its ports taken 20 times: {self.log()}")
+
+    def _start(self) -> None:
         log = open(self.workdir / "echo.log", "ab")  # noqa: SIM115 - closed with the process
         self.proc = subprocess.Popen(
             [
@@ -139,7 +181,7 @@ class EchoProcess:
                 if self.tls is None:
                     with urllib.request.urlopen(self.url + "/healthz", timeout=1):
                         pass
-                return self
+                return
             except OSError:
                 time.sleep(0.1)
         raise RuntimeError(f"echo did not start: {self.log()}")

@@ -6,6 +6,7 @@ from __future__ import annotations
 import socket
 import subprocess
 import sys
+import threading
 from pathlib import Path
 
 import pytest
@@ -13,7 +14,7 @@ import pytest
 from tests.integration.fleet.helpers import wait_for
 from tests.integration.procfs import HangupsWhileStarting
 
-from .helpers import EchoProcess, free_port, http
+from .helpers import EchoProcess, _split, free_port, http
 
 pytestmark = pytest.mark.integration
 
@@ -67,6 +68,45 @@ def test_echo_says_which_port_is_taken(tmp_path: Path, flag: str, what: str) -> 
     assert result.returncode == 69, result.stderr
     assert f"cannot listen for {what} on 127.0.0.1:{port}" in result.stderr
     assert "Traceback" not in result.stderr and "internal error" not in result.stderr
+
+
+def test_a_port_taken_before_echo_binds_it_moves_its_first_start_not_a_restart(
+    tmp_path: Path,
+) -> None:
+    """The tests' ports are free when picked and can be taken before Echo binds them (this
+    host is shared): a first start moves to fresh ones, a restart waits for its own."""
+    echo = EchoProcess(tmp_path)
+    with socket.socket() as taken:
+        taken.bind(_split(echo.otlp_grpc))
+        taken.listen()
+        first = echo.otlp_grpc
+        echo.start()
+    try:
+        assert echo.otlp_grpc != first and _listening(echo.otlp_grpc)
+    finally:
+        assert echo.stop() == 0
+    refused = echo.log().count("Address already in use")
+    held = socket.socket()
+    held.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # past the stop's TIME_WAIT
+    held.bind(_split(echo.api))
+    held.listen()
+
+    def free_once_refused() -> None:  # the restart found its port taken: give it back
+        wait_for(lambda: echo.log().count("Address already in use") > refused, 60, "a refusal")
+        held.close()
+
+    freer = threading.Thread(target=free_once_refused, daemon=True)
+    freer.start()
+    api = echo.api
+    try:
+        echo.start()
+    finally:
+        freer.join(60)
+        held.close()
+    try:
+        assert echo.api == api and _listening(api)
+    finally:
+        assert echo.stop() == 0
 
 
 def test_mcp_says_when_echo_cannot_be_reached() -> None:

@@ -104,7 +104,7 @@ def test_events_accepted_before_a_sigkill_reach_echo_once_after_the_restart(
         assert (spool_dir / SPOOL_FILE).exists()
 
         restarted = start_fleet(second_dir, config, env=env)
-        echo.start()
+        echo.start(keep_ports=True)  # Fleet was told them
         expected = {e.event_id for events in sent for e in events} | raised
         wait_for(lambda: set(echo_ids(echo.db)) >= expected, 60, "every event in echo")
         # Acknowledged batches are deleted (the restarted Fleet raised none of its own).

@@ -150,7 +150,9 @@ def test_fewer_nodes_than_quorum(fleet: Running) -> None:
 
 
 def test_silent_node_expires() -> None:
-    running = Running(ttl_multiplier=2)  # nodes expire 0.4 s after their last push
+    # Nodes expire 5 s after their last push: longer than a loaded host takes to tick
+    # twice after a push (at 0.4 s every node had expired before the first count).
+    running = Running(ttl_multiplier=25)
     try:
         talkers = group(HEALTHY[:6])
         silent = NodePush(node_id="quiet", cluster_id="hpc", score=0.9, job_id="1")

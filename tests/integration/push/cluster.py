@@ -110,10 +110,13 @@ class Cluster:
         return f"{self.node_prefix}{i:02d}"
 
     def start_fleet(self) -> None:
-        if not self.ports:
-            self.ports = {k: free_port() for k in ("otlp_grpc", "otlp_http", "api")}
+        # The first start binds port 0 and reads what Fleet bound from its ready file (a
+        # port picked free can be taken before Fleet binds it: this host is shared); a
+        # restart keeps them, as the nodes were told.
+        first = not self.ports
+        ports = dict.fromkeys(("otlp_grpc", "otlp_http", "api"), 0) if first else self.ports
         cfg: dict[str, Any] = {
-            "listen": {k: f"127.0.0.1:{p}" for k, p in self.ports.items()},
+            "listen": {k: f"127.0.0.1:{p}" for k, p in ports.items()},
             "push_interval": f"{self.interval}s",
             "threshold": {"ema_alpha": 0.5},
         }
@@ -131,6 +134,9 @@ class Cluster:
         fleet = self.fleet
         wait_for(lambda: ready.exists() or fleet.poll() is not None, 60, "fleet to start")
         assert fleet.poll() is None, (self.tmp / "fleet.log").read_text()
+        if first:
+            bound = json.loads(ready.read_text())
+            self.ports = {k: int(str(bound[k]).rpartition(":")[2]) for k in ports}
 
     def start_sink(self) -> None:
         self.procs.start(

@@ -13,8 +13,8 @@ Rank 3 enters every collective 200 ms late: Fleet's ``peer_lag`` names it (node 
 comm_rank, lag within 20%), its fleet-push reads the lag from its push replies and raises
 ``straggler_state`` for ``peer_lag``, and Echo's ``collective_lag`` ranks it first. Then
 rank 1 stops before its next collective while the others enter it: Fleet's
-``collective_hang`` names rank 1 and its node within one push interval of ``hang_after``,
-and Echo's ``collective_lag`` lists the hang. Progress is counted in Fleet's ticks.
+``collective_hang`` names rank 1 and its node, never before ``hang_after`` (Fleet's own
+figure), and Echo's ``collective_lag`` lists the hang.
 
 Twice: with the collectives blocking inside the call (``in_call``), and as real NCCL runs
 on a GPU (``enqueue``): the call returns once the collective is enqueued and the rank
@@ -47,7 +47,6 @@ JOB, CLUSTER = "77", "itest"
 INTERVAL = 0.5  # fleet-push and Fleet
 TRACER_INTERVAL = "0.25"
 HANG_AFTER = 3.0  # six push intervals
-HANG_TICKS = round(HANG_AFTER / INTERVAL)
 
 
 @pytest.fixture
@@ -173,7 +172,6 @@ def test_late_rank_and_hung_collective_from_ranks_to_echo(
     assert first["lag_p50_ms"] == pytest.approx(DELAY_MS, rel=0.2), first
 
     # (b) Rank 1 stops before its next collective; the others enter it and wait inside.
-    ticks = c.fleet_metric("ingero_fleet_tick_seconds_count")
     stop_file.touch()
     stopped = ranks[STOP_RANK].stdout.readline().strip()
     assert stopped.startswith("stopped="), stopped
@@ -183,7 +181,6 @@ def test_late_rank_and_hung_collective_from_ranks_to_echo(
         120,
         "Fleet's collective_hang in Echo",
     )[0]
-    waited = c.fleet_metric("ingero_fleet_tick_seconds_count") - ticks
     extra = hang["extra"]
     assert (extra["comm_hash"], extra["seq"], extra["op"]) == (comm, hung_seq, "ncclAllReduce")
     assert extra["missing_ranks"] == [STOP_RANK] and extra["missing_nodes"] == [nodes[STOP_RANK]]
@@ -191,11 +188,11 @@ def test_late_rank_and_hung_collective_from_ranks_to_echo(
     assert extra["inside_ranks"] == [r for r in range(NRANKS) if r != STOP_RANK], extra
     # In the call, or returned from it at enqueue and waiting in the stream sync.
     assert extra["in_call_count"] == (NRANKS - 1 if mode == "in_call" else 0), extra
-    # Detected on the first tick past the bound (Fleet's own figures) ...
-    assert HANG_AFTER <= extra["inside_for_s"] < HANG_AFTER + INTERVAL, extra
-    # ... about as many ticks after the stop as the bound holds intervals: a few more for
-    # the tracer's interval, the push interval and the late rank's 200 ms, not many.
-    assert HANG_TICKS <= waited <= HANG_TICKS + 4, waited
+    # Never before the bound (Fleet's own figure: its tick's time minus the ranks' entry).
+    # How soon after it depends on when the pushes and ticks run on a loaded host: that it
+    # is the first tick past the bound is proven on a simulated clock (unit tests,
+    # test_fleet_collectives.py), not here.
+    assert extra["inside_for_s"] >= HANG_AFTER, extra
     # Echo lists the hang, open, naming the rank that never entered.
     hangs = wait_for(lambda: collective_lag(echo)["hangs"], 30, "collective_lag's hangs")
     assert [(h["seq"], h["open"], h["missing_ranks"], h["missing_nodes"]) for h in hangs] == [
