@@ -37,6 +37,7 @@ from ingero.fleet.model import (
     CapacityError,
     ClusterStats,
     GroupStats,
+    NodeKey,
     NodeVerdict,
     PeerLagCause,
     TickResult,
@@ -117,8 +118,9 @@ class FleetState:
         self._lock = threading.Lock()
         self._tick_lock = threading.Lock()
         self._max_nodes = config.limits.max_nodes
-        # Nodes: slot per node id; numpy columns for what the tick computes on.
-        self._slot_of: dict[str, int] = {}
+        # Nodes: a slot per (cluster_id, node_id), since node ids are unique only within a
+        # cluster; numpy columns for what the tick computes on.
+        self._slot_of: dict[NodeKey, int] = {}
         self._free_slots: list[int] = []
         self._n = 0  # slots in use are below this mark
         cap = _INITIAL_CAPACITY
@@ -142,7 +144,7 @@ class FleetState:
         self._pending = np.zeros(cap, dtype=np.bool_)
         self._pending_at = np.zeros(cap)
         self._reported: list[str | None] = [None] * cap  # the node's episode id, last push
-        self._node_id: list[str] = [""] * cap
+        self._key: list[NodeKey] = [("", "")] * cap
         self._rank: list[int | None] = [None] * cap
         self._signal: list[str | None] = [None] * cap
         self._episode_id: list[str] = [""] * cap
@@ -166,7 +168,7 @@ class FleetState:
         # NCCL communicators joined across ranks: its own lock, fed after a push
         # is stored; the per-node lag it flags is published here by each tick.
         self._nccl = CollectiveJoin(config.nccl, config.node_ttl)
-        self._peer_lag: dict[str, float] = {}
+        self._peer_lag: dict[NodeKey, float] = {}
         # Which clusters this replica owns for drains (several replicas behind a balancer).
         self._owners = Ownership(
             float(config.push_interval), config.node_ttl, config.drain.min_intervals
@@ -182,8 +184,9 @@ class FleetState:
         """
         score = validate_push(push)
         key = push.group
+        node = (push.cluster_id, push.node_id)
         with self._lock:
-            slot = self._slot_of.get(push.node_id)
+            slot = self._slot_of.get(node)
             gid = self._gid_of.get(key)
             if slot is None and len(self._slot_of) >= self._max_nodes:
                 raise CapacityError(
@@ -193,7 +196,7 @@ class FleetState:
             if gid is None and len(self._gid_of) >= 2 * self._max_nodes:
                 raise CapacityError(f"too many peer groups; refusing group {key}")
             if slot is None:
-                slot = self._new_slot(push.node_id)
+                slot = self._new_slot(node)
             if gid is None:
                 gid = self._new_group(key, push)
             self._score[slot] = score
@@ -214,7 +217,7 @@ class FleetState:
             self._reported[slot] = push.episode_id
             view = self._views.get(key)
             episode = self._episode_id[slot] if self._straggler[slot] else ""
-            lag = self._peer_lag.get(push.node_id)
+            lag = self._peer_lag.get(node)
             mono = self._seen[slot]
         self._nccl.ingest(push, float(mono))
         if view is None:
@@ -231,16 +234,18 @@ class FleetState:
         node_id: str | None = None,
     ) -> ThresholdView | None:
         """The group's view as of the last tick, or None when the group is unknown; with
-        ``node_id`` (a node of that group) also the node's rate ratios and open episode."""
+        ``node_id`` (a node of that group, in that cluster) also the node's rate ratios and
+        open episode."""
         key = group_key(cluster_id, job_id, workload_type)
+        node = (cluster_id, node_id or "")
         with self._lock:
             view = self._views.get(key)
-            slot = self._slot_of.get(node_id) if node_id else None
+            slot = self._slot_of.get(node) if node_id else None
             if view is None or slot is None or self._gkey[int(self._gid[slot])] != key:
                 return view
             rates = dict(zip(PEER_RATES, self._rates[slot].tolist(), strict=True))
             episode = self._episode_id[slot] if self._straggler[slot] else ""
-            lag = self._peer_lag.get(node_id) if node_id else None
+            lag = self._peer_lag.get(node)
         return _node_view(view, rates, episode, lag)
 
     def node_count(self) -> int:
@@ -269,13 +274,13 @@ class FleetState:
             return self._last
 
     def scores_snapshot(
-        self, lowest: int | None = None, first: Collection[str] = ()
+        self, lowest: int | None = None, first: Collection[NodeKey] = ()
     ) -> list[NodeScore]:
         """Every active or idle node's latest push (for Echo's score history).
 
-        With ``lowest``: at most that many nodes, those named in ``first`` (by node id)
-        before the lowest scores (Fleet's per-node series); a partition, so only the rows
-        kept are built however many nodes there are.
+        With ``lowest``: at most that many nodes, those named in ``first`` (by cluster_id,
+        node_id) before the lowest scores (Fleet's per-node series); a partition, so only
+        the rows kept are built however many nodes there are.
 
         Only column copies are taken under the lock, so pushes wait a few milliseconds even
         with 100,000 nodes; the rows are built after it is released.
@@ -295,8 +300,8 @@ class FleetState:
                 self._active[idx],
                 self._seen[idx],
             )
-            node_ids, ranks, signals, metas = (
-                self._node_id[:n],
+            keys, ranks, signals, metas = (
+                self._key[:n],
                 self._rank[:n],
                 self._signal[:n],
                 self._meta[:n],
@@ -316,7 +321,7 @@ class FleetState:
             host, model, gpus, provider = metas[slot] or (None, None, None, None)
             rows.append(
                 NodeScore(
-                    node_id=node_ids[slot],
+                    node_id=keys[slot][1],
                     cluster_id=gclusters[gid],
                     group=gkeys[gid],
                     job_id=gjobs[gid],
@@ -390,8 +395,8 @@ class FleetState:
         live_groups = self._drop_empty_groups(idx)
         # A node's flagged rank counts where the communicator is of the node's own group.
         lagging = np.zeros(idx.size, dtype=np.bool_)
-        for node_id, group in nccl.lagging_groups.items():
-            slot = self._slot_of.get(node_id)
+        for node, group in nccl.lagging_groups.items():
+            slot = self._slot_of.get(node)
             if slot is not None and self._gkey[int(self._gid[slot])] == group:
                 lagging[np.searchsorted(idx, slot)] = True
         return Snapshot(
@@ -456,7 +461,7 @@ class FleetState:
             reason = closing_reason(active, g_new != g_old, bool(out.quorum[g_new]), job_ended)
             g_now = g_new if judged_in_new_group(reason) else g_old
             closing = Closing(
-                node_id=self._node_id[slot],
+                node_id=self._key[slot][1],
                 cluster_id=snap.gcluster[g_old],
                 group=snap.gkeys[g_old],
                 job_id=snap.gjob[g_old],
@@ -472,7 +477,7 @@ class FleetState:
         return events
 
     def _open_episodes(
-        self, snap: Snapshot, out: Outcome, causes: Mapping[str, PeerLagCause]
+        self, snap: Snapshot, out: Outcome, causes: Mapping[NodeKey, PeerLagCause]
     ) -> tuple[list[NodeVerdict], list[Event]]:
         """Verdicts for every straggler; a ``straggler_state`` event for each new one.
         ``causes`` names the flagged NCCL rank of each node a straggler by peer lag alone."""
@@ -496,7 +501,7 @@ class FleetState:
             if self._announce(slot, enters, snap.mono):
                 events.append(
                     started_event(
-                        node_id=self._node_id[slot],
+                        node_id=self._key[slot][1],
                         cluster_id=snap.gcluster[g],
                         group=snap.gkeys[g],
                         job_id=snap.gjob[g],
@@ -513,7 +518,7 @@ class FleetState:
                 )
             verdicts.append(
                 NodeVerdict(
-                    node_id=self._node_id[slot],
+                    node_id=self._key[slot][1],
                     cluster_id=snap.gcluster[g],
                     group=snap.gkeys[g],
                     job_id=snap.gjob[g],
@@ -529,7 +534,7 @@ class FleetState:
                     event_id=self._episode_id[slot],
                     drain_owner=self._owners.owner(snap.gcluster[g], snap.gkeys[g], snap.mono),
                     reason="peer_lag" if lag else "score",
-                    peer_lag=causes.get(self._node_id[slot]) if lag else None,
+                    peer_lag=causes.get(self._key[slot]) if lag else None,
                 )
             )
         return verdicts, events
@@ -566,7 +571,7 @@ class FleetState:
 
     # ---- bookkeeping (called with the lock held) --------------------------------------
 
-    def _new_slot(self, node_id: str) -> int:
+    def _new_slot(self, node: NodeKey) -> int:
         if self._free_slots:
             slot = self._free_slots.pop()
         else:
@@ -574,8 +579,8 @@ class FleetState:
                 self._grow_slots()
             slot = self._n
             self._n += 1
-        self._slot_of[node_id] = slot
-        self._node_id[slot] = node_id
+        self._slot_of[node] = slot
+        self._key[slot] = node
         self._occupied[slot] = True
         self._straggler[slot] = False
         self._consec[slot] = 0
@@ -609,7 +614,7 @@ class FleetState:
         self._pending = np.concatenate([self._pending, np.zeros(extra, dtype=np.bool_)])
         self._pending_at = np.concatenate([self._pending_at, np.zeros(extra)])
         self._reported.extend([None] * extra)
-        self._node_id.extend([""] * extra)
+        self._key.extend([("", "")] * extra)
         self._rank.extend([None] * extra)
         self._signal.extend([None] * extra)
         self._episode_id.extend([""] * extra)
@@ -641,20 +646,20 @@ class FleetState:
         self._gjob.extend([None] * extra)
         self._gworkload.extend([None] * extra)
 
-    def _expire(self, mono: float, ttl: float) -> tuple[list[Closing], list[str]]:
+    def _expire(self, mono: float, ttl: float) -> tuple[list[Closing], list[NodeKey]]:
         """Free the slots of nodes silent for ``ttl`` seconds or more."""
         n = self._n
         stale = np.flatnonzero(self._occupied[:n] & (mono - self._seen[:n] >= ttl))
         closing: list[Closing] = []
-        expired: list[str] = []
+        expired: list[NodeKey] = []
         for slot in stale.tolist():
-            node_id = self._node_id[slot]
-            expired.append(node_id)
+            node = self._key[slot]
+            expired.append(node)
             if self._straggler[slot] and not self._pending[slot]:
                 gid = int(self._episode_gid[slot])
                 closing.append(
                     Closing(
-                        node_id=node_id,
+                        node_id=node[1],
                         cluster_id=self._gcluster[gid],
                         group=self._gkey[gid],
                         job_id=self._gjob[gid],
@@ -667,10 +672,10 @@ class FleetState:
                         panic=bool(self._panic[gid]),
                     )
                 )
-            del self._slot_of[node_id]
+            del self._slot_of[node]
             self._occupied[slot] = False
             self._straggler[slot] = False
-            self._node_id[slot] = ""
+            self._key[slot] = ("", "")
             self._meta[slot] = None
             self._free_slots.append(slot)
         return closing, expired
