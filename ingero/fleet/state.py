@@ -20,9 +20,10 @@ from __future__ import annotations
 import math
 import threading
 from collections.abc import Collection, Mapping
-from typing import Literal, NamedTuple
+from typing import Any, Literal, NamedTuple
 
 import numpy as np
+import numpy.typing as npt
 
 from ingero.fleet.collectives import CollectiveJoin, NcclTick
 from ingero.fleet.config import FleetConfig
@@ -43,7 +44,7 @@ from ingero.fleet.model import (
     TickResult,
 )
 from ingero.fleet.ownership import Ownership
-from ingero.fleet.threshold import IntArray
+from ingero.fleet.threshold import BoolArray, FloatArray, IntArray
 from ingero.fleet.tick import Outcome, Snapshot, compute, degraded_events, finite, summaries
 from ingero.otlp.health import NODE_STATES, PEER_RATES, NodePush, group_key
 from ingero.otlp.limits import check_lengths, shown
@@ -109,8 +110,78 @@ class NodeScore(NamedTuple):
 _Meta = tuple[str | None, str | None, int | None, str | None]
 
 
+class _Column(NamedTuple):
+    """One per-slot column of FleetState: a numpy array (``dtype``, ``width`` values a slot)
+    or, with ``dtype`` None, a Python list. A slot holds ``fill`` from the start, when the
+    columns grow, when it is handed to a node and when it is freed."""
+
+    attr: str
+    dtype: type | None
+    fill: object
+    width: int = 1
+
+    def make(self, n: int) -> npt.NDArray[Any] | list[object]:
+        if self.dtype is None:
+            return [self.fill] * n
+        return np.full(n if self.width == 1 else (n, self.width), self.fill, dtype=self.dtype)
+
+
+# Every per-slot column, declared once (their types are FleetState's annotations).
+_SLOT_COLUMNS = (
+    _Column("_occupied", np.bool_, False),
+    _Column("_score", np.float64, 0.0),
+    _Column("_gid", np.int64, 0),
+    _Column("_active", np.bool_, False),
+    _Column("_idle", np.bool_, False),
+    _Column("_seen", np.float64, 0.0),
+    _Column("_straggler", np.bool_, False),
+    _Column("_consec", np.int64, 0),
+    _Column("_since", np.float64, math.nan),
+    _Column("_episode_gid", np.int64, -1),
+    _Column("_rates", np.float64, math.nan, len(PEER_RATES)),
+    _Column("_stalled", np.bool_, False),
+    _Column("_stall_episode", np.bool_, False),
+    _Column("_streak", np.int64, 0),
+    _Column("_pending", np.bool_, False),
+    _Column("_pending_at", np.float64, 0.0),
+    _Column("_reported", None, None),
+    _Column("_key", None, ("", "")),
+    _Column("_rank", None, None),
+    _Column("_signal", None, None),
+    _Column("_episode_id", None, ""),
+    _Column("_meta", None, None),
+)
+
+
 class FleetState:
     """Latest score of every node, per-group thresholds and per-node straggler episodes."""
+
+    # The per-slot columns (_SLOT_COLUMNS makes them), indexed by slot.
+    _occupied: BoolArray
+    _score: FloatArray
+    _gid: IntArray
+    _active: BoolArray
+    _idle: BoolArray
+    _seen: FloatArray
+    _straggler: BoolArray
+    _consec: IntArray
+    _since: FloatArray
+    _episode_gid: IntArray
+    _rates: FloatArray  # a row of PEER_RATES per slot
+    _stalled: BoolArray
+    # The episode was (or became) a stall: ending inactive means its job ended.
+    _stall_episode: BoolArray
+    _streak: IntArray  # consecutive ticks below the threshold
+    # An episode Fleet opened and has not announced yet: it waits for one push from the
+    # node, whose own episode id (if the node opened one meanwhile) it then adopts.
+    _pending: BoolArray
+    _pending_at: FloatArray
+    _reported: list[str | None]  # the node's episode id, last push
+    _key: list[NodeKey]
+    _rank: list[int | None]
+    _signal: list[str | None]
+    _episode_id: list[str]
+    _meta: list[_Meta | None]
 
     def __init__(self, config: FleetConfig, clock: Clock) -> None:
         self._config = config
@@ -123,32 +194,8 @@ class FleetState:
         self._slot_of: dict[NodeKey, int] = {}
         self._free_slots: list[int] = []
         self._n = 0  # slots in use are below this mark
-        cap = _INITIAL_CAPACITY
-        self._occupied = np.zeros(cap, dtype=np.bool_)
-        self._score = np.zeros(cap)
-        self._gid = np.zeros(cap, dtype=np.int64)
-        self._active = np.zeros(cap, dtype=np.bool_)
-        self._idle = np.zeros(cap, dtype=np.bool_)
-        self._seen = np.zeros(cap)
-        self._straggler = np.zeros(cap, dtype=np.bool_)
-        self._consec = np.zeros(cap, dtype=np.int64)
-        self._since = np.full(cap, np.nan)
-        self._episode_gid = np.full(cap, -1, dtype=np.int64)
-        self._rates = np.full((cap, len(PEER_RATES)), np.nan)
-        self._stalled = np.zeros(cap, dtype=np.bool_)
-        # The episode was (or became) a stall: ending inactive means its job ended.
-        self._stall_episode = np.zeros(cap, dtype=np.bool_)
-        self._streak = np.zeros(cap, dtype=np.int64)  # consecutive ticks below the threshold
-        # An episode Fleet opened and has not announced yet: it waits for one push from the
-        # node, whose own episode id (if the node opened one meanwhile) it then adopts.
-        self._pending = np.zeros(cap, dtype=np.bool_)
-        self._pending_at = np.zeros(cap)
-        self._reported: list[str | None] = [None] * cap  # the node's episode id, last push
-        self._key: list[NodeKey] = [("", "")] * cap
-        self._rank: list[int | None] = [None] * cap
-        self._signal: list[str | None] = [None] * cap
-        self._episode_id: list[str] = [""] * cap
-        self._meta: list[_Meta | None] = [None] * cap
+        for column in _SLOT_COLUMNS:
+            setattr(self, column.attr, column.make(_INITIAL_CAPACITY))
         # Groups: an index per group key, with its metadata and smoothed threshold.
         self._gid_of: dict[str, int] = {}
         self._free_gids: list[int] = []
@@ -460,21 +507,43 @@ class FleetState:
             )
             reason = closing_reason(active, g_new != g_old, bool(out.quorum[g_new]), job_ended)
             g_now = g_new if judged_in_new_group(reason) else g_old
-            closing = Closing(
-                node_id=self._key[slot][1],
-                cluster_id=snap.gcluster[g_old],
-                group=snap.gkeys[g_old],
-                job_id=snap.gjob[g_old],
-                rank=self._rank[slot],
-                score=float(snap.scores[pos]),
-                event_id=self._episode_id[slot],
-                since=float(snap.since[pos]),
-                dominant_signal=self._signal[slot],
-                threshold=finite(out.threshold[g_now]),
-                panic=bool(out.panic[g_now]),
+            closing = self._closing(
+                slot,
+                (snap.gcluster[g_old], snap.gkeys[g_old], snap.gjob[g_old]),
+                float(snap.scores[pos]),
+                float(snap.since[pos]),
+                finite(out.threshold[g_now]),
+                bool(out.panic[g_now]),
             )
             events.append(resolved_event(closing, snap.now, reason))
         return events
+
+    def _closing(
+        self,
+        slot: int,
+        opened_in: tuple[str, str, str | None],
+        score: float,
+        since: float,
+        threshold: float | None,
+        panic: bool,
+    ) -> Closing:
+        """The ending episode of the node in ``slot``; ``opened_in`` is the (cluster id,
+        group, job id) of the group it began in, ``threshold`` and ``panic`` those it ends
+        under."""
+        cluster_id, group, job_id = opened_in
+        return Closing(
+            node_id=self._key[slot][1],
+            cluster_id=cluster_id,
+            group=group,
+            job_id=job_id,
+            rank=self._rank[slot],
+            score=score,
+            event_id=self._episode_id[slot],
+            since=since,
+            dominant_signal=self._signal[slot],
+            threshold=threshold,
+            panic=panic,
+        )
 
     def _open_episodes(
         self, snap: Snapshot, out: Outcome, causes: Mapping[NodeKey, PeerLagCause]
@@ -579,46 +648,30 @@ class FleetState:
                 self._grow_slots()
             slot = self._n
             self._n += 1
+        self._clear([slot])
         self._slot_of[node] = slot
         self._key[slot] = node
         self._occupied[slot] = True
-        self._straggler[slot] = False
-        self._consec[slot] = 0
-        self._since[slot] = np.nan
-        self._episode_gid[slot] = -1
-        self._episode_id[slot] = ""
-        self._rates[slot] = np.nan
-        self._stalled[slot] = False
-        self._stall_episode[slot] = False
-        self._streak[slot] = 0
-        self._pending[slot] = False
-        self._reported[slot] = None
         return slot
 
     def _grow_slots(self) -> None:
         extra = self._occupied.size
-        self._occupied = np.concatenate([self._occupied, np.zeros(extra, dtype=np.bool_)])
-        self._score = np.concatenate([self._score, np.zeros(extra)])
-        self._gid = np.concatenate([self._gid, np.zeros(extra, dtype=np.int64)])
-        self._active = np.concatenate([self._active, np.zeros(extra, dtype=np.bool_)])
-        self._idle = np.concatenate([self._idle, np.zeros(extra, dtype=np.bool_)])
-        self._seen = np.concatenate([self._seen, np.zeros(extra)])
-        self._straggler = np.concatenate([self._straggler, np.zeros(extra, dtype=np.bool_)])
-        self._consec = np.concatenate([self._consec, np.zeros(extra, dtype=np.int64)])
-        self._since = np.concatenate([self._since, np.full(extra, np.nan)])
-        self._episode_gid = np.concatenate([self._episode_gid, np.full(extra, -1, dtype=np.int64)])
-        self._rates = np.concatenate([self._rates, np.full((extra, len(PEER_RATES)), np.nan)])
-        self._stalled = np.concatenate([self._stalled, np.zeros(extra, dtype=np.bool_)])
-        self._stall_episode = np.concatenate([self._stall_episode, np.zeros(extra, dtype=np.bool_)])
-        self._streak = np.concatenate([self._streak, np.zeros(extra, dtype=np.int64)])
-        self._pending = np.concatenate([self._pending, np.zeros(extra, dtype=np.bool_)])
-        self._pending_at = np.concatenate([self._pending_at, np.zeros(extra)])
-        self._reported.extend([None] * extra)
-        self._key.extend([("", "")] * extra)
-        self._rank.extend([None] * extra)
-        self._signal.extend([None] * extra)
-        self._episode_id.extend([""] * extra)
-        self._meta.extend([None] * extra)
+        for column in _SLOT_COLUMNS:
+            old, more = getattr(self, column.attr), column.make(extra)
+            if isinstance(old, list):
+                old.extend(more)
+            else:
+                setattr(self, column.attr, np.concatenate([old, more]))
+
+    def _clear(self, slots: list[int]) -> None:
+        """Every column of ``slots`` back to its fill: what a slot new to a node holds."""
+        for column in _SLOT_COLUMNS:
+            values = getattr(self, column.attr)
+            if isinstance(values, list):
+                for slot in slots:
+                    values[slot] = column.fill
+            else:
+                values[slots] = column.fill
 
     def _new_group(self, key: str, push: NodePush) -> int:
         if self._free_gids:
@@ -652,32 +705,25 @@ class FleetState:
         stale = np.flatnonzero(self._occupied[:n] & (mono - self._seen[:n] >= ttl))
         closing: list[Closing] = []
         expired: list[NodeKey] = []
-        for slot in stale.tolist():
+        slots = stale.tolist()
+        for slot in slots:
             node = self._key[slot]
             expired.append(node)
             if self._straggler[slot] and not self._pending[slot]:
                 gid = int(self._episode_gid[slot])
                 closing.append(
-                    Closing(
-                        node_id=node[1],
-                        cluster_id=self._gcluster[gid],
-                        group=self._gkey[gid],
-                        job_id=self._gjob[gid],
-                        rank=self._rank[slot],
-                        score=float(self._score[slot]),
-                        event_id=self._episode_id[slot],
-                        since=float(self._since[slot]),
-                        dominant_signal=self._signal[slot],
-                        threshold=finite(self._ema[gid]),
-                        panic=bool(self._panic[gid]),
+                    self._closing(
+                        slot,
+                        (self._gcluster[gid], self._gkey[gid], self._gjob[gid]),
+                        float(self._score[slot]),
+                        float(self._since[slot]),
+                        finite(self._ema[gid]),
+                        bool(self._panic[gid]),
                     )
                 )
             del self._slot_of[node]
-            self._occupied[slot] = False
-            self._straggler[slot] = False
-            self._key[slot] = ("", "")
-            self._meta[slot] = None
-            self._free_slots.append(slot)
+        self._clear(slots)
+        self._free_slots.extend(slots)
         return closing, expired
 
     def _drop_empty_groups(self, idx: IntArray) -> IntArray:

@@ -583,3 +583,28 @@ def test_group_figures_match_a_per_group_computation(pushes: list[tuple[str, flo
         expected_stragglers = below if group.quorum_met else 0
         assert group.straggler_count == expected_stragglers
         assert group.panic is bool(group.quorum_met and below / len(values) > tcfg.panic_fraction)
+
+
+def test_slots_grow_and_a_freed_slot_holds_nothing_of_its_last_node() -> None:
+    """Past the initial 1024 slots every column grows; a node that takes an expired node's
+    slot starts from nothing (no episode, ratios or straggler ticks of the slot's last)."""
+    state, clock, config = make()
+    many = {f"n{i}": 0.9 + (i % 7) / 1000 for i in range(1500)}
+    many["n7"] = 0.1
+    for cluster in ("c1", "c2"):
+        for node, score in many.items():
+            state.ingest(push(node, score, cluster=cluster, rates={"throughput": 5.0}))
+    result = state.tick()
+    assert state.node_count() == 3000
+    assert {(v.cluster_id, v.node_id) for v in result.verdicts} == {("c1", "n7"), ("c2", "n7")}
+    clock.advance(config.node_ttl)
+    for node, score in many.items():
+        state.ingest(push(node, score))  # c2 falls silent
+    assert len(state.tick().expired_nodes) == 1500
+    fresh = [state.ingest(push(f"new{i}", 0.9)) for i in range(1500)]  # into c2's slots
+    assert state.node_count() == 3000
+    assert all(v.episode_id is None and v.rate_ratios is None for v in fresh)
+    result = state.tick()
+    assert [(v.cluster_id, v.node_id) for v in result.verdicts] == [("c1", "n7")]
+    (group,) = result.groups
+    assert group.active_nodes == 3000 and group.straggler_count == 1
