@@ -4,7 +4,8 @@ injected clock.
 The daemon calls :meth:`FleetState.ingest` from many receiver threads (O(1): it stores the
 node's latest score and returns the threshold computed at the last tick) and
 :meth:`FleetState.tick` once per push interval. Scores live in flat numpy columns indexed
-by a slot per node, so a tick is a handful of vectorised passes over all nodes.
+by a slot per node, so a tick is a handful of vectorised passes over all nodes. A node is
+its (cluster id, node id): node ids repeat across clusters (every Slurm site has a gpu01).
 
 A tick works in three phases so that pushes are never blocked by the sorts: under the lock
 it expires silent nodes and copies the columns (``_snapshot``); without the lock it computes
