@@ -49,7 +49,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from ingero.fleet.config import NcclConfig
-from ingero.fleet.model import PeerLagCause
+from ingero.fleet.model import NodeKey, PeerLagCause
 from ingero.fleet.threshold import MAD_SCALE, BoolArray, FloatArray, IntArray
 from ingero.otlp.collectives import CommReport
 from ingero.otlp.health import NodePush
@@ -151,14 +151,14 @@ class NcclTick:
     """What one tick decided: events, the flagged lag per node (s) and figures for metrics."""
 
     events: tuple[Event, ...]
-    peer_lag: dict[str, float]  # node_id -> lag (s) of its most lagging flagged rank
-    lagging_groups: dict[str, str]  # node_id -> the peer group its flagged rank's comm is in
+    peer_lag: dict[NodeKey, float]  # lag (s) of the node's most lagging flagged rank
+    lagging_groups: dict[NodeKey, str]  # the peer group its flagged rank's comm is in
     comms: int
     hung: int
     joined: int
     refused: int
-    # node_id -> the flagged rank behind ``peer_lag`` (what a drain reason names)
-    causes: dict[str, PeerLagCause] = field(default_factory=dict)
+    # the flagged rank behind a node's ``peer_lag`` (what a drain reason names)
+    causes: dict[NodeKey, PeerLagCause] = field(default_factory=dict)
 
 
 def _required(nranks: int, fraction: float) -> int:
@@ -179,9 +179,9 @@ class CollectiveJoin:
         self._per_group: Counter[str] = Counter()
         self._ticks = 0
         self._refused = 0
-        # node_id -> (cluster_id, offset s, uncertainty s), from its last push that had one.
-        self._clocks: dict[str, tuple[str, float, float]] = {}
-        self._clock_seen: dict[str, float] = {}
+        # (offset s, uncertainty s) of a node, from its last push that had one.
+        self._clocks: dict[NodeKey, tuple[float, float]] = {}
+        self._clock_seen: dict[NodeKey, float] = {}
 
     # ---- receivers ------------------------------------------------------------------
 
@@ -194,8 +194,9 @@ class CollectiveJoin:
         group = push.group
         with self._lock:
             if clock is not None:
-                self._clocks[push.node_id] = (push.cluster_id, clock.offset_s, clock.uncertainty_s)
-                self._clock_seen[push.node_id] = mono
+                node = (push.cluster_id, push.node_id)
+                self._clocks[node] = (clock.offset_s, clock.uncertainty_s)
+                self._clock_seen[node] = mono
             for report in push.collectives:
                 comm = self._comm(push, group, report)
                 if comm is None:
@@ -256,7 +257,7 @@ class CollectiveJoin:
     def clock_offsets(self) -> list[tuple[str, str, float, float]]:
         """(cluster_id, node_id, offset s, uncertainty s) of every node that sent one."""
         with self._lock:
-            return [(c, node, off, unc) for node, (c, off, unc) in self._clocks.items()]
+            return [(c, node, off, unc) for (c, node), (off, unc) in self._clocks.items()]
 
     def rank_lags(self, cluster_id: str, group: str, comm_hash: str) -> list[RankLag]:
         """Every rank's figures over the communicator's window (for tests and tools)."""
@@ -275,9 +276,9 @@ class CollectiveJoin:
         under it again, hand back what was not joined, merged with what came meanwhile.
         """
         events: list[Event] = []
-        peer_lag: dict[str, float] = {}
-        groups: dict[str, str] = {}
-        causes: dict[str, PeerLagCause] = {}
+        peer_lag: dict[NodeKey, float] = {}
+        groups: dict[NodeKey, str] = {}
+        causes: dict[NodeKey, PeerLagCause] = {}
         joined = hung = 0
         with self._tick_lock:
             with self._lock:
@@ -295,10 +296,11 @@ class CollectiveJoin:
                 events.extend(self._judge_hang(comm, now))
                 hung += comm.hang is not None
                 for rank, episode in comm.lagging.items():
-                    if episode.lag_s > peer_lag.get(episode.node_id, -1.0):
-                        peer_lag[episode.node_id] = episode.lag_s
-                        groups[episode.node_id] = comm.group
-                        causes[episode.node_id] = PeerLagCause(comm.comm_hash, rank, episode.lag_s)
+                    node = (comm.cluster_id, episode.node_id)
+                    if episode.lag_s > peer_lag.get(node, -1.0):
+                        peer_lag[node] = episode.lag_s
+                        groups[node] = comm.group
+                        causes[node] = PeerLagCause(comm.comm_hash, rank, episode.lag_s)
                 done.append((comm, pending))
             with self._lock:
                 for comm, leftover in done:

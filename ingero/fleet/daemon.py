@@ -348,9 +348,7 @@ class FleetDaemon:
         self.metrics.update_groups(result.groups)
         if self.config.metrics.node_series:
             flagged = {(v.cluster_id, v.node_id) for v in result.verdicts if v.straggler}
-            rows = self.state.scores_snapshot(
-                self.config.metrics.node_series_limit, {node for _, node in flagged}
-            )
+            rows = self.state.scores_snapshot(self.config.metrics.node_series_limit, flagged)
             live = sum(g.active_nodes + g.idle_nodes for g in result.groups)
             self.metrics.update_nodes(rows, flagged, live)
         nodes = self.state.node_count()

@@ -12,6 +12,10 @@ from dataclasses import dataclass
 from ingero.runtime.errors import EXIT_UNAVAILABLE, IngeroError
 from ingero.schema.events import Event
 
+# A node as Fleet tracks it: node ids are unique only within a cluster (every Slurm site
+# may name a node gpu01), so every per-node structure is keyed by both.
+NodeKey = tuple[str, str]  # (cluster_id, node_id)
+
 
 class CapacityError(IngeroError):
     """A push from a new node was refused because Fleet already tracks ``limits.max_nodes``."""
@@ -117,7 +121,7 @@ class TickResult:
     groups: tuple[GroupStats, ...]
     verdicts: tuple[NodeVerdict, ...]
     events: tuple[Event, ...]
-    expired_nodes: tuple[str, ...]
+    expired_nodes: tuple[NodeKey, ...]  # (cluster_id, node_id) of the nodes the TTL passed
     clusters: tuple[ClusterStats, ...] = ()
     # NCCL communicators joined: tracked, hung in a collective, refused by a cap.
     nccl_comms: int = 0

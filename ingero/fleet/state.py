@@ -4,7 +4,8 @@ injected clock.
 The daemon calls :meth:`FleetState.ingest` from many receiver threads (O(1): it stores the
 node's latest score and returns the threshold computed at the last tick) and
 :meth:`FleetState.tick` once per push interval. Scores live in flat numpy columns indexed
-by a slot per node, so a tick is a handful of vectorised passes over all nodes.
+by a slot per node, so a tick is a handful of vectorised passes over all nodes. A node is
+its (cluster id, node id): node ids repeat across clusters (every Slurm site has a gpu01).
 
 A tick works in three phases so that pushes are never blocked by the sorts: under the lock
 it expires silent nodes and copies the columns (``_snapshot``); without the lock it computes
@@ -20,9 +21,10 @@ from __future__ import annotations
 import math
 import threading
 from collections.abc import Collection, Mapping
-from typing import Literal, NamedTuple
+from typing import Any, Literal, NamedTuple
 
 import numpy as np
+import numpy.typing as npt
 
 from ingero.fleet.collectives import CollectiveJoin, NcclTick
 from ingero.fleet.config import FleetConfig
@@ -37,12 +39,13 @@ from ingero.fleet.model import (
     CapacityError,
     ClusterStats,
     GroupStats,
+    NodeKey,
     NodeVerdict,
     PeerLagCause,
     TickResult,
 )
 from ingero.fleet.ownership import Ownership
-from ingero.fleet.threshold import IntArray
+from ingero.fleet.threshold import BoolArray, FloatArray, IntArray
 from ingero.fleet.tick import Outcome, Snapshot, compute, degraded_events, finite, summaries
 from ingero.otlp.health import NODE_STATES, PEER_RATES, NodePush, group_key
 from ingero.otlp.limits import check_lengths, shown
@@ -108,8 +111,78 @@ class NodeScore(NamedTuple):
 _Meta = tuple[str | None, str | None, int | None, str | None]
 
 
+class _Column(NamedTuple):
+    """One per-slot column of FleetState: a numpy array (``dtype``, ``width`` values a slot)
+    or, with ``dtype`` None, a Python list. A slot holds ``fill`` from the start, when the
+    columns grow, when it is handed to a node and when it is freed."""
+
+    attr: str
+    dtype: type | None
+    fill: object
+    width: int = 1
+
+    def make(self, n: int) -> npt.NDArray[Any] | list[object]:
+        if self.dtype is None:
+            return [self.fill] * n
+        return np.full(n if self.width == 1 else (n, self.width), self.fill, dtype=self.dtype)
+
+
+# Every per-slot column, declared once (their types are FleetState's annotations).
+_SLOT_COLUMNS = (
+    _Column("_occupied", np.bool_, False),
+    _Column("_score", np.float64, 0.0),
+    _Column("_gid", np.int64, 0),
+    _Column("_active", np.bool_, False),
+    _Column("_idle", np.bool_, False),
+    _Column("_seen", np.float64, 0.0),
+    _Column("_straggler", np.bool_, False),
+    _Column("_consec", np.int64, 0),
+    _Column("_since", np.float64, math.nan),
+    _Column("_episode_gid", np.int64, -1),
+    _Column("_rates", np.float64, math.nan, len(PEER_RATES)),
+    _Column("_stalled", np.bool_, False),
+    _Column("_stall_episode", np.bool_, False),
+    _Column("_streak", np.int64, 0),
+    _Column("_pending", np.bool_, False),
+    _Column("_pending_at", np.float64, 0.0),
+    _Column("_reported", None, None),
+    _Column("_key", None, ("", "")),
+    _Column("_rank", None, None),
+    _Column("_signal", None, None),
+    _Column("_episode_id", None, ""),
+    _Column("_meta", None, None),
+)
+
+
 class FleetState:
     """Latest score of every node, per-group thresholds and per-node straggler episodes."""
+
+    # The per-slot columns (_SLOT_COLUMNS makes them), indexed by slot.
+    _occupied: BoolArray
+    _score: FloatArray
+    _gid: IntArray
+    _active: BoolArray
+    _idle: BoolArray
+    _seen: FloatArray
+    _straggler: BoolArray
+    _consec: IntArray
+    _since: FloatArray
+    _episode_gid: IntArray
+    _rates: FloatArray  # a row of PEER_RATES per slot
+    _stalled: BoolArray
+    # The episode was (or became) a stall: ending inactive means its job ended.
+    _stall_episode: BoolArray
+    _streak: IntArray  # consecutive ticks below the threshold
+    # An episode Fleet opened and has not announced yet: it waits for one push from the
+    # node, whose own episode id (if the node opened one meanwhile) it then adopts.
+    _pending: BoolArray
+    _pending_at: FloatArray
+    _reported: list[str | None]  # the node's episode id, last push
+    _key: list[NodeKey]
+    _rank: list[int | None]
+    _signal: list[str | None]
+    _episode_id: list[str]
+    _meta: list[_Meta | None]
 
     def __init__(self, config: FleetConfig, clock: Clock) -> None:
         self._config = config
@@ -117,36 +190,13 @@ class FleetState:
         self._lock = threading.Lock()
         self._tick_lock = threading.Lock()
         self._max_nodes = config.limits.max_nodes
-        # Nodes: slot per node id; numpy columns for what the tick computes on.
-        self._slot_of: dict[str, int] = {}
+        # Nodes: a slot per (cluster_id, node_id), since node ids are unique only within a
+        # cluster; numpy columns for what the tick computes on.
+        self._slot_of: dict[NodeKey, int] = {}
         self._free_slots: list[int] = []
         self._n = 0  # slots in use are below this mark
-        cap = _INITIAL_CAPACITY
-        self._occupied = np.zeros(cap, dtype=np.bool_)
-        self._score = np.zeros(cap)
-        self._gid = np.zeros(cap, dtype=np.int64)
-        self._active = np.zeros(cap, dtype=np.bool_)
-        self._idle = np.zeros(cap, dtype=np.bool_)
-        self._seen = np.zeros(cap)
-        self._straggler = np.zeros(cap, dtype=np.bool_)
-        self._consec = np.zeros(cap, dtype=np.int64)
-        self._since = np.full(cap, np.nan)
-        self._episode_gid = np.full(cap, -1, dtype=np.int64)
-        self._rates = np.full((cap, len(PEER_RATES)), np.nan)
-        self._stalled = np.zeros(cap, dtype=np.bool_)
-        # The episode was (or became) a stall: ending inactive means its job ended.
-        self._stall_episode = np.zeros(cap, dtype=np.bool_)
-        self._streak = np.zeros(cap, dtype=np.int64)  # consecutive ticks below the threshold
-        # An episode Fleet opened and has not announced yet: it waits for one push from the
-        # node, whose own episode id (if the node opened one meanwhile) it then adopts.
-        self._pending = np.zeros(cap, dtype=np.bool_)
-        self._pending_at = np.zeros(cap)
-        self._reported: list[str | None] = [None] * cap  # the node's episode id, last push
-        self._node_id: list[str] = [""] * cap
-        self._rank: list[int | None] = [None] * cap
-        self._signal: list[str | None] = [None] * cap
-        self._episode_id: list[str] = [""] * cap
-        self._meta: list[_Meta | None] = [None] * cap
+        for column in _SLOT_COLUMNS:
+            setattr(self, column.attr, column.make(_INITIAL_CAPACITY))
         # Groups: an index per group key, with its metadata and smoothed threshold.
         self._gid_of: dict[str, int] = {}
         self._free_gids: list[int] = []
@@ -166,7 +216,7 @@ class FleetState:
         # NCCL communicators joined across ranks: its own lock, fed after a push
         # is stored; the per-node lag it flags is published here by each tick.
         self._nccl = CollectiveJoin(config.nccl, config.node_ttl)
-        self._peer_lag: dict[str, float] = {}
+        self._peer_lag: dict[NodeKey, float] = {}
         # Which clusters this replica owns for drains (several replicas behind a balancer).
         self._owners = Ownership(
             float(config.push_interval), config.node_ttl, config.drain.min_intervals
@@ -182,8 +232,9 @@ class FleetState:
         """
         score = validate_push(push)
         key = push.group
+        node = (push.cluster_id, push.node_id)
         with self._lock:
-            slot = self._slot_of.get(push.node_id)
+            slot = self._slot_of.get(node)
             gid = self._gid_of.get(key)
             if slot is None and len(self._slot_of) >= self._max_nodes:
                 raise CapacityError(
@@ -193,7 +244,7 @@ class FleetState:
             if gid is None and len(self._gid_of) >= 2 * self._max_nodes:
                 raise CapacityError(f"too many peer groups; refusing group {key}")
             if slot is None:
-                slot = self._new_slot(push.node_id)
+                slot = self._new_slot(node)
             if gid is None:
                 gid = self._new_group(key, push)
             self._score[slot] = score
@@ -214,7 +265,7 @@ class FleetState:
             self._reported[slot] = push.episode_id
             view = self._views.get(key)
             episode = self._episode_id[slot] if self._straggler[slot] else ""
-            lag = self._peer_lag.get(push.node_id)
+            lag = self._peer_lag.get(node)
             mono = self._seen[slot]
         self._nccl.ingest(push, float(mono))
         if view is None:
@@ -231,16 +282,18 @@ class FleetState:
         node_id: str | None = None,
     ) -> ThresholdView | None:
         """The group's view as of the last tick, or None when the group is unknown; with
-        ``node_id`` (a node of that group) also the node's rate ratios and open episode."""
+        ``node_id`` (a node of that group, in that cluster) also the node's rate ratios and
+        open episode."""
         key = group_key(cluster_id, job_id, workload_type)
+        node = (cluster_id, node_id or "")
         with self._lock:
             view = self._views.get(key)
-            slot = self._slot_of.get(node_id) if node_id else None
+            slot = self._slot_of.get(node) if node_id else None
             if view is None or slot is None or self._gkey[int(self._gid[slot])] != key:
                 return view
             rates = dict(zip(PEER_RATES, self._rates[slot].tolist(), strict=True))
             episode = self._episode_id[slot] if self._straggler[slot] else ""
-            lag = self._peer_lag.get(node_id) if node_id else None
+            lag = self._peer_lag.get(node)
         return _node_view(view, rates, episode, lag)
 
     def node_count(self) -> int:
@@ -269,13 +322,13 @@ class FleetState:
             return self._last
 
     def scores_snapshot(
-        self, lowest: int | None = None, first: Collection[str] = ()
+        self, lowest: int | None = None, first: Collection[NodeKey] = ()
     ) -> list[NodeScore]:
         """Every active or idle node's latest push (for Echo's score history).
 
-        With ``lowest``: at most that many nodes, those named in ``first`` (by node id)
-        before the lowest scores (Fleet's per-node series); a partition, so only the rows
-        kept are built however many nodes there are.
+        With ``lowest``: at most that many nodes, those named in ``first`` (by cluster_id,
+        node_id) before the lowest scores (Fleet's per-node series); a partition, so only
+        the rows kept are built however many nodes there are.
 
         Only column copies are taken under the lock, so pushes wait a few milliseconds even
         with 100,000 nodes; the rows are built after it is released.
@@ -295,8 +348,8 @@ class FleetState:
                 self._active[idx],
                 self._seen[idx],
             )
-            node_ids, ranks, signals, metas = (
-                self._node_id[:n],
+            keys, ranks, signals, metas = (
+                self._key[:n],
                 self._rank[:n],
                 self._signal[:n],
                 self._meta[:n],
@@ -316,7 +369,7 @@ class FleetState:
             host, model, gpus, provider = metas[slot] or (None, None, None, None)
             rows.append(
                 NodeScore(
-                    node_id=node_ids[slot],
+                    node_id=keys[slot][1],
                     cluster_id=gclusters[gid],
                     group=gkeys[gid],
                     job_id=gjobs[gid],
@@ -390,8 +443,8 @@ class FleetState:
         live_groups = self._drop_empty_groups(idx)
         # A node's flagged rank counts where the communicator is of the node's own group.
         lagging = np.zeros(idx.size, dtype=np.bool_)
-        for node_id, group in nccl.lagging_groups.items():
-            slot = self._slot_of.get(node_id)
+        for node, group in nccl.lagging_groups.items():
+            slot = self._slot_of.get(node)
             if slot is not None and self._gkey[int(self._gid[slot])] == group:
                 lagging[np.searchsorted(idx, slot)] = True
         return Snapshot(
@@ -455,24 +508,46 @@ class FleetState:
             )
             reason = closing_reason(active, g_new != g_old, bool(out.quorum[g_new]), job_ended)
             g_now = g_new if judged_in_new_group(reason) else g_old
-            closing = Closing(
-                node_id=self._node_id[slot],
-                cluster_id=snap.gcluster[g_old],
-                group=snap.gkeys[g_old],
-                job_id=snap.gjob[g_old],
-                rank=self._rank[slot],
-                score=float(snap.scores[pos]),
-                event_id=self._episode_id[slot],
-                since=float(snap.since[pos]),
-                dominant_signal=self._signal[slot],
-                threshold=finite(out.threshold[g_now]),
-                panic=bool(out.panic[g_now]),
+            closing = self._closing(
+                slot,
+                (snap.gcluster[g_old], snap.gkeys[g_old], snap.gjob[g_old]),
+                float(snap.scores[pos]),
+                float(snap.since[pos]),
+                finite(out.threshold[g_now]),
+                bool(out.panic[g_now]),
             )
             events.append(resolved_event(closing, snap.now, reason))
         return events
 
+    def _closing(
+        self,
+        slot: int,
+        opened_in: tuple[str, str, str | None],
+        score: float,
+        since: float,
+        threshold: float | None,
+        panic: bool,
+    ) -> Closing:
+        """The ending episode of the node in ``slot``; ``opened_in`` is the (cluster id,
+        group, job id) of the group it began in, ``threshold`` and ``panic`` those it ends
+        under."""
+        cluster_id, group, job_id = opened_in
+        return Closing(
+            node_id=self._key[slot][1],
+            cluster_id=cluster_id,
+            group=group,
+            job_id=job_id,
+            rank=self._rank[slot],
+            score=score,
+            event_id=self._episode_id[slot],
+            since=since,
+            dominant_signal=self._signal[slot],
+            threshold=threshold,
+            panic=panic,
+        )
+
     def _open_episodes(
-        self, snap: Snapshot, out: Outcome, causes: Mapping[str, PeerLagCause]
+        self, snap: Snapshot, out: Outcome, causes: Mapping[NodeKey, PeerLagCause]
     ) -> tuple[list[NodeVerdict], list[Event]]:
         """Verdicts for every straggler; a ``straggler_state`` event for each new one.
         ``causes`` names the flagged NCCL rank of each node a straggler by peer lag alone."""
@@ -496,7 +571,7 @@ class FleetState:
             if self._announce(slot, enters, snap.mono):
                 events.append(
                     started_event(
-                        node_id=self._node_id[slot],
+                        node_id=self._key[slot][1],
                         cluster_id=snap.gcluster[g],
                         group=snap.gkeys[g],
                         job_id=snap.gjob[g],
@@ -513,7 +588,7 @@ class FleetState:
                 )
             verdicts.append(
                 NodeVerdict(
-                    node_id=self._node_id[slot],
+                    node_id=self._key[slot][1],
                     cluster_id=snap.gcluster[g],
                     group=snap.gkeys[g],
                     job_id=snap.gjob[g],
@@ -529,7 +604,7 @@ class FleetState:
                     event_id=self._episode_id[slot],
                     drain_owner=self._owners.owner(snap.gcluster[g], snap.gkeys[g], snap.mono),
                     reason="peer_lag" if lag else "score",
-                    peer_lag=causes.get(self._node_id[slot]) if lag else None,
+                    peer_lag=causes.get(self._key[slot]) if lag else None,
                 )
             )
         return verdicts, events
@@ -566,7 +641,7 @@ class FleetState:
 
     # ---- bookkeeping (called with the lock held) --------------------------------------
 
-    def _new_slot(self, node_id: str) -> int:
+    def _new_slot(self, node: NodeKey) -> int:
         if self._free_slots:
             slot = self._free_slots.pop()
         else:
@@ -574,46 +649,30 @@ class FleetState:
                 self._grow_slots()
             slot = self._n
             self._n += 1
-        self._slot_of[node_id] = slot
-        self._node_id[slot] = node_id
+        self._clear([slot])
+        self._slot_of[node] = slot
+        self._key[slot] = node
         self._occupied[slot] = True
-        self._straggler[slot] = False
-        self._consec[slot] = 0
-        self._since[slot] = np.nan
-        self._episode_gid[slot] = -1
-        self._episode_id[slot] = ""
-        self._rates[slot] = np.nan
-        self._stalled[slot] = False
-        self._stall_episode[slot] = False
-        self._streak[slot] = 0
-        self._pending[slot] = False
-        self._reported[slot] = None
         return slot
 
     def _grow_slots(self) -> None:
         extra = self._occupied.size
-        self._occupied = np.concatenate([self._occupied, np.zeros(extra, dtype=np.bool_)])
-        self._score = np.concatenate([self._score, np.zeros(extra)])
-        self._gid = np.concatenate([self._gid, np.zeros(extra, dtype=np.int64)])
-        self._active = np.concatenate([self._active, np.zeros(extra, dtype=np.bool_)])
-        self._idle = np.concatenate([self._idle, np.zeros(extra, dtype=np.bool_)])
-        self._seen = np.concatenate([self._seen, np.zeros(extra)])
-        self._straggler = np.concatenate([self._straggler, np.zeros(extra, dtype=np.bool_)])
-        self._consec = np.concatenate([self._consec, np.zeros(extra, dtype=np.int64)])
-        self._since = np.concatenate([self._since, np.full(extra, np.nan)])
-        self._episode_gid = np.concatenate([self._episode_gid, np.full(extra, -1, dtype=np.int64)])
-        self._rates = np.concatenate([self._rates, np.full((extra, len(PEER_RATES)), np.nan)])
-        self._stalled = np.concatenate([self._stalled, np.zeros(extra, dtype=np.bool_)])
-        self._stall_episode = np.concatenate([self._stall_episode, np.zeros(extra, dtype=np.bool_)])
-        self._streak = np.concatenate([self._streak, np.zeros(extra, dtype=np.int64)])
-        self._pending = np.concatenate([self._pending, np.zeros(extra, dtype=np.bool_)])
-        self._pending_at = np.concatenate([self._pending_at, np.zeros(extra)])
-        self._reported.extend([None] * extra)
-        self._node_id.extend([""] * extra)
-        self._rank.extend([None] * extra)
-        self._signal.extend([None] * extra)
-        self._episode_id.extend([""] * extra)
-        self._meta.extend([None] * extra)
+        for column in _SLOT_COLUMNS:
+            old, more = getattr(self, column.attr), column.make(extra)
+            if isinstance(old, list):
+                old.extend(more)
+            else:
+                setattr(self, column.attr, np.concatenate([old, more]))
+
+    def _clear(self, slots: list[int]) -> None:
+        """Every column of ``slots`` back to its fill: what a slot new to a node holds."""
+        for column in _SLOT_COLUMNS:
+            values = getattr(self, column.attr)
+            if isinstance(values, list):
+                for slot in slots:
+                    values[slot] = column.fill
+            else:
+                values[slots] = column.fill
 
     def _new_group(self, key: str, push: NodePush) -> int:
         if self._free_gids:
@@ -641,38 +700,31 @@ class FleetState:
         self._gjob.extend([None] * extra)
         self._gworkload.extend([None] * extra)
 
-    def _expire(self, mono: float, ttl: float) -> tuple[list[Closing], list[str]]:
+    def _expire(self, mono: float, ttl: float) -> tuple[list[Closing], list[NodeKey]]:
         """Free the slots of nodes silent for ``ttl`` seconds or more."""
         n = self._n
         stale = np.flatnonzero(self._occupied[:n] & (mono - self._seen[:n] >= ttl))
         closing: list[Closing] = []
-        expired: list[str] = []
-        for slot in stale.tolist():
-            node_id = self._node_id[slot]
-            expired.append(node_id)
+        expired: list[NodeKey] = []
+        slots = stale.tolist()
+        for slot in slots:
+            node = self._key[slot]
+            expired.append(node)
             if self._straggler[slot] and not self._pending[slot]:
                 gid = int(self._episode_gid[slot])
                 closing.append(
-                    Closing(
-                        node_id=node_id,
-                        cluster_id=self._gcluster[gid],
-                        group=self._gkey[gid],
-                        job_id=self._gjob[gid],
-                        rank=self._rank[slot],
-                        score=float(self._score[slot]),
-                        event_id=self._episode_id[slot],
-                        since=float(self._since[slot]),
-                        dominant_signal=self._signal[slot],
-                        threshold=finite(self._ema[gid]),
-                        panic=bool(self._panic[gid]),
+                    self._closing(
+                        slot,
+                        (self._gcluster[gid], self._gkey[gid], self._gjob[gid]),
+                        float(self._score[slot]),
+                        float(self._since[slot]),
+                        finite(self._ema[gid]),
+                        bool(self._panic[gid]),
                     )
                 )
-            del self._slot_of[node_id]
-            self._occupied[slot] = False
-            self._straggler[slot] = False
-            self._node_id[slot] = ""
-            self._meta[slot] = None
-            self._free_slots.append(slot)
+            del self._slot_of[node]
+        self._clear(slots)
+        self._free_slots.extend(slots)
         return closing, expired
 
     def _drop_empty_groups(self, idx: IntArray) -> IntArray:

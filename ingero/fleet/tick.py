@@ -17,7 +17,7 @@ import numpy as np
 from ingero.fleet import threshold as th
 from ingero.fleet.config import FleetConfig
 from ingero.fleet.episodes import Closing, degraded_event
-from ingero.fleet.model import ClusterStats, GroupStats
+from ingero.fleet.model import ClusterStats, GroupStats, NodeKey
 from ingero.fleet.threshold import BoolArray, FloatArray, IntArray
 from ingero.otlp.health import PEER_RATES
 from ingero.otlp.threshold import ThresholdView
@@ -31,7 +31,7 @@ class Snapshot:
     now: float
     mono: float
     expired: list[Closing]
-    expired_ids: list[str]
+    expired_ids: list[NodeKey]
     idx: IntArray
     live_groups: IntArray
     scores: FloatArray

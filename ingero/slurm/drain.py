@@ -14,7 +14,7 @@ from __future__ import annotations
 import dataclasses
 import logging
 import threading
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from typing import Any, Protocol
 
 from ingero.runtime.clock import Clock, SystemClock
@@ -33,7 +33,7 @@ class Tick(Protocol):
     @property
     def verdicts(self) -> Sequence[Verdict]: ...
     @property
-    def expired_nodes(self) -> Sequence[str]: ...
+    def expired_nodes(self) -> Sequence[tuple[str, str]]: ...  # (cluster_id, node_id)
     @property
     def events(self) -> Sequence[Event]: ...
 
@@ -68,11 +68,12 @@ class DrainController:
         self._stopping = False
         self._thread: threading.Thread | None = None
         self.failures = 0
-        # Episode endings of ticks not yet handled, in order: nodes that lost auto-resume
-        # eligibility (expired, or their episode ended other than recovered), and the
-        # nodes (-> their clusters) whose recovery no later ending cancelled.
-        self._expired: list[str] = []
-        self._recovered: dict[str, set[str]] = {}
+        # Episode endings of ticks not yet handled, in order, as (cluster_id, node_id): a
+        # node id names a node only within its cluster, and Fleet may serve several. The
+        # nodes that lost auto-resume eligibility (expired, or their episode ended other
+        # than recovered), and those whose recovery no later ending cancelled.
+        self._expired: list[tuple[str, str]] = []
+        self._recovered: set[tuple[str, str]] = set()
 
     def start(self) -> None:
         if not self.running:
@@ -117,7 +118,7 @@ class DrainController:
                     return
                 tick, self._pending = self._pending, None
                 expired, self._expired = self._expired, []
-                recovered, self._recovered = self._recovered, {}
+                recovered, self._recovered = self._recovered, set()
                 seq = self._submitted
             assert tick is not None
             try:
@@ -132,9 +133,7 @@ class DrainController:
                     self._expired[:0] = expired
                     # a newer ending of a node cancels its older recovery
                     lost = set(self._expired[len(expired) :])
-                    for node, clusters in recovered.items():
-                        if node not in lost:
-                            self._recovered.setdefault(node, set()).update(clusters)
+                    self._recovered.update(recovered - lost)
                     if self._cond.wait_for(lambda: self._stopping, backoff):
                         return
                 backoff = min(backoff * 2, self._backoff_max)
@@ -149,19 +148,20 @@ class DrainController:
     def _note_endings(self, tick: Tick) -> None:
         """Fold one tick's episode endings into the pending ones (caller holds the lock)."""
         for node in tick.expired_nodes:
-            self._recovered.pop(node, None)
+            self._recovered.discard(node)
         self._expired.extend(tick.expired_nodes)
         for event in tick.events:
             if event.type != "straggler_resolved":
                 continue
+            node = (event.cluster_id, event.node_id)
             if is_recovery(event):
-                self._recovered.setdefault(event.node_id, set()).add(event.cluster_id)
+                self._recovered.add(node)
             else:
-                self._recovered.pop(event.node_id, None)
-                self._expired.append(event.node_id)
+                self._recovered.discard(node)
+                self._expired.append(node)
 
     def _handle(
-        self, tick: Tick, expired: Sequence[str], recovered: Mapping[str, set[str]]
+        self, tick: Tick, expired: Sequence[tuple[str, str]], recovered: set[tuple[str, str]]
     ) -> None:
         # Most ticks have no node ready for a decision: then Slurm is not asked at all
         # (auto-resume needs the node list every tick to find ingero's drained nodes).
@@ -172,13 +172,15 @@ class DrainController:
         if not ready and not self.config.auto_resume:
             nodes: list[NodeInfo] = []
             verdicts: Sequence[Verdict] = ()
+            gone: list[str] = []
             mine: list[str] = []
         else:
             # Fleet may serve several clusters; this Slurm owns only its own nodes (another
             # cluster may well have a node of the same name).
             cluster = self._backend.cluster_name()
             verdicts = [v for v in tick.verdicts if v.cluster_id == cluster]
-            mine = [node for node, clusters in recovered.items() if cluster in clusters]
+            gone = [node for c, node in expired if c == cluster]
+            mine = [node for c, node in recovered if c == cluster]
             nodes = self._backend.nodes()
         decisions = decide(
             verdicts,
@@ -186,7 +188,7 @@ class DrainController:
             self.config,
             self._memory,
             self._clock.monotonic(),
-            expired,
+            gone,
             mine,
         )
         if any(d.action == "drain" for d in decisions):

@@ -262,6 +262,34 @@ def test_auto_resume_after_a_recovered_episode(slurm: StandInSlurm) -> None:
     assert [(e.type, e.node_id) for e in events] == [("node_resumed", "n2")]
 
 
+def test_another_clusters_node_of_the_same_name_does_not_cancel_a_recovery(
+    slurm: StandInSlurm,
+) -> None:
+    """A node id names a node only within its cluster: cluster other's n2 ending badly, or
+    expiring, says nothing about this cluster's recovered n2."""
+    drained_by_ingero(slurm)
+    controller = make(slurm, [], AUTO)
+    other = (resolved("n2", "inactive", cluster="other"),)
+    try:
+        handle(controller, tick(), tick(), tick(events=(resolved("n2", "recovered"),)))
+        gone = TickResult(0.0, (), (), other, (("other", "n2"),))
+        handle(controller, gone)
+    finally:
+        controller.stop()
+    assert slurm.calls == [("resume", "n2")]
+
+
+def test_its_own_node_expiring_cancels_a_recovery(slurm: StandInSlurm) -> None:
+    drained_by_ingero(slurm)
+    controller = make(slurm, [], AUTO)
+    try:
+        handle(controller, tick(), tick(), tick(events=(resolved("n2", "recovered"),)))
+        handle(controller, TickResult(0.0, (), (), (), (("c", "n2"),)), tick(), tick())
+    finally:
+        controller.stop()
+    assert slurm.calls == []
+
+
 @pytest.mark.parametrize(
     "ending",
     [

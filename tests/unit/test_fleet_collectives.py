@@ -58,6 +58,7 @@ class Sim:
     score: dict[str, float] = field(default_factory=dict)
     replies: dict[str, ThresholdView] = field(default_factory=dict)
     tick: TickResult | None = None
+    cluster: str = "c1"
 
     def __post_init__(self) -> None:
         self.join = CollectiveJoin(self.config, TTL)
@@ -115,7 +116,7 @@ class Sim:
             )
             push = NodePush(
                 node_id=node,
-                cluster_id="c1",
+                cluster_id=self.cluster,
                 score=self.score.get(node, 0.9),
                 job_id="1234",
                 rank=int(node[1:]) if node[1:].isdigit() else None,
@@ -247,7 +248,9 @@ def test_peer_lag(case: LagCase) -> None:
         assert event.extra["collectives"] >= sim.config.window // 2
         assert event.extra["clock_offset_known"] == (case.node_of[rank] not in case.unreported)
         # The node's lag as push replies carry it.
-        assert last.peer_lag[event.node_id] == pytest.approx(case.flagged[rank], rel=0.2)
+        assert last.peer_lag[(event.cluster_id, event.node_id)] == pytest.approx(
+            case.flagged[rank], rel=0.2
+        )
     latest = max(case.flagged, key=lambda r: case.flagged[r], default=None)
     if latest is not None:
         lags = {f.comm_rank: f for f in sim.join.rank_lags("c1", "c1/job/1234", HASH)}  # type: ignore[union-attr]
@@ -308,7 +311,7 @@ def test_node_that_stops_pushing_expires() -> None:
         assert ticks <= TTL / INTERVAL + 1
     (end,) = sim.of("peer_lag", "end")
     assert end.event_id == start.event_id and end.extra["reason"] == "expired"
-    assert "n6" not in result.peer_lag
+    assert ("c1", "n6") not in result.peer_lag
 
 
 # ---- collective_hang ------------------------------------------------------------------
@@ -481,6 +484,26 @@ def state_sim(nodes: int, statistical_min: int = 5, **kw: object) -> Sim:
         ttl_multiplier=TTL / INTERVAL,
     )
     return Sim(nodes, one_per_node(nodes), clock=clock, state=FleetState(config, clock), **kw)  # type: ignore[arg-type]
+
+
+def test_a_lagging_node_is_flagged_only_in_its_own_cluster() -> None:
+    """Two clusters whose nodes bear the same names (every Slurm site has an n5): the lag
+    of A's n5 is A's, never in the reply to B's n5 or B's straggler view."""
+    a = state_sim(8, delay={5: 0.2})
+    b = Sim(8, one_per_node(8), clock=a.clock, state=a.state, cluster="c2")
+    for _ in range(4):
+        a.interval()
+        b.interval()
+    assert a.replies["n5"].peer_lag == pytest.approx(0.2, rel=0.2)
+    assert b.replies["n5"].peer_lag is None
+    assert a.state is not None and a.state.node_count() == 16
+    api = a.state.threshold_view("c2", "1234", node_id="n5")
+    assert api is not None and api.peer_lag is None
+    assert b.tick is not None
+    (verdict,) = b.tick.verdicts
+    assert (verdict.cluster_id, verdict.node_id, verdict.reason) == ("c1", "n5", "peer_lag")
+    offsets = {(c, n) for c, n, _, _ in a.state.clock_offsets()}
+    assert ("c1", "n5") in offsets and ("c2", "n5") in offsets
 
 
 def test_peer_lag_makes_a_fleet_straggler_and_reaches_the_replies() -> None:

@@ -49,9 +49,9 @@ def test_state_keeps_stragglers_then_lowest_scores_past_the_limit() -> None:
     for i, score in enumerate([0.9, 0.5, 0.95, 0.6, 0.99, 0.7]):
         state.ingest(NodePush(node_id=f"n{i}", cluster_id="c", score=score, job_id="1"))
     state.tick()
-    kept = state.scores_snapshot(3, {"n4", "nobody"})
+    kept = state.scores_snapshot(3, {("c", "n4"), ("c", "nobody"), ("other", "n5")})
     assert {r.node_id for r in kept} == {"n4", "n1", "n3"}  # n4 named, then 0.5 and 0.6
-    assert len(state.scores_snapshot(10, {"n4"})) == 6
+    assert len(state.scores_snapshot(10, {("c", "n4")})) == 6
     assert len(state.scores_snapshot()) == 6
 
 

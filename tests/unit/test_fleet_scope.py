@@ -156,6 +156,45 @@ def test_receiver_refuses_a_mixed_request_whole_and_ingests_nothing_of_it() -> N
     assert [(e.node_id, e.cluster_id) for e in delivered] == [("b1", "B")]
 
 
+def test_a_scoped_token_pushing_another_clusters_node_id_neither_moves_it_nor_reads_it() -> None:
+    """A token of cluster A may push any node id within A, B's included: that is A's node of
+    that name, a node of its own, so B's node keeps its group and open episode and nothing of
+    B reaches A's reply or A's reads."""
+    recv, state, _, _ = receiver()
+    ops = Identity("ops", "ba9876543210", None)
+    rack = Identity("rack-a", "0123456789ab", RACK_A)
+
+    def push_b() -> None:
+        for i in range(8):
+            node = NodePush(node_id=f"b{i}", cluster_id="B", score=0.2 if i == 3 else 0.9)
+            assert recv.request("metrics", encode_health(node, 1), ops).accepted == 1
+
+    opened: list[Event] = []
+    for _ in range(10):  # the default enter rule takes a few ticks below the threshold
+        if opened:
+            break
+        push_b()
+        opened = [e for e in state.tick().events if e.type == "straggler_state"]
+    (started,) = opened
+    assert (started.cluster_id, started.node_id) == ("B", "b3")
+    reply = recv.request("metrics", encode_health(push("b3", "A"), 1), rack)
+    assert reply.accepted == 1 and reply.view is not None
+    assert reply.view.episode_id is None and reply.view.cluster_id == "A"
+    tick = state.tick()  # B's node is still B's straggler, in B's group, same episode
+    assert [e.type for e in tick.events] == []
+    assert [(v.cluster_id, v.node_id, v.event_id) for v in tick.verdicts] == [
+        ("B", "b3", started.event_id)
+    ]
+    assert {g.group: g.active_nodes for g in tick.groups} == {
+        "A/workload/unknown": 1,
+        "B/workload/unknown": 8,
+    }
+    read = state.threshold_view("A", workload_type="unknown", node_id="b3")
+    assert read is not None and read.episode_id is None
+    read_b = state.threshold_view("B", workload_type="unknown", node_id="b3")
+    assert read_b is not None and read_b.episode_id == started.event_id
+
+
 def test_gate_audits_a_scope_refusal_by_token_and_reason(tmp_path: Path) -> None:
     """Through a real AuditLog to a datagram socket standing where journald's would."""
     journal = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)

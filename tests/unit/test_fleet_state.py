@@ -16,6 +16,7 @@ from ingero.fleet.config import FleetConfig, LimitsConfig, QuorumConfig, Thresho
 from ingero.fleet.model import CapacityError, TickResult
 from ingero.fleet.state import FleetState
 from ingero.otlp.health import NodePush
+from ingero.otlp.threshold import ThresholdView
 from ingero.runtime.clock import ManualClock
 from ingero.schema.events import Event
 
@@ -41,8 +42,10 @@ def make(
     return FleetState(config, clock), clock, config
 
 
-def push(node: str, score: float, job: str | None = JOB, **kw: object) -> NodePush:
-    return NodePush(node_id=node, cluster_id="c1", score=score, job_id=job, **kw)  # type: ignore[arg-type]
+def push(
+    node: str, score: float, job: str | None = JOB, cluster: str = "c1", **kw: object
+) -> NodePush:
+    return NodePush(node_id=node, cluster_id=cluster, score=score, job_id=job, **kw)  # type: ignore[arg-type]
 
 
 def feed(state: FleetState, scores: dict[str, float], job: str | None = JOB) -> None:
@@ -170,6 +173,51 @@ def test_quorum_boundary_four_vs_five() -> None:
         result = state.tick()
         assert len(of_type(result, "straggler_state")) == expect
         assert result.groups[0].quorum_met is bool(expect)
+
+
+def test_two_clusters_with_the_same_node_ids_keep_their_own_nodes() -> None:
+    """Every Slurm site may name a node n3: a node is (cluster, node id), so pushes of two
+    clusters' n3 never move one another between groups (no flapping), and each keeps its own
+    group, threshold, episode and expiry."""
+    state, clock, config = make()
+    a = healthy(8)
+    a["n3"] = 0.4
+    b = {f"n{i}": 0.5 + 0.01 * i for i in range(8)}  # a lower median, and no straggler
+
+    def both() -> dict[str, tuple[ThresholdView, ThresholdView]]:
+        return {
+            n: (state.ingest(push(n, a[n])), state.ingest(push(n, b[n], cluster="c2"))) for n in a
+        }
+
+    both()
+    first = state.tick()
+    assert state.node_count() == 16
+    assert {g.group: g.active_nodes for g in first.groups} == {"c1/job/42": 8, "c2/job/42": 8}
+    (started,) = of_type(first, "straggler_state")
+    assert [(v.cluster_id, v.node_id) for v in first.verdicts] == [("c1", "n3")]
+    view_a, view_b = state.threshold_view("c1", JOB), state.threshold_view("c2", JOB)
+    assert view_a is not None and view_b is not None
+    assert view_a.median == pytest.approx(0.9) and view_b.median == pytest.approx(0.535)
+    # Only A's n3 hears of A's episode, in its reply and in an API read.
+    reply_a, reply_b = both()["n3"]
+    assert reply_a.episode_id == started.event_id and reply_b.episode_id is None
+    read_b = state.threshold_view("c2", JOB, node_id="n3")
+    assert read_b is not None and read_b.episode_id is None
+    read_a = state.threshold_view("c1", JOB, node_id="n3")
+    assert read_a is not None and read_a.episode_id == started.event_id
+    second = state.tick()
+    assert second.events == ()  # nothing flapped: no episode ended, none began
+    assert {g.group: g.active_nodes for g in second.groups} == {"c1/job/42": 8, "c2/job/42": 8}
+    # B falls silent: B's nodes expire, A's n3 (same id) keeps its slot and its episode.
+    clock.advance(config.node_ttl)
+    feed(state, a)
+    third = state.tick()
+    assert third.expired_nodes == tuple(("c2", f"n{i}") for i in range(8))
+    assert of_type(third, "straggler_resolved") == []
+    assert [(v.cluster_id, v.node_id, v.event_id) for v in third.verdicts] == [
+        ("c1", "n3", started.event_id)
+    ]
+    assert state.node_count() == 8
 
 
 def test_two_jobs_in_one_cluster_have_separate_thresholds() -> None:
@@ -343,7 +391,7 @@ def test_expiry_exactly_at_ttl() -> None:
     assert state.tick().expired_nodes == ()  # silent for ttl - 0.5
     clock.advance(0.5)
     result = state.tick()  # silent for exactly ttl
-    assert result.expired_nodes == ("n5",)
+    assert result.expired_nodes == (("c1", "n5"),)
     (resolved,) = result.events
     assert resolved.extra["reason"] == "expired" and resolved.event_id == entered.event_id
     assert state.node_count() == 5
@@ -402,7 +450,7 @@ def test_capacity_cap_refuses_only_new_nodes() -> None:
     assert state.node_count() == 3
     clock.advance(config.node_ttl)
     state.ingest(push("n1", 0.9))
-    assert state.tick().expired_nodes == ("n0", "n2")
+    assert state.tick().expired_nodes == (("c1", "n0"), ("c1", "n2"))
     state.ingest(push("n3", 0.9))  # room again after expiry
     assert state.node_count() == 2
 
@@ -535,3 +583,28 @@ def test_group_figures_match_a_per_group_computation(pushes: list[tuple[str, flo
         expected_stragglers = below if group.quorum_met else 0
         assert group.straggler_count == expected_stragglers
         assert group.panic is bool(group.quorum_met and below / len(values) > tcfg.panic_fraction)
+
+
+def test_slots_grow_and_a_freed_slot_holds_nothing_of_its_last_node() -> None:
+    """Past the initial 1024 slots every column grows; a node that takes an expired node's
+    slot starts from nothing (no episode, ratios or straggler ticks of the slot's last)."""
+    state, clock, config = make()
+    many = {f"n{i}": 0.9 + (i % 7) / 1000 for i in range(1500)}
+    many["n7"] = 0.1
+    for cluster in ("c1", "c2"):
+        for node, score in many.items():
+            state.ingest(push(node, score, cluster=cluster, rates={"throughput": 5.0}))
+    result = state.tick()
+    assert state.node_count() == 3000
+    assert {(v.cluster_id, v.node_id) for v in result.verdicts} == {("c1", "n7"), ("c2", "n7")}
+    clock.advance(config.node_ttl)
+    for node, score in many.items():
+        state.ingest(push(node, score))  # c2 falls silent
+    assert len(state.tick().expired_nodes) == 1500
+    fresh = [state.ingest(push(f"new{i}", 0.9)) for i in range(1500)]  # into c2's slots
+    assert state.node_count() == 3000
+    assert all(v.episode_id is None and v.rate_ratios is None for v in fresh)
+    result = state.tick()
+    assert [(v.cluster_id, v.node_id) for v in result.verdicts] == [("c1", "n7")]
+    (group,) = result.groups
+    assert group.active_nodes == 3000 and group.straggler_count == 1

@@ -27,11 +27,13 @@ from ingero.push.config import PushConfig
 from ingero.schema.events import Event
 from tests.integration.fleet.helpers import (
     Fleet,
+    Reply,
     expected_threshold,
     health_request,
     start_fleet,
     wait_for,
 )
+from tests.integration.push.cluster import Cluster, Procs
 
 pytestmark = pytest.mark.integration
 
@@ -183,3 +185,90 @@ def test_a_scope_for_no_such_token_stops_fleet_at_start(tmp_path: Path) -> None:
                 }
             },
         )
+
+
+SAME_JOB = "4242"
+
+
+def test_two_clusters_node_of_the_same_name_stay_apart(tmp_path: Path) -> None:
+    """Clusters A and B both name a node gpu01 (as Slurm sites do), each pushed by a real
+    fleet-push with its cluster's token; B's gpu01 runs slow. Neither group ever counts the
+    other's gpu01, B's episode stays open under one id, and nothing A's token gets (a read
+    naming gpu01, a push reply as gpu01) carries B's episode id."""
+    tokens = tmp_path / "tokens"
+    tokens.mkdir()
+    for name, token in (("rack-a", RACK_A), ("rack-b", RACK_A[::-1]), ("ops", OPS)):
+        (tokens / name).write_text(token + "\n")
+    auth = {"token_dir": str(tokens), "token_clusters": {"rack-a": ["A"], "rack-b": ["B"]}}
+    procs = Procs()
+
+    def cluster(name: str, token: str) -> Cluster:
+        (tmp_path / name).mkdir()
+        return Cluster(
+            tmp_path / name,
+            procs,
+            0.5,
+            2,
+            job_id=SAME_JOB,
+            cluster_id=name.upper(),
+            node_prefix="gpu",
+            token_file=tokens / token,
+            fleet_config={"auth": auth, "ttl_multiplier": 1000},
+        )
+
+    a, b = cluster("a", "rack-a"), cluster("b", "rack-b")
+    try:
+        a.start_fleet()
+        b.ports = a.ports
+        b.start_sink()
+        for c in (a, b):
+            c.start_workload(1)
+            c.start_push(1)
+        fleet = Fleet(
+            a.fleet, "", f"127.0.0.1:{a.ports['otlp_http']}", f"127.0.0.1:{a.ports['api']}"
+        )
+        # B's peers, as fast as the healthy nodes are: B's group has quorum, its gpu01 lags
+        peers = [
+            NodePush(node_id=f"b-peer{i}", cluster_id="B", job_id=SAME_JOB, score=1.0)
+            for i in range(4)
+        ]
+        assert as_token(fleet, OPS).push(peers).status == 200
+        wait_for(lambda: "fleet" in b.modes("gpu01"), 90, what="B's gpu01 in fleet mode")
+        b.slow_down(1, 0.6)
+
+        def b_episode() -> str | None:
+            view = as_token(fleet, OPS).threshold("B", SAME_JOB, node_id="gpu01")
+            return view.json()["episode_id"] if view.status == 200 else None
+
+        offered = wait_for(b_episode, 120, what="B's gpu01 straggler episode")
+        # Fleet's id is only offered until gpu01's next push, which may bring the node's own
+        mark = ticks(fleet)
+        wait_for(lambda: ticks(fleet) >= mark + 2, what="two ticks")
+        episode = b_episode()
+        assert episode is not None
+        ids = {offered.encode(), episode.encode()}
+
+        def carries_b(reply: Reply) -> bool:
+            text = reply.body + repr(reply.headers).encode()
+            return "x-ingero-episode-id" in reply.headers or any(i in text for i in ids)
+
+        mark = ticks(fleet)
+        rounds = 0
+        while ticks(fleet) < mark + 10:  # ten ticks of both gpu01s pushing
+            rounds += 1
+            ops = as_token(fleet, OPS)
+            assert ops.threshold("B", SAME_JOB).json()["active_nodes"] == 5
+            assert ops.threshold("A", SAME_JOB).json()["active_nodes"] == 1
+            assert b_episode() == episode
+            mine = as_token(fleet, RACK_A)
+            read = mine.threshold("A", SAME_JOB, node_id="gpu01")
+            assert read.status == 200 and not carries_b(read)
+            # A's token pushing as gpu01 (A's own node of that name): its reply has none of B
+            gpu01 = NodePush(node_id="gpu01", cluster_id="A", job_id=SAME_JOB, score=0.9)
+            reply = mine.push([gpu01])
+            assert reply.status == 200 and not carries_b(reply)
+        assert rounds > 1
+        assert b_episode() == episode
+        assert "Traceback" not in (tmp_path / "a" / "fleet.log").read_text()
+    finally:
+        procs.stop_all()
