@@ -25,7 +25,7 @@ from starlette.types import ASGIApp, Receive, Scope, Send
 
 from ingero import __version__
 from ingero.echo.answers import QUESTIONS
-from ingero.echo.auth import AccessDenied, Clusters, Principal, principal
+from ingero.echo.auth import AccessDenied, Principal, principal
 from ingero.echo.httpbody import BodyTooLarge, read_body
 from ingero.echo.jsontext import encode_answer
 from ingero.echo.questions import BadRequest
@@ -35,6 +35,7 @@ from ingero.otlp.receiver import retry_after_value
 from ingero.otlp.values import load_json
 from ingero.runtime.buildinfo import daemon_registry
 from ingero.security.access import Gate, Refusal
+from ingero.security.scope import ClusterScope
 
 log = logging.getLogger(__name__)
 
@@ -56,7 +57,7 @@ def error(status: int, message: str, retry_after: float | None = None) -> JSONRe
     return JSONResponse({"error": message, "status": status}, status_code=status, headers=headers)
 
 
-def admit(gate: Gate[Clusters], listener: str, request: Request) -> Principal | JSONResponse:
+def admit(gate: Gate[ClusterScope], listener: str, request: Request) -> Principal | JSONResponse:
     """The caller's principal, or the refusal (401, or 429 with Retry-After) to answer."""
     source = request.client.host if request.client else ""
     admitted = gate.admit(
@@ -73,7 +74,7 @@ def admit(gate: Gate[Clusters], listener: str, request: Request) -> Principal | 
 class RequireToken:
     """ASGI wrapper: answers 401 (JSON) unless the request carries a valid bearer token."""
 
-    def __init__(self, app: ASGIApp, gate: Gate[Clusters]) -> None:
+    def __init__(self, app: ASGIApp, gate: Gate[ClusterScope]) -> None:
         self.app = app
         self.gate = gate
 
@@ -88,7 +89,7 @@ class RequireToken:
 
 def build_app(
     service: Service,
-    gate: Gate[Clusters],
+    gate: Gate[ClusterScope],
     mcp_routes: list[BaseRoute] | None = None,
     mcp_lifespan: Callable[[], Any] | None = None,
 ) -> Starlette:

@@ -19,12 +19,12 @@ from prometheus_client import CONTENT_TYPE_LATEST
 from ingero.fleet.httpserver import HttpRequest, HttpResponse
 from ingero.fleet.metrics import FleetMetrics
 from ingero.fleet.read_scope import CLUSTER_READ_NOT_ALLOWED, may_read, read_refusal, scope_of
-from ingero.fleet.scope import Scope
 from ingero.fleet.state import FleetState
 from ingero.otlp.receiver import retry_after_value
 from ingero.otlp.threshold import API_PATH, encode_json
 from ingero.security.access import Gate, Refusal
 from ingero.security.bearer import Identity
+from ingero.security.scope import ClusterScope
 
 _JSON = "application/json"
 
@@ -38,7 +38,7 @@ class ApiHandler:
         self,
         state: FleetState,
         metrics: FleetMetrics,
-        gate: Gate[Scope],
+        gate: Gate[ClusterScope],
         ready: Callable[[], bool],
     ) -> None:
         self._state = state

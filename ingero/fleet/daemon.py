@@ -31,7 +31,7 @@ from ingero.fleet.metrics import FleetMetrics
 from ingero.fleet.model import TickResult
 from ingero.fleet.otlp_http import OtlpHttpHandler
 from ingero.fleet.receiver import Receiver
-from ingero.fleet.scope import Scope, scoped_tokens
+from ingero.fleet.scope import scoped_tokens
 from ingero.fleet.score_history import ScoreHistory
 from ingero.fleet.spool import EventSpool
 from ingero.fleet.state import FleetState
@@ -43,6 +43,7 @@ from ingero.runtime.systemd import notifier as systemd_notifier
 from ingero.security.access import Gate, reload_material
 from ingero.security.audit import AuditLog, warn_open_listeners
 from ingero.security.bearer import Keyring, NamedToken, TokenFile, load_token_files
+from ingero.security.scope import ClusterScope
 from ingero.security.tls import server_tls
 
 log = logging.getLogger(__name__)
@@ -140,7 +141,7 @@ class FleetDaemon:
             self._load_tokens(config.auth.token_clusters), float(config.auth.token_grace)
         )
         self.audit = AuditLog("fleet")
-        self.gate: Gate[Scope] = Gate(self.keyring, None, config.auth.rate_limit, self.audit)
+        self.gate: Gate[ClusterScope] = Gate(self.keyring, None, config.auth.rate_limit, self.audit)
         self.tls = server_tls(config.auth.tls_cert, config.auth.tls_key)
         ssl_context = self.tls.ssl_context() if self.tls is not None else None
         max_body = config.limits.max_body_bytes
@@ -182,13 +183,13 @@ class FleetDaemon:
             self.tls.grpc_credentials() if self.tls is not None else None,
         )
 
-    def _load_tokens(self, token_clusters: dict[str, list[str]]) -> list[NamedToken[Scope]]:
+    def _load_tokens(self, token_clusters: dict[str, list[str]]) -> list[NamedToken[ClusterScope]]:
         auth = self.config.auth
         files = {"auth.bearer_token_file": auth.bearer_token_file or ""}
         files.update({f"auth.token_files[{i}]": path for i, path in enumerate(auth.token_files)})
         return scoped_tokens(load_token_files(files, auth.token_dir), token_clusters)
 
-    def _reload_tokens(self) -> list[NamedToken[Scope]]:
+    def _reload_tokens(self) -> list[NamedToken[ClusterScope]]:
         """The token files again, with the scopes (``auth.token_clusters``) of the
         configuration file as it is now; the rest of the file needs a restart."""
         config = self._read_config() if self._read_config is not None else self.config
