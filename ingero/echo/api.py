@@ -2,7 +2,7 @@
 
 Every question is a GET with query parameters (``POST /api/v1/sql`` takes a JSON body);
 every error is JSON ``{"error", "status"}``. ``/api/v1/openapi.json`` and ``/healthz`` need
-no token; everything else needs a bearer token when a tokens file is configured.
+no token; everything else needs a bearer token when a token table is configured.
 """
 
 from __future__ import annotations

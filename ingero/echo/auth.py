@@ -1,7 +1,7 @@
 """Bearer tokens, each optionally scoped to clusters.
 
-The tokens file (YAML) lists ``{name, token | sha256, clusters}`` entries; ``clusters``
-absent means every cluster. The entries go into the shared :class:`~ingero.security.bearer.Keyring`
+The token table (YAML, ``auth.token_table``) lists ``{name, token | sha256, clusters}``
+entries; ``clusters`` absent means every cluster. The entries go into the shared :class:`~ingero.security.bearer.Keyring`
 (tokens looked up by SHA-256 digest, reloaded on SIGHUP with a grace window for removed
 ones); only an entry's ``name`` and token id are ever logged.
 """
@@ -18,7 +18,7 @@ from ingero.runtime.errors import ConfigError
 from ingero.security.bearer import Identity, Keyring, NamedToken, digest
 from ingero.security.scope import ClusterScope, covers
 
-# A tokens file lists a few hundred entries at most; it is not read past this.
+# A token table lists a few hundred entries at most; it is not read past this.
 MAX_TOKENS_FILE_BYTES = 1024 * 1024
 
 
@@ -76,10 +76,10 @@ class TokenTable:
             with open(path, "rb") as f:
                 data = f.read(MAX_TOKENS_FILE_BYTES + 1)
             if len(data) > MAX_TOKENS_FILE_BYTES:
-                raise ConfigError(f"{path}: tokens file over {MAX_TOKENS_FILE_BYTES} bytes")
+                raise ConfigError(f"{path}: token table over {MAX_TOKENS_FILE_BYTES} bytes")
             raw = yaml.safe_load(data.decode())
         except (OSError, UnicodeDecodeError, yaml.YAMLError) as exc:
-            raise ConfigError(f"{path}: cannot read tokens file: {exc}") from None
+            raise ConfigError(f"{path}: cannot read token table: {exc}") from None
         return cls.entries(raw, path)
 
     @classmethod

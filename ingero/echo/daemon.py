@@ -71,7 +71,7 @@ class EchoDaemon:
     def __init__(self, config: EchoConfig, clock: Clock | None = None) -> None:
         self.config = config
         self.clock = clock or SystemClock()
-        self.tokens = TokenTable.load(config.auth.tokens_file, float(config.auth.token_grace))
+        self.tokens = TokenTable.load(config.auth.token_table, float(config.auth.token_grace))
         rates = GpuRates.load(config.gpu_rates_file)
         # Checked now, so a bad certificate is one configuration error before anything runs.
         self.tls = server_tls(config.auth.tls_cert, config.auth.tls_key)
@@ -219,8 +219,8 @@ class EchoDaemon:
         self.audit.close()
 
     def reload(self) -> bool:
-        """SIGHUP: the tokens file, certificate and key again (``ingero.security.access``)."""
-        path = self.config.auth.tokens_file
+        """SIGHUP: the token table, certificate and key again (``ingero.security.access``)."""
+        path = self.config.auth.token_table
         return reload_material("echo", self.tokens.keyring, lambda: TokenTable.read(path), self.tls)
 
     def stop(self) -> None:

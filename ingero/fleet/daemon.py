@@ -185,7 +185,7 @@ class FleetDaemon:
 
     def _load_tokens(self, token_clusters: dict[str, list[str]]) -> list[NamedToken[ClusterScope]]:
         auth = self.config.auth
-        files = {"auth.bearer_token_file": auth.bearer_token_file or ""}
+        files = {"auth.token_file": auth.token_file or ""}
         files.update({f"auth.token_files[{i}]": path for i, path in enumerate(auth.token_files)})
         return scoped_tokens(load_token_files(files, auth.token_dir), token_clusters)
 
