@@ -104,6 +104,8 @@ class EchoDaemon:
             status=self.status,
         )
         self._servers: list[_Server] = []
+        # /readyz: every listener serving, and no SIGTERM yet.
+        self.ready = False
 
     def status(self) -> dict[str, Any]:
         return {
@@ -135,6 +137,7 @@ class EchoDaemon:
             self.gate,
             mcp_routes=mcp_routes,
             mcp_lifespan=mcp.session_manager.run if self.config.mcp_http else None,
+            ready=lambda: self.ready,
         )
         try:
             api_sock = _bind(self.config.listen.api, "the API")
@@ -201,6 +204,7 @@ class EchoDaemon:
                 grpc_port,
                 self.config.db,
             )
+            self.ready = True
             notifier().notify("READY=1")
             if hangups is not None and hangups.take():  # our handler is in place by now
                 self.reload()
@@ -224,5 +228,6 @@ class EchoDaemon:
         return reload_material("echo", self.tokens.keyring, lambda: TokenTable.read(path), self.tls)
 
     def stop(self) -> None:
+        self.ready = False
         for server in self._servers:
             server.should_exit = True

@@ -101,7 +101,7 @@ def test_reads_outside_the_scope_are_refused_counted_audited_and_limited(
         ]
         assert {(a.status, a.body) for a in answers} == {
             (403, b'{"error": "token rack-a may read only the clusters of its scope '
-             b'(auth.token_clusters)"}\n')
+             b'(auth.token_clusters)", "status": 403}\n')
         }  # fmt: skip
         # a job only B has, asked within A: as unknown as any other
         missing = serve(api, request("/api/v1/threshold?cluster_id=A&job_id=b-only"))
