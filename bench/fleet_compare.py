@@ -266,7 +266,7 @@ def main() -> None:
                 f.write(b"%d\n" % len(body) + body)
         (tmp / "push.lua").write_text(WRK_SCRIPT)
         (tmp / "token").write_text(TOKEN + "\n")
-        auth = {"bearer_token_file": str(tmp / "token")}
+        auth = {"token_file": str(tmp / "token")}
         # The per-token limit's arithmetic runs on every push; this rate never refuses one.
         head = {"auth": {**auth, "rate_limit": {"per_token": 1e9, "token_burst": 10**9}}}
         servers: list[tuple[str, str | None, dict[str, Any] | None]] = [

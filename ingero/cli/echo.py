@@ -18,7 +18,9 @@ from ingero.runtime.hangup import StartupHangups
 @click.option("--api", help="HOST:PORT of the HTTP API and MCP (listen.api)")
 @click.option("--otlp-grpc", help="HOST:PORT of the OTLP/gRPC receiver (listen.otlp_grpc)")
 @click.option("--otlp-http", help="HOST:PORT of the OTLP/HTTP receiver (listen.otlp_http)")
-@click.option("--tokens-file", help="bearer tokens file (auth.tokens_file)")
+@click.option(
+    "--token-table", "--tokens-file", "token_table", help="bearer token table (auth.token_table)"
+)
 @print_config_option
 @log_level_options
 def echo(
@@ -27,7 +29,7 @@ def echo(
     api: str | None,
     otlp_grpc: str | None,
     otlp_http: str | None,
-    tokens_file: str | None,
+    token_table: str | None,
     print_config: bool,
     log_level: str,
     verbose: bool,
@@ -47,7 +49,7 @@ def echo(
             "listen.api": api,
             "listen.otlp_grpc": otlp_grpc,
             "listen.otlp_http": otlp_http,
-            "auth.tokens_file": tokens_file,
+            "auth.token_table": token_table,
         },
     )
     if print_config:

@@ -1,8 +1,9 @@
 """HTTP+JSON API under ``/api/v1/``, its OpenAPI 3.1 document, and the MCP endpoint.
 
 Every question is a GET with query parameters (``POST /api/v1/sql`` takes a JSON body);
-every error is JSON ``{"error", "status"}``. ``/api/v1/openapi.json`` and ``/healthz`` need
-no token; everything else needs a bearer token when a tokens file is configured.
+every error is JSON ``{"error", "status"}``, as Fleet's. ``/api/v1/openapi.json`` and the
+probes ``/healthz`` and ``/readyz`` (answered as Fleet's, ``ingero.runtime.probes``) need no
+token; everything else needs a bearer token when a token table is configured.
 """
 
 from __future__ import annotations
@@ -25,7 +26,7 @@ from starlette.types import ASGIApp, Receive, Scope, Send
 
 from ingero import __version__
 from ingero.echo.answers import QUESTIONS
-from ingero.echo.auth import AccessDenied, Clusters, Principal, principal
+from ingero.echo.auth import AccessDenied, Principal, principal
 from ingero.echo.httpbody import BodyTooLarge, read_body
 from ingero.echo.jsontext import encode_answer
 from ingero.echo.questions import BadRequest
@@ -34,7 +35,9 @@ from ingero.echo.sql import SqlError
 from ingero.otlp.receiver import retry_after_value
 from ingero.otlp.values import load_json
 from ingero.runtime.buildinfo import daemon_registry
+from ingero.runtime.probes import CONTENT_TYPE, HEALTHZ, READYZ, error_body, probe_answer
 from ingero.security.access import Gate, Refusal
+from ingero.security.scope import ClusterScope
 
 log = logging.getLogger(__name__)
 
@@ -53,10 +56,10 @@ def error(status: int, message: str, retry_after: float | None = None) -> JSONRe
     headers = {"WWW-Authenticate": 'Bearer realm="ingero-echo"'} if status == 401 else {}
     if retry_after is not None:
         headers["Retry-After"] = retry_after_value(retry_after)
-    return JSONResponse({"error": message, "status": status}, status_code=status, headers=headers)
+    return JSONResponse(error_body(status, message), status_code=status, headers=headers)
 
 
-def admit(gate: Gate[Clusters], listener: str, request: Request) -> Principal | JSONResponse:
+def admit(gate: Gate[ClusterScope], listener: str, request: Request) -> Principal | JSONResponse:
     """The caller's principal, or the refusal (401, or 429 with Retry-After) to answer."""
     source = request.client.host if request.client else ""
     admitted = gate.admit(
@@ -73,7 +76,7 @@ def admit(gate: Gate[Clusters], listener: str, request: Request) -> Principal | 
 class RequireToken:
     """ASGI wrapper: answers 401 (JSON) unless the request carries a valid bearer token."""
 
-    def __init__(self, app: ASGIApp, gate: Gate[Clusters]) -> None:
+    def __init__(self, app: ASGIApp, gate: Gate[ClusterScope]) -> None:
         self.app = app
         self.gate = gate
 
@@ -88,11 +91,13 @@ class RequireToken:
 
 def build_app(
     service: Service,
-    gate: Gate[Clusters],
+    gate: Gate[ClusterScope],
     mcp_routes: list[BaseRoute] | None = None,
     mcp_lifespan: Callable[[], Any] | None = None,
+    ready: Callable[[], bool] = lambda: True,
 ) -> Starlette:
-    """The API app; ``mcp_routes`` (streamable HTTP MCP) are mounted behind the token check."""
+    """The API app; ``mcp_routes`` (streamable HTTP MCP) are mounted behind the token check.
+    ``ready`` answers ``/readyz``: every listener serving, and not stopping."""
 
     def guarded(handler: Callable[[Request, Principal], Awaitable[Response]]) -> Any:
         async def endpoint(request: Request) -> Response:
@@ -151,12 +156,17 @@ def build_app(
     async def openapi_endpoint(request: Request) -> Response:
         return JSONResponse(openapi)
 
-    async def healthz(request: Request) -> Response:
-        return JSONResponse({"status": "ok"})
+    def probe(is_ready: Callable[[], bool]) -> Any:
+        async def endpoint(request: Request) -> Response:
+            status, body = probe_answer(is_ready())
+            return Response(body, status_code=status, media_type=CONTENT_TYPE)
+
+        return endpoint
 
     routes: list[BaseRoute] = [
         Route(f"{PREFIX}/openapi.json", openapi_endpoint, methods=["GET"]),
-        Route("/healthz", healthz, methods=["GET"]),
+        Route(HEALTHZ, probe(lambda: True), methods=["GET"]),
+        Route(READYZ, probe(ready), methods=["GET"]),
         Route(f"{PREFIX}/status", guarded(status_handler), methods=["GET"]),
         Route("/metrics", guarded(metrics_handler), methods=["GET"]),
         Route(f"{PREFIX}/sql", guarded(sql_handler), methods=["POST"]),

@@ -1,7 +1,7 @@
 """Bearer tokens, each optionally scoped to clusters.
 
-The tokens file (YAML) lists ``{name, token | sha256, clusters}`` entries; ``clusters``
-absent means every cluster. The entries go into the shared :class:`~ingero.security.bearer.Keyring`
+The token table (YAML, ``auth.token_table``) lists ``{name, token | sha256, clusters}``
+entries; ``clusters`` absent means every cluster. The entries go into the shared :class:`~ingero.security.bearer.Keyring`
 (tokens looked up by SHA-256 digest, reloaded on SIGHUP with a grace window for removed
 ones); only an entry's ``name`` and token id are ever logged.
 """
@@ -16,9 +16,9 @@ import yaml
 from ingero.runtime.clock import Clock
 from ingero.runtime.errors import ConfigError
 from ingero.security.bearer import Identity, Keyring, NamedToken, digest
+from ingero.security.scope import ClusterScope, covers
 
-Clusters = frozenset[str] | None
-# A tokens file lists a few hundred entries at most; it is not read past this.
+# A token table lists a few hundred entries at most; it is not read past this.
 MAX_TOKENS_FILE_BYTES = 1024 * 1024
 
 
@@ -31,10 +31,10 @@ class Principal:
     """Who is asking: ``clusters`` None means every cluster."""
 
     name: str
-    clusters: frozenset[str] | None = None
+    clusters: ClusterScope = None
 
     def allows(self, cluster_id: str) -> bool:
-        return self.clusters is None or cluster_id in self.clusters
+        return covers(self.clusters, cluster_id)
 
     def require(self, cluster_id: str | None) -> None:
         if cluster_id is not None and not self.allows(cluster_id):
@@ -44,7 +44,7 @@ class Principal:
 ANONYMOUS = Principal("anonymous")
 
 
-def principal(identity: Identity[Clusters]) -> Principal:
+def principal(identity: Identity[ClusterScope]) -> Principal:
     """The principal of an identity the shared gate admitted (no name: authentication off)."""
     return Principal(identity.name, identity.payload) if identity.name else ANONYMOUS
 
@@ -54,11 +54,11 @@ class TokenTable:
 
     def __init__(
         self,
-        entries: list[NamedToken[Clusters]],
+        entries: list[NamedToken[ClusterScope]],
         grace: float = 300.0,
         clock: Clock | None = None,
     ) -> None:
-        self.keyring: Keyring[Clusters] = Keyring(entries, grace, clock)
+        self.keyring: Keyring[ClusterScope] = Keyring(entries, grace, clock)
 
     @property
     def enabled(self) -> bool:
@@ -69,17 +69,17 @@ class TokenTable:
         return cls(cls.read(path), grace)
 
     @classmethod
-    def read(cls, path: str | None) -> list[NamedToken[Clusters]]:
+    def read(cls, path: str | None) -> list[NamedToken[ClusterScope]]:
         if path is None:
             return []
         try:
             with open(path, "rb") as f:
                 data = f.read(MAX_TOKENS_FILE_BYTES + 1)
             if len(data) > MAX_TOKENS_FILE_BYTES:
-                raise ConfigError(f"{path}: tokens file over {MAX_TOKENS_FILE_BYTES} bytes")
+                raise ConfigError(f"{path}: token table over {MAX_TOKENS_FILE_BYTES} bytes")
             raw = yaml.safe_load(data.decode())
         except (OSError, UnicodeDecodeError, yaml.YAMLError) as exc:
-            raise ConfigError(f"{path}: cannot read tokens file: {exc}") from None
+            raise ConfigError(f"{path}: cannot read token table: {exc}") from None
         return cls.entries(raw, path)
 
     @classmethod
@@ -87,11 +87,11 @@ class TokenTable:
         return cls(cls.entries(raw, source))
 
     @classmethod
-    def entries(cls, raw: Any, source: str) -> list[NamedToken[Clusters]]:
+    def entries(cls, raw: Any, source: str) -> list[NamedToken[ClusterScope]]:
         tokens = raw.get("tokens") if isinstance(raw, dict) else None
         if not isinstance(tokens, list) or not tokens:
             raise ConfigError(f"{source}: expected a non-empty list under 'tokens'")
-        entries: list[NamedToken[Clusters]] = []
+        entries: list[NamedToken[ClusterScope]] = []
         for i, item in enumerate(tokens):
             where = f"{source}: tokens[{i}]"
             if not isinstance(item, dict):

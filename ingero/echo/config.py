@@ -51,12 +51,15 @@ class LimitsConfig:
 
 @dataclass(frozen=True)
 class AuthConfig:
-    tokens_file: str | None = None
-    # With a tokens file, OTLP senders (Fleet) need a token too, scoped like readers'.
+    # The token table (YAML): named tokens, each scoped to clusters or not (ingero.echo.auth).
+    # A table, not Fleet's token_file (one token, the file's name its name); the earlier
+    # name tokens_file is read too.
+    token_table: str | None = field(default=None, metadata=formerly("tokens_file"))
+    # With a token table, OTLP senders (Fleet) need a token too, scoped like readers'.
     ingest_requires_token: bool = True
     tls_cert: str | None = None  # PEM; with tls_key, every listener speaks TLS
     tls_key: str | None = None
-    # SIGHUP reads the tokens file and the certificate again; a token the new file drops
+    # SIGHUP reads the token table and the certificate again; a token the new file drops
     # stays valid this long (docs/security.md).
     token_grace: Duration = field(
         default=Duration(300.0), metadata=check(lambda v: v >= 0, "must be 0 or more")

@@ -71,7 +71,7 @@ class EchoDaemon:
     def __init__(self, config: EchoConfig, clock: Clock | None = None) -> None:
         self.config = config
         self.clock = clock or SystemClock()
-        self.tokens = TokenTable.load(config.auth.tokens_file, float(config.auth.token_grace))
+        self.tokens = TokenTable.load(config.auth.token_table, float(config.auth.token_grace))
         rates = GpuRates.load(config.gpu_rates_file)
         # Checked now, so a bad certificate is one configuration error before anything runs.
         self.tls = server_tls(config.auth.tls_cert, config.auth.tls_key)
@@ -104,6 +104,8 @@ class EchoDaemon:
             status=self.status,
         )
         self._servers: list[_Server] = []
+        # /readyz: every listener serving, and no SIGTERM yet.
+        self.ready = False
 
     def status(self) -> dict[str, Any]:
         return {
@@ -135,6 +137,7 @@ class EchoDaemon:
             self.gate,
             mcp_routes=mcp_routes,
             mcp_lifespan=mcp.session_manager.run if self.config.mcp_http else None,
+            ready=lambda: self.ready,
         )
         try:
             api_sock = _bind(self.config.listen.api, "the API")
@@ -201,6 +204,7 @@ class EchoDaemon:
                 grpc_port,
                 self.config.db,
             )
+            self.ready = True
             notifier().notify("READY=1")
             if hangups is not None and hangups.take():  # our handler is in place by now
                 self.reload()
@@ -219,10 +223,11 @@ class EchoDaemon:
         self.audit.close()
 
     def reload(self) -> bool:
-        """SIGHUP: the tokens file, certificate and key again (``ingero.security.access``)."""
-        path = self.config.auth.tokens_file
+        """SIGHUP: the token table, certificate and key again (``ingero.security.access``)."""
+        path = self.config.auth.token_table
         return reload_material("echo", self.tokens.keyring, lambda: TokenTable.read(path), self.tls)
 
     def stop(self) -> None:
+        self.ready = False
         for server in self._servers:
             server.should_exit = True

@@ -28,7 +28,7 @@ from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import Route
 
-from ingero.echo.auth import ANONYMOUS, Clusters, Principal, principal
+from ingero.echo.auth import ANONYMOUS, Principal, principal
 from ingero.echo.decoding import Decoded, DecodePool
 from ingero.echo.httpbody import BodyTooLarge, discard_body, read_body
 from ingero.echo.rows import CLUSTER_ID
@@ -54,6 +54,7 @@ from ingero.otlp.receiver import (
 from ingero.otlp.transport import PROTOBUF, Signal
 from ingero.runtime.errors import UnavailableError
 from ingero.security.access import Gate, Refusal
+from ingero.security.scope import ClusterScope
 
 log = logging.getLogger(__name__)
 
@@ -103,7 +104,7 @@ class Ingest:
         store: Store,
         max_request_bytes: int,
         max_events: int,
-        gate: Gate[Clusters] | None = None,
+        gate: Gate[ClusterScope] | None = None,
         decoder: DecodePool | None = None,
     ) -> None:
         self.store = store

@@ -19,17 +19,22 @@ from prometheus_client import CONTENT_TYPE_LATEST
 from ingero.fleet.httpserver import HttpRequest, HttpResponse
 from ingero.fleet.metrics import FleetMetrics
 from ingero.fleet.read_scope import CLUSTER_READ_NOT_ALLOWED, may_read, read_refusal, scope_of
-from ingero.fleet.scope import Scope
 from ingero.fleet.state import FleetState
 from ingero.otlp.receiver import retry_after_value
 from ingero.otlp.threshold import API_PATH, encode_json
+from ingero.runtime.probes import CONTENT_TYPE, HEALTHZ, PATHS, error_body, probe_answer
 from ingero.security.access import Gate, Refusal
 from ingero.security.bearer import Identity
+from ingero.security.scope import ClusterScope
 
 _JSON = "application/json"
 
 
 def json_response(status: int, payload: object) -> HttpResponse:
+    """``payload`` as JSON; an error's (4xx, 5xx: ``{"error": message}``) gains its status,
+    so an error is the same object on Fleet and Echo (``ingero.runtime.probes``)."""
+    if status >= 400 and isinstance(payload, dict) and "error" in payload:
+        payload = error_body(status, payload["error"])
     return HttpResponse(status, json.dumps(payload).encode() + b"\n", _JSON)
 
 
@@ -38,7 +43,7 @@ class ApiHandler:
         self,
         state: FleetState,
         metrics: FleetMetrics,
-        gate: Gate[Scope],
+        gate: Gate[ClusterScope],
         ready: Callable[[], bool],
     ) -> None:
         self._state = state
@@ -51,7 +56,7 @@ class ApiHandler:
             return json_response(405, {"error": "only GET and HEAD are supported"})
         if length:
             return json_response(400, {"error": "GET requests carry no body"})
-        if request.path in ("/healthz", "/readyz"):
+        if request.path in PATHS:
             return None
         message = "missing or wrong bearer token"
         admitted = self._gate.admit(
@@ -80,14 +85,9 @@ class ApiHandler:
             scope = scope_of(request.identity)
             body = self._metrics.render() if scope is None else self._metrics.render_clusters(scope)
             return HttpResponse(200, body, CONTENT_TYPE_LATEST)
-        if request.path == "/healthz":
-            return HttpResponse(200, b"ok\n")
-        if request.path == "/readyz":
-            return (
-                HttpResponse(200, b"ready\n")
-                if self._ready()
-                else HttpResponse(503, b"not ready\n")
-            )
+        if request.path in PATHS:
+            status, body = probe_answer(request.path == HEALTHZ or self._ready())
+            return HttpResponse(status, body, CONTENT_TYPE)
         return json_response(404, {"error": "no such path"})
 
     def _threshold(self, request: HttpRequest) -> HttpResponse:

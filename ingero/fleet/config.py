@@ -6,7 +6,7 @@ from dataclasses import dataclass, field
 
 from ingero.otlp.ports import FLEET_API_PORT, FLEET_OTLP_GRPC_PORT, FLEET_OTLP_HTTP_PORT
 from ingero.otlp.threshold import ENTER_INTERVALS
-from ingero.runtime.config import HOSTPORT, Duration, check, in_range, positive
+from ingero.runtime.config import HOSTPORT, Duration, check, formerly, in_range, positive
 from ingero.security.ratelimit import RateLimitConfig
 from ingero.security.tls import check_pair
 from ingero.slurm.drain_policy import DrainConfig
@@ -44,8 +44,9 @@ class QuorumConfig:
 class AuthConfig:
     # Tokens every listener accepts (but /healthz and /readyz), several at once: this file,
     # each of token_files and each file of token_dir, one token per file named by the
-    # file's name in the audit log. SIGHUP reads them again (docs/security.md).
-    bearer_token_file: str | None = None
+    # file's name in the audit log. SIGHUP reads them again (docs/security.md). One token
+    # per file is token_file, as everywhere (echo.token_file); bearer_token_file is read too.
+    token_file: str | None = field(default=None, metadata=formerly("bearer_token_file"))
     token_files: list[str] = field(default_factory=list)
     token_dir: str | None = None
     # A token a SIGHUP removed stays valid this long, so senders can switch over.

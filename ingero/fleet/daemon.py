@@ -31,7 +31,7 @@ from ingero.fleet.metrics import FleetMetrics
 from ingero.fleet.model import TickResult
 from ingero.fleet.otlp_http import OtlpHttpHandler
 from ingero.fleet.receiver import Receiver
-from ingero.fleet.scope import Scope, scoped_tokens
+from ingero.fleet.scope import scoped_tokens
 from ingero.fleet.score_history import ScoreHistory
 from ingero.fleet.spool import EventSpool
 from ingero.fleet.state import FleetState
@@ -43,6 +43,7 @@ from ingero.runtime.systemd import notifier as systemd_notifier
 from ingero.security.access import Gate, reload_material
 from ingero.security.audit import AuditLog, warn_open_listeners
 from ingero.security.bearer import Keyring, NamedToken, TokenFile, load_token_files
+from ingero.security.scope import ClusterScope
 from ingero.security.tls import server_tls
 
 log = logging.getLogger(__name__)
@@ -66,6 +67,44 @@ class BoundAddresses:
         return {"otlp_grpc": self.otlp_grpc, "otlp_http": self.otlp_http, "api": self.api}
 
 
+def fleet_metrics(config: FleetConfig) -> FleetMetrics:
+    """The metrics registry; per-node series only when ``metrics.node_series`` asks."""
+    limit = config.metrics.node_series_limit
+    return FleetMetrics(limit if config.metrics.node_series else None, clock_offset_limit=limit)
+
+
+def echo_forwarder(config: FleetConfig) -> Forwarder | None:
+    """The forwarder of events to Echo, None without ``echo.endpoint``. Its token:
+    ``echo.token_file`` (re-read when it changes), else ``INGERO_ECHO_TOKEN``."""
+    echo = config.echo
+    if not echo.endpoint:
+        return None
+    return Forwarder(
+        echo.endpoint,
+        token=(
+            TokenFile(echo.token_file, "echo.token_file")
+            if echo.token_file
+            else os.environ.get("INGERO_ECHO_TOKEN")
+        ),
+        # One Fleet per host and API address: stable across restarts.
+        service=service_attributes(FLEET_SERVICE, f"{socket.gethostname()}/{config.listen.api}"),
+        spool=(
+            EventSpool(echo.spool_dir, echo.spool_max_events, echo.spool_max_bytes)
+            if echo.spool_dir
+            else None
+        ),
+    )
+
+
+def score_history(
+    config: FleetConfig, forwarder: Forwarder | None, clock: Clock
+) -> ScoreHistory | None:
+    """Score samples for Echo every ``echo.score_history_interval``; None without a
+    forwarder or with the interval 0."""
+    interval = float(config.echo.score_history_interval)
+    return ScoreHistory(interval, clock) if forwarder is not None and interval else None
+
+
 class FleetDaemon:
     def __init__(
         self,
@@ -78,52 +117,17 @@ class FleetDaemon:
         # Reads the configuration file again on SIGHUP (for the tokens' scopes); None: the
         # scopes of ``config`` stay.
         self._read_config = read_config
-        self.metrics = FleetMetrics(
-            config.metrics.node_series_limit if config.metrics.node_series else None,
-            clock_offset_limit=config.metrics.node_series_limit,
-        )
+        self.metrics = fleet_metrics(config)
         clock = clock or SystemClock()
         self.state = FleetState(config, clock)
         self.events = EventQueue(self.metrics)
         self.journal = JournalSink()
         self.events.add_sink(self.journal, "journal")
         # Events go on to Echo when configured; the forwarder never blocks the tick thread.
-        self.echo_forwarder = (
-            Forwarder(
-                config.echo.endpoint,
-                token=(
-                    TokenFile(config.echo.token_file, "echo.token_file")
-                    if config.echo.token_file
-                    else os.environ.get("INGERO_ECHO_TOKEN")
-                ),
-                # One Fleet per host and API address: stable across restarts.
-                service=service_attributes(
-                    FLEET_SERVICE, f"{socket.gethostname()}/{config.listen.api}"
-                ),
-                spool=(
-                    EventSpool(
-                        config.echo.spool_dir,
-                        config.echo.spool_max_events,
-                        config.echo.spool_max_bytes,
-                    )
-                    if config.echo.spool_dir
-                    else None
-                ),
-            )
-            if config.echo.endpoint
-            else None
-        )
+        self.echo_forwarder = echo_forwarder(config)
         if self.echo_forwarder is not None:
-            self.metrics.read_echo_forwarding(self.echo_forwarder.figures)
-            # With a spool, in the receiver's thread: a node's events are on disk before
-            # its request is acknowledged, not in memory until the next tick.
-            self.events.add_sink(
-                self.echo_forwarder, "echo", immediate=config.echo.spool_dir is not None
-            )
-        interval = float(config.echo.score_history_interval)
-        self.score_history = (
-            ScoreHistory(interval, clock) if self.echo_forwarder is not None and interval else None
-        )
+            self._forward_events(self.echo_forwarder)
+        self.score_history = score_history(config, self.echo_forwarder, clock)
         self.receiver = Receiver(self.state, self.metrics, self.events, clock)
         self._notifier = notifier or systemd_notifier()
         self._tick_listeners: list[tuple[str, TickListener]] = []
@@ -140,40 +144,42 @@ class FleetDaemon:
             self._load_tokens(config.auth.token_clusters), float(config.auth.token_grace)
         )
         self.audit = AuditLog("fleet")
-        self.gate: Gate[Scope] = Gate(self.keyring, None, config.auth.rate_limit, self.audit)
+        self.gate: Gate[ClusterScope] = Gate(self.keyring, None, config.auth.rate_limit, self.audit)
         self.tls = server_tls(config.auth.tls_cert, config.auth.tls_key)
-        ssl_context = self.tls.ssl_context() if self.tls is not None else None
+        self._otlp_http, self._api, self._grpc = self._listeners()
+
+    def _forward_events(self, forwarder: Forwarder) -> None:
+        self.metrics.read_echo_forwarding(forwarder.figures)
+        # With a spool, in the receiver's thread: a node's events are on disk before its
+        # request is acknowledged, not in memory until the next tick.
+        self.events.add_sink(forwarder, "echo", immediate=self.config.echo.spool_dir is not None)
+
+    def _listeners(self) -> tuple[HttpServer, HttpServer, OtlpGrpcServer]:
+        """OTLP/HTTP, the API and OTLP/gRPC, behind the one gate (and TLS, if set)."""
+        config = self.config
         max_body = config.limits.max_body_bytes
         otlp = OtlpHttpHandler(self.receiver, self.metrics, self.gate, max_body)
         api = ApiHandler(self.state, self.metrics, self.gate, self.ready)
+        ssl_context = self.tls.ssl_context() if self.tls is not None else None
 
-        def protocol_error(status: int) -> None:
-            self.metrics.count_rejected({f"http_{status}": 1})
+        def http_server(
+            name: str, hostport: str, handler: OtlpHttpHandler | ApiHandler
+        ) -> HttpServer:
+            host, port = split_hostport(hostport)
+            return HttpServer(
+                name,
+                host,
+                port,
+                handler,
+                handler.gate,
+                ssl_context,
+                self._protocol_error,
+                head_timeout=float(config.limits.head_timeout),
+            )
 
-        head_timeout = float(config.limits.head_timeout)
-        host, port = split_hostport(config.listen.otlp_http)
-        self._otlp_http = HttpServer(
-            "otlp-http",
-            host,
-            port,
-            otlp,
-            otlp.gate,
-            ssl_context,
-            protocol_error,
-            head_timeout=head_timeout,
-        )
-        host, port = split_hostport(config.listen.api)
-        self._api = HttpServer(
-            "api",
-            host,
-            port,
-            api,
-            api.gate,
-            ssl_context,
-            protocol_error,
-            head_timeout=head_timeout,
-        )
-        self._grpc = OtlpGrpcServer(
+        otlp_http = http_server("otlp-http", config.listen.otlp_http, otlp)
+        api_http = http_server("api", config.listen.api, api)
+        grpc = OtlpGrpcServer(
             config.listen.otlp_grpc,
             self.receiver,
             self.metrics,
@@ -181,14 +187,18 @@ class FleetDaemon:
             max_body,
             self.tls.grpc_credentials() if self.tls is not None else None,
         )
+        return otlp_http, api_http, grpc
 
-    def _load_tokens(self, token_clusters: dict[str, list[str]]) -> list[NamedToken[Scope]]:
+    def _protocol_error(self, status: int) -> None:
+        self.metrics.count_rejected({f"http_{status}": 1})
+
+    def _load_tokens(self, token_clusters: dict[str, list[str]]) -> list[NamedToken[ClusterScope]]:
         auth = self.config.auth
-        files = {"auth.bearer_token_file": auth.bearer_token_file or ""}
+        files = {"auth.token_file": auth.token_file or ""}
         files.update({f"auth.token_files[{i}]": path for i, path in enumerate(auth.token_files)})
         return scoped_tokens(load_token_files(files, auth.token_dir), token_clusters)
 
-    def _reload_tokens(self) -> list[NamedToken[Scope]]:
+    def _reload_tokens(self) -> list[NamedToken[ClusterScope]]:
         """The token files again, with the scopes (``auth.token_clusters``) of the
         configuration file as it is now; the rest of the file needs a restart."""
         config = self._read_config() if self._read_config is not None else self.config

@@ -20,7 +20,7 @@ from google.protobuf.message import Message
 from ingero.fleet.metrics import FleetMetrics
 from ingero.fleet.otlp_http import UNAUTHORIZED, UNAUTHORIZED_MESSAGE
 from ingero.fleet.receiver import Receiver
-from ingero.fleet.scope import CLUSTER_NOT_ALLOWED, Scope
+from ingero.fleet.scope import CLUSTER_NOT_ALLOWED
 from ingero.otlp.receiver import (
     GRPC_NO_REUSEPORT,
     REQUESTS,
@@ -37,6 +37,7 @@ from ingero.otlp.threshold import encode_metadata
 from ingero.otlp.transport import PROTOBUF, Signal
 from ingero.security.access import Gate
 from ingero.security.bearer import Identity
+from ingero.security.scope import ClusterScope
 
 
 class OtlpGrpcServer:
@@ -45,7 +46,7 @@ class OtlpGrpcServer:
         address: str,
         receiver: Receiver,
         metrics: FleetMetrics,
-        gate: Gate[Scope],
+        gate: Gate[ClusterScope],
         max_body_bytes: int,
         credentials: grpc.ServerCredentials | None = None,
         workers: int = 8,
@@ -85,7 +86,7 @@ class OtlpGrpcServer:
 
     def _authorize(
         self, context: grpc.ServicerContext, signal: str, start: float
-    ) -> Identity[Scope] | None:
+    ) -> Identity[ClusterScope] | None:
         """The caller's identity (None with authentication off), or the call ends here."""
         if not self._gate.enabled:
             return None

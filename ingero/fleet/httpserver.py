@@ -24,9 +24,9 @@ from dataclasses import dataclass, field
 from http import HTTPStatus
 from typing import cast
 
-from ingero.fleet.scope import Scope
 from ingero.otlp.receiver import DISCARD_MAX_BYTES, DISCARD_TIMEOUT_S
 from ingero.security.bearer import Identity
+from ingero.security.scope import ClusterScope
 
 log = logging.getLogger(__name__)
 
@@ -46,7 +46,7 @@ class HttpRequest:
     body: bytes = b""
     peer: str = ""  # the client's address (the audit log's and rate limits' source)
     # Who the pre-body gate let in: the handler judges the body by its token's scope.
-    identity: Identity[Scope] | None = None
+    identity: Identity[ClusterScope] | None = None
 
 
 @dataclass

@@ -14,7 +14,7 @@ import time
 from ingero.fleet.httpserver import HttpRequest, HttpResponse
 from ingero.fleet.metrics import FleetMetrics
 from ingero.fleet.receiver import Receiver
-from ingero.fleet.scope import CLUSTER_NOT_ALLOWED, Scope
+from ingero.fleet.scope import CLUSTER_NOT_ALLOWED
 from ingero.otlp.receiver import (
     REQUESTS,
     Reply,
@@ -32,6 +32,7 @@ from ingero.otlp.threshold import encode_headers
 from ingero.otlp.transport import JSON, SIGNAL_OF_PATH
 from ingero.security.access import Gate
 from ingero.security.bearer import Identity
+from ingero.security.scope import ClusterScope
 
 REALM = "ingero-fleet"
 
@@ -55,7 +56,11 @@ class OtlpHttpHandler:
     """The request handler and the pre-body gate of the OTLP/HTTP listener."""
 
     def __init__(
-        self, receiver: Receiver, metrics: FleetMetrics, gate: Gate[Scope], max_body_bytes: int
+        self,
+        receiver: Receiver,
+        metrics: FleetMetrics,
+        gate: Gate[ClusterScope],
+        max_body_bytes: int,
     ) -> None:
         self._receiver = receiver
         self._metrics = metrics

@@ -17,8 +17,8 @@ operators'.
 
 from __future__ import annotations
 
-from ingero.fleet.scope import Scope
 from ingero.security.bearer import Identity
+from ingero.security.scope import ClusterScope, covers
 
 # The counted (ingero_fleet_rejected_total) and audited reason of a refused read; not the
 # push side's cluster_not_allowed, so an alert on misconfigured nodes does not fire on a
@@ -26,17 +26,17 @@ from ingero.security.bearer import Identity
 CLUSTER_READ_NOT_ALLOWED = "cluster_read_not_allowed"
 
 
-def scope_of(identity: Identity[Scope] | None) -> Scope:
+def scope_of(identity: Identity[ClusterScope] | None) -> ClusterScope:
     """The clusters ``identity``'s token may read; None (every cluster) for an unscoped
     token or with authentication off (no identity)."""
     return None if identity is None else identity.payload
 
 
-def may_read(scope: Scope, cluster_id: str) -> bool:
-    return scope is None or cluster_id in scope
+def may_read(scope: ClusterScope, cluster_id: str) -> bool:
+    return covers(scope, cluster_id)
 
 
-def read_refusal(identity: Identity[Scope] | None) -> str:
+def read_refusal(identity: Identity[ClusterScope] | None) -> str:
     """The one-line reason of a refused read: the token, not the cluster it named."""
     name = identity.name if identity is not None and identity.name else "this token"
     return f"token {name} may read only the clusters of its scope (auth.token_clusters)"

@@ -20,7 +20,7 @@ from opentelemetry.proto.collector.metrics.v1.metrics_service_pb2 import (
 from ingero.fleet.events import EventQueue
 from ingero.fleet.metrics import FleetMetrics
 from ingero.fleet.model import CapacityError
-from ingero.fleet.scope import Scope, check_scope
+from ingero.fleet.scope import check_scope
 from ingero.fleet.state import FleetState
 from ingero.otlp.health import decode_health
 from ingero.otlp.limits import TOO_LONG, ValueTooLong
@@ -30,6 +30,7 @@ from ingero.otlp.threshold import ThresholdView, with_fields
 from ingero.otlp.transport import Signal
 from ingero.runtime.clock import Clock, SystemClock
 from ingero.security.bearer import Identity
+from ingero.security.scope import ClusterScope
 
 # Rejection reasons added by the receiver (the decoders add the per-point ones, the OTLP
 # receiver core those of requests refused as a whole).
@@ -68,7 +69,7 @@ class Receiver:
         self._metrics.count_rejected({reason: 1})
 
     def metrics_request(
-        self, request: ExportMetricsServiceRequest, identity: Identity[Scope] | None = None
+        self, request: ExportMetricsServiceRequest, identity: Identity[ClusterScope] | None = None
     ) -> PushReply:
         decoded = decode_health(request, details=False, rates=True)
         # Before anything is ingested or counted: a refused request leaves no trace but its
@@ -101,7 +102,7 @@ class Receiver:
         return reply
 
     def logs_request(
-        self, request: ExportLogsServiceRequest, identity: Identity[Scope] | None = None
+        self, request: ExportLogsServiceRequest, identity: Identity[ClusterScope] | None = None
     ) -> PushReply:
         decoded = decode_events(request)
         check_scope(identity, (event.cluster_id for event in decoded.events))
@@ -114,7 +115,7 @@ class Receiver:
         )
 
     def request(
-        self, signal: Signal, message: Message, identity: Identity[Scope] | None = None
+        self, signal: Signal, message: Message, identity: Identity[ClusterScope] | None = None
     ) -> PushReply:
         """A decoded Export request of ``signal`` from ``identity`` (None: authentication
         off), ingested; a RequestError (403) when it holds a cluster outside the token's

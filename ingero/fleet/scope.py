@@ -15,9 +15,7 @@ from collections.abc import Iterable, Mapping
 from ingero.otlp.receiver import RequestError
 from ingero.runtime.errors import ConfigError
 from ingero.security.bearer import Identity, NamedToken
-
-Scope = frozenset[str] | None
-"""The clusters a token may push for; None: every cluster."""
+from ingero.security.scope import ClusterScope, outside_scope
 
 # The counted (ingero_fleet_rejected_total) and audited reason of a refusal.
 CLUSTER_NOT_ALLOWED = "cluster_not_allowed"
@@ -25,7 +23,7 @@ CLUSTER_NOT_ALLOWED = "cluster_not_allowed"
 
 def scoped_tokens(
     tokens: Iterable[NamedToken[None]], token_clusters: Mapping[str, list[str]]
-) -> list[NamedToken[Scope]]:
+) -> list[NamedToken[ClusterScope]]:
     """``tokens`` with their scopes attached; a ConfigError naming a scoped token that is
     not among them (a typo would otherwise leave the real token unscoped, silently)."""
     tokens = list(tokens)
@@ -47,18 +45,7 @@ def scoped_tokens(
     ]
 
 
-def outside_scope(scope: Scope, clusters: Iterable[str]) -> str | None:
-    """The first of ``clusters`` that ``scope`` does not cover, None when it covers them
-    all. An unscoped token is not looked at further: ``clusters`` is never iterated."""
-    if scope is None:
-        return None
-    for cluster_id in clusters:
-        if cluster_id not in scope:
-            return cluster_id
-    return None
-
-
-def check_scope(identity: Identity[Scope] | None, clusters: Iterable[str]) -> None:
+def check_scope(identity: Identity[ClusterScope] | None, clusters: Iterable[str]) -> None:
     """Raise the 403 (PERMISSION_DENIED over gRPC) that refuses a whole request holding a
     cluster outside the scope of ``identity``'s token (None: authentication off)."""
     if identity is None:

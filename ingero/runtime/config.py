@@ -136,6 +136,7 @@ def load_config(
         if value is None:
             continue
         _put(raw, dotted, value, replace=True)
+        _drop_earlier_names(schema, raw, dotted)  # the flag wins over the file's old key too
         blame[dotted] = (flags or {}).get(dotted) or "--" + dotted.rpartition(".")[2].replace(
             "_", "-"
         )
@@ -167,6 +168,21 @@ def _put(raw: dict[str, Any], dotted: str, value: Any, *, replace: bool) -> bool
         return False
     node[leaf] = value
     return True
+
+
+def _drop_earlier_names(schema: Any, raw: dict[str, Any], dotted: str) -> None:
+    """Remove from ``raw`` the earlier names (``formerly``) of the key ``dotted``."""
+    node: Any = raw
+    *parents, leaf = dotted.split(".")
+    for part in parents:
+        if not dataclasses.is_dataclass(schema) or not isinstance(node.get(part), dict):
+            return
+        schema, node = typing.get_type_hints(schema).get(part), node[part]
+    fields = (
+        {f.name: f for f in dataclasses.fields(schema)} if dataclasses.is_dataclass(schema) else {}
+    )
+    for old in fields[leaf].metadata.get("formerly", ()) if leaf in fields else ():
+        node.pop(old, None)
 
 
 def _yaml_problem(exc: yaml.YAMLError) -> str:

@@ -5,7 +5,7 @@ fleet-push reads its token file (:class:`TokenFile`, re-read when it changes) an
 presented tokens against a :class:`Keyring`: several named tokens valid at once, replaced
 as a whole on SIGHUP, the ones a reload removed still valid for a grace window so a
 rotation never needs a restart. Fleet's keyring comes from token files
-(:func:`load_token_files`), Echo's from its scoped tokens file (``ingero.echo.auth``).
+(:func:`load_token_files`), Echo's from its token table of scoped tokens (``ingero.echo.auth``).
 
 Tokens are looked up by their SHA-256 digest: the time a lookup takes depends on the
 digest of what was presented, never on how much of a real token it matched. Only a

@@ -35,7 +35,7 @@ def test_defaults_match_design(monkeypatch: pytest.MonkeyPatch) -> None:
     assert config.quorum.statistical_min == 5
     assert config.quorum.coverage_fraction == 0.8
     assert config.quorum.max_expected_nodes == 10000
-    assert config.auth.bearer_token_file is None
+    assert config.auth.token_file is None
     assert config.drain.enabled is False and config.drain.backend == "auto"
     assert config.drain.cooldown == 1800.0 and config.drain.min_intervals == 6
     assert config.echo.endpoint is None
@@ -169,3 +169,38 @@ def test_echo_reads_its_earlier_body_limit_key_with_one_deprecation_line(
     both = write(tmp_path, "limits: {max_request_bytes: 1, max_body_bytes: 2}\n")
     with pytest.raises(ConfigError, match=r"max_request_bytes and limits\.max_body_bytes are one"):
         load_config(EchoConfig, "echo", both)
+
+
+@pytest.mark.parametrize(
+    ("daemon", "old", "new"),
+    [("fleet", "bearer_token_file", "token_file"), ("echo", "tokens_file", "token_table")],
+)
+def test_token_keys_read_their_earlier_names_with_one_deprecation_line(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture, daemon: str, old: str, new: str
+) -> None:
+    """One name per idea: a token per file is auth.token_file (Fleet, as echo.token_file),
+    a YAML table of named, scoped tokens is auth.token_table (Echo); sites' files with the
+    earlier names keep working."""
+    from ingero.echo.config import EchoConfig
+    from ingero.fleet.config import FleetConfig
+
+    schema: type[FleetConfig | EchoConfig] = FleetConfig if daemon == "fleet" else EchoConfig
+    path = write(tmp_path, f"auth: {{{old}: /etc/ingero/t}}\n")
+    with caplog.at_level("WARNING", logger="ingero.runtime.config"):
+        config = load_config(schema, daemon, path)
+    assert getattr(config.auth, new) == "/etc/ingero/t"
+    lines = [r.getMessage() for r in caplog.records]
+    assert lines == [f"{path}: auth.{old} is deprecated; it is auth.{new} now"]
+    both = write(tmp_path, f"auth: {{{old}: /a, {new}: /b}}\n")
+    with pytest.raises(ConfigError, match=rf"auth\.{old} and auth\.{new} are one setting"):
+        load_config(schema, daemon, both)
+
+
+def test_a_flag_wins_over_the_earlier_name_of_its_key(tmp_path: Path) -> None:
+    """Flag > file holds when the file spells the key by its earlier name: ``ingero echo
+    --token-table`` over a file with auth.tokens_file is that flag's table, not an error."""
+    from ingero.echo.config import EchoConfig
+
+    path = write(tmp_path, "auth: {tokens_file: /from/file}\n")
+    config = load_config(EchoConfig, "echo", path, {"auth.token_table": "/from/flag"})
+    assert config.auth.token_table == "/from/flag"

@@ -17,7 +17,6 @@ from ingero.fleet.config import FleetConfig
 from ingero.fleet.httpserver import HttpRequest, HttpResponse
 from ingero.fleet.metrics import FleetMetrics
 from ingero.fleet.read_scope import CLUSTER_READ_NOT_ALLOWED
-from ingero.fleet.scope import Scope
 from ingero.fleet.state import FleetState
 from ingero.otlp.health import NodePush
 from ingero.runtime.clock import ManualClock
@@ -26,6 +25,7 @@ from ingero.security.access import SOURCE_RATE_LIMITED, Gate
 from ingero.security.audit import REFUSED, AuditLog
 from ingero.security.bearer import Keyring, NamedToken, digest
 from ingero.security.ratelimit import RateLimitConfig
+from ingero.security.scope import ClusterScope
 from tests.unit.test_fleet_scope import journal_fields
 
 RACK_A = frozenset({"A"})
@@ -84,7 +84,7 @@ def test_reads_outside_the_scope_are_refused_counted_audited_and_limited(
     journal.bind(str(tmp_path / "journal"))
     journal.settimeout(5)
     audit = AuditLog("fleet", window=3600, writer=JournalWriter(str(tmp_path / "journal")))
-    ring: Keyring[Scope] = Keyring(
+    ring: Keyring[ClusterScope] = Keyring(
         [
             NamedToken("rack-a", digest("token-of-rack-a"), RACK_A),
             NamedToken("ops", digest("token-of-ops"), None),
@@ -101,7 +101,7 @@ def test_reads_outside_the_scope_are_refused_counted_audited_and_limited(
         ]
         assert {(a.status, a.body) for a in answers} == {
             (403, b'{"error": "token rack-a may read only the clusters of its scope '
-             b'(auth.token_clusters)"}\n')
+             b'(auth.token_clusters)", "status": 403}\n')
         }  # fmt: skip
         # a job only B has, asked within A: as unknown as any other
         missing = serve(api, request("/api/v1/threshold?cluster_id=A&job_id=b-only"))

@@ -13,13 +13,7 @@ from ingero.fleet.config import FleetConfig
 from ingero.fleet.events import EventQueue
 from ingero.fleet.metrics import FleetMetrics
 from ingero.fleet.receiver import Receiver
-from ingero.fleet.scope import (
-    CLUSTER_NOT_ALLOWED,
-    Scope,
-    check_scope,
-    outside_scope,
-    scoped_tokens,
-)
+from ingero.fleet.scope import CLUSTER_NOT_ALLOWED, check_scope, scoped_tokens
 from ingero.fleet.state import FleetState
 from ingero.otlp.health import NodePush, encode_health
 from ingero.otlp.logs import encode_events
@@ -33,6 +27,7 @@ from ingero.security.access import Gate
 from ingero.security.audit import AUDIT_MESSAGE_ID, REFUSED, AuditLog
 from ingero.security.bearer import Identity, Keyring, NamedToken, digest
 from ingero.security.ratelimit import RateLimitConfig
+from ingero.security.scope import ClusterScope, outside_scope
 
 RACK_A = frozenset({"A", "A2"})
 
@@ -49,7 +44,7 @@ RACK_A = frozenset({"A", "A2"})
         (frozenset({"a"}), ["A"], "A"),  # ids are compared exactly
     ],
 )
-def test_outside_scope(scope: Scope, clusters: list[str], outside: str | None) -> None:
+def test_outside_scope(scope: ClusterScope, clusters: list[str], outside: str | None) -> None:
     assert outside_scope(scope, clusters) == outside
 
 
@@ -201,7 +196,7 @@ def test_gate_audits_a_scope_refusal_by_token_and_reason(tmp_path: Path) -> None
     journal.bind(str(tmp_path / "journal"))
     journal.settimeout(5)
     audit = AuditLog("fleet", window=3600, writer=JournalWriter(str(tmp_path / "journal")))
-    ring: Keyring[Scope] = Keyring([NamedToken("rack-a", digest("t"), RACK_A)])
+    ring: Keyring[ClusterScope] = Keyring([NamedToken("rack-a", digest("t"), RACK_A)])
     gate = Gate(ring, None, RateLimitConfig(), audit)
     try:
         admitted = gate.admit("otlp-http", "Bearer t", "10.0.0.1", "no")

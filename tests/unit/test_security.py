@@ -86,7 +86,7 @@ def test_token_files_and_directory_are_named_by_file(tmp_path: Path) -> None:
     (d / "node-b").write_text("bbbb\n")
     (d / ".node-c.swp").write_text("junk junk\n")  # editors' and hidden files are skipped
     (tmp_path / "single").write_text("ssss\n")
-    tokens = load_token_files({"auth.bearer_token_file": str(tmp_path / "single")}, str(d))
+    tokens = load_token_files({"auth.token_file": str(tmp_path / "single")}, str(d))
     assert sorted(t.name for t in tokens) == ["node-a", "node-b", "single"]
     (d / "node-b").write_text("two\nlines\n")
     with pytest.raises(ConfigError, match="node-b: holds 2 lines"):

@@ -19,7 +19,7 @@ from ingero.security.tls import (
 def test_token_file_read_stripped_and_presented(tmp_path: Path) -> None:
     path = tmp_path / "token"
     path.write_text("s3cret\n")
-    token = read_token_file(str(path), "auth.bearer_token_file")
+    token = read_token_file(str(path), "auth.token_file")
     assert token == "s3cret"
     keyring = Keyring([NamedToken("t", digest(token), None)])
     assert keyring.check(authorization("s3cret")).identity is not None

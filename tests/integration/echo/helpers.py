@@ -98,7 +98,7 @@ class EchoProcess:
                     }
                 )
             )
-            config["auth"] = {"tokens_file": str(tokens)}
+            config["auth"] = {"token_table": str(tokens)}
         if self.tls is not None:
             config.setdefault("auth", {}).update(
                 tls_cert=str(self.tls[0]), tls_key=str(self.tls[1])

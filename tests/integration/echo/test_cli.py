@@ -36,9 +36,18 @@ def test_echo_refuses_a_bad_config_with_the_key_named(tmp_path: Path) -> None:
     assert "listen.api: must be HOST:PORT" in result.stderr and "Traceback" not in result.stderr
     tokens = tmp_path / "tokens.yaml"
     tokens.write_text("tokens: [{name: x, token: short}]\n")
+    config.write_text(f"db: {tmp_path / 'e.db'}\nauth: {{token_table: {tokens}}}\n")
+    result = ingero("echo", "--config", str(config))
+    assert result.returncode == 78 and "16+ characters" in result.stderr
+    # The table's earlier key is read, told once that it is deprecated; both is an error.
     config.write_text(f"db: {tmp_path / 'e.db'}\nauth: {{tokens_file: {tokens}}}\n")
     result = ingero("echo", "--config", str(config))
     assert result.returncode == 78 and "16+ characters" in result.stderr
+    assert "auth.tokens_file is deprecated; it is auth.token_table now" in result.stderr
+    config.write_text(f"auth: {{tokens_file: {tokens}, token_table: {tokens}}}\n")
+    result = ingero("echo", "--config", str(config))
+    assert result.returncode == 78 and result.stderr.count("\n") == 1, result.stderr
+    assert "auth.tokens_file and auth.token_table are one setting" in result.stderr
     for bad, message in [("-1", "must be 0 to 64"), ("many", "expected an integer")]:
         config.write_text(f"db: {tmp_path / 'e.db'}\nlimits: {{decode_workers: {bad}}}\n")
         result = ingero("echo", "--config", str(config))

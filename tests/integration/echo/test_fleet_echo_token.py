@@ -27,7 +27,7 @@ def test_fleet_follows_a_rotated_echo_token(tmp_path: Path) -> None:
     replace(tokens, tokens_yaml(("fleet-old", OLD)))
     (tmp_path / "echo").mkdir()
     echo = EchoProcess(
-        tmp_path / "echo", auth={"tokens_file": str(tokens), "token_grace": f"{GRACE}s"}
+        tmp_path / "echo", auth={"token_table": str(tokens), "token_grace": f"{GRACE}s"}
     ).start()
     token_file = tmp_path / "fleet-echo-token"
     token_file.write_text(OLD + "\n")

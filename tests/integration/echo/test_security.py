@@ -61,7 +61,7 @@ def test_rotation_under_load_fails_no_send(tmp_path: Path) -> None:
     echo = EchoProcess(
         tmp_path,
         tls=(cert, key),
-        auth={"tokens_file": str(tokens), "token_grace": f"{grace}s"},
+        auth={"token_table": str(tokens), "token_grace": f"{grace}s"},
     ).start()
     assert echo.proc is not None
     proc = echo.proc

@@ -29,7 +29,7 @@ from tests.integration.fleet.helpers import health_request
 
 token_file, good = sys.argv[1], int(sys.argv[2])
 loopback = ListenConfig("127.0.0.1:0", "127.0.0.1:0", "127.0.0.1:0")
-fleet = FleetDaemon(FleetConfig(listen=loopback, auth=AuthConfig(bearer_token_file=token_file)))
+fleet = FleetDaemon(FleetConfig(listen=loopback, auth=AuthConfig(token_file=token_file)))
 bound = fleet.start()
 host, _, port = bound.otlp_http.rpartition(":")
 body = health_request([NodePush(node_id="n", cluster_id="c", score=0.9)]).SerializeToString()

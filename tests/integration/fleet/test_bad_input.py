@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import gzip
 import socket
+import subprocess
+import sys
 from pathlib import Path
 
 import grpc
@@ -260,25 +262,43 @@ def test_api_bad_queries(fleet: Fleet) -> None:
     [
         ("threshold: {k: -1}\n", "threshold.k"),
         ("limits: {max_body_bytes: 0}\n", "limits.max_body_bytes"),
-        ("auth: {bearer_token_file: /nonexistent/token}\n", "auth.bearer_token_file"),
+        ("auth: {token_file: /nonexistent/token}\n", "auth.token_file"),
+        (
+            "auth: {token_file: /a, bearer_token_file: /b}\n",
+            "auth.bearer_token_file and auth.token_file are one setting; keep token_file",
+        ),
         ("auth: {tls_cert: /nonexistent/c.pem, tls_key: /nonexistent/k.pem}\n", "auth.tls"),
         ("echo: {endpoint: 'http://127.0.0.1:9', token_file: /nonexistent/t}\n", "echo.token_file"),
     ],
 )
 def test_bad_config_is_one_line_and_exit_78(tmp_path: Path, text: str, key: str) -> None:
-    import subprocess
-    import sys
+    result = run_fleet_cli(tmp_path, text)
+    assert result.returncode == 78
+    assert result.stderr.count("\n") == 1 and key in result.stderr, result.stderr
 
+
+def test_the_earlier_token_file_key_is_read_with_a_deprecation_line(tmp_path: Path) -> None:
+    """auth.bearer_token_file is auth.token_file's earlier name: a site's file with it is
+    read (here its missing token is the error), told once that the key is deprecated."""
+    result = run_fleet_cli(tmp_path, "auth: {bearer_token_file: /nonexistent/token}\n")
+    assert result.returncode == 78
+    deprecation, error = result.stderr.splitlines()
+    assert deprecation.endswith(
+        "auth.bearer_token_file is deprecated; it is auth.token_file now"
+    ), deprecation
+    assert "auth.token_file" in error and "/nonexistent/token" in error, error
+
+
+def run_fleet_cli(tmp_path: Path, text: str) -> subprocess.CompletedProcess[str]:
+    """``ingero fleet`` on a configuration file of ``text``; it exits on a bad one."""
     from tests.integration.fleet.helpers import ROOT
 
     config = tmp_path / "fleet.yaml"
     config.write_text(text)
-    result = subprocess.run(
+    return subprocess.run(
         [sys.executable, "-m", "ingero.cli.main", "fleet", "--config", str(config)],
         cwd=ROOT,
         capture_output=True,
         text=True,
         timeout=60,
     )
-    assert result.returncode == 78
-    assert result.stderr.count("\n") == 1 and key in result.stderr, result.stderr

@@ -47,7 +47,7 @@ def fleet(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Fleet]:
                 "max_body_bytes": MAX_BODY,
                 "head_timeout": f"{HEAD_TIMEOUT}s",
             },
-            "auth": {"bearer_token_file": str(tmp / "token")},
+            "auth": {"token_file": str(tmp / "token")},
         },
         token=TOKEN,
     )

@@ -268,7 +268,8 @@ def test_a_scoped_token_reads_only_its_clusters_on_every_surface(tenants: Fleet)
     assert not failures, "\n".join(failures)
     # One answer for every cluster out of scope, existing or not: nothing to tell them by.
     assert forbidden == {
-        b'{"error": "token rack-a may read only the clusters of its scope (auth.token_clusters)"}\n'
+        b'{"error": "token rack-a may read only the clusters of its scope (auth.token_clusters)", '
+        b'"status": 403}\n'
     }
     assert refused_reads(fleet) == REFUSED_CASES
 

@@ -44,7 +44,7 @@ def token_fleet(tmp: Path, token: str, rate_limit: dict[str, float]) -> Fleet:
     """A Fleet whose one token is ``token``, with ``rate_limit`` over the defaults."""
     token_file = tmp / "token"
     token_file.write_text(token + "\n")
-    auth = {"bearer_token_file": str(token_file), "rate_limit": rate_limit}
+    auth = {"token_file": str(token_file), "rate_limit": rate_limit}
     fleet = start_fleet(tmp, {"auth": auth})
     fleet.token = token
     return fleet
@@ -256,7 +256,7 @@ def test_open_listener_without_a_token_warns_once(tmp_path: Path) -> None:
     os.makedirs(tmp_path / "b")
     fleet = start_fleet(
         tmp_path / "b",
-        {"listen": {"otlp_http": "0.0.0.0:0"}, "auth": {"bearer_token_file": str(token_file)}},
+        {"listen": {"otlp_http": "0.0.0.0:0"}, "auth": {"token_file": str(token_file)}},
     )
     try:
         assert fleet.log_path is not None

@@ -37,7 +37,7 @@ def test_fleet_push_configured_only_by_otel_env_reaches_fleet(
             {
                 "listen": {k: f"127.0.0.1:{p}" for k, p in ports.items()},
                 "push_interval": "1s",
-                "auth": {"bearer_token_file": str(token)},
+                "auth": {"token_file": str(token)},
             }
         )
     )
