@@ -339,6 +339,15 @@ def aggregate_window(
             steps += int(row["count"])
         elif op in SYNC_OPS:
             sync_ns = (sync_ns or 0) + int(row["total_ns"] or 0)
+    gpu_rows = list(gpu_rows)
+    if not covered_by:
+        # No tracer here (``ingero gpu-sample`` writes the node DB): its GPU rows, one set
+        # per interval, are the intervals measured. Beside a tracer they are not counted,
+        # so an NVML row written apart from the tracer's tick never adds an interval.
+        for row in gpu_rows:
+            ts_end = float(row["ts_end"])
+            if start < ts_end <= end:
+                cover(float(row["ts_start"]), ts_end, 0)
     covered = max(0.0, last - first) if first is not None and last is not None else 0.0
     new = [(ts_end, *v) for ts_end, v in covered_by.items() if after is None or ts_end > after]
 
@@ -435,6 +444,10 @@ def read_latest(
                 " WHERE ts_end <= ?)",
                 (now, now),
             ).fetchone()[0]
+            if latest is None:  # no tracer: ``ingero gpu-sample``'s rows are the intervals
+                latest = db.conn.execute(
+                    "SELECT MAX(ts_end) FROM gpu_intervals WHERE ts_end <= ?", (now,)
+                ).fetchone()[0]
         except sqlite3.Error as exc:
             raise NodeDbUnavailable(f"{path}: {exc}") from None
         if latest is None or (after is not None and float(latest) <= after):

@@ -406,3 +406,40 @@ def test_broken_proc_files_leave_those_signals_out(tmp_path: Path) -> None:
     assert result is not None
     assert result.missing_signals == ("compute", "memory", "cpu", "gpu_health")
     assert 0.0 < result.score <= 1.0
+
+
+class GpuSampleOnly(Node):
+    """A node where ``ingero gpu-sample`` writes the node DB and no tracer runs: GPU rows
+    only, one set per interval."""
+
+    def run(
+        self,
+        seconds: float,
+        slowdown: float = 0.0,
+        step: float = 0.5,
+        stalled: bool = False,
+        **gpu: object,
+    ) -> None:
+        for _ in range(round(seconds / step)):
+            start = self.clock.now()
+            self.clock.advance(step)
+            rows = self.gen.tick(start, self.clock.now(), slowdown, stalled)
+            with self.db.conn:
+                self.db.table("gpu_intervals").insert_all(rows.gpu_intervals)
+                self.db.table("gpu_processes").insert_all(rows.gpu_processes)
+
+
+def test_gpu_sample_alone_is_measured_and_goes_stale_only_when_it_stops(tmp_path: Path) -> None:
+    clock = ManualClock()
+    node = GpuSampleOnly(tmp_path, clock)
+    s = sampler(tmp_path, clock)
+    for _ in range(12):
+        node.run(2.0)
+        sample = s.sample()
+        assert sample.state != "stale" and not sample.stalled, sample.state
+        assert sample.result is not None
+        assert sample.result.rates["gpu_busy_fraction"] > 0.9  # GPU busy is measured
+    for _ in range(12):  # gpu-sample stopped writing
+        clock.advance(2.0)
+        sample = s.sample()
+    assert sample.state == "stale"
