@@ -136,7 +136,8 @@ class FleetState:
         self._stalled = np.zeros(cap, dtype=np.bool_)
         # The episode was (or became) a stall: ending inactive means its job ended.
         self._stall_episode = np.zeros(cap, dtype=np.bool_)
-        self._streak = np.zeros(cap, dtype=np.int64)  # consecutive ticks below the threshold
+        # Ticks below the threshold lately, a bit each (newest: bit 0).
+        self._recent = np.zeros(cap, dtype=np.int64)
         # An episode Fleet opened and has not announced yet: it waits for one push from the
         # node, whose own episode id (if the node opened one meanwhile) it then adopts.
         self._pending = np.zeros(cap, dtype=np.bool_)
@@ -412,7 +413,7 @@ class FleetState:
             rates=self._rates[idx],
             stalled=self._stalled[idx],
             stall_episode=self._stall_episode[idx],
-            streak=self._streak[idx],
+            recent=self._recent[idx],
             pending=self._pending[idx],
             lagging=lagging,
             prev_ema=self._ema[:gn].copy(),
@@ -434,7 +435,7 @@ class FleetState:
         self._consec[idx] = out.consec
         self._since[idx] = out.since
         self._episode_gid[idx] = np.where(out.straggler, snap.gids, -1)
-        self._streak[idx] = out.streak
+        self._recent[idx] = out.recent
         self._pending[idx] &= out.straggler
         self._stall_episode[idx] &= out.straggler
         self._ema[live] = out.ema[live]
@@ -585,7 +586,7 @@ class FleetState:
         self._rates[slot] = np.nan
         self._stalled[slot] = False
         self._stall_episode[slot] = False
-        self._streak[slot] = 0
+        self._recent[slot] = 0
         self._pending[slot] = False
         self._reported[slot] = None
         return slot
@@ -605,7 +606,7 @@ class FleetState:
         self._rates = np.concatenate([self._rates, np.full((extra, len(PEER_RATES)), np.nan)])
         self._stalled = np.concatenate([self._stalled, np.zeros(extra, dtype=np.bool_)])
         self._stall_episode = np.concatenate([self._stall_episode, np.zeros(extra, dtype=np.bool_)])
-        self._streak = np.concatenate([self._streak, np.zeros(extra, dtype=np.int64)])
+        self._recent = np.concatenate([self._recent, np.zeros(extra, dtype=np.int64)])
         self._pending = np.concatenate([self._pending, np.zeros(extra, dtype=np.bool_)])
         self._pending_at = np.concatenate([self._pending_at, np.zeros(extra)])
         self._reported.extend([None] * extra)

@@ -290,6 +290,36 @@ def test_consecutive_ticks_count_and_reset_with_one_episode_id() -> None:
     assert again.event_id not in ids  # a new episode gets a new id
 
 
+# (enter_intervals, enter_window, n7's score per tick, the tick its episode starts or None)
+ENTER_WINDOW = [
+    (2, 2, [0.5, 0.9, 0.5, 0.9, 0.5], None),  # in a row: every tick above restarts it
+    (2, 2, [0.5, 0.9, 0.5, 0.5], 3),
+    (2, 3, [0.5, 0.9, 0.5], 2),  # one noisy tick above between two below
+    (2, 3, [0.5, 0.9, 0.9, 0.5], None),  # the first below has left the window
+    (2, 3, [0.9, 0.9, 0.5], None),
+    (3, 5, [0.5, 0.9, 0.5, 0.9, 0.5], 4),
+    (3, 2, [0.5, 0.9, 0.5, 0.5, 0.5], 4),  # a window shorter than the count: in a row
+]
+
+
+@pytest.mark.parametrize(("count", "window", "scores", "enters"), ENTER_WINDOW)
+def test_an_episode_starts_after_enter_intervals_below_within_the_enter_window(
+    count: int, window: int, scores: list[float], enters: int | None
+) -> None:
+    """Fleet's enter rule is fleet-push's (test_push_classifier.py has the same table)."""
+    config = FleetConfig(
+        threshold=ThresholdConfig(ema_alpha=1.0, enter_intervals=count, enter_window=window)
+    )
+    clock = ManualClock()
+    state = FleetState(config, clock)
+    entered = []
+    for score in scores:
+        feed(state, {**healthy(8), "n7": score})
+        entered.append(bool(of_type(state.tick(), "straggler_state")))
+        clock.advance(5)
+    assert entered == [i == enters for i in range(len(scores))]
+
+
 def test_losing_quorum_ends_episodes() -> None:
     state, clock, _ = make()
     scores = healthy(5)
