@@ -18,6 +18,7 @@ from ingero.fleet.state import FleetState
 from ingero.otlp.health import NodePush
 from ingero.runtime.clock import ManualClock
 from ingero.schema.events import Event
+from tests.unit.enter_rule import ENTER_WINDOW
 
 JOB = "42"
 
@@ -288,18 +289,6 @@ def test_consecutive_ticks_count_and_reset_with_one_episode_id() -> None:
     (again,) = state.tick().verdicts
     assert again.consecutive_straggler_ticks == 1 and again.since == clock.now()
     assert again.event_id not in ids  # a new episode gets a new id
-
-
-# (enter_intervals, enter_window, n7's score per tick, the tick its episode starts or None)
-ENTER_WINDOW = [
-    (2, 2, [0.5, 0.9, 0.5, 0.9, 0.5], None),  # in a row: every tick above restarts it
-    (2, 2, [0.5, 0.9, 0.5, 0.5], 3),
-    (2, 3, [0.5, 0.9, 0.5], 2),  # one noisy tick above between two below
-    (2, 3, [0.5, 0.9, 0.9, 0.5], None),  # the first below has left the window
-    (2, 3, [0.9, 0.9, 0.5], None),
-    (3, 5, [0.5, 0.9, 0.5, 0.9, 0.5], 4),
-    (3, 2, [0.5, 0.9, 0.5, 0.5, 0.5], 4),  # a window shorter than the count: in a row
-]
 
 
 @pytest.mark.parametrize(("count", "window", "scores", "enters"), ENTER_WINDOW)

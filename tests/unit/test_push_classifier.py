@@ -9,6 +9,7 @@ import pytest
 from ingero.otlp.threshold import ENTER_INTERVALS
 from ingero.push.classifier import Classifier, Observation
 from ingero.push.config import ClassifierConfig
+from tests.unit.enter_rule import ENTER_WINDOW
 
 BASE = Observation(
     node_id="n1",
@@ -94,19 +95,6 @@ def test_entry_needs_consecutive_intervals_below() -> None:
     assert run(c, 0.5, state="idle") == [[]]  # leaving active resets the count
     assert run(c, 0.5) == [[]]
     assert run(c, 0.5) == [["straggler_state"]]
-
-
-# (enter_intervals, enter_window, scores, the interval the episode starts at or None)
-ENTER_WINDOW = [
-    (2, 2, [0.5, 0.9, 0.5, 0.9, 0.5], None),  # in a row: every interval above restarts it
-    (2, 2, [0.5, 0.9, 0.5, 0.5], 3),
-    (2, 3, [0.5, 0.9, 0.5], 2),  # one noisy interval above between two below
-    (2, 3, [0.5, 0.9, 0.9, 0.5], None),  # the first below has left the window
-    (2, 3, [0.9, 0.5, 0.5], 2),
-    (2, 3, [0.9, 0.9, 0.5], None),  # intervals above never start it
-    (3, 5, [0.5, 0.9, 0.5, 0.9, 0.5], 4),
-    (3, 2, [0.5, 0.9, 0.5, 0.5, 0.5], 4),  # a window shorter than the count: in a row
-]
 
 
 @pytest.mark.parametrize(("count", "window", "scores", "enters"), ENTER_WINDOW)
