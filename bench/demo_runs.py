@@ -22,10 +22,14 @@ def main() -> None:
     parser.add_argument("--nodes", type=int, default=8)
     parser.add_argument("--slowdown", type=float, default=0.2)
     parser.add_argument("--push-interval", type=float, default=1.0)
+    parser.add_argument("--tracer-interval", type=float, default=None,
+                        help="the workloads write their node DB this often (s)")  # fmt: skip
     parser.add_argument("--warmup", type=float, default=8.0)
     parser.add_argument("--cause", default=None, help="cpu, io, alloc, throttle or net")
     args = parser.parse_args()
-    cause = ["--cause", args.cause] if args.cause else []
+    extra = ["--cause", args.cause] if args.cause else []
+    if args.tracer_interval is not None:
+        extra += ["--tracer-interval", str(args.tracer_interval)]
     named = 0
 
     latencies: list[float] = []
@@ -37,7 +41,7 @@ def main() -> None:
                 sys.executable, "-m", "ingero.cli.main", "demo", "--no-live",
                 "--nodes", str(args.nodes), "--slowdown", str(args.slowdown),
                 "--push-interval", str(args.push_interval), "--warmup", str(args.warmup),
-                "--duration", str(30 * args.push_interval), "--seed", str(run), *cause,
+                "--duration", str(30 * args.push_interval), "--seed", str(run), *extra,
             ],
             capture_output=True,
             text=True,
@@ -67,7 +71,9 @@ def main() -> None:
     print(
         f"{args.nodes} nodes, {args.slowdown:.0%} slowdown"
         + (f" from {args.cause}" if args.cause else "")
-        + f", push interval {args.push_interval:g} s: "
+        + f", push interval {args.push_interval:g} s"
+        + (f", tracer interval {args.tracer_interval:g} s" if args.tracer_interval else "")
+        + ": "
         f"{len(latencies)}/{args.runs} detected, {false_flags} healthy nodes flagged"
         + (f", explain named the cause first in {named}/{args.runs}" if args.cause else "")
     )

@@ -11,7 +11,8 @@ code as fleet-push (``ingero.collectors.nodedb``: ``window_start``, ``nothing_ne
 ``aggregate_window``) over the rows written by then, and scored by fleet-push's own sampler (``NodeSampler.evaluate``: node state, stall,
 baselines, GPU health, score); the pushes go to Fleet's threshold engine (``FleetState``),
 and each node classifies itself with its detection selector and hysteresis classifier
-against the threshold of Fleet's previous tick, as a push response gives it. The push reply
+against the threshold of Fleet's previous tick, as a push response gives it (both sides
+enter after ``--enter-intervals`` intervals below of the last ``--enter-window``). The push reply
 also carries the group's peer medians of the raw rates, which the node's next sample
 measures its throughput against (``--no-peers``: node-local baselines only, as before), and
 Fleet's open episode id, which the node adopts; the node pushes its own. A push that found
@@ -29,7 +30,8 @@ pushes that said stalled and the share of held samples of the nodes in a steady 
 hour.
 
     .venv/bin/python bench/detection.py [--shape gpu-bound|cpu-bound|both] [--nodes 64]
-        [--runs 20] [--hours 1] [--noise 0.03] [--enter-intervals 2] [--no-peers]
+        [--runs 20] [--hours 1] [--noise 0.03] [--enter-intervals 2] [--enter-window 3]
+        [--no-peers]
         [--push-interval 5] [--tracer-interval 1] [--push-jitter 0.1] [--late 0]
 """
 
@@ -225,6 +227,7 @@ class SimNode:
 
 class Sim:
     enter_intervals = ClassifierConfig().enter_intervals  # set from --enter-intervals
+    enter_window = ClassifierConfig().enter_window  # set from --enter-window
     peers = True  # cleared by --no-peers
 
     def __init__(self, shape: str, nodes: int, seed: int, noise: float) -> None:
@@ -232,11 +235,17 @@ class Sim:
         self.fleet = FleetState(
             FleetConfig(
                 push_interval=Duration(Timing.push),
-                threshold=ThresholdConfig(enter_intervals=Sim.enter_intervals),
+                threshold=ThresholdConfig(
+                    enter_intervals=Sim.enter_intervals, enter_window=Sim.enter_window
+                ),
             ),
             self.clock,
         )
-        config = PushConfig(classifier=ClassifierConfig(enter_intervals=Sim.enter_intervals))
+        config = PushConfig(
+            classifier=ClassifierConfig(
+                enter_intervals=Sim.enter_intervals, enter_window=Sim.enter_window
+            )
+        )
         self.nodes = [SimNode(i, shape, noise, seed, self.clock, config) for i in range(nodes)]
         self.scores: dict[str, float] = {}
         self.states: dict[str, str] = {}
@@ -425,6 +434,8 @@ def main() -> None:
     parser.add_argument("--limit", type=int, default=60, help="intervals to wait for detection")
     parser.add_argument("--enter-intervals", type=int, default=Sim.enter_intervals,
                         help="enter rule of both sides (consecutive intervals below)")  # fmt: skip
+    parser.add_argument("--enter-window", type=int, default=Sim.enter_window,
+                        help="... of the last this many intervals")  # fmt: skip
     parser.add_argument("--no-peers", action="store_true",
                         help="node-local baselines only (ignore the reply's peer medians)")  # fmt: skip
     parser.add_argument("--push-interval", type=float, default=Timing.push)
@@ -438,6 +449,7 @@ def main() -> None:
     Timing.jitter, Timing.late = args.push_jitter, args.late
     logging.getLogger("ingero").setLevel(logging.ERROR)  # the stall's log lines, not figures
     Sim.enter_intervals = args.enter_intervals
+    Sim.enter_window = args.enter_window
     Sim.peers = not args.no_peers
     shapes = list(SHAPE_NAMES) if args.shape == "both" else [args.shape]
     margin = FleetConfig().threshold.min_margin
@@ -447,7 +459,7 @@ def main() -> None:
             f"== {shape}: {n} nodes, push interval {Timing.push:g} s (±{Timing.jitter:.0%}), "
             f"tracer interval {Timing.tracer:g} s, rows up to {Timing.late:g} s late, "
             f"noise {noise:.0%} per interval, "
-            f"enter_intervals {Sim.enter_intervals}, "
+            f"enter_intervals {Sim.enter_intervals} of {Sim.enter_window}, "
             + ("peer ratio" if Sim.peers else "node-local baselines only")
         )
         healthy, drops = healthy_and_drops(shape, n, noise, args.warmup, [0.1, 0.2, 0.3])

@@ -23,6 +23,13 @@ from ingero.workload.generator import CAUSES, DEFAULT_SHAPE, SHAPE_NAMES
     help="Seconds between pushes (Fleet's tick too).",
 )
 @click.option(
+    "--tracer-interval",
+    type=float,
+    default=None,
+    help="Seconds between the workloads' node DB writes, as `ingero trace --interval`"
+    " (default: a quarter of the push interval, at least 0.05).",
+)
+@click.option(
     "--straggler", default=None, help="Node to slow down, e.g. node-03 (default: random)."
 )
 @click.option(
@@ -83,6 +90,7 @@ from ingero.workload.generator import CAUSES, DEFAULT_SHAPE, SHAPE_NAMES
 def demo(
     nodes: int,
     push_interval: float,
+    tracer_interval: float | None,
     straggler: str | None,
     slowdown: float,
     shape: str,
@@ -104,6 +112,7 @@ def demo(
     options = DemoOptions(
         nodes=nodes,
         push_interval=push_interval,
+        tracer_interval=tracer_interval,
         straggler=straggler,
         slowdown=slowdown,
         shape=shape,

@@ -52,6 +52,9 @@ CAUSE_RULES: Final = MappingProxyType(
 class DemoOptions:
     nodes: int = 8
     push_interval: float = 1.0
+    # Seconds between the workloads' node DB writes (ingero trace --interval); None: a
+    # quarter of the push interval, at least 0.05 s.
+    tracer_interval: float | None = None
     straggler: str | None = None  # node name; random when None
     slowdown: float = 0.3
     warmup: float = 20.0  # seconds before the slowdown is injected (at least)
@@ -76,6 +79,8 @@ class DemoOptions:
             raise ValueError("--push-interval must be between 0.2 and 30 seconds")
         if not 0 < self.slowdown < 1:
             raise ValueError("--slowdown must be in (0, 1)")
+        if self.tracer_interval is not None and not 0.05 <= self.tracer_interval <= 30:
+            raise ValueError("--tracer-interval must be between 0.05 and 30 seconds")
         if self.warmup < 0 or self.duration <= 0:
             raise ValueError("--warmup must be >= 0 and --duration > 0")
         for option, node in (("--straggler", self.straggler), ("--stall", self.stall)):
@@ -281,7 +286,7 @@ class Demo:
         ).start()
 
         st.journald = Path(JOURNAL_SOCKET).is_socket()
-        workload_interval = max(0.05, opts.push_interval / 4)
+        workload_interval = opts.tracer_interval or max(0.05, opts.push_interval / 4)
         for rank, node in enumerate(opts.node_names()):
             node_dir = workdir / node
             node_dir.mkdir(exist_ok=True)

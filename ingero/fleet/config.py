@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from ingero.otlp.ports import FLEET_API_PORT, FLEET_OTLP_GRPC_PORT, FLEET_OTLP_HTTP_PORT
-from ingero.otlp.threshold import ENTER_INTERVALS
+from ingero.otlp.threshold import ENTER_INTERVALS, ENTER_WINDOW, MAX_ENTER_WINDOW
 from ingero.runtime.config import HOSTPORT, Duration, check, formerly, in_range, positive
 from ingero.security.ratelimit import RateLimitConfig
 from ingero.security.tls import check_pair
@@ -28,9 +28,12 @@ class ThresholdConfig:
     panic_fraction: float = field(
         default=0.25, metadata=check(lambda v: 0 < v < 1, "must be in (0, 1)")
     )
-    # Consecutive ticks below the threshold before an episode starts: fleet-push's rule
-    # (classifier.enter_intervals), so Fleet and the node agree on who straggles.
-    enter_intervals: int = field(default=ENTER_INTERVALS, metadata=positive())
+    # Ticks below the threshold before an episode starts: fleet-push's rule
+    # (classifier.enter_intervals), so Fleet and the node agree on who straggles...
+    enter_intervals: int = field(default=ENTER_INTERVALS, metadata=in_range(1, MAX_ENTER_WINDOW))
+    # ... of the last this many ticks (classifier.enter_window; at most enter_intervals: in
+    # a row).
+    enter_window: int = field(default=ENTER_WINDOW, metadata=in_range(1, MAX_ENTER_WINDOW))
 
 
 @dataclass(frozen=True)

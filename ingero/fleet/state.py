@@ -142,7 +142,7 @@ _SLOT_COLUMNS = (
     _Column("_rates", np.float64, math.nan, len(PEER_RATES)),
     _Column("_stalled", np.bool_, False),
     _Column("_stall_episode", np.bool_, False),
-    _Column("_streak", np.int64, 0),
+    _Column("_recent", np.int64, 0),
     _Column("_pending", np.bool_, False),
     _Column("_pending_at", np.float64, 0.0),
     _Column("_reported", None, None),
@@ -172,7 +172,7 @@ class FleetState:
     _stalled: BoolArray
     # The episode was (or became) a stall: ending inactive means its job ended.
     _stall_episode: BoolArray
-    _streak: IntArray  # consecutive ticks below the threshold
+    _recent: IntArray  # ticks below the threshold lately, a bit each (newest: bit 0)
     # An episode Fleet opened and has not announced yet: it waits for one push from the
     # node, whose own episode id (if the node opened one meanwhile) it then adopts.
     _pending: BoolArray
@@ -465,7 +465,7 @@ class FleetState:
             rates=self._rates[idx],
             stalled=self._stalled[idx],
             stall_episode=self._stall_episode[idx],
-            streak=self._streak[idx],
+            recent=self._recent[idx],
             pending=self._pending[idx],
             lagging=lagging,
             prev_ema=self._ema[:gn].copy(),
@@ -487,7 +487,7 @@ class FleetState:
         self._consec[idx] = out.consec
         self._since[idx] = out.since
         self._episode_gid[idx] = np.where(out.straggler, snap.gids, -1)
-        self._streak[idx] = out.streak
+        self._recent[idx] = out.recent
         self._pending[idx] &= out.straggler
         self._stall_episode[idx] &= out.straggler
         self._ema[live] = out.ema[live]

@@ -45,7 +45,7 @@ class Snapshot:
     rates: FloatArray  # (node, PEER_RATES) raw rates, NaN where not pushed
     stalled: BoolArray
     stall_episode: BoolArray
-    streak: IntArray
+    recent: IntArray  # ticks below the threshold lately, a bit each (newest: bit 0)
     pending: BoolArray
     lagging: BoolArray  # a rank of the node is flagged peer_lag in its group's communicator
     prev_ema: FloatArray
@@ -76,7 +76,7 @@ class Outcome:
     leaving: BoolArray
     consec: IntArray
     since: FloatArray
-    streak: IntArray
+    recent: IntArray
     peer: FloatArray  # (group, PEER_RATES) medians, NaN without quorum
     by_lag: BoolArray  # stragglers by peer_lag alone (their score is not below)
 
@@ -111,17 +111,21 @@ def compute(snap: Snapshot, config: FleetConfig) -> Outcome:
     straggler[snap.active] = th.classify(
         act_scores, threshold[act_gids], tcfg.hysteresis, was_here[snap.active], quorum[act_gids]
     )
-    # The enter rule fleet-push applies too: enter_intervals consecutive ticks below.
+    # The enter rule fleet-push applies too: below in enter_intervals of the last
+    # enter_window active ticks (one noisy tick above does not restart the count).
     below = np.zeros(snap.idx.size, dtype=np.bool_)
     below[snap.active] = quorum[act_gids] & (act_scores < threshold[act_gids])
-    streak = np.where(below, snap.streak + 1, 0)
-    straggler &= was_here | (streak >= tcfg.enter_intervals)
+    window = (1 << max(tcfg.enter_window, tcfg.enter_intervals)) - 1
+    recent = np.where(snap.active, ((snap.recent << 1) | below) & window, 0)
+    straggler &= was_here | (below & (np.bitwise_count(recent) >= tcfg.enter_intervals))
     # A rank flagged peer_lag is late in most of a window of collectives already: it needs
     # no streak of its own. It needs its group's quorum, as a score does, so the drain rules
     # (no_quorum, panic) judge it as any other straggler.
     lagging = snap.lagging & snap.active & quorum[snap.gids]
     by_lag = lagging & ~straggler
     straggler |= lagging
+    # An episode's ticks count towards no later one (fleet-push starts afresh too).
+    recent = np.where(straggler, 0, recent)
     continuing = straggler & was_here
     entering = straggler & ~was_here
     return Outcome(
@@ -141,7 +145,7 @@ def compute(snap: Snapshot, config: FleetConfig) -> Outcome:
         leaving=snap.was & ~continuing,
         consec=np.where(straggler, np.where(continuing, snap.consec + 1, 1), 0),
         since=np.where(entering, snap.now, np.where(straggler, snap.since, np.nan)),
-        streak=streak,
+        recent=recent,
         peer=_peer_medians(snap, config.quorum.statistical_min, gn),
         by_lag=by_lag,
     )

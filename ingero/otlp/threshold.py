@@ -28,8 +28,13 @@ from typing import Any
 
 API_PATH = "/api/v1/threshold"
 # The enter rule Fleet and fleet-push both apply, so they agree on who straggles: an episode
-# starts after this many consecutive intervals (ticks) with the score below the threshold.
+# starts once the score was below the threshold in ENTER_INTERVALS of the last ENTER_WINDOW
+# intervals (ticks). At a 1 s push interval a node 10% slower sits about one interval's
+# noise below the threshold: two in a row took 10 intervals at p95, two of three take 5.
 ENTER_INTERVALS = 2
+ENTER_WINDOW = 3
+# Fleet keeps the window (and the count, in a row) as bits of one integer per node.
+MAX_ENTER_WINDOW = 32
 
 
 class _Kind(ABC):

@@ -3,8 +3,11 @@
 Rules (documented in docs/fleet-push.md):
 
 - only ``active`` intervals with a threshold are classified;
-- an episode starts when ``score < threshold`` for ``enter_intervals`` consecutive classified
-  intervals (default 2, so one noisy sample is not an episode): ``straggler_state`` is emitted and
+- an episode starts when ``score < threshold`` in ``enter_intervals`` of the last
+  ``enter_window`` classified intervals, the newest among them (default 2 of 3: one noisy
+  sample is not an episode, and one noisy sample above does not restart the count of a
+  node just below the threshold); leaving ``active`` empties the window, and an episode's
+  intervals count towards no later one: ``straggler_state`` is emitted and
   re-emitted every ``reemit_intervals`` intervals while it lasts (journald readers and a sink
   that restarted still see it), all with the episode's one ``event_id``;
 - it ends once, with ``straggler_resolved`` (same ``event_id``), when
@@ -26,6 +29,7 @@ Rules (documented in docs/fleet-push.md):
 
 from __future__ import annotations
 
+from collections import deque
 from dataclasses import dataclass
 
 from ingero.otlp.health import NodePush
@@ -92,7 +96,8 @@ class Classifier:
         self._episode: str | None = None
         self._job: str | None = None  # the job the open episode began in
         self._stall = False  # the open episode is (or became) a stall
-        self._below = 0
+        # The last enter_window classified intervals, below or not, outside an episode.
+        self._recent: deque[bool] = deque(maxlen=max(config.enter_window, config.enter_intervals))
         self._since_emit = 0
         self._emits = 0
 
@@ -109,10 +114,10 @@ class Classifier:
         """Events for this interval (usually none)."""
         if self._episode is not None and self._job is not None and obs.job_id != self._job:
             # The job the episode belongs to is no longer this node's: as Fleet says it.
-            self._below = 0
+            self._recent.clear()
             return [self._end(obs, "job_ended" if obs.job_id is None else "group_changed")]
         if obs.state != "active":
-            self._below = 0
+            self._recent.clear()
             if self._episode is None:
                 return []
             ended = (
@@ -124,9 +129,9 @@ class Classifier:
             return []
         below = lagging or (obs.threshold is not None and obs.score < obs.threshold)
         if self._episode is None:
-            self._below = self._below + 1 if below else 0
-            if self._below >= self._config.enter_intervals:
-                self._below = 0
+            self._recent.append(below)
+            if below and sum(self._recent) >= self._config.enter_intervals:
+                self._recent.clear()
                 self._episode = obs.fleet_episode or new_event_id()
                 self._job = obs.job_id
                 self._stall = obs.stalled

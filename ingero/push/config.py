@@ -11,7 +11,7 @@ from typing import Literal
 
 from ingero import nodedb
 from ingero.otlp.ports import FLEET_OTLP_HTTP_PORT
-from ingero.otlp.threshold import ENTER_INTERVALS
+from ingero.otlp.threshold import ENTER_INTERVALS, ENTER_WINDOW, MAX_ENTER_WINDOW
 from ingero.push.score import ScoreConfig
 from ingero.runtime.config import Duration, check, in_range, positive
 from ingero.runtime.systemd import JOURNAL_SOCKET
@@ -49,9 +49,11 @@ class DetectionConfig:
 class ClassifierConfig:
     # A straggler recovers only at threshold + hysteresis, so a node on the edge does not flap.
     hysteresis: float = field(default=0.02, metadata=in_range(0.0, 1.0))
-    # Consecutive intervals below the threshold before an episode starts: one noisy sample
-    # among thousands of node-intervals an hour must not page anyone.
-    enter_intervals: int = field(default=ENTER_INTERVALS, metadata=positive())
+    # Intervals below the threshold before an episode starts: one noisy sample among
+    # thousands of node-intervals an hour must not page anyone...
+    enter_intervals: int = field(default=ENTER_INTERVALS, metadata=in_range(1, MAX_ENTER_WINDOW))
+    # ... within the last this many classified intervals (at most enter_intervals: in a row).
+    enter_window: int = field(default=ENTER_WINDOW, metadata=in_range(1, MAX_ENTER_WINDOW))
     # While a straggler, straggler_state is re-sent every N intervals (0: only on entry).
     reemit_intervals: int = field(default=12, metadata=check(lambda v: v >= 0, "must be >= 0"))
 

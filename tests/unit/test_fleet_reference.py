@@ -34,7 +34,8 @@ class RefNode:
     episode_group: str | None = None
     consec: int = 0
     since: float | None = None
-    streak: int = 0  # consecutive ticks below the threshold
+    # Whether the score was below the threshold, the last active ticks outside an episode.
+    recent: list[bool] = field(default_factory=list)
 
 
 @dataclass
@@ -93,13 +94,16 @@ class Reference:
             here = r.straggler and r.episode_group == r.group
             thr = thresholds[r.group]
             below = r.active and quorum[r.group] and thr is not None and r.score < thr
-            r.streak = r.streak + 1 if below else 0
+            if r.active:
+                r.recent = [*r.recent, below][-max(t.enter_window, t.enter_intervals) :]
+            else:
+                r.recent = []
             now_straggler = (
                 r.active
                 and quorum[r.group]
                 and thr is not None
                 and (
-                    (r.score < thr and (here or r.streak >= t.enter_intervals))
+                    (r.score < thr and (here or sum(r.recent) >= t.enter_intervals))
                     or (here and not r.score >= thr + t.hysteresis)
                 )
             )
@@ -121,6 +125,8 @@ class Reference:
                 r.consec += 1
             else:
                 r.consec, r.since = 0, None
+            if now_straggler:
+                r.recent = []
             r.straggler = now_straggler
             r.episode_group = r.group if now_straggler else None
         return thresholds, events
@@ -144,7 +150,9 @@ def test_random_histories_match_the_reference(seed: int) -> None:
     rng = random.Random(seed)
     config = FleetConfig(
         threshold=ThresholdConfig(
-            ema_alpha=rng.choice([1.0, 0.5, 0.2]), enter_intervals=rng.choice([1, 2, 3])
+            ema_alpha=rng.choice([1.0, 0.5, 0.2]),
+            enter_intervals=rng.choice([1, 2, 3]),
+            enter_window=rng.choice([1, 2, 3, 5]),
         )
     )
     clock = ManualClock()

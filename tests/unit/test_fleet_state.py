@@ -19,6 +19,7 @@ from ingero.otlp.health import NodePush
 from ingero.otlp.threshold import ThresholdView
 from ingero.runtime.clock import ManualClock
 from ingero.schema.events import Event
+from tests.unit.enter_rule import ENTER_WINDOW
 
 JOB = "42"
 
@@ -336,6 +337,24 @@ def test_consecutive_ticks_count_and_reset_with_one_episode_id() -> None:
     (again,) = state.tick().verdicts
     assert again.consecutive_straggler_ticks == 1 and again.since == clock.now()
     assert again.event_id not in ids  # a new episode gets a new id
+
+
+@pytest.mark.parametrize(("count", "window", "scores", "enters"), ENTER_WINDOW)
+def test_an_episode_starts_after_enter_intervals_below_within_the_enter_window(
+    count: int, window: int, scores: list[float], enters: int | None
+) -> None:
+    """Fleet's enter rule is fleet-push's (test_push_classifier.py has the same table)."""
+    config = FleetConfig(
+        threshold=ThresholdConfig(ema_alpha=1.0, enter_intervals=count, enter_window=window)
+    )
+    clock = ManualClock()
+    state = FleetState(config, clock)
+    entered = []
+    for score in scores:
+        feed(state, {**healthy(8), "n7": score})
+        entered.append(bool(of_type(state.tick(), "straggler_state")))
+        clock.advance(5)
+    assert entered == [i == enters for i in range(len(scores))]
 
 
 def test_losing_quorum_ends_episodes() -> None:

@@ -9,6 +9,7 @@ import pytest
 from ingero.otlp.threshold import ENTER_INTERVALS
 from ingero.push.classifier import Classifier, Observation
 from ingero.push.config import ClassifierConfig
+from tests.unit.enter_rule import ENTER_WINDOW
 
 BASE = Observation(
     node_id="n1",
@@ -96,6 +97,26 @@ def test_entry_needs_consecutive_intervals_below() -> None:
     assert run(c, 0.5) == [["straggler_state"]]
 
 
+@pytest.mark.parametrize(("count", "window", "scores", "enters"), ENTER_WINDOW)
+def test_entry_needs_enter_intervals_below_within_the_enter_window(
+    count: int, window: int, scores: list[float], enters: int | None
+) -> None:
+    c = Classifier(ClassifierConfig(enter_intervals=count, enter_window=window))
+    got = run(c, *scores)
+    assert got == [["straggler_state"] if i == enters else [] for i in range(len(scores))]
+
+
+def test_an_episode_and_leaving_active_start_the_enter_window_afresh() -> None:
+    c = Classifier(ClassifierConfig(enter_intervals=2, enter_window=3, reemit_intervals=0))
+    first = run(c, 0.5, 0.5, 0.5, 0.9, 0.5)
+    # The episode's intervals below count towards no later episode.
+    assert first == [[], ["straggler_state"], [], ["straggler_resolved"], []]
+    assert run(c, 0.5) == [["straggler_state"]]  # two below since the episode ended
+    assert run(c, 0.9, 0.5) == [["straggler_resolved"], []]
+    assert run(c, 0.5, state="idle") == [[]]  # leaving active empties the window
+    assert run(c, 0.5, 0.5) == [[], ["straggler_state"]]
+
+
 def test_an_episode_takes_fleets_open_id_else_a_new_one() -> None:
     c = Classifier(ClassifierConfig(enter_intervals=2))
     assert c.episode_id == ""
@@ -146,9 +167,9 @@ PEER_LAG = [
         [[], ["straggler_state"], []],
     ),
     (
-        "one lagging interval is not an episode",
-        [(0.9, 0.29), (0.9, None), (0.9, 0.29)],
-        [[], [], []],
+        "lagging intervals farther apart than the enter window are no episode",
+        [(0.9, 0.29), (0.9, None), (0.9, None), (0.9, 0.29)],
+        [[], [], [], []],
     ),
     (
         "a good score does not recover while Fleet reports the lag",
