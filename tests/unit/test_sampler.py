@@ -31,13 +31,19 @@ class Node:
     """A node DB fed by the generator, one interval per clock step."""
 
     def __init__(
-        self, tmp_path: Path, clock: ManualClock, seed: int = 1, gpu_rows: bool = True
+        self,
+        tmp_path: Path,
+        clock: ManualClock,
+        seed: int = 1,
+        gpu_rows: bool = True,
+        tracer: bool = True,
     ) -> None:
         self.path = tmp_path / "node.db"
         self.db = connect(self.path)
         self.gen = WorkloadGenerator(WorkloadProfile(noise=0.01), seed=seed)
         self.clock = clock
         self.gpu_rows = gpu_rows  # False: a node where nothing samples NVML
+        self.tracer = tracer  # False: no tracer rows, GPU rows only (ingero gpu-sample)
 
     def run(
         self,
@@ -53,8 +59,9 @@ class Node:
             self.clock.advance(step)
             rows = self.gen.tick(start, self.clock.now(), slowdown, stalled)
             with self.db.conn:
-                self.db.table("intervals").insert_all(rows.intervals)
-                self.db.table("host_intervals").insert_all(rows.host_intervals)
+                if self.tracer:
+                    self.db.table("intervals").insert_all(rows.intervals)
+                    self.db.table("host_intervals").insert_all(rows.host_intervals)
                 if self.gpu_rows:
                     self.db.table("gpu_intervals").insert_all(
                         [{**row, **gpu} for row in rows.gpu_intervals]
@@ -408,30 +415,9 @@ def test_broken_proc_files_leave_those_signals_out(tmp_path: Path) -> None:
     assert 0.0 < result.score <= 1.0
 
 
-class GpuSampleOnly(Node):
-    """A node where ``ingero gpu-sample`` writes the node DB and no tracer runs: GPU rows
-    only, one set per interval."""
-
-    def run(
-        self,
-        seconds: float,
-        slowdown: float = 0.0,
-        step: float = 0.5,
-        stalled: bool = False,
-        **gpu: object,
-    ) -> None:
-        for _ in range(round(seconds / step)):
-            start = self.clock.now()
-            self.clock.advance(step)
-            rows = self.gen.tick(start, self.clock.now(), slowdown, stalled)
-            with self.db.conn:
-                self.db.table("gpu_intervals").insert_all(rows.gpu_intervals)
-                self.db.table("gpu_processes").insert_all(rows.gpu_processes)
-
-
 def test_gpu_sample_alone_is_measured_and_goes_stale_only_when_it_stops(tmp_path: Path) -> None:
     clock = ManualClock()
-    node = GpuSampleOnly(tmp_path, clock)
+    node = Node(tmp_path, clock, tracer=False)  # ingero gpu-sample writes the node DB
     s = sampler(tmp_path, clock)
     for _ in range(12):
         node.run(2.0)
