@@ -16,6 +16,10 @@ Tables (all timestamps are Unix seconds, durations nanoseconds):
   on their communicator, entry (arrival) and return times.
 - ``nccl_comms`` (version 3): per interval, per process, per NCCL communicator: collectives
   entered, the last entered/returned numbers and the oldest collective still in flight.
+- ``stacks`` (version 4): one row per distinct call stack (``ingero.schema.stacks``), keyed
+  by ``stack_key``; ``raw_events.stack_key`` and ``nccl_calls.stack_key`` refer to it (NULL:
+  no stack captured). ``last_seen`` is the newest row referring to it, so pruning by age
+  drops a stack with the last event that used it.
 """
 
 from __future__ import annotations
@@ -29,7 +33,7 @@ import sqlite_utils
 from ingero.sqlite import sqlitemigrate
 from ingero.sqlite.sqlitemigrate import SchemaError as SchemaError  # re-exported for readers
 
-SCHEMA_VERSION = 3
+SCHEMA_VERSION = 4
 
 
 def _v1(db: sqlite_utils.Database) -> None:
@@ -202,8 +206,24 @@ def _v3(db: sqlite_utils.Database) -> None:
     db.table("nccl_comms").create_index(["ts"])
 
 
+def _v4(db: sqlite_utils.Database) -> None:
+    db.table("stacks").create(
+        {
+            "stack_key": str,  # ingero.schema.stacks.stack_key of the frames
+            "frames": str,  # JSON: Stack.to_json() (frames innermost first, reason)
+            "first_seen": float,  # Unix s
+            "last_seen": float,
+        },
+        pk="stack_key",
+        not_null={"frames", "first_seen", "last_seen"},
+    )
+    db.table("stacks").create_index(["last_seen"])
+    db.table("raw_events").add_column("stack_key", str)
+    db.table("nccl_calls").add_column("stack_key", str)
+
+
 # Index i holds the migration from version i to i + 1. Append only.
-MIGRATIONS: list[Callable[[sqlite_utils.Database], None]] = [_v1, _v2, _v3]
+MIGRATIONS: list[Callable[[sqlite_utils.Database], None]] = [_v1, _v2, _v3, _v4]
 assert len(MIGRATIONS) == SCHEMA_VERSION
 
 

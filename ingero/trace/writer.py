@@ -23,7 +23,7 @@ from ingero.nodedb.schema import connect
 _AGED = (("raw_events", "ts"), ("intervals", "ts_end"), ("host_intervals", "ts_end"),
          ("gpu_intervals", "ts_end"), ("gpu_processes", "ts_end"),
          ("processes", "last_seen"), ("nccl_calls", "ts_enter"),
-         ("nccl_comms", "ts"))  # fmt: skip
+         ("nccl_comms", "ts"), ("stacks", "last_seen"))  # fmt: skip
 _INSERTED = ("intervals", "raw_events", "host_intervals", "gpu_intervals", "gpu_processes",
              "nccl_calls", "nccl_comms")  # fmt: skip
 PRUNE_FRACTION = 0.1
@@ -41,6 +41,8 @@ class Batch:
     gpu_processes: Sequence[dict[str, object]] = ()
     nccl_calls: Sequence[dict[str, object]] = ()
     nccl_comms: Sequence[dict[str, object]] = ()
+    # Distinct stacks the batch's rows refer to: stack_key, frames (JSON), first/last_seen.
+    stacks: Sequence[dict[str, object]] = ()
 
 
 @dataclass
@@ -79,6 +81,15 @@ def write_batch(db: sqlite_utils.Database, batch: Batch) -> int:
                 list(batch.processes),
             )
             n += len(batch.processes)
+        if batch.stacks:
+            db.conn.executemany(
+                "INSERT INTO stacks (stack_key, frames, first_seen, last_seen) "
+                "VALUES (:stack_key, :frames, :first_seen, :last_seen) "
+                "ON CONFLICT(stack_key) DO UPDATE SET "
+                "last_seen = MAX(last_seen, excluded.last_seen)",
+                list(batch.stacks),
+            )
+            n += len(batch.stacks)
     return n
 
 

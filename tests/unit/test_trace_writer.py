@@ -128,7 +128,7 @@ def test_a_version_1_node_db_is_migrated_keeping_its_rows(tmp_path: Path) -> Non
     writer = NodeDbWriter(path)
     writer.close()
     db = connect(path, readonly=True)
-    assert db.execute("PRAGMA user_version").fetchone()[0] == SCHEMA_VERSION == 3
+    assert db.execute("PRAGMA user_version").fetchone()[0] == SCHEMA_VERSION == 4
     columns = {c.name for c in db.table("gpu_intervals").columns}
     assert set(GPU_HEALTH_COLUMNS) <= columns
     # The old row is there; what version 1 never measured reads as NULL, not 0.
@@ -140,3 +140,30 @@ def test_a_version_1_node_db_is_migrated_keeping_its_rows(tmp_path: Path) -> Non
     assert db.table("nccl_calls").exists() and db.table("nccl_comms").exists()
     indexes = {tuple(i.columns) for t in ("nccl_calls", "nccl_comms") for i in db.table(t).indexes}
     assert {("ts_enter",), ("comm_hash", "seq"), ("ts",)} <= indexes
+
+
+def _stack(key: str, ts: float) -> dict[str, object]:
+    return {"stack_key": key, "frames": '{"frames":[]}', "first_seen": ts, "last_seen": ts}
+
+
+def test_stacks_are_stored_once_and_pruned_with_their_last_event() -> None:
+    db = connect(":memory:")
+    write_batch(
+        db, Batch(raw_events=[{**_raw(10.0), "stack_key": "a"}], stacks=[_stack("a", 10.0)])
+    )
+    write_batch(
+        db, Batch(raw_events=[{**_raw(20.0), "stack_key": "a"}], stacks=[_stack("a", 20.0)])
+    )
+    write_batch(db, Batch(stacks=[_stack("a", 15.0)]))  # a late batch never moves it back
+    assert db.execute("SELECT stack_key, first_seen, last_seen FROM stacks").fetchall() == [
+        ("a", 10.0, 20.0)
+    ]
+    for i in range(300):
+        ts = 1000.0 + i
+        write_batch(db, Batch(raw_events=[{**_raw(ts), "stack_key": f"k{i}"}] * 5,
+                              stacks=[_stack(f"k{i}", ts)]))  # fmt: skip
+    prune(db, used_bytes(db) // 3)
+    keys = {r[0] for r in db.execute("SELECT stack_key FROM stacks")}
+    used = {r[0] for r in db.execute("SELECT DISTINCT stack_key FROM raw_events")}
+    assert "a" not in keys and "k299" in keys
+    assert used <= keys  # every kept event still finds its stack
