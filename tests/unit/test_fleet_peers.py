@@ -182,3 +182,21 @@ def test_an_offered_episode_that_ends_before_it_is_announced_says_nothing() -> N
     assert interval(state, clock, below).events == ()
     state.ingest(push("n2", 0.99, episode_id=""))  # recovered at once
     assert state.tick().events == ()
+
+
+def test_an_offered_episode_the_node_took_ends_on_both_sides() -> None:
+    state, clock = make()
+    interval(state, clock)
+    below = {"n2": push("n2", 0.5, episode_id="")}
+    interval(state, clock, below)
+    entered = interval(state, clock, below)
+    assert entered.events == ()
+    offered = state.ingest(push("n2", 0.5, episode_id=""))
+    # The node entered with the offered id (its straggler_state is out) and recovered by its
+    # next push, before Fleet's next tick: Fleet must still tell that episode, start and end.
+    state.ingest(push("n2", 0.99, episode_id=offered.episode_id))
+    result = state.tick()
+    assert types(result) == [("straggler_state", "n2"), ("straggler_resolved", "n2")]
+    assert {e.event_id for e in result.events} == {offered.episode_id}
+    assert result.events[1].extra["reason"] == "recovered"
+    assert result.verdicts == ()
