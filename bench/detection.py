@@ -27,11 +27,12 @@ p95, misses) and whether Fleet flagged the same node under the same event_id; a 
 slower from its first interval; a rank that stalls (and how its episode ends when its job
 then ends); and false straggler events (node's and Fleet's) per node-hour, GPU events,
 pushes that said stalled and the share of held samples of the nodes in a steady simulated
-hour.
+hour, and how far the healthy nodes' scores sit above the threshold (mean and sd of
+score - threshold, and how many classified intervals fell below it).
 
     .venv/bin/python bench/detection.py [--shape gpu-bound|cpu-bound|both] [--nodes 64]
         [--runs 20] [--hours 1] [--noise 0.03] [--enter-intervals 2] [--enter-window 3]
-        [--no-peers]
+        [--min-margin 0.05] [--no-peers]
         [--push-interval 5] [--tracer-interval 1] [--push-jitter 0.1] [--late 0]
 """
 
@@ -116,6 +117,7 @@ class SimNode:
         self.next_push = start + self.rng.uniform(0, Timing.push)
         self.written: list[Written] = []  # rows in the node DB or on their way there
         self.held = 0  # samples that found no new tracer interval
+        self.gaps: list[float] = []  # score - threshold of each classified interval
 
     # A change of the workload applies to the tracer intervals after it.
     @property
@@ -215,6 +217,8 @@ class SimNode:
         decision = self.selector.decide(push.score if measured else None)
         if sample.held:
             return []
+        if measured and decision.threshold is not None:
+            self.gaps.append(push.score - decision.threshold)
         observation = Observation.of(
             push,
             decision,
@@ -229,6 +233,7 @@ class Sim:
     enter_intervals = ClassifierConfig().enter_intervals  # set from --enter-intervals
     enter_window = ClassifierConfig().enter_window  # set from --enter-window
     peers = True  # cleared by --no-peers
+    min_margin = ThresholdConfig().min_margin  # set from --min-margin
 
     def __init__(self, shape: str, nodes: int, seed: int, noise: float) -> None:
         self.clock = ManualClock()
@@ -236,7 +241,9 @@ class Sim:
             FleetConfig(
                 push_interval=Duration(Timing.push),
                 threshold=ThresholdConfig(
-                    enter_intervals=Sim.enter_intervals, enter_window=Sim.enter_window
+                    enter_intervals=Sim.enter_intervals,
+                    enter_window=Sim.enter_window,
+                    min_margin=Sim.min_margin,
                 ),
             ),
             self.clock,
@@ -394,9 +401,10 @@ def stall(
 
 def false_events(
     shape: str, nodes: int, noise: float, hours: float, warmup: int
-) -> tuple[int, int, int, int, int]:
+) -> tuple[int, int, int, int, int, list[float]]:
     """Episodes the nodes and Fleet started in a steady time, GPU events, pushes that said
-    stalled, and samples held for want of new tracer data."""
+    stalled, samples held for want of new tracer data, and every classified interval's
+    score - threshold (how far the healthy nodes sit above it)."""
     sim = Sim(shape, nodes, seed=10_000, noise=noise)
     sim.warm(warmup)
     sim.gpu_events = 0
@@ -405,13 +413,14 @@ def false_events(
     sim.stalled_pushes.clear()
     for each in sim.nodes:
         each.held = 0
+        each.gaps.clear()
     for _ in range(int(hours * 3600 / Timing.push)):
         sim.step()
     node = len({e.event_id for e in sim.node_events if e.type == "straggler_state"})
     fleet = len({e.event_id for e in sim.fleet_events if e.type == "straggler_state"})
     stalled = sum(sim.stalled_pushes.values())
     held = sum(n.held for n in sim.nodes)
-    return node, fleet, sim.gpu_events, stalled, held
+    return node, fleet, sim.gpu_events, stalled, held, [g for n in sim.nodes for g in n.gaps]
 
 
 def fmt(values: list[int], missed: int, runs: int) -> str:
@@ -436,6 +445,8 @@ def main() -> None:
                         help="enter rule of both sides (consecutive intervals below)")  # fmt: skip
     parser.add_argument("--enter-window", type=int, default=Sim.enter_window,
                         help="... of the last this many intervals")  # fmt: skip
+    parser.add_argument("--min-margin", type=float, default=Sim.min_margin,
+                        help="Fleet's threshold.min_margin")  # fmt: skip
     parser.add_argument("--no-peers", action="store_true",
                         help="node-local baselines only (ignore the reply's peer medians)")  # fmt: skip
     parser.add_argument("--push-interval", type=float, default=Timing.push)
@@ -451,8 +462,9 @@ def main() -> None:
     Sim.enter_intervals = args.enter_intervals
     Sim.enter_window = args.enter_window
     Sim.peers = not args.no_peers
+    Sim.min_margin = args.min_margin
     shapes = list(SHAPE_NAMES) if args.shape == "both" else [args.shape]
-    margin = FleetConfig().threshold.min_margin
+    margin = Sim.min_margin
     for shape in shapes:
         n, noise = args.nodes, args.noise
         print(
@@ -501,7 +513,9 @@ def main() -> None:
             + f"; its states: {' '.join(states[:10])}; its job then ends: "
             + f"{' '.join(states[10:])}, episode ended (node / Fleet): {ended}"
         )
-        node, fleet, gpu, stalled, held = false_events(shape, n, noise, args.hours, args.warmup)
+        node, fleet, gpu, stalled, held, gaps = false_events(
+            shape, n, noise, args.hours, args.warmup
+        )
         node_hours = n * args.hours
         print(
             f"steady {args.hours:g} h, {node_hours:g} node-hours: false straggler episodes "
@@ -509,6 +523,14 @@ def main() -> None:
             f"side, {fleet}) per node-hour; {gpu} GPU events; {stalled} pushes said stalled; "
             f"{held / (node_hours * 3600 / Timing.push):.1%} of the samples found no new "
             "tracer interval and held"
+        )
+        # The margin in noise sigmas says more than a count of 0: an episode needs
+        # enter_intervals of enter_window intervals below, each as rare as this share.
+        spread = statistics.pstdev(gaps)
+        print(
+            f"healthy score - threshold: mean {statistics.mean(gaps):.4f}, sd {spread:.4f} "
+            f"({statistics.mean(gaps) / spread:.2f} sd above), min {min(gaps):.4f}; "
+            f"{sum(g < 0 for g in gaps)} of {len(gaps)} classified intervals below"
         )
 
 

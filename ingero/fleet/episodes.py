@@ -63,7 +63,7 @@ def started_event(
     job_id: str | None,
     rank: int | None,
     score: float,
-    threshold: float,
+    threshold: float | None,
     dominant_signal: str | None,
     panic: bool,
     event_id: str,

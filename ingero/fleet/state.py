@@ -496,8 +496,10 @@ class FleetState:
     def _closing_events(self, snap: Snapshot, out: Outcome) -> list[Event]:
         """``straggler_resolved`` for every episode that ended this tick (except expiry)."""
         events: list[Event] = []
-        for pos in np.flatnonzero(out.leaving & ~snap.pending).tolist():
+        for pos in np.flatnonzero(out.leaving).tolist():
             slot = int(snap.idx[pos])
+            if snap.pending[pos] and not self._taken_up(slot):
+                continue  # offered, never announced, and the node opened none: nothing to end
             g_old = int(snap.episode_gids[pos])
             g_new = int(snap.gids[pos])
             active = bool(snap.active[pos])
@@ -516,8 +518,36 @@ class FleetState:
                 finite(out.threshold[g_now]),
                 bool(out.panic[g_now]),
             )
+            if snap.pending[pos]:
+                # The node announced this episode (under the offered id or its own) and it
+                # ended before Fleet's announcement was due: Fleet tells it too, start and end.
+                events.append(
+                    started_event(
+                        node_id=closing.node_id,
+                        cluster_id=closing.cluster_id,
+                        group=closing.group,
+                        job_id=closing.job_id,
+                        rank=closing.rank,
+                        score=closing.score,
+                        threshold=finite(out.threshold[g_old]),
+                        dominant_signal=closing.dominant_signal,
+                        panic=bool(out.panic[g_old]),
+                        event_id=closing.event_id,
+                        now=snap.now,
+                        stall=bool(snap.stall_episode[pos]),
+                    )
+                )
             events.append(resolved_event(closing, snap.now, reason))
         return events
+
+    def _taken_up(self, slot: int) -> bool:
+        """Whether the node's push since Fleet offered its episode named an open episode of
+        its own (the offered id, or one it opened meanwhile), which Fleet then adopts."""
+        reported = self._reported[slot]
+        if not reported or self._seen[slot] <= self._pending_at[slot]:
+            return False
+        self._episode_id[slot] = reported
+        return True
 
     def _closing(
         self,

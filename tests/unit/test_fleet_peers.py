@@ -137,15 +137,22 @@ def test_the_node_saw_it_first_fleet_adopts_its_id() -> None:
     assert result.verdicts[0].event_id == "node-id-1"
 
 
-def test_fleet_saw_it_first_its_id_is_offered_and_announced_after_one_push() -> None:
-    state, clock = make()
+def offered_episode(state: FleetState, clock: ManualClock) -> TickResult:
+    """n2 below until Fleet's enter rule is met while the node said "none open": Fleet's id
+    is offered in replies (the tick's verdict), not announced."""
     interval(state, clock)
     below = {"n2": push("n2", 0.5, episode_id="")}
     interval(state, clock, below)
-    # Fleet's enter rule is met, but the node (which reports episodes) may be opening its
-    # own right now: Fleet's id is offered in the reply, not announced yet.
     entered = interval(state, clock, below)
     assert entered.events == ()
+    return entered
+
+
+def test_fleet_saw_it_first_its_id_is_offered_and_announced_after_one_push() -> None:
+    state, clock = make()
+    # Fleet's enter rule is met, but the node (which reports episodes) may be opening its
+    # own right now: Fleet's id is offered in the reply, not announced yet.
+    entered = offered_episode(state, clock)
     offered = state.ingest(push("n2", 0.5, episode_id=""))
     assert offered.episode_id == entered.verdicts[0].event_id
     # That push said "none open": Fleet announces its id, which the node adopts on entry.
@@ -155,10 +162,7 @@ def test_fleet_saw_it_first_its_id_is_offered_and_announced_after_one_push() -> 
 
 def test_both_at_once_fleets_offered_id_gives_way_to_the_nodes() -> None:
     state, clock = make()
-    interval(state, clock)
-    below = {"n2": push("n2", 0.5, episode_id="")}
-    interval(state, clock, below)
-    assert interval(state, clock, below).events == ()  # Fleet's id offered, not announced
+    offered_episode(state, clock)
     # Meanwhile the node opened its own (its reply came before Fleet's tick).
     result = interval(state, clock, {"n2": push("n2", 0.5, episode_id="node-id-2")})
     (event,) = result.events
@@ -176,9 +180,20 @@ def test_an_agent_that_reports_no_episodes_is_announced_at_once() -> None:
 
 def test_an_offered_episode_that_ends_before_it_is_announced_says_nothing() -> None:
     state, clock = make()
-    interval(state, clock)
-    below = {"n2": push("n2", 0.5, episode_id="")}
-    interval(state, clock, below)
-    assert interval(state, clock, below).events == ()
+    offered_episode(state, clock)
     state.ingest(push("n2", 0.99, episode_id=""))  # recovered at once
     assert state.tick().events == ()
+
+
+def test_an_offered_episode_the_node_took_ends_on_both_sides() -> None:
+    state, clock = make()
+    offered_episode(state, clock)
+    offered = state.ingest(push("n2", 0.5, episode_id=""))
+    # The node entered with the offered id (its straggler_state is out) and recovered by its
+    # next push, before Fleet's next tick: Fleet must still tell that episode, start and end.
+    state.ingest(push("n2", 0.99, episode_id=offered.episode_id))
+    result = state.tick()
+    assert types(result) == [("straggler_state", "n2"), ("straggler_resolved", "n2")]
+    assert {e.event_id for e in result.events} == {offered.episode_id}
+    assert result.events[1].extra["reason"] == "recovered"
+    assert result.verdicts == ()
