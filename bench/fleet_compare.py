@@ -70,8 +70,9 @@ end
 """
 
 
-def full_bodies(first: int, count: int) -> list[bytes]:
-    """What fleet-push sends with every feature of the push on, one body per node."""
+def full_bodies(first: int, count: int, nccl_packed: bool = True) -> list[bytes]:
+    """What fleet-push sends with every feature of the push on, one body per node;
+    ``nccl_packed=False``: the NCCL calls as the parallel arrays of older nodes."""
     from ingero.otlp.collectives import ClockOffset, CollectiveCall, CommReport
     from ingero.otlp.health import NodePush, encode_health
     from ingero.otlp.resource import PUSH_SERVICE, service_attributes
@@ -126,11 +127,17 @@ def full_bodies(first: int, count: int) -> list[bytes]:
             clock=ClockOffset(0.0012, 0.0003),
         )
         service = service_attributes(PUSH_SERVICE, push.node_id)
-        bodies.append(encode_health(push, now, service).SerializeToString())
+        bodies.append(
+            encode_health(push, now, service, nccl_packed=nccl_packed).SerializeToString()
+        )
     return bodies
 
 
-SHAPES = {"full": full_bodies, "basic": agent_bodies}
+def full_array_bodies(first: int, count: int) -> list[bytes]:
+    return full_bodies(first, count, nccl_packed=False)
+
+
+SHAPES = {"full": full_bodies, "full-arrays": full_array_bodies, "basic": agent_bodies}
 
 
 def release_tree(rev: str, into: Path) -> str | None:
@@ -252,7 +259,8 @@ def main() -> None:
         "--shape",
         choices=sorted(SHAPES),
         default="full",
-        help="full: what fleet-push sends (rates, collectives); basic: score and signals",
+        help="full: what fleet-push sends (rates, collectives); full-arrays: the same with the "
+        "NCCL calls as older nodes send them (parallel arrays); basic: score and signals",
     )
     parser.add_argument("--release", default="8f3ed5c", help="the previous release's commit")
     parser.add_argument("--python-clients", action="store_true", help="even when wrk is here")
