@@ -13,7 +13,8 @@ order rotates), so a machine shared with other work shifts all three alike:
             request, the per-token rate limit (set high enough never to refuse, so its
             arithmetic runs on every push), the audit log, and pushes that carry what
             fleet-push sends (``service.*``, signals, the raw peer rates with their unit
-            gauges, one NCCL communicator with 16 sampled collectives and the clock offset);
+            gauges, one NCCL communicator with 16 sampled collectives, packed, and the clock
+            offset; ``--shape full-arrays``: the calls as the arrays of older nodes);
 ``release`` ``ingero fleet`` of ``--release`` (``git archive`` of this repository into a
             temporary directory, run with this interpreter), with its bearer token and the
             same pushes (what it does not know it ignores).
