@@ -284,3 +284,14 @@ def test_decoding_any_bytes_as_a_push_never_raises_past_its_errors(data: bytes) 
     except Exception:  # not a protobuf: the receiver refuses it earlier
         return
     decode_health(request)
+
+
+def test_packed_calls_survive_otlp_json() -> None:
+    """OTLP/JSON carries a bytes value as base64: the packed calls decode the same."""
+    from ingero.otlp.values import parse_json, to_json
+
+    report = comm((call(1), call(2, returned=False)))
+    request = encode_health(NodePush("n1", "c1", 0.9, collectives=(report,)), T0)
+    decoded = decode_health(parse_json(to_json(request), ExportMetricsServiceRequest))
+    assert decoded.rejected == 0, decoded.messages
+    assert decoded.pushes[0].collectives == (report,)
