@@ -2,7 +2,8 @@
 feature on, and the previous release, side by side.
 
 Run: ``.venv/bin/python -m bench.fleet_compare`` (``--rounds 3 --duration 5`` are the
-defaults; ``--release REV`` names the previous release, ``--release ''`` leaves it out).
+defaults; ``--release REV`` names the previous release, ``--release ''`` leaves it out;
+``--decode N`` prints only the in-process cost of each push shape's decode, N nodes).
 
 Three servers run at once and take the same load in turn, interleaved round by round (the
 order rotates), so a machine shared with other work shifts all three alike:
@@ -13,7 +14,8 @@ order rotates), so a machine shared with other work shifts all three alike:
             request, the per-token rate limit (set high enough never to refuse, so its
             arithmetic runs on every push), the audit log, and pushes that carry what
             fleet-push sends (``service.*``, signals, the raw peer rates with their unit
-            gauges, one NCCL communicator with 16 sampled collectives and the clock offset);
+            gauges, one NCCL communicator with 16 sampled collectives, packed, and the clock
+            offset; ``--shape full-arrays``: the calls as the arrays of older nodes);
 ``release`` ``ingero fleet`` of ``--release`` (``git archive`` of this repository into a
             temporary directory, run with this interpreter), with its bearer token and the
             same pushes (what it does not know it ignores).
@@ -42,6 +44,7 @@ import sys
 import tarfile
 import tempfile
 import time
+from collections import deque
 from pathlib import Path
 from typing import Any
 
@@ -70,8 +73,9 @@ end
 """
 
 
-def full_bodies(first: int, count: int) -> list[bytes]:
-    """What fleet-push sends with every feature of the push on, one body per node."""
+def full_bodies(first: int, count: int, nccl_packed: bool = True) -> list[bytes]:
+    """What fleet-push sends with every feature of the push on, one body per node;
+    ``nccl_packed=False``: the NCCL calls as the parallel arrays of older nodes."""
     from ingero.otlp.collectives import ClockOffset, CollectiveCall, CommReport
     from ingero.otlp.health import NodePush, encode_health
     from ingero.otlp.resource import PUSH_SERVICE, service_attributes
@@ -126,11 +130,61 @@ def full_bodies(first: int, count: int) -> list[bytes]:
             clock=ClockOffset(0.0012, 0.0003),
         )
         service = service_attributes(PUSH_SERVICE, push.node_id)
-        bodies.append(encode_health(push, now, service).SerializeToString())
+        bodies.append(
+            encode_health(push, now, service, nccl_packed=nccl_packed).SerializeToString()
+        )
     return bodies
 
 
-SHAPES = {"full": full_bodies, "basic": agent_bodies}
+def full_array_bodies(first: int, count: int) -> list[bytes]:
+    return full_bodies(first, count, nccl_packed=False)
+
+
+SHAPES = {"full": full_bodies, "full-arrays": full_array_bodies, "basic": agent_bodies}
+
+
+def decode_costs(count: int) -> None:
+    """CPU µs per push of Fleet's decode (``decode_health`` as its receiver calls it) and of
+    the whole receiver (decode and ``FleetState.ingest``, the NCCL join's included), each
+    shape, in this process: no sockets, best of 5 passes over ``count`` nodes' pushes."""
+    print(f"# in-process CPU us per push (best of 5 x {count:,} pushes)")
+    print(f"{'shape':<13}{'bytes':>7}{'parse':>8}{'decode':>8}{'receiver':>10}")
+    for shape in SHAPES:
+        size, (parse, decode, receive) = _shape_costs(shape, count)
+        print(f"{shape:<13}{size:>7}{parse:>8.1f}{decode:>8.1f}{receive:>10.1f}")
+
+
+def _shape_costs(shape: str, count: int) -> tuple[int, list[float]]:
+    from opentelemetry.proto.collector.metrics.v1.metrics_service_pb2 import (
+        ExportMetricsServiceRequest,
+    )
+
+    from ingero.fleet.config import FleetConfig, LimitsConfig
+    from ingero.fleet.daemon import FleetDaemon
+    from ingero.otlp.health import decode_health
+
+    bodies = SHAPES[shape](0, count)
+    requests = [ExportMetricsServiceRequest.FromString(b) for b in bodies]
+    daemon = FleetDaemon(FleetConfig(limits=LimitsConfig(max_nodes=10 * count)))
+    for request in requests:  # every node known, as in steady state
+        daemon.receiver.metrics_request(request)
+    daemon.state.tick()
+    # Each result is dropped at once, as the server drops it: a list holding them all would
+    # hand the cyclic GC thousands of live objects to walk, which is not the push's cost.
+    stages = [
+        lambda: deque(map(ExportMetricsServiceRequest.FromString, bodies), maxlen=0),
+        lambda: deque((decode_health(r, details=False, rates=True) for r in requests), maxlen=0),
+        lambda: deque(map(daemon.receiver.metrics_request, requests), maxlen=0),
+    ]
+    costs = []
+    for stage in stages:
+        best = float("inf")
+        for _ in range(5):
+            start = time.process_time()
+            stage()
+            best = min(best, time.process_time() - start)
+        costs.append(best / count * 1e6)
+    return len(bodies[0]), costs
 
 
 def release_tree(rev: str, into: Path) -> str | None:
@@ -252,11 +306,21 @@ def main() -> None:
         "--shape",
         choices=sorted(SHAPES),
         default="full",
-        help="full: what fleet-push sends (rates, collectives); basic: score and signals",
+        help="full: what fleet-push sends (rates, collectives); full-arrays: the same with the "
+        "NCCL calls as older nodes send them (parallel arrays); basic: score and signals",
     )
     parser.add_argument("--release", default="8f3ed5c", help="the previous release's commit")
     parser.add_argument("--python-clients", action="store_true", help="even when wrk is here")
+    parser.add_argument(
+        "--decode",
+        type=int,
+        metavar="N",
+        help="only print the in-process decode and receiver cost of each shape for N nodes",
+    )
     opts = parser.parse_args()
+    if opts.decode:
+        decode_costs(opts.decode)
+        return
     use_wrk = shutil.which("wrk") is not None and not opts.python_clients
     with tempfile.TemporaryDirectory() as tmp_name:
         tmp = Path(tmp_name)

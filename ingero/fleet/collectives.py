@@ -209,22 +209,20 @@ class CollectiveJoin:
                     offset_known=clock is not None,
                     seen=mono,
                 )
-                for call in report.calls:
-                    if call.seq <= comm.joined_seq:
+                # Up to 1,024 calls a push: what the loop reads is in locals.
+                joined, pending, rank = comm.joined_seq, comm.pending, report.comm_rank
+                for seq, op, entered_ns, _, size in report.calls:
+                    if seq <= joined:
                         continue  # already joined without it: too late to count
-                    entries = comm.pending.get(call.seq)
+                    entries = pending.get(seq)
                     if entries is None:
-                        if len(comm.pending) >= self._cfg.max_pending:
-                            oldest = min(comm.pending)
-                            if call.seq < oldest:
+                        if len(pending) >= self._cfg.max_pending:
+                            oldest = min(pending)
+                            if seq < oldest:
                                 continue
-                            del comm.pending[oldest]
-                        entries = comm.pending[call.seq] = {}
-                    entries[report.comm_rank] = (
-                        float(call.entered_ns + offset_ns),
-                        call.bytes,
-                        call.op,
-                    )
+                            del pending[oldest]
+                        entries = pending[seq] = {}
+                    entries[rank] = (float(entered_ns + offset_ns), size, op)
 
     def _comm(self, push: NodePush, group: str, report: CommReport) -> _Comm | None:
         key = (push.cluster_id, group, report.comm_hash)

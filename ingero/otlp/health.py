@@ -174,12 +174,17 @@ class HealthDecode:
 
 
 def encode_health(
-    push: NodePush, time_unix_nano: int, service: dict[str, object] | None = None
+    push: NodePush,
+    time_unix_nano: int,
+    service: dict[str, object] | None = None,
+    *,
+    nccl_packed: bool = True,
 ) -> ExportMetricsServiceRequest:
     """One node's push: its score gauge plus one point per signal and per raw rate.
 
     ``service``: the sender's ``service.*`` attributes (:func:`ingero.otlp.resource.
-    service_attributes`), added to the resource.
+    service_attributes`), added to the resource. ``nccl_packed=False``: the sampled NCCL
+    calls as parallel arrays, the form of older nodes (:mod:`ingero.otlp.collectives`).
     """
     request = ExportMetricsServiceRequest()
     rm = request.resource_metrics.add()
@@ -239,7 +244,7 @@ def encode_health(
             p.time_unix_nano = time_unix_nano
             p.as_double = value
     if push.collectives or push.clock is not None:
-        encode_collectives(sm, push.collectives, push.clock, time_unix_nano)
+        encode_collectives(sm, push.collectives, push.clock, time_unix_nano, nccl_packed)
     return request
 
 
@@ -329,6 +334,9 @@ def _episode(source: dict[str, Any]) -> str | None:
 
 
 def _gauge_points(metric: Metric) -> Iterable[NumberDataPoint] | None:
+    points = metric.gauge.data_points  # an unset gauge reads as empty: no oneof lookup
+    if points:
+        return cast(Iterable[NumberDataPoint], points)
     kind = metric.WhichOneof("data")
     if kind == "gauge":
         return cast(Iterable[NumberDataPoint], metric.gauge.data_points)
@@ -401,7 +409,9 @@ def decode_health(
                 elif name == RATE_METRIC and want_rates:
                     _keyed_values(metric, ATTR_RATE, rate_values, result)
                 elif want_rates and name in _RATE_OF_GAUGE:
-                    _unit_gauge(metric, _RATE_OF_GAUGE[name], unit_rates, result)
+                    rate = _RATE_OF_GAUGE[name]
+                    if rate not in rate_values:  # else that value wins: this one is not read
+                        _unit_gauge(metric, rate, unit_rates, result)
                 elif is_collectives_metric(name):
                     collectives = collectives or CollectivesDecode()
                     decode_collectives_metric(metric, collectives)

@@ -1,5 +1,6 @@
 """A real ``ingero fleet`` joins the ranks of one NCCL communicator pushed by five nodes
-(OTLP/HTTP; n1 and n4 over OTLP/gRPC; encode_health): a rank 200 ms late is named in a ``peer_lag``
+(OTLP/HTTP; n1 and n4 over OTLP/gRPC; encode_health; n2 as an older node, its calls as
+arrays, the others packed): a rank 200 ms late is named in a ``peer_lag``
 event and in its push replies, a rank that stops before collective N while the others wait
 inside it is named by a ``collective_hang`` within one push interval of ``nccl.hang_after``.
 Rounds advance one Fleet tick at a time (its tick counter), never by sleeping a duration."""
@@ -19,7 +20,7 @@ from opentelemetry.proto.collector.metrics.v1.metrics_service_pb2 import (
 )
 
 from ingero.otlp.collectives import ClockOffset, CollectiveCall, CommReport
-from ingero.otlp.health import NodePush
+from ingero.otlp.health import NodePush, encode_health
 from tests.integration.fleet.helpers import Fleet, health_request, start_fleet, wait_for
 from tests.integration.fleet.test_prometheus import promtool_check
 
@@ -35,6 +36,7 @@ PUSH_INTERVAL = 0.5
 HANG_AFTER = 2.0
 # What each node adds to its clock to read Fleet's (reported, so the join corrects it).
 SKEW = {"n1": 1.5, "n2": -0.75}
+OLDER_NODE = "n2"  # its rank must join the others' for the late rank to be named
 
 
 @pytest.fixture
@@ -122,6 +124,11 @@ class Job:
         return replies
 
     def send(self, push: NodePush, grpc_transport: bool) -> dict[str, str]:
+        if push.node_id == OLDER_NODE:  # an older fleet-push: the calls as parallel arrays
+            body = encode_health(push, time.time_ns(), nccl_packed=False).SerializeToString()
+            reply = self.fleet.post_metrics(body, "application/x-protobuf")
+            assert reply.status == 200, reply
+            return reply.headers
         if not grpc_transport:
             reply = self.fleet.push([push])
             assert reply.status == 200, reply
