@@ -11,7 +11,7 @@ from ingero.slurm.backend import DEFAULT_TIMEOUT, make_backend
 
 _BACKEND = click.option(
     "--backend",
-    type=click.Choice(["auto", "scontrol"]),
+    type=click.Choice(["auto", "scontrol", "pyslurm"]),
     default="auto",
     show_default=True,
     help="How to talk to Slurm.",

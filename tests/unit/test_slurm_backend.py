@@ -200,8 +200,6 @@ def test_refuses_a_multiline_reason() -> None:
 
 
 def test_backend_choice() -> None:
-    with pytest.raises(ConfigError, match="pyslurm"):
-        make_backend("pyslurm")
     with pytest.raises(ConfigError, match="unknown"):
         make_backend("slurmrestd")
 
