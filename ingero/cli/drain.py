@@ -40,7 +40,7 @@ def drain() -> None:
 def list_cmd(backend: str, timeout: float, show_all: bool, as_json: bool) -> None:
     """Nodes whose drain reason ingero wrote, with state and reason."""
     nodes = make_backend(backend, timeout).nodes()
-    shown = [n for n in nodes if n.ingero_reason or (show_all and (n.drained or n.reason))]
+    shown = [n for n in nodes if n.ingero_reason or (show_all and (n.drained or n.held_reason))]
     if as_json:
         rows = [
             {

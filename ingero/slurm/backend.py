@@ -61,9 +61,24 @@ class NodeInfo:
         return any(f.startswith("REBOOT") for f in self.flags) or self.state == "reboot"
 
     @property
+    def stale_ingero_reason(self) -> bool:
+        """ingero's reason left on a node back in service: Slurm 25.11 keeps the last reason
+        after ``state=resume`` (22.05 clears it), and it claims nothing any more. Someone
+        else's reason on such a node still counts: it may be a note meant to keep ingero away.
+        """
+        return str(self.reason or "").startswith(INGERO_REASON_PREFIX) and not (
+            self.drained or self.down or self.reboot_pending or "FAIL" in self.flags
+        )
+
+    @property
+    def held_reason(self) -> str | None:
+        """The reason, unless it is ingero's stale one."""
+        return None if self.stale_ingero_reason else self.reason
+
+    @property
     def ingero_reason(self) -> bool:
         """The node's reason was written by ingero (so ingero may resume the node)."""
-        return bool(self.reason) and str(self.reason).startswith(INGERO_REASON_PREFIX)
+        return str(self.held_reason or "").startswith(INGERO_REASON_PREFIX)
 
 
 class SlurmBackend(Protocol):

@@ -154,7 +154,11 @@ class PyslurmBackend:
         if message is None or "hello" not in message:
             if message is None and not worker.eof:
                 worker.stop()
-                raise SlurmError(f"pyslurm: no answer within {self._timeout:g}s while loading")
+                # libslurm retries a missing slurm.conf for 60 s before it exits: say so.
+                said = f": {worker.stderr_tail[-1]}" if worker.stderr_tail else ""
+                raise SlurmError(
+                    f"pyslurm: no answer within {self._timeout:g}s while loading{said}"
+                )
             why = message.get("fatal") if message else None
             why = why or f"the worker ended: {worker.last_words()}"
             worker.stop()

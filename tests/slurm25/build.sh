@@ -24,7 +24,8 @@ core="common interfaces conmgr api bcast stepmgr slurmctld slurmd
   scontrol sinfo squeue sbatch srun scancel"
 plugins="auth/munge cred/common cred/munge hash/common_xkcp hash/k12 proctrack/linuxproc
   sched/backfill select/cons_tres topology/common topology/flat prep/script priority/basic
-  tls/none gres/common gres/gpu gpu/common gpu/generic serializer/json data_parser/v0.0.44"
+  tls/none gres/common gres/gpu gpu/common gpu/generic serializer/json data_parser/v0.0.44
+  mpi/pmi2 certgen/script certmgr/script"
 
 if [ ! -x "$prefix/sbin/slurmctld" ]; then
   work=$(mktemp -d /var/tmp/slurm25-build.XXXXXX)
@@ -61,7 +62,7 @@ if ! ls "$wheel_dir"/pyslurm-"$pyslurm_version"-*.whl >/dev/null 2>&1; then
   # -O1 -g0 (after Python's -O3 -g, so they win): the generated C is large, and a Slurm RPC,
   # not the wrapper's code, is what a call waits for.
   CFLAGS="${CFLAGS:-} -O1 -g0" PYSLURM_BUILD_JOBS=$jobs SLURM_INCLUDE_DIR="$prefix/include" SLURM_LIB_DIR="$prefix/lib" \
-    python3 -m pip wheel -q --no-deps --no-binary pyslurm -w "$wheel_dir" \
+    python3 -m pip wheel -q --no-deps --no-cache-dir --no-binary pyslurm -w "$wheel_dir" \
     "pyslurm==$pyslurm_version"
 fi
 "$prefix/sbin/slurmctld" -V

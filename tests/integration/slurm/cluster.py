@@ -142,6 +142,7 @@ PLAIN_SETTINGS = (
     "AccountingStorageType=accounting_storage/none",
     "JobCompType=jobcomp/none",
     "SchedulerType=sched/backfill",
+    "PriorityType=priority/basic",  # 22.05's default; 25.11 defaults to multifactor
     "SchedulerParameters=batch_sched_delay=0",
     "SelectType=select/cons_tres",
     "SelectTypeParameters=CR_Core",
@@ -237,6 +238,10 @@ def slurm_cluster(
     conf = _write_conf(
         root, names, cluster_name, ports[0], ports[1:], hooks or {}, gpus, extra_conf
     )
+    if prefix:
+        # The build has no cgroup plugin (nor needs one: proctrack/linuxproc, task/none);
+        # without this line slurmd looks for one and fails. 22.05 knows no "disabled".
+        (root / "etc" / "cgroup.conf").write_text("CgroupPlugin=disabled\n")
     env = {k: v for k, v in os.environ.items() if not k.startswith("SLURM")}
     env["SLURM_CONF"] = str(conf)
     env["PATH"] = slurm_path(prefix)
