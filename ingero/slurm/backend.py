@@ -1,8 +1,8 @@
 """How ingero reads node states and drains/resumes nodes: a small typed interface over Slurm.
 
 ``ScontrolBackend`` works on every Slurm version: it reads nodes with ``sinfo --json``
-(22.05 and later) and falls back to ``scontrol show node --oneliner`` when JSON output is
-not available; it changes nodes with ``scontrol update``. Every command runs with a timeout:
+(22.05 to 23.11) and falls back to ``scontrol show node --oneliner`` when JSON output is
+not available or, from 24.05 on, groups nodes; it changes nodes with ``scontrol update``. Every command runs with a timeout:
 with slurmctld down a Slurm command retries for many seconds before it gives up.
 ``PyslurmBackend`` (ingero.slurm.pyslurm_backend) keeps the same contract through Slurm's
 own library; :func:`make_backend` picks one.
@@ -125,6 +125,10 @@ def parse_sinfo_json(text: str) -> list[NodeInfo]:
         data = json.loads(text)
     except ValueError as exc:
         raise SlurmError(f"sinfo --json: not JSON: {exc}") from None
+    if isinstance(data, dict) and "sinfo" in data and "nodes" not in data:
+        # 24.05 and later print node groups, and one group shows one reason for nodes whose
+        # reasons differ (25.11 lists n2 and n3 under n2's): per-node reasons need scontrol.
+        raise SlurmError("sinfo --json: grouped output (Slurm 24.05+), no per-node reasons")
     if not isinstance(data, dict) or not isinstance(data.get("nodes"), list):
         raise SlurmError("sinfo --json: no 'nodes' list in the output")
     # With slurmctld unresponsive, sinfo --json exits 0 with an empty list and errors inside.
