@@ -55,24 +55,21 @@ CASES = [Case("22.05", "scontrol"), Case("25.11", "scontrol"), Case("25.11", "py
 @pytest.fixture(scope="module")
 def clusters() -> Iterator[dict[str, SlurmCluster]]:
     """One cluster per release, started when a test first needs it, all stopped at the end."""
-    running: dict[str, SlurmCluster] = {}
     with ExitStack() as stack:
-        stack.callback(running.clear)
-        running_stack = stack
 
-        class Lazy(dict[str, SlurmCluster]):
+        class Started(dict[str, SlurmCluster]):
             def __missing__(self, release: str) -> SlurmCluster:
-                prefix = slurm25.PREFIX if release == "25.11" else None
                 root = Path(tempfile.mkdtemp(prefix=f"ingero-slurm{release}-"))
-                running_stack.callback(shutil.rmtree, root, True)
+                stack.callback(shutil.rmtree, root, True)
+                prefix = slurm25.PREFIX if release == "25.11" else None
                 name = "ingero" + release.replace(".", "")
-                cluster = running_stack.enter_context(
+                cluster = stack.enter_context(
                     slurm_cluster(root, NODES, cluster_name=name, prefix=prefix)
                 )
                 self[release] = cluster
                 return cluster
 
-        yield Lazy()
+        yield Started()
 
 
 def _skip_reason(case: Case) -> str | None:
@@ -141,18 +138,15 @@ def show_node(cluster: SlurmCluster, node: str) -> str:
 def test_auto_picks_pyslurm_only_where_it_matches_the_slurm(
     case: Case, slurm: SlurmCluster
 ) -> None:
-    if not PyslurmBackendAvailable():
-        pytest.skip(slurm25.pyslurm_missing_reason() or "pyslurm not installed")
+    reason = slurm25.pyslurm_missing_reason()
+    if reason:
+        pytest.skip(reason)
     chosen = make_backend("auto", timeout=10)
     expected = "pyslurm" if case.release == "25.11" else "scontrol"
     assert chosen.name == expected
     if isinstance(chosen, PyslurmBackend):
         assert chosen.hello["slurm"].startswith("25.11")
         chosen.close()
-
-
-def PyslurmBackendAvailable() -> bool:
-    return slurm25.pyslurm_missing_reason() is None
 
 
 def test_drain_shows_the_reason_and_resume_ends_it(
