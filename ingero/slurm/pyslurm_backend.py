@@ -65,7 +65,6 @@ class _Worker:
         assert self.proc.stdin and self.proc.stdout and self.proc.stderr
         self.stdin: IO[bytes] = self.proc.stdin
         self.stdout: IO[bytes] = self.proc.stdout
-        os.set_blocking(self.stdout.fileno(), False)
         self._buffer = b""
         self.eof = False  # the worker closed its end (it died), as opposed to a timeout
         self.stderr_tail: collections.deque[str] = collections.deque(maxlen=_STDERR_LINES)
@@ -89,7 +88,9 @@ class _Worker:
                 left = deadline - time.monotonic()
                 if left <= 0 or not sel.select(left):
                     return None
-                chunk = self.stdout.read(65536)
+                # os.read, not the buffered reader: after select it returns what is there
+                # (b"" only at the worker's end) and never waits for more.
+                chunk = os.read(self.stdout.fileno(), 65536)
                 if not chunk:
                     self.eof = True
                     return None
