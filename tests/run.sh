@@ -18,9 +18,20 @@ if [ "$(id -u)" = 0 ]; then
     apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
   fi
   [ -x tests/setup-host.sh ] && bash tests/setup-host.sh
+  # Slurm 25.11 beside Debian's 22.05, for the pyslurm tests: built once from the vendored
+  # source into a prefix that later runs reuse (tests/slurm25/build.sh); skipped without it.
+  slurm25_tarball=${INGERO_SLURM25_TARBALL:-../shared/vendor/slurm-25.11.7.tar.xz}
+  if [ -f "$slurm25_tarball" ]; then
+    bash tests/slurm25/build.sh "$slurm25_tarball" "${INGERO_SLURM25_PREFIX:-/opt/slurm-25.11}"
+  fi
 fi
 
 PY=${PYTHON:-python3}
 [ -x .venv/bin/python ] || "$PY" -m venv .venv
 .venv/bin/pip install -q --disable-pip-version-check -e '.[test]'
+# pyslurm only where Slurm 25.11 was built: it cannot even be built without it.
+slurm25_wheel=$(ls "${INGERO_SLURM25_PREFIX:-/opt/slurm-25.11}"/wheels/pyslurm-*.whl 2>/dev/null | head -1 || true)
+if [ -n "$slurm25_wheel" ]; then
+  .venv/bin/pip install -q --disable-pip-version-check --no-deps "$slurm25_wheel"
+fi
 exec .venv/bin/python -m pytest "$@"

@@ -11,7 +11,7 @@ from ingero.slurm.backend import DEFAULT_TIMEOUT, make_backend
 
 _BACKEND = click.option(
     "--backend",
-    type=click.Choice(["auto", "scontrol"]),
+    type=click.Choice(["auto", "scontrol", "pyslurm"]),
     default="auto",
     show_default=True,
     help="How to talk to Slurm.",
@@ -40,7 +40,7 @@ def drain() -> None:
 def list_cmd(backend: str, timeout: float, show_all: bool, as_json: bool) -> None:
     """Nodes whose drain reason ingero wrote, with state and reason."""
     nodes = make_backend(backend, timeout).nodes()
-    shown = [n for n in nodes if n.ingero_reason or (show_all and (n.drained or n.reason))]
+    shown = [n for n in nodes if n.ingero_reason or (show_all and (n.drained or n.held_reason))]
     if as_json:
         rows = [
             {

@@ -111,10 +111,10 @@ def fanout_from(
     if nodes is not None:
         names = expand_nodes(nodes)
     else:
-        from ingero.slurm.jobnodes import SlurmJobNodes
+        from ingero.slurm.jobnodes import make_job_nodes
 
         assert job_nodes is not None
-        names = SlurmJobNodes().nodes(job_nodes)
+        names = make_job_nodes("auto").nodes(job_nodes)
     return Fanout(
         names,
         FanoutOptions(

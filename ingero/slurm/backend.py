@@ -1,23 +1,29 @@
 """How ingero reads node states and drains/resumes nodes: a small typed interface over Slurm.
 
 ``ScontrolBackend`` works on every Slurm version: it reads nodes with ``sinfo --json``
-(22.05 and later) and falls back to ``scontrol show node --oneliner`` when JSON output is
-not available; it changes nodes with ``scontrol update``. Every command runs with a timeout:
+(22.05 to 23.11) and falls back to ``scontrol show node --oneliner`` when JSON output is
+not available or, from 24.05 on, groups nodes; it changes nodes with ``scontrol update``. Every command runs with a timeout:
 with slurmctld down a Slurm command retries for many seconds before it gives up.
+``PyslurmBackend`` (ingero.slurm.pyslurm_backend) keeps the same contract through Slurm's
+own library; :func:`make_backend` picks one.
 """
 
 from __future__ import annotations
 
 import json
+import logging
 import re
 import shutil
 import subprocess
+import sys
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any, Protocol
 
 from ingero.runtime.errors import ConfigError, UnavailableError
+
+log = logging.getLogger(__name__)
 
 INGERO_REASON_PREFIX = "ingero:"
 DEFAULT_TIMEOUT = 10.0
@@ -55,9 +61,24 @@ class NodeInfo:
         return any(f.startswith("REBOOT") for f in self.flags) or self.state == "reboot"
 
     @property
+    def stale_ingero_reason(self) -> bool:
+        """ingero's reason left on a node back in service: Slurm 25.11 keeps the last reason
+        after ``state=resume`` (22.05 clears it), and it claims nothing any more. Someone
+        else's reason on such a node still counts: it may be a note meant to keep ingero away.
+        """
+        return str(self.reason or "").startswith(INGERO_REASON_PREFIX) and not (
+            self.drained or self.down or self.reboot_pending or "FAIL" in self.flags
+        )
+
+    @property
+    def held_reason(self) -> str | None:
+        """The reason, unless it is ingero's stale one."""
+        return None if self.stale_ingero_reason else self.reason
+
+    @property
     def ingero_reason(self) -> bool:
         """The node's reason was written by ingero (so ingero may resume the node)."""
-        return bool(self.reason) and str(self.reason).startswith(INGERO_REASON_PREFIX)
+        return str(self.held_reason or "").startswith(INGERO_REASON_PREFIX)
 
 
 class SlurmBackend(Protocol):
@@ -104,6 +125,10 @@ def parse_sinfo_json(text: str) -> list[NodeInfo]:
         data = json.loads(text)
     except ValueError as exc:
         raise SlurmError(f"sinfo --json: not JSON: {exc}") from None
+    if isinstance(data, dict) and "sinfo" in data and "nodes" not in data:
+        # 24.05 and later print node groups, and one group shows one reason for nodes whose
+        # reasons differ (25.11 lists n2 and n3 under n2's): per-node reasons need scontrol.
+        raise SlurmError("sinfo --json: grouped output (Slurm 24.05+), no per-node reasons")
     if not isinstance(data, dict) or not isinstance(data.get("nodes"), list):
         raise SlurmError("sinfo --json: no 'nodes' list in the output")
     # With slurmctld unresponsive, sinfo --json exits 0 with an empty list and errors inside.
@@ -177,7 +202,6 @@ def parse_scontrol_nodes(text: str) -> list[NodeInfo]:
         state_match = _STATE_RE.search(head)
         if not state_match:
             raise SlurmError(f"scontrol show node: node {name_match['name']} has no State=")
-        parts = state_match["state"].split("+")
         reason_match = _REASON_RE.search(line[len(head) :]) if " Reason=" in line else None
         reason_time = None
         if reason_match and reason_match["time"]:
@@ -187,16 +211,35 @@ def parse_scontrol_nodes(text: str) -> list[NodeInfo]:
             except ValueError:
                 reason_time = None
         nodes.append(
-            NodeInfo(
-                name=name_match["name"],
-                state=parts[0].rstrip("*~#!%$@^-").lower(),
-                flags=frozenset(p.upper() for p in parts[1:]),
+            node_from_state(
+                name_match["name"],
+                state_match["state"],
                 reason=reason_match["reason"] if reason_match else None,
                 reason_user=(reason_match["user"] or None) if reason_match else None,
                 reason_time=reason_time,
             )
         )
     return nodes
+
+
+def node_from_state(
+    name: str,
+    state: str,
+    reason: str | None = None,
+    reason_user: str | None = None,
+    reason_time: float | None = None,
+) -> NodeInfo:
+    """A node from Slurm's whole state string, as ``scontrol show node`` and libslurm's
+    ``slurm_node_state_string_complete`` write it: ``IDLE+DRAIN``, ``DOWN*+REBOOT_ISSUED``."""
+    parts = state.split("+")
+    return NodeInfo(
+        name=name,
+        state=parts[0].rstrip("*~#!%$@^-").lower(),
+        flags=frozenset(p.upper() for p in parts[1:]),
+        reason=reason,
+        reason_user=reason_user,
+        reason_time=reason_time,
+    )
 
 
 _CLUSTER_NAME_RE = re.compile(r"^ClusterName\s*=\s*(\S+)\s*$", re.MULTILINE)
@@ -245,33 +288,70 @@ class ScontrolBackend:
         return nodes
 
     def drain(self, node: str, reason: str) -> None:
-        _check_node_name(node)
-        if not reason or "\n" in reason:
-            raise ValueError("a drain reason must be one non-empty line")
+        check_node_name(node)
+        check_reason(reason)
         self._run(
             ["scontrol", "update", f"nodename={node}", "state=drain", f"reason={reason}"],
             self._timeout,
         )
 
     def resume(self, node: str) -> None:
-        _check_node_name(node)
+        check_node_name(node)
         self._run(["scontrol", "update", f"nodename={node}", "state=resume"], self._timeout)
 
 
-def _check_node_name(node: str) -> None:
+def check_node_name(node: str) -> None:
     # A hostlist expression ("n[1-9]") or a comma would change many nodes at once.
     if not node or any(c in node for c in "[],= \t\n"):
         raise ValueError(f"invalid node name {node!r}: one node name expected")
 
 
+def check_reason(reason: str) -> None:
+    if not reason or "\n" in reason:
+        raise ValueError("a drain reason must be one non-empty line")
+
+
+def installed_slurm_version(timeout: float = DEFAULT_TIMEOUT) -> str | None:
+    """This host's Slurm release as ``scontrol --version`` prints it ("slurm 25.11.7");
+    None without scontrol or when it cannot say."""
+    if shutil.which("scontrol") is None:
+        return None
+    try:
+        return run_command(["scontrol", "--version"], timeout).strip() or None
+    except SlurmError:
+        return None
+
+
 def make_backend(kind: str = "auto", timeout: float = DEFAULT_TIMEOUT) -> SlurmBackend:
-    """The backend ``drain.backend`` names; ``auto`` is scontrol (see docs/slurm.md on pyslurm)."""
-    if kind == "pyslurm":
-        raise ConfigError(
-            "drain.backend: pyslurm is not supported by this ingero; use auto or scontrol"
-        )
-    if kind not in ("auto", "scontrol"):
+    """The backend ``drain.backend`` names (docs/slurm.md "Backends").
+
+    ``pyslurm`` needs pyslurm importable by this interpreter; whether it loads and matches
+    this host's Slurm shows on its first call (a SlurmError the caller retries), so a
+    daemon starts either way. ``auto`` starts pyslurm's worker once, here: pyslurm when it
+    loads and is built for the Slurm release ``scontrol --version`` reports (or no scontrol
+    is installed), else scontrol.
+    """
+    if kind not in ("auto", "scontrol", "pyslurm"):
         raise ConfigError(f"drain.backend: unknown backend {kind!r}")
+    if kind != "scontrol":
+        from ingero.slurm.pyslurm_backend import PyslurmBackend, pyslurm_installed
+
+        if pyslurm_installed():
+            backend = PyslurmBackend(
+                timeout=timeout, site_version=lambda: installed_slurm_version(timeout)
+            )
+            if kind == "pyslurm":
+                return backend
+            try:
+                backend.start()
+                return backend
+            except SlurmError as exc:
+                log.info("Slurm backend auto: not pyslurm (%s); scontrol", exc)
+        elif kind == "pyslurm":
+            raise UnavailableError(
+                f"pyslurm is not installed for {sys.executable} "
+                "(pip install the pyslurm release matching this Slurm; docs/slurm.md)"
+            )
     if shutil.which("scontrol") is None:
         raise UnavailableError("scontrol not found in PATH (install slurm-client)")
     return ScontrolBackend(timeout=timeout)

@@ -214,7 +214,7 @@ class DrainController:
         if decision.action != "drain":
             return decision
         if info is not None and not (
-            info.drained or info.reason or info.down or info.reboot_pending
+            info.drained or info.held_reason or info.down or info.reboot_pending
         ):
             return decision
         why = "the node changed before ingero acted" + (

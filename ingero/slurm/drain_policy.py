@@ -244,7 +244,7 @@ def _blocker(
         return "down", f"the node is {info.state.upper()}: left alone"
     if info.reboot_pending:
         return "reboot_pending", "a reboot is pending on the node: left alone"
-    if info.drained or info.reason:
+    if info.drained or info.held_reason:
         return (
             "foreign_reason",
             f"the node has a reason ingero did not write: {info.reason or '(drained, no reason)'}",

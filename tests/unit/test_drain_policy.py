@@ -289,3 +289,16 @@ def test_no_auto_resume_unless_enabled() -> None:
     for _ in range(10):
         assert run([], DRAINED, ON, memory, recovered=["n3"]) == []
     assert memory.healthy_ticks == {}
+
+
+def test_ingeros_stale_reason_on_a_resumed_node_claims_nothing() -> None:
+    # Slurm 25.11 keeps the last reason after state=resume: ingero's own old reason on an
+    # idle node neither blocks a new drain nor counts as a node ingero holds.
+    stale = idle("n3", reason=drain_reason(V("n3")))
+    assert stale.stale_ingero_reason and not stale.ingero_reason and stale.held_reason is None
+    (d,) = run([V("n3")], [*NODES[:2], stale, *NODES[3:]])
+    assert d.action == "drain"
+    # still drained, or someone else's reason: not stale
+    held = idle("n3", flags=frozenset({"DRAIN"}), reason=drain_reason(V("n3")))
+    assert held.ingero_reason and not held.stale_ingero_reason
+    assert not idle("n3", reason="admin: keep off").stale_ingero_reason

@@ -1,4 +1,5 @@
-"""A job's nodes from captured squeue/scontrol output (Slurm 22.05, tests/fixtures/slurm)."""
+"""A job's nodes from captured squeue/scontrol output (Slurm 22.05 and 25.11,
+tests/fixtures/slurm)."""
 
 from __future__ import annotations
 
@@ -38,6 +39,27 @@ class Runner:
         if isinstance(answer, Exception):
             raise answer
         return answer
+
+
+def _captured(tag: str, name: str) -> str:
+    return (FIXTURES / f"{name}_{tag}.txt").read_text()
+
+
+@pytest.mark.parametrize("tag", ["2205", "2511"])
+def test_each_release_through_squeue_and_scontrol(tag: str) -> None:
+    job = _captured(tag, "job_id").strip()
+    nodelist = parse_squeue_nodelist(_captured(tag, "squeue_job_nodelist"))
+    assert nodelist == parse_job_nodelist(_captured(tag, "scontrol_show_job")) == "n[2-4]"
+    runner = Runner(
+        {
+            f"squeue -h -j {job} -o %N": _captured(tag, "squeue_job_nodelist"),
+            "scontrol show hostnames n[2-4]": _captured(tag, "scontrol_show_hostnames"),
+        }
+    )
+    assert SlurmJobNodes(runner=runner, have_squeue=True).nodes(job) == ["n2", "n3", "n4"]
+    for name in ("squeue_unknown_job", "scontrol_show_unknown_job"):
+        said = _captured(tag, name).splitlines()
+        assert said[0] == "exit 1" and said[1].endswith("Invalid job id specified")
 
 
 @pytest.mark.parametrize(

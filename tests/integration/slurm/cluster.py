@@ -4,6 +4,10 @@ Starts its own munged (own key and socket), one slurmctld and N ``slurmd -N nX``
 all in the foreground as children of the test process so each is stopped by its PID and
 reaped. Nothing under /etc is touched: every command gets ``SLURM_CONF`` in its environment
 and slurm.conf points munge at the private socket with ``AuthInfo``.
+
+Slurm comes from Debian's packages (22.05) or, with ``prefix``, from a build under that
+prefix (tests/slurm25/build.sh): its bin/ and sbin/ lead ``PATH`` in the cluster's
+environment, so two clusters of different releases run side by side on their own ports.
 """
 
 from __future__ import annotations
@@ -23,11 +27,18 @@ from pathlib import Path
 BINARIES = ("munged", "mungekey", "slurmctld", "slurmd", "scontrol", "sinfo", "sbatch", "srun")
 
 
-def missing_reason() -> str | None:
+def slurm_path(prefix: Path | None) -> str:
+    """``PATH`` with a Slurm build's bin/ and sbin/ first (unchanged without a prefix)."""
+    path = os.environ.get("PATH", "/usr/bin:/bin")
+    return f"{prefix / 'bin'}:{prefix / 'sbin'}:{path}" if prefix else path
+
+
+def missing_reason(prefix: Path | None = None) -> str | None:
     """Why a cluster cannot be started here, or None when it can."""
     if os.geteuid() != 0:
         return "a Slurm cluster needs root (slurmd runs jobs as their users)"
-    absent = [b for b in BINARIES if shutil.which(b) is None]
+    path = slurm_path(prefix)
+    absent = [b for b in BINARIES if shutil.which(b, path=path) is None]
     if absent:
         return (
             f"Slurm/munge not installed (missing {', '.join(absent)}; see tests/apt-packages.txt)"
@@ -131,6 +142,7 @@ PLAIN_SETTINGS = (
     "AccountingStorageType=accounting_storage/none",
     "JobCompType=jobcomp/none",
     "SchedulerType=sched/backfill",
+    "PriorityType=priority/basic",  # 22.05's default; 25.11 defaults to multifactor
     "SchedulerParameters=batch_sched_delay=0",
     "SelectType=select/cons_tres",
     "SelectTypeParameters=CR_Core",
@@ -204,6 +216,7 @@ def slurm_cluster(
     gpus: int = 0,
     cluster_name: str = "ingerotest",
     extra_conf: Sequence[str] = (),
+    prefix: Path | None = None,
 ) -> Iterator[SlurmCluster]:
     """Start munged + slurmctld + ``nodes`` slurmd under ``root``; stop them all on exit."""
     root.mkdir(parents=True, exist_ok=True)
@@ -225,8 +238,16 @@ def slurm_cluster(
     conf = _write_conf(
         root, names, cluster_name, ports[0], ports[1:], hooks or {}, gpus, extra_conf
     )
+    if prefix:
+        # The build has no cgroup plugin (nor needs one: proctrack/linuxproc, task/none);
+        # without this line slurmd looks for one and fails. 22.05 knows no "disabled".
+        (root / "etc" / "cgroup.conf").write_text("CgroupPlugin=disabled\n")
     env = {k: v for k, v in os.environ.items() if not k.startswith("SLURM")}
     env["SLURM_CONF"] = str(conf)
+    env["PATH"] = slurm_path(prefix)
+    if prefix:
+        # built without rpath (as packagers do): libslurm and libslurmfull from the prefix
+        env["LD_LIBRARY_PATH"] = f"{prefix / 'lib'}:{prefix / 'lib' / 'slurm'}"
     cluster = SlurmCluster(root, names, cluster_name, conf, env)
     try:
         cluster._spawn(
