@@ -3,6 +3,7 @@ cause, a build at start-up is not, and the work that drops is the graph launch r
 
 from __future__ import annotations
 
+from ingero.explain.analysis import OpStats, WindowData, explain
 from ingero.explain.chains import OpPoint, Timeline, explain_chains, signals
 
 SPLIT = 60.0
@@ -44,3 +45,22 @@ def test_a_graph_built_at_start_or_once_is_not_a_loop() -> None:
     # As many builds before as now: the loop did not change.
     steady = {s: 1 for s in range(1, 121)}
     assert "graph_recapture" not in signals(timeline(steady))
+
+
+def test_the_ranked_findings_name_a_graph_launch_rate_drop() -> None:
+    w = 300.0
+
+    def window(end: float, replays: int) -> WindowData:
+        ops = (OpStats("cuda_driver", "cuGraphLaunch", replays, replays * 15_000, 12e3, 2e4, 3e4),)
+        return WindowData(start=end - w, end=end, covered_s=w, pids=1, ops=ops)
+
+    report = explain(window(2 * w, 21_000), window(w, 30_000), w)
+    first = report.findings[0]
+    assert first.kind == "graph_launch_rate"
+    assert first.message.startswith("graph-launch rate down 30%")
+    assert report.summary["graph_launch_rate"] == 70.0
+    assert report.summary["graph_launch_rate_baseline"] == 100.0
+    # An eager job has no graph-launch rate (not a rate of 0).
+    eager = (OpStats("cuda_driver", "cuLaunchKernel", 9, 9, 1.0, 1.0, 1.0),)
+    none = explain(WindowData(w, 2 * w, w, 1, eager), WindowData(0, w, w, 1, eager), w)
+    assert none.summary["graph_launch_rate"] is None
