@@ -3,6 +3,7 @@ cause, a build at start-up is not, and the work that drops is the graph launch r
 
 from __future__ import annotations
 
+from ingero.cluster.across import top_line
 from ingero.explain.analysis import OpStats, WindowData, explain
 from ingero.explain.chains import OpPoint, Timeline, explain_chains, signals
 
@@ -64,3 +65,10 @@ def test_the_ranked_findings_name_a_graph_launch_rate_drop() -> None:
     eager = (OpStats("cuda_driver", "cuLaunchKernel", 9, 9, 1.0, 1.0, 1.0),)
     none = explain(WindowData(w, 2 * w, w, 1, eager), WindowData(0, w, w, 1, eager), w)
     assert none.summary["graph_launch_rate"] is None
+
+
+def test_a_node_without_a_chain_shows_its_graph_launches_across_nodes() -> None:
+    graphs = {"summary": {"kernel_launch_rate": 0.0, "graph_launch_rate": 70.0}, "chains": []}
+    assert top_line("n1", graphs) == "n1: no causal chain (graph launches 70/s)"
+    eager = {"summary": {"kernel_launch_rate": 3484.0, "graph_launch_rate": None}, "chains": []}
+    assert top_line("n2", eager) == "n2: no causal chain (kernel launches 3,484/s)"

@@ -9,8 +9,20 @@ from pathlib import Path
 import pytest
 
 from ingero.collectors.nodedb import aggregate_window
+from ingero.push.sampler import NodeSample, NodeSampler
 from ingero.runtime.clock import ManualClock
 from tests.unit.test_sampler import Node, sampler
+
+
+def warmed(tmp_path: Path, slowdown: float = 0.0) -> tuple[Node, NodeSampler, NodeSample]:
+    """A graph-replaying node and its sampler after five samples (warm-up is three)."""
+    clock = ManualClock()
+    node = Node(tmp_path, clock, shape="graphs")
+    s = sampler(tmp_path, clock)
+    for _ in range(5):
+        node.run(2.0, slowdown=slowdown)
+        last = s.sample()
+    return node, s, last
 
 
 def graph_row(ts_end: float, op: str, count: int, pid: int = 7) -> dict[str, object]:
@@ -36,12 +48,7 @@ def test_graph_launches_are_work_with_a_rate_of_their_own() -> None:
 def test_a_graph_replaying_node_scores_its_slowdown_on_its_graph_launch_rate(
     tmp_path: Path,
 ) -> None:
-    clock = ManualClock()
-    node = Node(tmp_path, clock, shape="graphs")
-    s = sampler(tmp_path, clock)
-    for _ in range(5):
-        node.run(2.0)
-        healthy = s.sample()
+    node, s, healthy = warmed(tmp_path)
     assert healthy.state == "active" and not healthy.stalled and not healthy.held
     assert healthy.result is not None
     assert healthy.result.rates["graph_launch_rate"] == pytest.approx(100.0, rel=0.05)
@@ -93,12 +100,7 @@ def test_a_stalled_graph_replaying_rank_is_stalled_then_idle_when_its_job_ends(
 def test_a_graph_replaying_node_slow_from_birth_is_seen_against_its_peers(
     tmp_path: Path,
 ) -> None:
-    clock = ManualClock()
-    node = Node(tmp_path, clock, shape="graphs")
-    s = sampler(tmp_path, clock)
-    for _ in range(5):
-        node.run(2.0, slowdown=0.25)
-        alone = s.sample()
+    node, s, alone = warmed(tmp_path, slowdown=0.25)
     assert alone.result is not None
     assert alone.result.signals["throughput"] == pytest.approx(1.0, abs=0.05)
     node.run(2.0, slowdown=0.25)
