@@ -1,8 +1,9 @@
 """Detection on real-shaped data, in simulated time (no sockets, no processes).
 
 Each simulated node is one training process of one Slurm job, shaped like what ``ingero
-trace`` recorded on an H100 (``ingero.workload.generator``, ``--shape gpu-bound`` or
-``cpu-bound``): tracer intervals (1 s, ``--tracer-interval``) of cuLaunchKernel, rare syncs,
+trace`` recorded on an H100 (``ingero.workload.generator``, ``--shape gpu-bound``,
+``cpu-bound`` or ``graphs``): tracer intervals (1 s, ``--tracer-interval``) of cuLaunchKernel
+(cuGraphLaunch: a job replaying CUDA graphs), rare syncs,
 off-CPU rows, host rows and NVML GPU rows, with multiplicative noise on every rate, each
 interval's rows written a random 0..``--late`` s after it ends. Each node's tracer and agent
 start at their own moment, and the agent pushes every ``--push-interval`` x (1 ±
@@ -30,7 +31,7 @@ pushes that said stalled and the share of held samples of the nodes in a steady 
 hour, and how far the healthy nodes' scores sit above the threshold (mean and sd of
 score - threshold, and how many classified intervals fell below it).
 
-    .venv/bin/python bench/detection.py [--shape gpu-bound|cpu-bound|both] [--nodes 64]
+    .venv/bin/python bench/detection.py [--shape gpu-bound|cpu-bound|graphs|all] [--nodes 64]
         [--runs 20] [--hours 1] [--noise 0.03] [--enter-intervals 2] [--enter-window 3]
         [--min-margin 0.05] [--no-peers]
         [--push-interval 5] [--tracer-interval 1] [--push-jitter 0.1] [--late 0]
@@ -434,7 +435,7 @@ def fmt(values: list[int], missed: int, runs: int) -> str:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=(__doc__ or "").split("\n\n")[0])
-    parser.add_argument("--shape", choices=[*SHAPE_NAMES, "both"], default="both")
+    parser.add_argument("--shape", choices=[*SHAPE_NAMES, "all"], default="all")
     parser.add_argument("--nodes", type=int, default=64)
     parser.add_argument("--runs", type=int, default=20, help="seeded runs per latency figure")
     parser.add_argument("--hours", type=float, default=1.0, help="steady time for false events")
@@ -463,7 +464,7 @@ def main() -> None:
     Sim.enter_window = args.enter_window
     Sim.peers = not args.no_peers
     Sim.min_margin = args.min_margin
-    shapes = list(SHAPE_NAMES) if args.shape == "both" else [args.shape]
+    shapes = list(SHAPE_NAMES) if args.shape == "all" else [args.shape]
     margin = Sim.min_margin
     for shape in shapes:
         n, noise = args.nodes, args.noise

@@ -243,10 +243,19 @@ def _print(report: Report, chains: list[Chain], db_path: Path) -> None:
     )
     s = report.summary
     parts = []
-    if s["kernel_launch_rate"] is not None:
+    # A job replaying CUDA graphs may launch no kernel outside them: its kernel rate of 0
+    # says nothing there.
+    graphs = s.get("graph_launch_rate") is not None
+    if s["kernel_launch_rate"] is not None and (s["kernel_launch_rate"] or not graphs):
         was = s["kernel_launch_rate_baseline"]
         parts.append(
             f"kernel launches {s['kernel_launch_rate']:,.0f}/s"
+            + (f" (was {was:,.0f}/s)" if was is not None else "")
+        )
+    if graphs:
+        was = s["graph_launch_rate_baseline"]
+        parts.append(
+            f"graph launches {s['graph_launch_rate']:,.0f}/s"
             + (f" (was {was:,.0f}/s)" if was is not None else "")
         )
     if s["gpu_busy_fraction"] is not None:

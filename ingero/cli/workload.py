@@ -134,11 +134,13 @@ def workload(
     late: float,
 ) -> None:
     """Write what `ingero trace` records of a training process on a real GPU node: driver
-    kernel launches, rare syncs, off-CPU time, NVML GPU rows.
+    kernel launches (CUDA graph replays with --shape graphs), rare syncs, off-CPU time,
+    NVML GPU rows.
 
     Stops on SIGTERM or Ctrl-C; SIGUSR1 toggles the slowdown. With --cause the slowdown shows
     what that cause shows on a real node (off-CPU time, block I/O, cuMemAlloc calls, NVML
-    thermal slowdown, TCP retransmits), so `ingero explain` can name it.
+    thermal slowdown, TCP retransmits, graphs captured again), so `ingero explain` can
+    name it.
     """
     from ingero.workload.generator import WorkloadProfile
     from ingero.workload.runner import WorkloadRunner

@@ -81,8 +81,11 @@ def cross_node_peer_lag(
 def top_line(node: str, report: Mapping[str, Any]) -> str:
     """One line per node: its most likely chain, or that nothing stands out."""
     chains = report.get("chains") or []
-    rate = (report.get("summary") or {}).get("kernel_launch_rate")
-    launches = f" (kernel launches {rate:,.0f}/s)" if isinstance(rate, int | float) else ""
+    summary = report.get("summary") or {}
+    # A job replaying CUDA graphs: its work is its graph launches (kernel launches may be 0).
+    kind = "graph" if summary.get("graph_launch_rate") is not None else "kernel"
+    rate = summary.get(f"{kind}_launch_rate")
+    launches = f" ({kind} launches {rate:,.0f}/s)" if isinstance(rate, int | float) else ""
     if report.get("empty"):
         return f"{node}: nothing recorded in the window"
     if not chains:

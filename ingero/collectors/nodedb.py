@@ -48,6 +48,22 @@ LAUNCH_OPS: Final = (
     "cuLaunchKernelEx",
     "cuLaunchCooperativeKernel",
 )
+# CUDA graph replays: one call launches a whole captured step (torch.compile reduce-overhead
+# launches through cuGraphLaunch only). Work like kernel launches, with a rate of its own:
+# a graph launch stands for hundreds of kernels, so the two are never added into one rate.
+GRAPH_LAUNCH_OPS: Final = ("cudaGraphLaunch", "cuGraphLaunch")
+# What makes a tracer interval one with work: a job that replays graphs and launches no
+# kernel outside them is working, not stalled.
+WORK_OPS: Final = (*LAUNCH_OPS, *GRAPH_LAUNCH_OPS)
+# The graph's capture and instantiation: a graph built again in the loop costs host time.
+GRAPH_BUILD_OPS: Final = (
+    "cudaStreamBeginCapture",
+    "cudaStreamEndCapture",
+    "cudaGraphInstantiate",
+    "cuStreamBeginCapture",
+    "cuStreamEndCapture",
+    "cuGraphInstantiate",
+)
 SYNC_OPS: Final = (
     "cudaDeviceSynchronize",
     "cudaStreamSynchronize",
@@ -125,12 +141,13 @@ class WindowAggregates:
     # Host time in synchronize calls ÷ covered time: a lower bound of GPU busy, for explain
     # only (shown as an estimate; never a score input).
     sync_busy_estimate: float | None = None
-    # Processes whose kernel launches the window holds (the rows' pid, where recorded): the
-    # traced processes whose liveness tells a stalled job from an ended one.
+    # Processes whose kernel or graph launches the window holds (the rows' pid, where
+    # recorded): the traced processes whose liveness tells a stalled job from an ended one.
     launch_pids: tuple[int, ...] = ()
     # Tracer intervals the window covers, and of them those that end after the previous
     # window (``aggregate_window``'s ``after``): what is new in this window, with the kernel
-    # launches and the seconds of those new intervals. 0 new intervals: no data.
+    # and graph launches (the work) and the seconds of those new intervals. 0 new
+    # intervals: no data.
     tracer_intervals: int = 0
     new_intervals: int = 0
     new_launches: int = 0
@@ -138,11 +155,20 @@ class WindowAggregates:
     # The newest tracer interval end in the node DB (``read_latest``): how long the tracer
     # has been silent; None where nothing was ever written or not asked.
     latest_end: float | None = None
+    graph_launches: int = 0  # CUDA graph replays (GRAPH_LAUNCH_OPS)
 
     @property
     def kernel_launch_rate(self) -> float | None:
         """Launches per second; None when the window holds no interval rows (unknown)."""
         return self.kernel_launches / self.covered_s if self.covered_s > 0 else None
+
+    @property
+    def graph_launch_rate(self) -> float | None:
+        """Graph launches per second; None when the window holds none (a job that does not
+        replay graphs has no such rate, not a rate of 0)."""
+        if self.graph_launches == 0 or self.covered_s <= 0:
+            return None
+        return self.graph_launches / self.covered_s
 
     @property
     def step_rate(self) -> float | None:
@@ -299,15 +325,15 @@ def aggregate_window(
     ``gpu_rows`` may include rows ending at or before ``start``: the last of those per GPU
     is where the growth of its cumulative counters is counted from. ``host_rows``: the
     tracer's ``host_intervals`` rows, one per tracer interval (they make a window without
-    kernel launches a measurement of none); ``after``: where the previous window ended
+    kernel or graph launches a measurement of none); ``after``: where the previous window ended
     (the intervals ending later are this window's new ones; None: all are new).
     """
     first: float | None = None
     last: float | None = None
-    launches = steps = 0
+    launches = graphs = steps = 0
     sync_ns: int | None = None
     launch_pids: set[int] = set()
-    # Tracer intervals by their end: (start, kernel launches).
+    # Tracer intervals by their end: (start, kernel and graph launches).
     covered_by: dict[float, tuple[float, int]] = {}
 
     def cover(ts_start: float, ts_end: float, count: int) -> None:
@@ -329,10 +355,13 @@ def aggregate_window(
         if not start < ts_end <= end:
             continue
         op = row["op"]
-        count = int(row["count"]) if op in LAUNCH_OPS else 0
+        count = int(row["count"]) if op in WORK_OPS else 0
         cover(float(row["ts_start"]), ts_end, count)
-        if op in LAUNCH_OPS:
-            launches += count
+        if op in WORK_OPS:
+            if op in LAUNCH_OPS:
+                launches += count
+            else:
+                graphs += count
             if row.get("pid") is not None:
                 launch_pids.add(int(row["pid"]))
         elif op in STEP_OPS:
@@ -385,6 +414,7 @@ def aggregate_window(
         new_launches=sum(count for _, _, count in new),
         new_covered_s=sum(max(0.0, ts_end - ts_start) for ts_end, ts_start, _ in new),
         latest_end=latest_end,
+        graph_launches=graphs,
     )
 
 

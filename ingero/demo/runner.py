@@ -44,6 +44,7 @@ CAUSE_RULES: Final = MappingProxyType(
         "alloc": "allocator_churn",
         "throttle": "gpu_throttling",
         "net": "network_retransmits",
+        "recapture": "graph_recapture",
     }
 )
 

@@ -12,7 +12,7 @@ import math
 from dataclasses import dataclass, field
 from typing import Any, Final
 
-from ingero.collectors.nodedb import LAUNCH_OPS, STEP_OPS, SYNC_OPS
+from ingero.collectors.nodedb import GRAPH_LAUNCH_OPS, LAUNCH_OPS, STEP_OPS, SYNC_OPS
 
 # Below this many calls a percentile says little; such ops are listed but not compared.
 MIN_CALLS: Final = 10
@@ -201,6 +201,8 @@ def _rate_findings(recent: WindowData, base: WindowData, vs: str) -> list[Findin
     out = []
     for kind, names, label, weight in (
         ("launch_rate", LAUNCH_OPS, "kernel-launch rate", 3.0),
+        # CUDA graph replays: a job's whole step where it replays graphs.
+        ("graph_launch_rate", GRAPH_LAUNCH_OPS, "graph-launch rate", 3.0),
         ("step_rate", STEP_OPS, "step rate", 3.0),
     ):
         now, before = recent.rate(names), base.rate(names)
@@ -540,6 +542,13 @@ def explain(
     summary: dict[str, float | str | None] = {
         "kernel_launch_rate": recent.rate(LAUNCH_OPS),
         "kernel_launch_rate_baseline": baseline.rate(LAUNCH_OPS),
+        # None where the job replays no CUDA graph.
+        "graph_launch_rate": recent.rate(GRAPH_LAUNCH_OPS)
+        if recent.calls(GRAPH_LAUNCH_OPS)
+        else None,
+        "graph_launch_rate_baseline": (
+            baseline.rate(GRAPH_LAUNCH_OPS) if baseline.calls(GRAPH_LAUNCH_OPS) else None
+        ),
         "step_rate": recent.rate(STEP_OPS) if recent.calls(STEP_OPS) else None,
         "sync_memcpy_share": wait,
         "gpu_busy_fraction": recent.gpu_busy,

@@ -75,10 +75,13 @@ NODE_STATES: frozenset[str] = frozenset({"calibrating", "active", "idle", "stale
 KERNEL_LAUNCH_RATE = "kernel_launch_rate"
 NCCL_RATE = "nccl_collective_rate"
 STEP_RATE = "step_rate"
-PEER_RATES: tuple[str, ...] = (KERNEL_LAUNCH_RATE, NCCL_RATE, STEP_RATE)
+# CUDA graph replays per second, sent only by a node whose job launches graphs.
+GRAPH_LAUNCH_RATE = "graph_launch_rate"
+PEER_RATES: tuple[str, ...] = (KERNEL_LAUNCH_RATE, NCCL_RATE, STEP_RATE, GRAPH_LAUNCH_RATE)
 # Which peer rate stands for a node's throughput, best first: steps are the work itself,
-# collectives pace a distributed job, launches are what every traced node records.
-THROUGHPUT_RATES: tuple[str, ...] = (STEP_RATE, NCCL_RATE, KERNEL_LAUNCH_RATE)
+# collectives pace a distributed job, a graph replay is most often a step (or a captured
+# part of one) where the job replays graphs, launches are what every traced node records.
+THROUGHPUT_RATES: tuple[str, ...] = (STEP_RATE, NCCL_RATE, GRAPH_LAUNCH_RATE, KERNEL_LAUNCH_RATE)
 
 
 # ``ingero.node.rate`` carries launches/s, steps/s and fractions in one instrument, which OTel
@@ -89,6 +92,7 @@ UNIT_GAUGES: dict[str, tuple[str, str]] = {
     KERNEL_LAUNCH_RATE: ("ingero.node.kernel_launch.rate", "{launch}/s"),
     NCCL_RATE: ("ingero.node.nccl_collective.rate", "{collective}/s"),
     STEP_RATE: ("ingero.node.step.rate", "{step}/s"),
+    GRAPH_LAUNCH_RATE: ("ingero.node.graph_launch.rate", "{launch}/s"),
     "gpu_busy_fraction": ("ingero.node.gpu.busy", "1"),
     "gpu_busy_baseline": ("ingero.node.gpu.busy_baseline", "1"),
     "mem_free_fraction": ("ingero.node.memory.free", "1"),

@@ -23,7 +23,13 @@ from ingero.collectors.gpu import GpuQuery, GpuStatus, NoGpu
 from ingero.collectors.nodedb import NodeDbUnavailable, WindowAggregates, read_latest
 from ingero.collectors.procfs import ProcfsError, ProcReader
 from ingero.otlp.collectives import CommReport
-from ingero.otlp.health import KERNEL_LAUNCH_RATE, STEP_RATE, THROUGHPUT_RATES, NodeState
+from ingero.otlp.health import (
+    GRAPH_LAUNCH_RATE,
+    KERNEL_LAUNCH_RATE,
+    STEP_RATE,
+    THROUGHPUT_RATES,
+    NodeState,
+)
 from ingero.push.baseline import BaselineSet, BaselineStore, EmaBaseline
 from ingero.push.collectives import CollectivesReader
 from ingero.push.config import CollectivesConfig
@@ -96,8 +102,11 @@ class NodeSampler:
             if collectives is not None and collectives.enabled
             else None
         )
-        # The processes that launched kernels in the last window with launches.
+        # The processes that launched kernels or graphs in the last window with launches.
         self.traced_pids: tuple[int, ...] = ()
+        # Whether this node's job has replayed CUDA graphs (its graph launch rate is then
+        # measured, and 0 while it stalls).
+        self.graphs = False
         self.config = config
         self.db_path = db_path
         self.window_s = window_s
@@ -206,8 +215,9 @@ class NodeSampler:
 
         # Launch counts are fine-grained; whole steps per window are too coarse to compare.
         launch_rate = window.kernel_launch_rate
+        graph_rate = window.graph_launch_rate
+        self.graphs = self.graphs or graph_rate is not None
         baselines = self.baselines.baselines
-        launch_base = baselines.get("kernel_launch_rate")
         busy_base = baselines.get("gpu_busy_fraction")
         # Work is judged on the new intervals; the rate over the whole window (which may
         # reach back over rows the last sample saw, where the tracer's cadence is finer).
@@ -246,7 +256,17 @@ class NodeSampler:
         own: dict[str, float | None] = {
             KERNEL_LAUNCH_RATE: 0.0 if stalled else launch_rate if has_work else None,
             STEP_RATE: 0.0 if stalled else window.step_rate,
+            GRAPH_LAUNCH_RATE: (0.0 if self.graphs else None) if stalled else graph_rate,
         }
+        # Without a peer median, the node's own rate against its own baseline: its graph
+        # launches where it replays graphs (kernel launches outside them may be few or
+        # none), else its kernel launches.
+        local = (
+            GRAPH_LAUNCH_RATE
+            if own[GRAPH_LAUNCH_RATE] is not None and GRAPH_LAUNCH_RATE in baselines
+            else KERNEL_LAUNCH_RATE
+        )
+        launch_base = baselines.get(local)
         # Throughput against the peers' median where Fleet has one (a node slow from its
         # first minute learns its slow rate as its own baseline), else the own baseline.
         peer_rate = next(
@@ -262,7 +282,7 @@ class NodeSampler:
         if peer_rate is not None and peer_rates is not None:
             throughput, reference = own[peer_rate], peer_rates[peer_rate]
         else:
-            throughput = own[KERNEL_LAUNCH_RATE]
+            throughput = own[local]
             reference = launch_base.estimate if launch_base is not None else None
         result = compute_score(
             ScoreInputs(
@@ -282,7 +302,13 @@ class NodeSampler:
             self.config,
         )
         if has_work and launch_rate is not None and self.state.state in ("calibrating", "active"):
-            self._learn({"kernel_launch_rate": launch_rate, "gpu_busy_fraction": busy})
+            self._learn(
+                {
+                    KERNEL_LAUNCH_RATE: launch_rate,
+                    GRAPH_LAUNCH_RATE: graph_rate,
+                    "gpu_busy_fraction": busy,
+                }
+            )
         self.last = NodeSample(
             now,
             self.state.state,

@@ -65,6 +65,30 @@ OPS: tuple[Op, ...] = (
     _rt("cudaStreamSynchronize", 0, ("_ptsz",)),
     _rt("cudaDeviceSynchronize"),
     _rt("cudaGraphLaunch", 0, ("_ptsz",)),
+    # The CUDA graph lifecycle: a capture (begin..end) records a stream's work into a graph,
+    # instantiation builds it into a launchable one. Each is folded into one op whatever the
+    # entry point's version or flags.
+    Op(
+        "cudaGraphInstantiate",
+        CUDART,
+        (
+            "cudaGraphInstantiate",
+            "cudaGraphInstantiateWithFlags",
+            "cudaGraphInstantiateWithParams",
+            "cudaGraphInstantiateWithParams_ptsz",
+        ),
+    ),
+    Op(
+        "cudaStreamBeginCapture",
+        CUDART,
+        (
+            "cudaStreamBeginCapture",
+            "cudaStreamBeginCapture_ptsz",
+            "cudaStreamBeginCaptureToGraph",
+            "cudaStreamBeginCaptureToGraph_ptsz",
+        ),
+    ),
+    _rt("cudaStreamEndCapture", 0, ("_ptsz",)),
     _drv("cuLaunchKernel", ("cuLaunchKernel", "cuLaunchKernel_ptsz")),
     # CUDA 12+: launches with attributes (cluster dims: Triton, torch.compile) and cooperative
     # launches; each is a kernel launch like cuLaunchKernel.
@@ -82,6 +106,33 @@ OPS: tuple[Op, ...] = (
     _drv("cuMemcpyDtoHAsync", ("cuMemcpyDtoHAsync_v2", "cuMemcpyDtoHAsync_v2_ptsz"), 3),
     _drv("cuCtxSynchronize", ("cuCtxSynchronize",)),
     _drv("cuStreamSynchronize", ("cuStreamSynchronize", "cuStreamSynchronize_ptsz")),
+    # CUDA graphs through the driver (PyTorch's CUDA graphs, torch.compile reduce-overhead):
+    # one cuGraphLaunch replays a whole captured step. cuGraphInstantiate and
+    # cuStreamBeginCapture name the header's macros; the exported symbols are versioned
+    # (_v2, WithFlags) and the legacy ones stay exported for old binaries.
+    _drv("cuGraphLaunch", ("cuGraphLaunch", "cuGraphLaunch_ptsz")),
+    _drv(
+        "cuGraphInstantiate",
+        (
+            "cuGraphInstantiateWithFlags",
+            "cuGraphInstantiateWithParams",
+            "cuGraphInstantiateWithParams_ptsz",
+            "cuGraphInstantiate_v2",
+            "cuGraphInstantiate",
+        ),
+    ),
+    _drv(
+        "cuStreamBeginCapture",
+        (
+            "cuStreamBeginCapture_v2",
+            "cuStreamBeginCapture_v2_ptsz",
+            "cuStreamBeginCapture",
+            "cuStreamBeginCapture_ptsz",
+            "cuStreamBeginCaptureToGraph",
+            "cuStreamBeginCaptureToGraph_ptsz",
+        ),
+    ),
+    _drv("cuStreamEndCapture", ("cuStreamEndCapture", "cuStreamEndCapture_ptsz")),
     # NCCL: (sendbuff, recvbuff, count, datatype, [op|root], comm, stream) and friends.
     _coll("ncclAllReduce", 3, 4, 6),
     _coll("ncclBroadcast", 3, 4, 6),

@@ -13,7 +13,11 @@ and one ``gpu_intervals`` row per GPU per interval exactly as the NVML sampler w
   ~600 context switches/s with ~2 s off-CPU per s over all threads, a few cuMemAlloc at start;
 - ``gpu-bound`` (the reference's "gpt": 6-layer transformer, ~10 steps/s): ~3,480
   cuLaunchKernel/s of ~184 µs (the launch queue is full), ~1 cudaDeviceSynchronize/s of
-  ~218 ms, ~189 cudaMemcpyAsync/s of ~119 µs, ~32 context switches/s.
+  ~218 ms, ~189 cudaMemcpyAsync/s of ~119 µs, ~32 context switches/s;
+- ``graphs`` (assumed, no reference run): the gpu-bound loop replaying CUDA graphs as
+  torch.compile ``mode="reduce-overhead"`` does, ~100 cuGraphLaunch/s and no kernel launched
+  outside the graphs, two graphs captured (cuStreamBeginCapture, cuStreamEndCapture) and
+  instantiated (cuGraphInstantiate) in the first interval.
 
 What the reference did not measure is an assumption, named as such in ``SHAPES``: NVML
 utilization (15% for the CPU-bound loop, as the one nvidia-smi reading showed; 98% for the
@@ -32,7 +36,9 @@ show what that cause shows on a real node (``cause_effect``): ``cpu`` more off-C
 context switches of the process's threads and a busier host CPU; ``io`` blocking reads (off-CPU
 time, block I/O requests and latency, page-cache allocations); ``alloc`` cuMemAlloc calls in
 the loop; ``throttle`` NVML's thermal slowdown reason and a lower SM clock, the GPU as busy as
-before but slower; ``net`` TCP retransmits, the GPU waiting in its collectives.
+before but slower; ``net`` TCP retransmits, the GPU waiting in its collectives;
+``recapture`` the graphs captured and instantiated again in the loop, costing the host
+that time.
 
 Pure apart from its seeded random generator: ``tick`` takes the interval bounds, the slowdown
 and whether the process is stalled, and returns the rows; the runner writes them.
@@ -71,6 +77,9 @@ class Shape:
     temperature_c: int  # assumed
     host_cpu_busy: float  # assumed: busy share of the host's CPUs
     host_mem_available: float  # assumed: MemAvailable / MemTotal
+    graph_launch_rate: float = 0.0  # cuGraphLaunch calls per second
+    graph_launch_ns: float = 0.0
+    startup_graphs: int = 0  # graphs captured and instantiated in the first interval
 
 
 # A launch with room in the launch queue costs the host this (measured: the cpu-bound loop);
@@ -113,6 +122,33 @@ SHAPES: Final = MappingProxyType(
             host_cpu_busy=0.25,
             host_mem_available=0.6,
         ),
+        # The gpu-bound loop replaying CUDA graphs (torch.compile mode="reduce-overhead"):
+        # every kernel of a step is in its graphs, replayed through the driver only, as
+        # PyTorch does; no kernel is launched outside them. Assumed (no reference run on
+        # a GPU here): ~100 cuGraphLaunch/s (the rate issue 26's eval used) of ~15 µs, the
+        # input copies into the graphs' static buffers (~2 cudaMemcpyAsync per replay), two
+        # graphs (forward, backward) captured and instantiated at start; the rest as the
+        # gpu-bound loop.
+        "graphs": Shape(
+            launch_rate=0.0,
+            launch_ns=LAUNCH_HOST_NS,
+            sync_rate=1.0,
+            sync_ns=218_000_000.0,
+            memcpy_rate=200.0,
+            memcpy_ns=12_000.0,
+            offcpu_switches=32.0,
+            offcpu_s=0.3,
+            startup_allocs=4,
+            gpu_util=0.98,
+            gpu_mem_used_bytes=20 * 2**30,
+            power_w=610.0,
+            temperature_c=62,
+            host_cpu_busy=0.2,
+            host_mem_available=0.6,
+            graph_launch_rate=100.0,
+            graph_launch_ns=15_000.0,
+            startup_graphs=2,
+        ),
     }
 )
 SHAPE_NAMES: Final = tuple(SHAPES)
@@ -126,7 +162,7 @@ HOST_PAGE_ALLOCS_PER_S: Final = 500.0
 HOST_BLOCK_IO_PER_S: Final = 20.0
 HOST_BLOCK_IO_P99_NS: Final = 400_000
 
-CAUSES: Final = ("cpu", "io", "alloc", "throttle", "net")
+CAUSES: Final = ("cpu", "io", "alloc", "throttle", "net", "recapture")
 # How each cause is written (``cause_effect``); measured where the reference measured it.
 SCHED_SLICE_S: Final = 0.003  # the scheduler's base slice on 8+ CPUs (0.75 ms x (1 + log2 8))
 IO_READ_S: Final = 0.002  # assumed: mean wait of one read from congested storage
@@ -137,6 +173,10 @@ ALLOC_NS: Final = 144_000.0  # one cuMemAlloc (measured: the reference's start-u
 # socket traffic lost at a 30% slowdown)
 RETRANSMITS_PER_SLOWDOWN: Final = 2_000.0
 THROTTLE_TEMPERATURE_C: Final = 87  # assumed: where an H100 starts its thermal slowdown
+# assumed: host time to capture one graph (begin..end: the step's launches recorded, not run)
+# and to instantiate it (the driver builds the executable graph)
+CAPTURE_NS: Final = 2_000_000.0
+INSTANTIATE_NS: Final = 8_000_000.0
 
 
 @dataclass(frozen=True)
@@ -156,6 +196,7 @@ class CauseEffect:
     allocs: float = 0.0  # cuMemAlloc calls per second
     reads: float = 0.0  # blocking block-device reads per second
     retransmits: float = 0.0  # TCP retransmits per second (node-wide)
+    captures: float = 0.0  # graphs captured and instantiated per second
     throttled: bool = False  # NVML reports a thermal slowdown; the SM clock falls with the work
 
 
@@ -189,6 +230,10 @@ def cause_effect(cause: str | None, slowdown: float, shape: Shape) -> CauseEffec
         return CauseEffect(
             host_waits=False, gpu_wait=1 / (1 - s), retransmits=s * RETRANSMITS_PER_SLOWDOWN
         )
+    if cause == "recapture":
+        # The graphs are captured and instantiated again in the loop (a dynamic shape, a
+        # guard that fails, a graph pool evicted): the host spends s seconds a second on it.
+        return CauseEffect(captures=s * 1e9 / (CAPTURE_NS + INSTANTIATE_NS))
     raise ValueError(f"cause must be one of {', '.join(CAUSES)}, got {cause!r}")
 
 
@@ -305,7 +350,19 @@ class WorkloadGenerator:
         launch_rate = p.launch_rate if p.launch_rate is not None else shape.launch_rate
         queue_wait = max(0.0, shape.launch_ns - LAUNCH_HOST_NS)
         launch_ns = shape.launch_ns - queue_wait + queue_wait * effect.gpu_wait
-        calls("cuda_driver", "cuLaunchKernel", launch_rate, launch_ns)
+        if launch_rate > 0:
+            calls("cuda_driver", "cuLaunchKernel", launch_rate, launch_ns)
+        if shape.graph_launch_rate > 0:
+            # A replay launches the whole graph: it waits for the GPU only as a launch does.
+            calls("cuda_driver", "cuGraphLaunch", shape.graph_launch_rate, shape.graph_launch_ns)
+        captures = effect.captures + (0.0 if self._started else shape.startup_graphs / dt)
+        if captures and not stalled:
+            for op, each_ns in (
+                ("cuStreamBeginCapture", 5_000.0),
+                ("cuStreamEndCapture", CAPTURE_NS),
+                ("cuGraphInstantiate", INSTANTIATE_NS),
+            ):
+                calls("cuda_driver", op, captures, each_ns, work=1.0)
         calls(
             "cuda_runtime",
             "cudaDeviceSynchronize",

@@ -37,10 +37,11 @@ class Node:
         seed: int = 1,
         gpu_rows: bool = True,
         tracer: bool = True,
+        shape: str = "gpu-bound",
     ) -> None:
         self.path = tmp_path / "node.db"
         self.db = connect(self.path)
-        self.gen = WorkloadGenerator(WorkloadProfile(noise=0.01), seed=seed)
+        self.gen = WorkloadGenerator(WorkloadProfile(shape=shape, noise=0.01), seed=seed)
         self.clock = clock
         self.gpu_rows = gpu_rows  # False: a node where nothing samples NVML
         self.tracer = tracer  # False: no tracer rows, GPU rows only (ingero gpu-sample)

@@ -82,6 +82,8 @@ def test_every_cause_has_the_rule_that_names_it() -> None:
         ("cpu-bound", "alloc", 0.3),
         ("cpu-bound", "throttle", 0.3),
         ("cpu-bound", "net", 0.3),
+        # A job replaying CUDA graphs: its work is its graph launches.
+        *[("graphs", cause, 0.3) for cause in CAUSES],
     ],
 )
 def test_explain_names_the_injected_cause_first(
@@ -91,7 +93,8 @@ def test_explain_names_the_injected_cause_first(
     top = found[0]
     assert top.rule == CAUSE_RULES[cause], [c.headline() for c in found]
     # the effect is the launch-rate drop: the process did 1 - slowdown of its work
-    assert top.effect is not None and top.effect.evidence["metric"] == "kernel-launch rate"
+    metric = "graph-launch rate" if shape == "graphs" else "kernel-launch rate"
+    assert top.effect is not None and top.effect.evidence["metric"] == metric
     assert top.effect.evidence["drop"] == pytest.approx(slowdown, abs=0.03)
     # the cause began with the slowdown, in the first recent interval
     assert all(c.onset == T0 + SLOW_FROM + 1 for c in top.causes)
@@ -124,6 +127,11 @@ def test_each_cause_is_written_as_a_node_records_it(tmp_path: Path) -> None:
     # net: retransmits that were not there before
     net = evidence["net"]["tcp_retransmits"]
     assert net["retransmits_baseline"] == 0 and 30_000 < net["retransmits"] < 42_000
+    # recapture: graphs captured and instantiated in the loop, the host's time in them
+    recapture = evidence["recapture"]["graph_recapture"]
+    assert recapture["rate_baseline"] == 0 and 28 < recapture["rate"] < 32
+    assert recapture["share"] == pytest.approx(0.3, abs=0.03)
+    assert recapture["ops"] == ["cuGraphInstantiate", "cuStreamBeginCapture", "cuStreamEndCapture"]
 
 
 def test_a_throttled_gpu_is_as_busy_but_slower(tmp_path: Path) -> None:

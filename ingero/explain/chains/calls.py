@@ -6,7 +6,13 @@ import math
 from collections import defaultdict
 from typing import Final
 
-from ingero.collectors.nodedb import LAUNCH_OPS, STEP_OPS, SYNC_OPS
+from ingero.collectors.nodedb import (
+    GRAPH_BUILD_OPS,
+    GRAPH_LAUNCH_OPS,
+    LAUNCH_OPS,
+    STEP_OPS,
+    SYNC_OPS,
+)
 from ingero.explain.analysis import (
     LATENCY_RATIO,
     MIN_CALLS,
@@ -57,12 +63,19 @@ def _spans(t: Timeline) -> tuple[list[OpPoint], list[OpPoint], float, float]:
 def latency_kind(source: str, op: str) -> str | None:
     if source == "nccl":
         return "nccl_latency"
-    if op in LAUNCH_OPS:
+    if op in LAUNCH_OPS or op in GRAPH_LAUNCH_OPS:
         return "launch_latency"
     if op in SYNC_OPS:
         return "sync_latency"
-    if op in ALLOC_OPS or "memcpy" in op.lower() or source not in ("cuda_runtime", "cuda_driver"):
-        return None  # memcpy and the allocator have signals of their own; host rows are not calls
+    if (
+        op in ALLOC_OPS
+        or op in GRAPH_BUILD_OPS
+        or "memcpy" in op.lower()
+        or source not in ("cuda_runtime", "cuda_driver")
+    ):
+        # memcpy, the allocator and graph builds have signals of their own; host rows are
+        # not calls
+        return None
     return "op_latency"
 
 
@@ -111,7 +124,7 @@ def _p95_up(t: Timeline, kind: str) -> Signal | None:
 
 
 def launch_latency(t: Timeline) -> Signal | None:
-    """Kernel-launch calls slower."""
+    """Kernel- or graph-launch calls slower."""
     return _p95_up(t, "launch_latency")
 
 

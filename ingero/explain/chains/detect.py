@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Final
 
-from ingero.explain.chains import calls, gpu, host, peers, throughput
+from ingero.explain.chains import calls, gpu, graphs, host, peers, throughput
 from ingero.explain.chains.signal import Detector, Signal
 from ingero.explain.chains.timeline import Timeline
 
@@ -23,6 +23,7 @@ DETECTORS: Final[Mapping[str, Detector]] = {
     "memcpy": calls.memcpy,
     "alloc_churn": calls.alloc_churn,
     "nccl_latency": calls.nccl_latency,
+    "graph_recapture": graphs.graph_recapture,
     "peer_lag": peers.peer_lag_signal,
     "throughput_drop": throughput.throughput_drop,
 }

@@ -23,6 +23,7 @@ SIGNALS: Final = (
     "memcpy",
     "alloc_churn",
     "nccl_latency",
+    "graph_recapture",
     "peer_lag",
     "throughput_drop",
 )

@@ -5,7 +5,7 @@ from __future__ import annotations
 import math
 from typing import Final
 
-from ingero.collectors.nodedb import LAUNCH_OPS, STEP_OPS
+from ingero.collectors.nodedb import GRAPH_LAUNCH_OPS, LAUNCH_OPS, STEP_OPS
 from ingero.explain.analysis import RATE_DROP, fmt_pct, fmt_rate
 from ingero.explain.chains.signal import (
     Signal,
@@ -23,8 +23,13 @@ GPU_BUSY_DROP: Final = 0.10
 
 
 def throughput_drop(t: Timeline) -> Signal | None:
-    """Kernel-launch rate, else step rate, else GPU busy: down by RATE_DROP or more."""
-    for names, label in ((LAUNCH_OPS, "kernel-launch rate"), (STEP_OPS, "step rate")):
+    """Graph-launch rate (where the job replays CUDA graphs), else kernel-launch rate, else
+    step rate, else GPU busy: down by RATE_DROP or more."""
+    for names, label in (
+        (GRAPH_LAUNCH_OPS, "graph-launch rate"),
+        (LAUNCH_OPS, "kernel-launch rate"),
+        (STEP_OPS, "step rate"),
+    ):
         rows = [r for r in t.ops if r.op in names]
         recent, base = windows(t, rows)
         span_r = span((r.ts_start, r.ts_end) for r in recent)
@@ -34,8 +39,9 @@ def throughput_drop(t: Timeline) -> Signal | None:
         now = sum(r.count for r in recent) / span_r
         before = sum(r.count for r in base) / span_b
         if before <= 0 or now / before > 1.0 - RATE_DROP:
-            # The rate did not drop, or this row kind is absent; a step source wins only
-            # when launches are not traced.
+            # The rate did not drop, or this row kind is absent; kernel launches stand
+            # for the work only where no graph is replayed, a step source only where no
+            # launch is traced.
             if before > 0:
                 return None
             continue

@@ -14,6 +14,12 @@
 typedef unsigned long long CUdeviceptr;
 typedef void *CUstream;
 typedef void *CUfunction;
+typedef void *CUgraph;
+typedef void *CUgraphExec;
+typedef void *CUgraphNode;
+typedef struct CUgraphEdgeData_st CUgraphEdgeData;
+typedef struct CUDA_GRAPH_INSTANTIATE_PARAMS_st CUDA_GRAPH_INSTANTIATE_PARAMS;
+typedef int CUstreamCaptureMode;
 
 int cuMemAlloc_v2(CUdeviceptr *dptr, size_t bytes) {
     (void)dptr;
@@ -66,5 +72,60 @@ int cuCtxSynchronize(void) {
 int cuStreamSynchronize(CUstream stream) {
     (void)stream;
     wait_collectives();
+    return FAKE_ERROR;
+}
+
+/* CUDA graphs (cuda.h): cuStreamBeginCapture is a macro for cuStreamBeginCapture_v2 and
+ * cuGraphInstantiate one for cuGraphInstantiateWithFlags; the legacy names stay exported. */
+int cuStreamBeginCapture_v2(CUstream hStream, CUstreamCaptureMode mode) {
+    (void)hStream, (void)mode;
+    return FAKE_ERROR;
+}
+
+int cuStreamBeginCaptureToGraph(CUstream hStream, CUgraph hGraph,
+                                const CUgraphNode *dependencies,
+                                const CUgraphEdgeData *dependencyData, size_t numDependencies,
+                                CUstreamCaptureMode mode) {
+    (void)hStream, (void)hGraph, (void)dependencies, (void)dependencyData;
+    (void)numDependencies, (void)mode;
+    return FAKE_ERROR;
+}
+
+int cuStreamEndCapture(CUstream hStream, CUgraph *phGraph) {
+    (void)hStream, (void)phGraph;
+    return FAKE_ERROR;
+}
+
+int cuGraphInstantiateWithFlags(CUgraphExec *phGraphExec, CUgraph hGraph,
+                                unsigned long long flags) {
+    (void)phGraphExec, (void)hGraph, (void)flags;
+    return FAKE_ERROR;
+}
+
+int cuGraphInstantiateWithParams(CUgraphExec *phGraphExec, CUgraph hGraph,
+                                 CUDA_GRAPH_INSTANTIATE_PARAMS *instantiateParams) {
+    (void)phGraphExec, (void)hGraph, (void)instantiateParams;
+    return FAKE_ERROR;
+}
+
+int cuGraphLaunch(CUgraphExec hGraphExec, CUstream hStream) {
+    (void)hGraphExec, (void)hStream;
+    return FAKE_ERROR;
+}
+
+/* The per-thread default stream variants (-DCUDA_API_PER_THREAD_DEFAULT_STREAM): another
+ * entry point each, folded into the same op. */
+int cuGraphLaunch_ptsz(CUgraphExec hGraphExec, CUstream hStream) {
+    (void)hGraphExec, (void)hStream;
+    return FAKE_ERROR;
+}
+
+int cuStreamBeginCapture_v2_ptsz(CUstream hStream, CUstreamCaptureMode mode) {
+    (void)hStream, (void)mode;
+    return FAKE_ERROR;
+}
+
+int cuStreamEndCapture_ptsz(CUstream hStream, CUgraph *phGraph) {
+    (void)hStream, (void)phGraph;
     return FAKE_ERROR;
 }

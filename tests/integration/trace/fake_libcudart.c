@@ -10,6 +10,10 @@ typedef void *CUfunction;
 int cuLaunchKernel(CUfunction f, unsigned gx, unsigned gy, unsigned gz, unsigned bx, unsigned by,
                    unsigned bz, unsigned shmem, CUstream stream, void **params, void **extra);
 int cuStreamSynchronize(CUstream stream);
+int cuGraphLaunch(void *hGraphExec, CUstream hStream);
+int cuStreamBeginCapture_v2(CUstream hStream, int mode);
+int cuStreamEndCapture(CUstream hStream, void **phGraph);
+int cuGraphInstantiateWithFlags(void **phGraphExec, void *hGraph, unsigned long long flags);
 
 cudaError_t cudaLaunchKernel(const void *func, dim3 grid, dim3 block, void **args,
                              size_t shared, cudaStream_t stream) {
@@ -20,5 +24,26 @@ cudaError_t cudaLaunchKernel(const void *func, dim3 grid, dim3 block, void **arg
 
 cudaError_t cudaStreamSynchronize(cudaStream_t stream) {
     cuStreamSynchronize((CUstream)stream);
+    return cudaErrorNoDevice;
+}
+
+cudaError_t cudaStreamBeginCapture(cudaStream_t stream, enum cudaStreamCaptureMode mode) {
+    cuStreamBeginCapture_v2((CUstream)stream, (int)mode);
+    return cudaErrorNoDevice;
+}
+
+cudaError_t cudaStreamEndCapture(cudaStream_t stream, cudaGraph_t *pGraph) {
+    cuStreamEndCapture((CUstream)stream, (void **)pGraph);
+    return cudaErrorNoDevice;
+}
+
+cudaError_t cudaGraphInstantiate(cudaGraphExec_t *pGraphExec, cudaGraph_t graph,
+                                 unsigned long long flags) {
+    cuGraphInstantiateWithFlags((void **)pGraphExec, (void *)graph, flags);
+    return cudaErrorNoDevice;
+}
+
+cudaError_t cudaGraphLaunch(cudaGraphExec_t graphExec, cudaStream_t stream) {
+    cuGraphLaunch((void *)graphExec, (CUstream)stream);
     return cudaErrorNoDevice;
 }

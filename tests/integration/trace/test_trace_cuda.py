@@ -29,6 +29,8 @@ OPS = {
     "cudaDeviceSynchronize": 0,
     "cudaMallocManaged": 8192,
     "cudaGraphLaunch": 0,
+    "cudaStreamBeginCapture": 0,
+    "cudaStreamEndCapture": 0,
 }
 COUNT_SQL = "SELECT SUM(count) FROM intervals WHERE pid = ? AND op = 'cudaGraphLaunch'"
 
