@@ -46,11 +46,13 @@ NODE_TABLES = (
 # Node DB v3: NCCL collectives per communicator (ingero trace). Older node DBs lack them:
 # merge, export and the fan-out carry them where a node DB has them (``OPTIONAL_TABLES``).
 NCCL_TABLES = ("nccl_calls", "nccl_comms")
-QUERY_TABLES = (*NODE_TABLES, *NCCL_TABLES)
+# Node DB v4: one row per distinct call stack; raw_events/nccl_calls.stack_key refer to it.
+STACK_TABLES = ("stacks",)
+QUERY_TABLES = (*NODE_TABLES, *NCCL_TABLES, *STACK_TABLES)
 # The tables merge/export/fan-out carry: every node DB has NODE_TABLES; the others only
 # from the schema version that added them, so a DB without one gives no rows of it.
 CARRIED_TABLES = QUERY_TABLES
-OPTIONAL_TABLES = frozenset(NCCL_TABLES)
+OPTIONAL_TABLES = frozenset((*NCCL_TABLES, *STACK_TABLES))
 # The nccl_calls columns a collective is read from (``numbered_collective``).
 NCCL_CALL_COLUMNS = ("ts_enter", "ts_return", "pid", "comm_rank", "rank", "op", "comm_hash", "seq")
 # The column each table's rows are placed in time by (query --since, merge, export).
@@ -63,6 +65,7 @@ TIME_COLUMNS = {
     "processes": "last_seen",
     "nccl_calls": "ts_enter",
     "nccl_comms": "ts",
+    "stacks": "last_seen",
 }
 
 
@@ -518,16 +521,30 @@ def _collect(
 def read_stacks(db: sqlite_utils.Database, keys: Iterable[str]) -> dict[str, Stack]:
     """The stacks of ``keys`` that the node DB holds and can decode (a damaged row is left
     out: its calls are counted without a site)."""
-    wanted = sorted(set(keys))
     out: dict[str, Stack] = {}
-    for i in range(0, len(wanted), _KEYS_PER_QUERY):
-        chunk = wanted[i : i + _KEYS_PER_QUERY]
-        marks = ", ".join("?" * len(chunk))
-        for key, frames in db.conn.execute(
-            f"SELECT stack_key, frames FROM stacks WHERE stack_key IN ({marks})", chunk
-        ):
-            try:
-                out[str(key)] = loads(str(frames))
-            except StackError:
-                continue
+    columns, rows = stack_rows(db.conn, keys)
+    for row in rows:
+        r = dict(zip(columns, row, strict=True))
+        try:
+            out[str(r["stack_key"])] = loads(str(r["frames"]))
+        except StackError:
+            continue
     return out
+
+
+def stack_rows(
+    conn: sqlite3.Connection, keys: Iterable[str], node: str | None = None
+) -> tuple[list[str], list[tuple[object, ...]]]:
+    """The ``stacks`` rows of ``keys`` (of ``node`` in a merged DB), in bounded queries."""
+    wanted = sorted(set(keys))
+    columns: list[str] = []
+    rows: list[tuple[object, ...]] = []
+    for i in range(0, len(wanted), _KEYS_PER_QUERY):
+        chunk: list[object] = list(wanted[i : i + _KEYS_PER_QUERY])
+        where = f"stack_key IN ({', '.join('?' * len(chunk))})"
+        if node is not None:
+            where, chunk = f"node = ? AND {where}", [node, *chunk]
+        cur = conn.execute(f"SELECT * FROM stacks WHERE {where}", chunk)
+        columns = [d[0] for d in cur.description]
+        rows += cur.fetchall()
+    return columns, rows
