@@ -222,3 +222,24 @@ def test_an_older_node_db_explains_exactly_as_before(
     text, report = outs[1]
     assert "call site" not in text.lower() and "Start at" not in text
     assert report["call_sites"] == [] and report["chains"][0]["causes"][0]["call_sites"] == []
+
+
+def test_peer_lag_names_the_late_ranks_line(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from tests.unit.chain_dbs import Proc
+
+    late = Stack((py("__next__", "/work/job/data/loader.py", 212), py("train", MODEL, 40)))
+    waits = Stack((py("all_reduce_grads", MODEL, 170), py("train", MODEL, 44)))
+    db = real_db(tmp_path / "n.db", "peer", procs=(Proc(), Proc(pid=4343, rank=1)))
+    with sqlite3.connect(db) as conn:
+        for pid, stack in ((4343, late), (4242, waits)):
+            conn.execute("UPDATE raw_events SET stack_key = ? WHERE pid = ?", (stack.key(), pid))
+            conn.execute("INSERT INTO stacks VALUES (?, ?, ?, ?)",
+                         (stack.key(), stack.dumps(), T0, END))  # fmt: skip
+    _, out, _ = run(capsys, "--db", str(db), "--json")
+    chain = json.loads(out)["chains"][0]
+    (cause,) = [c for c in chain["causes"] if c["signal"] == "peer_lag"]
+    assert [s["stack_key"] for s in cause["call_sites"]] == [late.key()]
+    assert "← `train` at `job/model.py:40`" in chain["headline"]
+    assert cause["call_sites"][0]["pids"] == [4343]
