@@ -7,6 +7,8 @@ real tracer leaves behind (node DB v4).
 
 from __future__ import annotations
 
+import shutil
+import sqlite3
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -77,3 +79,14 @@ def add_stacks(
         write_batch(db, Batch(raw_events=raw, stacks=list(stacks.values())))
     finally:
         db.conn.close()
+
+
+def downgrade_to_v3(src: Path, dst: Path) -> Path:
+    """The same rows as a node DB of version 3 (no stacks): what an older tracer wrote."""
+    shutil.copy(src, dst)
+    with sqlite3.connect(dst) as conn:
+        conn.execute("DROP TABLE stacks")
+        conn.execute("ALTER TABLE raw_events DROP COLUMN stack_key")
+        conn.execute("ALTER TABLE nccl_calls DROP COLUMN stack_key")
+        conn.execute("PRAGMA user_version = 3")
+    return dst

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import shutil
 import sqlite3
 from pathlib import Path
 from typing import Any
@@ -30,6 +29,7 @@ from tests.unit.stack_dbs import (
     NATIVE_ONLY,
     TORCH,
     add_stacks,
+    downgrade_to_v3,
     native,
     py,
 )
@@ -193,17 +193,6 @@ def test_a_damaged_stack_row_is_left_out_not_fatal(
     code, out, err = run(capsys, "--db", str(db))
     assert (code, err) == (0, "")
     assert "job/model.py:88" not in out and "`init_buffers` at `job/model.py:30`" in out
-
-
-def downgrade_to_v3(src: Path, dst: Path) -> Path:
-    """The same rows as a node DB of version 3 (no stacks): what an older tracer wrote."""
-    shutil.copy(src, dst)
-    with sqlite3.connect(dst) as conn:
-        conn.execute("DROP TABLE stacks")
-        conn.execute("ALTER TABLE raw_events DROP COLUMN stack_key")
-        conn.execute("ALTER TABLE nccl_calls DROP COLUMN stack_key")
-        conn.execute("PRAGMA user_version = 3")
-    return dst
 
 
 def test_an_older_node_db_explains_exactly_as_before(

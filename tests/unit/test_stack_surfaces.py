@@ -9,18 +9,10 @@ from typing import Any
 
 import pytest
 
-from ingero.cli.main import main
 from tests.unit.chain_dbs import END, T0, real_db
-from tests.unit.stack_dbs import ALLOC, LAUNCH, MODEL, NATIVE_ONLY, add_stacks
+from tests.unit.stack_dbs import ALLOC, LAUNCH, MODEL, NATIVE_ONLY, add_stacks, downgrade_to_v3
 from tests.unit.tef import problems
-from tests.unit.test_explain_callsites import downgrade_to_v3
-
-
-def run(capsys: pytest.CaptureFixture[str], *args: str) -> tuple[int, str, str]:
-    with pytest.raises(SystemExit) as info:
-        main(list(args))
-    out, err = capsys.readouterr()
-    return int(info.value.code or 0), out, err
+from tests.unit.test_merge import run
 
 
 @pytest.fixture
