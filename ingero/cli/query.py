@@ -18,18 +18,22 @@ from ingero.cli.options import (
     seconds,
 )
 from ingero.cluster.fanout import Fanout
-from ingero.explain.reader import QUERY_TABLES, TIME_COLUMNS
+from ingero.explain.reader import QUERY_TABLES, SITE_ROWS, TIME_COLUMNS
 from ingero.runtime.errors import EXIT_DATAERR, EXIT_OK, IngeroError, UsageError
 
-# `--sites`: call sites per op, from each op's sampled calls (raw_events) and the stacks
-# they refer to (node DB v4). ``share`` is of the op's sampled calls, with a stack or not;
-# ops with the most sampled time first.
+# `--sites`: call sites per op, from each op's sampled calls (raw_events: the newest
+# SITE_ROWS, as explain reads them, so the answer comes within --timeout on any node DB)
+# and the stacks they refer to (node DB v4). ``share`` is of the op's sampled calls, with a
+# stack or not; ops with the most sampled time first.
 SITES_PER_OP = 5
 SITES_SQL = """
-WITH per AS (
+WITH calls AS (
+  SELECT source, op, stack_key, duration_ns FROM raw_events WHERE ts > ?
+  ORDER BY ts DESC LIMIT ?
+), per AS (
   SELECT source, op, stack_key, COUNT(*) AS samples,
          SUM(COALESCE(duration_ns, 0)) AS sampled_ns
-  FROM raw_events WHERE ts > ? GROUP BY source, op, stack_key
+  FROM calls GROUP BY source, op, stack_key
 ), ranked AS (
   SELECT source, op, stack_key, samples, sampled_ns,
          samples * 1.0 / SUM(samples) OVER (PARTITION BY source, op) AS share,
@@ -137,7 +141,7 @@ def query(ctx: click.Context, sql: str | None, db_path: Path, table: str | None,
         params = (*params, limit)
     elif sites:
         start = time.time() - seconds("--since", since) if since is not None else float("-inf")
-        sql, params = SITES_SQL, (start, SITES_PER_OP, limit)
+        sql, params = SITES_SQL, (start, SITE_ROWS, SITES_PER_OP, limit)
     assert sql is not None
     db = open_node_db(db_path)
     try:

@@ -421,6 +421,9 @@ def sampled_collectives(
 # in their op's sampled total, so the kept ones' estimates do not move; memory stays bounded
 # whatever the number of distinct stacks.
 SITES_PER_OP = 50
+# Sampled calls read for call sites: the window's newest. Shares are estimated from them;
+# the bound keeps explain's time flat however many calls a window holds.
+SITE_ROWS = 200_000
 _KEYS_PER_QUERY = 500  # SQLite's bound on host parameters is 32766 (999 before 3.32)
 
 
@@ -439,8 +442,9 @@ def read_call_sites(
 ) -> SiteData:
     """The sampled calls of ``(end - window_s, end]`` by stack, for ``callsites.call_sites``.
 
-    Calls come from ``raw_events``; NCCL ops with no stacked raw event there come from
-    ``nccl_calls`` (their entry in the window). Empty for a node DB without stacks (v1-v3).
+    Calls come from ``raw_events`` (the window's newest ``SITE_ROWS``); NCCL ops with no
+    stacked raw event there come from ``nccl_calls`` (their entry in the window, as many).
+    Empty for a node DB without stacks (v1-v3).
     """
     if not has_stacks(db):
         return SiteData()
@@ -450,18 +454,22 @@ def read_call_sites(
     by_op: dict[tuple[str, str, int], list[SiteSample]] = {}
     sampled: dict[tuple[str, str, int], list[int]] = {}
     rows = conn.execute(
-        "SELECT source, op, pid, stack_key, COUNT(*), SUM(COALESCE(duration_ns, 0))"
-        f" FROM raw_events WHERE ts > ? AND ts <= ? {job_sql} GROUP BY source, op, pid, stack_key",
-        (start, end, *job_args),
+        "SELECT source, op, pid, stack_key, COUNT(*), SUM(COALESCE(duration_ns, 0)) FROM"
+        " (SELECT source, op, pid, stack_key, duration_ns FROM raw_events"
+        f" WHERE ts > ? AND ts <= ? {job_sql} ORDER BY ts DESC LIMIT ?)"
+        " GROUP BY source, op, pid, stack_key",
+        (start, end, *job_args, SITE_ROWS),
     )
     _collect(rows, by_op, sampled)
     stacked_nccl = {k[1:] for k, v in by_op.items() if k[0] == "nccl" and v}
     if "nccl_calls" in db.table_names():
         rows = conn.execute(
             "SELECT 'nccl', op, pid, stack_key, COUNT(*),"
-            " SUM(CAST(COALESCE(ts_return - ts_enter, 0) * 1e9 AS INTEGER)) FROM nccl_calls"
-            f" WHERE ts_enter > ? AND ts_enter <= ? {job_sql} GROUP BY op, pid, stack_key",
-            (start, end, *job_args),
+            " SUM(CAST(COALESCE(ts_return - ts_enter, 0) * 1e9 AS INTEGER)) FROM"
+            " (SELECT op, pid, stack_key, ts_enter, ts_return FROM nccl_calls"
+            f" WHERE ts_enter > ? AND ts_enter <= ? {job_sql} ORDER BY ts_enter DESC LIMIT ?)"
+            " GROUP BY op, pid, stack_key",
+            (start, end, *job_args, SITE_ROWS),
         )
         extra_by: dict[tuple[str, str, int], list[SiteSample]] = {}
         extra_sampled: dict[tuple[str, str, int], list[int]] = {}

@@ -232,3 +232,21 @@ def test_peer_lag_names_the_late_ranks_line(
     assert [s["stack_key"] for s in cause["call_sites"]] == [late.key()]
     assert "← `train` at `job/model.py:40`" in chain["headline"]
     assert cause["call_sites"][0]["pids"] == [4343]
+
+
+def test_call_sites_are_read_from_the_windows_newest_calls(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from ingero.explain import reader
+
+    db = real_db(tmp_path / "n.db")
+    add_stacks(db, RECENT, RECENT + 100, [("cuda_driver", "cuMemAlloc", ALLOC, 20, 1000)])
+    add_stacks(db, END - 50, END, [("cuda_driver", "cuMemAlloc", LAUNCH, 5, 1000)])
+    monkeypatch.setattr(reader, "SITE_ROWS", 5)
+    conn = reader.open_node_db(db)
+    try:
+        data = reader.read_call_sites(conn, END, 300.0, None)
+    finally:
+        conn.conn.close()
+    assert {s.stack_key for s in data.samples} == {LAUNCH.key()}
+    assert [(t.samples, t.op) for t in data.sampled] == [(5, "cuMemAlloc")]
