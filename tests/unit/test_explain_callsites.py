@@ -250,3 +250,15 @@ def test_call_sites_are_read_from_the_windows_newest_calls(
         conn.conn.close()
     assert {s.stack_key for s in data.samples} == {LAUNCH.key()}
     assert [(t.samples, t.op) for t in data.sampled] == [(5, "cuMemAlloc")]
+
+
+def test_across_nodes_the_top_line_carries_the_call_site(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # explain --nodes prints each node's top line from the JSON its ingero answered
+    from ingero.cluster.across import top_line
+
+    _, out, _ = run(capsys, "--db", str(alloc_db(tmp_path / "node.db")), "--json")
+    line = top_line("gpu03", json.loads(out))
+    assert line.startswith("gpu03: allocator churn (high, ")
+    assert "in `allocate_activations` at `job/model.py:88` ← `forward`" in line
