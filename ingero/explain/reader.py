@@ -462,7 +462,7 @@ def read_call_sites(
     )
     _collect(rows, by_op, sampled)
     stacked_nccl = {k[1:] for k, v in by_op.items() if k[0] == "nccl" and v}
-    if "nccl_calls" in db.table_names():
+    if "stack_key" in {str(r[1]) for r in conn.execute("PRAGMA table_info(nccl_calls)")}:
         rows = conn.execute(
             "SELECT 'nccl', op, pid, stack_key, COUNT(*),"
             " SUM(CAST(COALESCE(ts_return - ts_enter, 0) * 1e9 AS INTEGER)) FROM"

@@ -262,3 +262,29 @@ def test_across_nodes_the_top_line_carries_the_call_site(
     line = top_line("gpu03", json.loads(out))
     assert line.startswith("gpu03: allocator churn (high, ")
     assert "in `allocate_activations` at `job/model.py:88` ← `forward`" in line
+
+
+def test_an_nccl_op_without_stacked_raw_events_takes_its_sites_from_nccl_calls(
+    tmp_path: Path,
+) -> None:
+    from ingero.explain import reader
+    from ingero.nodedb.schema import connect
+    from ingero.trace.writer import Batch, write_batch
+
+    hung = Stack((py("step", MODEL, 200),))
+    db = real_db(tmp_path / "n.db")
+    calls = [{"ts_enter": END - 10 + i, "ts_return": END - 9.5 + i, "pid": 4242, "op": "ncclAllReduce",
+              "comm_hash": "c0ffee", "seq": i + 1, "stack_key": hung.key()} for i in range(4)]  # fmt: skip
+    conn = connect(db)
+    stack_row = {"stack_key": hung.key(), "frames": hung.dumps(), "first_seen": END - 10,
+                 "last_seen": END}  # fmt: skip
+    write_batch(conn, Batch(nccl_calls=calls, stacks=[stack_row]))
+    conn.conn.close()
+    ro = reader.open_node_db(db)
+    try:
+        data = reader.read_call_sites(ro, END, 300.0, None)
+    finally:
+        ro.conn.close()
+    (site,) = call_sites(data, ops=[("nccl", "ncclAllReduce")])
+    assert (site.stack_key, site.samples) == (hung.key(), 4)
+    assert site.calls > 4  # scaled by what intervals counted for ncclAllReduce
