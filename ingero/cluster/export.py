@@ -197,9 +197,14 @@ def _stacks(n: NodeData) -> dict[str, Stack]:
 
 @dataclass
 class _Frames:
-    """The trace's ``stackFrames``: each stack's frames once, each frame's parent its caller."""
+    """The trace's ``stackFrames``: each stack's frames once, each frame's parent its caller.
+
+    Frame ids are numbers (as strings for the JSON object's keys), as the format's own
+    examples write them; a stack's frames get consecutive ids, innermost first.
+    """
 
     table: dict[str, dict[str, Any]] = field(default_factory=dict)
+    first: dict[str, int] = field(default_factory=dict)  # stack key -> its innermost frame
 
     def attach(
         self, events: list[dict[str, Any]], stacks: Mapping[str, Stack]
@@ -217,15 +222,18 @@ class _Frames:
                 e["sf"] = self.add(key, stack)
         return events
 
-    def add(self, key: str, stack: Stack) -> str:
+    def add(self, key: str, stack: Stack) -> int:
         """The id of the stack's innermost frame (the same stack key, the same frames)."""
+        if key in self.first:
+            return self.first[key]
+        base = self.first[key] = len(self.table)
         n = len(stack.frames)
         for i, f in enumerate(stack.frames):
             entry: dict[str, Any] = {"name": f.label(), "category": f.lib or f.file or f.kind}
             if i + 1 < n:
-                entry["parent"] = f"{key}.{i + 1}"
-            self.table.setdefault(f"{key}.{i}", entry)
-        return f"{key}.0"
+                entry["parent"] = str(base + i + 1)
+            self.table[str(base + i)] = entry
+        return base
 
 
 def _offsets(nodes: Sequence[NodeData], estimated: Mapping[str, float]) -> dict[str, float]:

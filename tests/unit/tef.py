@@ -84,7 +84,7 @@ def problems(trace: Any) -> list[str]:
             out.append(f"{where}: a flow event needs cat")
         if ph == "f" and e.get("bp") not in (None, "e"):
             out.append(f"{where}: bp must be 'e'")
-        if "sf" in e and str(e["sf"]) not in frames:
+        if "sf" in e and (not isinstance(e["sf"], int | str) or str(e["sf"]) not in frames):
             out.append(f"{where}: sf {e['sf']!r} is not in stackFrames")
     return out + _frame_problems(frames)
 

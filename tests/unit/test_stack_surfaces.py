@@ -93,7 +93,7 @@ def test_export_gives_a_slice_its_frames_and_leaves_a_damaged_one_without(
     damaged = by_key[LAUNCH.key()]
     assert len(damaged) == 2 and all("stack" not in e["args"] and "sf" not in e for e in damaged)
     (native,) = {e["sf"] for e in by_key[NATIVE_ONLY.key()]}
-    assert trace["stackFrames"][native] == {"name": "ncclAllReduce (libnccl.so.2)",
+    assert trace["stackFrames"][str(native)] == {"name": "ncclAllReduce (libnccl.so.2)",
                                             "category": "/opt/libnccl.so.2"}  # fmt: skip
     assert by_key[NATIVE_ONLY.key()][0]["args"]["stack_reason"] == NATIVE_ONLY.reason
 

@@ -102,7 +102,7 @@ def test_merge_keeps_stacks_and_export_slices_carry_frames(node_db: Path, tmp_pa
             f"allocate_activations at {MODEL}:88",
             f"forward at {MODEL}:141",
         ]
-        frame = trace["stackFrames"][allocs[0]["sf"]]
+        frame = trace["stackFrames"][str(allocs[0]["sf"])]
         while "parent" in frame and not frame["name"].startswith("allocate"):
             frame = trace["stackFrames"][frame["parent"]]
         assert frame["name"] == f"allocate_activations at {MODEL}:88"
