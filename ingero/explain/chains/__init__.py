@@ -17,6 +17,9 @@ as plain values) and the rule table (``rules.yaml``, data), returns ranked ``Cha
 3. Chains (``links``): one per rule of the table (``rules``) whose cause is present,
    ordered cause -> via -> effect, with confidence ``prior x weakest link`` and the rule's
    fix hint.
+4. Call sites (``sites``): where the node DB holds call stacks, each step about calls gets
+   the stacks those calls came from (``ingero.explain.callsites``), and the fix hint the
+   line where one stack holds most of the time.
 
 The input types are in ``timeline``.
 """
