@@ -302,7 +302,10 @@ def _print(report: Report, chains: list[Chain], sites: list[CallSite], db_path: 
         # One line each, never wrapped, like the chains: where the window's call time went.
         click.echo("Top call sites, most CUDA time first:")
         for i, site in enumerate(sites, 1):
-            of_wall = f", {fmt_pct(site.wall_share)} of traced wall" if site.wall_share else ""
+            wall = site.wall_share
+            of_wall = (
+                "" if not wall else f", {fmt_pct(wall) if wall >= 0.005 else '<1%'} of traced wall"
+            )
             click.echo(
                 f"{i}. {site.op}: {fmt_ns(site.time_ns)} in {site.calls:,} calls"
                 f" ({fmt_pct(site.share)} of {site.op}{of_wall}) {site.where()}"

@@ -139,6 +139,7 @@ def test_the_chain_names_the_line_and_its_caller_and_the_fix_names_the_line(
     )
     assert "Top call sites, most CUDA time first:" in out
     assert "in `forward` at `job/model.py:150`" in out
+    assert "(10% of cuMemAlloc, <1% of traced wall) in `init_buffers`" in out
 
 
 def test_no_dominant_stack_no_line_in_the_fix(
