@@ -23,9 +23,12 @@ from ingero.runtime.errors import EXIT_OK, UsageError
 
 if TYPE_CHECKING:
     from ingero.explain.analysis import Report
+    from ingero.explain.callsites import CallSite
     from ingero.explain.chains import Chain
 
 _TOP_OPS = 12
+# Call sites listed for the window (most CUDA time first), whatever the chains.
+_TOP_SITES = 5
 
 
 def _utc(ts: float) -> str:
@@ -75,10 +78,12 @@ def explain(ctx: click.Context, db_path: Path, window: str, job_id: str | None,
             args += ["--db", str(db_path)]
         return _across(spread, args, as_json)
     from ingero.explain.analysis import explain as analyse
+    from ingero.explain.callsites import call_sites
     from ingero.explain.chains import explain_chains
     from ingero.explain.reader import (
         latest_ts,
         open_node_db,
+        read_call_sites,
         read_processes,
         read_timeline,
         read_window_data,
@@ -103,14 +108,17 @@ def explain(ctx: click.Context, db_path: Path, window: str, job_id: str | None,
         baseline = read_window_data(db, db_path, end - window_s, window_s, job_id)
         processes = read_processes(db, job_id)
         timeline = read_timeline(db, end, window_s, job_id)
+        wall_ns = recent.covered_s * 1e9 * max(1, recent.pids)
+        site_data = read_call_sites(db, end, window_s, job_id, wall_ns or None)
     finally:
         db.conn.close()
     report = analyse(recent, baseline, window_s, job_id, processes)
-    chains = explain_chains(timeline)
+    chains = explain_chains(timeline, sites=site_data)
+    sites = call_sites(site_data, limit=_TOP_SITES)
     # Host and GPU rows are node-wide: with --job, a window without that job's calls is empty.
     empty = recent.empty or (job_id is not None and not recent.ops)
     if as_json:
-        click.echo(json.dumps(_as_json(report, chains, db_path, latest, empty), indent=2))
+        click.echo(json.dumps(_as_json(report, chains, sites, db_path, latest, empty), indent=2))
         return EXIT_OK
     if empty:
         job = f" for job {job_id}" if job_id else ""
@@ -124,7 +132,7 @@ def explain(ctx: click.Context, db_path: Path, window: str, job_id: str | None,
             f" and {_utc(end)}{hint}"
         )
         return EXIT_OK
-    _print(report, chains, db_path)
+    _print(report, chains, sites, db_path)
     return EXIT_OK
 
 
@@ -192,7 +200,12 @@ def _across(spread: Fanout, args: list[str], as_json: bool) -> int:
 
 
 def _as_json(
-    report: Report, chains: list[Chain], db_path: Path, latest: float | None, empty: bool
+    report: Report,
+    chains: list[Chain],
+    sites: list[CallSite],
+    db_path: Path,
+    latest: float | None,
+    empty: bool,
 ) -> dict[str, Any]:
     return {
         "db": str(db_path),
@@ -204,6 +217,7 @@ def _as_json(
         "empty": empty,
         "summary": report.summary,
         "chains": [] if empty else [c.as_dict() for c in chains],
+        "call_sites": [] if empty else [c.as_dict() for c in sites],
         "findings": [f.as_dict() for f in report.findings],
         "ops": [
             {
@@ -227,7 +241,7 @@ def _as_json(
     }
 
 
-def _print(report: Report, chains: list[Chain], db_path: Path) -> None:
+def _print(report: Report, chains: list[Chain], sites: list[CallSite], db_path: Path) -> None:
     from rich.console import Console
     from rich.table import Table
     from rich.text import Text
@@ -284,9 +298,27 @@ def _print(report: Report, chains: list[Chain], db_path: Path) -> None:
                 click.echo(
                     f"   {lk.cause} → {lk.effect} ({lk.confidence:.2f}): {lk.time}; {lk.process}"
                 )
+            for step in (*chain.causes, *([chain.via] if chain.via is not None else [])):
+                for site in step.sites:
+                    click.echo(
+                        f"   {step.id} from: {site.text()} ({fmt_pct(site.share)} of {site.op})"
+                    )
             if chain.missing:
                 click.echo(f"   not found: {', '.join(chain.missing)} layer")
             click.echo(f"   fix: {chain.fix}")
+
+    if sites:
+        # One line each, never wrapped, like the chains: where the window's call time went.
+        click.echo("Top call sites, most CUDA time first:")
+        for i, site in enumerate(sites, 1):
+            wall = site.wall_share
+            of_wall = (
+                "" if not wall else f", {fmt_pct(wall) if wall >= 0.005 else '<1%'} of traced wall"
+            )
+            click.echo(
+                f"{i}. {site.op}: {fmt_ns(site.time_ns)} in {site.calls:,} calls"
+                f" ({fmt_pct(site.share)} of {site.op}{of_wall}) {site.where()}"
+            )
 
     if report.findings:
         table = Table(title="Findings, most likely cause first", title_justify="left")

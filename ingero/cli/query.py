@@ -18,8 +18,39 @@ from ingero.cli.options import (
     seconds,
 )
 from ingero.cluster.fanout import Fanout
-from ingero.explain.reader import QUERY_TABLES, TIME_COLUMNS
+from ingero.explain.reader import QUERY_TABLES, SITE_ROWS, TIME_COLUMNS
 from ingero.runtime.errors import EXIT_DATAERR, EXIT_OK, IngeroError, UsageError
+
+# `--sites`: call sites per op, from each op's sampled calls (raw_events: the newest
+# SITE_ROWS, as explain reads them, so the answer comes within --timeout on any node DB)
+# and the stacks they refer to (node DB v4). ``share`` is of the op's sampled calls, with a
+# stack or not; ops with the most sampled time first.
+SITES_PER_OP = 5
+SITES_SQL = """
+WITH calls AS (
+  SELECT source, op, stack_key, duration_ns FROM raw_events WHERE ts > ?
+  ORDER BY ts DESC LIMIT ?
+), per AS (
+  SELECT source, op, stack_key, COUNT(*) AS samples,
+         SUM(COALESCE(duration_ns, 0)) AS sampled_ns
+  FROM calls GROUP BY source, op, stack_key
+), ranked AS (
+  SELECT source, op, stack_key, samples, sampled_ns,
+         samples * 1.0 / SUM(samples) OVER (PARTITION BY source, op) AS share,
+         SUM(sampled_ns) OVER (PARTITION BY source, op) AS op_ns,
+         ROW_NUMBER() OVER (PARTITION BY source, op
+                            ORDER BY stack_key IS NULL, sampled_ns DESC, samples DESC,
+                                     stack_key) AS site
+  FROM per
+)
+SELECT r.source, r.op, r.site, r.samples, r.sampled_ns, ROUND(r.share, 4) AS share,
+       s.frames AS "where", r.stack_key
+FROM ranked r JOIN (SELECT stack_key, MIN(frames) AS frames FROM stacks GROUP BY stack_key) s
+  ON s.stack_key = r.stack_key
+WHERE r.site <= ?
+ORDER BY r.op_ns DESC, r.source, r.op, r.site
+LIMIT ?
+"""
 
 
 class QueryError(IngeroError):
@@ -37,7 +68,14 @@ class QueryError(IngeroError):
     default=None,
     help="Show the newest rows of this table instead of running SQL.",
 )
-@click.option("--since", default=None, help="With --table: only rows of the last 10m, 1h, ….")
+@click.option(
+    "--sites",
+    is_flag=True,
+    help=f"Show the top {SITES_PER_OP} call sites of each op (sampled calls by stack).",
+)
+@click.option(
+    "--since", default=None, help="With --table or --sites: only rows of the last 10m, 1h, …."
+)
 @click.option(
     "--limit",
     type=click.IntRange(min=1),
@@ -57,13 +95,16 @@ class QueryError(IngeroError):
 @fanout_options
 @click.pass_context
 def query(ctx: click.Context, sql: str | None, db_path: Path, table: str | None,
-          since: str | None, limit: int, timeout: str, as_json: bool, as_csv: bool,
+          sites: bool, since: str | None, limit: int, timeout: str, as_json: bool, as_csv: bool,
           nodes: str | None, job_nodes: str | None, fanout: int, node_timeout: str,
           ssh_options: str | None, remote_ingero: str) -> int:  # fmt: skip
     """Run one read-only SQL statement (or --table) against the node DB.
 
     Tables: intervals, raw_events, host_intervals, gpu_intervals, gpu_processes, processes,
-    nccl_calls, nccl_comms (see docs/explain.md, docs/trace.md). Writes, ATTACH, PRAGMA and extensions are refused; a query stops at
+    nccl_calls, nccl_comms, stacks (see docs/explain.md, docs/trace.md). --sites shows the
+    top call sites of each op: sampled calls per stack, the stack named by its innermost
+    lines of the job's own code (`where`). Writes, ATTACH, PRAGMA and extensions are
+    refused; a query stops at
     --limit rows and after --timeout. With --nodes or --job-nodes the query runs on every
     node over SSH (`ingero query --json` there) and the rows gain a leading `node` column;
     nodes that fail are listed on stderr. Exit 0, 65 for a refused or failed query, 69 when
@@ -74,18 +115,19 @@ def query(ctx: click.Context, sql: str | None, db_path: Path, table: str | None,
 
     if as_json and as_csv:
         raise UsageError("--json and --csv: pick one")
-    if (sql is None) == (table is None):
-        raise UsageError("give either an SQL statement or --table")
-    if since is not None and table is None:
-        raise UsageError("--since goes with --table (in SQL, filter on ts_end or ts)")
+    if (sql is not None) + (table is not None) + sites != 1:
+        raise UsageError("give one of an SQL statement, --table or --sites")
+    if since is not None and table is None and not sites:
+        raise UsageError("--since goes with --table or --sites (in SQL, filter on ts_end or ts)")
     timeout_s = seconds("--timeout", timeout)
     spread = fanout_from(nodes, job_nodes, fanout, node_timeout, ssh_options, remote_ingero)
     if spread is not None:
         args = ["query", "--json", "--limit", str(limit), "--timeout", timeout]
         if explicit(ctx, "db_path"):
             args += ["--db", str(db_path)]
-        if table is not None:
-            args += ["--table", table, *(["--since", since] if since else [])]
+        if table is not None or sites:
+            args += ["--table", table] if table is not None else ["--sites"]
+            args += ["--since", since] if since else []
         return _across(spread, [*args, *([sql] if sql is not None else [])], limit,
                        as_json=as_json, as_csv=as_csv)  # fmt: skip
     params: tuple[float | int, ...] = ()
@@ -97,9 +139,18 @@ def query(ctx: click.Context, sql: str | None, db_path: Path, table: str | None,
             params = (time.time() - seconds("--since", since),)
         sql = f"SELECT * FROM {table}{where} ORDER BY {column} DESC LIMIT ?"
         params = (*params, limit)
+    elif sites:
+        start = time.time() - seconds("--since", since) if since is not None else float("-inf")
+        sql, params = SITES_SQL, (start, SITE_ROWS, SITES_PER_OP, limit)
     assert sql is not None
     db = open_node_db(db_path)
     try:
+        if sites and "stacks" not in db.table_names():
+            raise QueryError(
+                f"{db_path}: no call stacks in this node DB (schema version"
+                f" {db.execute('PRAGMA user_version').fetchone()[0]}; stacks are recorded"
+                " from version 4 by `ingero trace`)"
+            )
         result = run_bounded(
             db.conn,
             sql,
@@ -113,10 +164,23 @@ def query(ctx: click.Context, sql: str | None, db_path: Path, table: str | None,
         raise QueryError(str(exc)) from None
     finally:
         db.conn.close()
-    _output(result.columns, result.rows, truncated=result.truncated, as_json=as_json, as_csv=as_csv)
+    rows = [_named(row) for row in result.rows] if sites else result.rows
+    _output(result.columns, rows, truncated=result.truncated, as_json=as_json, as_csv=as_csv)
     if result.truncated:
         click.echo(f"ingero: stopped at {limit} rows (raise --limit for more)", err=True)
     return EXIT_OK
+
+
+def _named(row: tuple[object, ...]) -> tuple[object, ...]:
+    """A --sites row with its stack's frames (the ``where`` column) named in one line."""
+    from ingero.explain.callsites import where
+    from ingero.schema.stacks import StackError, loads
+
+    try:
+        text = where(loads(str(row[6])))
+    except StackError as exc:
+        text = f"(unreadable stack: {exc})"
+    return (*row[:6], text, *row[7:])
 
 
 def _across(spread: Fanout, args: list[str], limit: int, *, as_json: bool, as_csv: bool) -> int:

@@ -16,6 +16,11 @@ trace object and the warnings to print. Layout:
   lasts to the end of the trace. The ranks' calls of one collective (``join_collectives``:
   one communicator and sequence number, or the i-th call of each rank for node DBs older
   than v3) carry the same ``collective`` argument and are chained by flow events.
+- a call with a call stack (node DB v4: ``stack_key`` into ``stacks``) carries its frames,
+  innermost first, as the ``stack`` argument (one label per frame: ``forward at
+  model.py:141``, ``cudaMalloc (libcudart.so.12)``) with ``stack_key``, and as the Trace Event
+  Format's own stack: ``sf`` naming the innermost frame of the top-level ``stackFrames``
+  (each frame's ``parent`` is its caller), which chrome://tracing shows under the slice.
 
 Clocks: a node's measured offset (``merged_nodes.clock_offset_s``, measured by
 ``merge``/``export --nodes``) is subtracted from its times. Where none is known, the offset
@@ -40,6 +45,7 @@ from ingero.explain.reader import (
     numbered_collective,
     sampled_collectives,
 )
+from ingero.schema.stacks import Stack, StackError, loads
 
 CLOCK_WARN_S: Final = 0.1
 FORMATS: Final = ("perfetto", "chrome")
@@ -146,11 +152,15 @@ def build_trace(
     in_flight: list[dict[str, Any]] = []  # collectives not returned: drawn to the end
     # a raw event of a collective nccl_calls holds is drawn from there (arrival, in flight)
     in_table = {(c.node, c.pid, c.comm_hash, c.seq) for v in numbered.values() for c, _ in v}
+    frames = _Frames()
     for n in nodes:
         pid = pid_of[n.node]
+        stacks = _stacks(n)
         events += _tracks(n, pid)
-        events += _raw_calls(n, pid, clock, ids, in_table, flows)
-        events += _numbered_calls(n, pid, clock, numbered[n.node], ids, flows, in_flight)
+        events += frames.attach(_raw_calls(n, pid, clock, ids, in_table, flows), stacks)
+        events += frames.attach(
+            _numbered_calls(n, pid, clock, numbered[n.node], ids, flows, in_flight), stacks
+        )
         events += _call_rates(n, pid, clock)
         events += _host_counters(n, pid, clock)
         events += _gpu_counters(n, pid, clock)
@@ -169,7 +179,61 @@ def build_trace(
             "clock_offsets_s": {k: round(v, 6) for k, v in sorted(offsets.items())},
         },
     }
+    if frames.table:
+        trace["stackFrames"] = frames.table
     return trace, warnings
+
+
+def _stacks(n: NodeData) -> dict[str, Stack]:
+    """The node's stacks by key; a row that does not decode is left out (no frames shown)."""
+    out = {}
+    for r in n.rows("stacks"):
+        try:
+            out[str(r["stack_key"])] = loads(str(r["frames"]))
+        except (StackError, KeyError):
+            continue
+    return out
+
+
+@dataclass
+class _Frames:
+    """The trace's ``stackFrames``: each stack's frames once, each frame's parent its caller.
+
+    Frame ids are numbers (as strings for the JSON object's keys), as the format's own
+    examples write them; a stack's frames get consecutive ids, innermost first.
+    """
+
+    table: dict[str, dict[str, Any]] = field(default_factory=dict)
+    first: dict[str, int] = field(default_factory=dict)  # stack key -> its innermost frame
+
+    def attach(
+        self, events: list[dict[str, Any]], stacks: Mapping[str, Stack]
+    ) -> list[dict[str, Any]]:
+        """Give each event whose ``args.stack_key`` is known its frames (``args.stack``, ``sf``)."""
+        for e in events:
+            key = e["args"].get("stack_key")
+            stack = stacks.get(key) if isinstance(key, str) else None
+            if stack is None:
+                continue
+            e["args"]["stack"] = [f.label() for f in stack.frames]
+            if stack.reason:
+                e["args"]["stack_reason"] = stack.reason
+            if stack.frames:
+                e["sf"] = self.add(key, stack)
+        return events
+
+    def add(self, key: str, stack: Stack) -> int:
+        """The id of the stack's innermost frame (the same stack key, the same frames)."""
+        if key in self.first:
+            return self.first[key]
+        base = self.first[key] = len(self.table)
+        n = len(stack.frames)
+        for i, f in enumerate(stack.frames):
+            entry: dict[str, Any] = {"name": f.label(), "category": f.lib or f.file or f.kind}
+            if i + 1 < n:
+                entry["parent"] = str(base + i + 1)
+            self.table[str(base + i)] = entry
+        return base
 
 
 def _offsets(nodes: Sequence[NodeData], estimated: Mapping[str, float]) -> dict[str, float]:
@@ -306,6 +370,8 @@ def _raw_calls(
             continue
         dur_ns = int(r.get("duration_ns") or 0)
         args: dict[str, Any] = {"ret": r.get("ret"), "bytes": r.get("bytes")}
+        if r.get("stack_key") is not None:
+            args["stack_key"] = str(r["stack_key"])
         if r.get("detail"):
             try:
                 args.update(json.loads(str(r["detail"])))
@@ -342,7 +408,7 @@ def _numbered_calls(
     for call, r in numbered:
         args = {
             k: r.get(k)
-            for k in ("comm_hash", "comm_rank", "nranks", "seq", "bytes", "ret")
+            for k in ("comm_hash", "comm_rank", "nranks", "seq", "bytes", "ret", "stack_key")
             if r.get(k) is not None
         }
         event = {

@@ -2,12 +2,20 @@
 
 from __future__ import annotations
 
+import sqlite3
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
 from ingero.cluster.export import NodeData
 from ingero.cluster.merge import MERGED_TABLE
-from ingero.explain.reader import CARRIED_TABLES, TIME_COLUMNS, latest_ts, open_node_db
+from ingero.explain.reader import (
+    CARRIED_TABLES,
+    TIME_COLUMNS,
+    latest_ts,
+    open_node_db,
+    stack_rows,
+)
 
 
 def read_db(
@@ -41,7 +49,7 @@ def read_db(
         out = []
         for name in names:
             data = NodeData(name, clock_offset_s=offsets.get(name))
-            for table in (t for t in CARRIED_TABLES if t in present):
+            for table in (t for t in CARRIED_TABLES if t in present and t != "stacks"):
                 col = TIME_COLUMNS[table]
                 where = "node = ? AND " if merged else ""
                 args: list[Any] = [name] if merged else []
@@ -56,7 +64,23 @@ def read_db(
                         [*args, start, end, limit],
                     )
                 data.tables[table] = ([d[0] for d in cur.description], cur.fetchall())
+            if "stacks" in present:  # node DB v4: the stacks the rows read refer to
+                data.tables["stacks"] = _stacks(conn, data, name if merged else None)
             out.append(data)
         return out, end
     finally:
         conn.close()
+
+
+def _stacks(
+    conn: sqlite3.Connection, data: NodeData, node: str | None
+) -> tuple[list[str], list[Sequence[Any]]]:
+    """The ``stacks`` rows the node's sampled calls refer to (not the table's newest)."""
+    keys = {
+        str(r["stack_key"])
+        for t in ("raw_events", "nccl_calls")
+        for r in data.rows(t)
+        if r.get("stack_key") is not None
+    }
+    columns, rows = stack_rows(conn, keys, node)
+    return columns, list(rows)

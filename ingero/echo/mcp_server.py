@@ -165,7 +165,9 @@ def investigate_text(cluster_id: str, job_id: str | None) -> str:
         " `ingero explain" + (f" --job {job_id}" if job_id else "") + "` (it reads the node's"
         " trace and prints causal chains first: host, GPU and CUDA/NCCL changes linked to"
         " the throughput drop by time and process, each with evidence, a confidence and a fix"
-        " hint; `--json` keeps the chains). Across the job's nodes at once: `ingero explain"
+        " hint, and where the node records call stacks the lines of the job the calls came"
+        " from (file:line and caller, in the chain and in the fix hint); `--json` keeps the"
+        " chains and the frames). Across the job's nodes at once: `ingero explain"
         + (f" --job-nodes {job_id}" if job_id else " --nodes <its nodes>")
         + "`, which also names the rank that reaches the NCCL collectives last. Relate the"
         " top chain to the dominant signal.\n"

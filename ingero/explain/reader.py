@@ -18,6 +18,7 @@ from ingero import nodedb
 from ingero.collectors.nodedb import NodeDbUnavailable, read_window
 from ingero.collectors.nvml import DEGRADING_THROTTLE, throttle_names
 from ingero.explain.analysis import GpuStats, HostStats, OpStats, ProcessInfo, WindowData
+from ingero.explain.callsites import OpTotal, SampledTotal, SiteData, SiteSample
 from ingero.explain.chains import (
     CollectiveCall,
     GpuPoint,
@@ -29,6 +30,7 @@ from ingero.explain.chains import (
 from ingero.nodedb.schema import SCHEMA_VERSION, SchemaError, connect
 from ingero.nodedb.schema import version as schema_version
 from ingero.runtime.errors import EXIT_DATAERR, IngeroError, UnavailableError
+from ingero.schema.stacks import Stack, StackError, loads
 
 DEFAULT_DB = Path(nodedb.DEFAULT_PATH)
 # NCCL calls that are not one collective of a communicator (no alignment across ranks).
@@ -44,11 +46,13 @@ NODE_TABLES = (
 # Node DB v3: NCCL collectives per communicator (ingero trace). Older node DBs lack them:
 # merge, export and the fan-out carry them where a node DB has them (``OPTIONAL_TABLES``).
 NCCL_TABLES = ("nccl_calls", "nccl_comms")
-QUERY_TABLES = (*NODE_TABLES, *NCCL_TABLES)
+# Node DB v4: one row per distinct call stack; raw_events/nccl_calls.stack_key refer to it.
+STACK_TABLES = ("stacks",)
+QUERY_TABLES = (*NODE_TABLES, *NCCL_TABLES, *STACK_TABLES)
 # The tables merge/export/fan-out carry: every node DB has NODE_TABLES; the others only
 # from the schema version that added them, so a DB without one gives no rows of it.
 CARRIED_TABLES = QUERY_TABLES
-OPTIONAL_TABLES = frozenset(NCCL_TABLES)
+OPTIONAL_TABLES = frozenset((*NCCL_TABLES, *STACK_TABLES))
 # The nccl_calls columns a collective is read from (``numbered_collective``).
 NCCL_CALL_COLUMNS = ("ts_enter", "ts_return", "pid", "comm_rank", "rank", "op", "comm_hash", "seq")
 # The column each table's rows are placed in time by (query --since, merge, export).
@@ -61,6 +65,7 @@ TIME_COLUMNS = {
     "processes": "last_seen",
     "nccl_calls": "ts_enter",
     "nccl_comms": "ts",
+    "stacks": "last_seen",
 }
 
 
@@ -410,3 +415,144 @@ def sampled_collectives(
     seen = {(c.node, c.pid, c.comm_hash, c.seq) for c in out}
     out += [c for c in raw if c.seq is None or (c.node, c.pid, c.comm_hash, c.seq) not in seen]
     return out
+
+
+# Distinct stacks kept per (source, op, pid) when reading call sites: the rest still count
+# in their op's sampled total, so the kept ones' estimates do not move; memory stays bounded
+# whatever the number of distinct stacks.
+SITES_PER_OP = 50
+# Sampled calls read for call sites: the window's newest. Shares are estimated from them;
+# the bound keeps explain's time flat however many calls a window holds.
+SITE_ROWS = 200_000
+_KEYS_PER_QUERY = 500  # SQLite's bound on host parameters is 32766 (999 before 3.32)
+
+
+def has_stacks(db: sqlite_utils.Database) -> bool:
+    """Node DB v4 (or a merged DB of one): a ``stacks`` table and ``raw_events.stack_key``."""
+    names = {str(r[1]) for r in db.conn.execute("PRAGMA table_info(raw_events)")}
+    return "stack_key" in names and "stacks" in db.table_names()
+
+
+def read_call_sites(
+    db: sqlite_utils.Database,
+    end: float,
+    window_s: float,
+    job_id: str | None,
+    wall_ns: float | None = None,
+) -> SiteData:
+    """The sampled calls of ``(end - window_s, end]`` by stack, for ``callsites.call_sites``.
+
+    Calls come from ``raw_events`` (the window's newest ``SITE_ROWS``); NCCL ops with no
+    stacked raw event there come from ``nccl_calls`` (their entry in the window, as many).
+    Empty for a node DB without stacks (v1-v3).
+    """
+    if not has_stacks(db):
+        return SiteData()
+    start = end - window_s
+    job_sql, job_args = ("AND job_id = ?", (job_id,)) if job_id else ("", ())
+    conn = db.conn
+    by_op: dict[tuple[str, str, int], list[SiteSample]] = {}
+    sampled: dict[tuple[str, str, int], list[int]] = {}
+    rows = conn.execute(
+        "SELECT source, op, pid, stack_key, COUNT(*), SUM(COALESCE(duration_ns, 0)) FROM"
+        " (SELECT source, op, pid, stack_key, duration_ns FROM raw_events"
+        f" WHERE ts > ? AND ts <= ? {job_sql} ORDER BY ts DESC LIMIT ?)"
+        " GROUP BY source, op, pid, stack_key",
+        (start, end, *job_args, SITE_ROWS),
+    )
+    _collect(rows, by_op, sampled)
+    stacked_nccl = {k[1:] for k, v in by_op.items() if k[0] == "nccl" and v}
+    if "stack_key" in {str(r[1]) for r in conn.execute("PRAGMA table_info(nccl_calls)")}:
+        rows = conn.execute(
+            "SELECT 'nccl', op, pid, stack_key, COUNT(*),"
+            " SUM(CAST(COALESCE(ts_return - ts_enter, 0) * 1e9 AS INTEGER)) FROM"
+            " (SELECT op, pid, stack_key, ts_enter, ts_return FROM nccl_calls"
+            f" WHERE ts_enter > ? AND ts_enter <= ? {job_sql} ORDER BY ts_enter DESC LIMIT ?)"
+            " GROUP BY op, pid, stack_key",
+            (start, end, *job_args, SITE_ROWS),
+        )
+        extra_by: dict[tuple[str, str, int], list[SiteSample]] = {}
+        extra_sampled: dict[tuple[str, str, int], list[int]] = {}
+        _collect(rows, extra_by, extra_sampled)
+        for k, v in extra_by.items():
+            if k[1:] not in stacked_nccl and v:
+                by_op[k] = v
+                sampled[k] = extra_sampled[k]
+    samples = tuple(s for v in by_op.values() for s in v)
+    if not samples:
+        return SiteData()
+    totals = tuple(
+        OpTotal(str(src), str(op), int(pid), int(n or 0), int(tot or 0))
+        for src, op, pid, n, tot in conn.execute(
+            "SELECT source, op, pid, SUM(count), SUM(total_ns) FROM intervals"
+            f" WHERE ts_end > ? AND ts_end <= ? {job_sql} GROUP BY source, op, pid",
+            (start, end, *job_args),
+        )
+    )
+    return SiteData(
+        samples=samples,
+        sampled=tuple(
+            SampledTotal(src, op, pid, n, ns) for (src, op, pid), (n, ns) in sampled.items()
+        ),
+        totals=totals,
+        stacks=read_stacks(db, {s.stack_key for s in samples}),
+        wall_ns=wall_ns,
+    )
+
+
+def _collect(
+    rows: Iterable[tuple[object, ...]],
+    by_op: dict[tuple[str, str, int], list[SiteSample]],
+    sampled: dict[tuple[str, str, int], list[int]],
+) -> None:
+    """Group (source, op, pid, stack_key, samples, ns) rows: every row counts in its op's
+    sampled total; the SITES_PER_OP stacks with the most sampled time are kept."""
+    for src, op, pid, key, n, ns in rows:
+        if src is None or op is None or pid is None:
+            continue
+        k = (str(src), str(op), int(str(pid)))
+        total = sampled.setdefault(k, [0, 0])
+        total[0] += int(str(n))
+        total[1] += int(str(ns or 0))
+        if key is None:
+            continue
+        kept = by_op.setdefault(k, [])
+        kept.append(SiteSample(k[0], k[1], k[2], str(key), int(str(n)), int(str(ns or 0))))
+        if len(kept) > 2 * SITES_PER_OP:
+            kept.sort(key=lambda s: (-s.sampled_ns, -s.samples, s.stack_key))
+            del kept[SITES_PER_OP:]
+    for kept in by_op.values():
+        kept.sort(key=lambda s: (-s.sampled_ns, -s.samples, s.stack_key))
+        del kept[SITES_PER_OP:]
+
+
+def read_stacks(db: sqlite_utils.Database, keys: Iterable[str]) -> dict[str, Stack]:
+    """The stacks of ``keys`` that the node DB holds and can decode (a damaged row is left
+    out: its calls are counted without a site)."""
+    out: dict[str, Stack] = {}
+    columns, rows = stack_rows(db.conn, keys)
+    for row in rows:
+        r = dict(zip(columns, row, strict=True))
+        try:
+            out[str(r["stack_key"])] = loads(str(r["frames"]))
+        except StackError:
+            continue
+    return out
+
+
+def stack_rows(
+    conn: sqlite3.Connection, keys: Iterable[str], node: str | None = None
+) -> tuple[list[str], list[tuple[object, ...]]]:
+    """The ``stacks`` rows of ``keys`` (of ``node`` in a merged DB), in bounded queries."""
+    wanted = sorted(set(keys))
+    columns: list[str] = []
+    rows: list[tuple[object, ...]] = []
+    for i in range(0, len(wanted), _KEYS_PER_QUERY):
+        chunk: list[object] = list(wanted[i : i + _KEYS_PER_QUERY])
+        where = f"stack_key IN ({', '.join('?' * len(chunk))})"
+        if node is not None:
+            where, chunk = f"node = ? AND {where}", [node, *chunk]
+        cur = conn.execute(f"SELECT * FROM stacks WHERE {where}", chunk)
+        columns = [d[0] for d in cur.description]
+        rows += cur.fetchall()
+    return columns, rows

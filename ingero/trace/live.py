@@ -1,4 +1,5 @@
-"""The live terminal view: per-op table of the last interval and a host context line."""
+"""The live terminal view: per-op table of the last interval, the top call site of each op
+(where the interval's sampled calls carry stacks) and a host context line."""
 
 from __future__ import annotations
 
@@ -9,9 +10,13 @@ from rich.console import Group
 from rich.table import Table
 from rich.text import Text
 
+from ingero.explain.callsites import where
 from ingero.trace.tracer import TickResult
 
 _SHORT = {"cuda_runtime": "rt", "cuda_driver": "drv"}
+# Call-site lines under the table: the ops with the most time first, one line each, so the
+# view keeps its height whatever the number of ops.
+MAX_SITES = 6
 
 
 def _us(ns: object) -> str:
@@ -42,6 +47,8 @@ def render(result: TickResult) -> Group:
             _us(m["p95_ns"]), _us(m["p99_ns"]), f"{m['errors'] / seconds:.0f}",
             f"{m['bytes'] / seconds / 1e6:.1f}", str(m["pids"]),
         )  # fmt: skip
+    order = [k for k, _ in sorted(merged.items(), key=lambda kv: -kv[1]["total_ns"])]
+    sites = _sites(result, order)
     h = result.host
     line = Text(
         f"host: off-CPU {_ms(h.get('offcpu_ns'))} ms · pages {h.get('page_allocs', 0)} · "
@@ -50,7 +57,34 @@ def render(result: TickResult) -> Group:
         f"dropped {h.get('dropped_events', 0)} · probes {result.probes} · "
         f"processes {result.processes}"
     )
-    return Group(table, line)
+    return Group(table, *sites, line)
+
+
+def _sites(result: TickResult, order: list[tuple[str, str]]) -> list[Text]:
+    """Per op (in the table's order), the stack most of its sampled time came from."""
+    time: dict[tuple[str, str], dict[str, int]] = defaultdict(lambda: defaultdict(int))
+    sampled: dict[tuple[str, str], int] = defaultdict(int)
+    for r in result.raw_events:
+        op = (str(r.get("source")), str(r.get("op")))
+        dur = r.get("duration_ns")
+        ns = dur if isinstance(dur, int) and dur > 0 else 1
+        sampled[op] += ns
+        key = r.get("stack_key")
+        if isinstance(key, str) and key in result.stacks:
+            time[op][key] += ns
+    ranked = order + sorted(set(time) - set(order))
+    lines: list[Text] = []
+    for op in ranked:
+        if op not in time or len(lines) == MAX_SITES:
+            continue
+        key, ns = max(time[op].items(), key=lambda kv: (kv[1], kv[0]))
+        share = ns / sampled[op]
+        lines.append(
+            Text(f"  {op[1]} {100 * share:.0f}% {where(result.stacks[key])}", no_wrap=True)
+        )
+    if lines:
+        lines.insert(0, Text("top call site per op (share of its sampled time):"))
+    return lines
 
 
 def _ms(ns: object) -> str:

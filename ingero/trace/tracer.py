@@ -10,6 +10,7 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from ingero.runtime.clock import Clock
+from ingero.schema.stacks import Stack
 from ingero.trace.aggregate import Snapshot, diff_hist, host_row, interval_rows
 from ingero.trace.collectives import Collectives
 from ingero.trace.decode import KIND_ENTER, KIND_EXIT, KIND_NEW, DecodeError, TraceEvent, decode
@@ -56,6 +57,10 @@ class TickResult:
     probes: int
     processes: int
     gpus: int = 0  # GPU rows written for the interval
+    # The interval's sampled calls (raw_events rows, each with its stack_key or None) and
+    # the stacks they refer to, for the live view's call sites.
+    raw_events: list[dict[str, object]] = field(default_factory=list)
+    stacks: dict[str, Stack] = field(default_factory=dict)
 
 
 @dataclass

@@ -42,6 +42,9 @@ def problems(trace: Any) -> list[str]:
         return ["top level: an object with a traceEvents list expected"]
     if trace.get("displayTimeUnit") not in (None, "ms", "ns"):
         out.append("displayTimeUnit: must be 'ms' or 'ns'")
+    frames = trace.get("stackFrames", {})
+    if not isinstance(frames, dict):
+        return [*out, "stackFrames: must be an object"]
     for i, e in enumerate(trace["traceEvents"]):
         where = f"traceEvents[{i}]"
         if not isinstance(e, dict):
@@ -81,4 +84,18 @@ def problems(trace: Any) -> list[str]:
             out.append(f"{where}: a flow event needs cat")
         if ph == "f" and e.get("bp") not in (None, "e"):
             out.append(f"{where}: bp must be 'e'")
+        if "sf" in e and (not isinstance(e["sf"], int | str) or str(e["sf"]) not in frames):
+            out.append(f"{where}: sf {e['sf']!r} is not in stackFrames")
+    return out + _frame_problems(frames)
+
+
+def _frame_problems(frames: Any) -> list[str]:
+    """``stackFrames``: id -> {name, parent (the caller's id, optional), category}."""
+    out = []
+    for fid, f in frames.items():
+        where = f"stackFrames[{fid!r}]"
+        if not isinstance(f, dict) or not isinstance(f.get("name"), str):
+            out.append(f"{where}: needs a name")
+        elif "parent" in f and str(f["parent"]) not in frames:
+            out.append(f"{where}: parent {f['parent']!r} is not in stackFrames")
     return out

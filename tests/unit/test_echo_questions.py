@@ -84,6 +84,8 @@ def test_mcp_tools_mirror_the_questions_and_the_prompt_names_explain() -> None:
         assert step in text
     # the node's explanation is its causal chains, and the job's nodes can be asked at once
     assert "causal chains" in text and "ingero explain --job-nodes 42" in text
+    # and, where the node records stacks, the lines of the job's code they come from
+    assert "the lines of the job the calls came from" in text
     assert "ingero explain --nodes <its nodes>" in investigate_text("A", None)
     # a multi-node job: which rank is late, in which collective
     assert '`collective_lag` with {"job_id": "42"}' in text

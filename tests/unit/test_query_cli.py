@@ -161,8 +161,8 @@ def test_not_a_sqlite_file_exits_65(tmp_path: Path, capsys: pytest.CaptureFixtur
 @pytest.mark.parametrize(
     ("args", "message"),
     [
-        ([], "give either an SQL statement or --table"),
-        (["--table", "intervals", "SELECT 1"], "give either an SQL statement or --table"),
+        ([], "give one of an SQL statement, --table or --sites"),
+        (["--table", "intervals", "SELECT 1"], "give one of an SQL statement, --table or --sites"),
         (["--since", "5m", "SELECT 1"], "--since goes with --table"),
         (["--json", "--csv", "SELECT 1"], "--json and --csv: pick one"),
         (["--table", "intervals", "--since", "later"], "--since: expected a duration"),

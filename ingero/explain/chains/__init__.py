@@ -17,6 +17,9 @@ as plain values) and the rule table (``rules.yaml``, data), returns ranked ``Cha
 3. Chains (``links``): one per rule of the table (``rules``) whose cause is present,
    ordered cause -> via -> effect, with confidence ``prior x weakest link`` and the rule's
    fix hint.
+4. Call sites (``sites``): where the node DB holds call stacks, each step about calls gets
+   the stacks those calls came from (``ingero.explain.callsites``), and the fix hint the
+   line where one stack holds most of the time.
 
 The input types are in ``timeline``.
 """
@@ -25,11 +28,13 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
+from ingero.explain.callsites import SiteData
 from ingero.explain.chains.detect import DETECTORS, signals
 from ingero.explain.chains.links import Chain, Link, build_chains, confidence_level, link
 from ingero.explain.chains.peers import peer_lag_signal
 from ingero.explain.chains.rules import SIGNALS, Rule, load_rules, parse_rules
 from ingero.explain.chains.signal import Signal
+from ingero.explain.chains.sites import with_call_sites
 from ingero.explain.chains.timeline import (
     CollectiveCall,
     CollectiveId,
@@ -66,9 +71,14 @@ __all__ = [
     "parse_rules",
     "peer_lag_signal",
     "signals",
+    "with_call_sites",
 ]
 
 
-def explain_chains(t: Timeline, rules: Sequence[Rule] | None = None) -> list[Chain]:
-    """Ranked causal chains for the timeline (the package's rule table by default)."""
-    return build_chains(t, load_rules() if rules is None else rules, signals(t))
+def explain_chains(
+    t: Timeline, rules: Sequence[Rule] | None = None, sites: SiteData | None = None
+) -> list[Chain]:
+    """Ranked causal chains for the timeline (the package's rule table by default), with
+    the call sites of ``sites`` (the recent window's stacks) on the steps about calls."""
+    chains = build_chains(t, load_rules() if rules is None else rules, signals(t))
+    return chains if sites is None else with_call_sites(chains, sites)

@@ -41,7 +41,12 @@ def _step(s: Signal) -> dict[str, Any]:
         "onset": s.onset,
         "pids": None if s.pids is None else sorted(s.pids),
         "evidence": s.evidence,
+        "call_sites": [c.as_dict() for c in s.sites],
     }
+
+
+def _with_site(s: Signal) -> str:
+    return f"{s.text} ← {s.sites[0].text()}" if s.sites else s.text
 
 
 @dataclass(frozen=True)
@@ -64,8 +69,8 @@ class Chain:
 
     def headline(self) -> str:
         """Effect first, as a person reads it: ``launch rate down ← … ← cause``."""
-        parts = [s.text for s in (self.effect, self.via) if s is not None]
-        parts.append(" + ".join(s.text for s in self.causes))
+        parts = [_with_site(s) for s in (self.effect, self.via) if s is not None]
+        parts.append(" + ".join(_with_site(s) for s in self.causes))
         return " ← ".join(parts) + f" ← {self.name}"
 
     def as_dict(self) -> dict[str, Any]:

@@ -8,6 +8,7 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Final
 
+from ingero.explain.callsites import CallSite
 from ingero.explain.chains.timeline import OpPoint, Timeline
 
 OFFCPU_OP: Final = "offcpu"
@@ -24,6 +25,8 @@ class Signal:
     onset: float | None  # ts_end of the first recent interval past the baseline
     series: dict[float, float]  # ts_end -> value, over both windows
     rising: bool = True  # the value goes up when things get worse (False: a drop)
+    # Where the calls it is about came from (node DB v4 stacks), most CUDA time first.
+    sites: tuple[CallSite, ...] = ()
 
 
 # A detector looks for one signal in the timeline: the strongest of its kind, or None.
