@@ -147,6 +147,15 @@ class RankLag:
 
 
 @dataclass(frozen=True)
+class NcclNamed:
+    """An open episode that names a node's rank: what the node's push reply carries."""
+
+    type: str  # collective_hang (the others wait for it) or peer_lag
+    event_id: str
+    since: float  # Fleet's Unix time the episode began
+
+
+@dataclass(frozen=True)
 class NcclTick:
     """What one tick decided: events, the flagged lag per node (s) and figures for metrics."""
 
@@ -159,6 +168,8 @@ class NcclTick:
     refused: int
     # the flagged rank behind a node's ``peer_lag`` (what a drain reason names)
     causes: dict[NodeKey, PeerLagCause] = field(default_factory=dict)
+    # per node: the open episode that names one of its ranks, a hang before a lag
+    named: dict[NodeKey, NcclNamed] = field(default_factory=dict)
 
 
 def _required(nranks: int, fraction: float) -> int:
@@ -279,6 +290,7 @@ class CollectiveJoin:
         peer_lag: dict[NodeKey, float] = {}
         groups: dict[NodeKey, str] = {}
         causes: dict[NodeKey, PeerLagCause] = {}
+        named: dict[NodeKey, NcclNamed] = {}
         joined = hung = 0
         with self._tick_lock:
             with self._lock:
@@ -301,6 +313,14 @@ class CollectiveJoin:
                         peer_lag[node] = episode.lag_s
                         groups[node] = comm.group
                         causes[node] = PeerLagCause(comm.comm_hash, rank, episode.lag_s)
+                    if node not in named:
+                        named[node] = NcclNamed("peer_lag", episode.event_id, episode.since)
+                if comm.hang is not None:  # the ranks the others wait for: a hang comes first
+                    hang = comm.hang
+                    for st in (comm.view.get(r) for r in hang.missing):
+                        if st is not None:
+                            node = (comm.cluster_id, st.node_id)
+                            named[node] = NcclNamed("collective_hang", hang.event_id, hang.since)
                 done.append((comm, pending))
             with self._lock:
                 for comm, leftover in done:
@@ -315,6 +335,7 @@ class CollectiveJoin:
             joined=joined,
             refused=refused,
             causes=causes,
+            named=named,
         )
 
     def _expire(self, now: float, mono: float) -> list[Event]:

@@ -53,19 +53,19 @@ def test_nonblocking_dump_names_the_executing_line_and_its_callers(name: str) ->
     assert {t.thread for t in threads} == {"MainThread", "prefetch"}
     main = main_thread(threads)
     assert (main.pid, main.rank) == (4242, 5)
-    # innermost first: the line being executed (6, the sleep), not read_batch's def (line 4)
+    # innermost first: the line being executed (12, the sleep), not read_batch's def (10)
     assert [(f.function, f.line) for f in main.stack.frames] == [
-        ("read_batch", 6),
-        ("Loader.__next__", 12),
-        ("<module>", 30),
+        ("read_batch", 12),
+        ("Loader.__next__", 18),
+        ("<module>", 36),
     ]
     assert all(
         f.kind == "py" and f.file and f.file.endswith("loader.py") for f in main.stack.frames
     )
     assert main.stack.reason is None
     assert main.stack.summary() == (
-        f"read_batch at {main.stack.frames[0].file}:6 ← Loader.__next__ at "
-        f"{main.stack.frames[1].file}:12"
+        f"read_batch at {main.stack.frames[0].file}:12 ← Loader.__next__ at "
+        f"{main.stack.frames[1].file}:18"
     )
 
 
@@ -79,14 +79,14 @@ def test_native_dump_interleaves_libraries_and_addresses() -> None:
     unnamed = [f for f in main.stack.frames if f.kind == "native" and f.function is None]
     assert unnamed and all(isinstance(f.addr, int) and f.addr > 0 for f in unnamed)
     # the Python frames keep their lines among the native ones
-    assert [f.line for f in main.stack.python()] == [6, 12, 30]
+    assert [f.line for f in main.stack.python()] == [12, 18, 36]
 
 
 def test_a_stack_deeper_than_the_cap_keeps_the_innermost_frames() -> None:
     deep = next(t for t in parse_dump(fixture("deep"), T) if t.thread == "deep")
     assert len(deep.stack.frames) == MAX_FRAMES
     assert deep.stack.frames[0] == Frame(
-        "py", function="deep", file=deep.stack.frames[0].file, line=17
+        "py", function="deep", file=deep.stack.frames[0].file, line=23
     )
     assert deep.stack.reason == f"truncated at {MAX_FRAMES} of 204 frames"
     small = next(t for t in parse_dump(fixture("deep"), T, max_frames=8) if t.thread == "deep")
@@ -215,8 +215,8 @@ def test_real_dump_of_a_running_or_frozen_process(
     main = main_thread(threads)
     assert main.stack.reason is None
     assert [(f.function, f.line) for f in main.stack.frames[:2]] == [
-        ("read_batch", 6),
-        ("Loader.__next__", 12),
+        ("read_batch", 12),
+        ("Loader.__next__", 18),
     ]
     assert main.stack.frames[0].file == str(LOADER)
     assert main.rank == 3 and main.tid == loader.pid
