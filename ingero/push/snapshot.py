@@ -19,7 +19,8 @@ Whatever goes wrong (py-spy missing, a process that exits mid-dump, permission d
 timeout, output that is not py-spy's JSON) gives an entry with a ``reason`` and no frames,
 never an exception: the push loop goes on.
 
-:func:`parse_dump` and :class:`SnapshotPlan` are pure; :func:`dump` runs py-spy.
+:func:`parse_dump`, :func:`fit` and :class:`SnapshotPlan` are pure; :func:`dump` runs py-spy;
+:class:`Snapshotter` takes one snapshot at a time on a thread of its own.
 """
 
 from __future__ import annotations
@@ -32,6 +33,7 @@ import shutil
 import sqlite3
 import subprocess
 import sys
+import threading
 import time
 from collections import deque
 from collections.abc import Callable, Iterable, Sequence
@@ -40,6 +42,8 @@ from pathlib import Path
 from typing import Any
 
 from ingero.nodedb.schema import SchemaError, connect
+from ingero.runtime.clock import Clock
+from ingero.schema.events import Event
 from ingero.schema.stacks import MAX_FRAMES, MAX_TEXT, Frame, Stack
 
 log = logging.getLogger(__name__)
@@ -358,3 +362,105 @@ def snapshot(
             log.exception("stack snapshot of pid %d failed", target.pid)
             threads.append(failed(target, f"snapshot failed: {type(exc).__name__}"))
     return fit(threads, max_bytes)
+
+
+@dataclass(frozen=True)
+class Request:
+    """One snapshot to take: the episode it belongs to, and what the event says of it."""
+
+    episode_id: str
+    trigger: str  # stalled | collective_hang | peer_lag
+    for_s: float  # how long the rank has been in that state when asked
+    node_id: str
+    cluster_id: str
+    job_id: str | None
+    rank: int | None
+
+
+class Snapshotter:
+    """Takes snapshots on a thread of its own, one at a time, so a slow dump never holds
+    up a push; :meth:`offer` is called every iteration and starts one when the plan says
+    the episode is due and no snapshot is running (else the episode waits for the next
+    iteration). ``emit`` gets the ``stack_snapshot`` event."""
+
+    def __init__(
+        self,
+        *,
+        targets: Callable[[str | None], list[Target]],
+        dumper: Callable[[Target, float], list[ThreadStack]],
+        emit: Callable[[Event], None],
+        clock: Clock,
+        min_gap_s: float,
+        timeout_s: float,
+        max_processes: int,
+        max_bytes: int,
+    ) -> None:
+        self.targets = targets
+        self.dumper = dumper
+        self.emit = emit
+        self.clock = clock
+        self.plan = SnapshotPlan(min_gap_s)
+        self.budget_s = timeout_s * max_processes
+        self.timeout_s = timeout_s
+        self.max_bytes = max_bytes
+        self._thread: threading.Thread | None = None
+
+    def offer(self, request: Request) -> bool:
+        """Start the request's snapshot if due; True when started."""
+        mono = self.clock.monotonic()
+        if self._thread is not None and self._thread.is_alive():
+            return False
+        if not self.plan.due(request.episode_id, mono):
+            return False
+        self.plan.taken(request.episode_id, mono)
+        self._thread = threading.Thread(
+            target=self._take, args=(request, mono), name="stack-snapshot", daemon=True
+        )
+        self._thread.start()
+        return True
+
+    def wait(self, timeout: float | None = None) -> None:
+        """Until the running snapshot (if any) is sent (tests, shutdown)."""
+        if self._thread is not None:
+            self._thread.join(timeout)
+
+    def _take(self, request: Request, asked: float) -> None:
+        try:
+            self.emit(self.take(request, asked))
+        except Exception:  # the thread's bug is logged; the agent goes on
+            log.exception("stack snapshot of episode %s failed", request.episode_id)
+
+    def take(self, request: Request, asked: float) -> Event:
+        """The snapshot's event (on the caller's thread)."""
+        start = self.clock.monotonic()
+        targets = self.targets(request.job_id)
+
+        def bounded(target: Target) -> list[ThreadStack]:
+            left = self.budget_s - (self.clock.monotonic() - start)
+            if left <= 0:
+                return [failed(target, f"snapshot time budget of {self.budget_s:g} s spent")]
+            return self.dumper(target, min(self.timeout_s, left))
+
+        kept, left_out = snapshot(targets, bounded, self.max_bytes)
+        took = self.clock.monotonic() - start
+        extra: dict[str, Any] = {
+            "trigger": request.trigger,
+            "for_s": round(request.for_s + (start - asked), 1),
+            "processes": len(targets),
+            "stacks": [t.to_json() for t in kept],
+            "snapshot_ms": round(took * 1e3, 1),
+        }
+        if left_out:
+            extra["threads_left_out"] = left_out
+        if not targets:
+            extra["reason"] = "no live process of the job in the node DB"
+        return Event(
+            type="stack_snapshot",
+            node_id=request.node_id,
+            cluster_id=request.cluster_id,
+            timestamp=self.clock.now(),
+            event_id=request.episode_id,
+            job_id=request.job_id,
+            rank=request.rank,
+            extra=extra,
+        )

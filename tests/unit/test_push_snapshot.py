@@ -8,7 +8,6 @@ import json
 import os
 import signal
 import subprocess
-import sys
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -30,9 +29,9 @@ from ingero.push.snapshot import (
 )
 from ingero.schema.events import Event
 from ingero.schema.stacks import MAX_FRAMES, Frame, stack_from_json
+from tests.pyspy_loader import LOADER, start_loader
 
 FIXTURES = Path(__file__).parent.parent / "fixtures" / "pyspy"
-LOADER = FIXTURES / "loader.py"
 T = Target(pid=4242, rank=5)
 
 
@@ -188,17 +187,16 @@ def test_plan_takes_each_episode_once_and_spaces_them() -> None:
 # ---- real py-spy, real processes -------------------------------------------------------
 
 
+PY_SPY = find_py_spy()
+needs_py_spy = pytest.mark.skipif(PY_SPY is None, reason="py-spy is not installed")
+
+
 @pytest.fixture
 def loader() -> Iterator[subprocess.Popen[str]]:
-    proc = subprocess.Popen([sys.executable, str(LOADER)], stdout=subprocess.PIPE, text=True)
-    assert proc.stdout is not None and proc.stdout.readline() == "ready\n"
+    proc = start_loader()
     yield proc
     proc.kill()
     proc.wait()
-
-
-PY_SPY = find_py_spy()
-needs_py_spy = pytest.mark.skipif(PY_SPY is None, reason="py-spy is not installed")
 
 
 @needs_py_spy
