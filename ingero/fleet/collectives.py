@@ -153,6 +153,8 @@ class NcclNamed:
     type: str  # collective_hang (the others wait for it) or peer_lag
     event_id: str
     since: float  # Fleet's Unix time the episode began
+    op: str | None = None  # the collective: a hang's, or the lag window's most common op
+    seq: int | None = None  # a hang's sequence number
 
 
 @dataclass(frozen=True)
@@ -314,13 +316,16 @@ class CollectiveJoin:
                         groups[node] = comm.group
                         causes[node] = PeerLagCause(comm.comm_hash, rank, episode.lag_s)
                     if node not in named:
-                        named[node] = NcclNamed("peer_lag", episode.event_id, episode.since)
+                        op = _window_op_bytes(comm)[0] or None
+                        named[node] = NcclNamed("peer_lag", episode.event_id, episode.since, op)
                 if comm.hang is not None:  # the ranks the others wait for: a hang comes first
                     hang = comm.hang
                     for st in (comm.view.get(r) for r in hang.missing):
                         if st is not None:
                             node = (comm.cluster_id, st.node_id)
-                            named[node] = NcclNamed("collective_hang", hang.event_id, hang.since)
+                            named[node] = NcclNamed(
+                                "collective_hang", hang.event_id, hang.since, hang.op, hang.seq
+                            )
                 done.append((comm, pending))
             with self._lock:
                 for comm, leftover in done:

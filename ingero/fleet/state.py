@@ -772,6 +772,8 @@ def _node_view(
         nccl_episode_id=named.event_id if named else None,
         nccl_episode_type=named.type if named else None,
         nccl_episode_since=named.since if named else None,
+        nccl_episode_op=named.op if named else None,
+        nccl_episode_seq=named.seq if named else None,
     )
 
 

@@ -232,6 +232,13 @@ class ThresholdView:
     nccl_episode_since: float | None = field(
         default=None, metadata=_wire(NUMBER, "ingero-nccl-episode-since", optional=True)
     )
+    # The collective it is about: a hang's op and sequence number (a lag's op, no seq).
+    nccl_episode_op: str | None = field(
+        default=None, metadata=_wire(TEXT, "ingero-nccl-episode-op", optional=True)
+    )
+    nccl_episode_seq: int | None = field(
+        default=None, metadata=_wire(COUNT, "ingero-nccl-episode-seq", optional=True)
+    )
 
 
 def with_fields(view: ThresholdView, **values: Any) -> ThresholdView:

@@ -74,6 +74,18 @@ class Status:
     events: dict[str, int] = field(default_factory=dict)
 
 
+@dataclass(frozen=True)
+class _Named:
+    """Fleet's open NCCL episode that names a rank of this node, from a push reply."""
+
+    event_id: str
+    type: str
+    lasted: float  # how long it had lasted when Fleet answered (s)
+    at: float  # the reply's monotonic time
+    op: str | None
+    seq: int | None
+
+
 class Agent:
     def __init__(
         self,
@@ -124,9 +136,8 @@ class Agent:
         self.skew = SkewEpisode(float(config.clock.skew_bound))
         # Takes the stack snapshot of a stalled node, or of one Fleet names (None: never).
         self.snapshotter: Snapshotter | None = None
-        # Fleet's open NCCL episode naming a rank of this node: (event id, type, how long
-        # it had lasted at the reply, the reply's monotonic time), held like the lag.
-        self._named: tuple[tuple[str, str, float, float] | None, float] | None = None
+        # Fleet's open NCCL episode naming a rank of this node, held like the lag.
+        self._named: tuple[_Named | None, float] | None = None
         self._stalled_since: float | None = None  # monotonic, while the node is stalled
 
     def step(self) -> float:
@@ -269,15 +280,20 @@ class Agent:
             return None
         return value
 
-    def _named_episode(self, reading: ThresholdView) -> tuple[str, str, float, float] | None:
+    def _named_episode(self, reading: ThresholdView) -> _Named | None:
         """The reply's NCCL episode naming this node, with how long it had lasted (on
         Fleet's clock, from its own answer time: no clock offset in it)."""
         if not reading.nccl_episode_id or reading.nccl_episode_since is None:
             return None
         answered = reading.server_time if reading.server_time is not None else self.clock.now()
-        lasted = max(0.0, answered - reading.nccl_episode_since)
-        kind = reading.nccl_episode_type or "collective_hang"
-        return reading.nccl_episode_id, kind, lasted, self.clock.monotonic()
+        return _Named(
+            reading.nccl_episode_id,
+            reading.nccl_episode_type or "collective_hang",
+            max(0.0, answered - reading.nccl_episode_since),
+            self.clock.monotonic(),
+            reading.nccl_episode_op,
+            reading.nccl_episode_seq,
+        )
 
     def _offer_snapshot(self, push: NodePush) -> None:
         """One stack snapshot per episode: the NCCL episode Fleet names this node in (the
@@ -286,16 +302,26 @@ class Agent:
             return
         now = self.clock.monotonic()
         named = self._fresh(self._named)
+        op, seq = None, None
         if named is not None:
-            episode, trigger, lasted, at = named
-            for_s = lasted + (now - at)
+            episode, trigger = named.event_id, named.type
+            for_s = named.lasted + (now - named.at)
+            op, seq = named.op, named.seq
         elif self._stalled_since is not None and self.classifier.straggling:
             episode, trigger = self.classifier.episode_id, "stalled"
             for_s = now - self._stalled_since
         else:
             return
         request = Request(
-            episode, trigger, for_s, push.node_id, push.cluster_id, push.job_id, push.rank
+            episode,
+            trigger,
+            for_s,
+            push.node_id,
+            push.cluster_id,
+            push.job_id,
+            push.rank,
+            op=op,
+            seq=seq,
         )
         if self.snapshotter.offer(request):
             log.info("stack snapshot for %s episode %s", trigger, episode)

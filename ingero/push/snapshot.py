@@ -375,6 +375,8 @@ class Request:
     cluster_id: str
     job_id: str | None
     rank: int | None
+    op: str | None = None  # the collective the episode is about, when Fleet named one
+    seq: int | None = None
 
 
 class Snapshotter:
@@ -450,6 +452,10 @@ class Snapshotter:
             "stacks": [t.to_json() for t in kept],
             "snapshot_ms": round(took * 1e3, 1),
         }
+        if request.op is not None:
+            extra["op"] = request.op
+        if request.seq is not None:
+            extra["seq"] = request.seq
         if left_out:
             extra["threads_left_out"] = left_out
         if not targets:

@@ -256,6 +256,10 @@ def _stack_words(extra: dict[str, Any]) -> str:
     trigger = extra.get("trigger")
     if isinstance(trigger, str):
         words += f" {trigger}"
+    if isinstance(extra.get("op"), str):
+        words += f" in {extra['op']}"
+        if isinstance(extra.get("seq"), int):
+            words += f" #{extra['seq']}"
     for_s = extra.get("for_s")
     if isinstance(for_s, int | float) and not isinstance(for_s, bool):
         words += f" for {for_s:.0f} s"

@@ -377,6 +377,7 @@ def test_collective_hang(case: HangCase) -> None:
     assert sorted(result.named) == [("c1", n) for n in hang.extra["missing_nodes"]]
     for named in result.named.values():
         assert (named.type, named.event_id) == ("collective_hang", hang.event_id)
+        assert (named.op, named.seq) == ("ncclAllReduce", block)
         assert named.since == pytest.approx(since, abs=1e-3)
     sim.block_at, sim.stop_before = None, {}
     sim.interval()
@@ -525,6 +526,7 @@ def test_peer_lag_makes_a_fleet_straggler_and_reaches_the_replies() -> None:
     reply = sim.replies["n5"]
     assert (reply.nccl_episode_type, reply.nccl_episode_id) == ("peer_lag", lag.event_id)
     assert reply.nccl_episode_since == pytest.approx(lag.timestamp)
+    assert (reply.nccl_episode_op, reply.nccl_episode_seq) == (lag.extra["op"], None)
     assert sim.replies["n4"].nccl_episode_id is None
     assert sim.state is not None
     api = sim.state.threshold_view("c1", "1234", node_id="n5")

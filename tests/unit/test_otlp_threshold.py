@@ -121,6 +121,8 @@ VIEWS = [
             nccl_episode_id="9d1c2b3a-0d7b-4f4e-9b7e-1c2d3e4f5a6b",
             nccl_episode_type="collective_hang",
             nccl_episode_since=1700000000.25,
+            nccl_episode_op="ncclAllReduce",
+            nccl_episode_seq=9001,
         ),
         [
             ("X-Ingero-Threshold", "0.85"),
@@ -129,6 +131,8 @@ VIEWS = [
             ("X-Ingero-Nccl-Episode-Id", "9d1c2b3a-0d7b-4f4e-9b7e-1c2d3e4f5a6b"),
             ("X-Ingero-Nccl-Episode-Type", "collective_hang"),
             ("X-Ingero-Nccl-Episode-Since", "1700000000.25"),
+            ("X-Ingero-Nccl-Episode-Op", "ncclAllReduce"),
+            ("X-Ingero-Nccl-Episode-Seq", "9001"),
         ],
     ),
 ]
@@ -148,6 +152,8 @@ def push_part(view: ThresholdView) -> ThresholdView:
         nccl_episode_id=view.nccl_episode_id,
         nccl_episode_type=view.nccl_episode_type,
         nccl_episode_since=view.nccl_episode_since,
+        nccl_episode_op=view.nccl_episode_op,
+        nccl_episode_seq=view.nccl_episode_seq,
     )
 
 
@@ -195,6 +201,8 @@ def test_the_api_json_has_the_documented_keys_in_order() -> None:
         "nccl_episode_id",
         "nccl_episode_type",
         "nccl_episode_since",
+        "nccl_episode_op",
+        "nccl_episode_seq",
     ]
     assert encode_json(VIEWS[1][1])["threshold"] is None
     assert encode_json(VIEWS[1][1])["peer_rates"] is None

@@ -466,6 +466,8 @@ def test_a_hang_that_waits_for_the_node_gets_one_snapshot_under_its_id(job_proce
             nccl_episode_id=HANG_ID,
             nccl_episode_type="collective_hang",
             nccl_episode_since=clock.now() - 45.0,
+            nccl_episode_op="ncclAllReduce",
+            nccl_episode_seq=9001,
         ),
     )
     agent.step()
@@ -476,7 +478,8 @@ def test_a_hang_that_waits_for_the_node_gets_one_snapshot_under_its_id(job_proce
     assert (main["pid"], main["rank"]) == (proc.pid, 1)
     top = main["frames"][0]
     assert (top["function"], top["line"], top["file"]) == ("read_batch", 12, str(LOADER))
-    assert "collective_hang for 45 s: rank 1" in snap.message()
+    assert (snap.extra["op"], snap.extra["seq"]) == ("ncclAllReduce", 9001)
+    assert "collective_hang in ncclAllReduce #9001 for 45 s: rank 1" in snap.message()
     assert f"read_batch at {LOADER}:12 ← Loader.__next__ at {LOADER}:18" in snap.message()
     # one per episode, not one per push
     clock.advance(60.0)
