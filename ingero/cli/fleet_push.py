@@ -138,6 +138,7 @@ def _snapshotter(
         emit=emit,
         clock=clock,
         min_gap_s=float(cfg.min_gap),
+        keep=Path(config.node_db),
         timeout_s=float(cfg.timeout),
         max_processes=cfg.max_processes,
         max_bytes=cfg.max_bytes,

@@ -20,9 +20,11 @@ import sqlite3
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
+from ingero.schema.events import snapshot_line
 from ingero.schema.stacks import StackError, stack_from_json
 
 TYPE = "stack_snapshot"
+HANG = "collective_hang"
 MISSING = "missing"  # a rank the collective waits for: the answer
 WAITING = "waiting"  # a rank inside the collective, or a rank of no hang: context
 
@@ -128,8 +130,11 @@ def explain_hang(hang: Mapping[str, Any], snapshots: Iterable[Mapping[str, Any]]
     mine = [s for s in snapshots if s["event_id"] == hang["event_id"]]
     stacks: list[dict[str, Any]] = []
     answer = None
-    for snap in sorted(mine, key=lambda s: s["node_id"] not in nodes):
-        on_missing_node = snap["node_id"] in nodes
+    for snap in sorted(mine, key=lambda s: (s["node_id"] not in nodes, s["node_id"])):
+        # A node sends a snapshot under a hang's id only when Fleet named it as a missing
+        # rank's, so its own word counts where the hang named no node (the rank had not
+        # reported when the hang began).
+        on_missing_node = snap["node_id"] in nodes or snap["trigger"] == HANG
         # A missing rank's node: its ranks among the missing are the answer; where none of
         # its ranks is known to be (ranks untagged), every one of its threads is.
         matched = any(e["rank"] in ranks for e in snap["stacks"])
@@ -141,11 +146,8 @@ def explain_hang(hang: Mapping[str, Any], snapshots: Iterable[Mapping[str, Any]]
         best = _answer_entry(snap, ranks) if on_missing_node else None
         if answer is None and best is not None:
             rank = best["rank"] if best["rank"] is not None else snap["rank"]
-            where = f" has been in {best['summary']}"
-            if snap["for_s"] is not None:
-                where += f" for {snap['for_s']:.0f} s"
-            answer = (
-                f"the job is hung in {hang.get('op') or 'a collective'} #{hang.get('seq')};"
-                f" rank {rank} on {snap['node_id']}{where}"
-            )
+            answer = snapshot_line(
+                HANG, hang.get("op"), hang.get("seq"), rank, snap["node_id"],
+                best["summary"], snap["for_s"],
+            )  # fmt: skip
     return {"answer": answer, "stacks": stacks}

@@ -320,8 +320,10 @@ class CollectiveJoin:
                         named[node] = NcclNamed("peer_lag", episode.event_id, episode.since, op)
                 if comm.hang is not None:  # the ranks the others wait for: a hang comes first
                     hang = comm.hang
-                    for st in (comm.view.get(r) for r in hang.missing):
-                        if st is not None:
+                    # Those below the hung collective now: a rank that had not reported yet
+                    # when the hang began is named once it has (and only if it is behind).
+                    for st in comm.view.values():
+                        if st.report.entered_seq < hang.seq:
                             node = (comm.cluster_id, st.node_id)
                             named[node] = NcclNamed(
                                 "collective_hang", hang.event_id, hang.since, hang.op, hang.seq

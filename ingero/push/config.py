@@ -116,7 +116,7 @@ class SnapshotConfig:
     # Stacks JSON per event: the event must stay within one OTLP log record (16 KiB).
     max_bytes: int = field(default=10_000, metadata=in_range(1000, 12_000))
     # At most one snapshot per this long (a later episode waits for its turn).
-    min_gap: Duration = field(default=Duration(30.0), metadata=positive())
+    min_gap: Duration = field(default=Duration(10.0), metadata=positive())
 
 
 @dataclass(frozen=True)

@@ -41,6 +41,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
+from ingero.nodedb import snapshot as snapshot_file
 from ingero.nodedb.schema import SchemaError, connect
 from ingero.runtime.clock import Clock
 from ingero.schema.events import Event
@@ -393,6 +394,7 @@ class Snapshotter:
         emit: Callable[[Event], None],
         clock: Clock,
         min_gap_s: float,
+        keep: Path | None = None,
         timeout_s: float,
         max_processes: int,
         max_bytes: int,
@@ -405,6 +407,7 @@ class Snapshotter:
         self.budget_s = timeout_s * max_processes
         self.timeout_s = timeout_s
         self.max_bytes = max_bytes
+        self.keep = keep  # the node DB beside which the newest snapshot is kept
         self._thread: threading.Thread | None = None
 
     def offer(self, request: Request) -> bool:
@@ -428,7 +431,13 @@ class Snapshotter:
 
     def _take(self, request: Request, asked: float) -> None:
         try:
-            self.emit(self.take(request, asked))
+            event = self.take(request, asked)
+            self.emit(event)
+            if self.keep is not None:
+                try:
+                    snapshot_file.write(self.keep, event.to_dict())
+                except OSError as exc:
+                    log.warning("cannot keep the stack snapshot beside %s: %s", self.keep, exc)
         except Exception:  # the thread's bug is logged; the agent goes on
             log.exception("stack snapshot of episode %s failed", request.episode_id)
 
@@ -460,6 +469,7 @@ class Snapshotter:
             extra["threads_left_out"] = left_out
         if not targets:
             extra["reason"] = "no live process of the job in the node DB"
+            log.warning("stack snapshot: no live process of job %s in the node DB", request.job_id)
         return Event(
             type="stack_snapshot",
             node_id=request.node_id,

@@ -272,3 +272,30 @@ def _stack_words(extra: dict[str, Any]) -> str:
         except StackError as exc:
             words += f" ({exc})"
     return words
+
+
+def snapshot_line(
+    trigger: object,
+    op: object,
+    seq: object,
+    rank: object,
+    node_id: str,
+    where: str,
+    for_s: object,
+) -> str:
+    """A stack snapshot's answer in one line, as Echo and ``explain --job-nodes`` give it:
+    "the job is hung in ncclAllReduce #9001; rank 5 on gpu07 has been in read_batch at
+    loader.py:212 ← __next__ at loader.py:18 for 45 s"."""
+    collective = op if isinstance(op, str) and op else "a collective"
+    if trigger == "collective_hang":
+        head = f"the job is hung in {collective}" + (f" #{seq}" if isinstance(seq, int) else "")
+    elif trigger == "peer_lag":
+        head = f"rank {rank} enters {collective} late behind its peers"
+    else:
+        head = f"node {node_id} launches nothing while its job runs"
+    lasted = (
+        f" for {for_s:.0f} s"
+        if isinstance(for_s, int | float) and not isinstance(for_s, bool)
+        else ""
+    )
+    return f"{head}; rank {rank} on {node_id} has been in {where}{lasted}"
