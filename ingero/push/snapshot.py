@@ -409,17 +409,26 @@ class Snapshotter:
         self.max_bytes = max_bytes
         self.keep = keep  # the node DB beside which the newest snapshot is kept
         self._thread: threading.Thread | None = None
+        self._empty: str | None = None  # the episode last found with no process to dump
 
     def offer(self, request: Request) -> bool:
-        """Start the request's snapshot if due; True when started."""
+        """Start the request's snapshot if due; True when started. An episode is taken only
+        once the node DB lists a live process of the job (the tracer may not have written
+        it yet): until then it stays due, and is offered again on the next push."""
         mono = self.clock.monotonic()
         if self._thread is not None and self._thread.is_alive():
             return False
         if not self.plan.due(request.episode_id, mono):
             return False
+        targets = self.targets(request.job_id)
+        if not targets:
+            if request.episode_id != self._empty:
+                log.info("stack snapshot waits: no live process of job %s", request.job_id)
+                self._empty = request.episode_id
+            return False
         self.plan.taken(request.episode_id, mono)
         self._thread = threading.Thread(
-            target=self._take, args=(request, mono), name="stack-snapshot", daemon=True
+            target=self._take, args=(request, mono, targets), name="stack-snapshot", daemon=True
         )
         self._thread.start()
         return True
@@ -429,9 +438,9 @@ class Snapshotter:
         if self._thread is not None:
             self._thread.join(timeout)
 
-    def _take(self, request: Request, asked: float) -> None:
+    def _take(self, request: Request, asked: float, targets: list[Target]) -> None:
         try:
-            event = self.take(request, asked)
+            event = self.take(request, asked, targets)
             self.emit(event)
             if self.keep is not None:
                 try:
@@ -441,10 +450,9 @@ class Snapshotter:
         except Exception:  # the thread's bug is logged; the agent goes on
             log.exception("stack snapshot of episode %s failed", request.episode_id)
 
-    def take(self, request: Request, asked: float) -> Event:
+    def take(self, request: Request, asked: float, targets: list[Target]) -> Event:
         """The snapshot's event (on the caller's thread)."""
         start = self.clock.monotonic()
-        targets = self.targets(request.job_id)
 
         def bounded(target: Target) -> list[ThreadStack]:
             left = self.budget_s - (self.clock.monotonic() - start)
@@ -467,9 +475,6 @@ class Snapshotter:
             extra["seq"] = request.seq
         if left_out:
             extra["threads_left_out"] = left_out
-        if not targets:
-            extra["reason"] = "no live process of the job in the node DB"
-            log.warning("stack snapshot: no live process of job %s in the node DB", request.job_id)
         return Event(
             type="stack_snapshot",
             node_id=request.node_id,

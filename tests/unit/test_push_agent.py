@@ -514,3 +514,34 @@ def test_no_snapshot_while_nothing_names_the_node(job_process) -> None:  # type:
         agent.step()
         clock.advance(5.0)
     assert agent.status.straggling and snapshots(agent, rec) == []
+
+
+def test_the_snapshot_waits_until_the_node_db_lists_a_process_of_the_job(job_process) -> None:  # type: ignore[no-untyped-def]
+    from ingero.nodedb.schema import connect
+    from ingero.push.snapshot import find_py_spy
+
+    proc, db = job_process
+    conn = connect(db).conn
+    conn.execute("UPDATE processes SET job_id = 'another'")
+    conn.commit()
+    agent, clock, _, client, rec = make()
+    with_snapshots(agent, db, find_py_spy())
+    client.result = PushResult(
+        True,
+        ThresholdView(
+            threshold=0.7,
+            quorum_met=True,
+            nccl_episode_id=HANG_ID,
+            nccl_episode_type="collective_hang",
+            nccl_episode_since=clock.now(),
+        ),
+    )
+    agent.step()
+    assert snapshots(agent, rec) == []  # nothing of job 42 to dump yet: the episode waits
+    conn.execute("UPDATE processes SET job_id = '42'")  # the tracer tagged it
+    conn.commit()
+    conn.close()
+    clock.advance(5.0)
+    agent.step()
+    (snap,) = snapshots(agent, rec)
+    assert snap.event_id == HANG_ID and snap.extra["stacks"][0]["pid"] == proc.pid
