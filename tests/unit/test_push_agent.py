@@ -445,6 +445,18 @@ def with_snapshots(agent: Agent, db: Path, py_spy: str | None) -> None:
     )
 
 
+def hang_reply(**fields: object) -> PushResult:
+    """Fleet's reply naming this node in the collective_hang HANG_ID."""
+    view = ThresholdView(
+        threshold=0.7,
+        quorum_met=True,
+        nccl_episode_id=HANG_ID,
+        nccl_episode_type="collective_hang",
+        **fields,  # type: ignore[arg-type]
+    )
+    return PushResult(True, view)
+
+
 def snapshots(agent: Agent, rec: Recorder) -> list[Event]:
     assert agent.snapshotter is not None
     agent.snapshotter.wait(30)
@@ -457,18 +469,11 @@ def test_a_hang_that_waits_for_the_node_gets_one_snapshot_under_its_id(job_proce
     proc, db = job_process
     agent, clock, _, client, rec = make()
     with_snapshots(agent, db, find_py_spy())
-    client.result = PushResult(
-        True,
-        ThresholdView(
-            threshold=0.7,
-            quorum_met=True,
-            server_time=clock.now(),
-            nccl_episode_id=HANG_ID,
-            nccl_episode_type="collective_hang",
-            nccl_episode_since=clock.now() - 45.0,
-            nccl_episode_op="ncclAllReduce",
-            nccl_episode_seq=9001,
-        ),
+    client.result = hang_reply(
+        server_time=clock.now(),
+        nccl_episode_since=clock.now() - 45.0,
+        nccl_episode_op="ncclAllReduce",
+        nccl_episode_seq=9001,
     )
     agent.step()
     (snap,) = snapshots(agent, rec)
@@ -526,16 +531,7 @@ def test_the_snapshot_waits_until_the_node_db_lists_a_process_of_the_job(job_pro
     conn.commit()
     agent, clock, _, client, rec = make()
     with_snapshots(agent, db, find_py_spy())
-    client.result = PushResult(
-        True,
-        ThresholdView(
-            threshold=0.7,
-            quorum_met=True,
-            nccl_episode_id=HANG_ID,
-            nccl_episode_type="collective_hang",
-            nccl_episode_since=clock.now(),
-        ),
-    )
+    client.result = hang_reply(nccl_episode_since=clock.now())
     agent.step()
     assert snapshots(agent, rec) == []  # nothing of job 42 to dump yet: the episode waits
     conn.execute("UPDATE processes SET job_id = '42'")  # the tracer tagged it

@@ -3,7 +3,7 @@ collective through ``ingero trace``, ``ingero fleet-push``, ``ingero fleet`` and
 echo``, to ``ingero explain`` across the nodes over SSH.
 
 Three ranks of one communicator run against the stand-in libnccl (fake_libnccl.c), each a
-Slurm rank of job 78 on its own node: ranks 0 and 1 are nccl_ranks.c, rank 2 is a CPython
+Slurm rank of job 77 on its own node: ranks 0 and 1 are nccl_ranks.c, rank 2 is a CPython
 process (py_rank.py) calling the library through ctypes. Each is traced by its own real
 ``ingero trace --pid --record``, read by its own real ``ingero fleet-push``. Rank 2 stops
 before a collective and waits in ``wait_for_batch`` (its data loader), the others enter the
@@ -24,7 +24,6 @@ import signal
 import sqlite3
 import subprocess
 import sys
-import urllib.parse
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -32,11 +31,16 @@ from typing import Any
 import pytest
 
 from ingero.push.snapshot import Target, dump, find_py_spy
-from ingero.slurm.jobfile import JobInfo, write_job
 from tests.integration.cluster.sshd import missing_reason, ssh_nodes
-from tests.integration.echo.helpers import EchoProcess, http
+from tests.integration.echo.helpers import EchoProcess
 from tests.integration.push.cluster import Cluster, Procs, wait_for, with_echo
-from tests.integration.trace.test_nccl_e2e import comm_hash
+from tests.integration.trace.test_nccl_e2e import (
+    JOB,
+    collective_lag,
+    comm_hash,
+    events,
+    rank_env,
+)
 
 pytestmark = [
     pytest.mark.integration,
@@ -44,7 +48,6 @@ pytestmark = [
 ]
 
 NRANKS, PY_RANK = 3, 2
-JOB, CLUSTER = "78", "itest"
 INTERVAL = 0.5
 HANG_AFTER = 3.0
 PY_RANK_SCRIPT = Path(__file__).with_name("py_rank.py")
@@ -74,23 +77,6 @@ def chain(tmp_path: Path) -> Iterator[tuple[Cluster, EchoProcess]]:
     )
     with with_echo(c) as echo:
         yield c, echo
-
-
-def echo_events(echo: EchoProcess, kind: str) -> list[dict[str, Any]]:
-    query = f"SELECT event_id, node_id, rank, extra FROM events WHERE type = '{kind}' ORDER BY ts"
-    status, body = http("POST", echo.url + "/api/v1/sql", json.dumps({"query": query}).encode())
-    assert status == 200, body
-    rows = [dict(zip(body["columns"], row, strict=True)) for row in body["rows"]]
-    for row in rows:
-        row["extra"] = json.loads(row["extra"])
-    return rows
-
-
-def collective_lag(echo: EchoProcess) -> dict[str, Any]:
-    query = urllib.parse.urlencode({"job_id": JOB, "cluster_id": CLUSTER, "since": 0})
-    status, body = http("GET", f"{echo.url}/api/v1/collective_lag?{query}")
-    assert status == 200, body
-    return dict(body)
 
 
 def py_collectives(db: Path) -> int:
@@ -127,11 +113,8 @@ def test_the_missing_rank_stack_from_its_node_to_echo_and_explain(
     rendezvous = c.tmp / "rendezvous"
     rendezvous.mkdir()
     ranks = []
-    for rank, node in enumerate(nodes):
-        write_job(c.jobs_dir(rank), JobInfo(JOB, CLUSTER, node, rank, NRANKS, nodes))
-        env = dict(os.environ, FAKE_NCCL_DIR=str(rendezvous), SLURM_JOB_ID=JOB,
-                   FAKE_NCCL_LIBCUDA=str(driver_loop.parent / "libcuda.so.1"),
-                   SLURM_PROCID=str(rank), INGERO_JOBS_DIR=str(c.jobs_dir(rank)))  # fmt: skip
+    for rank in range(NRANKS):
+        env = rank_env(c, rank, rendezvous, driver_loop)
         if rank == PY_RANK:
             argv = [sys.executable, str(PY_RANK_SCRIPT), str(nccl_ranks.parent / "libnccl.so.2"),
                     str(rank), str(NRANKS), "9", str(stop_file)]  # fmt: skip
@@ -170,7 +153,7 @@ def test_the_missing_rank_stack_from_its_node_to_echo_and_explain(
 def _check(c: Cluster, echo: EchoProcess, comm: str, hung_seq: int, pid: int) -> None:
     node = c.node(PY_RANK)
     (hang,) = wait_for(
-        lambda: [e for e in echo_events(echo, "collective_hang") if e["extra"]["state"] == "start"],
+        lambda: [e for e in events(echo, "collective_hang") if e["extra"]["state"] == "start"],
         120,
         "Fleet's collective_hang in Echo",
     )
@@ -178,9 +161,7 @@ def _check(c: Cluster, echo: EchoProcess, comm: str, hung_seq: int, pid: int) ->
     assert hang["extra"]["missing_nodes"] == [node], hang
     # The node's snapshot, under the hang's id, in Echo.
     (snap,) = wait_for(
-        lambda: [
-            e for e in echo_events(echo, "stack_snapshot") if e["event_id"] == hang["event_id"]
-        ],
+        lambda: [e for e in events(echo, "stack_snapshot") if e["event_id"] == hang["event_id"]],
         60,
         "rank 2's stack_snapshot in Echo under the hang's id",
     )
@@ -208,8 +189,7 @@ def _check(c: Cluster, echo: EchoProcess, comm: str, hung_seq: int, pid: int) ->
     assert stuck["answer"].startswith(answer), stuck["answer"]
     # Only one snapshot for the hang, however many pushes its reply named the node in.
     assert (
-        len([e for e in echo_events(echo, "stack_snapshot") if e["event_id"] == hang["event_id"]])
-        == 1
+        len([e for e in events(echo, "stack_snapshot") if e["event_id"] == hang["event_id"]]) == 1
     )
     # explain on the node, and across the nodes over SSH (as --job-nodes runs it).
     db = c.tmp / f"{node}.db"
