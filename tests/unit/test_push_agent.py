@@ -446,13 +446,14 @@ def with_snapshots(agent: Agent, db: Path, py_spy: str | None) -> None:
 
 
 def hang_reply(**fields: object) -> PushResult:
-    """Fleet's reply naming this node in the collective_hang HANG_ID."""
+    """Fleet's reply naming this node in the episode HANG_ID (a collective_hang unless
+    ``nccl_episode_type`` says otherwise)."""
+    given = {"nccl_episode_type": "collective_hang", **fields}
     view = ThresholdView(
         threshold=0.7,
         quorum_met=True,
         nccl_episode_id=HANG_ID,
-        nccl_episode_type="collective_hang",
-        **fields,  # type: ignore[arg-type]
+        **given,  # type: ignore[arg-type]
     )
     return PushResult(True, view)
 
@@ -541,3 +542,25 @@ def test_the_snapshot_waits_until_the_node_db_lists_a_process_of_the_job(job_pro
     agent.step()
     (snap,) = snapshots(agent, rec)
     assert snap.event_id == HANG_ID and snap.extra["stacks"][0]["pid"] == proc.pid
+
+
+def test_a_peer_lag_that_names_the_node_gets_its_snapshot(job_process) -> None:  # type: ignore[no-untyped-def]
+    from ingero.push.snapshot import find_py_spy
+
+    _, db = job_process
+    agent, clock, _, client, rec = make()
+    with_snapshots(agent, db, find_py_spy())
+    client.result = hang_reply(
+        nccl_episode_type="peer_lag",
+        nccl_episode_since=clock.now() - 20.0,
+        nccl_episode_op="ncclAllReduce",
+    )
+    agent.step()
+    (snap,) = snapshots(agent, rec)
+    assert (snap.event_id, snap.extra["trigger"], snap.extra["op"]) == (
+        HANG_ID,
+        "peer_lag",
+        "ncclAllReduce",
+    )
+    assert "seq" not in snap.extra and snap.extra["for_s"] == 20.0
+    assert "peer_lag in ncclAllReduce for 20 s: rank 1" in snap.message()
