@@ -19,6 +19,8 @@ from ingero.cli.options import (
     seconds,
 )
 from ingero.cluster.fanout import Fanout, MergedRows
+from ingero.nodedb import snapshot as snapshot_file
+from ingero.nodedb.snapshot import describe
 from ingero.runtime.errors import EXIT_OK, UsageError
 
 if TYPE_CHECKING:
@@ -115,10 +117,14 @@ def explain(ctx: click.Context, db_path: Path, window: str, job_id: str | None,
     report = analyse(recent, baseline, window_s, job_id, processes)
     chains = explain_chains(timeline, sites=site_data)
     sites = call_sites(site_data, limit=_TOP_SITES)
+    # fleet-push's newest stack snapshot, if taken in the window or the one before it
+    stacks = snapshot_file.recent(db_path, end - 2 * window_s, job_id)
     # Host and GPU rows are node-wide: with --job, a window without that job's calls is empty.
     empty = recent.empty or (job_id is not None and not recent.ops)
     if as_json:
-        click.echo(json.dumps(_as_json(report, chains, sites, db_path, latest, empty), indent=2))
+        answer = _as_json(report, chains, sites, db_path, latest, empty)
+        answer["stack_snapshot"] = stacks
+        click.echo(json.dumps(answer, indent=2))
         return EXIT_OK
     if empty:
         job = f" for job {job_id}" if job_id else ""
@@ -131,8 +137,10 @@ def explain(ctx: click.Context, db_path: Path, window: str, job_id: str | None,
             f"nothing recorded{job} in {db_path} between {_utc(end - window_s)}"
             f" and {_utc(end)}{hint}"
         )
-        return EXIT_OK
-    _print(report, chains, sites, db_path)
+    else:
+        _print(report, chains, sites, db_path)
+    if stacks is not None:
+        click.echo(f"Stack snapshot ({_utc(float(stacks['timestamp']))}): {describe(stacks)}")
     return EXIT_OK
 
 
@@ -192,6 +200,9 @@ def _across(spread: Fanout, args: list[str], as_json: bool) -> int:
             chains = report.get("chains") or []
             if chains:
                 click.echo(f"   fix: {chains[0]['fix']}")
+            stacks = report.get("stack_snapshot")
+            if isinstance(stacks, dict):
+                click.echo(f"   stack: {describe(stacks)}")
         if peer is not None:
             click.echo(f"across nodes: {peer.text}")
     if not reports:

@@ -8,9 +8,10 @@ import shutil
 import signal
 import socket
 import threading
+from collections.abc import Callable
 from pathlib import Path
 from types import FrameType
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import click
 
@@ -21,6 +22,10 @@ from ingero.push.otel_env import otel_env_defaults
 from ingero.runtime.clock import SystemClock
 from ingero.runtime.config import load_config
 from ingero.runtime.hangup import ignore_hangups
+
+if TYPE_CHECKING:  # imported where used, so `--help` stays fast
+    from ingero.push.snapshot import Snapshotter, ThreadStack
+    from ingero.schema.events import Event
 
 
 @click.command("fleet-push")
@@ -99,6 +104,47 @@ def command(
     run_agent(config, job_id or None, rank, world_size, workload_type)
 
 
+def _snapshotter(
+    config: PushConfig,
+    pid_alive: Callable[[int], bool],
+    emit: Callable[[Event], None],
+    clock: SystemClock,
+) -> Snapshotter:
+    """The stack snapshot of the job's processes, from the node DB's processes table."""
+    from ingero.push.snapshot import Snapshotter, Target, dump, find_py_spy, job_targets
+
+    cfg = config.snapshot
+    py_spy = find_py_spy(cfg.py_spy)
+    if py_spy is None:
+        logging.getLogger(__name__).warning(
+            "py-spy not found (%s): stack snapshots will say so, with no frames", cfg.py_spy
+        )
+
+    def dumper(target: Target, timeout_s: float) -> list[ThreadStack]:
+        return dump(
+            target,
+            py_spy=py_spy,
+            timeout_s=timeout_s,
+            max_output=cfg.max_output,
+            max_frames=cfg.max_frames,
+            native=cfg.native,
+        )
+
+    return Snapshotter(
+        targets=lambda job: job_targets(
+            Path(config.node_db), job, limit=cfg.max_processes, pid_alive=pid_alive
+        ),
+        dumper=dumper,
+        emit=emit,
+        clock=clock,
+        min_gap_s=float(cfg.min_gap),
+        keep=Path(config.node_db),
+        timeout_s=float(cfg.timeout),
+        max_processes=cfg.max_processes,
+        max_bytes=cfg.max_bytes,
+    )
+
+
 def run_agent(
     config: PushConfig,
     job_id: str | None,
@@ -161,6 +207,8 @@ def run_agent(
     # An explicit --job-id pins the peer group; otherwise the prolog's job files say.
     job_source = None if job_id else lambda: next(iter(current_jobs(jobs_dir())), None)
     agent = Agent(config, ident, sampler, client, channels, clock, store, job_source=job_source)
+    if config.snapshot.enabled:
+        agent.snapshotter = _snapshotter(config, sampler.pid_alive, agent.emit, clock)
 
     stop = threading.Event()
 

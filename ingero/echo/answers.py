@@ -12,7 +12,7 @@ import sqlite3
 import statistics
 from typing import Any
 
-from ingero.echo import collectives
+from ingero.echo import collectives, snapshots
 from ingero.echo.questions import (
     INT,
     INT_N,
@@ -163,6 +163,47 @@ LAG_RANK = obj(
         "last_seen": NUM,
     }
 )
+# One process/thread of a stack snapshot (ingero.schema.stacks, with who it is).
+SNAPSHOT_STACK = obj(
+    {
+        "pid": INT_N,
+        "rank": INT_N,
+        "thread": STR_N,
+        "summary": {
+            **STR,
+            "description": "The innermost Python frames, e.g. 'read_batch at loader.py:212"
+            " ← __next__ at loader.py:18'",
+        },
+        "frames": list_of({"type": "object"}),
+    },
+    required=["pid", "rank", "thread", "summary", "frames"],
+)
+SNAPSHOT = obj(
+    {
+        "event_id": {**STR, "description": "The episode it belongs to"},
+        "cluster_id": STR,
+        "node_id": STR,
+        "job_id": STR_N,
+        "rank": INT_N,
+        "timestamp": NUM,
+        "trigger": {**STR_N, "description": "collective_hang, peer_lag or stalled"},
+        "for_s": {**NUM_N, "description": "How long the rank had been in that state"},
+        "stacks": list_of(SNAPSHOT_STACK),
+    }
+)
+HANG_STACK = obj(
+    {
+        "node_id": STR,
+        "role": {
+            "type": "string",
+            "enum": [snapshots.MISSING, snapshots.WAITING],
+            "description": "missing: a rank the collective waits for (the answer);"
+            " waiting: context",
+        },
+        **SNAPSHOT_STACK["properties"],
+    },
+    required=["node_id", "role", *SNAPSHOT_STACK["required"]],
+)
 HANG = obj(
     {
         "cluster_id": STR,
@@ -184,6 +225,13 @@ HANG = obj(
         "ended": NUM_N,
         "end_reason": STR_N,
         "open": {"type": "boolean"},
+        "answer": {
+            **STR_N,
+            "description": "Where the missing rank is in its code, from its node's stack"
+            " snapshot: 'the job is hung in ncclAllReduce #9001; rank 5 on gpu07 has been in"
+            " … for 45 s'; null without one",
+        },
+        "stacks": list_of(HANG_STACK),
     }
 )
 SKEWED_NODE = obj(
@@ -446,6 +494,7 @@ def job_report(conn: sqlite3.Connection, ctx: Context, args: dict[str, Any]) -> 
             )
         )
 
+    lag = _collective_lag(conn, ctx, window_args)
     drained = ctx.fit(
         _event_row(r)
         for r in conn.execute(
@@ -466,7 +515,10 @@ def job_report(conn: sqlite3.Connection, ctx: Context, args: dict[str, Any]) -> 
         "summaries": of_type("job_summary"),
         "peer_lag": of_type("peer_lag"),
         "collective_hangs": of_type("collective_hang"),
-        "lagging_ranks": ctx.fit(_collective_lag(conn, ctx, window_args)["ranks"]),
+        "lagging_ranks": ctx.fit(lag["ranks"]),
+        # where the ranks everyone waited for were in their code, newest hang first
+        "answers": [h["answer"] for h in lag["hangs"] if h["answer"]],
+        "stack_snapshots": ctx.fit(lag["stack_snapshots"]),
     }
 
 
@@ -475,7 +527,7 @@ def collective_lag(conn: sqlite3.Connection, ctx: Context, args: dict[str, Any])
     its hung collectives, and the clocks of its nodes that were off (which makes lag
     figures from them doubtful)."""
     answer = _collective_lag(conn, ctx, args)
-    for key in ("ranks", "hangs", "clock_skew"):
+    for key in ("ranks", "hangs", "clock_skew", "stack_snapshots"):
         answer[key] = ctx.fit(answer[key])
     return answer
 
@@ -501,12 +553,16 @@ def _collective_lag(conn: sqlite3.Connection, ctx: Context, args: dict[str, Any]
             [collectives.SKEW, *params, since, until, job, *params],
         )
     )[:limit]
+    # Each hang with the stack snapshots sent under its id: the missing ranks' are the answer.
+    snaps = snapshots.read(conn, job_where, job_params, (since, until), limit)
+    hangs = [{**h, **snapshots.explain_hang(h, snaps)} for h in hangs]
     return {
         "job_id": job,
         "window": {"since": since, "until": until},
         "ranks": ranks,
         "hangs": hangs,
         "clock_skew": skew,
+        "stack_snapshots": snaps,
     }
 
 
@@ -655,7 +711,7 @@ QUESTIONS: dict[str, Question] = {
             "job_report",
             "Everything about one Slurm job: nodes, event counts, stragglers, drains,"
             " NCCL peer-lag and hung-collective events, its ranks ranked by NCCL entry lag,"
-            " and job summaries",
+            " job summaries, and the stack snapshots of its stalled or awaited ranks",
             (Param("job_id", "string", "Slurm job id", required=True), P_CLUSTER),
             answer_schema(
                 {
@@ -671,6 +727,8 @@ QUESTIONS: dict[str, Question] = {
                     "peer_lag": list_of(EVENT),
                     "collective_hangs": list_of(EVENT),
                     "lagging_ranks": list_of(LAG_RANK),
+                    "answers": list_of(STR),
+                    "stack_snapshots": list_of(SNAPSHOT),
                 }
             ),
             job_report,
@@ -678,8 +736,9 @@ QUESTIONS: dict[str, Question] = {
         Question(
             "collective_lag",
             "Which rank of a job is late, in which NCCL collective: ranks ranked by entry lag"
-            " behind their peers, hung collectives (the ranks that never entered), and nodes"
-            " whose clock was off",
+            " behind their peers, hung collectives (the ranks that never entered, and where"
+            " in their code they are, from their stack snapshots), and nodes whose clock was"
+            " off",
             (
                 Param("job_id", "string", "Slurm job id", required=True),
                 P_CLUSTER,
@@ -695,6 +754,7 @@ QUESTIONS: dict[str, Question] = {
                     "ranks": list_of(LAG_RANK),
                     "hangs": list_of(HANG),
                     "clock_skew": list_of(SKEWED_NODE),
+                    "stack_snapshots": list_of(SNAPSHOT),
                 }
             ),
             collective_lag,

@@ -147,6 +147,17 @@ class RankLag:
 
 
 @dataclass(frozen=True)
+class NcclNamed:
+    """An open episode that names a node's rank: what the node's push reply carries."""
+
+    type: str  # collective_hang (the others wait for it) or peer_lag
+    event_id: str
+    since: float  # Fleet's Unix time the episode began
+    op: str | None = None  # the collective: a hang's, or the lag window's most common op
+    seq: int | None = None  # a hang's sequence number
+
+
+@dataclass(frozen=True)
 class NcclTick:
     """What one tick decided: events, the flagged lag per node (s) and figures for metrics."""
 
@@ -159,6 +170,8 @@ class NcclTick:
     refused: int
     # the flagged rank behind a node's ``peer_lag`` (what a drain reason names)
     causes: dict[NodeKey, PeerLagCause] = field(default_factory=dict)
+    # per node: the open episode that names one of its ranks, a hang before a lag
+    named: dict[NodeKey, NcclNamed] = field(default_factory=dict)
 
 
 def _required(nranks: int, fraction: float) -> int:
@@ -277,6 +290,7 @@ class CollectiveJoin:
         peer_lag: dict[NodeKey, float] = {}
         groups: dict[NodeKey, str] = {}
         causes: dict[NodeKey, PeerLagCause] = {}
+        named: dict[NodeKey, NcclNamed] = {}
         joined = hung = 0
         with self._tick_lock:
             with self._lock:
@@ -299,6 +313,19 @@ class CollectiveJoin:
                         peer_lag[node] = episode.lag_s
                         groups[node] = comm.group
                         causes[node] = PeerLagCause(comm.comm_hash, rank, episode.lag_s)
+                    if node not in named:
+                        op = _window_op_bytes(comm)[0] or None
+                        named[node] = NcclNamed("peer_lag", episode.event_id, episode.since, op)
+                if comm.hang is not None:  # the ranks the others wait for: a hang comes first
+                    hang = comm.hang
+                    # Those below the hung collective now: a rank that had not reported yet
+                    # when the hang began is named once it has (and only if it is behind).
+                    for st in comm.view.values():
+                        if st.report.entered_seq < hang.seq:
+                            node = (comm.cluster_id, st.node_id)
+                            named[node] = NcclNamed(
+                                "collective_hang", hang.event_id, hang.since, hang.op, hang.seq
+                            )
                 done.append((comm, pending))
             with self._lock:
                 for comm, leftover in done:
@@ -313,6 +340,7 @@ class CollectiveJoin:
             joined=joined,
             refused=refused,
             causes=causes,
+            named=named,
         )
 
     def _expire(self, now: float, mono: float) -> list[Event]:

@@ -26,7 +26,7 @@ from typing import Any, Literal, NamedTuple
 import numpy as np
 import numpy.typing as npt
 
-from ingero.fleet.collectives import CollectiveJoin, NcclTick
+from ingero.fleet.collectives import CollectiveJoin, NcclNamed, NcclTick
 from ingero.fleet.config import FleetConfig
 from ingero.fleet.episodes import (
     Closing,
@@ -217,6 +217,7 @@ class FleetState:
         # is stored; the per-node lag it flags is published here by each tick.
         self._nccl = CollectiveJoin(config.nccl, config.node_ttl)
         self._peer_lag: dict[NodeKey, float] = {}
+        self._named: dict[NodeKey, NcclNamed] = {}
         # Which clusters this replica owns for drains (several replicas behind a balancer).
         self._owners = Ownership(
             float(config.push_interval), config.node_ttl, config.drain.min_intervals
@@ -266,11 +267,12 @@ class FleetState:
             view = self._views.get(key)
             episode = self._episode_id[slot] if self._straggler[slot] else ""
             lag = self._peer_lag.get(node)
+            named = self._named.get(node)
             mono = self._seen[slot]
         self._nccl.ingest(push, float(mono))
         if view is None:
             return _empty_view(push.cluster_id, key)
-        return _node_view(view, push.rates, episode, lag)
+        return _node_view(view, push.rates, episode, lag, named)
 
     # ---- reads ----------------------------------------------------------------------
 
@@ -294,7 +296,8 @@ class FleetState:
             rates = dict(zip(PEER_RATES, self._rates[slot].tolist(), strict=True))
             episode = self._episode_id[slot] if self._straggler[slot] else ""
             lag = self._peer_lag.get(node)
-        return _node_view(view, rates, episode, lag)
+            named = self._named.get(node)
+        return _node_view(view, rates, episode, lag, named)
 
     def node_count(self) -> int:
         with self._lock:
@@ -413,6 +416,7 @@ class FleetState:
             events.extend(started)
             events.extend(nccl.events)
             self._peer_lag = nccl.peer_lag
+            self._named = nccl.named
             self._views = views
             self._groups = groups
             self._clusters = clusters
@@ -771,10 +775,15 @@ class FleetState:
 
 
 def _node_view(
-    view: ThresholdView, rates: Mapping[str, float], episode: str, lag: float | None = None
+    view: ThresholdView,
+    rates: Mapping[str, float],
+    episode: str,
+    lag: float | None = None,
+    named: NcclNamed | None = None,
 ) -> ThresholdView:
     """The group's view plus what is the node's own: its ratio to each peer median (from
-    its pushed rates), Fleet's open episode of it and its flagged NCCL entry lag (s)."""
+    its pushed rates), Fleet's open episode of it, its flagged NCCL entry lag (s) and the
+    open NCCL episode that names one of its ranks."""
     peers = view.peer_rates
     ratios = None
     if peers:
@@ -783,9 +792,19 @@ def _node_view(
             rate = rates.get(name)
             if rate is not None and rate == rate and median > 0:  # rate == rate: not NaN
                 ratios[name] = rate / median
-    if not ratios and not episode and lag is None:
+    if not ratios and not episode and lag is None and named is None:
         return view
-    return with_fields(view, rate_ratios=ratios or None, episode_id=episode or None, peer_lag=lag)
+    return with_fields(
+        view,
+        rate_ratios=ratios or None,
+        episode_id=episode or None,
+        peer_lag=lag,
+        nccl_episode_id=named.event_id if named else None,
+        nccl_episode_type=named.type if named else None,
+        nccl_episode_since=named.since if named else None,
+        nccl_episode_op=named.op if named else None,
+        nccl_episode_seq=named.seq if named else None,
+    )
 
 
 def _rate(value: float | None) -> float:

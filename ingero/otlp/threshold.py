@@ -220,6 +220,25 @@ class ThresholdView:
     peer_lag: float | None = field(
         default=None, metadata=_wire(NUMBER, "ingero-peer-lag", optional=True)
     )
+    # Per node: Fleet's open NCCL episode that names a rank of the node (a collective_hang
+    # that waits for it, else its peer_lag): its event id, its type and when it began
+    # (Fleet's Unix time). fleet-push takes one stack snapshot under that id.
+    nccl_episode_id: str | None = field(
+        default=None, metadata=_wire(TEXT, "ingero-nccl-episode-id", optional=True)
+    )
+    nccl_episode_type: str | None = field(
+        default=None, metadata=_wire(TEXT, "ingero-nccl-episode-type", optional=True)
+    )
+    nccl_episode_since: float | None = field(
+        default=None, metadata=_wire(NUMBER, "ingero-nccl-episode-since", optional=True)
+    )
+    # The collective it is about: a hang's op and sequence number (a lag's op, no seq).
+    nccl_episode_op: str | None = field(
+        default=None, metadata=_wire(TEXT, "ingero-nccl-episode-op", optional=True)
+    )
+    nccl_episode_seq: int | None = field(
+        default=None, metadata=_wire(COUNT, "ingero-nccl-episode-seq", optional=True)
+    )
 
 
 def with_fields(view: ThresholdView, **values: Any) -> ThresholdView:

@@ -18,6 +18,7 @@ from ingero.otlp.collectives import ClockOffset
 from ingero.otlp.exporter import jittered
 from ingero.otlp.health import NodePush, encode_health
 from ingero.otlp.resource import PUSH_SERVICE, service_attributes
+from ingero.otlp.threshold import ThresholdView
 from ingero.push.channels import Channel
 from ingero.push.classifier import Classifier, Observation
 from ingero.push.client import PushClient
@@ -27,6 +28,7 @@ from ingero.push.detection import Decision, DetectionSelector
 from ingero.push.detection_store import DetectionStore
 from ingero.push.gpu_health import gpu_events
 from ingero.push.sampler import NodeSample
+from ingero.push.snapshot import Request, Snapshotter
 from ingero.runtime.clock import Clock
 from ingero.runtime.systemd import Notifier, watchdog_interval
 from ingero.schema.events import Event
@@ -70,6 +72,18 @@ class Status:
     held: bool = False  # the last sample held its measurement (no new tracer data)
     last_error: str | None = None
     events: dict[str, int] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class _Named:
+    """Fleet's open NCCL episode that names a rank of this node, from a push reply."""
+
+    event_id: str
+    type: str
+    lasted: float  # how long it had lasted when Fleet answered (s)
+    at: float  # the reply's monotonic time
+    op: str | None
+    seq: int | None
 
 
 class Agent:
@@ -120,6 +134,11 @@ class Agent:
             config.clock.samples, 2 * config.clock.samples * interval
         )
         self.skew = SkewEpisode(float(config.clock.skew_bound))
+        # Takes the stack snapshot of a stalled node, or of one Fleet names (None: never).
+        self.snapshotter: Snapshotter | None = None
+        # Fleet's open NCCL episode naming a rank of this node, held like the lag.
+        self._named: tuple[_Named | None, float] | None = None
+        self._stalled_since: float | None = None  # monotonic, while the node is stalled
 
     def step(self) -> float:
         """One iteration; returns the seconds to wait before the next one."""
@@ -167,6 +186,7 @@ class Agent:
             self._peers = (dict(reading.peer_rates), self.clock.monotonic())
         if reading is not None:
             self._lag = (reading.peer_lag, self.clock.monotonic())
+            self._named = (self._named_episode(reading), self.clock.monotonic())
         fresh = self.selector.on_fleet(reading)
         # A held sample repeats the last measurement: not a new one to learn from or to
         # classify (it counts neither towards an episode nor towards its end).
@@ -189,6 +209,11 @@ class Agent:
             log.warning("%s", event.message())
             self._emit(event)
         status.straggling = self.classifier.straggling
+        if not sample.held:
+            self._stalled_since = (
+                (self._stalled_since or self.clock.monotonic()) if sample.stalled else None
+            )
+        self._offer_snapshot(push)
         for event in gpu_events(
             sample.gpu_findings,
             node_id=push.node_id,
@@ -232,6 +257,8 @@ class Agent:
             notifier.notify("STOPPING=1")
 
     def close(self) -> None:
+        if self.snapshotter is not None:  # a snapshot under way is sent, within its bound
+            self.snapshotter.wait(self.snapshotter.budget_s)
         for channel in self.channels:
             channel.close()
         self.client.close()
@@ -252,6 +279,57 @@ class Agent:
         if self.clock.monotonic() - at > float(self.config.detection.fleet_max_age):
             return None
         return value
+
+    def _named_episode(self, reading: ThresholdView) -> _Named | None:
+        """The reply's NCCL episode naming this node, with how long it had lasted (on
+        Fleet's clock, from its own answer time: no clock offset in it)."""
+        if not reading.nccl_episode_id or reading.nccl_episode_since is None:
+            return None
+        answered = reading.server_time if reading.server_time is not None else self.clock.now()
+        return _Named(
+            reading.nccl_episode_id,
+            reading.nccl_episode_type or "collective_hang",
+            max(0.0, answered - reading.nccl_episode_since),
+            self.clock.monotonic(),
+            reading.nccl_episode_op,
+            reading.nccl_episode_seq,
+        )
+
+    def _offer_snapshot(self, push: NodePush) -> None:
+        """One stack snapshot per episode: the NCCL episode Fleet names this node in (the
+        others wait for it), else this node's stall once it is a straggler episode."""
+        if self.snapshotter is None:
+            return
+        now = self.clock.monotonic()
+        named = self._fresh(self._named)
+        op, seq = None, None
+        if named is not None:
+            episode, trigger = named.event_id, named.type
+            for_s = named.lasted + (now - named.at)
+            op, seq = named.op, named.seq
+        elif self._stalled_since is not None and self.classifier.straggling:
+            episode, trigger = self.classifier.episode_id, "stalled"
+            for_s = now - self._stalled_since
+        else:
+            return
+        request = Request(
+            episode,
+            trigger,
+            for_s,
+            push.node_id,
+            push.cluster_id,
+            push.job_id,
+            push.rank,
+            op=op,
+            seq=seq,
+        )
+        if self.snapshotter.offer(request):
+            log.info("stack snapshot for %s episode %s", trigger, episode)
+
+    def emit(self, event: Event) -> None:
+        """Log and send an event raised off the push loop (the stack snapshot)."""
+        log.warning("%s", event.message())
+        self._emit(event)
 
     def _clock_skew(self, offset: ClockOffset | None, push: NodePush) -> None:
         change = self.skew.observe(offset)

@@ -93,6 +93,33 @@ class ClockConfig:
 
 
 @dataclass(frozen=True)
+class SnapshotConfig:
+    """The stack snapshot of the job's processes (``stack_snapshot``), taken once per
+    episode when the node is stalled or Fleet names one of its ranks in a collective_hang
+    or peer_lag episode (docs/fleet-push.md, "Stack snapshots")."""
+
+    enabled: bool = True
+    # The py-spy executable: a path, or a name looked up on PATH, then beside the Python
+    # fleet-push runs on (the wheel puts it in the venv's bin).
+    py_spy: str = "py-spy"
+    # Add C frames (py-spy --native); it pauses each process for the dump (--nonblocking
+    # reads Python frames without stopping it, and cannot be combined with --native).
+    native: bool = False
+    # One process's dump; py-spy is killed past it, and the whole snapshot stops after
+    # ``max_processes`` times it.
+    timeout: Duration = field(default=Duration(2.0), metadata=positive())
+    # py-spy output read per process (bytes); more is a reason, not a stack.
+    max_output: int = field(default=1 << 20, metadata=positive())
+    max_processes: int = field(default=8, metadata=positive())
+    # Frames kept per thread (innermost), at most ingero.schema.stacks.MAX_FRAMES.
+    max_frames: int = field(default=64, metadata=in_range(1, 128))
+    # Stacks JSON per event: the event must stay within one OTLP log record (16 KiB).
+    max_bytes: int = field(default=10_000, metadata=in_range(1000, 12_000))
+    # At most one snapshot per this long (a later episode waits for its turn).
+    min_gap: Duration = field(default=Duration(10.0), metadata=positive())
+
+
+@dataclass(frozen=True)
 class PushConfig:
     # One endpoint, or several (a list, or one string with commas) to fail over between
     # where no balancer is in front of Fleet's replicas (ingero.otlp.exporter.Failover).
@@ -119,6 +146,7 @@ class PushConfig:
     channels: ChannelsConfig = field(default_factory=ChannelsConfig)
     collectives: CollectivesConfig = field(default_factory=CollectivesConfig)
     clock: ClockConfig = field(default_factory=ClockConfig)
+    snapshot: SnapshotConfig = field(default_factory=SnapshotConfig)
     score: ScoreConfig = field(default_factory=ScoreConfig)
 
     def validate(self) -> None:

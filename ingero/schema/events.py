@@ -13,6 +13,8 @@ import uuid
 from dataclasses import asdict, dataclass, field, fields
 from typing import Any
 
+from ingero.schema.stacks import StackError, stack_from_json
+
 # Stable journald MESSAGE_IDs, one per type (128-bit, as `journalctl --new-id128` makes them).
 MESSAGE_IDS: dict[str, str] = {
     "straggler_state": "6f3c2a1e9b8d4c7a8e5f0a1b2c3d4e51",
@@ -32,6 +34,10 @@ MESSAGE_IDS: dict[str, str] = {
     # that never entered it, or none), raised by Fleet; a node's clock off Fleet's, by the node.
     "collective_hang": "6f3c2a1e9b8d4c7a8e5f0a1b2c3d4e70",
     "clock_skew": "6f3c2a1e9b8d4c7a8e5f0a1b2c3d4e71",
+    # Where a stalled rank, or one Fleet names in a collective_hang or peer_lag, is in its
+    # code: one snapshot of the job's Python stacks on the node (extra.stacks), raised by
+    # the node under the episode's event_id.
+    "stack_snapshot": "6f3c2a1e9b8d4c7a8e5f0a1b2c3d4e72",
 }
 EVENT_TYPES = frozenset(MESSAGE_IDS)
 
@@ -50,6 +56,7 @@ _PRIORITY = {
     "peer_lag": 4,
     "collective_hang": 3,
     "clock_skew": 4,
+    "stack_snapshot": 4,
 }
 
 
@@ -186,6 +193,8 @@ class Event:
             figures += f" signal={self.dominant_signal}"
         reason = self.extra.get("reason")
         tail = f" ({reason})" if reason else ""
+        if self.type == "stack_snapshot":
+            return f"ingero {self.type}: {where}{_stack_words(self.extra)}"
         return f"ingero {self.type}: {where}{figures}{_nccl_words(self.extra)}{tail}"
 
 
@@ -238,3 +247,55 @@ def _nccl_words(extra: dict[str, Any]) -> str:
         if "inside_for_s" in extra:
             words += f" inside_for_s={extra['inside_for_s']}"
     return words
+
+
+def _stack_words(extra: dict[str, Any]) -> str:
+    """What a stack_snapshot says in its one line: why it was taken, for how long the rank
+    has been so, and where the first (most telling) thread of it is."""
+    words = ""
+    trigger = extra.get("trigger")
+    if isinstance(trigger, str):
+        words += f" {trigger}"
+    if isinstance(extra.get("op"), str):
+        words += f" in {extra['op']}"
+        if isinstance(extra.get("seq"), int):
+            words += f" #{extra['seq']}"
+    for_s = extra.get("for_s")
+    if isinstance(for_s, int | float) and not isinstance(for_s, bool):
+        words += f" for {for_s:.0f} s"
+    stacks = extra.get("stacks")
+    first = stacks[0] if isinstance(stacks, list) and stacks else None
+    if isinstance(first, dict):
+        words += f": rank {first.get('rank')} pid {first.get('pid')}"
+        try:
+            words += f" in {stack_from_json(first).summary()}"
+        except StackError as exc:
+            words += f" ({exc})"
+    return words
+
+
+def snapshot_line(
+    trigger: object,
+    op: object,
+    seq: object,
+    rank: object,
+    node_id: str,
+    where: str,
+    for_s: object,
+) -> str:
+    """A stack snapshot's answer in one line, as Echo and ``explain --job-nodes`` give it:
+    "the job is hung in ncclAllReduce #9001; rank 5 on gpu07 has been in read_batch at
+    loader.py:212 ← __next__ at loader.py:18 for 45 s"."""
+    collective = op if isinstance(op, str) and op else "a collective"
+    if trigger == "collective_hang":
+        head = f"the job is hung in {collective}" + (f" #{seq}" if isinstance(seq, int) else "")
+    elif trigger == "peer_lag":
+        head = f"rank {rank} enters {collective} late behind its peers"
+    else:
+        head = f"node {node_id} launches nothing while its job runs"
+    lasted = (
+        f" for {for_s:.0f} s"
+        if isinstance(for_s, int | float) and not isinstance(for_s, bool)
+        else ""
+    )
+    return f"{head}; rank {rank} on {node_id} has been in {where}{lasted}"

@@ -370,8 +370,15 @@ def test_collective_hang(case: HangCase) -> None:
     if not case.missing:
         assert hang.extra["reason"].startswith("all_ranks_inside")
     # One event per hang, not one per tick; the end once it moves on.
-    sim.interval()
+    result = sim.interval()
     assert len(sim.of("collective_hang")) == 1
+    # The nodes of the missing ranks are named (their push replies say so), no other.
+    since = hang.timestamp - hang.extra["inside_for_s"]
+    assert sorted(result.named) == [("c1", n) for n in hang.extra["missing_nodes"]]
+    for named in result.named.values():
+        assert (named.type, named.event_id) == ("collective_hang", hang.event_id)
+        assert (named.op, named.seq) == ("ncclAllReduce", block)
+        assert named.since == pytest.approx(since, abs=1e-3)
     sim.block_at, sim.stop_before = None, {}
     sim.interval()
     (end,) = sim.of("collective_hang", "end")
@@ -515,6 +522,12 @@ def test_peer_lag_makes_a_fleet_straggler_and_reaches_the_replies() -> None:
     # The reply to n5's next push and the API's view of n5 carry its lag; others' do not.
     assert sim.replies["n5"].peer_lag == pytest.approx(0.2, rel=0.2)
     assert sim.replies["n4"].peer_lag is None
+    # and the episode that names it, so the node snapshots its stacks under that id
+    reply = sim.replies["n5"]
+    assert (reply.nccl_episode_type, reply.nccl_episode_id) == ("peer_lag", lag.event_id)
+    assert reply.nccl_episode_since == pytest.approx(lag.timestamp)
+    assert (reply.nccl_episode_op, reply.nccl_episode_seq) == (lag.extra["op"], None)
+    assert sim.replies["n4"].nccl_episode_id is None
     assert sim.state is not None
     api = sim.state.threshold_view("c1", "1234", node_id="n5")
     assert api is not None and api.peer_lag == pytest.approx(0.2, rel=0.2)

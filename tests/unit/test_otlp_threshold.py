@@ -111,6 +111,30 @@ VIEWS = [
             ("X-Ingero-Episode-Id", "3f2c9e4a-0d7b-4f4e-9b7e-1c2d3e4f5a6b"),
         ],
     ),
+    (
+        "a collective_hang that waits for a rank of the node",
+        ThresholdView(
+            cluster_id="c",
+            group="c/job/9",
+            threshold=0.85,
+            quorum_met=True,
+            nccl_episode_id="9d1c2b3a-0d7b-4f4e-9b7e-1c2d3e4f5a6b",
+            nccl_episode_type="collective_hang",
+            nccl_episode_since=1700000000.25,
+            nccl_episode_op="ncclAllReduce",
+            nccl_episode_seq=9001,
+        ),
+        [
+            ("X-Ingero-Threshold", "0.85"),
+            ("X-Ingero-Quorum-Met", "true"),
+            ("X-Ingero-Panic", "false"),
+            ("X-Ingero-Nccl-Episode-Id", "9d1c2b3a-0d7b-4f4e-9b7e-1c2d3e4f5a6b"),
+            ("X-Ingero-Nccl-Episode-Type", "collective_hang"),
+            ("X-Ingero-Nccl-Episode-Since", "1700000000.25"),
+            ("X-Ingero-Nccl-Episode-Op", "ncclAllReduce"),
+            ("X-Ingero-Nccl-Episode-Seq", "9001"),
+        ],
+    ),
 ]
 IDS = [case for case, _, _ in VIEWS]
 
@@ -125,6 +149,11 @@ def push_part(view: ThresholdView) -> ThresholdView:
         peer_rates=view.peer_rates,
         rate_ratios=view.rate_ratios,
         episode_id=view.episode_id,
+        nccl_episode_id=view.nccl_episode_id,
+        nccl_episode_type=view.nccl_episode_type,
+        nccl_episode_since=view.nccl_episode_since,
+        nccl_episode_op=view.nccl_episode_op,
+        nccl_episode_seq=view.nccl_episode_seq,
     )
 
 
@@ -169,6 +198,11 @@ def test_the_api_json_has_the_documented_keys_in_order() -> None:
         "episode_id",
         "server_time",
         "peer_lag",
+        "nccl_episode_id",
+        "nccl_episode_type",
+        "nccl_episode_since",
+        "nccl_episode_op",
+        "nccl_episode_seq",
     ]
     assert encode_json(VIEWS[1][1])["threshold"] is None
     assert encode_json(VIEWS[1][1])["peer_rates"] is None

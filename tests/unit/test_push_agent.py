@@ -27,6 +27,7 @@ from ingero.push.score import ScoreResult
 from ingero.runtime.clock import ManualClock
 from ingero.schema.events import Event
 from ingero.slurm.jobfile import JobInfo
+from tests.pyspy_loader import LOADER, start_loader
 
 
 class Sampler:
@@ -400,3 +401,166 @@ def test_fleets_peer_lag_makes_the_node_a_straggler_with_a_good_score() -> None:
     clock.advance(5)
     agent.step()
     assert rec.events[-1].type == "straggler_resolved" and not agent.status.straggling
+
+
+# ---- the stack snapshot ----------------------------------------------------------------
+
+HANG_ID = "9d1c2b3a-0d7b-4f4e-9b7e-1c2d3e4f5a6b"
+
+
+@pytest.fixture
+def job_process(tmp_path: Path):  # type: ignore[no-untyped-def]
+    """A real Python process of job 42 (rank 1) asleep in read_batch, in a real node DB."""
+    import sys
+
+    from ingero.nodedb.schema import connect
+
+    proc = start_loader()
+    db = tmp_path / "node.db"
+    conn = connect(db).conn
+    conn.execute(
+        "INSERT INTO processes VALUES (?, 'python3', ?, '42', 1, 1.0, 2.0)",
+        (proc.pid, sys.executable),
+    )
+    conn.commit()
+    conn.close()
+    yield proc, db
+    proc.kill()
+    proc.wait()
+
+
+def with_snapshots(agent: Agent, db: Path, py_spy: str | None) -> None:
+    from ingero.push.sampler import _pid_alive
+    from ingero.push.snapshot import Snapshotter, dump, job_targets
+
+    agent.snapshotter = Snapshotter(
+        targets=lambda job: job_targets(db, job, limit=8, pid_alive=_pid_alive),
+        dumper=lambda t, timeout: dump(t, py_spy=py_spy, timeout_s=timeout),
+        emit=agent.emit,
+        clock=agent.clock,
+        min_gap_s=30.0,
+        timeout_s=5.0,
+        max_processes=8,
+        max_bytes=10_000,
+    )
+
+
+def hang_reply(**fields: object) -> PushResult:
+    """Fleet's reply naming this node in the episode HANG_ID (a collective_hang unless
+    ``nccl_episode_type`` says otherwise)."""
+    given = {"nccl_episode_type": "collective_hang", **fields}
+    view = ThresholdView(
+        threshold=0.7,
+        quorum_met=True,
+        nccl_episode_id=HANG_ID,
+        **given,  # type: ignore[arg-type]
+    )
+    return PushResult(True, view)
+
+
+def snapshots(agent: Agent, rec: Recorder) -> list[Event]:
+    assert agent.snapshotter is not None
+    agent.snapshotter.wait(30)
+    return [e for e in rec.events if e.type == "stack_snapshot"]
+
+
+def test_a_hang_that_waits_for_the_node_gets_one_snapshot_under_its_id(job_process) -> None:  # type: ignore[no-untyped-def]
+    from ingero.push.snapshot import find_py_spy
+
+    proc, db = job_process
+    agent, clock, _, client, rec = make()
+    with_snapshots(agent, db, find_py_spy())
+    client.result = hang_reply(
+        server_time=clock.now(),
+        nccl_episode_since=clock.now() - 45.0,
+        nccl_episode_op="ncclAllReduce",
+        nccl_episode_seq=9001,
+    )
+    agent.step()
+    (snap,) = snapshots(agent, rec)
+    assert snap.event_id == HANG_ID and (snap.node_id, snap.job_id, snap.rank) == ("n1", "42", 1)
+    assert snap.extra["trigger"] == "collective_hang" and snap.extra["for_s"] == 45.0
+    main = next(s for s in snap.extra["stacks"] if s.get("thread") == "MainThread")
+    assert (main["pid"], main["rank"]) == (proc.pid, 1)
+    top = main["frames"][0]
+    assert (top["function"], top["line"], top["file"]) == ("read_batch", 12, str(LOADER))
+    assert (snap.extra["op"], snap.extra["seq"]) == ("ncclAllReduce", 9001)
+    assert "collective_hang in ncclAllReduce #9001 for 45 s: rank 1" in snap.message()
+    assert f"read_batch at {LOADER}:12 ← Loader.__next__ at {LOADER}:18" in snap.message()
+    # one per episode, not one per push
+    clock.advance(60.0)
+    agent.step()
+    assert len(snapshots(agent, rec)) == 1
+
+
+def test_a_stalled_straggler_gets_one_snapshot_under_its_episode_id(job_process) -> None:  # type: ignore[no-untyped-def]
+    _, db = job_process
+    agent, clock, sampler, _, rec = make()
+    with_snapshots(agent, db, None)  # no py-spy here: the event says so
+    sampler.stalled, sampler.score = True, 0.1
+    for _ in range(3):
+        agent.step()
+        clock.advance(5.0)
+    (straggler, *_) = [e for e in rec.events if e.type == "straggler_state"]
+    (snap,) = snapshots(agent, rec)
+    assert snap.event_id == straggler.event_id and snap.extra["trigger"] == "stalled"
+    (entry,) = snap.extra["stacks"]
+    assert entry["frames"] == [] and entry["reason"] == "py-spy not found: no stack snapshot"
+    sampler.stalled, sampler.score = False, 0.9
+    agent.step()
+    assert len(snapshots(agent, rec)) == 1
+
+
+def test_no_snapshot_while_nothing_names_the_node(job_process) -> None:  # type: ignore[no-untyped-def]
+    _, db = job_process
+    agent, clock, sampler, _, rec = make()
+    with_snapshots(agent, db, None)
+    sampler.score = 0.1  # a straggler, not stalled: its stack is not the question
+    for _ in range(3):
+        agent.step()
+        clock.advance(5.0)
+    assert agent.status.straggling and snapshots(agent, rec) == []
+
+
+def test_the_snapshot_waits_until_the_node_db_lists_a_process_of_the_job(job_process) -> None:  # type: ignore[no-untyped-def]
+    from ingero.nodedb.schema import connect
+    from ingero.push.snapshot import find_py_spy
+
+    proc, db = job_process
+    conn = connect(db).conn
+    conn.execute("UPDATE processes SET job_id = 'another'")
+    conn.commit()
+    agent, clock, _, client, rec = make()
+    with_snapshots(agent, db, find_py_spy())
+    client.result = hang_reply(nccl_episode_since=clock.now())
+    agent.step()
+    assert snapshots(agent, rec) == []  # nothing of job 42 to dump yet: the episode waits
+    conn.execute("UPDATE processes SET job_id = '42'")  # the tracer tagged it
+    conn.commit()
+    conn.close()
+    clock.advance(5.0)
+    agent.step()
+    (snap,) = snapshots(agent, rec)
+    assert snap.event_id == HANG_ID and snap.extra["stacks"][0]["pid"] == proc.pid
+
+
+def test_a_peer_lag_that_names_the_node_gets_its_snapshot(job_process) -> None:  # type: ignore[no-untyped-def]
+    from ingero.push.snapshot import find_py_spy
+
+    _, db = job_process
+    agent, clock, _, client, rec = make()
+    with_snapshots(agent, db, find_py_spy())
+    client.result = hang_reply(
+        nccl_episode_type="peer_lag",
+        nccl_episode_since=clock.now() - 20.0,
+        nccl_episode_op="ncclAllReduce",
+    )
+    agent.step()
+    (snap,) = snapshots(agent, rec)
+    assert (snap.event_id, snap.extra["trigger"], snap.extra["op"]) == (
+        HANG_ID,
+        "peer_lag",
+        "ncclAllReduce",
+    )
+    assert "seq" not in snap.extra and snap.extra["for_s"] == 20.0
+    assert "peer_lag in ncclAllReduce for 20 s: rank 1" in snap.message()

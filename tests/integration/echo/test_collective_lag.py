@@ -119,6 +119,39 @@ SKEW = [
     # a node outside the job, off by more, is not the job's
     Event("clock_skew", "elsewhere", "A", 1100.0, extra={"offset_ms": 900.0, "state": "start"}),
 ]
+
+
+def frames(*where: tuple[str, str, int]) -> list[dict[str, Any]]:
+    return [{"kind": "py", "function": f, "file": file, "line": line} for f, file, line in where]
+
+
+LOADER = frames(("read", "data/loader.py", 212), ("__next__", "data/loader.py", 88))
+INSIDE = frames(("all_reduce", "torch/distributed/c10d.py", 2050), ("step", "train.py", 141))
+
+
+def snapshot(node: str, ts: float, eid: str, rank: int, stacks: Any, **fields: Any) -> Event:
+    extra = {"trigger": "collective_hang", "for_s": 45.2, "stacks": stacks, **fields}
+    return Event("stack_snapshot", node, "A", ts, event_id=eid, job_id=JOB, rank=rank, extra=extra)
+
+
+SNAPSHOTS = [
+    # n41 holds rank 41, the one hang 9001 waits for (its loader thread is the answer), and
+    # rank 40, inside the collective (context)
+    snapshot(
+        "n41",
+        2001.0,
+        H_OPEN,
+        41,
+        [
+            {"pid": 4100, "rank": 41, "thread": "MainThread", "frames": LOADER},
+            {"pid": 4100, "rank": 41, "thread": "pin_memory", "frames": [], "reason": "idle"},
+            {"pid": 4000, "rank": 40, "thread": "MainThread", "frames": INSIDE},
+        ],
+    ),
+    # what a broken sender might write: left out of the answer, never a failed one
+    snapshot("n7", 2003.0, H_OPEN, 7, [{"frames": "no"}, 5, None]),
+    snapshot("n7", 2004.0, H_OPEN, 7, "not a list", for_s="long"),
+]
 # the same job id in cluster B: a cluster-A token must never see it
 BRAVO = [lag("bravo-n3", "B", 1000.0, 3, EB, lag_p50_ms=999.0, lag_p95_ms=999.0, last_count=9)]
 
@@ -142,6 +175,7 @@ def seeded(echo: EchoProcess) -> None:
     post(echo, [RANK41[0], RANK41[1]])
     post(echo, [RANK41[1]])
     post(echo, [*HANGS, *SKEW, *BRAVO])
+    post(echo, SNAPSHOTS)
     post(echo, [straggler("n41", "A", 1000.0, job=JOB), straggler("n41", "A", 1300.0, job=JOB)])
 
 
@@ -226,6 +260,34 @@ def test_stragglers_and_job_report_carry_the_nccl_side(echo: EchoProcess) -> Non
     report = ask(echo, "job_report", job_id=JOB, cluster_id="A")[1]
     assert len(report["collective_hangs"]) == 3 and len(report["peer_lag"]) == 4
     assert [r["comm_rank"] for r in report["lagging_ranks"]] == [41, 7]
+    assert report["answers"] == [ANSWER]
+    assert [s["node_id"] for s in report["stack_snapshots"]] == ["n7", "n7", "n41"]
+
+
+ANSWER = (
+    "the job is hung in allreduce #9001; rank 41 on n41 has been in read at"
+    " data/loader.py:212 ← __next__ at data/loader.py:88 for 45 s"
+)
+
+
+def test_the_missing_rank_stack_is_the_answer_the_waiting_ones_context(
+    echo: EchoProcess,
+) -> None:
+    body = ask(echo, "collective_lag", job_id=JOB, since=0, until=3000)[1]
+    stuck, all_inside = body["hangs"]
+    assert stuck["answer"] == ANSWER
+    roles = [(s["node_id"], s["rank"], s["thread"], s["role"]) for s in stuck["stacks"]]
+    assert roles == [
+        ("n41", 41, "MainThread", "missing"),
+        ("n41", 41, "pin_memory", "missing"),
+        ("n41", 40, "MainThread", "waiting"),
+    ]
+    assert stuck["stacks"][0]["frames"] == LOADER  # frames kept as structure
+    assert stuck["stacks"][2]["summary"].startswith("all_reduce at torch/distributed/c10d.py")
+    assert (all_inside["answer"], all_inside["stacks"]) == (None, [])
+    # the broken ones are listed with what could be read of them: nothing
+    broken = [s for s in body["stack_snapshots"] if s["timestamp"] in (2003.0, 2004.0)]
+    assert [(s["stacks"], s["for_s"]) for s in broken] == [([], None), ([], 45.2)]
 
 
 def test_a_token_of_another_cluster_sees_nothing_of_it(echo: EchoProcess) -> None:

@@ -97,6 +97,7 @@ class Cluster:
     echo_endpoint: str | None = None  # where Fleet forwards events, if anywhere
     job_id: str | None = None  # every node runs this Slurm job, its file in <node>.jobs
     fleet_config: dict[str, Any] = field(default_factory=dict)  # laid over Fleet's config
+    push_config: dict[str, Any] = field(default_factory=dict)  # laid over each fleet-push's
     tracer_interval: float | None = None  # the workloads' write interval (None: half a push)
     cluster_id: str = "itest"  # every node's
     node_prefix: str = "node"  # node ids are this and two digits
@@ -210,6 +211,7 @@ class Cluster:
         }
         if self.token_file is not None:
             cfg["auth_token_file"] = str(self.token_file)
+        cfg.update(self.push_config)
         path = self.tmp / f"{node}.yaml"
         path.write_text(yaml.safe_dump(cfg))
         proc = self.procs.start(

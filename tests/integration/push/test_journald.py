@@ -96,3 +96,38 @@ def test_the_agent_writes_to_the_default_journal_socket(tmp_path: Path) -> None:
     assert entry["INGERO_DETECTION_MODE"] == "none"
     assert entry["INGERO_CLUSTER"] == "jd"
     assert entry["SYSLOG_IDENTIFIER"] == "ingero"
+
+
+SNAPSHOT_WRITER = r"""
+import json
+from ingero.schema.events import Event
+from ingero.push.channels.journald import JournaldChannel
+frames = [{"kind": "py", "function": "read", "file": "data/loader.py", "line": 212},
+          {"kind": "py", "function": "__next__", "file": "data/loader.py", "line": 88}]
+ev = Event(type="stack_snapshot", node_id="gpu-07", cluster_id="c1", timestamp=1700000000.5,
+           event_id="9d1c2b3a-0d7b-4f4e-9b7e-1c2d3e4f5a6b", job_id="4242", rank=5,
+           extra={"trigger": "collective_hang", "op": "ncclAllReduce", "seq": 9001,
+                  "for_s": 45.2, "stacks": [{"pid": 3121, "rank": 5, "frames": frames}]})
+JournaldChannel().send(ev)
+"""
+
+
+def test_a_stack_snapshot_reads_as_one_line_in_journalctl() -> None:
+    reason = unavailable()
+    if reason:
+        pytest.skip(reason)
+    script = (
+        f"{sys.executable} -c '{SNAPSHOT_WRITER}' && journalctl --sync 2>/dev/null;"
+        " journalctl -o json --all --no-pager INGERO_EVENT=stack_snapshot"
+    )
+    result = run_with_journald(["bash", "-c", script])
+    assert result.returncode == 0, result.stderr
+    (entry,) = [json.loads(line) for line in result.stdout.splitlines()]
+    assert entry["MESSAGE_ID"] == MESSAGE_IDS["stack_snapshot"] and entry["PRIORITY"] == "4"
+    assert entry["MESSAGE"] == (
+        "ingero stack_snapshot: node gpu-07 job 4242 collective_hang in ncclAllReduce #9001"
+        " for 45 s: rank 5 pid 3121 in read at data/loader.py:212 ← __next__ at"
+        " data/loader.py:88"
+    )
+    assert entry["INGERO_EVENT_ID"] == "9d1c2b3a-0d7b-4f4e-9b7e-1c2d3e4f5a6b"
+    assert json.loads(entry["INGERO_STACKS"])[0]["frames"][0]["line"] == 212

@@ -67,7 +67,7 @@ def chain(tmp_path: Path) -> Iterator[tuple[Cluster, EchoProcess]]:
 def events(echo: EchoProcess, kind: str) -> list[dict[str, Any]]:
     """Echo's stored events of ``kind`` (Fleet's, forwarded), oldest first, extra parsed."""
     query = (
-        "SELECT node_id, job_id, rank, dominant_signal, extra FROM events"
+        "SELECT event_id, node_id, job_id, rank, dominant_signal, extra FROM events"
         f" WHERE type = '{kind}' ORDER BY ts"
     )
     status, body = http("POST", echo.url + "/api/v1/sql", json.dumps({"query": query}).encode())
@@ -83,6 +83,18 @@ def collective_lag(echo: EchoProcess) -> dict[str, Any]:
     status, body = http("GET", f"{echo.url}/api/v1/collective_lag?{query}")
     assert status == 200, body
     return dict(body)
+
+
+def rank_env(c: Cluster, rank: int, rendezvous: Path, driver_loop: Path) -> dict[str, str]:
+    """The environment of one rank of job JOB on its node (the prolog's job file written
+    there: fleet-push reads its job and rank from it). Each collective launches its kernel
+    through the stand-in driver, as NCCL does: fleet-push counts a node without kernel
+    launches as idle and classifies it not."""
+    nodes = [c.node(i) for i in range(c.nodes)]
+    write_job(c.jobs_dir(rank), JobInfo(JOB, CLUSTER, nodes[rank], rank, c.nodes, nodes))
+    return dict(os.environ, FAKE_NCCL_DIR=str(rendezvous), SLURM_JOB_ID=JOB,
+                FAKE_NCCL_LIBCUDA=str(driver_loop.parent / "libcuda.so.1"),
+                SLURM_PROCID=str(rank), INGERO_JOBS_DIR=str(c.jobs_dir(rank)))  # fmt: skip
 
 
 def comm_hash(proc: Any) -> str:
@@ -111,14 +123,8 @@ def test_late_rank_and_hung_collective_from_ranks_to_echo(
     rendezvous = c.tmp / "rendezvous"
     rendezvous.mkdir()
     ranks = []
-    for rank, node in enumerate(nodes):
-        # The prolog's job file on each node (fleet-push reads its job and rank from it).
-        write_job(c.jobs_dir(rank), JobInfo(JOB, CLUSTER, node, rank, NRANKS, nodes))
-        # Each collective launches its kernel through the stand-in driver, as NCCL does:
-        # fleet-push counts a node without kernel launches as idle and classifies it not.
-        env = dict(os.environ, FAKE_NCCL_DIR=str(rendezvous), SLURM_JOB_ID=JOB,
-                   FAKE_NCCL_LIBCUDA=str(driver_loop.parent / "libcuda.so.1"),
-                   SLURM_PROCID=str(rank), INGERO_JOBS_DIR=str(c.jobs_dir(rank)))  # fmt: skip
+    for rank in range(NRANKS):
+        env = rank_env(c, rank, rendezvous, driver_loop)
         opts = {LATE_RANK: ["-d", str(DELAY_MS)], STOP_RANK: ["-F", str(stop_file)]}
         step = []
         if mode == "enqueue":
