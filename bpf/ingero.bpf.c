@@ -18,6 +18,13 @@
 // sample never shifts the numbers. The arrival is sampled too (KIND_ENTER), so a rank
 // blocked inside a collective is seen before it returns; ingero/trace/collectives.py
 // folds arrivals and returns (and group start/end) into in-flight state per interval.
+//
+// Call stacks (STACKS, from probes.py): a sampled or slow (STACK_SLOW_NS) call's return
+// sample carries the caller's user stack (bpf_get_stack at the uretprobe: the probed
+// function is the op, the first frame is its caller) and, for CPython threads, the
+// interpreter's frame chain as (code object, instruction) pairs, walked from the
+// PyThreadState that user space put in py_tstates with the offsets it put in py_layouts
+// (ingero/trace/pyframes/). The walk reads user memory only, and at most MAX_PY_WALK frames.
 
 #include <uapi/linux/ptrace.h>
 
@@ -116,7 +123,48 @@ BPF_HASH(bio_start, struct bio_key, u64, 16384);
 BPF_HISTOGRAM(bio_hist, int, NSLOTS);
 BPF_PERCPU_ARRAY(host, u64, HOST_NSLOTS);
 BPF_PERCPU_ARRAY(sample_ctr, u64, 1);
-BPF_RINGBUF_OUTPUT(events, 64);
+// 2 MiB: a sample with a stack is ~860 bytes, and the reader drains it every 50 ms.
+BPF_RINGBUF_OUTPUT(events, 512);
+
+#define MAX_NATIVE 32  // user frames per stack
+#define MAX_PY 32      // Python frames per stack (a power of two: the index mask)
+#define MAX_PY_WALK 40 // frames visited (C-stack shim frames are skipped, not kept)
+#define PY_NONE 0      // not a Python thread user space knows
+#define PY_OK 1        // the whole chain
+#define PY_TRUNCATED 2 // more than MAX_PY frames
+#define PY_FAULT 3     // a read failed (the thread moved on, or the map is stale)
+#define PY_NO_THREAD 4 // a Python process, but this thread is not in py_tstates yet
+
+struct py_frame_t {
+    u64 code;   // PyCodeObject *
+    u64 instr;  // 3.11+: _Py_CODEUNIT * into the code; 3.10: f_lasti in the low 32 bits
+};
+
+// A return sample with its stack: event_t, then the frames (sizes in decode.py).
+struct stack_event_t {
+    struct event_t ev;
+    u32 nnative;
+    u32 npy;
+    u32 py_state;
+    u32 pad;
+    u64 native[MAX_NATIVE];
+    struct py_frame_t py[MAX_PY];
+};
+
+// Where a CPython version keeps the frame chain (offsets in bytes; -1: not in this version).
+struct py_layout_t {
+    s32 tstate_frame;    // PyThreadState: the current frame (3.11/3.12: the _PyCFrame *)
+    s32 cframe_current;  // _PyCFrame.current_frame (3.11/3.12), else -1
+    s32 previous;        // frame: the caller's frame
+    s32 code;            // frame: the code object
+    s32 instr;           // frame: the instruction
+    s32 owner;           // frame: owner byte (3.11+), else -1
+    s32 shim_owner;      // owner value of C-stack shim frames (3.12+), else -1
+    u32 pad;
+};
+
+BPF_HASH(py_layouts, u32, struct py_layout_t, 4096);  // tgid → layout
+BPF_HASH(py_tstates, u32, u64, 65536);                // tid → PyThreadState *
 
 // NCCL datatype sizes, indexed by ncclDataType_t (int8 … fp8e5m2).
 static __always_inline u64 dtype_size(u32 dtype) {
@@ -285,6 +333,63 @@ static __always_inline void emit(struct event_t *ev) {
         host_add(HOST_SAMPLES, 1);
 }
 
+static __always_inline void py_walk(struct stack_event_t *r, u32 tgid, u32 tid) {
+    struct py_layout_t *L = py_layouts.lookup(&tgid);
+    if (!L)
+        return;
+    u64 *ts = py_tstates.lookup(&tid);
+    if (!ts) {
+        r->py_state = PY_NO_THREAD;
+        return;
+    }
+    u64 f = 0;
+    if (bpf_probe_read_user(&f, sizeof(f), (void *)(*ts + L->tstate_frame)) != 0)
+        goto fault;
+    if (L->cframe_current >= 0 && f &&
+        bpf_probe_read_user(&f, sizeof(f), (void *)(f + L->cframe_current)) != 0)
+        goto fault;
+    // One index for visits and slots (shim frames are kept; user space drops them): the
+    // verifier follows a single counter, not one per path.
+    u32 n = 0;
+#pragma unroll
+    for (int i = 0; i < MAX_PY; i++) {
+        if (!f)
+            break;
+        u64 code = 0, instr = 0;
+        if (bpf_probe_read_user(&code, sizeof(code), (void *)(f + L->code)) != 0 ||
+            bpf_probe_read_user(&instr, sizeof(instr), (void *)(f + L->instr)) != 0 ||
+            bpf_probe_read_user(&f, sizeof(f), (void *)(f + L->previous)) != 0) {
+            r->npy = n;
+            goto fault;
+        }
+        r->py[i].code = code;
+        r->py[i].instr = instr;
+        n = i + 1;
+    }
+    r->npy = n;
+    r->py_state = f ? PY_TRUNCATED : PY_OK;
+    return;
+fault:
+    r->py_state = PY_FAULT;
+}
+
+// A return sample with the caller's stack (ring buffer memory: too big for the BPF stack).
+static __always_inline void emit_stack(struct pt_regs *ctx, struct event_t *ev) {
+    struct stack_event_t *r = events.ringbuf_reserve(sizeof(struct stack_event_t));
+    if (!r) {
+        host_add(HOST_DROPS, 1);
+        return;
+    }
+    r->ev = *ev;
+    r->npy = 0;
+    r->py_state = PY_NONE;
+    r->pad = 0;
+    long got = bpf_get_stack(ctx, r->native, sizeof(r->native), BPF_F_USER_STACK);
+    r->nnative = got > 0 ? (u32)((u64)got >> 3) : 0;
+    py_walk(r, ev->tgid, ev->tid);
+    events.ringbuf_submit(r, BPF_RB_NO_WAKEUP);
+    host_add(HOST_SAMPLES, 1);
+}
 
 // First call of a process: remember it (off-CPU time) and tell the reader at once, so it
 // reads the process's job tags while the process still exists.
@@ -397,7 +502,9 @@ static __always_inline int call_leave(struct pt_regs *ctx, int always) {
     u32 tgid = id >> 32;
     s32 ret = (s32)PT_REGS_RC(ctx);
     record(id, c->op, dur, c->bytes, ret != 0);
-    if (should_sample(always)) {
+    int sampled = should_sample(always);
+    // A slow call is sampled too (with its stack), whatever the counter says.
+    if (sampled || (STACKS && dur >= STACK_SLOW_NS)) {
         struct event_t ev = {};
         ev.ts = now;
         ev.duration_ns = dur;
@@ -412,7 +519,10 @@ static __always_inline int call_leave(struct pt_regs *ctx, int always) {
         ev.seq = c->seq;
         ev.rank = c->rank;
         ev.nranks = c->nranks;
-        emit(&ev);
+        if (STACKS)
+            emit_stack(ctx, &ev);
+        else
+            emit(&ev);
     }
     call_pop(id, s);
     return 0;

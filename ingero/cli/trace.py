@@ -54,6 +54,15 @@ def parse_size(text: str) -> int:
                    "individually; beyond it a power-of-two stride of sequence numbers.")  # fmt: skip
 @click.option("--gpu/--no-gpu", default=True, show_default=True,
               help="Write a gpu_intervals row per GPU every interval (NVML, else nvidia-smi).")  # fmt: skip
+@click.option(
+    "--stacks/--no-stacks",
+    default=True,
+    show_default=True,
+    help="Sampled and slow calls carry their caller's native and Python stack.",
+)
+@click.option("--stack-slow-ms", type=click.FloatRange(min=0), default=None,
+              help="A call at least this long is sampled with its stack [default: "
+                   "ingero.trace.probes.DEFAULT_STACK_SLOW_MS, 10].")  # fmt: skip
 def trace(
     pid: int | None,
     record: bool,
@@ -63,13 +72,16 @@ def trace(
     sample_every: int,
     nccl_sample_max: int,
     gpu: bool,
+    stacks: bool,
+    stack_slow_ms: float | None,
 ) -> int:
     """Trace CUDA, NCCL and host events into the node DB (needs root or CAP_BPF+CAP_PERFMON)."""
     ignore_hangups("trace", "nothing to reload; restart to change probes or options")
     from ingero.trace.bccload import BccUnavailable
     from ingero.trace.collectives import Collectives
     from ingero.trace.gpusampler import default_sampler
-    from ingero.trace.probes import ProbeError, load
+    from ingero.trace.probes import DEFAULT_STACK_SLOW_MS, ProbeError, load
+    from ingero.trace.stacks import StackResolver
     from ingero.trace.tags import TagCache
     from ingero.trace.tracer import Tracer, system_libraries
     from ingero.trace.writer import NodeDbWriter
@@ -83,7 +95,8 @@ def trace(
     except Exception as exc:
         raise UnavailableError(f"{db_path}: cannot open the node DB: {exc}") from exc
     try:
-        probes = load(sample_every, -1 if pid is None else pid)
+        slow = DEFAULT_STACK_SLOW_MS if stack_slow_ms is None else stack_slow_ms
+        probes = load(sample_every, -1 if pid is None else pid, stacks=stacks, stack_slow_ms=slow)
     except (BccUnavailable, ProbeError) as exc:
         writer.close()
         raise UnavailableError(f"{exc} (run 'ingero check')") from exc
@@ -96,7 +109,8 @@ def trace(
     gpus = default_sampler() if gpu else None
     tracer = Tracer(probes, writer, SystemClock(), TagCache(), pid=pid,
                     extra_libraries=system_libraries(find_lib) if pid is None else [],
-                    gpu=gpus, nccl=Collectives(nccl_sample_max))  # fmt: skip
+                    gpu=gpus, nccl=Collectives(nccl_sample_max),
+                    stacks=StackResolver(probes) if stacks else None)  # fmt: skip
     stop = threading.Event()
 
     def on_signal(signum: int, frame: FrameType | None) -> None:

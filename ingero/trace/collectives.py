@@ -53,6 +53,7 @@ class _Call:
     bytes: int
     ts_return: float | None = None
     ret: int | None = None
+    stack_key: str | None = None  # the stack its return sample carried
 
 
 @dataclass
@@ -109,8 +110,9 @@ class Collectives:
 
     # -- events ------------------------------------------------------------------------
 
-    def feed(self, ev: TraceEvent, ts: float) -> None:
-        """One decoded sample; ``ts`` is its time in Unix seconds."""
+    def feed(self, ev: TraceEvent, ts: float, stack_key: str | None = None) -> None:
+        """One decoded sample; ``ts`` is its time in Unix seconds, ``stack_key`` the key of
+        the stack it carried (a collective's return: written on its nccl_calls row)."""
         if ev.kind == KIND_ENTER:
             self.enter(ev.pid, ev.tid, ts, ev.comm, ev.comm_hash, ev.rank, ev.nranks, ev.seq,
                        ev.op, ev.bytes)  # fmt: skip
@@ -128,7 +130,7 @@ class Collectives:
                 self.comm_destroy(ev.pid, ev.comm)
             elif ev.seq:
                 self.leave(ev.pid, ev.tid, ts, ev.duration_ns, ev.comm, ev.comm_hash, ev.rank,
-                           ev.nranks, ev.seq, ev.op, ev.bytes, ev.ret)  # fmt: skip
+                           ev.nranks, ev.seq, ev.op, ev.bytes, ev.ret, stack_key)  # fmt: skip
 
     def comm_init(self, pid: int, handle: int, comm_hash: int, rank: int, nranks: int) -> None:
         """A communicator was created (numbering restarts at 1 on this handle)."""
@@ -207,6 +209,7 @@ class Collectives:
     def leave(
         self, pid: int, tid: int, ts: float, duration_ns: int, handle: int, comm_hash: int,
         comm_rank: int, nranks: int, seq: int, op: str, nbytes: int, ret: int,
+        stack_key: str | None = None,
     ) -> None:  # fmt: skip
         """Collective ``seq`` returned at ``ts`` after ``duration_ns`` (host side)."""
         comm = self._comms.get((pid, handle))
@@ -218,6 +221,7 @@ class Collectives:
         call = comm.sampled_call(seq)
         if call is not None:
             call.ret = ret
+            call.stack_key = stack_key or call.stack_key
         thread = self._threads.get((pid, tid))
         if thread is not None and ((pid, handle), seq) in thread.group:
             return  # in flight until the group ends
@@ -297,4 +301,5 @@ def _call_row(call: _Call) -> dict[str, object]:
         "op": call.op,
         "bytes": call.bytes,
         "ret": call.ret,
+        "stack_key": call.stack_key,
     }

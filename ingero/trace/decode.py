@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 import struct
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from ingero.trace.ops import OPS, op_name
 
@@ -43,6 +43,15 @@ def unique_id_hash(unique_id: bytes) -> int:
     return h
 
 
+# struct stack_event_t: event_t, then u32 nnative, npy, py_state, pad, MAX_NATIVE u64
+# return addresses and MAX_PY (code, instr) u64 pairs.
+MAX_NATIVE = 32
+MAX_PY = 32
+STACK_HEAD = struct.Struct("<IIII")
+STACK_SIZE = EVENT_SIZE + STACK_HEAD.size + 8 * MAX_NATIVE + 16 * MAX_PY
+PY_NONE, PY_OK, PY_TRUNCATED, PY_FAULT, PY_NO_THREAD = range(5)
+
+
 class DecodeError(ValueError):
     """A sample does not have the expected size or fields."""
 
@@ -63,6 +72,11 @@ class TraceEvent:
     nranks: int
     dtype: int
     kind: int
+    # The caller's user stack (return addresses, innermost first) and, for a CPython
+    # thread, its (code object, instruction) frames; None: no stack captured.
+    native: tuple[int, ...] | None = None
+    py: tuple[tuple[int, int], ...] = ()
+    py_state: int = PY_NONE
 
     @property
     def op(self) -> str:
@@ -97,11 +111,20 @@ class TraceEvent:
 
 
 def decode(data: bytes) -> TraceEvent:
-    """One sample; raises DecodeError on a short buffer or an unknown kind."""
-    if len(data) < EVENT_SIZE:
-        raise DecodeError(f"sample of {len(data)} bytes, expected {EVENT_SIZE}")
+    """One sample (with its stack when it carries one); raises DecodeError on any size but
+    the two the program writes, an unknown kind or frame counts past their arrays."""
+    if len(data) not in (EVENT_SIZE, STACK_SIZE):
+        raise DecodeError(f"sample of {len(data)} bytes, expected {EVENT_SIZE} or {STACK_SIZE}")
     fields = EVENT_FORMAT.unpack_from(data)
-    event = TraceEvent(*fields)
-    if event.kind not in KINDS:
-        raise DecodeError(f"unknown sample kind {event.kind}")
-    return event
+    if fields[-1] not in KINDS:
+        raise DecodeError(f"unknown sample kind {fields[-1]}")
+    if len(data) == EVENT_SIZE:
+        return TraceEvent(*fields)
+    nnative, npy, state, _ = STACK_HEAD.unpack_from(data, EVENT_SIZE)
+    if nnative > MAX_NATIVE or npy > MAX_PY or state > PY_NO_THREAD:
+        raise DecodeError(f"stack of {nnative} native and {npy} Python frames (state {state})")
+    at = EVENT_SIZE + STACK_HEAD.size
+    native = struct.unpack_from(f"<{nnative}Q", data, at)
+    pairs = struct.unpack_from(f"<{2 * npy}Q", data, at + 8 * MAX_NATIVE)
+    py = tuple(zip(pairs[::2], pairs[1::2], strict=True))
+    return replace(TraceEvent(*fields), native=native, py=py, py_state=state)

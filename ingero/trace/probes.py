@@ -22,11 +22,14 @@ from ingero.trace.ops import (
     ops_for_lib,
 )
 from ingero.trace.procmaps import LibraryFile
+from ingero.trace.pyframes.layout import Layout
 from ingero.trace.symbols import Attachment, bcc_symbol_table, select
 
 BPF_DIR_ENV = "INGERO_BPF_DIR"
 BPF_SOURCE = "ingero.bpf.c"
 DEFAULT_SAMPLE_EVERY = 64
+# A call at least this long is sampled with its stack whatever the sampling counter says.
+DEFAULT_STACK_SLOW_MS = 10.0
 
 
 class ProbeError(RuntimeError):
@@ -56,12 +59,20 @@ def _op_mask(lib: str) -> int:
     return mask
 
 
-def program_text(source: str, sample_every: int = DEFAULT_SAMPLE_EVERY) -> str:
+def program_text(
+    source: str,
+    sample_every: int = DEFAULT_SAMPLE_EVERY,
+    stacks: bool = True,
+    stack_slow_ms: float = DEFAULT_STACK_SLOW_MS,
+) -> str:
     """The C source plus one PROBE_PAIR per generic op (special ops are hand-written)."""
     if sample_every < 1:
         raise ValueError("sample_every must be at least 1")
+    if stack_slow_ms < 0:
+        raise ValueError("stack_slow_ms must not be negative")
     head = (
         f"#define SAMPLE_EVERY {sample_every}\n#define OP_OFFCPU {OP_OFFCPU}\n"
+        f"#define STACKS {int(stacks)}\n#define STACK_SLOW_NS {int(stack_slow_ms * 1e6)}ULL\n"
         f"#define OP_COMM_INIT {OP_COMM_INIT}\n#define OP_COMM_DESTROY {OP_COMM_DESTROY}\n"
         f"#define RUNTIME_OPS {_op_mask(CUDART)}ULL\n#define DRIVER_OPS {_op_mask(CUDA)}ULL\n"
     )
@@ -135,6 +146,39 @@ class Probes:
             with contextlib.suppress(KeyError):
                 del comms[k]
 
+    def set_python(self, pid: int, layout: Layout, tstates: dict[int, int]) -> None:
+        """Let the program walk ``pid``'s Python frames: its layout, its threads' states."""
+        table = self.bpf[b"py_layouts"]
+        leaf = table.Leaf(
+            layout.tstate_frame,
+            -1 if layout.cframe_current_frame is None else layout.cframe_current_frame,
+            layout.frame_previous,
+            layout.frame_code,
+            layout.frame_instr,
+            -1 if layout.frame_owner is None else layout.frame_owner,
+            -1 if layout.shim_owner is None else layout.shim_owner,
+            0,
+        )
+        table[table.Key(pid)] = leaf
+        threads = self.bpf[b"py_tstates"]
+        for tid, tstate in tstates.items():
+            threads[threads.Key(tid)] = threads.Leaf(tstate)
+
+    def forget_python(self, pid: int, tids: set[int]) -> None:
+        for name, keys in ((b"py_layouts", [pid]), (b"py_tstates", sorted(tids))):
+            table = self.bpf[name]
+            for k in keys:
+                with contextlib.suppress(KeyError):
+                    del table[table.Key(k)]
+
+    def symbol(self, pid: int, addr: int) -> tuple[str | None, int | None, str | None]:
+        """(function, offset in it, library path) of a user address, by BCC's symbol cache
+        (ELF and debuglink symbols of the process's mappings)."""
+        name, offset, module = type(self.bpf)._sym_cache(pid).resolve(addr, True)
+        text = name.decode(errors="replace") if name else None
+        lib = module.decode(errors="replace") if module else None
+        return text, (int(offset) if name else None), lib
+
     def snapshot(self) -> tuple[Snapshot, dict[int, int]]:
         """Cumulative stats, histograms and host counters, plus the block I/O histogram."""
         stats: dict[Key, StatVal] = {}
@@ -167,7 +211,11 @@ class Probes:
 
 
 def load(
-    sample_every: int = DEFAULT_SAMPLE_EVERY, pid: int = -1, task_storage: bool = True
+    sample_every: int = DEFAULT_SAMPLE_EVERY,
+    pid: int = -1,
+    task_storage: bool = True,
+    stacks: bool = True,
+    stack_slow_ms: float = DEFAULT_STACK_SLOW_MS,
 ) -> Probes:
     """Compile and load the program (host tracepoints attach automatically).
 
@@ -175,7 +223,7 @@ def load(
     else in a hash map: same results, about 250 ns more per call.
     """
     bcc = load_bcc()
-    text = program_text(bpf_source_path().read_text(), sample_every)
+    text = program_text(bpf_source_path().read_text(), sample_every, stacks, stack_slow_ms)
     variants = [["-DUSE_TASK_STORAGE"], []] if task_storage else [[]]
     error: Exception | None = None
     for flags in variants:

@@ -17,6 +17,7 @@ from ingero.trace.decode import KIND_ENTER, KIND_EXIT, KIND_NEW, DecodeError, Tr
 from ingero.trace.gpusampler import GpuRows
 from ingero.trace.ops import CUDA, CUDART, NCCL
 from ingero.trace.procmaps import DEFAULT_PROC, LibraryFile, scan, unique_libraries
+from ingero.trace.stacks import StackResolver
 from ingero.trace.tags import TagCache
 from ingero.trace.writer import Batch
 
@@ -74,6 +75,7 @@ class Tracer:
     extra_libraries: list[LibraryFile] = field(default_factory=list)
     gpu: GpuRowSource | None = None
     nccl: Collectives = field(default_factory=Collectives)
+    stacks: StackResolver | None = None  # None: samples carry no stacks (--no-stacks)
     _prev: Snapshot = EMPTY
     _prev_bio: dict[int, int] = field(default_factory=dict)
     _last: float = 0.0
@@ -104,6 +106,8 @@ class Tracer:
         for lib in unique_libraries(procs):
             self._probe_count += len(self.probes.attach_library(lib))
         self._register([p.pid for p in procs])
+        if self.stacks is not None:
+            self.stacks.refresh(everyone=True)  # threads started since
 
     def _register(self, pids: list[int]) -> None:
         new = [p for p in pids if p not in self._known and p not in self._exited]
@@ -114,6 +118,8 @@ class Tracer:
             self._known[p] = now
             self.tags.get(p)
         self.probes.mark_traced(new)
+        if self.stacks is not None:
+            self.stacks.register(new)
 
     def on_sample(self, data: bytes) -> None:
         try:
@@ -122,6 +128,10 @@ class Tracer:
             self._bad_samples += 1
             print(f"ingero trace: bad sample: {exc}", file=sys.stderr)
             return
+        if self.stacks is not None:
+            # Symbolised now, while the process (its maps, its code objects) still exists;
+            # the tick finds the result in the resolver's cache.
+            self.stacks.resolve(event)
         if event.kind == KIND_NEW:
             self._new.append(event.pid)
         else:
@@ -133,6 +143,8 @@ class Tracer:
         if self._new:
             new, self._new = self._new, []
             self._register(new)
+        if self.stacks is not None:
+            self.stacks.refresh()  # Python threads a sample found unmapped
 
     def tick(self) -> TickResult:
         """Close the current interval: write its aggregates, samples and host context."""
@@ -146,11 +158,18 @@ class Tracer:
         host = host_row(self._prev, cur, self._last, now, diff_hist(self._prev_bio, bio))
         samples, self._samples = self._samples, []
         raw: list[dict[str, object]] = []
+        stacks: dict[str, Stack] = {}
+        first_seen: dict[str, float] = {}
         for ev in samples:
             if ev.kind == KIND_EXIT:
                 self._exited.add(ev.pid)
             ts = now - (mono_ns - ev.ts_ns) / 1e9
-            self.nccl.feed(ev, ts)
+            stack = self.stacks.resolve(ev) if self.stacks is not None else None
+            key = stack.key() if stack is not None else None
+            if stack is not None and key is not None:
+                stacks[key] = stack
+                first_seen[key] = min(ts, first_seen.get(key, ts))
+            self.nccl.feed(ev, ts, key)
             if ev.kind == KIND_ENTER:
                 continue  # an arrival: its call is one raw event, at its return
             tag = tags.get(ev.pid)
@@ -167,23 +186,28 @@ class Tracer:
                     "ret": ev.ret,
                     "bytes": ev.bytes,
                     "detail": ev.detail(),
+                    "stack_key": key,
                 }
             )
         processes = [self._process_row(p, now) for p in sorted({r["pid"] for r in rows})]  # type: ignore[type-var]
         gpu = self._gpu_rows(self._last, now)
         nccl = self.nccl.close(now, tags)
+        stack_rows = [{"stack_key": k, "frames": st.dumps(), "first_seen": first_seen[k],
+                       "last_seen": now} for k, st in stacks.items()]  # fmt: skip
         self.sink.submit(
             Batch(rows, raw, [host], [p for p in processes if p], gpu.intervals, gpu.processes,
-                  nccl.calls, nccl.comms)
+                  nccl.calls, nccl.comms, stack_rows)
         )  # fmt: skip
         result = TickResult(
             self._last, now, rows, host, len(samples), self._bad_samples,
-            self._probe_count, len(self._known), len(gpu.intervals),
+            self._probe_count, len(self._known), len(gpu.intervals), raw, stacks,
         )  # fmt: skip
         self._prev, self._prev_bio, self._last = cur, bio, now
         if self._exited:
             # Their final counts are in this interval; now free the kernel entries.
             self.probes.forget(self._exited)
+            if self.stacks is not None:
+                self.stacks.forget(self._exited)
             for p in self._exited:
                 self._known.pop(p, None)
                 self.tags.forget(p)

@@ -1,0 +1,170 @@
+"""Where CPython keeps what a stack walk reads, per version (x86-64, default GIL build).
+
+3.10-3.12 have no runtime description of their own layout: the tables below are
+``offsetof`` of CPython's own structs, compiled against each version's installed headers
+(tests/unit/test_pyframes_layout.py recompiles them when the headers are present and
+compares). 3.13 describes itself: ``_PyRuntime`` starts with ``_Py_DebugOffsets`` (cookie
+``xdebugpy``), read out of the process by ``from_debug_offsets``. 3.14 changed that struct
+again and is not read: such a process gets native frames and a reason.
+"""
+
+from __future__ import annotations
+
+import struct
+from dataclasses import dataclass, replace
+
+
+class UnsupportedPython(Exception):
+    """The process runs a CPython whose frames this reader cannot walk (the message says why)."""
+
+
+@dataclass(frozen=True)
+class Layout:
+    version: tuple[int, int]
+    runtime_interpreters_head: int
+    interp_threads_head: int
+    tstate_next: int
+    tstate_thread_id: int  # pthread_t
+    tstate_native_thread_id: int | None  # the kernel tid (3.11+)
+    tstate_frame: int  # the frame pointer, or (with cframe_current_frame) the _PyCFrame*
+    cframe_current_frame: int | None  # 3.11/3.12: tstate->cframe->current_frame
+    frame_previous: int
+    frame_code: int
+    frame_instr: int  # 3.10: int f_lasti (code units); 3.11+: _Py_CODEUNIT* pointer
+    frame_owner: int | None  # char owner (3.11+)
+    shim_owner: int | None  # frames with this owner are C-stack shims (3.12+), skipped
+    code_filename: int
+    code_name: int  # co_qualname where the version has it, else co_name
+    code_firstlineno: int
+    code_linetable: int
+    code_adaptive: int | None  # bytecode start inside the code object (3.11+)
+    bytes_size: int = 16
+    bytes_sval: int = 32
+    unicode_state: int = 32
+    unicode_length: int = 16
+    ascii_size: int = 48
+    compact_size: int = 72
+
+    @property
+    def linetable(self) -> str:
+        return "310" if self.version < (3, 11) else "311"
+
+    @property
+    def lasti_index(self) -> bool:
+        """3.10 frames hold an instruction index, later ones a pointer into the bytecode."""
+        return self.version < (3, 11)
+
+
+PY310 = Layout(
+    version=(3, 10), runtime_interpreters_head=32, interp_threads_head=8, tstate_next=8,
+    tstate_thread_id=176, tstate_native_thread_id=None, tstate_frame=24,
+    cframe_current_frame=None, frame_previous=24, frame_code=32, frame_instr=96,
+    frame_owner=None, shim_owner=None, code_filename=104, code_name=112,
+    code_firstlineno=40, code_linetable=120, code_adaptive=None,
+)  # fmt: skip
+PY311 = Layout(
+    version=(3, 11), runtime_interpreters_head=40, interp_threads_head=16, tstate_next=8,
+    tstate_thread_id=152, tstate_native_thread_id=160, tstate_frame=56,
+    cframe_current_frame=8, frame_previous=48, frame_code=32, frame_instr=56,
+    frame_owner=69, shim_owner=None, code_filename=112, code_name=128,
+    code_firstlineno=72, code_linetable=136, code_adaptive=184,
+)  # fmt: skip
+PY312 = Layout(
+    version=(3, 12), runtime_interpreters_head=40, interp_threads_head=72, tstate_next=8,
+    tstate_thread_id=136, tstate_native_thread_id=144, tstate_frame=56,
+    cframe_current_frame=0, frame_previous=8, frame_code=0, frame_instr=56,
+    frame_owner=70, shim_owner=3, code_filename=112, code_name=128,
+    code_firstlineno=68, code_linetable=136, code_adaptive=192,
+    ascii_size=40, compact_size=56,
+)  # fmt: skip
+TABLES = {(3, 10): PY310, (3, 11): PY311, (3, 12): PY312}
+
+DEBUG_COOKIE = b"xdebugpy"
+# _Py_DebugOffsets of 3.13: cookie, then u64 fields in groups (each group starts with the
+# struct's size). Only the groups up to unicode_object are read.
+_DEBUG_313 = (
+    ("head", ("version", "free_threaded")),
+    ("runtime", ("size", "finalizing", "interpreters_head")),
+    ("interp", ("size", "id", "next", "threads_head", "gc", "imports_modules", "sysdict",
+                "builtins", "ceval_gil", "gil_runtime_state", "gil_enabled", "gil_locked",
+                "gil_holder")),
+    ("tstate", ("size", "prev", "next", "interp", "current_frame", "thread_id",
+                "native_thread_id", "datastack_chunk", "status")),
+    ("frame", ("size", "previous", "executable", "instr_ptr", "localsplus", "owner")),
+    ("code", ("size", "filename", "name", "qualname", "linetable", "firstlineno",
+              "argcount", "localsplusnames", "localspluskinds", "co_code_adaptive")),
+    ("pyobject", ("size", "ob_type")),
+    ("type", ("size", "tp_name", "tp_repr", "tp_flags")),
+    ("tuple", ("size", "ob_item", "ob_size")),
+    ("list", ("size", "ob_item", "ob_size")),
+    ("dict", ("size", "ma_keys", "ma_values")),
+    ("float", ("size", "ob_fval")),
+    ("long", ("size", "lv_tag", "ob_digit")),
+    ("bytes", ("size", "ob_size", "ob_sval")),
+    ("unicode", ("size", "state", "length", "asciiobject_size")),
+)  # fmt: skip
+DEBUG_OFFSETS_SIZE = 8 + 8 * sum(len(fields) for _, fields in _DEBUG_313)
+
+
+def parse_debug_offsets(data: bytes) -> dict[str, int]:
+    """``group.field`` → value from the start of ``_PyRuntime`` (3.13's struct)."""
+    if len(data) < DEBUG_OFFSETS_SIZE:
+        raise UnsupportedPython(f"_Py_DebugOffsets: {len(data)} bytes, need {DEBUG_OFFSETS_SIZE}")
+    if data[:8] != DEBUG_COOKIE:
+        raise UnsupportedPython("_PyRuntime does not start with the _Py_DebugOffsets cookie")
+    values = struct.unpack_from(f"<{(DEBUG_OFFSETS_SIZE - 8) // 8}Q", data, 8)
+    out: dict[str, int] = {}
+    i = 0
+    for group, fields in _DEBUG_313:
+        for name in fields:
+            out[f"{group}.{name}"] = values[i]
+            i += 1
+    return out
+
+
+def version_of_hex(hexversion: int) -> tuple[int, int]:
+    return (hexversion >> 24) & 0xFF, (hexversion >> 16) & 0xFF
+
+
+def from_debug_offsets(data: bytes) -> Layout:
+    """The layout a 3.13 process describes in its ``_Py_DebugOffsets``."""
+    d = parse_debug_offsets(data)
+    version = version_of_hex(d["head.version"])
+    if version != (3, 13):
+        raise UnsupportedPython(f"python {version[0]}.{version[1]} not supported")
+    if d["head.free_threaded"]:
+        raise UnsupportedPython("free-threaded CPython build (Py_GIL_DISABLED) not supported")
+    return Layout(
+        version=version,
+        runtime_interpreters_head=d["runtime.interpreters_head"],
+        interp_threads_head=d["interp.threads_head"],
+        tstate_next=d["tstate.next"],
+        tstate_thread_id=d["tstate.thread_id"],
+        tstate_native_thread_id=d["tstate.native_thread_id"],
+        tstate_frame=d["tstate.current_frame"],
+        cframe_current_frame=None,
+        frame_previous=d["frame.previous"],
+        frame_code=d["frame.executable"],
+        frame_instr=d["frame.instr_ptr"],
+        frame_owner=d["frame.owner"],
+        shim_owner=3,
+        code_filename=d["code.filename"],
+        code_name=d["code.qualname"],
+        code_firstlineno=d["code.firstlineno"],
+        code_linetable=d["code.linetable"],
+        code_adaptive=d["code.co_code_adaptive"],
+        bytes_size=d["bytes.ob_size"],
+        bytes_sval=d["bytes.ob_sval"],
+        unicode_state=d["unicode.state"],
+        unicode_length=d["unicode.length"],
+        ascii_size=d["unicode.asciiobject_size"],
+        compact_size=d["unicode.asciiobject_size"] + 16,  # + utf8_length, utf8
+    )
+
+
+def table_for(version: tuple[int, int]) -> Layout:
+    """The compiled-in layout of a version without ``_Py_DebugOffsets``."""
+    layout = TABLES.get(version)
+    if layout is None:
+        raise UnsupportedPython(f"python {version[0]}.{version[1]} not supported")
+    return replace(layout)
