@@ -12,6 +12,7 @@ from typing import Any
 
 from ingero.trace.aggregate import HOST_COUNTERS, Key, Snapshot, StatVal
 from ingero.trace.bccload import load_bcc
+from ingero.trace.nativesyms import NativeSymbols
 from ingero.trace.ops import (
     CUDA,
     CUDART,
@@ -102,6 +103,7 @@ class Probes:
     pid: int = -1
     task_storage: bool = False
     attached: dict[tuple[int, int], list[Attachment]] = field(default_factory=dict)
+    native: NativeSymbols = field(default_factory=NativeSymbols)
 
     def attach_library(self, lib: LibraryFile) -> list[Attachment]:
         """Attach every op of ``lib`` once (by path: later processes are caught too)."""
@@ -141,6 +143,8 @@ class Probes:
         for pid in pids:
             with contextlib.suppress(KeyError):
                 del traced[traced.Key(pid)]
+        for pid in pids:
+            self.native.forget(pid)
         comms = self.bpf[b"comms"]  # communicators a process never destroyed
         for k in [k for k in comms if k.tgid in pids]:
             with contextlib.suppress(KeyError):
@@ -172,12 +176,9 @@ class Probes:
                     del table[table.Key(k)]
 
     def symbol(self, pid: int, addr: int) -> tuple[str | None, int | None, str | None]:
-        """(function, offset in it, library path) of a user address, by BCC's symbol cache
-        (ELF and debuglink symbols of the process's mappings)."""
-        name, offset, module = type(self.bpf)._sym_cache(pid).resolve(addr, True)
-        text = name.decode(errors="replace") if name else None
-        lib = module.decode(errors="replace") if module else None
-        return text, (int(offset) if name else None), lib
+        """(function, offset in it, library path) of a user address (``nativesyms``: the
+        process's maps, read again for a library loaded later, and the file's ELF symbols)."""
+        return self.native.resolve(pid, addr)
 
     def snapshot(self) -> tuple[Snapshot, dict[int, int]]:
         """Cumulative stats, histograms and host counters, plus the block I/O histogram."""

@@ -115,6 +115,15 @@ def test_cuda_calls_counted_timed_and_sampled(
                 "ORDER BY count DESC LIMIT 1", workload.pid)[0]  # fmt: skip
     assert 0.5 * median <= row["p50_ns"] <= 2 * median, (row["p50_ns"], median)
     assert "exit" in by_op, "process exit was not reported"
+    # Each sampled call carries its native stack: the caller, main() of the loop program
+    # (its ELF symbols), in the loop binary, named through the process's maps.
+    stacks = _rows(tracer.db, "SELECT s.frames FROM raw_events r JOIN stacks s USING (stack_key) "
+                   "WHERE r.pid = ? AND r.op = 'cudaMalloc'", workload.pid)  # fmt: skip
+    assert stacks, "sampled calls without stacks"
+    for s in stacks:
+        first = json.loads(s["frames"])["frames"][0]
+        assert first["kind"] == "native" and first.get("function") == "main", first
+        assert first.get("lib") == str(cuda_loop), first
 
     # Off-CPU: the thread sleeps SLEEP_US per iteration, so it was off-CPU about that long
     # (a sleep whose timer fires before the switch never leaves the CPU, hence the margin).

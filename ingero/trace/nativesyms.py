@@ -1,0 +1,153 @@
+"""Name native frames: a user address of a process → (function, offset, mapped file).
+
+The process's mappings come from ``/proc/PID/maps`` (read again when an address falls
+outside every known mapping: a library dlopen()ed after the first read, as ctypes and
+PyTorch's lazy CUDA loading do), the function from the mapped file's ELF symbol tables
+(``.symtab`` where not stripped, else ``.dynsym``) through pyelftools, read once per file.
+BCC's own symbol cache was tried first: it read the maps once per process and named
+nothing dlopen()ed later, which is every CUDA library of a Python job.
+"""
+
+from __future__ import annotations
+
+import bisect
+from collections import OrderedDict
+from dataclasses import dataclass
+from pathlib import Path
+
+from elftools.common.exceptions import ELFError
+from elftools.elf.elffile import ELFFile
+from elftools.elf.sections import SymbolTableSection
+
+from ingero.trace.procmaps import DEFAULT_PROC
+
+# Bounds: files whose symbols are kept, processes whose maps are kept.
+MAX_FILES = 64
+MAX_PROCS = 256
+
+
+@dataclass(frozen=True)
+class Mapping:
+    start: int
+    end: int
+    offset: int  # file offset of start
+    path: str
+
+
+@dataclass(frozen=True)
+class SymbolTable:
+    starts: list[int]  # sorted function start addresses (file virtual addresses)
+    ends: list[int]
+    names: list[str]
+    segments: list[tuple[int, int, int]]  # PT_LOAD (p_offset, p_filesz, p_vaddr)
+
+    def vaddr_of(self, file_offset: int) -> int | None:
+        """The file's virtual address of a file offset (what its symbols hold)."""
+        for off, size, vaddr in self.segments:
+            if off <= file_offset < off + size:
+                return file_offset - off + vaddr
+        return None
+
+    def lookup(self, vaddr: int) -> tuple[str, int] | None:
+        i = bisect.bisect_right(self.starts, vaddr) - 1
+        if i < 0 or vaddr >= self.ends[i]:
+            return None
+        return self.names[i], vaddr - self.starts[i]
+
+
+def read_maps(pid: int, proc: Path = DEFAULT_PROC) -> list[Mapping]:
+    out: list[Mapping] = []
+    with open(proc / str(pid) / "maps") as f:
+        for line in f:
+            parts = line.split(maxsplit=5)
+            if len(parts) < 6 or not parts[5].startswith("/") or "x" not in parts[1]:
+                continue
+            lo, hi = parts[0].split("-", 1)
+            out.append(Mapping(int(lo, 16), int(hi, 16), int(parts[2], 16), parts[5].rstrip()))
+    return out
+
+
+def load_symbols(path: str) -> SymbolTable:
+    """Function symbols of an ELF file; raises OSError or ELFError."""
+    with open(path, "rb") as f:
+        elf = ELFFile(f)
+        segments = [
+            (int(s["p_offset"]), int(s["p_filesz"]), int(s["p_vaddr"]))
+            for s in elf.iter_segments()
+            if s["p_type"] == "PT_LOAD"
+        ]
+        funcs: dict[int, tuple[int, str]] = {}
+        for name in (".symtab", ".dynsym"):
+            sec = elf.get_section_by_name(name)
+            if not isinstance(sec, SymbolTableSection):
+                continue
+            for sym in sec.iter_symbols():
+                if sym["st_info"]["type"] != "STT_FUNC" or not sym["st_value"] or not sym.name:
+                    continue
+                size = max(int(sym["st_size"]), 1)
+                funcs.setdefault(int(sym["st_value"]), (size, sym.name))
+    starts = sorted(funcs)
+    return SymbolTable(
+        starts=starts,
+        ends=[s + funcs[s][0] for s in starts],
+        names=[funcs[s][1] for s in starts],
+        segments=segments,
+    )
+
+
+class NativeSymbols:
+    """Bounded caches of process maps and file symbol tables."""
+
+    def __init__(self, proc: Path = DEFAULT_PROC) -> None:
+        self.proc = proc
+        self._maps: OrderedDict[int, list[Mapping]] = OrderedDict()
+        self._files: OrderedDict[str, SymbolTable | None] = OrderedDict()
+
+    def forget(self, pid: int) -> None:
+        self._maps.pop(pid, None)
+
+    def _mapping(self, pid: int, addr: int) -> Mapping | None:
+        for fresh in (False, True):
+            maps = None if fresh else self._maps.get(pid)
+            if maps is None:
+                try:
+                    maps = read_maps(pid, self.proc)
+                except OSError:
+                    return None
+                self._maps[pid] = maps
+                self._maps.move_to_end(pid)
+                while len(self._maps) > MAX_PROCS:
+                    self._maps.popitem(last=False)
+                fresh = True
+            for m in maps:
+                if m.start <= addr < m.end:
+                    return m
+            if fresh:
+                return None
+        return None
+
+    def _table(self, pid: int, path: str) -> SymbolTable | None:
+        if path not in self._files:
+            try:
+                # Through the process's root, so a container's libraries are read.
+                table: SymbolTable | None = load_symbols(str(self.proc / str(pid) / "root") + path)
+            except (OSError, ELFError, ValueError):
+                table = None
+            self._files[path] = table
+            while len(self._files) > MAX_FILES:
+                self._files.popitem(last=False)
+        return self._files[path]
+
+    def resolve(self, pid: int, addr: int) -> tuple[str | None, int | None, str | None]:
+        """(function, offset in it, mapped file) of ``addr`` in ``pid``; None where unknown."""
+        m = self._mapping(pid, addr)
+        if m is None:
+            return None, None, None
+        table = self._table(pid, m.path)
+        if table is None:
+            return None, None, m.path
+        vaddr = table.vaddr_of(addr - m.start + m.offset)
+        hit = None if vaddr is None else table.lookup(vaddr)
+        if hit is None:
+            return None, None, m.path
+        return hit[0], hit[1], m.path

@@ -1,0 +1,56 @@
+"""Native frames named from /proc/PID/maps and the mapped file's ELF symbols."""
+
+from __future__ import annotations
+
+import ctypes
+import ctypes.util
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+from ingero.trace.nativesyms import NativeSymbols, load_symbols, read_maps
+
+
+def _addr(fn: object) -> int:
+    value = ctypes.cast(fn, ctypes.c_void_p).value
+    assert value is not None
+    return value
+
+
+def test_a_libc_function_and_an_offset_into_it() -> None:
+    libc = ctypes.CDLL(ctypes.util.find_library("c"))
+    syms = NativeSymbols()
+    name, off, lib = syms.resolve(os.getpid(), _addr(libc.getpid))
+    assert name is not None and "getpid" in name and off == 0
+    assert lib is not None and "libc" in Path(lib).name
+    name2, off2, _ = syms.resolve(os.getpid(), _addr(libc.getpid) + 3)
+    assert (name2, off2) == (name, 3)
+
+
+def test_a_library_loaded_after_the_first_read_is_named(tmp_path: Path) -> None:
+    src = tmp_path / "late.c"
+    src.write_text("int ingero_late_fn(int x) { return x * 3 + 1; }\n")
+    so = tmp_path / "liblate.so"
+    subprocess.run(["cc", "-shared", "-fPIC", "-o", str(so), str(src)], check=True)
+    syms = NativeSymbols()
+    libc = ctypes.CDLL(ctypes.util.find_library("c"))
+    syms.resolve(os.getpid(), _addr(libc.getpid))  # maps read and cached before the dlopen
+    late = ctypes.CDLL(str(so))
+    name, off, lib = syms.resolve(os.getpid(), _addr(late.ingero_late_fn) + 1)
+    assert (name, off, lib) == ("ingero_late_fn", 1, str(so))
+
+
+def test_unknown_addresses_and_gone_processes_name_nothing() -> None:
+    syms = NativeSymbols()
+    assert syms.resolve(os.getpid(), 8) == (None, None, None)
+    p = subprocess.Popen([sys.executable, "-c", "pass"])
+    p.wait()
+    assert syms.resolve(p.pid, 0x400000) == (None, None, None)
+
+
+def test_maps_list_executable_file_mappings_only() -> None:
+    maps = read_maps(os.getpid())
+    assert maps and all(m.path.startswith("/") and m.start < m.end for m in maps)
+    table = load_symbols(maps[0].path)
+    assert table.starts == sorted(table.starts)
