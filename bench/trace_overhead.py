@@ -8,7 +8,9 @@ process (uprobes attach by library path, so every new process is caught):
 - ``none``: no probes;
 - ``floor``: an empty entry + return uprobe pair on the same function: the cost of any
   uprobe design that measures durations;
-- ``ingero``: ingero's full BPF program (every CUDA probe, host tracepoints, ring buffer).
+- ``ingero``: ingero's full BPF program (every CUDA probe, host tracepoints, ring buffer),
+  with call stacks on sampled and slow calls (the default);
+- ``no-stacks``: the same program loaded with ``--no-stacks``.
 
 Times are the workload thread's CPU time (uprobe handlers run in its context; waiting for
 a CPU on a shared machine does not count). First, back-to-back calls (no work between)
@@ -112,9 +114,11 @@ class Ingero(Config):
     """ingero's program on every op of ``lib`` plus the host tracepoints. With ``poll_s``
     a thread reads the ring buffer that often while attached, as the tracer does."""
 
-    def __init__(self, lib: LibraryFile | None = None, poll_s: float | None = None) -> None:
-        super().__init__("ingero")
-        self.probes = load()
+    def __init__(
+        self, lib: LibraryFile | None = None, poll_s: float | None = None, stacks: bool = True
+    ) -> None:
+        super().__init__("ingero" if stacks else "no-stacks")
+        self.probes = load(stacks=stacks)
         self.lib = lib or library()
         self.attachments = self.probes.attach_library(self.lib)
         self.probes.open_ring(lambda data: None)
@@ -181,35 +185,41 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as tmp:
         exe = build(Path(tmp))
         ingero = Ingero()
+        plain = Ingero(stacks=False)
         floor = Floor(type(ingero.probes.bpf), ingero.lib.path)
-        configs = [Config("none"), floor, ingero]
+        configs = [Config("none"), floor, ingero, plain]
+        traced = ("ingero", "no-stacks")
         print(
             f"# {time.strftime('%Y-%m-%d %H:%M:%S')} host={os.uname().nodename} "
             f"cpus={os.cpu_count()} load={os.getloadavg()[0]:.1f} rounds={args.rounds} "
             f"calls-in-flight={'task storage' if ingero.probes.task_storage else 'hash'}"
         )
         per_call = measure(exe, configs, 0, args.calls, args.rounds)
-        added = per_call["ingero"] - per_call["none"]
         floor_added = per_call["floor"] - per_call["none"]
+        parts = "  ".join(
+            f"{n}: adds {per_call[n] - per_call['none']:.0f} ns, "
+            f"ratio={(per_call[n] - per_call['none']) / floor_added:.2f}x"
+            for n in traced
+        )
         print(
             f"per call (back to back, {args.calls} calls): none={per_call['none']:.0f} ns "
-            f"floor={per_call['floor']:.0f} ns ingero={per_call['ingero']:.0f} ns  "
-            f"added: floor={floor_added:.0f} ns ingero={added:.0f} ns  "
-            f"ratio={added / floor_added:.2f}x"
+            f"floor adds {floor_added:.0f} ns  {parts}"
         )
         for rate in (int(r) for r in args.rates.split(",")):
             spin = calibrate(exe, rate)
             med = measure(exe, configs, spin, int(rate * args.seconds), args.rounds)
-            added = med["ingero"] - med["none"]
             floor_added = med["floor"] - med["none"]
+            parts = "  ".join(
+                f"{n}: slowdown={100 * (med[n] - med['none']) / med['none']:.2f}% "
+                f"ratio={(med[n] - med['none']) / floor_added if floor_added > 0 else float('nan'):.2f}x"
+                for n in traced
+            )
             print(
                 f"rate={rate}/s  ns/iter: none={med['none']:.0f} floor={med['floor']:.0f} "
-                f"ingero={med['ingero']:.0f}  slowdown={100 * added / med['none']:.2f}%  "
-                f"added/call: ingero={added:.0f} ns floor={floor_added:.0f} ns  "
-                f"ratio={added / floor_added if floor_added > 0 else float('nan'):.2f}x  "
-                f"(throughput {1e9 / med['none']:.0f} -> {1e9 / med['ingero']:.0f} calls/s)"
+                f"(floor adds {floor_added:.0f} ns)  {parts}"
             )
         ingero.probes.close()
+        plain.probes.close()
         floor.bpf.cleanup()
 
 
