@@ -173,7 +173,10 @@ def _check(c: Cluster, echo: EchoProcess, comm: str, hung_seq: int, pid: int) ->
         hung_seq,
     ), extra
     assert extra["for_s"] >= HANG_AFTER, extra
-    main = next(s for s in extra["stacks"] if s["pid"] == pid and s.get("thread") == "MainThread")
+    # The main thread is the one whose tid is the pid; py-spy names it where it could read
+    # the threading module's names (not always, for a process asleep or frozen).
+    main = next(s for s in extra["stacks"] if s["pid"] == pid and s.get("tid") == pid)
+    assert main.get("thread") in (None, "MainThread"), main
     assert main["rank"] == PY_RANK and "reason" not in main, main
     where = [(f["function"], f["file"], f["line"]) for f in main["frames"][:2]]
     assert where == [
