@@ -95,6 +95,10 @@ def load_symbols(path: str) -> SymbolTable:
     )
 
 
+def _containing(maps: list[Mapping], addr: int) -> Mapping | None:
+    return next((m for m in maps if m.start <= addr < m.end), None)
+
+
 class NativeSymbols:
     """Bounded caches of process maps and file symbol tables."""
 
@@ -107,24 +111,19 @@ class NativeSymbols:
         self._maps.pop(pid, None)
 
     def _mapping(self, pid: int, addr: int) -> Mapping | None:
-        for fresh in (False, True):
-            maps = None if fresh else self._maps.get(pid)
-            if maps is None:
-                try:
-                    maps = read_maps(pid, self.proc)
-                except OSError:
-                    return None
-                self._maps[pid] = maps
-                self._maps.move_to_end(pid)
-                while len(self._maps) > MAX_PROCS:
-                    self._maps.popitem(last=False)
-                fresh = True
-            for m in maps:
-                if m.start <= addr < m.end:
-                    return m
-            if fresh:
+        maps = self._maps.get(pid)
+        hit = _containing(maps, addr) if maps is not None else None
+        if hit is None:  # maps not read yet, or a library mapped since they were
+            try:
+                maps = read_maps(pid, self.proc)
+            except OSError:
                 return None
-        return None
+            self._maps[pid] = maps
+            self._maps.move_to_end(pid)
+            while len(self._maps) > MAX_PROCS:
+                self._maps.popitem(last=False)
+            hit = _containing(maps, addr)
+        return hit
 
     def _table(self, pid: int, path: str) -> SymbolTable | None:
         if path not in self._files:
