@@ -55,12 +55,17 @@ class SymbolTable:
         return self.names[i], vaddr - self.starts[i]
 
 
-def read_maps(pid: int, proc: Path = DEFAULT_PROC) -> list[Mapping]:
+def read_maps(pid: int, proc: Path = DEFAULT_PROC, executable: bool = True) -> list[Mapping]:
+    """The file mappings of ``pid`` (only the executable ones unless told otherwise)."""
     out: list[Mapping] = []
     with open(proc / str(pid) / "maps") as f:
         for line in f:
             parts = line.split(maxsplit=5)
-            if len(parts) < 6 or not parts[5].startswith("/") or "x" not in parts[1]:
+            if (
+                len(parts) < 6
+                or not parts[5].startswith("/")
+                or (executable and "x" not in parts[1])
+            ):
                 continue
             lo, hi = parts[0].split("-", 1)
             out.append(Mapping(int(lo, 16), int(hi, 16), int(parts[2], 16), parts[5].rstrip()))

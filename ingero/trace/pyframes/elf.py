@@ -17,6 +17,8 @@ from elftools.common.exceptions import ELFError
 from elftools.elf.elffile import ELFFile
 from elftools.elf.sections import SymbolTableSection
 
+from ingero.trace.nativesyms import read_maps
+
 # python3.11, python3.13t, libpython3.10.so.1.0, libpython3.13t.so.1.0
 _NAME = re.compile(r"^(?:lib)?python(\d)\.(\d+)(t?)(?:d|m)?(?:\.so.*)?$")
 WANTED = ("_PyRuntime", "Py_Version", "PyCode_Type")
@@ -33,13 +35,8 @@ class PythonImage:
 def _mappings(pid: int, proc: Path) -> dict[str, list[tuple[int, int]]]:
     """path → [(start, file offset)] of its mappings."""
     out: dict[str, list[tuple[int, int]]] = {}
-    with open(proc / str(pid) / "maps") as f:
-        for line in f:
-            parts = line.split(maxsplit=5)
-            if len(parts) < 6 or not parts[5].startswith("/"):
-                continue
-            start = int(parts[0].split("-", 1)[0], 16)
-            out.setdefault(parts[5].rstrip("\n"), []).append((start, int(parts[2], 16)))
+    for m in read_maps(pid, proc, executable=False):
+        out.setdefault(m.path, []).append((m.start, m.offset))
     return out
 
 
