@@ -20,6 +20,11 @@ Tables (all timestamps are Unix seconds, durations nanoseconds):
   by ``stack_key``; ``raw_events.stack_key`` and ``nccl_calls.stack_key`` refer to it (NULL:
   no stack captured). ``last_seen`` is the newest row referring to it, so pruning by age
   drops a stack with the last event that used it.
+- ``marks`` (version 5): what the job itself says it does, through ``ingero annotate``'s
+  socket: steps, phases (data loading, forward, checkpoint) and labels, each with the
+  writer's pid and uid as the kernel reports them (SO_PEERCRED), never as the line claims.
+- ``engines`` (version 5): inference servers recognised on the node (vLLM, SGLang, TGI,
+  Triton, TensorRT-LLM): engine, model, role and the service name that groups replicas.
 """
 
 from __future__ import annotations
@@ -33,7 +38,7 @@ import sqlite_utils
 from ingero.sqlite import sqlitemigrate
 from ingero.sqlite.sqlitemigrate import SchemaError as SchemaError  # re-exported for readers
 
-SCHEMA_VERSION = 4
+SCHEMA_VERSION = 5
 
 
 def _v1(db: sqlite_utils.Database) -> None:
@@ -222,8 +227,44 @@ def _v4(db: sqlite_utils.Database) -> None:
     db.table("nccl_calls").add_column("stack_key", str)
 
 
+def _v5(db: sqlite_utils.Database) -> None:
+    db.table("marks").create(
+        {
+            "ts_start": float,  # Unix s
+            "ts_end": float,  # NULL: an instant mark, or a phase still open
+            "pid": int,  # the writer, from SO_PEERCRED
+            "uid": int,
+            "job_id": str,  # the writer's Slurm tags, as for its CUDA rows
+            "rank": int,
+            "kind": str,  # step | phase | label
+            "name": str,  # phase name ("forward", "checkpoint"); "step" for steps
+            "step": int,  # the job's own step number, where it gave one
+            "labels": str,  # JSON object of the line's labels (bounded by annotate's limits)
+        },
+        not_null={"ts_start", "pid", "kind", "name"},
+    )
+    db.table("marks").create_index(["ts_start"])
+    db.table("marks").create_index(["pid", "ts_start"])
+    db.table("engines").create(
+        {
+            "pid": int,
+            "engine": str,  # vllm | sglang | tgi | triton | trtllm
+            "model": str,  # as the command line or /metrics names it; NULL: not said
+            "role": str,  # prefill | decode | mixed | router; NULL: not said
+            "service": str,  # the configured or derived name that groups replicas
+            "metrics_url": str,  # where the engine serves /metrics; NULL: none found
+            "job_id": str,
+            "rank": int,
+            "first_seen": float,
+            "last_seen": float,
+        },
+        pk="pid",
+        not_null={"engine", "first_seen", "last_seen"},
+    )
+
+
 # Index i holds the migration from version i to i + 1. Append only.
-MIGRATIONS: list[Callable[[sqlite_utils.Database], None]] = [_v1, _v2, _v3, _v4]
+MIGRATIONS: list[Callable[[sqlite_utils.Database], None]] = [_v1, _v2, _v3, _v4, _v5]
 assert len(MIGRATIONS) == SCHEMA_VERSION
 
 

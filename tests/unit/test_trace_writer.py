@@ -128,7 +128,7 @@ def test_a_version_1_node_db_is_migrated_keeping_its_rows(tmp_path: Path) -> Non
     writer = NodeDbWriter(path)
     writer.close()
     db = connect(path, readonly=True)
-    assert db.execute("PRAGMA user_version").fetchone()[0] == SCHEMA_VERSION == 4
+    assert db.execute("PRAGMA user_version").fetchone()[0] == SCHEMA_VERSION == 5
     columns = {c.name for c in db.table("gpu_intervals").columns}
     assert set(GPU_HEALTH_COLUMNS) <= columns
     # The old row is there; what version 1 never measured reads as NULL, not 0.
