@@ -6,6 +6,7 @@ lines from stdin (a shell job's client) and prints each refusal the server answe
 
 from __future__ import annotations
 
+import contextlib
 import signal
 import socket
 import sys
@@ -134,13 +135,17 @@ def send(socket_path: Path) -> int:
         sock.connect(str(socket_path))
     except OSError as exc:
         raise UnavailableError(f"{socket_path}: cannot connect: {exc.strerror or exc}") from exc
+    replies = b""
     with sock:
-        for line in sys.stdin.buffer:
-            sock.sendall(line if line.endswith(b"\n") else line + b"\n")
-        sock.shutdown(socket.SHUT_WR)
-        replies = b""
-        while chunk := sock.recv(65536):
-            replies += chunk
+        # A server that refuses the connection (too many clients) closes it: what it
+        # answered is still read and printed.
+        with contextlib.suppress(OSError):
+            for line in sys.stdin.buffer:
+                sock.sendall(line if line.endswith(b"\n") else line + b"\n")
+            sock.shutdown(socket.SHUT_WR)
+        with contextlib.suppress(OSError):
+            while chunk := sock.recv(65536):
+                replies += chunk
     refused = 0
     for line in replies.splitlines():
         try:
