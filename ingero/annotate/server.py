@@ -35,11 +35,11 @@ from ingero.annotate.codec import (
     decode_line,
     encode_refusal,
 )
+from ingero.nodedb.schema import ANNOTATE_SOURCE
 from ingero.runtime.clock import Clock
 
 # Refusal bytes held for a client that does not read them; beyond, refusals are only counted.
 MAX_REPLY_BYTES: Final = 16 * 1024
-STEP_SOURCE: Final = "annotate"
 
 
 @dataclass(frozen=True)
@@ -193,7 +193,7 @@ class Annotations:
                     "pid": writer.pid,
                     "job_id": writer.job_id,
                     "rank": writer.rank,
-                    "source": STEP_SOURCE,
+                    "source": ANNOTATE_SOURCE,
                     "op": "step",
                     "count": count,
                     "total_ns": 0,
