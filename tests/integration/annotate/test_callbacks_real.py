@@ -59,27 +59,15 @@ def stopped(server: Server) -> Server:
 
 @needs_transformers
 def test_hf_callback_through_the_real_callback_handler(tmp_path: Path) -> None:
-    from transformers import TrainingArguments
-    from transformers.trainer_callback import (
-        CallbackHandler,
-        DefaultFlowCallback,
-        TrainerControl,
-        TrainerState,
-    )
+    from transformers.trainer_callback import TrainerControl, TrainerState
 
     hf = contrib_module("ingero_hf")
     with annotate_server(tmp_path) as server:
-        args = TrainingArguments(
-            output_dir=str(tmp_path / "out"),
-            eval_strategy="steps",
-            eval_steps=2,
-            save_strategy="steps",
-            save_steps=3,
-            logging_strategy="no",
-            report_to=[],
-        )
         marks = hf.IngeroMarks(path=str(server.socket))
-        handler = CallbackHandler([DefaultFlowCallback, marks], None, None, None, None)
+        args, handler = hf_loop(
+            tmp_path, marks, eval_strategy="steps", eval_steps=2, save_strategy="steps",
+            save_steps=3,
+        )  # fmt: skip
         state = TrainerState(max_steps=6, eval_steps=2, save_steps=3)
         control = TrainerControl()
         # The order Trainer calls them in: step end, then evaluation, then the save.
@@ -108,24 +96,28 @@ def test_hf_callback_through_the_real_callback_handler(tmp_path: Path) -> None:
     assert rows == [{"n": 6}]
 
 
+def hf_loop(tmp_path: Path, marks: Any, **options: Any) -> tuple[Any, Any]:
+    """Real TrainingArguments and the real CallbackHandler, as Trainer builds them."""
+    from transformers import TrainingArguments
+    from transformers.trainer_callback import CallbackHandler, DefaultFlowCallback
+
+    args = TrainingArguments(
+        output_dir=str(tmp_path / "out"), logging_strategy="no", report_to=[], **options
+    )
+    return args, CallbackHandler([DefaultFlowCallback, marks], None, None, None, None)
+
+
 def json_step(mark: dict[str, Any]) -> int:
     return int(json.loads(mark["labels"])["step"])
 
 
 @needs_transformers
 def test_hf_callback_without_a_server_counts_and_goes_on(tmp_path: Path) -> None:
-    from transformers import TrainingArguments
-    from transformers.trainer_callback import (
-        CallbackHandler,
-        DefaultFlowCallback,
-        TrainerControl,
-        TrainerState,
-    )
+    from transformers.trainer_callback import TrainerControl, TrainerState
 
     hf = contrib_module("ingero_hf")
-    args = TrainingArguments(output_dir=str(tmp_path / "out"), save_strategy="no", report_to=[])
     marks = hf.IngeroMarks(path=str(tmp_path / "no-server.sock"))
-    handler = CallbackHandler([DefaultFlowCallback, marks], None, None, None, None)
+    args, handler = hf_loop(tmp_path, marks, save_strategy="no")
     state, control = TrainerState(max_steps=3), TrainerControl()
     for step in range(1, 4):
         state.global_step = step

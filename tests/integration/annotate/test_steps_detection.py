@@ -10,11 +10,8 @@ rate against theirs; the others never are.
 
 from __future__ import annotations
 
-import json
-import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
 
 import pytest
 
@@ -47,16 +44,6 @@ def cluster(tmp_path: Path) -> Iterator[Cluster]:
         c.procs.stop_all()
 
 
-def api(c: Cluster, node: str) -> dict[str, Any]:
-    url = (
-        f"http://127.0.0.1:{c.ports['api']}/api/v1/threshold?cluster_id=itest&job_id={JOB}"
-        f"&node_id={node}"
-    )
-    with urllib.request.urlopen(url, timeout=10) as resp:
-        body: dict[str, Any] = json.loads(resp.read())
-    return body
-
-
 def test_marked_steps_flag_the_node_whose_job_steps_slower(cluster: Cluster) -> None:
     c = cluster
     c.start_fleet()
@@ -86,7 +73,7 @@ def test_marked_steps_flag_the_node_whose_job_steps_slower(cluster: Cluster) -> 
         "the node whose job steps at half its peers' rate flagged",
     )[0]
     assert first.job_id == JOB
-    mine = api(c, slow)
+    mine = c.threshold(slow)
     assert mine["peer_rates"]["step_rate"] > 0
     assert mine["rate_ratios"]["step_rate"] == pytest.approx(0.5, abs=0.2)
     # Its kernel launches are its peers': only the job's own marks tell it apart.

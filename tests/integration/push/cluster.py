@@ -237,6 +237,16 @@ class Cluster:
                 out.append(Event.from_dict(json.loads(line)))
         return out
 
+    def threshold(self, node: str) -> dict[str, Any]:
+        """Fleet's threshold reply for ``node`` in this cluster's job (GET /api/v1/threshold)."""
+        url = (
+            f"http://127.0.0.1:{self.ports['api']}/api/v1/threshold?cluster_id={self.cluster_id}"
+            f"&job_id={self.job_id}&node_id={node}"
+        )
+        with urllib.request.urlopen(url, timeout=10) as resp:
+            body: dict[str, Any] = json.loads(resp.read())
+        return body
+
     def modes(self, node: str) -> list[str]:
         return [
             str(e.detection_mode)
