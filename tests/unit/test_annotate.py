@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 
 import pytest
-from hypothesis import given
+from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from ingero.annotate.codec import (
@@ -48,6 +48,7 @@ marks = st.one_of(
 )
 
 
+@settings(deadline=None)  # a shared, loaded machine: no per-example deadline
 @given(marks)
 def test_decode_returns_what_encode_wrote(mark: Mark) -> None:
     line = encode_mark(mark)
@@ -55,6 +56,7 @@ def test_decode_returns_what_encode_wrote(mark: Mark) -> None:
     assert decode_line(line) == mark
 
 
+@settings(deadline=None)
 @given(st.binary(max_size=300))
 def test_any_bytes_decode_to_a_mark_or_one_line_error(data: bytes) -> None:
     try:
@@ -63,6 +65,7 @@ def test_any_bytes_decode_to_a_mark_or_one_line_error(data: bytes) -> None:
         assert "\n" not in str(exc)
 
 
+@settings(deadline=None)
 @given(st.text(max_size=40), st.text(max_size=80))
 def test_refusal_round_trip(reason: str, detail: str) -> None:
     line = encode_refusal(reason, detail)
