@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import contextlib
 import grp
+import json
 import os
 import selectors
 import socket
@@ -274,8 +275,6 @@ class Annotations:
 
     @staticmethod
     def _row(writer: Writer, mark: Mark, ts: float) -> dict[str, object]:
-        import json
-
         return {
             "ts_start": ts,
             "ts_end": None,
@@ -373,8 +372,13 @@ def serve(
                         conn, _ = sock.accept()
                     except BlockingIOError:
                         continue
-                    pid, uid, _gid = peer_credentials(conn)
-                    if not core.open(conn.fileno(), identify(pid, uid)):
+                    try:
+                        pid, uid, _gid = peer_credentials(conn)
+                        writer = identify(pid, uid)
+                    except OSError:  # gone before it could be identified
+                        conn.close()
+                        continue
+                    if not core.open(conn.fileno(), writer):
                         with contextlib.suppress(OSError):
                             conn.send(core.refusal_for_clients())
                         conn.close()

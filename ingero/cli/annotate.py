@@ -95,7 +95,9 @@ def serve(
     tags = TagCache()
 
     def identify(pid: int, uid: int) -> Writer:
+        # Read at each connect and not kept: a long-lived server sees many short-lived pids.
         found = tags.get(pid)
+        tags.forget(pid)
         return Writer(pid, uid, found.job_id, found.rank)
 
     stop = threading.Event()
