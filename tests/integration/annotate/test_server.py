@@ -177,3 +177,26 @@ def test_a_configured_group_may_write(tmp_path: Path, public_dir: Path) -> None:
         server.stop()
     assert result.stdout.split() == ["connected"], result.stdout + result.stderr
     assert [(m["uid"], m["step"]) for m in server.marks()] == [(65534, 1)]
+
+
+def test_a_second_server_on_a_live_socket_exits_and_a_stale_one_is_replaced(
+    tmp_path: Path,
+) -> None:
+    with annotate_server(tmp_path) as server:
+        second = subprocess.run(
+            [sys.executable, "-m", "ingero.cli.main", "annotate", "serve", "--socket",
+             str(server.socket), "--db", str(tmp_path / "other.db")],
+            cwd=ROOT, capture_output=True, text=True, timeout=60, check=False,
+        )  # fmt: skip
+        assert second.returncode == 69
+        assert "another annotate server is listening" in second.stderr
+        assert send(server, b'{"kind":"step"}').returncode == 0  # the first one serves on
+        server.stop()
+    # A server killed outright leaves its socket file: the next one replaces it.
+    again = tmp_path / "again"
+    again.mkdir()
+    stale = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    stale.bind(str(again / "annotate.sock"))
+    stale.close()
+    with annotate_server(again) as replaced:
+        assert send(replaced, b'{"kind":"step"}').returncode == 0
