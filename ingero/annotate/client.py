@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import os
 import socket
+import time
 from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 from typing import Final
@@ -25,6 +26,9 @@ from ingero.annotate.codec import (
 # Lines held while the server reads slower than the job writes; past this, marks are dropped
 # (memory stays bounded and the step goes on).
 MAX_PENDING_BYTES: Final = 64 * 1024
+# After a failed connect, marks are dropped without trying again for this long: a job that
+# marks every step on a node with no server pays no connect per step.
+RECONNECT_S: Final = 1.0
 
 
 def socket_path(path: str | os.PathLike[str] | None = None) -> str:
@@ -37,10 +41,14 @@ def socket_path(path: str | os.PathLike[str] | None = None) -> str:
 
 class Annotator:
     """One connection to the annotate socket, made on the first mark (and again after a
-    failure, at most once per mark)."""
+    failure, at most once per ``reconnect_s``)."""
 
-    def __init__(self, path: str | os.PathLike[str] | None = None) -> None:
+    def __init__(
+        self, path: str | os.PathLike[str] | None = None, reconnect_s: float = RECONNECT_S
+    ) -> None:
         self.path = socket_path(path)
+        self.reconnect_s = reconnect_s
+        self._retry_at: float | None = None
         self.sent = 0  # lines handed to the socket
         self.dropped = 0  # marks lost: no server, or the socket full
         self.refused: list[tuple[str, str]] = []  # (reason, detail) the server answered
@@ -114,12 +122,16 @@ class Annotator:
 
     def _connect(self) -> socket.socket | None:
         if self._sock is None:
+            if self._retry_at is not None and time.monotonic() < self._retry_at:
+                return None
             sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
             try:
                 sock.connect(self.path)
             except OSError:
                 sock.close()
+                self._retry_at = time.monotonic() + self.reconnect_s
                 return None
+            self._retry_at = None
             sock.setblocking(False)
             self._sock = sock
         return self._sock

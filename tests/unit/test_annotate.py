@@ -3,11 +3,14 @@
 from __future__ import annotations
 
 import json
+import socket
+from pathlib import Path
 
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from ingero.annotate.client import Annotator
 from ingero.annotate.codec import (
     DEFAULT_LIMITS,
     LineError,
@@ -209,3 +212,23 @@ def test_replies_bounded_for_a_client_that_never_reads() -> None:
     c.feed(1, b"bad\n" * 5000)
     assert len(c.replies(1)) <= 16 * 1024
     assert c.refused["bad_json"] == 5000 and c.replies_dropped > 0
+
+
+def test_the_client_waits_before_connecting_again(tmp_path: Path) -> None:
+    path = tmp_path / "a.sock"
+    patient = Annotator(path, reconnect_s=3600.0)
+    eager = Annotator(path, reconnect_s=0.0)
+    patient.step(1)
+    eager.step(1)
+    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as server:
+        server.bind(str(path))
+        server.listen()
+        patient.step(2)  # within its wait: dropped, no connect
+        eager.step(2)
+        assert (patient.sent, patient.dropped) == (0, 2)
+        assert (eager.sent, eager.dropped) == (1, 1)
+        conn, _ = server.accept()
+        with conn:
+            assert conn.recv(100) == b'{"kind":"step","step":2}\n'
+    patient.close()
+    eager.close()
