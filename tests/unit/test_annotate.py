@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import json
 import socket
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -232,3 +234,16 @@ def test_the_client_waits_before_connecting_again(tmp_path: Path) -> None:
             assert conn.recv(100) == b'{"kind":"step","step":2}\n'
     patient.close()
     eager.close()
+
+
+def test_the_client_imports_only_the_standard_library() -> None:
+    """A training job imports the client without ingero's dependencies."""
+    code = (
+        "import sys; before = set(sys.modules); import ingero.annotate.client\n"
+        "tops = {m.split('.')[0] for m in set(sys.modules) - before}\n"
+        "print(sorted(tops - set(sys.stdlib_module_names) - {'ingero'}))"
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, check=True, timeout=60
+    ).stdout
+    assert out.strip() == "[]"
