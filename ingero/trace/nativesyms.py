@@ -5,7 +5,8 @@ outside every known mapping: a library dlopen()ed after the first read, as ctype
 PyTorch's lazy CUDA loading do; at most every ``REREAD_S`` per process, since a frame-pointer
 walk through code built without them yields addresses no mapping holds, and a real PyTorch
 process's maps cost milliseconds to read), the function from the mapped file's ELF symbol tables
-(``.symtab`` where not stripped, else ``.dynsym``) through pyelftools, read once per file.
+(``.symtab`` where not stripped, else ``.dynsym``) through pyelftools, read once per file,
+demangled by libstdc++ (``ingero.trace.demangle``).
 BCC's own symbol cache was tried first: it read the maps once per process and named
 nothing dlopen()ed later, which is every CUDA library of a Python job.
 """
@@ -23,6 +24,7 @@ from elftools.common.exceptions import ELFError
 from elftools.elf.elffile import ELFFile
 from elftools.elf.sections import SymbolTableSection
 
+from ingero.trace.demangle import demangle
 from ingero.trace.procmaps import DEFAULT_PROC
 
 # Bounds: files whose symbols are kept, processes whose maps are kept.
@@ -175,4 +177,4 @@ class NativeSymbols:
         hit = None if vaddr is None else table.lookup(vaddr)
         if hit is None:
             return None, None, m.path
-        return hit[0], hit[1], m.path
+        return demangle(hit[0]), hit[1], m.path
