@@ -764,6 +764,7 @@ def job_timeline(conn: sqlite3.Connection, ctx: Context, args: dict[str, Any]) -
         [start, width, columns - 1, *job_args],
     ).fetchall()
     thresholds: list[list[float]] = []
+    said: dict[tuple[str, str], list[tuple[float, float]]] = {}
     for cid, nid, ts, score, threshold, kind, signal, reason in conn.execute(
         "SELECT cluster_id, node_id, ts, score, threshold, type, dominant_signal,"
         " json_extract(extra, '$.reason') FROM events"
@@ -779,6 +780,8 @@ def job_timeline(conn: sqlite3.Connection, ctx: Context, args: dict[str, Any]) -
             r["signal"] = signal
             r["reason"] = reason if isinstance(reason, str) else None
         thresholds.append([ts, threshold])
+        if score is not None:  # a straggler's events say its score between samples too
+            said.setdefault((cid, nid), []).append((ts, score))
     episodes = []
     for cid, nid, s, e, last, depth, low in conn.execute(
         "SELECT cluster_id, node_id, start_ts, end_ts, last_ts, max_depth, min_score"
@@ -823,12 +826,15 @@ def job_timeline(conn: sqlite3.Connection, ctx: Context, args: dict[str, Any]) -
         ),
     )
     series = []
-    for r in [r for r in ordered if (r["cluster_id"], r["node_id"]) in scored][:SERIES_NODES]:
+    charted = [r for r in ordered if (r["cluster_id"], r["node_id"]) in scored | set(said)]
+    for r in charted[:SERIES_NODES]:
+        key = (r["cluster_id"], r["node_id"])
         points = conn.execute(
             "SELECT bucket, sum / n FROM scores WHERE cluster_id = ? AND node_id = ?"
             " AND bucket >= ? AND bucket <= ? ORDER BY bucket",
-            [r["cluster_id"], r["node_id"], since, until],
+            [*key, since, until],
         ).fetchall()
+        points = sorted([*points, *said.get(key, [])])
         series.append({"node_id": r["node_id"], "points": _thin(points, start, width, columns)})
     return {
         "job_id": job,
