@@ -1,5 +1,5 @@
 """The dashboard's job page for jobs of 10, 100 and 1,000 ranks: time to answer its
-questions and render it, and its size.
+questions and render it (medians of ``--repeat`` runs), and its size.
 
 A real Echo store holds one job per size: every rank a node with an hour of score samples
 (one a minute), one straggler with an episode, peer lag on a tenth of the ranks and a
@@ -106,21 +106,27 @@ def measure(repeat: int) -> None:
                 fill(store, ranks)
             service = Service(store.path, GpuRates("USD", 1.0, {}), clock=clock)
             ops = Principal("ops")
-            print(f"{'ranks':>6} {'render ms (median)':>19} {'page KiB':>9} {'table rows':>10}")
+            print(
+                f"{'ranks':>6} {'job_timeline ms':>16} {'job_report ms':>14} {'HTML ms':>8}"
+                f" {'total ms':>9} {'page KiB':>9} {'table rows':>10}"
+            )
             for ranks in (10, 100, 1000):
                 args = {"cluster_id": CLUSTER, "job_id": job_id(ranks)}
-                times = []
+                steps: list[tuple[float, float, float]] = []
                 text = ""
                 for _ in range(repeat):
                     t0 = time.perf_counter()
                     timeline = service.answer("job_timeline", args, ops)
+                    t1 = time.perf_counter()
                     report = service.answer("job_report", args, ops)
+                    t2 = time.perf_counter()
                     text = view.job_page(CLUSTER, timeline, report, running=True, signed_in=True)
-                    times.append(time.perf_counter() - t0)
-                rows = text.count("<tr>")
+                    steps.append((t1 - t0, t2 - t1, time.perf_counter() - t2))
+                q, r, h = (statistics.median(s[i] for s in steps) * 1000 for i in range(3))
+                total = statistics.median(sum(s) for s in steps) * 1000
                 print(
-                    f"{ranks:>6} {statistics.median(times) * 1000:>19.1f}"
-                    f" {len(text.encode()) / 1024:>9.1f} {rows:>10}"
+                    f"{ranks:>6} {q:>16.1f} {r:>14.1f} {h:>8.1f} {total:>9.1f}"
+                    f" {len(text.encode()) / 1024:>9.1f} {text.count('<tr>'):>10}"
                 )
         finally:
             store.close()

@@ -826,7 +826,8 @@ def job_timeline(conn: sqlite3.Connection, ctx: Context, args: dict[str, Any]) -
         ),
     )
     series = []
-    charted = [r for r in ordered if (r["cluster_id"], r["node_id"]) in scored | set(said)]
+    scored.update(said)
+    charted = [r for r in ordered if (r["cluster_id"], r["node_id"]) in scored]
     for r in charted[:SERIES_NODES]:
         key = (r["cluster_id"], r["node_id"])
         points = conn.execute(

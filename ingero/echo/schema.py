@@ -163,8 +163,8 @@ def _v3(db: sqlite_utils.Database) -> None:
 def _v4(db: sqlite_utils.Database) -> None:
     # A job's score history (the dashboard's job page, question job_timeline) by index: the
     # cluster's time index walks every job's samples in the window. Covering: a 1,000-rank
-    # job's hour is 60,000 samples, each a table lookup otherwise (0.45 s -> see
-    # docs/benchmarks.md, "Dashboard"). Samples are downsampled: the writes stay few.
+    # job's hour is 60,000 samples, each a table lookup otherwise (docs/benchmarks.md,
+    # "Dashboard"). Samples are downsampled: the writes stay few.
     db.execute(
         "CREATE INDEX scores_job ON scores (job_id, cluster_id, bucket, node_id, n, sum, min)"
     )
