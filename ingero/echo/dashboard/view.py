@@ -339,6 +339,9 @@ def _chains(report: Mapping[str, Any], timeline: Mapping[str, Any]) -> str:
     for s in report.get("stack_snapshots", []):
         snaps.setdefault((s["cluster_id"], s["node_id"]), s)
     lag = {(r["cluster_id"], r["node_id"]): r for r in report.get("lagging_ranks", [])}
+    since: dict[tuple[str, str], float] = {}
+    for e in timeline["episodes"]:  # in start order: the last one's start is "since"
+        since[(e["cluster_id"], e["node_id"])] = e["start"]
     out = []
     for s in report.get("stragglers", [])[:5]:
         key = (s["cluster_id"], s["node_id"])
@@ -350,8 +353,10 @@ def _chains(report: Mapping[str, Any], timeline: Mapping[str, Any]) -> str:
         steps = [
             f'<li>node <b class="node">{escape(s["node_id"])}</b>'
             + (f" (rank {node['rank']})" if node.get("rank") is not None else "")
-            + f" {'is' if s['open'] else 'was'} a straggler for {fmt_span(s['seconds_below'])}"
-            f" in {s['episodes']} episode(s), at most {fmt_num(s['max_depth'])} below the"
+            + f" {'is' if s['open'] else 'was'} a straggler"
+            + (f" since {fmt_time(since[key])}" if key in since else "")
+            + f" for {fmt_span(s['seconds_below'])}"
+            f" over {s['episodes']} episode(s), at most {fmt_num(s['max_depth'])} below the"
             " threshold</li>",
         ]
         if node.get("score") is not None:
