@@ -6,11 +6,13 @@ from __future__ import annotations
 
 import html
 import json
+import ssl
 import time
 import urllib.error
 import urllib.parse
 import urllib.request
 from dataclasses import replace
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -20,6 +22,7 @@ from opentelemetry.proto.collector.metrics.v1.metrics_service_pb2 import (
 
 from ingero.otlp.health import NodePush, encode_health
 from ingero.otlp.logs import encode_events
+from tests.integration.security import make_cert
 
 from .helpers import TOKEN_A, TOKEN_B, TOKEN_OPS, EchoProcess, http, straggler
 
@@ -179,3 +182,27 @@ def test_static_files_are_served_from_the_package(echo: EchoProcess) -> None:
     assert text.startswith("/*! https://github.com/leeoniya/uPlot (v1.6.31) */")
     status, text, _ = get(echo, "/dashboard/static/uPlot.LICENSE", token=None)
     assert status == 200 and "MIT" in text
+
+
+def test_over_tls_the_sign_in_cookie_is_secure(tmp_path: Path) -> None:
+    cert, key = make_cert(tmp_path)
+    echo = EchoProcess(tmp_path, tls=(cert, key)).start()
+    try:
+        context = ssl.create_default_context(cafile=str(cert))
+        opener = urllib.request.build_opener(
+            NoRedirect, urllib.request.HTTPSHandler(context=context)
+        )
+        data = urllib.parse.urlencode({"token": TOKEN_A}).encode()
+        with pytest.raises(urllib.error.HTTPError) as got:  # the 303, not followed
+            opener.open(
+                urllib.request.Request(echo.url + "/dashboard/login", data=data), timeout=30
+            )
+        assert got.value.code == 303
+        cookie = got.value.headers["set-cookie"]
+        assert "Secure" in cookie and "HttpOnly" in cookie
+        request = urllib.request.Request(echo.url + "/dashboard/")
+        request.add_header("Cookie", cookie.split(";")[0])
+        with urllib.request.urlopen(request, context=context, timeout=30) as resp:
+            assert resp.status == 200 and "Clusters" in resp.read().decode()
+    finally:
+        echo.stop()
