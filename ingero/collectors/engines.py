@@ -327,6 +327,8 @@ def fetch(url: str, timeout_s: float, max_bytes: int = MAX_METRICS_BYTES) -> str
         raise
     except (OSError, urllib.error.URLError, ValueError) as exc:
         reason = getattr(exc, "reason", None) or exc
+        if isinstance(reason, TimeoutError):
+            raise MetricsError(f"{url}: no complete answer within {timeout_s:g} s") from None
         raise MetricsError(f"{url}: {reason}") from None
     return b"".join(chunks).decode("utf-8", "replace")
 
