@@ -276,21 +276,48 @@ def read_cmdline(proc_root: Path, pid: int) -> list[str] | None:
 
 def scan(proc_root: Path = Path("/proc")) -> list[Engine]:
     """Every inference server under ``proc_root``, by pid."""
-    found: list[Engine] = []
-    try:
-        entries = os.listdir(proc_root)
-    except OSError:
-        return found
-    for name in entries:
-        if not name.isdigit():
-            continue
-        argv = read_cmdline(proc_root, int(name))
-        engine = recognise(argv) if argv else None
-        if engine is not None:
-            found.append(
-                Engine(engine.engine, engine.model, engine.role, engine.metrics_url, int(name))
+    return Scanner(proc_root).scan()
+
+
+class Scanner:
+    """:func:`scan` that reads a process's command line once: each push interval lists the
+    node's processes, and only those new since the last scan are read and recognised. A pid
+    reused by another process has a new /proc entry (a new change time): read again."""
+
+    def __init__(self, proc_root: Path = Path("/proc")) -> None:
+        self.proc_root = proc_root
+        self.known: dict[int, tuple[int, Engine | None]] = {}
+
+    def scan(self) -> list[Engine]:
+        try:
+            entries = os.listdir(self.proc_root)
+        except OSError:
+            return []
+        known: dict[int, tuple[int, Engine | None]] = {}
+        for name in entries:
+            if not name.isdigit():
+                continue
+            pid = int(name)
+            try:
+                stamp = os.stat(self.proc_root / name).st_ctime_ns
+            except OSError:
+                continue  # exited between the listing and now
+            cached = self.known.get(pid)
+            if cached is not None and cached[0] == stamp:
+                known[pid] = cached
+                continue
+            argv = read_cmdline(self.proc_root, pid)
+            if argv is None:
+                continue  # a kernel thread or a zombie now; looked at again next scan
+            engine = recognise(argv)
+            known[pid] = (
+                stamp,
+                Engine(engine.engine, engine.model, engine.role, engine.metrics_url, pid)
+                if engine is not None
+                else None,
             )
-    return sorted(found, key=lambda e: e.pid or 0)
+        self.known = known
+        return [e for _, (_, e) in sorted(known.items()) if e is not None]
 
 
 # ---- /metrics ---------------------------------------------------------------------------

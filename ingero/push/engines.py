@@ -56,7 +56,7 @@ class EngineWatcher:
         self.db_path = db_path
         self.clock = clock
         self.configured = service
-        self.proc_root = proc_root
+        self.scanner = ce.Scanner(proc_root)
         self.timeout_s = timeout_s
         self.max_bytes = max_bytes
         self.fetch = fetch
@@ -78,7 +78,7 @@ class EngineWatcher:
         """Scan, record and measure; the node's inference rates for this interval."""
         now = self.clock.now()
         job_id, rank = self.tags
-        found = {e.pid: e for e in ce.scan(self.proc_root) if e.pid is not None}
+        found = {e.pid: e for e in self.scanner.scan() if e.pid is not None}
         for pid in [p for p in self.seen if p not in found]:
             del self.seen[pid]
             self.rates.pop(pid, None)
