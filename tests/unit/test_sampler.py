@@ -11,6 +11,8 @@ import pytest
 from ingero.collectors.gpu import GpuStatus, interpret
 from ingero.collectors.procfs import ProcReader
 from ingero.nodedb.schema import connect
+from ingero.otlp.health import INFERENCE_TOKEN_RATE
+from ingero.push.engines import EngineWatcher
 from ingero.push.sampler import NodeSampler
 from ingero.push.score import ScoreConfig
 from ingero.runtime.clock import ManualClock
@@ -430,3 +432,40 @@ def test_gpu_sample_alone_is_measured_and_goes_stale_only_when_it_stops(tmp_path
         clock.advance(2.0)
         sample = s.sample()
     assert sample.state == "stale"
+
+
+def test_an_inference_servers_token_speed_is_its_throughput_against_its_peers(
+    tmp_path: Path,
+) -> None:
+    """Launches at its peers' rate, per-token latency twice theirs: the token speed is what
+    is compared (first in line), and the node scores as a replica half as fast."""
+    clock = ManualClock()
+    node = Node(tmp_path, clock)
+    root = tmp_path / "engines-proc" / "40"
+    root.mkdir(parents=True)
+    (root / "cmdline").write_bytes(b"python3\0/v/bin/vllm\0serve\0llama\0")
+    served = {"tokens": 0.0}
+
+    def fetch(url: str, timeout_s: float, max_bytes: int) -> str:
+        served["tokens"] += 1000.0
+        n = served["tokens"]
+        return (
+            "# TYPE vllm:inter_token_latency_seconds histogram\n"
+            f"vllm:inter_token_latency_seconds_sum {n * 0.04}\n"
+            f"vllm:inter_token_latency_seconds_count {n}\n"
+        )
+
+    engines = EngineWatcher(
+        db_path=tmp_path / "node.db", clock=clock, proc_root=root.parent, fetch=fetch
+    )
+    s = sampler(tmp_path, clock, engines=engines)
+    for _ in range(5):
+        node.run(2.0)
+        alone = s.sample()
+    assert alone.result is not None
+    assert alone.result.rates[INFERENCE_TOKEN_RATE] == pytest.approx(25.0)
+    node.run(2.0)
+    peers = s.sample(peer_rates={"kernel_launch_rate": 4_645.0, INFERENCE_TOKEN_RATE: 50.0})
+    assert peers.result is not None and peers.peer_rate == INFERENCE_TOKEN_RATE
+    assert peers.result.signals["throughput"] == pytest.approx(0.5, abs=0.02)
+    assert engines.summary()[40].model == "llama"
