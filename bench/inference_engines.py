@@ -10,14 +10,12 @@ server, parse, rates, the node DB row). Prints median and p95.
 from __future__ import annotations
 
 import argparse
-import statistics
 import tempfile
 import threading
-import time
-from collections.abc import Callable
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
+from bench.node_sample import timed
 from ingero.collectors import engines as ce
 from ingero.nodedb import schema
 from ingero.push.engines import EngineWatcher
@@ -36,16 +34,6 @@ ARGV = [
     "--kv-transfer-config",
     '{"kv_connector":"NixlConnector","kv_role":"kv_consumer"}',
 ]
-
-
-def timed(fn: Callable[[], object], repeat: int) -> tuple[float, float]:
-    samples = []
-    for _ in range(repeat):
-        start = time.perf_counter()
-        fn()
-        samples.append((time.perf_counter() - start) * 1e6)
-    samples.sort()
-    return statistics.median(samples), samples[int(0.95 * (len(samples) - 1))]
 
 
 def metrics_text(series: int) -> str:

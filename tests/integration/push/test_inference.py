@@ -16,7 +16,6 @@ and a command line with flags no parser knows leave fleet-push pushing, each sai
 
 from __future__ import annotations
 
-import json
 import os
 import sqlite3
 import sys
@@ -110,15 +109,6 @@ def of(c: Cluster, kind: str, node: str) -> list[Event]:
     return [e for e in c.events() if e.type == kind and e.node_id == node]
 
 
-def threshold(c: Cluster, **query: str) -> dict[str, Any]:
-    url = f"http://127.0.0.1:{c.ports['api']}/api/v1/threshold?" + "&".join(
-        f"{k}={v}" for k, v in query.items()
-    )
-    with urllib.request.urlopen(url, timeout=10) as resp:
-        body: dict[str, Any] = json.loads(resp.read())
-    return body
-
-
 @pytest.fixture
 def cluster(tmp_path: Path) -> Iterator[Cluster]:
     # Three replicas are a quorum here (a small service; Fleet's default wants five).
@@ -167,7 +157,7 @@ def test_replicas_of_one_service_are_peers_and_the_slow_one_straggles(cluster: C
     assert first.detection_mode == "fleet"
     # One peer group for the three replicas, by service (no job), and the slow one's
     # token speed is half its peers'.
-    mine = threshold(c, cluster_id="itest", service=SERVICE, node_id=slow)
+    mine = c.threshold(cluster_id="itest", service=SERVICE, node_id=slow)
     assert mine["active_nodes"] == NODES
     assert mine["peer_rates"]["inference_token_rate"] == pytest.approx(1 / 0.015, rel=0.1)
     assert mine["rate_ratios"]["inference_token_rate"] == pytest.approx(0.5, abs=0.1)
