@@ -279,14 +279,43 @@ def scan(proc_root: Path = Path("/proc")) -> list[Engine]:
     return Scanner(proc_root).scan()
 
 
+def read_ppid(proc_root: Path, pid: int) -> int | None:
+    """The parent pid from ``<proc_root>/<pid>/stat`` (after the parenthesised command name,
+    which may itself hold spaces and parentheses), None when unreadable."""
+    try:
+        with open(proc_root / str(pid) / "stat", "rb") as f:
+            raw = f.read(4096)
+    except OSError:
+        return None
+    fields = raw[raw.rfind(b")") + 1 :].split()
+    return int(fields[1]) if len(fields) > 1 and fields[1].isdigit() else None
+
+
 class Scanner:
     """:func:`scan` that reads a process's command line once: each push interval lists the
     node's processes, and only those new since the last scan are read and recognised. A pid
-    reused by another process has a new /proc entry (a new change time): read again."""
+    reused by another process has a new /proc entry (a new change time): read again. The
+    parent of each process is kept too, so a server's workers (vLLM's engine core, tensor
+    parallel ranks: child processes with other command lines) count as the server's."""
 
     def __init__(self, proc_root: Path = Path("/proc")) -> None:
         self.proc_root = proc_root
         self.known: dict[int, tuple[int, Engine | None]] = {}
+        self.parents: dict[int, int | None] = {}
+
+    def tree(self, pid: int) -> frozenset[int]:
+        """``pid`` and its descendants, as of the last scan."""
+        children: dict[int, list[int]] = {}
+        for child, parent in self.parents.items():
+            if parent is not None:
+                children.setdefault(parent, []).append(child)
+        out, todo = {pid}, [pid]
+        while todo:
+            for child in children.get(todo.pop(), ()):
+                if child not in out:
+                    out.add(child)
+                    todo.append(child)
+        return frozenset(out)
 
     def scan(self) -> list[Engine]:
         try:
@@ -309,6 +338,7 @@ class Scanner:
             argv = read_cmdline(self.proc_root, pid)
             if argv is None:
                 continue  # a kernel thread or a zombie now; looked at again next scan
+            self.parents[pid] = read_ppid(self.proc_root, pid)
             engine = recognise(argv)
             known[pid] = (
                 stamp,
@@ -317,6 +347,7 @@ class Scanner:
                 else None,
             )
         self.known = known
+        self.parents = {pid: ppid for pid, ppid in self.parents.items() if pid in known}
         return [e for _, (_, e) in sorted(known.items()) if e is not None]
 
 

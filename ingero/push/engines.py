@@ -184,5 +184,11 @@ class EngineWatcher:
             self.logged.add(message)
             log.warning("%s", message)
 
+    def trees(self) -> dict[int, frozenset[int]]:
+        """Each server (routers aside) with its worker processes, by the server's pid."""
+        return {
+            pid: self.scanner.tree(pid) for pid, s in self.seen.items() if s.engine.role != "router"
+        }
+
     def summary(self) -> Mapping[int, ce.Engine]:
         return {pid: s.engine for pid, s in self.seen.items()}

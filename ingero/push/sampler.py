@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import logging
 import os
+import statistics
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, replace
 from pathlib import Path
@@ -274,6 +275,7 @@ class NodeSampler:
             STEP_RATE: 0.0 if stalled else window.step_rate,
             GRAPH_LAUNCH_RATE: (0.0 if self.graphs else None) if stalled else graph_rate,
         }
+        inference = self._sync_steps(window, inference)
         for name in (INFERENCE_TOKEN_RATE, INFERENCE_STEP_RATE):
             # A server that served nothing this interval says nothing (not 0: no load is
             # not slowness); a stalled node is judged by its launches.
@@ -348,6 +350,30 @@ class NodeSampler:
             peer_rate=peer_rate,
         )
         return self.last
+
+    def _sync_steps(
+        self, window: WindowAggregates, inference: Mapping[str, float] | None
+    ) -> Mapping[str, float] | None:
+        """Where a server's /metrics times no steps (vLLM, SGLang, TensorRT-LLM say
+        per-token latency), its steps from the tracer: the synchronize calls of the server
+        and its workers per second (one host wait for the sampled tokens a step). Per
+        process, not per stream (the tracer does not capture stream ids), and not split into
+        prefill and decode; the median over the node's servers that stepped."""
+        if (
+            self.engines is None
+            or INFERENCE_STEP_RATE in (inference or {})
+            or not window.syncs
+            or window.covered_s <= 0
+        ):
+            return inference
+        rates = [
+            sum(window.syncs.get(pid, 0) for pid in tree) / window.covered_s
+            for tree in self.engines.trees().values()
+        ]
+        stepped = [r for r in rates if r > 0]
+        if not stepped:
+            return inference
+        return {**(inference or {}), INFERENCE_STEP_RATE: statistics.median(stepped)}
 
     def _no_data(self, window: WindowAggregates, now: float, job_file: bool) -> NodeSample:
         """No tracer interval since the last sample: hold, unless the job has ended (idle)
