@@ -26,6 +26,9 @@ log = logging.getLogger(__name__)
 ENGINES_SCHEMA = 5
 # Per-process state is kept for at most this many servers (a node runs a handful).
 MAX_ENGINES = 64
+# The node DB keeps the rows of this many servers, the most recently seen (servers that
+# exited included, so a query can say what served here): bounded however often pids churn.
+MAX_ENGINE_ROWS = 256
 
 Fetcher = Callable[[str, float, int], str]
 
@@ -129,7 +132,7 @@ class EngineWatcher:
 
     def _record(self, now: float, job_id: str | None, rank: int | None) -> None:
         """One ``engines`` row per server, refreshed; rows of gone servers stay (their
-        ``last_seen`` says when) until the tracer's pruning drops them by age."""
+        ``last_seen`` says when), the newest MAX_ENGINE_ROWS of them."""
         if not self.seen:
             return
         service = self.service
@@ -173,6 +176,11 @@ class EngineWatcher:
                     " first_seen=CASE WHEN engines.engine = excluded.engine"
                     " THEN engines.first_seen ELSE excluded.first_seen END",
                     rows,
+                )
+                conn.execute(
+                    "DELETE FROM engines WHERE pid NOT IN"
+                    " (SELECT pid FROM engines ORDER BY last_seen DESC LIMIT ?)",
+                    (MAX_ENGINE_ROWS,),
                 )
         except sqlite3.Error as exc:
             self._once(f"cannot record inference servers in {self.db_path}: {exc}")

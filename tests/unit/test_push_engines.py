@@ -169,3 +169,19 @@ def test_service_travels_in_the_push_and_groups_without_a_job() -> None:
     assert group_key("c1", "77", "inference", "llama-chat") == "c1/job/77"  # the job first
     assert group_key("c1", None, "inference", None) == "c1/workload/inference"
     assert decode_health(encode_health(NodePush("n1", "c1", 0.9), 1)).pushes[0].service is None
+
+
+def test_rows_of_exited_servers_are_bounded(
+    node: tuple[Path, Path], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    root, db = node
+    monkeypatch.setattr("ingero.push.engines.MAX_ENGINE_ROWS", 3)
+    clock = ManualClock()
+    w = EngineWatcher(db_path=db, clock=clock, proc_root=root, fetch=Server().fetch)
+    for pid in range(100, 106):  # one server at a time, each exits before the next
+        proc(root, pid, "tritonserver", "--model-repository=/m")
+        w.observe()
+        (root / str(pid) / "cmdline").unlink()
+        (root / str(pid)).rmdir()
+        clock.advance(1)
+    assert [r[0] for r in rows(db)] == [103, 104, 105]
