@@ -29,6 +29,8 @@ MAX_ENGINES = 64
 # The node DB keeps the rows of this many servers, the most recently seen (servers that
 # exited included, so a query can say what served here): bounded however often pids churn.
 MAX_ENGINE_ROWS = 256
+# One push's /metrics reads, together, take at most this many read timeouts.
+SERVERS_PER_BUDGET = 2
 
 Fetcher = Callable[[str, float, int], str]
 
@@ -68,6 +70,7 @@ class EngineWatcher:
         self.rates: dict[int, ce.Rates] = {}  # each server's last interval
         # The node's Slurm job and rank, set by the push agent each interval (for the rows).
         self.tags: tuple[str | None, int | None] = (None, None)
+        self.turn = 0  # where this push's /metrics reads start (see observe)
 
     @property
     def service(self) -> str | None:
@@ -89,9 +92,24 @@ class EngineWatcher:
             seen = self.seen.get(pid)
             if seen is None or seen.source != engine:
                 self.seen[pid] = _Seen(engine, engine, now)
-        for engine in ce.unique([s.engine for s in self.seen.values()]):
-            if engine.metrics_url is not None and engine.pid is not None:
-                self._measure(self.seen[engine.pid], now)
+        # Several hanging servers must not cost one timeout each: all reads of a push
+        # share SERVERS_PER_BUDGET timeouts; the servers left over wait for the next push,
+        # where the reads start one server further on (none is left out every time).
+        deadline = self.clock.monotonic() + SERVERS_PER_BUDGET * self.timeout_s
+        servers = list(ce.unique([s.engine for s in self.seen.values()]))
+        if servers:
+            turn = self.turn % len(servers)
+            servers = servers[turn:] + servers[:turn]
+            self.turn += 1
+        for engine in servers:
+            if engine.metrics_url is None or engine.pid is None:
+                continue
+            if self.clock.monotonic() >= deadline:
+                self._once("inference servers: /metrics reads took their budget; the rest wait")
+                self.seen[engine.pid].reading = None
+                self.rates.pop(engine.pid, None)
+                continue
+            self._measure(self.seen[engine.pid], now)
         self._record(now, job_id, rank)
         return self._node_rates()
 

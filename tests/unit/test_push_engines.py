@@ -185,3 +185,30 @@ def test_rows_of_exited_servers_are_bounded(
         (root / str(pid)).rmdir()
         clock.advance(1)
     assert [r[0] for r in rows(db)] == [103, 104, 105]
+
+
+def test_hanging_servers_share_one_budget_per_push(
+    node: tuple[Path, Path], caplog: pytest.LogCaptureFixture
+) -> None:
+    """Each read here takes its whole timeout (a hanging server): after two of them the
+    others wait for the next push instead of costing one timeout each."""
+    root, db = node
+    clock = ManualClock()
+    read: list[str] = []
+
+    def hanging(url: str, timeout_s: float, max_bytes: int) -> str:
+        read.append(url)
+        clock.advance(timeout_s)
+        raise MetricsError(f"{url}: no complete answer within {timeout_s:g} s")
+
+    for pid in range(70, 75):
+        proc(root, pid, "tritonserver", "--model-repository=/m", f"--metrics-port={9000 + pid}")
+    w = EngineWatcher(db_path=db, clock=clock, proc_root=root, timeout_s=1.0, fetch=hanging)
+    caplog.set_level(logging.WARNING, "ingero.push.engines")
+    w.observe()
+    assert len(read) == 2
+    assert any("took their budget" in r.getMessage() for r in caplog.records)
+    assert len(rows(db)) == 5  # every server is still recorded
+    for _ in range(4):
+        w.observe()
+    assert len(set(read)) == 5  # the next pushes start further on: every server is read
