@@ -157,6 +157,9 @@ class WindowAggregates:
     # has been silent; None where nothing was ever written or not asked.
     latest_end: float | None = None
     graph_launches: int = 0  # CUDA graph replays (GRAPH_LAUNCH_OPS)
+    # Synchronize calls by pid (where recorded): an inference server's steps, one host
+    # wait for the sampled tokens a forward step.
+    syncs: Mapping[int, int] = field(default_factory=dict)
 
     @property
     def kernel_launch_rate(self) -> float | None:
@@ -333,6 +336,7 @@ def aggregate_window(
     last: float | None = None
     launches = graphs = steps = 0
     sync_ns: int | None = None
+    syncs: dict[int, int] = {}
     launch_pids: set[int] = set()
     # Tracer intervals by their end: (start, kernel and graph launches).
     covered_by: dict[float, tuple[float, int]] = {}
@@ -375,6 +379,9 @@ def aggregate_window(
             steps += int(row["count"])
         elif op in SYNC_OPS:
             sync_ns = (sync_ns or 0) + int(row["total_ns"] or 0)
+            if row.get("pid") is not None:
+                pid = int(row["pid"])
+                syncs[pid] = syncs.get(pid, 0) + int(row["count"])
     gpu_rows = list(gpu_rows)
     if not covered_by:
         # No tracer here (``ingero gpu-sample`` writes the node DB): its GPU rows, one set
@@ -416,6 +423,7 @@ def aggregate_window(
             else None
         ),
         launch_pids=tuple(sorted(launch_pids)),
+        syncs=syncs,
         tracer_intervals=len(covered_by),
         new_intervals=len(new),
         new_launches=sum(count for _, _, count in new),

@@ -73,7 +73,7 @@ def test_marked_steps_flag_the_node_whose_job_steps_slower(cluster: Cluster) -> 
         "the node whose job steps at half its peers' rate flagged",
     )[0]
     assert first.job_id == JOB
-    mine = c.threshold(slow)
+    mine = c.threshold(cluster_id="itest", job_id=JOB, node_id=slow)
     assert mine["peer_rates"]["step_rate"] > 0
     assert mine["rate_ratios"]["step_rate"] == pytest.approx(0.5, abs=0.2)
     # Its kernel launches are its peers': only the job's own marks tell it apart.

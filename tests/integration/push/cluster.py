@@ -237,16 +237,6 @@ class Cluster:
                 out.append(Event.from_dict(json.loads(line)))
         return out
 
-    def threshold(self, node: str) -> dict[str, Any]:
-        """Fleet's threshold reply for ``node`` in this cluster's job (GET /api/v1/threshold)."""
-        url = (
-            f"http://127.0.0.1:{self.ports['api']}/api/v1/threshold?cluster_id={self.cluster_id}"
-            f"&job_id={self.job_id}&node_id={node}"
-        )
-        with urllib.request.urlopen(url, timeout=10) as resp:
-            body: dict[str, Any] = json.loads(resp.read())
-        return body
-
     def modes(self, node: str) -> list[str]:
         return [
             str(e.detection_mode)
@@ -257,6 +247,15 @@ class Cluster:
     def fleet_metric(self, name: str, **labels: str) -> float:
         """Sum of Fleet's /metrics samples ``name`` whose labels include ``labels``."""
         return fleet_metric(self.ports["api"], name, **labels)
+
+    def threshold(self, **query: str) -> dict[str, Any]:
+        """Fleet's threshold API answer for ``query`` (cluster_id, job_id, service, …)."""
+        url = f"http://127.0.0.1:{self.ports['api']}/api/v1/threshold?" + "&".join(
+            f"{k}={v}" for k, v in query.items()
+        )
+        with urllib.request.urlopen(url, timeout=10) as resp:
+            body: dict[str, Any] = json.loads(resp.read())
+        return body
 
     def push_log(self, node: str) -> str:
         return (self.tmp / f"{node}.push.log").read_text(errors="replace")
