@@ -34,7 +34,7 @@ from typing import Any, Final
 import sqlite_utils
 
 from ingero.collectors.nvml import DEGRADING_THROTTLE
-from ingero.nodedb.schema import SchemaError, connect
+from ingero.nodedb.schema import ANNOTATE_SOURCE, SchemaError, connect
 from ingero.nodedb.schema import version as schema_version
 
 # Kernel launches through the runtime and through the driver API (PyTorch built against
@@ -70,7 +70,8 @@ SYNC_OPS: Final = (
     "cuCtxSynchronize",
     "cuStreamSynchronize",
 )
-# One row per training step boundary, written by a framework hook or a synthetic workload.
+# Step rows: the steps the job marked through ``ingero annotate`` (source "annotate", one
+# row per writer and flush) or the synthetic workload writes.
 STEP_OPS: Final = ("step",)
 # A push that comes after a long gap (a slow Fleet, a suspended agent) reads at most this
 # many push windows back: its read stays bounded, and rows older than that are history.
@@ -359,6 +360,12 @@ def aggregate_window(
         if not start < ts_end <= end:
             continue
         op = row["op"]
+        if row.get("source") == ANNOTATE_SOURCE:
+            # The job's own step marks, written on the annotate server's flush: steps of the
+            # window, not a tracer interval (the tracer's rows measure the time).
+            if op in STEP_OPS:
+                steps += int(row["count"])
+            continue
         count = int(row["count"]) if op in WORK_OPS else 0
         cover(float(row["ts_start"]), ts_end, count)
         if op in WORK_OPS:
@@ -479,8 +486,8 @@ def read_latest(
             latest = db.conn.execute(
                 "SELECT MAX(m) FROM (SELECT MAX(ts_end) AS m FROM host_intervals"
                 " WHERE ts_end <= ? UNION ALL SELECT MAX(ts_end) FROM intervals"
-                " WHERE ts_end <= ?)",
-                (now, now),
+                " WHERE ts_end <= ? AND source != ?)",
+                (now, now, ANNOTATE_SOURCE),
             ).fetchone()[0]
             if latest is None:  # no tracer: ``ingero gpu-sample``'s rows are the intervals
                 latest = db.conn.execute(
@@ -525,7 +532,7 @@ def _read(
     try:
         intervals = _rows(
             conn.execute(
-                "SELECT ts_start, ts_end, op, count, total_ns, pid FROM intervals"
+                "SELECT ts_start, ts_end, op, count, total_ns, pid, source FROM intervals"
                 " WHERE ts_end > ? AND ts_end <= ?",
                 (start, end),
             )

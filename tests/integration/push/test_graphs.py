@@ -14,10 +14,8 @@ raised.
 
 from __future__ import annotations
 
-import json
 import sqlite3
 import time
-import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -51,13 +49,7 @@ def of(c: Cluster, kind: str, node: str) -> list[Event]:
 
 
 def api(c: Cluster, node: str) -> dict[str, Any]:
-    url = (
-        f"http://127.0.0.1:{c.ports['api']}/api/v1/threshold?cluster_id=itest&job_id={JOB}"
-        f"&node_id={node}"
-    )
-    with urllib.request.urlopen(url, timeout=10) as resp:
-        body: dict[str, Any] = json.loads(resp.read())
-    return body
+    return c.threshold(cluster_id="itest", job_id=JOB, node_id=node)
 
 
 def flagged(c: Cluster, node: str, what: str) -> Event:
