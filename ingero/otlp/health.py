@@ -27,6 +27,7 @@ from opentelemetry.proto.collector.metrics.v1.metrics_service_pb2 import (
 )
 from opentelemetry.proto.common.v1.common_pb2 import KeyValue
 from opentelemetry.proto.metrics.v1.metrics_pb2 import Metric, NumberDataPoint
+from opentelemetry.proto.resource.v1.resource_pb2 import Resource
 
 from ingero.otlp.build import build
 from ingero.otlp.collectives import (
@@ -425,15 +426,54 @@ def decode_health(
         for key, value in unit_rates.items():  # a sender with only the per-unit gauges
             rate_values.setdefault(key, value)
         if scores:
-            res = _attributes(rm.resource.attributes)
+            res = _resource(rm.resource)
             for metric in scores:
                 _decode_scores(metric, res, signals, rate_values, result, collectives)
     return result
 
 
+# A node sends the same resource with every push. Its attributes, decoded, are kept by the
+# resource's bytes (serialising it costs a fifth of reading its ten or so attributes through
+# the protobuf object model), with the node's fields read from them once they are valid:
+# at most RESOURCE_CACHE resources of at most RESOURCE_KEY_BYTES each, emptied when full.
+RESOURCE_CACHE = 65_536
+RESOURCE_KEY_BYTES = 2048
+NodeFields = tuple[str | None, str | None, int | None, str | None]
+_resources: dict[bytes, tuple[dict[str, Any], NodeFields | None]] = {}
+
+
+def _resource(resource: Resource) -> tuple[dict[str, Any], NodeFields | None]:
+    """The resource's attributes, and its node fields (:func:`_node_fields`) where they are
+    valid (None: read them again, to say what is wrong)."""
+    key = resource.SerializeToString()
+    cached = _resources.get(key)
+    if cached is not None:
+        return cached
+    res = _attributes(resource.attributes)
+    try:
+        fields: NodeFields | None = _node_fields(res)
+    except ValueError:
+        fields = None
+    if len(key) <= RESOURCE_KEY_BYTES:
+        if len(_resources) >= RESOURCE_CACHE:
+            _resources.clear()
+        _resources[key] = (res, fields)
+    return res, fields
+
+
+def _node_fields(res: dict[str, Any]) -> NodeFields:
+    """host name, GPU model, GPU count and provider of a resource (ValueError: not valid)."""
+    return (
+        _text(res, ATTR_HOST_NAME),
+        _text(res, ATTR_GPU_MODEL) or _text(res, HW_MODEL),
+        _integer(res, ATTR_GPU_COUNT),
+        _text(res, ATTR_PROVIDER) or _text(res, CLOUD_PROVIDER),
+    )
+
+
 def _decode_scores(
     metric: Metric,
-    res: dict[str, Any],
+    resource: tuple[dict[str, Any], NodeFields | None],
     signals: dict[str, float],
     rates: dict[str, float],
     result: HealthDecode,
@@ -443,6 +483,7 @@ def _decode_scores(
     if points is None:
         result.reject(BAD_METRIC_TYPE, f"{SCORE_METRIC} must be a gauge")
         return
+    res, fields = resource
     for point in points:
         try:
             node_id = _text(res, ATTR_NODE_ID)
@@ -475,13 +516,14 @@ def _decode_scores(
             )
             continue
         try:
+            host_name, gpu_model, gpu_count, provider = fields or _node_fields(res)
             push = build(
                 NodePush,
                 node_id=node_id,
                 cluster_id=cluster_id,
                 score=score,
                 state=cast(NodeState, state),
-                host_name=_text(res, ATTR_HOST_NAME),
+                host_name=host_name,
                 job_id=_text(attrs, ATTR_JOB_ID),
                 rank=_integer(attrs, ATTR_RANK),
                 world_size=_integer(attrs, ATTR_WORLD_SIZE),
@@ -489,9 +531,9 @@ def _decode_scores(
                 dominant_signal=_text(attrs, ATTR_DOMINANT),
                 signals=signals,
                 rates=rates,
-                gpu_model=_text(res, ATTR_GPU_MODEL) or _text(res, HW_MODEL),
-                gpu_count=_integer(res, ATTR_GPU_COUNT),
-                provider=_text(res, ATTR_PROVIDER) or _text(res, CLOUD_PROVIDER),
+                gpu_model=gpu_model,
+                gpu_count=gpu_count,
+                provider=provider,
                 stalled=_flag(attrs, ATTR_STALLED),
                 episode_id=_episode(attrs),
                 collectives=tuple(collectives.comms) if collectives else (),
