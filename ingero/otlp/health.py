@@ -432,38 +432,43 @@ def decode_health(
     return result
 
 
-# A node sends the same resource with every push. Its attributes, decoded, are kept by the
-# resource's bytes (serialising it costs a fifth of reading its ten or so attributes through
-# the protobuf object model), with the node's fields read from them once they are valid:
-# at most RESOURCE_CACHE resources of at most RESOURCE_KEY_BYTES each, emptied when full.
-RESOURCE_CACHE = 65_536
-RESOURCE_KEY_BYTES = 2048
-NodeFields = tuple[str | None, str | None, int | None, str | None]
-_resources: dict[bytes, tuple[dict[str, Any], NodeFields | None]] = {}
+# A node sends the same resource with every push. Its fields, once read and found valid,
+# are kept by the resource's bytes (serialising it costs a fifth of reading its ten or so
+# attributes through the protobuf object model): about 0.8 KB a node, at most
+# RESOURCE_CACHE resources of at most RESOURCE_KEY_BYTES each (~40 MB at worst), the cache
+# emptied when full. A resource that is not valid is read again each time, to say why.
+RESOURCE_CACHE = 32_768
+RESOURCE_KEY_BYTES = 1024
+# node id, cluster id, host name, GPU model, GPU count, provider
+NodeFields = tuple[str | None, str | None, str | None, str | None, int | None, str | None]
+_resources: dict[bytes, NodeFields] = {}
+_READ: dict[str, Any] = {}  # the attributes of a resource whose fields were kept
 
 
 def _resource(resource: Resource) -> tuple[dict[str, Any], NodeFields | None]:
-    """The resource's attributes, and its node fields (:func:`_node_fields`) where they are
-    valid (None: read them again, to say what is wrong)."""
+    """The resource's attributes and its fields (:func:`_node_fields`) where they are
+    valid; a resource seen before: no attributes, its fields."""
     key = resource.SerializeToString()
-    cached = _resources.get(key)
-    if cached is not None:
-        return cached
+    fields = _resources.get(key)
+    if fields is not None:
+        return _READ, fields
     res = _attributes(resource.attributes)
     try:
-        fields: NodeFields | None = _node_fields(res)
+        fields = _node_fields(res)
     except ValueError:
-        fields = None
+        return res, None
     if len(key) <= RESOURCE_KEY_BYTES:
         if len(_resources) >= RESOURCE_CACHE:
             _resources.clear()
-        _resources[key] = (res, fields)
+        _resources[key] = fields
     return res, fields
 
 
 def _node_fields(res: dict[str, Any]) -> NodeFields:
-    """host name, GPU model, GPU count and provider of a resource (ValueError: not valid)."""
+    """A resource's fields (ValueError: one is not valid)."""
     return (
+        _text(res, ATTR_NODE_ID),
+        _text(res, ATTR_CLUSTER_ID),
         _text(res, ATTR_HOST_NAME),
         _text(res, ATTR_GPU_MODEL) or _text(res, HW_MODEL),
         _integer(res, ATTR_GPU_COUNT),
@@ -486,8 +491,10 @@ def _decode_scores(
     res, fields = resource
     for point in points:
         try:
-            node_id = _text(res, ATTR_NODE_ID)
-            cluster_id = _text(res, ATTR_CLUSTER_ID)
+            if fields is not None:
+                node_id, cluster_id = fields[0], fields[1]
+            else:
+                node_id, cluster_id = _text(res, ATTR_NODE_ID), _text(res, ATTR_CLUSTER_ID)
         except ValueTooLong as exc:
             result.reject(TOO_LONG, f"resource attribute {exc}")
             continue
@@ -516,7 +523,7 @@ def _decode_scores(
             )
             continue
         try:
-            host_name, gpu_model, gpu_count, provider = fields or _node_fields(res)
+            _, _, host_name, gpu_model, gpu_count, provider = fields or _node_fields(res)
             push = build(
                 NodePush,
                 node_id=node_id,
