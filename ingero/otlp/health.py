@@ -476,8 +476,10 @@ def decode_health(
 # emptied when full. A resource that is not valid is read again each time, to say why.
 RESOURCE_CACHE = 32_768
 RESOURCE_KEY_BYTES = 1024
-# node id, cluster id, host name, GPU model, GPU count, provider
-NodeFields = tuple[str | None, str | None, str | None, str | None, int | None, str | None]
+# node id, cluster id, host name, GPU model, GPU count, provider, inference service
+NodeFields = tuple[
+    str | None, str | None, str | None, str | None, int | None, str | None, str | None
+]
 _resources: dict[bytes, NodeFields] = {}
 _READ: dict[str, Any] = {}  # the attributes of a resource whose fields were kept
 
@@ -510,6 +512,7 @@ def _node_fields(res: dict[str, Any]) -> NodeFields:
         _text(res, ATTR_GPU_MODEL) or _text(res, HW_MODEL),
         _integer(res, ATTR_GPU_COUNT),
         _text(res, ATTR_PROVIDER) or _text(res, CLOUD_PROVIDER),
+        _text(res, ATTR_SERVICE),
     )
 
 
@@ -560,7 +563,7 @@ def _decode_scores(
             )
             continue
         try:
-            _, _, host_name, gpu_model, gpu_count, provider = fields or _node_fields(res)
+            _, _, host_name, gpu_model, gpu_count, provider, service = fields or _node_fields(res)
             push = build(
                 NodePush,
                 node_id=node_id,
@@ -582,7 +585,7 @@ def _decode_scores(
                 episode_id=_episode(attrs),
                 collectives=tuple(collectives.comms) if collectives else (),
                 clock=collectives.clock if collectives else None,
-                service=_text(res, ATTR_SERVICE),
+                service=service,
             )
         except ValueTooLong as exc:
             result.reject(TOO_LONG, f"node {node_id}: {exc}")

@@ -175,6 +175,11 @@ def test_a_resource_decoded_before_is_read_from_its_bytes_and_the_cache_is_bound
         other = NodePush(node_id=f"n{i}", cluster_id="c", score=0.5, gpu_count=i)
         assert roundtrip(other).pushes == [other]
         assert len(health._resources) <= 4
+    # every field read from the resource comes back from the cache too (the service groups
+    # inference replicas: lost after the first push, a replica would leave its peers)
+    served = NodePush(node_id="r", cluster_id="c", score=0.5, service="llama-70b")
+    for _ in range(3):
+        assert roundtrip(served).pushes == [served]
     # a resource that is not valid stays refused, however often it comes, with why
     bad = NodePush(node_id="n", cluster_id="c", score=0.5, host_name="h" * 10_000)
     for _ in range(2):
