@@ -25,7 +25,8 @@
 // interpreter's frame chain as (code object, instruction) pairs, walked from the
 // PyThreadState that user space put in py_tstates with the offsets it put in py_layouts
 // (ingero/trace/pyframes/); a thread not there yet is looked up in the interpreter's own
-// thread list. The walk reads user memory only, and at most MAX_PY frames.
+// thread list. The walk reads user memory only, and at most MAX_PY frames. A numbered
+// NCCL collective carries its stack on its arrival instead (a hung one never returns).
 
 #include <uapi/linux/ptrace.h>
 
@@ -555,7 +556,12 @@ static __always_inline int call_enter(struct pt_regs *ctx, u32 op, int bytes_arg
         ev.nranks = c.nranks;
         ev.dtype = c.dtype;
         ev.kind = KIND_ENTER;
-        emit(&ev);
+        // Its stack is taken here, not at its return: a hung collective never returns,
+        // and the return of one (same caller) is given this stack by user space.
+        if (STACKS)
+            emit_stack(ctx, &ev, 1);
+        else
+            emit(&ev);
     }
     return 0;
 }
@@ -592,7 +598,7 @@ static __always_inline int call_leave(struct pt_regs *ctx, int always) {
         ev.seq = c->seq;
         ev.rank = c->rank;
         ev.nranks = c->nranks;
-        if (STACKS)
+        if (STACKS && !c->seq)
             emit_stack(ctx, &ev, 0);
         else
             emit(&ev);
