@@ -3,7 +3,7 @@
 Each simulated node is one training process of one Slurm job, shaped like what ``ingero
 trace`` recorded on an H100 (``ingero.workload.generator``, ``--shape gpu-bound``,
 ``cpu-bound`` or ``graphs``): tracer intervals (1 s, ``--tracer-interval``) of cuLaunchKernel
-(cuGraphLaunch: a job replaying CUDA graphs), rare syncs,
+(cudaGraphLaunch: a job replaying CUDA graphs), rare syncs,
 off-CPU rows, host rows and NVML GPU rows, with multiplicative noise on every rate, each
 interval's rows written a random 0..``--late`` s after it ends. Each node's tracer and agent
 start at their own moment, and the agent pushes every ``--push-interval`` x (1 ±

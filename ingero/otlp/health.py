@@ -3,7 +3,7 @@ type (:class:`NodePush`), its OTLP metrics encoder and its validating decoder, s
 
 Names are the public contract of DESIGN.md: resource attributes ``ingero.node.id``,
 ``ingero.cluster.id``, ``host.name``, ``ingero.gpu.model``, ``ingero.gpu.count``,
-``ingero.provider``; gauge ``ingero.node.health_score`` with point attributes
+``ingero.provider``, ``ingero.inference.service``; gauge ``ingero.node.health_score`` with point attributes
 ``ingero.node.state``, ``ingero.workload_type``, ``slurm.job.id``, ``ingero.rank``,
 ``ingero.world_size``, ``ingero.dominant_signal``, ``ingero.node.stalled``,
 ``ingero.episode.id``; gauge ``ingero.node.signal`` (attribute ``ingero.signal``) and gauge
@@ -62,6 +62,9 @@ ATTR_STALLED = "ingero.node.stalled"
 # Added: the node's open straggler episode; "" when it classifies itself and has none open,
 # absent from an agent that does not (Fleet then cannot wait for the node's id).
 ATTR_EPISODE = "ingero.episode.id"
+# Added (resource): the inference service the node's replica serves; groups nodes without
+# a Slurm job (replicas of one model are peers).
+ATTR_SERVICE = "ingero.inference.service"
 ATTR_SIGNAL = "ingero.signal"
 ATTR_RATE = "ingero.rate"
 
@@ -77,11 +80,32 @@ NCCL_RATE = "nccl_collective_rate"
 STEP_RATE = "step_rate"
 # CUDA graph replays per second, sent only by a node whose job launches graphs.
 GRAPH_LAUNCH_RATE = "graph_launch_rate"
-PEER_RATES: tuple[str, ...] = (KERNEL_LAUNCH_RATE, NCCL_RATE, STEP_RATE, GRAPH_LAUNCH_RATE)
-# Which peer rate stands for a node's throughput, best first: steps are the work itself,
-# collectives pace a distributed job, a graph replay is most often a step (or a captured
-# part of one) where the job replays graphs, launches are what every traced node records.
-THROUGHPUT_RATES: tuple[str, ...] = (STEP_RATE, NCCL_RATE, GRAPH_LAUNCH_RATE, KERNEL_LAUNCH_RATE)
+# An inference server's speed from its own /metrics (ingero.collectors.engines): tokens per
+# second of one sequence (1 / mean per-output-token latency) and forward steps per second of
+# step time (1 / mean step latency). Both are per-request speeds, not load: a router sends a
+# slow replica less work, so its throughput can look like its peers' while its latency is not.
+INFERENCE_TOKEN_RATE = "inference_token_rate"
+INFERENCE_STEP_RATE = "inference_step_rate"
+PEER_RATES: tuple[str, ...] = (
+    KERNEL_LAUNCH_RATE,
+    NCCL_RATE,
+    STEP_RATE,
+    GRAPH_LAUNCH_RATE,
+    INFERENCE_TOKEN_RATE,
+    INFERENCE_STEP_RATE,
+)
+# Which peer rate stands for a node's throughput, best first: an inference server's own
+# per-request speed is what its users feel, steps are the work itself, collectives pace a
+# distributed job, a graph replay is most often a step (or a captured part of one) where the
+# job replays graphs, launches are what every traced node records.
+THROUGHPUT_RATES: tuple[str, ...] = (
+    INFERENCE_TOKEN_RATE,
+    INFERENCE_STEP_RATE,
+    STEP_RATE,
+    NCCL_RATE,
+    GRAPH_LAUNCH_RATE,
+    KERNEL_LAUNCH_RATE,
+)
 
 
 # ``ingero.node.rate`` carries launches/s, steps/s and fractions in one instrument, which OTel
@@ -93,6 +117,8 @@ UNIT_GAUGES: dict[str, tuple[str, str]] = {
     NCCL_RATE: ("ingero.node.nccl_collective.rate", "{collective}/s"),
     STEP_RATE: ("ingero.node.step.rate", "{step}/s"),
     GRAPH_LAUNCH_RATE: ("ingero.node.graph_launch.rate", "{launch}/s"),
+    INFERENCE_TOKEN_RATE: ("ingero.node.inference.token.rate", "{token}/s"),
+    INFERENCE_STEP_RATE: ("ingero.node.inference.step.rate", "{step}/s"),
     "gpu_busy_fraction": ("ingero.node.gpu.busy", "1"),
     "gpu_busy_baseline": ("ingero.node.gpu.busy_baseline", "1"),
     "mem_free_fraction": ("ingero.node.memory.free", "1"),
@@ -101,10 +127,18 @@ UNIT_GAUGES: dict[str, tuple[str, str]] = {
 _RATE_OF_GAUGE: dict[str, str] = {metric: rate for rate, (metric, _) in UNIT_GAUGES.items()}
 
 
-def group_key(cluster_id: str, job_id: str | None, workload_type: str | None) -> str:
-    """The peer group a node is compared within: its Slurm job, else cluster + workload."""
+def group_key(
+    cluster_id: str,
+    job_id: str | None,
+    workload_type: str | None,
+    service: str | None = None,
+) -> str:
+    """The peer group a node is compared within: its Slurm job, else the inference service
+    its replica belongs to, else cluster + workload."""
     if job_id:
         return f"{cluster_id}/job/{job_id}"
+    if service:
+        return f"{cluster_id}/service/{service}"
     return f"{cluster_id}/workload/{workload_type or 'unknown'}"
 
 
@@ -135,10 +169,12 @@ class NodePush:
     # to Fleet (ingero.otlp.collectives); empty / None from an agent that does not send them.
     collectives: tuple[CommReport, ...] = ()
     clock: ClockOffset | None = None
+    # The inference service (replicas of one model) the node serves; None: none.
+    service: str | None = None
 
     @property
     def group(self) -> str:
-        return group_key(self.cluster_id, self.job_id, self.workload_type)
+        return group_key(self.cluster_id, self.job_id, self.workload_type, self.service)
 
 
 # Rejection reasons, also the label values of ingero_fleet_rejected_total.
@@ -204,6 +240,7 @@ def encode_health(
             ATTR_GPU_COUNT: push.gpu_count,
             ATTR_PROVIDER: push.provider,
             CLOUD_PROVIDER: push.provider,
+            ATTR_SERVICE: push.service,
         },
     )
     sm = rm.scope_metrics.add()
@@ -496,6 +533,7 @@ def _decode_scores(
                 episode_id=_episode(attrs),
                 collectives=tuple(collectives.comms) if collectives else (),
                 clock=collectives.clock if collectives else None,
+                service=_text(res, ATTR_SERVICE),
             )
         except ValueTooLong as exc:
             result.reject(TOO_LONG, f"node {node_id}: {exc}")

@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import contextlib
+import math
 import os
 import sys
+import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -104,6 +106,7 @@ class Probes:
     task_storage: bool = False
     attached: dict[tuple[int, int], list[Attachment]] = field(default_factory=dict)
     native: NativeSymbols = field(default_factory=NativeSymbols)
+    _until: float = math.inf  # monotonic time the current poll stops reading at
 
     def attach_library(self, lib: LibraryFile) -> list[Attachment]:
         """Attach every op of ``lib`` once (by path: later processes are caught too)."""
@@ -209,12 +212,18 @@ class Probes:
 
         def _cb(_ctx: Any, data: Any, size: int) -> int:
             callback(ctypes.string_at(data, size))
-            return 0
+            # libbpf stops consuming at a negative return, this sample read. Without it a
+            # reader slower than the probes (a launch-bound job on a real GPU, stacks on)
+            # never returns from one consume while the job runs: no interval closes.
+            return -1 if time.monotonic() > self._until else 0
 
         self.bpf[b"events"].open_ring_buffer(_cb)
 
-    def poll(self) -> None:
-        """Consume every pending sample (the program never wakes us per event)."""
+    def poll(self, budget_s: float | None = None) -> None:
+        """Consume pending samples (the program never wakes us per event): all of them, or
+        those read within ``budget_s``; the rest wait in the ring for the next poll, and
+        what the full ring refuses is counted as dropped."""
+        self._until = math.inf if budget_s is None else time.monotonic() + budget_s
         self.bpf.ring_buffer_consume()
 
     def close(self) -> None:

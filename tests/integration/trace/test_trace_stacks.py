@@ -107,3 +107,40 @@ def test_a_new_threads_first_slow_call_has_its_python_frames(
     assert py == [("leaf", marks["leaf"]), ("Model.forward", marks["forward"]),
                   ("outer", marks["outer"])], first  # fmt: skip
     assert "reason" not in first, first
+
+
+FLOOD = Path(__file__).parent / "py_flood.py"
+
+
+def test_a_flood_of_samples_never_holds_up_the_interval_or_the_stop(
+    start_tracer: Any, spawn: Any, runtime_loop: Path
+) -> None:
+    """A launch-bound job with stacks on sends more samples than the reader reads (seen on a
+    real H200: one consume ran until the job ended, so one interval row covered 30 s)."""
+    lib = runtime_loop.parent / "libcudart.so.13"
+    workload = spawn([sys.executable, str(FLOOD), str(lib)])
+    assert workload.stdout.readline().strip() == "ready"
+    tracer = start_tracer("--pid", str(workload.pid), "--sample-every", "1", interval="0.2")
+    workload.stdin.write("go\n")
+    workload.stdin.flush()
+    for _ in range(6):  # intervals keep closing while the flood goes on
+        tracer.notify.wait_for("WATCHDOG=1", timeout=30)
+    assert workload.poll() is None
+    code, stderr = tracer.stop()  # asked to stop in the middle of the flood: it does
+    out, _ = workload.communicate("stop\n", timeout=60)
+    assert code == 0, stderr[-2000:]
+    conn = sqlite3.connect(tracer.db)
+    try:
+        ends = conn.execute(
+            "SELECT COUNT(DISTINCT ts_end) FROM intervals WHERE pid = ?", (workload.pid,)
+        ).fetchone()[0]
+        sampled = conn.execute("SELECT COUNT(*) FROM raw_events WHERE pid = ?", (workload.pid,))
+        n_sampled = sampled.fetchone()[0]
+        dropped = conn.execute("SELECT SUM(dropped_events) FROM host_intervals").fetchone()[0]
+    finally:
+        conn.close()
+    calls = int(out.split("=")[1])
+    assert ends >= 5  # one row per interval, not one for the whole flood
+    # Every call was sampled (--sample-every 1): read, counted as dropped, or still in the
+    # ring when the tracer stopped; never more read than made.
+    assert 0 < n_sampled <= calls, (n_sampled, dropped, calls)
