@@ -20,6 +20,27 @@ SCRIPT = Path(__file__).parent / "py_stacks.py"
 CALLS = 1000
 
 
+def _sync_stacks(db: Path, pid: int) -> list[tuple[int, str]]:
+    """(tid, frames JSON) of the process's sampled cudaStreamSynchronize calls, oldest first."""
+    conn = sqlite3.connect(db)
+    try:
+        return conn.execute(
+            "SELECT r.tid, s.frames FROM raw_events r JOIN stacks s USING (stack_key) "
+            "WHERE r.pid = ? AND r.op = 'cudaStreamSynchronize' ORDER BY r.ts", (pid,)
+        ).fetchall()  # fmt: skip
+    finally:
+        conn.close()
+
+
+def _script_lines(stack: dict[str, Any]) -> list[tuple[str, int]]:
+    return [(f["function"], f["line"]) for f in stack["frames"]
+            if f["kind"] == "py" and f["file"] == str(SCRIPT)]  # fmt: skip
+
+
+def _expected(marks: dict[str, int]) -> list[tuple[str, int]]:
+    return [("leaf", marks["leaf"]), ("Model.forward", marks["forward"]), ("outer", marks["outer"])]
+
+
 # 3.11 walks its frames from the thread state's cframe, 3.12 adds C-stack shim frames
 # (a trampoline code object) and 3.13 shim frames with None for code: both are dropped.
 @pytest.mark.parametrize("python", interpreters(minor_from=11))
@@ -41,23 +62,13 @@ def test_sampled_calls_carry_python_and_native_frames(
     dropped = conn.execute("SELECT SUM(dropped_events) FROM host_intervals").fetchone()[0] or 0
     conn.close()
     assert got > 0 and got + dropped >= 3 * CALLS  # every sample arrived or was counted lost
-    conn = sqlite3.connect(tracer.db)
-    try:
-        rows = conn.execute(
-            "SELECT DISTINCT r.tid, s.frames FROM raw_events r JOIN stacks s USING (stack_key) "
-            "WHERE r.pid = ? AND r.op = 'cudaStreamSynchronize'", (workload.pid,)
-        ).fetchall()  # fmt: skip
-    finally:
-        conn.close()
+    rows = set(_sync_stacks(tracer.db, workload.pid))
     # The threads are born after the tracer's last look at the interpreter: the program
     # finds each one in the interpreter's list at its first sample.
     full = set()
     for tid, frames in rows:
         stack = json.loads(frames)
-        py = [(f["function"], f["line"]) for f in stack["frames"]
-              if f["kind"] == "py" and f["file"] == str(SCRIPT)]  # fmt: skip
-        assert py == [("leaf", marks["leaf"]), ("Model.forward", marks["forward"]),
-                      ("outer", marks["outer"])], stack  # fmt: skip
+        assert _script_lines(stack) == _expected(marks), stack
         # Then threading's own frames, and nothing but the user's code (no shim frame).
         files = [f["file"] for f in stack["frames"] if f["kind"] == "py"]
         assert all(f and f.endswith(".py") for f in files), stack
@@ -92,20 +103,10 @@ def test_a_new_threads_first_slow_call_has_its_python_frames(
     code, stderr = tracer.stop()
     assert code == 0, stderr[-2000:]
     assert got == 3  # each call is slow: each carries its stack
-    conn = sqlite3.connect(tracer.db)
-    try:
-        rows = conn.execute(
-            "SELECT r.tid, s.frames FROM raw_events r JOIN stacks s USING (stack_key) "
-            "WHERE r.pid = ? AND r.op = 'cudaStreamSynchronize' ORDER BY r.ts", (workload.pid,)
-        ).fetchall()  # fmt: skip
-    finally:
-        conn.close()
+    rows = _sync_stacks(tracer.db, workload.pid)
     assert len(rows) == 3 and rows[0][0] != workload.pid
     first = json.loads(rows[0][1])  # the thread's first call
-    py = [(f["function"], f["line"]) for f in first["frames"]
-          if f["kind"] == "py" and f["file"] == str(SCRIPT)]  # fmt: skip
-    assert py == [("leaf", marks["leaf"]), ("Model.forward", marks["forward"]),
-                  ("outer", marks["outer"])], first  # fmt: skip
+    assert _script_lines(first) == _expected(marks), first
     assert "reason" not in first, first
 
 
