@@ -153,23 +153,33 @@ class Probes:
             with contextlib.suppress(KeyError):
                 del comms[k]
 
-    def set_python(self, pid: int, layout: Layout, tstates: dict[int, int]) -> None:
-        """Let the program walk ``pid``'s Python frames: its layout, its threads' states."""
+    def set_python(
+        self, pid: int, layout: Layout, tstates: dict[int, int], interp: int = 0
+    ) -> None:
+        """Let the program walk ``pid``'s Python frames: its layout, its threads' states,
+        and its main interpreter (where the program looks up a thread not mapped yet)."""
         table = self.bpf[b"py_layouts"]
+        w = layout.window()
+        tid = layout.tstate_native_thread_id
         leaf = table.Leaf(
             layout.tstate_frame,
             -1 if layout.cframe_current_frame is None else layout.cframe_current_frame,
-            layout.frame_previous,
-            layout.frame_code,
-            layout.frame_instr,
-            -1 if layout.frame_owner is None else layout.frame_owner,
+            w.start,
+            w.length,
+            layout.frame_previous - w.start,
+            layout.frame_code - w.start,
+            layout.frame_instr - w.start,
+            -1 if layout.frame_owner is None else layout.frame_owner - w.start,
             -1 if layout.shim_owner is None else layout.shim_owner,
-            0,
+            layout.interp_threads_head if interp and tid is not None else -1,
+            layout.tstate_next,
+            -1 if tid is None else tid,
+            interp if tid is not None else 0,
         )
         table[table.Key(pid)] = leaf
         threads = self.bpf[b"py_tstates"]
-        for tid, tstate in tstates.items():
-            threads[threads.Key(tid)] = threads.Leaf(tstate)
+        for t, tstate in tstates.items():
+            threads[threads.Key(t)] = threads.Leaf(tstate)
 
     def forget_python(self, pid: int, tids: set[int]) -> None:
         for name, keys in ((b"py_layouts", [pid]), (b"py_tstates", sorted(tids))):

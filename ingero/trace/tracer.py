@@ -173,7 +173,7 @@ class Tracer:
             if stack is not None and key is not None:
                 stacks[key] = stack
                 first_seen[key] = min(ts, first_seen.get(key, ts))
-            self.nccl.feed(ev, ts, key)
+            key = self.nccl.feed(ev, ts, key)
             if ev.kind == KIND_ENTER:
                 continue  # an arrival: its call is one raw event, at its return
             tag = tags.get(ev.pid)
