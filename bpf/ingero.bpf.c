@@ -541,7 +541,9 @@ static __always_inline int call_enter(struct pt_regs *ctx, u32 op, int bytes_arg
         }
     }
     call_put(id, &c);
-    if (c.seq) {
+    // numbered is a constant of each probe: the arrival (and its stack walk, the largest
+    // code of the program) is compiled into the NCCL collectives' entry probes only.
+    if (numbered && c.seq) {
         // The arrival, so a call that never returns (a hung collective) is still seen.
         struct event_t ev = {};
         ev.ts = c.ts;
