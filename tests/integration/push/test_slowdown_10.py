@@ -13,7 +13,6 @@ not asserted, as the host is shared.
 from __future__ import annotations
 
 import time
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -22,27 +21,14 @@ from tests.integration.push.cluster import Cluster, Procs, wait_for
 
 pytestmark = pytest.mark.integration
 
-NODES = 8
+NODES, SLOW = 8, 3  # eight ranks of one job; rank 3 slows down
 INTERVAL = 1.0  # push interval and the workloads' write interval: equal, as in the issue
-LATE = 0.4  # the most a workload writes an interval's rows after it ends
-NOISE = 0.03  # relative sd of every rate per interval
-JOB = "25"
-SLOW = 3  # the rank that slows down
-STEADY_INTERVALS = 30
-DETECT_WITHIN = 60  # push intervals; generous: the machine is shared and slow
+LATE, NOISE = 0.4, 0.03  # rows up to 0.4 s late; 3% sd of every rate per interval
+STEADY_INTERVALS, DETECT_WITHIN = 30, 60  # the latter generous: the host is shared
 
 
-@pytest.fixture
-def cluster(tmp_path: Path) -> Iterator[Cluster]:
-    c = Cluster(tmp_path, Procs(), INTERVAL, NODES, job_id=JOB, tracer_interval=INTERVAL)
-    try:
-        yield c
-    finally:
-        c.procs.stop_all()
-
-
-def test_a_10_percent_slowdown_is_flagged_and_no_healthy_node(cluster: Cluster) -> None:
-    c = cluster
+def test_a_10_percent_slowdown_is_flagged_and_no_healthy_node(tmp_path: Path, procs: Procs) -> None:
+    c = Cluster(tmp_path, procs, INTERVAL, NODES, job_id="25", tracer_interval=INTERVAL)
     c.start_fleet()
     c.start_sink()
     for i in range(NODES):
@@ -69,5 +55,5 @@ def test_a_10_percent_slowdown_is_flagged_and_no_healthy_node(cluster: Cluster) 
         "Fleet flagging the slow rank",
     )
     assert set(flagged()) == {slow}, flagged()
-    assert first.job_id == JOB
+    assert first.job_id == "25"
     print(f"time to flag a 10% slowdown: {(first.timestamp - start) / INTERVAL:.1f} intervals")
