@@ -33,8 +33,8 @@ hour, and how far the healthy nodes' scores sit above the threshold (mean and sd
 score - threshold, and how many classified intervals fell below it).
 
     .venv/bin/python bench/detection.py [--shape gpu-bound|cpu-bound|graphs|all] [--nodes 64]
-        [--runs 20] [--hours 1] [--noise 0.03] [--enter-intervals 2] [--enter-window 3]
-        [--min-margin 0.05] [--no-peers]
+        [--runs 20] [--hours 1] [--noise 0.03] [--enter-intervals 3] [--enter-window 5]
+        [--min-margin 0.04] [--no-peers]
         [--push-interval 5] [--tracer-interval 1] [--push-jitter 0.1] [--late 0] [--no-nvml]
 """
 
