@@ -3,10 +3,11 @@
 Each simulated node is one training process of one Slurm job, shaped like what ``ingero
 trace`` recorded on an H100 (``ingero.workload.generator``, ``--shape gpu-bound``,
 ``cpu-bound`` or ``graphs``): tracer intervals (1 s, ``--tracer-interval``) of cuLaunchKernel
-(cuGraphLaunch: a job replaying CUDA graphs), rare syncs,
+(cudaGraphLaunch: a job replaying CUDA graphs), rare syncs,
 off-CPU rows, host rows and NVML GPU rows (``--no-nvml``: none, as on the reference H100
 node, where the score has no compute signal and memory is the host's), with multiplicative
-noise on every rate, each interval's rows written a random 0..``--late`` s after it ends. Each node's tracer and agent
+noise on every rate, each interval's rows written a random 0..``--late`` s after it ends.
+Each node's tracer and agent
 start at their own moment, and the agent pushes every ``--push-interval`` x (1 ±
 ``--push-jitter``). At each push the node's window is placed and interpreted by the same
 code as fleet-push (``ingero.collectors.nodedb``: ``window_start``, ``nothing_new``,

@@ -10,7 +10,9 @@ process (uprobes attach by library path, so every new process is caught):
   uprobe design that measures durations;
 - ``ingero``: ingero's full BPF program (every CUDA probe, host tracepoints, ring buffer),
   with call stacks on sampled and slow calls (the default);
-- ``no-stacks``: the same program loaded with ``--no-stacks``.
+- ``no-stacks``: the same program loaded with ``--no-stacks``;
+- ``no-samples``: the default program with no call sampled (``--sample-every`` 2^40; the
+  calls here are never slow): the per-call bookkeeping without the samples and stacks.
 
 Times are the workload thread's CPU time (uprobe handlers run in its context; waiting for
 a CPU on a shared machine does not count). First, back-to-back calls (no work between)
@@ -35,7 +37,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from ingero.trace.ops import CUDART
-from ingero.trace.probes import load, probe_names
+from ingero.trace.probes import DEFAULT_SAMPLE_EVERY, load, probe_names
 from ingero.trace.procmaps import LibraryFile
 
 CUDA_HOME = Path(os.environ.get("CUDA_HOME", "/usr/local/cuda"))
@@ -115,10 +117,15 @@ class Ingero(Config):
     a thread reads the ring buffer that often while attached, as the tracer does."""
 
     def __init__(
-        self, lib: LibraryFile | None = None, poll_s: float | None = None, stacks: bool = True
+        self,
+        lib: LibraryFile | None = None,
+        poll_s: float | None = None,
+        stacks: bool = True,
+        name: str | None = None,
+        sample_every: int = DEFAULT_SAMPLE_EVERY,
     ) -> None:
-        super().__init__("ingero" if stacks else "no-stacks")
-        self.probes = load(stacks=stacks)
+        super().__init__(name or ("ingero" if stacks else "no-stacks"))
+        self.probes = load(stacks=stacks, sample_every=sample_every)
         self.lib = lib or library()
         self.attachments = self.probes.attach_library(self.lib)
         self.probes.open_ring(lambda data: None)
@@ -179,16 +186,19 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--rounds", type=int, default=7)
     parser.add_argument("--seconds", type=float, default=0.4, help="length of one run")
-    parser.add_argument("--rates", default="10000,50000")
+    parser.add_argument("--rates", default="10000,50000", help="'': back to back only")
     parser.add_argument("--calls", type=int, default=200000, help="back-to-back calls per run")
     args = parser.parse_args()
     with tempfile.TemporaryDirectory() as tmp:
         exe = build(Path(tmp))
         ingero = Ingero()
         plain = Ingero(stacks=False)
+        # No call sampled (and none slow): the per-call bookkeeping alone, without the
+        # ring buffer samples and their stacks.
+        quiet = Ingero(name="no-samples", sample_every=1 << 40)
         floor = Floor(type(ingero.probes.bpf), ingero.lib.path)
-        configs = [Config("none"), floor, ingero, plain]
-        traced = ("ingero", "no-stacks")
+        configs = [Config("none"), floor, ingero, plain, quiet]
+        traced = ("ingero", "no-stacks", "no-samples")
         print(
             f"# {time.strftime('%Y-%m-%d %H:%M:%S')} host={os.uname().nodename} "
             f"cpus={os.cpu_count()} load={os.getloadavg()[0]:.1f} rounds={args.rounds} "
@@ -205,7 +215,7 @@ def main() -> None:
             f"per call (back to back, {args.calls} calls): none={per_call['none']:.0f} ns "
             f"floor adds {floor_added:.0f} ns  {parts}"
         )
-        for rate in (int(r) for r in args.rates.split(",")):
+        for rate in (int(r) for r in args.rates.split(",") if r):
             spin = calibrate(exe, rate)
             med = measure(exe, configs, spin, int(rate * args.seconds), args.rounds)
             floor_added = med["floor"] - med["none"]
@@ -218,8 +228,8 @@ def main() -> None:
                 f"rate={rate}/s  ns/iter: none={med['none']:.0f} floor={med['floor']:.0f} "
                 f"(floor adds {floor_added:.0f} ns)  {parts}"
             )
-        ingero.probes.close()
-        plain.probes.close()
+        for traced_config in (ingero, plain, quiet):
+            traced_config.probes.close()
         floor.bpf.cleanup()
 
 

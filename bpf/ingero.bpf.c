@@ -24,7 +24,9 @@
 // function is the op, the first frame is its caller) and, for CPython threads, the
 // interpreter's frame chain as (code object, instruction) pairs, walked from the
 // PyThreadState that user space put in py_tstates with the offsets it put in py_layouts
-// (ingero/trace/pyframes/). The walk reads user memory only, and at most MAX_PY_WALK frames.
+// (ingero/trace/pyframes/); a thread not there yet is looked up in the interpreter's own
+// thread list. The walk reads user memory only, and at most MAX_PY frames. A numbered
+// NCCL collective carries its stack on its arrival instead (a hung one never returns).
 
 #include <uapi/linux/ptrace.h>
 
@@ -128,7 +130,6 @@ BPF_RINGBUF_OUTPUT(events, 512);
 
 #define MAX_NATIVE 32  // user frames per stack
 #define MAX_PY 32      // Python frames per stack (a power of two: the index mask)
-#define MAX_PY_WALK 40 // frames visited (C-stack shim frames are skipped, not kept)
 #define PY_NONE 0      // not a Python thread user space knows
 #define PY_OK 1        // the whole chain
 #define PY_TRUNCATED 2 // more than MAX_PY frames
@@ -152,19 +153,38 @@ struct stack_event_t {
 };
 
 // Where a CPython version keeps the frame chain (offsets in bytes; -1: not in this version).
+// A frame's fields are read in one go: the window [win_start, win_start + win_len) of the
+// frame, with the fields at offsets relative to the window (8-byte aligned but owner).
 struct py_layout_t {
     s32 tstate_frame;    // PyThreadState: the current frame (3.11/3.12: the _PyCFrame *)
     s32 cframe_current;  // _PyCFrame.current_frame (3.11/3.12), else -1
-    s32 previous;        // frame: the caller's frame
-    s32 code;            // frame: the code object
-    s32 instr;           // frame: the instruction
-    s32 owner;           // frame: owner byte (3.11+), else -1
+    u32 win_start;       // frame: first byte read
+    u32 win_len;         // frame: bytes read (1..PY_WIN)
+    u32 previous;        // window: the caller's frame
+    u32 code;            // window: the code object
+    u32 instr;           // window: the instruction
+    s32 owner;           // window: owner byte (3.11+), else -1
     s32 shim_owner;      // owner value of C-stack shim frames (3.12+), else -1
-    u32 pad;
+    s32 threads_head;    // PyInterpreterState: its first PyThreadState (-1: no lookup)
+    s32 tstate_next;     // PyThreadState: the next one
+    s32 tstate_tid;      // PyThreadState: native_thread_id (3.11+), else -1
+    u64 interp;          // the main PyInterpreterState * (0: no lookup)
+};
+
+#define PY_WIN 128           // bytes of a frame read at once (a power of two: the masks)
+#define MAX_TSTATE_WALK 32   // threads looked at on a miss (new threads are at the head)
+#define PY_MISS_RECHECK_NS 1000000000ULL  // a thread not found is looked for again after 1 s
+
+struct py_win_t {
+    u8 b[PY_WIN];
 };
 
 BPF_HASH(py_layouts, u32, struct py_layout_t, 4096);  // tgid → layout
 BPF_HASH(py_tstates, u32, u64, 65536);                // tid → PyThreadState *
+BPF_PERCPU_ARRAY(py_scratch, struct py_win_t, 1);     // one frame's window
+// Threads of a Python process not in its interpreter's list when last looked for (native
+// threads calling CUDA): tid → when, so a miss costs one lookup until it is due again.
+BPF_TABLE("lru_hash", u32, u64, py_misses, 16384);
 
 // NCCL datatype sizes, indexed by ncclDataType_t (int8 … fp8e5m2).
 static __always_inline u64 dtype_size(u32 dtype) {
@@ -333,37 +353,85 @@ static __always_inline void emit(struct event_t *ev) {
         host_add(HOST_SAMPLES, 1);
 }
 
+// A thread that user space has not mapped yet (started since it last read the thread
+// list): find its PyThreadState in the interpreter's own list, newest first, and map it, so
+// the first (slow) call of a new thread has its Python frames. Bounded (MAX_TSTATE_WALK)
+// and, for a thread that is not there, done again only after PY_MISS_RECHECK_NS.
+static __always_inline u64 py_find_thread(struct py_layout_t *L, u32 tid) {
+    if (!L->interp || L->threads_head < 0 || L->tstate_tid < 0)
+        return 0;
+    u64 now = bpf_ktime_get_ns();
+    u64 *last = py_misses.lookup(&tid);
+    if (last && now - *last < PY_MISS_RECHECK_NS)
+        return 0;
+    u64 t = 0;
+    if (bpf_probe_read_user(&t, sizeof(t), (void *)(L->interp + L->threads_head)) != 0)
+        t = 0;
+    for (int i = 0; i < MAX_TSTATE_WALK; i++) {  // bounded, not unrolled (its early return)
+        if (!t)
+            break;
+        s64 native = 0;
+        if (bpf_probe_read_user(&native, sizeof(native), (void *)(t + L->tstate_tid)) != 0)
+            break;
+        if (native == (s64)tid) {
+            py_tstates.update(&tid, &t);
+            py_misses.delete(&tid);
+            return t;
+        }
+        if (bpf_probe_read_user(&t, sizeof(t), (void *)(t + L->tstate_next)) != 0)
+            break;
+    }
+    py_misses.update(&tid, &now);
+    return 0;
+}
+
 static __always_inline void py_walk(struct stack_event_t *r, u32 tgid, u32 tid) {
     struct py_layout_t *L = py_layouts.lookup(&tgid);
     if (!L)
         return;
+    u64 tstate = 0;
     u64 *ts = py_tstates.lookup(&tid);
-    if (!ts) {
+    if (ts)
+        tstate = *ts;
+    else
+        tstate = py_find_thread(L, tid);
+    if (!tstate) {
         r->py_state = PY_NO_THREAD;
         return;
     }
+    u32 z = 0;
+    struct py_win_t *w = py_scratch.lookup(&z);
+    if (!w)
+        return;
+    u32 at_prev = L->previous & (PY_WIN - 8), at_code = L->code & (PY_WIN - 8);
+    u32 at_instr = L->instr & (PY_WIN - 8), at_owner = (u32)L->owner & (PY_WIN - 1);
+    int shims = L->owner >= 0 && L->shim_owner >= 0;
+    u8 shim = (u8)L->shim_owner;
     u64 f = 0;
-    if (bpf_probe_read_user(&f, sizeof(f), (void *)(*ts + L->tstate_frame)) != 0)
+    if (bpf_probe_read_user(&f, sizeof(f), (void *)(tstate + L->tstate_frame)) != 0)
         goto fault;
     if (L->cframe_current >= 0 && f &&
         bpf_probe_read_user(&f, sizeof(f), (void *)(f + L->cframe_current)) != 0)
         goto fault;
-    // One index for visits and slots (shim frames are kept; user space drops them): the
-    // verifier follows a single counter, not one per path.
+    // One read of the frame's window per frame. C-stack shim frames (3.12+: the entry
+    // frame the interpreter pushes at each call from C) are no line of the user's code, and
+    // their "code" is a trampoline (3.12) or None (3.13): their slot gets code 0, which user
+    // space drops. One index for visits and slots: the verifier follows a single counter,
+    // where skipping in place multiplies its states past its limit.
     u32 n = 0;
 #pragma unroll
     for (int i = 0; i < MAX_PY; i++) {
         if (!f)
             break;
-        u64 code = 0, instr = 0;
-        if (bpf_probe_read_user(&code, sizeof(code), (void *)(f + L->code)) != 0 ||
-            bpf_probe_read_user(&instr, sizeof(instr), (void *)(f + L->instr)) != 0 ||
-            bpf_probe_read_user(&f, sizeof(f), (void *)(f + L->previous)) != 0) {
+        // 1..PY_WIN bytes, in a form the verifier bounds (win_len is 1..PY_WIN).
+        u32 len = ((L->win_len - 1) & (PY_WIN - 1)) + 1;
+        if (bpf_probe_read_user(w->b, len, (void *)(f + L->win_start)) != 0) {
             r->npy = n;
             goto fault;
         }
-        r->py[i].code = code;
-        r->py[i].instr = instr;
+        f = *(u64 *)(w->b + at_prev);
+        r->py[i].code = shims && w->b[at_owner] == shim ? 0 : *(u64 *)(w->b + at_code);
+        r->py[i].instr = *(u64 *)(w->b + at_instr);
         n = i + 1;
     }
     r->npy = n;
@@ -373,8 +441,11 @@ fault:
     r->py_state = PY_FAULT;
 }
 
-// A return sample with the caller's stack (ring buffer memory: too big for the BPF stack).
-static __always_inline void emit_stack(struct pt_regs *ctx, struct event_t *ev) {
+// A sample with the caller's stack (ring buffer memory: too big for the BPF stack). At a
+// return the first user frame is the caller (the return address the uretprobe resumes at).
+// At an entry (an NCCL arrival) it is the probed function itself, and frame pointers skip
+// the caller, whose return address is still on top of the user stack: it takes the slot.
+static __always_inline void emit_stack(struct pt_regs *ctx, struct event_t *ev, int entry) {
     struct stack_event_t *r = events.ringbuf_reserve(sizeof(struct stack_event_t));
     if (!r) {
         host_add(HOST_DROPS, 1);
@@ -386,6 +457,9 @@ static __always_inline void emit_stack(struct pt_regs *ctx, struct event_t *ev) 
     r->pad = 0;
     long got = bpf_get_stack(ctx, r->native, sizeof(r->native), BPF_F_USER_STACK);
     r->nnative = got > 0 ? (u32)((u64)got >> 3) : 0;
+    if (entry && r->nnative > 0 &&
+        bpf_probe_read_user(&r->native[0], sizeof(u64), (void *)PT_REGS_SP(ctx)) != 0)
+        r->nnative = 0;
     py_walk(r, ev->tgid, ev->tid);
     events.ringbuf_submit(r, BPF_RB_NO_WAKEUP);
     host_add(HOST_SAMPLES, 1);
@@ -482,7 +556,12 @@ static __always_inline int call_enter(struct pt_regs *ctx, u32 op, int bytes_arg
         ev.nranks = c.nranks;
         ev.dtype = c.dtype;
         ev.kind = KIND_ENTER;
-        emit(&ev);
+        // Its stack is taken here, not at its return: a hung collective never returns,
+        // and the return of one (same caller) is given this stack by user space.
+        if (STACKS)
+            emit_stack(ctx, &ev, 1);
+        else
+            emit(&ev);
     }
     return 0;
 }
@@ -519,8 +598,8 @@ static __always_inline int call_leave(struct pt_regs *ctx, int always) {
         ev.seq = c->seq;
         ev.rank = c->rank;
         ev.nranks = c->nranks;
-        if (STACKS)
-            emit_stack(ctx, &ev);
+        if (STACKS && !c->seq)
+            emit_stack(ctx, &ev, 0);
         else
             emit(&ev);
     }

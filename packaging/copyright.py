@@ -107,6 +107,19 @@ def stanza(dist: md.Distribution, site: Path) -> str | None:
     )
 
 
+def vendored(site: Path) -> str:
+    """The one piece of ingero's own package under another licence: the dashboard's chart
+    library (docs/echo.md, "Dashboard"), a later stanza than ingero's, so it wins."""
+    static = PurePosixPath(str(site).lstrip("/")) / "ingero/echo/dashboard/static"
+    return (
+        f"Files: {static}/uPlot.*\n"
+        "Copyright: 2022 Leon Sorokin\n"
+        "License: MIT\n"
+        " uPlot 1.6.31, from its npm package, unmodified.\n"
+        f" The licence text as the package ships it: /{static}/uPlot.LICENSE\n"
+    )
+
+
 def main() -> None:
     site = next(Path(p) for p in sys.path if p.endswith("site-packages"))
     stanzas = [
@@ -122,7 +135,7 @@ def main() -> None:
         "Comment: the Python distributions under /opt/ingero/venv are the wheels ingero\n"
         " was tested with, unmodified; each stanza below names its files and licence.\n"
     )
-    sys.stdout.write("\n".join([header, INGERO, *stanzas]))
+    sys.stdout.write("\n".join([header, INGERO, vendored(site), *stanzas]))
 
 
 if __name__ == "__main__":

@@ -20,18 +20,26 @@ if [ "$(id -u)" = 0 ]; then
   [ -x tests/setup-host.sh ] && bash tests/setup-host.sh
   # Slurm 25.11 beside Debian's 22.05, for the pyslurm tests: built once from the vendored
   # source into a prefix that later runs reuse (tests/slurm25/build.sh); skipped without it.
+  # The build (5-7 min on two cores) runs in the background at the lowest priority while the
+  # suite runs: the first test that needs it waits for it and installs its pyslurm wheel
+  # (tests/integration/slurm/slurm25.py). After `exec` below the build is pytest's child.
   slurm25_tarball=${INGERO_SLURM25_TARBALL:-../shared/vendor/slurm-25.11.7.tar.xz}
+  slurm25_prefix=${INGERO_SLURM25_PREFIX:-/opt/slurm-25.11}
   if [ -f "$slurm25_tarball" ]; then
-    bash tests/slurm25/build.sh "$slurm25_tarball" "${INGERO_SLURM25_PREFIX:-/opt/slurm-25.11}"
+    mkdir -p "$(dirname "$slurm25_prefix")"
+    nice -n 19 bash tests/slurm25/build.sh "$slurm25_tarball" "$slurm25_prefix" \
+      >"$slurm25_prefix.build.log" 2>&1 &
+    export INGERO_SLURM25_BUILD_PID=$! INGERO_SLURM25_BUILD_LOG=$slurm25_prefix.build.log
   fi
 fi
 
 PY=${PYTHON:-python3}
 [ -x .venv/bin/python ] || "$PY" -m venv .venv
 .venv/bin/pip install -q --disable-pip-version-check -e '.[test]'
-# pyslurm only where Slurm 25.11 was built: it cannot even be built without it.
+# pyslurm only where Slurm 25.11 was built: it cannot even be built without it. A build
+# still running installs it later (above); an earlier run's build, now.
 slurm25_wheel=$(ls "${INGERO_SLURM25_PREFIX:-/opt/slurm-25.11}"/wheels/pyslurm-*.whl 2>/dev/null | head -1 || true)
-if [ -n "$slurm25_wheel" ]; then
+if [ -n "$slurm25_wheel" ] && [ -z "${INGERO_SLURM25_BUILD_PID:-}" ]; then
   .venv/bin/pip install -q --disable-pip-version-check --no-deps "$slurm25_wheel"
 fi
 exec .venv/bin/python -m pytest "$@"

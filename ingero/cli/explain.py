@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import sys
 import time
+from collections.abc import Sequence
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -26,7 +27,8 @@ from ingero.runtime.errors import EXIT_OK, UsageError
 if TYPE_CHECKING:
     from ingero.explain.analysis import Report
     from ingero.explain.callsites import CallSite
-    from ingero.explain.chains import Chain
+    from ingero.explain.chains import Chain, Signal
+    from ingero.explain.phases import PhaseOverlap
 
 _TOP_OPS = 12
 # Call sites listed for the window (most CUDA time first), whatever the chains.
@@ -82,10 +84,12 @@ def explain(ctx: click.Context, db_path: Path, window: str, job_id: str | None,
     from ingero.explain.analysis import explain as analyse
     from ingero.explain.callsites import call_sites
     from ingero.explain.chains import explain_chains
+    from ingero.explain.phases import phases_of
     from ingero.explain.reader import (
         latest_ts,
         open_node_db,
         read_call_sites,
+        read_phases,
         read_processes,
         read_timeline,
         read_window_data,
@@ -112,10 +116,12 @@ def explain(ctx: click.Context, db_path: Path, window: str, job_id: str | None,
         timeline = read_timeline(db, end, window_s, job_id)
         wall_ns = recent.covered_s * 1e9 * max(1, recent.pids)
         site_data = read_call_sites(db, end, window_s, job_id, wall_ns or None)
+        phases = read_phases(db, end - window_s, end, job_id)
     finally:
         db.conn.close()
     report = analyse(recent, baseline, window_s, job_id, processes)
     chains = explain_chains(timeline, sites=site_data)
+    in_phases = [phases_of(_signals(c), phases, end) for c in chains]
     sites = call_sites(site_data, limit=_TOP_SITES)
     # fleet-push's newest stack snapshot, if taken in the window or the one before it
     stacks = snapshot_file.recent(db_path, end - 2 * window_s, job_id)
@@ -123,6 +129,8 @@ def explain(ctx: click.Context, db_path: Path, window: str, job_id: str | None,
     empty = recent.empty or (job_id is not None and not recent.ops)
     if as_json:
         answer = _as_json(report, chains, sites, db_path, latest, empty)
+        for chain, found in zip(answer["chains"], in_phases, strict=False):
+            chain["phases"] = [p.as_dict() for p in found]
         answer["stack_snapshot"] = stacks
         click.echo(json.dumps(answer, indent=2))
         return EXIT_OK
@@ -138,7 +146,7 @@ def explain(ctx: click.Context, db_path: Path, window: str, job_id: str | None,
             f" and {_utc(end)}{hint}"
         )
     else:
-        _print(report, chains, sites, db_path)
+        _print(report, chains, sites, db_path, in_phases)
     if stacks is not None:
         click.echo(f"Stack snapshot ({_utc(float(stacks['timestamp']))}): {describe(stacks)}")
     return EXIT_OK
@@ -252,7 +260,17 @@ def _as_json(
     }
 
 
-def _print(report: Report, chains: list[Chain], sites: list[CallSite], db_path: Path) -> None:
+def _signals(chain: Chain) -> list[Signal]:
+    return [*chain.causes, *(s for s in (chain.via, chain.effect) if s is not None)]
+
+
+def _print(
+    report: Report,
+    chains: list[Chain],
+    sites: list[CallSite],
+    db_path: Path,
+    in_phases: Sequence[Sequence[PhaseOverlap]] = (),
+) -> None:
     from rich.console import Console
     from rich.table import Table
     from rich.text import Text
@@ -314,6 +332,8 @@ def _print(report: Report, chains: list[Chain], sites: list[CallSite], db_path: 
                     click.echo(
                         f"   {step.id} from: {site.text()} ({fmt_pct(site.share)} of {site.op})"
                     )
+            for found in in_phases[i - 1] if i <= len(in_phases) else ():
+                click.echo(f"   {found.line()}")
             if chain.missing:
                 click.echo(f"   not found: {', '.join(chain.missing)} layer")
             click.echo(f"   fix: {chain.fix}")

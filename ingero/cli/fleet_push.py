@@ -49,6 +49,11 @@ if TYPE_CHECKING:  # imported where used, so `--help` stays fast
 @click.option("--rank", type=int, help="This node's rank in the job.")
 @click.option("--world-size", type=int, help="Number of ranks in the job.")
 @click.option("--workload-type", help="Peer group for nodes without a job (e.g. training).")
+@click.option(
+    "--service",
+    default=lambda: os.environ.get("INGERO_SERVICE"),
+    help="Inference service this node's replica serves (peer group without a job).",
+)
 @print_config_option
 @log_level_options
 def command(
@@ -67,6 +72,7 @@ def command(
     rank: int | None,
     world_size: int | None,
     workload_type: str | None,
+    service: str | None,
     print_config: bool,
     log_level: str,
     verbose: bool,
@@ -88,6 +94,7 @@ def command(
         "channels.event_socket": event_socket,
         "channels.journal_socket": journal_socket,
         "push_interval": push_interval,
+        "service": service or None,
     }
     config = load_config(
         PushConfig,
@@ -164,6 +171,7 @@ def run_agent(
     from ingero.push.channels.uds import UdsChannel
     from ingero.push.client import make_client
     from ingero.push.detection_store import DetectionStore
+    from ingero.push.engines import EngineWatcher
     from ingero.push.sampler import NodeSampler
     from ingero.runtime.systemd import notifier
     from ingero.slurm.jobfile import current_jobs, jobs_dir
@@ -171,13 +179,28 @@ def run_agent(
     clock = SystemClock()
     node = resolve_node_id(config.node_id)
     host = config.host_name or socket.gethostname()
-    ident = Identity(node, config.cluster_id, host, job_id, rank, world_size, workload_type)
+    ident = Identity(
+        node, config.cluster_id, host, job_id, rank, world_size, workload_type, config.service
+    )
     state_dir = Path(config.state_dir)
     # Used only where the node DB holds no GPU rows (no ingero trace or gpu-sample here).
     queries: list[GpuQuery] = [NvmlQuery()]
     if shutil.which("nvidia-smi"):
         queries.append(NvidiaSmi())
     gpu: GpuQuery = FallbackQuery(*queries)
+    inference = config.inference
+    engines = (
+        EngineWatcher(
+            db_path=Path(config.node_db),
+            clock=clock,
+            service=config.service,
+            proc_root=Path(inference.proc_root),
+            timeout_s=float(inference.metrics_timeout),
+            max_bytes=inference.max_metrics_bytes,
+        )
+        if inference.enabled
+        else None
+    )
     sampler = NodeSampler(
         node_id=node,
         db_path=Path(config.node_db),
@@ -187,6 +210,7 @@ def run_agent(
         baseline_path=state_dir / "baselines.json",
         gpu=gpu,
         collectives=config.collectives,
+        engines=engines,
     )
     client = make_client(config)
     ch = config.channels
@@ -206,7 +230,17 @@ def run_agent(
     store = DetectionStore(state_dir / "detection.json", node, clock)
     # An explicit --job-id pins the peer group; otherwise the prolog's job files say.
     job_source = None if job_id else lambda: next(iter(current_jobs(jobs_dir())), None)
-    agent = Agent(config, ident, sampler, client, channels, clock, store, job_source=job_source)
+    agent = Agent(
+        config,
+        ident,
+        sampler,
+        client,
+        channels,
+        clock,
+        store,
+        job_source=job_source,
+        engines=engines,
+    )
     if config.snapshot.enabled:
         agent.snapshotter = _snapshotter(config, sampler.pid_alive, agent.emit, clock)
 

@@ -34,6 +34,7 @@ COMMANDS: dict[str, str] = {
     "query": "ingero.cli.query:query",
     "merge": "ingero.cli.merge:merge",
     "export": "ingero.cli.export:export",
+    "annotate": "ingero.cli.annotate:annotate",
 }
 
 

@@ -147,7 +147,9 @@ def _wait(tracer: Tracer, interval: float, stop: threading.Event) -> bool:
         if stop.wait(min(PUMP_S, left)):
             return False
         try:
-            tracer.pump()
+            # Bounded by the interval's end: the tick and the stop request come on time
+            # however many samples wait.
+            tracer.pump(max(0.0, deadline - time.monotonic()))
         except Exception as exc:  # the next pump or tick retries; tracing goes on
             print(f"ingero trace: reading samples failed: {exc}", file=sys.stderr)
     return not stop.is_set()

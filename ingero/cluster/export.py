@@ -164,6 +164,7 @@ def build_trace(
         events += _call_rates(n, pid, clock)
         events += _host_counters(n, pid, clock)
         events += _gpu_counters(n, pid, clock)
+        events += _marks(n, pid, clock, in_flight)
     end_of_trace = max((e["ts"] + e.get("dur", 0) for e in events if "ts" in e), default=0.0)
     for e in in_flight:
         e["dur"] = round(max(0.0, end_of_trace - e["ts"]), 3)
@@ -303,7 +304,7 @@ def _t0(
     starts += [
         float(r["ts_start"]) - offsets[n.node]
         for n in nodes
-        for t in ("intervals", "host_intervals", "gpu_intervals")
+        for t in ("intervals", "host_intervals", "gpu_intervals", "marks")
         for r in n.rows(t)
     ]
     starts += [s.start for s in slices]
@@ -330,7 +331,9 @@ def _tracks(n: NodeData, pid: int) -> list[dict[str, Any]]:
         },
     ]
     procs = {int(p["pid"]): p for p in n.rows("processes")}
-    tids = {int(r["pid"]) for t in ("raw_events", "intervals", "nccl_calls") for r in n.rows(t)}
+    tids = {
+        int(r["pid"]) for t in ("raw_events", "intervals", "nccl_calls", "marks") for r in n.rows(t)
+    }
     for tid in sorted(tids):
         p = procs.get(tid, {})
         rank = p.get("rank")
@@ -351,6 +354,47 @@ def _tracks(n: NodeData, pid: int) -> list[dict[str, Any]]:
                 "args": {"sort_index": rank if isinstance(rank, int) else tid},
             }
         )
+    return events
+
+
+def _marks(
+    n: NodeData, pid: int, clock: _Clock, in_flight: list[dict[str, Any]]
+) -> list[dict[str, Any]]:
+    """What the job marked (node DB v5), on its process's track: a phase is a slice (one
+    still open is drawn to the end of the trace), a step or a label an instant."""
+    events = []
+    for r in n.rows("marks"):
+        args: dict[str, Any] = {}
+        if r.get("labels"):
+            try:
+                args.update(json.loads(str(r["labels"])))
+            except ValueError:
+                args["labels"] = r["labels"]
+        if r.get("step") is not None:
+            args["step"] = r["step"]
+        ts = _us(clock.local(n.node, float(r["ts_start"])), clock.t0)
+        kind = str(r["kind"])
+        event: dict[str, Any] = {
+            "name": f"step {r['step']}" if kind == "step" and r.get("step") is not None
+            else str(r["name"]),
+            "cat": f"mark.{kind}",
+            "ts": ts,
+            "pid": pid,
+            "tid": int(r["pid"]),
+            "args": args,
+        }  # fmt: skip
+        if kind == "phase":
+            event["ph"] = "X"
+            if r.get("ts_end") is None:
+                event["dur"] = 0.0
+                in_flight.append(event)
+            else:
+                end = _us(clock.local(n.node, float(r["ts_end"])), clock.t0)
+                event["dur"] = round(max(0.0, end - ts), 3)
+        else:
+            event["ph"] = "i"
+            event["s"] = "t"
+        events.append(event)
     return events
 
 

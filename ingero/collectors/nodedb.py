@@ -34,7 +34,7 @@ from typing import Any, Final
 import sqlite_utils
 
 from ingero.collectors.nvml import DEGRADING_THROTTLE
-from ingero.nodedb.schema import SchemaError, connect
+from ingero.nodedb.schema import ANNOTATE_SOURCE, SchemaError, connect
 from ingero.nodedb.schema import version as schema_version
 
 # Kernel launches through the runtime and through the driver API (PyTorch built against
@@ -70,7 +70,8 @@ SYNC_OPS: Final = (
     "cuCtxSynchronize",
     "cuStreamSynchronize",
 )
-# One row per training step boundary, written by a framework hook or a synthetic workload.
+# Step rows: the steps the job marked through ``ingero annotate`` (source "annotate", one
+# row per writer and flush) or the synthetic workload writes.
 STEP_OPS: Final = ("step",)
 # A push that comes after a long gap (a slow Fleet, a suspended agent) reads at most this
 # many push windows back: its read stays bounded, and rows older than that are history.
@@ -156,6 +157,9 @@ class WindowAggregates:
     # has been silent; None where nothing was ever written or not asked.
     latest_end: float | None = None
     graph_launches: int = 0  # CUDA graph replays (GRAPH_LAUNCH_OPS)
+    # Synchronize calls by pid (where recorded): an inference server's steps, one host
+    # wait for the sampled tokens a forward step.
+    syncs: Mapping[int, int] = field(default_factory=dict)
 
     @property
     def kernel_launch_rate(self) -> float | None:
@@ -332,6 +336,7 @@ def aggregate_window(
     last: float | None = None
     launches = graphs = steps = 0
     sync_ns: int | None = None
+    syncs: dict[int, int] = {}
     launch_pids: set[int] = set()
     # Tracer intervals by their end: (start, kernel and graph launches).
     covered_by: dict[float, tuple[float, int]] = {}
@@ -355,6 +360,12 @@ def aggregate_window(
         if not start < ts_end <= end:
             continue
         op = row["op"]
+        if row.get("source") == ANNOTATE_SOURCE:
+            # The job's own step marks, written on the annotate server's flush: steps of the
+            # window, not a tracer interval (the tracer's rows measure the time).
+            if op in STEP_OPS:
+                steps += int(row["count"])
+            continue
         count = int(row["count"]) if op in WORK_OPS else 0
         cover(float(row["ts_start"]), ts_end, count)
         if op in WORK_OPS:
@@ -368,6 +379,9 @@ def aggregate_window(
             steps += int(row["count"])
         elif op in SYNC_OPS:
             sync_ns = (sync_ns or 0) + int(row["total_ns"] or 0)
+            if row.get("pid") is not None:
+                pid = int(row["pid"])
+                syncs[pid] = syncs.get(pid, 0) + int(row["count"])
     gpu_rows = list(gpu_rows)
     if not covered_by:
         # No tracer here (``ingero gpu-sample`` writes the node DB): its GPU rows, one set
@@ -409,6 +423,7 @@ def aggregate_window(
             else None
         ),
         launch_pids=tuple(sorted(launch_pids)),
+        syncs=syncs,
         tracer_intervals=len(covered_by),
         new_intervals=len(new),
         new_launches=sum(count for _, _, count in new),
@@ -471,8 +486,8 @@ def read_latest(
             latest = db.conn.execute(
                 "SELECT MAX(m) FROM (SELECT MAX(ts_end) AS m FROM host_intervals"
                 " WHERE ts_end <= ? UNION ALL SELECT MAX(ts_end) FROM intervals"
-                " WHERE ts_end <= ?)",
-                (now, now),
+                " WHERE ts_end <= ? AND source != ?)",
+                (now, now, ANNOTATE_SOURCE),
             ).fetchone()[0]
             if latest is None:  # no tracer: ``ingero gpu-sample``'s rows are the intervals
                 latest = db.conn.execute(
@@ -517,7 +532,7 @@ def _read(
     try:
         intervals = _rows(
             conn.execute(
-                "SELECT ts_start, ts_end, op, count, total_ns, pid FROM intervals"
+                "SELECT ts_start, ts_end, op, count, total_ns, pid, source FROM intervals"
                 " WHERE ts_end > ? AND ts_end <= ?",
                 (start, end),
             )

@@ -27,6 +27,7 @@ from starlette.types import ASGIApp, Receive, Scope, Send
 from ingero import __version__
 from ingero.echo.answers import QUESTIONS
 from ingero.echo.auth import AccessDenied, Principal, principal
+from ingero.echo.dashboard.routes import dashboard_routes
 from ingero.echo.httpbody import BodyTooLarge, read_body
 from ingero.echo.jsontext import encode_answer
 from ingero.echo.questions import BadRequest
@@ -174,6 +175,7 @@ def build_app(
     routes += [
         Route(f"{PREFIX}/{name}", question_endpoint(name), methods=["GET"]) for name in QUESTIONS
     ]
+    routes += dashboard_routes(service, gate)
     for route in mcp_routes or []:
         if isinstance(route, Route):
             routes.append(Route(route.path, RequireToken(route.app, gate), methods=route.methods))

@@ -6,7 +6,8 @@ Tables (timestamps are Unix seconds):
 - ``episodes``: pre-aggregated straggler episodes (first ``straggler_state`` of a node in a
   job until its ``straggler_resolved``), so ranking never scans raw events; ``event_id`` is
   the id of the event that opened it, so late events of a closed episode find it.
-- ``scores``: downsampled health-score history, one row per node per bucket.
+- ``scores``: downsampled health-score history, one row per node per bucket (indexed by
+  job too, version 4).
 - ``nodes``: last known facts per node (GPU model and count for the cost of straggling);
   ``last_seen`` from events is kept to within 5 minutes (the writer skips rewrites).
 - ``collective_episodes``: NCCL ``peer_lag`` and ``collective_hang`` episodes, one row per
@@ -159,4 +160,14 @@ def _v3(db: sqlite_utils.Database) -> None:
     db.conn.executemany(collectives.UPSERT, (collectives.episode_row(row) for row in stored))
 
 
-MIGRATIONS: list[Callable[[sqlite_utils.Database], None]] = [_v1, _v2, _v3]
+def _v4(db: sqlite_utils.Database) -> None:
+    # A job's score history (the dashboard's job page, question job_timeline) by index: the
+    # cluster's time index walks every job's samples in the window. Covering: a 1,000-rank
+    # job's hour is 60,000 samples, each a table lookup otherwise (docs/benchmarks.md,
+    # "Dashboard"). Samples are downsampled: the writes stay few.
+    db.execute(
+        "CREATE INDEX scores_job ON scores (job_id, cluster_id, bucket, node_id, n, sum, min)"
+    )
+
+
+MIGRATIONS: list[Callable[[sqlite_utils.Database], None]] = [_v1, _v2, _v3, _v4]

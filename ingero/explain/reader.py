@@ -27,7 +27,8 @@ from ingero.explain.chains import (
     Process,
     Timeline,
 )
-from ingero.nodedb.schema import SCHEMA_VERSION, SchemaError, connect
+from ingero.explain.phases import MAX_PHASES, Phase
+from ingero.nodedb.schema import ANNOTATE_SOURCE, SCHEMA_VERSION, SchemaError, connect
 from ingero.nodedb.schema import version as schema_version
 from ingero.runtime.errors import EXIT_DATAERR, IngeroError, UnavailableError
 from ingero.schema.stacks import Stack, StackError, loads
@@ -48,11 +49,13 @@ NODE_TABLES = (
 NCCL_TABLES = ("nccl_calls", "nccl_comms")
 # Node DB v4: one row per distinct call stack; raw_events/nccl_calls.stack_key refer to it.
 STACK_TABLES = ("stacks",)
-QUERY_TABLES = (*NODE_TABLES, *NCCL_TABLES, *STACK_TABLES)
+# Node DB v5: what the job marked through ``ingero annotate`` (steps, phases, labels).
+MARK_TABLES = ("marks",)
+QUERY_TABLES = (*NODE_TABLES, *NCCL_TABLES, *STACK_TABLES, *MARK_TABLES)
 # The tables merge/export/fan-out carry: every node DB has NODE_TABLES; the others only
 # from the schema version that added them, so a DB without one gives no rows of it.
 CARRIED_TABLES = QUERY_TABLES
-OPTIONAL_TABLES = frozenset((*NCCL_TABLES, *STACK_TABLES))
+OPTIONAL_TABLES = frozenset((*NCCL_TABLES, *STACK_TABLES, *MARK_TABLES))
 # The nccl_calls columns a collective is read from (``numbered_collective``).
 NCCL_CALL_COLUMNS = ("ts_enter", "ts_return", "pid", "comm_rank", "rank", "op", "comm_hash", "seq")
 # The column each table's rows are placed in time by (query --since, merge, export).
@@ -66,6 +69,7 @@ TIME_COLUMNS = {
     "nccl_calls": "ts_enter",
     "nccl_comms": "ts",
     "stacks": "last_seen",
+    "marks": "ts_start",
 }
 
 
@@ -117,10 +121,12 @@ def read_window_data(
     start = end - window_s
     job_sql, job_args = ("AND job_id = ?", (job_id,)) if job_id else ("", ())
     conn = db.conn
+    # The time measured is the tracer's: the job's marked-step rows (``ingero annotate``)
+    # are written on that server's own flush.
     first, last, pids = conn.execute(
         f"SELECT MIN(ts_start), MAX(ts_end), COUNT(DISTINCT pid) FROM intervals"
-        f" WHERE ts_end > ? AND ts_end <= ? {job_sql}",
-        (start, end, *job_args),
+        f" WHERE ts_end > ? AND ts_end <= ? AND source != ? {job_sql}",
+        (start, end, ANNOTATE_SOURCE, *job_args),
     ).fetchone()
     covered = max(0.0, float(last) - float(first)) if first is not None else 0.0
     # Per-interval percentiles cannot be merged exactly; a count-weighted mean is close for
@@ -195,6 +201,32 @@ def read_window_data(
         busy_source=aggregates.busy_source,
         sync_busy_estimate=aggregates.sync_busy_estimate,
     )
+
+
+def read_phases(
+    db: sqlite_utils.Database, start: float, end: float, job_id: str | None
+) -> list[Phase]:
+    """The job's marked phases (node DB v5) that overlap ``(start, end]``; at most
+    MAX_PHASES, the latest first. A node DB before v5 has none."""
+    if "marks" not in db.table_names():
+        return []
+    job_sql, job_args = ("AND job_id = ?", (job_id,)) if job_id else ("", ())
+    rows = db.execute(
+        "SELECT name, pid, rank, ts_start, ts_end FROM marks WHERE kind = 'phase'"
+        f" AND ts_start <= ? AND (ts_end IS NULL OR ts_end > ?) {job_sql}"
+        " ORDER BY ts_start DESC LIMIT ?",
+        (end, start, *job_args, MAX_PHASES),
+    ).fetchall()
+    return [
+        Phase(
+            name=str(name),
+            pid=int(pid),
+            rank=None if rank is None else int(rank),
+            start=float(ts_start),
+            end=None if ts_end is None else float(ts_end),
+        )
+        for name, pid, rank, ts_start, ts_end in rows
+    ]
 
 
 def read_processes(db: sqlite_utils.Database, job_id: str | None) -> list[ProcessInfo]:

@@ -113,7 +113,8 @@ class ApiHandler:
         workload = first.get("workload_type") or None
         # node_id: also that node's rate ratios and Fleet's open episode of it.
         node_id = first.get("node_id") or None
-        view = self._state.threshold_view(cluster_id, job_id, workload, node_id)
+        service = first.get("service") or None  # an inference service's replicas
+        view = self._state.threshold_view(cluster_id, job_id, workload, node_id, service)
         # A group key joins ids with '/', so an id holding '/' can spell another cluster's
         # key ("a" + job "x/job/y" is cluster "a/job/x"'s job "y"): that group is not this
         # cluster's, and is answered as one that does not exist.
@@ -134,4 +135,4 @@ class ApiHandler:
 
 
 # The threshold API's parameters; unknown ones are ignored (an older Fleet, a newer node).
-_PARAMETERS = ("cluster_id", "job_id", "workload_type", "node_id")
+_PARAMETERS = ("cluster_id", "job_id", "workload_type", "node_id", "service")

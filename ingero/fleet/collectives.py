@@ -51,6 +51,7 @@ import numpy as np
 from ingero.fleet.config import NcclConfig
 from ingero.fleet.model import NodeKey, PeerLagCause
 from ingero.fleet.threshold import MAD_SCALE, BoolArray, FloatArray, IntArray
+from ingero.otlp.build import build
 from ingero.otlp.collectives import CommReport
 from ingero.otlp.health import NodePush
 from ingero.schema.events import Event, new_event_id
@@ -69,7 +70,14 @@ CommKey = tuple[str, str, str]  # (cluster_id, peer group, comm_hash)
 
 @dataclass
 class _Rank:
-    """One rank's latest report of a communicator, and where it came from."""
+    """One rank's latest report of a communicator, and where it came from.
+
+    ``report`` is kept without its calls, and ``ops`` holds their (seq, op) as plain tuples:
+    a ``CollectiveCall`` is a tuple subclass, which CPython's cyclic GC never stops tracking,
+    so 16 of them per rank kept for a tick interval made every full collection walk
+    hundreds of thousands of objects (at 10,000 ranks it cost more than the push itself);
+    plain tuples of ints and strings drop out of the GC's lists after its first pass.
+    """
 
     node_id: str
     slurm_rank: int | None
@@ -77,6 +85,7 @@ class _Rank:
     offset_ns: int
     offset_known: bool
     seen: float  # monotonic time of the push that carried it
+    ops: tuple[tuple[int, str], ...] = ()  # (seq, op) of the report's sampled calls
 
 
 @dataclass
@@ -217,10 +226,11 @@ class CollectiveJoin:
                 comm.ranks[report.comm_rank] = _Rank(
                     node_id=push.node_id,
                     slurm_rank=push.rank,
-                    report=report,
+                    report=build(CommReport, **{**report.__dict__, "calls": ()}),
                     offset_ns=offset_ns,
                     offset_known=clock is not None,
                     seen=mono,
+                    ops=tuple([(call[0], call[1]) for call in report.calls]),
                 )
                 # Up to 1,024 calls a push: what the loop reads is in locals.
                 joined, pending, rank = comm.joined_seq, comm.pending, report.comm_rank
@@ -530,9 +540,9 @@ def _inside_since(report: CommReport, top: int) -> int | None:
 
 def _op_of(comm: _Comm, seq: int) -> str:
     for st in comm.view.values():
-        for call in st.report.calls:
-            if call.seq == seq:
-                return call.op
+        for call_seq, op in st.ops:
+            if call_seq == seq:
+                return op
     return comm.rows[-1].op if comm.rows else ""
 
 

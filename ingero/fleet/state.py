@@ -74,6 +74,7 @@ def validate_push(push: NodePush) -> float:
             ("GPU model", push.gpu_model),
             ("provider", push.provider),
             ("episode id", push.episode_id),
+            ("service", push.service),
         )
     )
     score = push.score
@@ -282,11 +283,12 @@ class FleetState:
         job_id: str | None = None,
         workload_type: str | None = None,
         node_id: str | None = None,
+        service: str | None = None,
     ) -> ThresholdView | None:
         """The group's view as of the last tick, or None when the group is unknown; with
         ``node_id`` (a node of that group, in that cluster) also the node's rate ratios and
         open episode."""
-        key = group_key(cluster_id, job_id, workload_type)
+        key = group_key(cluster_id, job_id, workload_type, service)
         node = (cluster_id, node_id or "")
         with self._lock:
             view = self._views.get(key)

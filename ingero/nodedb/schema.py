@@ -32,6 +32,7 @@ from __future__ import annotations
 import sqlite3
 from collections.abc import Callable
 from pathlib import Path
+from typing import Final
 
 import sqlite_utils
 
@@ -225,6 +226,11 @@ def _v4(db: sqlite_utils.Database) -> None:
     db.table("stacks").create_index(["last_seen"])
     db.table("raw_events").add_column("stack_key", str)
     db.table("nccl_calls").add_column("stack_key", str)
+
+
+# ``intervals.source`` of the step rows ``ingero annotate`` writes from the job's step marks:
+# steps, never a tracer interval (they neither cover time nor say the tracer is alive).
+ANNOTATE_SOURCE: Final = "annotate"
 
 
 def _v5(db: sqlite_utils.Database) -> None:

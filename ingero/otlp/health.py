@@ -3,7 +3,7 @@ type (:class:`NodePush`), its OTLP metrics encoder and its validating decoder, s
 
 Names are the public contract of DESIGN.md: resource attributes ``ingero.node.id``,
 ``ingero.cluster.id``, ``host.name``, ``ingero.gpu.model``, ``ingero.gpu.count``,
-``ingero.provider``; gauge ``ingero.node.health_score`` with point attributes
+``ingero.provider``, ``ingero.inference.service``; gauge ``ingero.node.health_score`` with point attributes
 ``ingero.node.state``, ``ingero.workload_type``, ``slurm.job.id``, ``ingero.rank``,
 ``ingero.world_size``, ``ingero.dominant_signal``, ``ingero.node.stalled``,
 ``ingero.episode.id``; gauge ``ingero.node.signal`` (attribute ``ingero.signal``) and gauge
@@ -27,6 +27,7 @@ from opentelemetry.proto.collector.metrics.v1.metrics_service_pb2 import (
 )
 from opentelemetry.proto.common.v1.common_pb2 import KeyValue
 from opentelemetry.proto.metrics.v1.metrics_pb2 import Metric, NumberDataPoint
+from opentelemetry.proto.resource.v1.resource_pb2 import Resource
 
 from ingero.otlp.build import build
 from ingero.otlp.collectives import (
@@ -62,6 +63,9 @@ ATTR_STALLED = "ingero.node.stalled"
 # Added: the node's open straggler episode; "" when it classifies itself and has none open,
 # absent from an agent that does not (Fleet then cannot wait for the node's id).
 ATTR_EPISODE = "ingero.episode.id"
+# Added (resource): the inference service the node's replica serves; groups nodes without
+# a Slurm job (replicas of one model are peers).
+ATTR_SERVICE = "ingero.inference.service"
 ATTR_SIGNAL = "ingero.signal"
 ATTR_RATE = "ingero.rate"
 
@@ -77,11 +81,32 @@ NCCL_RATE = "nccl_collective_rate"
 STEP_RATE = "step_rate"
 # CUDA graph replays per second, sent only by a node whose job launches graphs.
 GRAPH_LAUNCH_RATE = "graph_launch_rate"
-PEER_RATES: tuple[str, ...] = (KERNEL_LAUNCH_RATE, NCCL_RATE, STEP_RATE, GRAPH_LAUNCH_RATE)
-# Which peer rate stands for a node's throughput, best first: steps are the work itself,
-# collectives pace a distributed job, a graph replay is most often a step (or a captured
-# part of one) where the job replays graphs, launches are what every traced node records.
-THROUGHPUT_RATES: tuple[str, ...] = (STEP_RATE, NCCL_RATE, GRAPH_LAUNCH_RATE, KERNEL_LAUNCH_RATE)
+# An inference server's speed from its own /metrics (ingero.collectors.engines): tokens per
+# second of one sequence (1 / mean per-output-token latency) and forward steps per second of
+# step time (1 / mean step latency). Both are per-request speeds, not load: a router sends a
+# slow replica less work, so its throughput can look like its peers' while its latency is not.
+INFERENCE_TOKEN_RATE = "inference_token_rate"
+INFERENCE_STEP_RATE = "inference_step_rate"
+PEER_RATES: tuple[str, ...] = (
+    KERNEL_LAUNCH_RATE,
+    NCCL_RATE,
+    STEP_RATE,
+    GRAPH_LAUNCH_RATE,
+    INFERENCE_TOKEN_RATE,
+    INFERENCE_STEP_RATE,
+)
+# Which peer rate stands for a node's throughput, best first: an inference server's own
+# per-request speed is what its users feel, steps are the work itself, collectives pace a
+# distributed job, a graph replay is most often a step (or a captured part of one) where the
+# job replays graphs, launches are what every traced node records.
+THROUGHPUT_RATES: tuple[str, ...] = (
+    INFERENCE_TOKEN_RATE,
+    INFERENCE_STEP_RATE,
+    STEP_RATE,
+    NCCL_RATE,
+    GRAPH_LAUNCH_RATE,
+    KERNEL_LAUNCH_RATE,
+)
 
 
 # ``ingero.node.rate`` carries launches/s, steps/s and fractions in one instrument, which OTel
@@ -93,6 +118,8 @@ UNIT_GAUGES: dict[str, tuple[str, str]] = {
     NCCL_RATE: ("ingero.node.nccl_collective.rate", "{collective}/s"),
     STEP_RATE: ("ingero.node.step.rate", "{step}/s"),
     GRAPH_LAUNCH_RATE: ("ingero.node.graph_launch.rate", "{launch}/s"),
+    INFERENCE_TOKEN_RATE: ("ingero.node.inference.token.rate", "{token}/s"),
+    INFERENCE_STEP_RATE: ("ingero.node.inference.step.rate", "{step}/s"),
     "gpu_busy_fraction": ("ingero.node.gpu.busy", "1"),
     "gpu_busy_baseline": ("ingero.node.gpu.busy_baseline", "1"),
     "mem_free_fraction": ("ingero.node.memory.free", "1"),
@@ -101,10 +128,18 @@ UNIT_GAUGES: dict[str, tuple[str, str]] = {
 _RATE_OF_GAUGE: dict[str, str] = {metric: rate for rate, (metric, _) in UNIT_GAUGES.items()}
 
 
-def group_key(cluster_id: str, job_id: str | None, workload_type: str | None) -> str:
-    """The peer group a node is compared within: its Slurm job, else cluster + workload."""
+def group_key(
+    cluster_id: str,
+    job_id: str | None,
+    workload_type: str | None,
+    service: str | None = None,
+) -> str:
+    """The peer group a node is compared within: its Slurm job, else the inference service
+    its replica belongs to, else cluster + workload."""
     if job_id:
         return f"{cluster_id}/job/{job_id}"
+    if service:
+        return f"{cluster_id}/service/{service}"
     return f"{cluster_id}/workload/{workload_type or 'unknown'}"
 
 
@@ -135,10 +170,12 @@ class NodePush:
     # to Fleet (ingero.otlp.collectives); empty / None from an agent that does not send them.
     collectives: tuple[CommReport, ...] = ()
     clock: ClockOffset | None = None
+    # The inference service (replicas of one model) the node serves; None: none.
+    service: str | None = None
 
     @property
     def group(self) -> str:
-        return group_key(self.cluster_id, self.job_id, self.workload_type)
+        return group_key(self.cluster_id, self.job_id, self.workload_type, self.service)
 
 
 # Rejection reasons, also the label values of ingero_fleet_rejected_total.
@@ -204,6 +241,7 @@ def encode_health(
             ATTR_GPU_COUNT: push.gpu_count,
             ATTR_PROVIDER: push.provider,
             CLOUD_PROVIDER: push.provider,
+            ATTR_SERVICE: push.service,
         },
     )
     sm = rm.scope_metrics.add()
@@ -425,15 +463,62 @@ def decode_health(
         for key, value in unit_rates.items():  # a sender with only the per-unit gauges
             rate_values.setdefault(key, value)
         if scores:
-            res = _attributes(rm.resource.attributes)
+            res = _resource(rm.resource)
             for metric in scores:
                 _decode_scores(metric, res, signals, rate_values, result, collectives)
     return result
 
 
+# A node sends the same resource with every push. Its fields, once read and found valid,
+# are kept by the resource's bytes (serialising it costs a fifth of reading its ten or so
+# attributes through the protobuf object model): about 0.8 KB a node, at most
+# RESOURCE_CACHE resources of at most RESOURCE_KEY_BYTES each (~40 MB at worst), the cache
+# emptied when full. A resource that is not valid is read again each time, to say why.
+RESOURCE_CACHE = 32_768
+RESOURCE_KEY_BYTES = 1024
+# node id, cluster id, host name, GPU model, GPU count, provider, inference service
+NodeFields = tuple[
+    str | None, str | None, str | None, str | None, int | None, str | None, str | None
+]
+_resources: dict[bytes, NodeFields] = {}
+_READ: dict[str, Any] = {}  # the attributes of a resource whose fields were kept
+
+
+def _resource(resource: Resource) -> tuple[dict[str, Any], NodeFields | None]:
+    """The resource's attributes and its fields (:func:`_node_fields`) where they are
+    valid; a resource seen before: no attributes, its fields."""
+    key = resource.SerializeToString()
+    fields = _resources.get(key)
+    if fields is not None:
+        return _READ, fields
+    res = _attributes(resource.attributes)
+    try:
+        fields = _node_fields(res)
+    except ValueError:
+        return res, None
+    if len(key) <= RESOURCE_KEY_BYTES:
+        if len(_resources) >= RESOURCE_CACHE:
+            _resources.clear()
+        _resources[key] = fields
+    return res, fields
+
+
+def _node_fields(res: dict[str, Any]) -> NodeFields:
+    """A resource's fields (ValueError: one is not valid)."""
+    return (
+        _text(res, ATTR_NODE_ID),
+        _text(res, ATTR_CLUSTER_ID),
+        _text(res, ATTR_HOST_NAME),
+        _text(res, ATTR_GPU_MODEL) or _text(res, HW_MODEL),
+        _integer(res, ATTR_GPU_COUNT),
+        _text(res, ATTR_PROVIDER) or _text(res, CLOUD_PROVIDER),
+        _text(res, ATTR_SERVICE),
+    )
+
+
 def _decode_scores(
     metric: Metric,
-    res: dict[str, Any],
+    resource: tuple[dict[str, Any], NodeFields | None],
     signals: dict[str, float],
     rates: dict[str, float],
     result: HealthDecode,
@@ -443,10 +528,13 @@ def _decode_scores(
     if points is None:
         result.reject(BAD_METRIC_TYPE, f"{SCORE_METRIC} must be a gauge")
         return
+    res, fields = resource
     for point in points:
         try:
-            node_id = _text(res, ATTR_NODE_ID)
-            cluster_id = _text(res, ATTR_CLUSTER_ID)
+            if fields is not None:
+                node_id, cluster_id = fields[0], fields[1]
+            else:
+                node_id, cluster_id = _text(res, ATTR_NODE_ID), _text(res, ATTR_CLUSTER_ID)
         except ValueTooLong as exc:
             result.reject(TOO_LONG, f"resource attribute {exc}")
             continue
@@ -475,13 +563,14 @@ def _decode_scores(
             )
             continue
         try:
+            _, _, host_name, gpu_model, gpu_count, provider, service = fields or _node_fields(res)
             push = build(
                 NodePush,
                 node_id=node_id,
                 cluster_id=cluster_id,
                 score=score,
                 state=cast(NodeState, state),
-                host_name=_text(res, ATTR_HOST_NAME),
+                host_name=host_name,
                 job_id=_text(attrs, ATTR_JOB_ID),
                 rank=_integer(attrs, ATTR_RANK),
                 world_size=_integer(attrs, ATTR_WORLD_SIZE),
@@ -489,13 +578,14 @@ def _decode_scores(
                 dominant_signal=_text(attrs, ATTR_DOMINANT),
                 signals=signals,
                 rates=rates,
-                gpu_model=_text(res, ATTR_GPU_MODEL) or _text(res, HW_MODEL),
-                gpu_count=_integer(res, ATTR_GPU_COUNT),
-                provider=_text(res, ATTR_PROVIDER) or _text(res, CLOUD_PROVIDER),
+                gpu_model=gpu_model,
+                gpu_count=gpu_count,
+                provider=provider,
                 stalled=_flag(attrs, ATTR_STALLED),
                 episode_id=_episode(attrs),
                 collectives=tuple(collectives.comms) if collectives else (),
                 clock=collectives.clock if collectives else None,
+                service=service,
             )
         except ValueTooLong as exc:
             result.reject(TOO_LONG, f"node {node_id}: {exc}")

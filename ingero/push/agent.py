@@ -26,6 +26,7 @@ from ingero.push.clock_offset import ClockEstimator, SkewEpisode, skew_event
 from ingero.push.config import PushConfig
 from ingero.push.detection import Decision, DetectionSelector
 from ingero.push.detection_store import DetectionStore
+from ingero.push.engines import EngineWatcher
 from ingero.push.gpu_health import gpu_events
 from ingero.push.sampler import NodeSample
 from ingero.push.snapshot import Request, Snapshotter
@@ -53,6 +54,7 @@ class Identity:
     rank: int | None = None
     world_size: int | None = None
     workload_type: str | None = None
+    service: str | None = None  # the configured inference service (groups replicas)
 
 
 @dataclass
@@ -98,9 +100,12 @@ class Agent:
         store: DetectionStore | None = None,
         rng: random.Random | None = None,
         job_source: Callable[[], JobInfo | None] | None = None,
+        engines: EngineWatcher | None = None,
     ) -> None:
         """``job_source`` names the Slurm job running here now (the prolog's job file); its
-        job id, rank and world size then override the identity's, interval by interval."""
+        job id, rank and world size then override the identity's, interval by interval.
+        ``engines``: the node's inference servers (the sampler measures them); the service
+        they serve groups the node's push where the identity configures none."""
         self.config = config
         self.identity = identity
         # The node id is the push agent's stable service.instance.id (one agent per node).
@@ -112,6 +117,7 @@ class Agent:
         self.store = store
         self.rng = rng or random.Random()
         self.job_source = job_source
+        self.engines = engines
         restored = store.load() if store is not None else None
         self.selector = DetectionSelector(
             config.detection,
@@ -145,6 +151,8 @@ class Agent:
         status = self.status
         status.iterations += 1
         ident, job_file = self._current_identity()
+        if self.engines is not None:
+            self.engines.tags = (ident.job_id, ident.rank)
         sample = self.sampler.sample(self._fresh(self._peers), job_file)
         if sample.transition is not None:
             t = sample.transition
@@ -173,7 +181,7 @@ class Agent:
             status.pushes_ok += 1
             if reading is None and result.error is None:
                 status.polls += 1
-                reading = self.client.poll_threshold(push.cluster_id, push.job_id)
+                reading = self.client.poll_threshold(push.cluster_id, push.job_id, push.service)
         else:
             status.pushes_failed += 1
         if result.error != status.last_error:
@@ -382,6 +390,7 @@ class Agent:
             episode_id=self.classifier.episode_id,
             collectives=sample.collectives,
             clock=self.clock_offset.estimate(self.clock.monotonic()),
+            service=ident.service or (self.engines.service if self.engines else None),
         )
 
     def _mode_event(self, decision: Decision, push: NodePush) -> Event:

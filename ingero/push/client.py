@@ -66,7 +66,9 @@ class PushResult:
 class PushClient(Protocol):
     def push(self, request: ExportMetricsServiceRequest) -> PushResult: ...
 
-    def poll_threshold(self, cluster_id: str, job_id: str | None) -> ThresholdView | None: ...
+    def poll_threshold(
+        self, cluster_id: str, job_id: str | None, service: str | None = None
+    ) -> ThresholdView | None: ...
 
     def export_logs(self, request: ExportLogsServiceRequest) -> None:
         """Send events; raises ExportError (the events channel retries a retryable one)."""
@@ -115,9 +117,13 @@ class _ThresholdApi:
             for endpoint in config.fleet_endpoints
         ]
 
-    def poll(self, endpoint: int, cluster_id: str, job_id: str | None) -> ThresholdView | None:
+    def poll(
+        self, endpoint: int, cluster_id: str, job_id: str | None, service: str | None = None
+    ) -> ThresholdView | None:
         api = self._apis[endpoint]
         query = {"cluster_id": cluster_id, **({"job_id": job_id} if job_id else {})}
+        if service and not job_id:  # the job groups first, as in Fleet's group key
+            query["service"] = service
         path = f"{api.url.path.rstrip('/')}{API_PATH}?{urllib.parse.urlencode(query)}"
         try:
             answer = api.request("GET", path)
@@ -161,8 +167,10 @@ class _FleetClient(Generic[X]):
         )
         self._api = _ThresholdApi(config, token)
 
-    def poll_threshold(self, cluster_id: str, job_id: str | None) -> ThresholdView | None:
-        return self._api.poll(self._otlp.current, cluster_id, job_id)
+    def poll_threshold(
+        self, cluster_id: str, job_id: str | None, service: str | None = None
+    ) -> ThresholdView | None:
+        return self._api.poll(self._otlp.current, cluster_id, job_id, service)
 
     def export_logs(self, request: ExportLogsServiceRequest) -> None:
         self._otlp.call(lambda exporter: exporter.send(request))

@@ -120,6 +120,20 @@ class SnapshotConfig:
 
 
 @dataclass(frozen=True)
+class InferenceConfig:
+    """The node's inference servers (vLLM, SGLang, TGI, Triton, TensorRT-LLM): recognised
+    from /proc, recorded in the node DB, measured from their Prometheus /metrics."""
+
+    enabled: bool = True
+    # Where process command lines are read (a container's host /proc may be mounted elsewhere).
+    proc_root: str = "/proc"
+    # One server's /metrics read, whole: a hanging endpoint costs at most this per push.
+    metrics_timeout: Duration = field(default=Duration(1.0), metadata=positive())
+    # A /metrics text larger than this is refused, not parsed (real ones are tens of KiB).
+    max_metrics_bytes: int = field(default=4 * 1024 * 1024, metadata=in_range(1024, 1 << 30))
+
+
+@dataclass(frozen=True)
 class PushConfig:
     # One endpoint, or several (a list, or one string with commas) to fail over between
     # where no balancer is in front of Fleet's replicas (ingero.otlp.exporter.Failover).
@@ -137,6 +151,10 @@ class PushConfig:
     node_id: str | None = None
     cluster_id: str = "default"
     host_name: str | None = None
+    # The inference service this node's replica serves: nodes without a Slurm job are
+    # compared with the other replicas of it (None: the one model the node's servers
+    # serve, else the workload type).
+    service: str | None = None
     node_db: str = nodedb.DEFAULT_PATH
     state_dir: str = "/var/lib/ingero/state"
     auth_token_file: str | None = None
@@ -147,6 +165,7 @@ class PushConfig:
     collectives: CollectivesConfig = field(default_factory=CollectivesConfig)
     clock: ClockConfig = field(default_factory=ClockConfig)
     snapshot: SnapshotConfig = field(default_factory=SnapshotConfig)
+    inference: InferenceConfig = field(default_factory=InferenceConfig)
     score: ScoreConfig = field(default_factory=ScoreConfig)
 
     def validate(self) -> None:

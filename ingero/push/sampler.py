@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import logging
 import os
+import statistics
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, replace
 from pathlib import Path
@@ -25,6 +26,8 @@ from ingero.collectors.procfs import ProcfsError, ProcReader
 from ingero.otlp.collectives import CommReport
 from ingero.otlp.health import (
     GRAPH_LAUNCH_RATE,
+    INFERENCE_STEP_RATE,
+    INFERENCE_TOKEN_RATE,
     KERNEL_LAUNCH_RATE,
     STEP_RATE,
     THROUGHPUT_RATES,
@@ -33,6 +36,7 @@ from ingero.otlp.health import (
 from ingero.push.baseline import BaselineSet, BaselineStore, EmaBaseline
 from ingero.push.collectives import CollectivesReader
 from ingero.push.config import CollectivesConfig
+from ingero.push.engines import EngineWatcher
 from ingero.push.gpu_health import GpuFinding, GpuHealth, GpuHealthTracker
 from ingero.push.nodestate import NodeStateMachine, Transition
 from ingero.push.score import ScoreConfig, ScoreInputs, ScoreResult, compute_score
@@ -85,12 +89,15 @@ class NodeSampler:
         gpu: GpuQuery | None = None,
         pid_alive: Callable[[int], bool] | None = None,
         collectives: CollectivesConfig | None = None,
+        engines: EngineWatcher | None = None,
     ) -> None:
-        """``pid_alive`` tells whether a traced process still exists (default: this host's
+        """``engines``: the node's inference servers, measured each sample (None: none
+        looked for). ``pid_alive`` tells whether a traced process still exists (default: this host's
         process table); the benchmark's simulated processes inject their own.
         ``collectives``: read the node DB's NCCL tables too (None: not at all)."""
         config.validate()
         self.pid_alive = pid_alive or _pid_alive
+        self.engines = engines
         self.collectives = (
             CollectivesReader(
                 db_path,
@@ -179,8 +186,16 @@ class NodeSampler:
             log.warning("%s", exc)
         comms = self.collectives.read(now) if self.collectives is not None else ()
         waiting = any(c.inflight_seq is not None for c in comms)
+        inference = self.engines.observe() if self.engines is not None else None
         sample = self.evaluate(
-            window, now, cpu_busy, host_mem_free, peer_rates, job_file, waiting=waiting
+            window,
+            now,
+            cpu_busy,
+            host_mem_free,
+            peer_rates,
+            job_file,
+            waiting=waiting,
+            inference=inference,
         )
         return replace(sample, collectives=comms) if comms else sample
 
@@ -194,11 +209,13 @@ class NodeSampler:
         job_file: bool = False,
         *,
         waiting: bool = False,
+        inference: Mapping[str, float] | None = None,
     ) -> NodeSample:
         """Score one window read from the node DB, with the host's CPU and memory readings;
         advances the state machine, the baselines and the GPU health state (the benchmark
         drives this directly with generated windows). ``waiting``: a rank of the node is
-        inside an NCCL collective (ingero.push.nodestate: waiting is not stalled)."""
+        inside an NCCL collective (ingero.push.nodestate: waiting is not stalled).
+        ``inference``: the node's inference servers' speeds this interval (their /metrics)."""
         if window.new_intervals == 0:
             return self._no_data(window, now, job_file)
         self.anchor = window.end
@@ -258,13 +275,21 @@ class NodeSampler:
             STEP_RATE: 0.0 if stalled else window.step_rate,
             GRAPH_LAUNCH_RATE: (0.0 if self.graphs else None) if stalled else graph_rate,
         }
-        # Without a peer median, the node's own rate against its own baseline: its graph
-        # launches where it replays graphs (kernel launches outside them may be few or
-        # none), else its kernel launches.
-        local = (
-            GRAPH_LAUNCH_RATE
-            if own[GRAPH_LAUNCH_RATE] is not None and GRAPH_LAUNCH_RATE in baselines
-            else KERNEL_LAUNCH_RATE
+        inference = self._sync_steps(window, inference)
+        for name in (INFERENCE_TOKEN_RATE, INFERENCE_STEP_RATE):
+            # A server that served nothing this interval says nothing (not 0: no load is
+            # not slowness); a stalled node is judged by its launches.
+            own[name] = None if stalled else (inference or {}).get(name)
+        # Without a peer median, the node's own rate against its own baseline: its
+        # inference servers' speed where they say it, its graph launches where it replays
+        # graphs (kernel launches outside them may be few or none), else its kernel launches.
+        local = next(
+            (
+                name
+                for name in (INFERENCE_TOKEN_RATE, INFERENCE_STEP_RATE, GRAPH_LAUNCH_RATE)
+                if own[name] is not None and name in baselines
+            ),
+            KERNEL_LAUNCH_RATE,
         )
         launch_base = baselines.get(local)
         # Throughput against the peers' median where Fleet has one (a node slow from its
@@ -306,6 +331,8 @@ class NodeSampler:
                 {
                     KERNEL_LAUNCH_RATE: launch_rate,
                     GRAPH_LAUNCH_RATE: graph_rate,
+                    INFERENCE_TOKEN_RATE: own[INFERENCE_TOKEN_RATE],
+                    INFERENCE_STEP_RATE: own[INFERENCE_STEP_RATE],
                     "gpu_busy_fraction": busy,
                 }
             )
@@ -323,6 +350,30 @@ class NodeSampler:
             peer_rate=peer_rate,
         )
         return self.last
+
+    def _sync_steps(
+        self, window: WindowAggregates, inference: Mapping[str, float] | None
+    ) -> Mapping[str, float] | None:
+        """Where a server's /metrics times no steps (vLLM, SGLang, TensorRT-LLM say
+        per-token latency), its steps from the tracer: the synchronize calls of the server
+        and its workers per second (one host wait for the sampled tokens a step). Per
+        process, not per stream (the tracer does not capture stream ids), and not split into
+        prefill and decode; the median over the node's servers that stepped."""
+        if (
+            self.engines is None
+            or INFERENCE_STEP_RATE in (inference or {})
+            or not window.syncs
+            or window.covered_s <= 0
+        ):
+            return inference
+        rates = [
+            sum(window.syncs.get(pid, 0) for pid in tree) / window.covered_s
+            for tree in self.engines.trees().values()
+        ]
+        stepped = [r for r in rates if r > 0]
+        if not stepped:
+            return inference
+        return {**(inference or {}), INFERENCE_STEP_RATE: statistics.median(stepped)}
 
     def _no_data(self, window: WindowAggregates, now: float, job_file: bool) -> NodeSample:
         """No tracer interval since the last sample: hold, unless the job has ended (idle)

@@ -207,11 +207,21 @@ def _read_bounded(
     return bytes(out), bytes(err), reason
 
 
+PERMISSION_DENIED = (
+    "py-spy: Permission denied (reading another user's process needs CAP_SYS_PTRACE)"
+)
+
+
 def _error_line(stderr: bytes, rc: int) -> str:
-    """py-spy's own error (``Error: …``), without its backtrace."""
-    for line in stderr.decode(errors="replace").splitlines():
+    """py-spy's own error (``Error: …``), without its backtrace. Its refusal to read another
+    user's process is not an ``Error:`` line, and its advice (run it with sudo) does not
+    fit a service: the reason says what the service lacks instead."""
+    lines = stderr.decode(errors="replace").splitlines()
+    for line in lines:
         if line.startswith("Error:"):
             return _cut("py-spy: " + line[len("Error:") :].strip())
+    if any(line.lower().startswith("permission denied") for line in lines):
+        return PERMISSION_DENIED
     return f"py-spy exited with status {rc}"
 
 

@@ -37,6 +37,12 @@ MAX_FRAMES = 128
 MAX_TEXT = 512  # characters of a file path, function name, library path or reason
 
 
+# The file CPython 3.12+ gives the entry frame it pushes each time C code calls into Python
+# (code object "<interpreter trampoline>"): a frame of no line of the job, seen interleaved
+# in every real PyTorch stack. Readers skip it when they name a stack.
+SHIM_FILES: frozenset[str | None] = frozenset({"<shim>"})
+
+
 class StackError(ValueError):
     """A stack's JSON does not have the shape this module writes."""
 
@@ -66,7 +72,53 @@ class Frame:
             where = self.file or "?"
             return f"{fn} at {where}:{self.line}" if self.line is not None else f"{fn} at {where}"
         lib = self.lib.rsplit("/", 1)[-1] if self.lib else "?"
-        return f"{fn} ({lib})"
+        return f"{short_function(fn)} ({lib})"
+
+
+ANON = "(anonymous namespace)"
+
+
+def short_function(name: str) -> str:
+    """A C++ function's qualified name without its template arguments, return type and
+    parameters (``c10d::ProcessGroupNCCL::collective<…>`` for a 700-character instance);
+    ``(anonymous namespace)`` is kept. Other names are returned as they are."""
+    if "(" not in name and "<" not in name:
+        return name
+    out = ""
+    angle = brace = 0
+    i = 0
+    while i < len(name):
+        c = name[i]
+        if not angle and not brace and out.endswith("operator"):
+            # operator(), operator<<, operator new: the operator's own text up to "(".
+            j = i + 2 if name.startswith("()", i) else name.find("(", i)
+            j = len(name) if j == -1 else j
+            out += name[i:j]
+            i = j
+            continue
+        if c == "<":
+            if angle == 0 and brace == 0:
+                out += "<…>"
+            angle += 1
+        elif c == ">" and angle:
+            angle -= 1
+        elif angle or brace:
+            brace += (c == "{") - (c == "}")
+        elif c == "{":
+            brace = 1
+            out += "{…}"
+        elif c == "(":
+            if name.startswith(ANON, i):
+                out += ANON
+                i += len(ANON)
+                continue
+            break  # the parameter list: what follows is qualifiers and clone notes
+        elif c == " ":
+            out = ""  # a return type came first: keep what follows it
+        else:
+            out += c
+        i += 1
+    return out or name
 
 
 @dataclass(frozen=True)
@@ -88,7 +140,8 @@ class Stack:
         return json.dumps(self.to_json(), sort_keys=True, separators=(",", ":"))
 
     def python(self) -> tuple[Frame, ...]:
-        return tuple(f for f in self.frames if f.kind == "py")
+        """The Python frames of the job, without the interpreter's own entry frames."""
+        return tuple(f for f in self.frames if f.kind == "py" and f.file not in SHIM_FILES)
 
     def summary(self, depth: int = 2) -> str:
         """``allocate at model.py:88 ← forward at model.py:141``: the innermost Python frames

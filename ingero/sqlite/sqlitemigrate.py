@@ -27,6 +27,14 @@ def migrate(db: sqlite_utils.Database, migrations: Sequence[Migration]) -> int:
         # An explicit transaction: Python's sqlite3 opens none for DDL on its own.
         db.execute("BEGIN IMMEDIATE")
         try:
+            # Read again under the write lock: two processes opening a new DB at once (the
+            # tracer and the annotate server at boot) must not both create version 1.
+            version = int(db.execute("PRAGMA user_version").fetchone()[0])
+            if version > target:
+                raise SchemaError(f"schema version {version} is newer than this ingero ({target})")
+            if version == target:
+                db.execute("COMMIT")
+                break
             migrations[version](db)
             db.execute(f"PRAGMA user_version = {version + 1}")
         except BaseException:

@@ -53,7 +53,7 @@ class _Call:
     bytes: int
     ts_return: float | None = None
     ret: int | None = None
-    stack_key: str | None = None  # the stack its return sample carried
+    stack_key: str | None = None  # the stack its arrival (or return) sample carried
 
 
 @dataclass
@@ -66,7 +66,8 @@ class _Comm:
     entered_seq: int = 0
     returned_seq: int = 0
     last_enter_ts: float | None = None
-    inflight: dict[int, tuple[str, float]] = field(default_factory=dict)  # seq → (op, entry)
+    # seq → (op, entry, stack key of its arrival)
+    inflight: dict[int, tuple[str, float, str | None]] = field(default_factory=dict)
     # This interval:
     calls: int = 0
     wait_ns: int = 0
@@ -110,12 +111,14 @@ class Collectives:
 
     # -- events ------------------------------------------------------------------------
 
-    def feed(self, ev: TraceEvent, ts: float, stack_key: str | None = None) -> None:
+    def feed(self, ev: TraceEvent, ts: float, stack_key: str | None = None) -> str | None:
         """One decoded sample; ``ts`` is its time in Unix seconds, ``stack_key`` the key of
-        the stack it carried (a collective's return: written on its nccl_calls row)."""
+        the stack it carried (written on its nccl_calls row). Returns the stack key of the
+        sample's call: a collective's return carries no stack (its arrival did), so it gets
+        its arrival's, while the call is still in flight here."""
         if ev.kind == KIND_ENTER:
             self.enter(ev.pid, ev.tid, ts, ev.comm, ev.comm_hash, ev.rank, ev.nranks, ev.seq,
-                       ev.op, ev.bytes)  # fmt: skip
+                       ev.op, ev.bytes, stack_key)  # fmt: skip
         elif ev.kind == KIND_COMM_INIT:
             if ev.ret == 0 and ev.comm:
                 self.comm_init(ev.pid, ev.comm, ev.comm_hash, ev.rank, ev.nranks)
@@ -129,8 +132,12 @@ class Collectives:
             elif ev.op_id == OP_COMM_DESTROY:
                 self.comm_destroy(ev.pid, ev.comm)
             elif ev.seq:
+                comm = self._comms.get((ev.pid, ev.comm))
+                entered = comm.inflight.get(ev.seq) if comm is not None else None
+                stack_key = stack_key or (entered[2] if entered else None)
                 self.leave(ev.pid, ev.tid, ts, ev.duration_ns, ev.comm, ev.comm_hash, ev.rank,
                            ev.nranks, ev.seq, ev.op, ev.bytes, ev.ret, stack_key)  # fmt: skip
+        return stack_key
 
     def comm_init(self, pid: int, handle: int, comm_hash: int, rank: int, nranks: int) -> None:
         """A communicator was created (numbering restarts at 1 on this handle)."""
@@ -170,9 +177,10 @@ class Collectives:
 
     def enter(
         self, pid: int, tid: int, ts: float, handle: int, comm_hash: int, comm_rank: int,
-        nranks: int, seq: int, op: str, nbytes: int,
+        nranks: int, seq: int, op: str, nbytes: int, stack_key: str | None = None,
     ) -> None:  # fmt: skip
-        """Collective ``seq`` entered on communicator ``handle`` at ``ts`` (its arrival)."""
+        """Collective ``seq`` entered on communicator ``handle`` at ``ts`` (its arrival),
+        called from the stack ``stack_key``."""
         key = (pid, handle)
         comm = self._comms.get(key)
         if comm is None or comm.hash != comm_hash:
@@ -195,10 +203,10 @@ class Collectives:
         comm.entered_seq = seq
         comm.last_enter_ts = ts
         comm.calls += 1
-        comm.inflight[seq] = (op, ts)
+        comm.inflight[seq] = (op, ts, stack_key)
         while len(comm.inflight) > MAX_INFLIGHT:
             del comm.inflight[min(comm.inflight)]
-        call = _Call(ts, pid, tid, seq, op, nbytes)
+        call = _Call(ts, pid, tid, seq, op, nbytes, stack_key=stack_key)
         comm.last = call
         if seq % comm.stride == 0:
             comm.kept[seq] = call
@@ -216,7 +224,7 @@ class Collectives:
         if comm is None or seq > comm.entered_seq:
             # The arrival sample was lost: the return says when it was.
             self.enter(pid, tid, ts - duration_ns / 1e9, handle, comm_hash, comm_rank, nranks,
-                       seq, op, nbytes)  # fmt: skip
+                       seq, op, nbytes, stack_key)  # fmt: skip
             comm = self._comms[(pid, handle)]
         call = comm.sampled_call(seq)
         if call is not None:
@@ -268,7 +276,7 @@ class Collectives:
                     out.append(call)
             rows.calls.extend({**base, **_call_row(c)} for c in out)
             oldest = min(comm.inflight) if comm.inflight else None
-            op, since = comm.inflight[oldest] if oldest is not None else (None, None)
+            op, since, _ = comm.inflight[oldest] if oldest is not None else (None, None, None)
             rows.comms.append(
                 {
                     "ts": ts_end,

@@ -2,8 +2,11 @@
 
 The process's mappings come from ``/proc/PID/maps`` (read again when an address falls
 outside every known mapping: a library dlopen()ed after the first read, as ctypes and
-PyTorch's lazy CUDA loading do), the function from the mapped file's ELF symbol tables
-(``.symtab`` where not stripped, else ``.dynsym``) through pyelftools, read once per file.
+PyTorch's lazy CUDA loading do; at most every ``REREAD_S`` per process, since a frame-pointer
+walk through code built without them yields addresses no mapping holds, and a real PyTorch
+process's maps cost milliseconds to read), the function from the mapped file's ELF symbol tables
+(``.symtab`` where not stripped, else ``.dynsym``) through pyelftools, read once per file,
+demangled by libstdc++ (``ingero.trace.demangle``).
 BCC's own symbol cache was tried first: it read the maps once per process and named
 nothing dlopen()ed later, which is every CUDA library of a Python job.
 """
@@ -11,7 +14,9 @@ nothing dlopen()ed later, which is every CUDA library of a Python job.
 from __future__ import annotations
 
 import bisect
+import time
 from collections import OrderedDict
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -19,11 +24,14 @@ from elftools.common.exceptions import ELFError
 from elftools.elf.elffile import ELFFile
 from elftools.elf.sections import SymbolTableSection
 
+from ingero.trace.demangle import demangle
 from ingero.trace.procmaps import DEFAULT_PROC
 
 # Bounds: files whose symbols are kept, processes whose maps are kept.
 MAX_FILES = 64
 MAX_PROCS = 256
+# A miss reads a process's maps again at most this often (seconds).
+REREAD_S = 1.0
 
 
 @dataclass(frozen=True)
@@ -100,35 +108,50 @@ def load_symbols(path: str) -> SymbolTable:
     )
 
 
-def _containing(maps: list[Mapping], addr: int) -> Mapping | None:
-    return next((m for m in maps if m.start <= addr < m.end), None)
+@dataclass(frozen=True)
+class _Maps:
+    read_at: float  # monotonic seconds
+    starts: list[int]  # sorted
+    maps: list[Mapping]  # in the order of starts
+
+    def containing(self, addr: int) -> Mapping | None:
+        i = bisect.bisect_right(self.starts, addr) - 1
+        if i >= 0 and addr < self.maps[i].end:
+            return self.maps[i]
+        return None
 
 
 class NativeSymbols:
     """Bounded caches of process maps and file symbol tables."""
 
-    def __init__(self, proc: Path = DEFAULT_PROC) -> None:
+    def __init__(
+        self, proc: Path = DEFAULT_PROC, clock: Callable[[], float] = time.monotonic
+    ) -> None:
         self.proc = proc
-        self._maps: OrderedDict[int, list[Mapping]] = OrderedDict()
+        self.clock = clock
+        self._maps: OrderedDict[int, _Maps] = OrderedDict()
         self._files: OrderedDict[str, SymbolTable | None] = OrderedDict()
 
     def forget(self, pid: int) -> None:
         self._maps.pop(pid, None)
 
     def _mapping(self, pid: int, addr: int) -> Mapping | None:
-        maps = self._maps.get(pid)
-        hit = _containing(maps, addr) if maps is not None else None
-        if hit is None:  # maps not read yet, or a library mapped since they were
-            try:
-                maps = read_maps(pid, self.proc)
-            except OSError:
-                return None
-            self._maps[pid] = maps
-            self._maps.move_to_end(pid)
-            while len(self._maps) > MAX_PROCS:
-                self._maps.popitem(last=False)
-            hit = _containing(maps, addr)
-        return hit
+        known = self._maps.get(pid)
+        if known is not None:
+            hit = known.containing(addr)
+            if hit is not None or self.clock() - known.read_at < REREAD_S:
+                return hit
+        # Maps not read yet, or a library mapped since they were.
+        try:
+            maps = sorted(read_maps(pid, self.proc), key=lambda m: m.start)
+        except OSError:
+            return None
+        known = _Maps(self.clock(), [m.start for m in maps], maps)
+        self._maps[pid] = known
+        self._maps.move_to_end(pid)
+        while len(self._maps) > MAX_PROCS:
+            self._maps.popitem(last=False)
+        return known.containing(addr)
 
     def _table(self, pid: int, path: str) -> SymbolTable | None:
         if path not in self._files:
@@ -154,4 +177,4 @@ class NativeSymbols:
         hit = None if vaddr is None else table.lookup(vaddr)
         if hit is None:
             return None, None, m.path
-        return hit[0], hit[1], m.path
+        return demangle(hit[0]), hit[1], m.path

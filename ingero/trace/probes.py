@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import contextlib
+import math
 import os
 import sys
+import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -104,6 +106,7 @@ class Probes:
     task_storage: bool = False
     attached: dict[tuple[int, int], list[Attachment]] = field(default_factory=dict)
     native: NativeSymbols = field(default_factory=NativeSymbols)
+    _until: float = math.inf  # monotonic time the current poll stops reading at
 
     def attach_library(self, lib: LibraryFile) -> list[Attachment]:
         """Attach every op of ``lib`` once (by path: later processes are caught too)."""
@@ -150,23 +153,33 @@ class Probes:
             with contextlib.suppress(KeyError):
                 del comms[k]
 
-    def set_python(self, pid: int, layout: Layout, tstates: dict[int, int]) -> None:
-        """Let the program walk ``pid``'s Python frames: its layout, its threads' states."""
+    def set_python(
+        self, pid: int, layout: Layout, tstates: dict[int, int], interp: int = 0
+    ) -> None:
+        """Let the program walk ``pid``'s Python frames: its layout, its threads' states,
+        and its main interpreter (where the program looks up a thread not mapped yet)."""
         table = self.bpf[b"py_layouts"]
+        w = layout.window()
+        tid = layout.tstate_native_thread_id
         leaf = table.Leaf(
             layout.tstate_frame,
             -1 if layout.cframe_current_frame is None else layout.cframe_current_frame,
-            layout.frame_previous,
-            layout.frame_code,
-            layout.frame_instr,
-            -1 if layout.frame_owner is None else layout.frame_owner,
+            w.start,
+            w.length,
+            layout.frame_previous - w.start,
+            layout.frame_code - w.start,
+            layout.frame_instr - w.start,
+            -1 if layout.frame_owner is None else layout.frame_owner - w.start,
             -1 if layout.shim_owner is None else layout.shim_owner,
-            0,
+            layout.interp_threads_head if interp and tid is not None else -1,
+            layout.tstate_next,
+            -1 if tid is None else tid,
+            interp if tid is not None else 0,
         )
         table[table.Key(pid)] = leaf
         threads = self.bpf[b"py_tstates"]
-        for tid, tstate in tstates.items():
-            threads[threads.Key(tid)] = threads.Leaf(tstate)
+        for t, tstate in tstates.items():
+            threads[threads.Key(t)] = threads.Leaf(tstate)
 
     def forget_python(self, pid: int, tids: set[int]) -> None:
         for name, keys in ((b"py_layouts", [pid]), (b"py_tstates", sorted(tids))):
@@ -199,12 +212,18 @@ class Probes:
 
         def _cb(_ctx: Any, data: Any, size: int) -> int:
             callback(ctypes.string_at(data, size))
-            return 0
+            # libbpf stops consuming at a negative return, this sample read. Without it a
+            # reader slower than the probes (a launch-bound job on a real GPU, stacks on)
+            # never returns from one consume while the job runs: no interval closes.
+            return -1 if time.monotonic() > self._until else 0
 
         self.bpf[b"events"].open_ring_buffer(_cb)
 
-    def poll(self) -> None:
-        """Consume every pending sample (the program never wakes us per event)."""
+    def poll(self, budget_s: float | None = None) -> None:
+        """Consume pending samples (the program never wakes us per event): all of them, or
+        those read within ``budget_s``; the rest wait in the ring for the next poll, and
+        what the full ring refuses is counted as dropped."""
+        self._until = math.inf if budget_s is None else time.monotonic() + budget_s
         self.bpf.ring_buffer_consume()
 
     def close(self) -> None:

@@ -30,7 +30,9 @@ _PY_REASONS = {
 
 
 class PythonProbes(Protocol):
-    def set_python(self, pid: int, layout: Layout, tstates: dict[int, int]) -> None: ...
+    def set_python(
+        self, pid: int, layout: Layout, tstates: dict[int, int], interp: int = 0
+    ) -> None: ...
     def forget_python(self, pid: int, tids: set[int]) -> None: ...
     def symbol(self, pid: int, addr: int) -> tuple[str | None, int | None, str | None]: ...
 
@@ -60,13 +62,14 @@ class StackResolver:
             assert isinstance(reader, PyProcess)
             try:
                 threads = reader.threads()
+                interp = reader.main_interpreter()
             except ReadError:
                 continue
             gone = self._tids.get(pid, set()) - set(threads)
             if gone:
                 self.probes.forget_python(-1, gone)
             self._tids[pid] = set(threads)
-            self.probes.set_python(pid, reader.layout, threads)
+            self.probes.set_python(pid, reader.layout, threads, interp)
         self._stale.clear()
 
     def forget(self, pids: set[int]) -> None:
@@ -87,6 +90,11 @@ class StackResolver:
         """The sample's stack, or None when it carries none."""
         if ev.native is None:
             return None
+        tids = self._tids.get(ev.pid)
+        if ev.py and tids is not None:
+            # A thread the program looked up itself in the interpreter's list (started
+            # since the last refresh): known here, so its exit forgets its map entry.
+            tids.add(ev.tid)
         key = (ev.pid, ev.native, ev.py, ev.py_state)
         cached = self._cache.get(key)
         if cached is not None:
@@ -103,7 +111,8 @@ class StackResolver:
                 if f.lib and os.path.realpath(f.lib) == image:
                     break
                 inner.append(f)
-            py = reader.symbolize(Walk(ev.py))
+            # Code 0: a C-stack shim frame (3.12+) the program marked; no line of the job.
+            py = reader.symbolize(Walk(tuple(f for f in ev.py if f[0])))
             frames = [*inner, *py.frames] if ev.py else native
             reason = reason or py.reason
         else:

@@ -22,6 +22,9 @@ from ingero.trace.tags import TagCache
 from ingero.trace.writer import Batch
 
 EMPTY = Snapshot({}, {}, {})
+# The samples a tick reads before it closes the interval: bounded, so a flood of samples
+# delays the interval by at most this (what is left is read by the next pumps).
+TICK_PUMP_S = 0.05
 
 
 class ProbeSet(Protocol):
@@ -32,7 +35,7 @@ class ProbeSet(Protocol):
     def forget(self, pids: set[int]) -> None: ...
     def snapshot(self) -> tuple[Snapshot, dict[int, int]]: ...
     def open_ring(self, callback: Callable[[bytes], None]) -> None: ...
-    def poll(self) -> None: ...
+    def poll(self, budget_s: float | None = None) -> None: ...
 
 
 class BatchSink(Protocol):
@@ -137,9 +140,10 @@ class Tracer:
         else:
             self._samples.append(event)
 
-    def pump(self) -> None:
-        """Between ticks: read pending samples and tag processes that just started calling."""
-        self.probes.poll()
+    def pump(self, budget_s: float | None = None) -> None:
+        """Between ticks: read pending samples (for at most ``budget_s``) and tag processes
+        that just started calling."""
+        self.probes.poll(budget_s)
         if self._new:
             new, self._new = self._new, []
             self._register(new)
@@ -148,7 +152,7 @@ class Tracer:
 
     def tick(self) -> TickResult:
         """Close the current interval: write its aggregates, samples and host context."""
-        self.pump()
+        self.pump(TICK_PUMP_S)
         cur, bio = self.probes.snapshot()
         now = self.clock.now()
         mono_ns = int(self.clock.monotonic() * 1e9)
@@ -169,7 +173,7 @@ class Tracer:
             if stack is not None and key is not None:
                 stacks[key] = stack
                 first_seen[key] = min(ts, first_seen.get(key, ts))
-            self.nccl.feed(ev, ts, key)
+            key = self.nccl.feed(ev, ts, key)
             if ev.kind == KIND_ENTER:
                 continue  # an arrival: its call is one raw event, at its return
             tag = tags.get(ev.pid)

@@ -23,9 +23,9 @@ from ingero.nodedb.schema import connect
 _AGED = (("raw_events", "ts"), ("intervals", "ts_end"), ("host_intervals", "ts_end"),
          ("gpu_intervals", "ts_end"), ("gpu_processes", "ts_end"),
          ("processes", "last_seen"), ("nccl_calls", "ts_enter"),
-         ("nccl_comms", "ts"), ("stacks", "last_seen"))  # fmt: skip
+         ("nccl_comms", "ts"), ("stacks", "last_seen"), ("marks", "ts_start"))  # fmt: skip
 _INSERTED = ("intervals", "raw_events", "host_intervals", "gpu_intervals", "gpu_processes",
-             "nccl_calls", "nccl_comms")  # fmt: skip
+             "nccl_calls", "nccl_comms", "marks")  # fmt: skip
 PRUNE_FRACTION = 0.1
 # Batches kept for retry after a failed write (locked or full DB) before the oldest is dropped.
 MAX_RETRY = 100
@@ -43,6 +43,10 @@ class Batch:
     nccl_comms: Sequence[dict[str, object]] = ()
     # Distinct stacks the batch's rows refer to: stack_key, frames (JSON), first/last_seen.
     stacks: Sequence[dict[str, object]] = ()
+    # ``ingero annotate``: the job's marks, and the ends of phases whose begin an earlier
+    # batch wrote (pid, name, ts_start, ts_end).
+    marks: Sequence[dict[str, object]] = ()
+    mark_ends: Sequence[dict[str, object]] = ()
 
 
 @dataclass
@@ -90,6 +94,13 @@ def write_batch(db: sqlite_utils.Database, batch: Batch) -> int:
                 list(batch.stacks),
             )
             n += len(batch.stacks)
+        if batch.mark_ends:
+            db.conn.executemany(
+                "UPDATE marks SET ts_end = :ts_end WHERE pid = :pid AND kind = 'phase' "
+                "AND name = :name AND ts_start = :ts_start AND ts_end IS NULL",
+                list(batch.mark_ends),
+            )
+            n += len(batch.mark_ends)
     return n
 
 
@@ -119,8 +130,15 @@ def prune(db: sqlite_utils.Database, max_bytes: int) -> int:
 class NodeDbWriter:
     """Owns the node DB connection on a thread; ``submit`` never blocks the tracer."""
 
-    def __init__(self, path: str | Path, max_bytes: int | None = None, max_pending: int = 1000):
+    def __init__(
+        self,
+        path: str | Path,
+        max_bytes: int | None = None,
+        max_pending: int = 1000,
+        command: str = "ingero trace",
+    ):
         self.path = Path(path)
+        self.command = command  # who a write error names on stderr
         self.max_bytes = max_bytes
         self.stats = WriterStats()
         self._queue: queue.Queue[Batch | None] = queue.Queue(maxsize=max_pending)
@@ -179,7 +197,7 @@ class NodeDbWriter:
                 # next write, dropping the oldest only past MAX_RETRY.
                 self.stats.errors += 1
                 self.stats.last_error = f"{self.path}: {exc}"
-                print(f"ingero trace: node DB write failed: {exc}", file=sys.stderr)
+                print(f"{self.command}: node DB write failed: {exc}", file=sys.stderr)
                 self._retry = pending[i:][-MAX_RETRY:]
                 return
         if self.max_bytes is not None:

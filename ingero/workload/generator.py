@@ -14,10 +14,14 @@ and one ``gpu_intervals`` row per GPU per interval exactly as the NVML sampler w
 - ``gpu-bound`` (the reference's "gpt": 6-layer transformer, ~10 steps/s): ~3,480
   cuLaunchKernel/s of ~184 µs (the launch queue is full), ~1 cudaDeviceSynchronize/s of
   ~218 ms, ~189 cudaMemcpyAsync/s of ~119 µs, ~32 context switches/s;
-- ``graphs`` (assumed, no reference run): the gpu-bound loop replaying CUDA graphs as
-  torch.compile ``mode="reduce-overhead"`` does, ~100 cuGraphLaunch/s and no kernel launched
-  outside the graphs, two graphs captured (cuStreamBeginCapture, cuStreamEndCapture) and
-  instantiated (cuGraphInstantiate) in the first interval.
+- ``graphs``: the gpu-bound loop replaying CUDA graphs as torch.compile
+  ``mode="reduce-overhead"`` does. What a real H200 recorded (docs/benchmarks.md, "On a real
+  GPU"): replays through the runtime (``cuda_runtime``/``cudaGraphLaunch``, ~4.1 µs each),
+  one ``cudaLaunchKernel`` per replay (~7.3 µs: the input copied into the graph's static
+  buffer), no driver call and no cudaMemcpyAsync. Assumed: ~100 replays/s (a gpu-bound
+  model; the tiny MLP measured replayed ~9,700/s), two graphs captured
+  (cudaStreamBeginCapture, cudaStreamEndCapture) and instantiated (cudaGraphInstantiate) in
+  the first interval.
 
 What the reference did not measure is an assumption, named as such in ``SHAPES``: NVML
 utilization (15% for the CPU-bound loop, as the one nvidia-smi reading showed; 98% for the
@@ -62,7 +66,7 @@ H100_MEMORY_BYTES: Final = 81_559 * 2**20  # what NVML reports for an H100 80GB 
 class Shape:
     """Per-process rates of one training loop (measured unless the comment says assumed)."""
 
-    launch_rate: float  # cuLaunchKernel calls per second
+    launch_rate: float  # kernel launches per second (``launch_op``)
     launch_ns: float  # mean host time of one launch call
     sync_rate: float  # cudaDeviceSynchronize calls per second
     sync_ns: float
@@ -77,9 +81,12 @@ class Shape:
     temperature_c: int  # assumed
     host_cpu_busy: float  # assumed: busy share of the host's CPUs
     host_mem_available: float  # assumed: MemAvailable / MemTotal
-    graph_launch_rate: float = 0.0  # cuGraphLaunch calls per second
+    graph_launch_rate: float = 0.0  # cudaGraphLaunch calls per second
     graph_launch_ns: float = 0.0
     startup_graphs: int = 0  # graphs captured and instantiated in the first interval
+    # Where the launches are recorded: PyTorch's eager kernels through the driver, a graph
+    # replay's input copy through the runtime.
+    launch_op: tuple[str, str] = ("cuda_driver", "cuLaunchKernel")
 
 
 # A launch with room in the launch queue costs the host this (measured: the cpu-bound loop);
@@ -123,19 +130,18 @@ SHAPES: Final = MappingProxyType(
             host_mem_available=0.6,
         ),
         # The gpu-bound loop replaying CUDA graphs (torch.compile mode="reduce-overhead"):
-        # every kernel of a step is in its graphs, replayed through the driver only, as
-        # PyTorch does; no kernel is launched outside them. Assumed (no reference run on
-        # a GPU here): ~100 cuGraphLaunch/s (the rate issue 26's eval used) of ~15 µs, the
-        # input copies into the graphs' static buffers (~2 cudaMemcpyAsync per replay), two
-        # graphs (forward, backward) captured and instantiated at start; the rest as the
-        # gpu-bound loop.
+        # measured on an H200 (PyTorch 2.11, CUDA 13): cudaGraphLaunch of ~4.1 µs and one
+        # cudaLaunchKernel of ~7.3 µs per replay (the input copy), nothing through the
+        # driver, no cudaMemcpyAsync. Assumed: ~100 replays/s (the rate issue 26's eval
+        # used), two graphs (forward, backward) captured and instantiated at start; the rest
+        # as the gpu-bound loop.
         "graphs": Shape(
-            launch_rate=0.0,
-            launch_ns=LAUNCH_HOST_NS,
+            launch_rate=100.0,
+            launch_ns=7_300.0,
             sync_rate=1.0,
             sync_ns=218_000_000.0,
-            memcpy_rate=200.0,
-            memcpy_ns=12_000.0,
+            memcpy_rate=0.0,
+            memcpy_ns=0.0,
             offcpu_switches=32.0,
             offcpu_s=0.3,
             startup_allocs=4,
@@ -146,8 +152,9 @@ SHAPES: Final = MappingProxyType(
             host_cpu_busy=0.2,
             host_mem_available=0.6,
             graph_launch_rate=100.0,
-            graph_launch_ns=15_000.0,
+            graph_launch_ns=4_100.0,
             startup_graphs=2,
+            launch_op=("cuda_runtime", "cudaLaunchKernel"),
         ),
     }
 )
@@ -351,18 +358,18 @@ class WorkloadGenerator:
         queue_wait = max(0.0, shape.launch_ns - LAUNCH_HOST_NS)
         launch_ns = shape.launch_ns - queue_wait + queue_wait * effect.gpu_wait
         if launch_rate > 0:
-            calls("cuda_driver", "cuLaunchKernel", launch_rate, launch_ns)
+            calls(*shape.launch_op, launch_rate, launch_ns)
         if shape.graph_launch_rate > 0:
             # A replay launches the whole graph: it waits for the GPU only as a launch does.
-            calls("cuda_driver", "cuGraphLaunch", shape.graph_launch_rate, shape.graph_launch_ns)
+            calls("cuda_runtime", "cudaGraphLaunch", shape.graph_launch_rate, shape.graph_launch_ns)
         captures = effect.captures + (0.0 if self._started else shape.startup_graphs / dt)
         if captures and not stalled:
             for op, each_ns in (
-                ("cuStreamBeginCapture", 5_000.0),
-                ("cuStreamEndCapture", CAPTURE_NS),
-                ("cuGraphInstantiate", INSTANTIATE_NS),
+                ("cudaStreamBeginCapture", 5_000.0),
+                ("cudaStreamEndCapture", CAPTURE_NS),
+                ("cudaGraphInstantiate", INSTANTIATE_NS),
             ):
-                calls("cuda_driver", op, captures, each_ns, work=1.0)
+                calls("cuda_runtime", op, captures, each_ns, work=1.0)
         calls(
             "cuda_runtime",
             "cudaDeviceSynchronize",

@@ -121,3 +121,29 @@ def test_log_level_sets_what_a_running_daemon_writes(
         proc.terminate()
         proc.wait(timeout=30)
     assert ("INFO " in log.read_text()) is info_shown, log.read_text()
+
+
+def test_fleet_push_service_from_the_flag_the_environment_and_the_file(tmp_path: Path) -> None:
+    config = tmp_path / "push.yaml"
+    config.write_text("service: from-file\ninference: {metrics_timeout: 2s}\n")
+
+    def shown(*flags: str, env: str | None = None) -> object:
+        result = subprocess.run(
+            [sys.executable, "-m", "ingero.cli.main", "fleet-push", *flags, "--print-config"],
+            capture_output=True,
+            text=True,
+            timeout=60,
+            env={**os.environ, "INGERO_CONFIG": "", "INGERO_SERVICE": env or ""},
+        )
+        assert result.returncode == 0, result.stderr
+        return json.loads(result.stdout)["service"]
+
+    assert shown() is None
+    assert shown(env="from-env") == "from-env"
+    assert shown("--config", str(config)) == "from-file"
+    assert shown("--config", str(config), "--service", "from-flag") == "from-flag"
+    effective = ingero("fleet-push", "--config", str(config), "--print-config")
+    assert json.loads(effective.stdout)["inference"]["metrics_timeout"] == 2.0
+    config.write_text("inference: {max_metrics_bytes: 10}\n")
+    refused = ingero("fleet-push", "--config", str(config), "--print-config")
+    assert refused.returncode == 78 and "max_metrics_bytes" in refused.stderr

@@ -9,7 +9,7 @@ from typing import Any
 
 import pytest
 
-from ingero.collectors.nodedb import NodeDbUnavailable, read_window
+from ingero.collectors.nodedb import NodeDbUnavailable, read_latest, read_window
 from ingero.nodedb.schema import connect
 
 T0 = 1_700_000_000.0
@@ -262,3 +262,21 @@ def test_version_1_db_is_read_without_the_health_columns(tmp_path: Path) -> None
     w = read_window(path, end=T0 + 1, window_s=1)
     assert w.gpu_busy == {0: 0.5}
     assert not w.gpus[0].health_measured and w.gpu_pids == ()
+
+
+def test_marked_steps_are_steps_not_tracer_intervals(tmp_path: Path) -> None:
+    """The annotate server's step rows (its own flush times) give the job's step rate over
+    the tracer's intervals; they neither add an interval nor keep a silent tracer alive."""
+    rows = [interval(T0 + i, T0 + i + 1, "cudaLaunchKernel", 1000) for i in range(10)]
+    marked = [
+        {**interval(T0 + i + 0.37, T0 + i + 1.37, "step", 3), "source": "annotate", "pid": 9}
+        for i in range(12)  # the job marks on after the tracer's last interval
+    ]
+    db = make_db(tmp_path / "n.db", rows + marked)
+    w = read_window(db, end=T0 + 10, window_s=4)
+    assert w.covered_s == pytest.approx(4.0)
+    assert w.tracer_intervals == 4
+    assert w.steps == 12  # the rows ending at 6.37, 7.37, 8.37 and 9.37
+    assert w.step_rate == pytest.approx(3.0)
+    latest = read_latest(db, now=T0 + 100, window_s=4, after=None)
+    assert latest.latest_end == T0 + 10

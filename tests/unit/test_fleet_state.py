@@ -631,3 +631,34 @@ def test_slots_grow_and_a_freed_slot_holds_nothing_of_its_last_node() -> None:
     assert [(v.cluster_id, v.node_id) for v in result.verdicts] == [("c1", "n7")]
     (group,) = result.groups
     assert group.active_nodes == 3000 and group.straggler_count == 1
+
+
+def test_replicas_of_an_inference_service_are_one_peer_group() -> None:
+    """Without a job, the service groups replicas (two services: two groups, neither
+    counted in the other's statistics); a job still comes first; the group's peer medians
+    include the replicas' token speed."""
+    state, _, _ = make()
+    for i in range(6):
+        state.ingest(
+            push(
+                f"a{i}",
+                0.9 if i else 0.4,
+                job=None,
+                service="chat",
+                workload_type="inference",
+                rates={"inference_token_rate": 30.0 if i else 15.0},
+            )
+        )
+        state.ingest(push(f"b{i}", 0.2, job=None, service="embed", workload_type="inference"))
+    state.ingest(push("j0", 0.9, service="chat"))  # in job 42: the job's group
+    result = state.tick()
+    assert {e.node_id for e in of_type(result, "straggler_state")} == {"a0"}
+    chat = state.threshold_view("c1", service="chat", node_id="a0")
+    assert chat is not None and chat.active_nodes == 6
+    assert chat.peer_rates == {"inference_token_rate": 30.0}
+    assert chat.rate_ratios == {"inference_token_rate": 0.5}
+    embed = state.threshold_view("c1", service="embed")
+    assert embed is not None and embed.active_nodes == 6
+    job = state.threshold_view("c1", JOB)
+    assert job is not None and job.active_nodes == 1
+    assert state.threshold_view("c1", workload_type="inference") is None

@@ -19,7 +19,7 @@ from pathlib import Path
 
 PACKAGE = Path(__file__).resolve().parents[2] / "ingero"
 
-NODE_SIDE = frozenset({"trace", "collectors", "push", "sink"})
+NODE_SIDE = frozenset({"trace", "collectors", "push", "sink", "annotate"})
 DAEMONS = frozenset({"fleet", "echo"})
 CONTRACTS = frozenset({"otlp"})
 # Leaf packages: what every part may import.

@@ -163,3 +163,26 @@ def test_malformed_bodies_raise_clear_errors() -> None:
         parse_json(b"[1]", ExportMetricsServiceRequest)
     with pytest.raises(OtlpDecodeError, match="invalid OTLP JSON"):
         parse_json(b'{"resourceMetrics": 3}', ExportMetricsServiceRequest)
+
+
+def test_a_resource_decoded_before_is_read_from_its_bytes_and_the_cache_is_bounded(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setattr(health, "RESOURCE_CACHE", 4)
+    monkeypatch.setattr(health, "_resources", {})
+    for i in range(10):  # the same resource each push, others between
+        assert roundtrip(FULL).pushes == [FULL]
+        other = NodePush(node_id=f"n{i}", cluster_id="c", score=0.5, gpu_count=i)
+        assert roundtrip(other).pushes == [other]
+        assert len(health._resources) <= 4
+    # every field read from the resource comes back from the cache too (the service groups
+    # inference replicas: lost after the first push, a replica would leave its peers)
+    served = NodePush(node_id="r", cluster_id="c", score=0.5, service="llama-70b")
+    for _ in range(3):
+        assert roundtrip(served).pushes == [served]
+    # a resource that is not valid stays refused, however often it comes, with why
+    bad = NodePush(node_id="n", cluster_id="c", score=0.5, host_name="h" * 10_000)
+    for _ in range(2):
+        result = roundtrip(bad)
+        assert result.reasons == {health.TOO_LONG: 1}
+        assert health.ATTR_HOST_NAME in result.error_message

@@ -73,7 +73,9 @@ class Client:
         self.pushed.append(request)
         return self.result
 
-    def poll_threshold(self, cluster_id: str, job_id: str | None) -> ThresholdView | None:
+    def poll_threshold(
+        self, cluster_id: str, job_id: str | None, service: str | None = None
+    ) -> ThresholdView | None:
         self.polls += 1
         return self.poll
 

@@ -17,6 +17,7 @@ from ingero.nodedb.schema import connect
 from ingero.otlp.limits import MAX_EVENT_BYTES
 from ingero.otlp.logs import decode_events, encode_events
 from ingero.push.snapshot import (
+    PERMISSION_DENIED,
     SnapshotPlan,
     Target,
     ThreadStack,
@@ -234,6 +235,21 @@ def test_real_exited_and_non_python_processes_give_reasons() -> None:
         sleeper.kill()
         sleeper.wait()
     assert entry.stack.reason and "python" in entry.stack.reason.lower()
+
+
+def test_permission_denied_says_what_is_missing(tmp_path: Path) -> None:
+    """py-spy refusing another user's process (as under the shipped unit, without the
+    stacks.conf drop-in) prints no ``Error:`` line; the reason still says why."""
+    fake = tmp_path / "py-spy"
+    fake.write_text(
+        "#!/bin/sh\n"
+        "echo 'Permission Denied: Try running again with elevated permissions' >&2\n"
+        "exit 1\n"
+    )
+    fake.chmod(0o755)
+    [entry] = dump(Target(os.getpid()), py_spy=str(fake))
+    assert entry.stack.reason == PERMISSION_DENIED
+    assert "CAP_SYS_PTRACE" in PERMISSION_DENIED
 
 
 def test_missing_py_spy_is_a_reason(tmp_path: Path) -> None:

@@ -16,6 +16,8 @@ from ingero.trace.pyframes.layout import (
     PY310,
     PY311,
     PY312,
+    PY_WIN,
+    Layout,
     UnsupportedPython,
     from_debug_offsets,
     table_for,
@@ -99,3 +101,21 @@ def test_debug_offsets_give_a_313_layout_and_refuse_others() -> None:
         from_debug_offsets(DEBUG_COOKIE)
     with pytest.raises(UnsupportedPython, match=r"python 3\.9 not supported"):
         table_for((3, 9))
+
+
+@pytest.mark.parametrize("layout", [PY310, PY311, PY312], ids=["3.10", "3.11", "3.12"])
+def test_a_frames_fields_fit_one_read(layout: Layout) -> None:
+    """The BPF walk reads each frame's window in one go: every field inside it, the three
+    pointers 8-byte aligned in it (the program masks their offsets that way)."""
+    w = layout.window()
+    assert 0 < w.length <= PY_WIN and w.length % 8 == 0
+    for field in (layout.frame_previous, layout.frame_code, layout.frame_instr):
+        assert (field - w.start) % 8 == 0 and field + 8 <= w.start + w.length
+    if layout.frame_owner is not None:
+        assert w.start <= layout.frame_owner < w.start + w.length
+
+
+def test_a_layout_whose_frame_does_not_fit_one_read_is_refused() -> None:
+    wide = dataclasses.replace(PY312, frame_instr=PY_WIN + 64)
+    with pytest.raises(UnsupportedPython, match="do not fit one read"):
+        wide.window()

@@ -11,6 +11,8 @@ import pytest
 from ingero.collectors.gpu import GpuStatus, interpret
 from ingero.collectors.procfs import ProcReader
 from ingero.nodedb.schema import connect
+from ingero.otlp.health import INFERENCE_STEP_RATE, INFERENCE_TOKEN_RATE
+from ingero.push.engines import EngineWatcher
 from ingero.push.sampler import NodeSampler
 from ingero.push.score import ScoreConfig
 from ingero.runtime.clock import ManualClock
@@ -430,3 +432,77 @@ def test_gpu_sample_alone_is_measured_and_goes_stale_only_when_it_stops(tmp_path
         clock.advance(2.0)
         sample = s.sample()
     assert sample.state == "stale"
+
+
+def test_an_inference_servers_token_speed_is_its_throughput_against_its_peers(
+    tmp_path: Path,
+) -> None:
+    """Launches at its peers' rate, per-token latency twice theirs: the token speed is what
+    is compared (first in line), and the node scores as a replica half as fast."""
+    clock = ManualClock()
+    node = Node(tmp_path, clock)
+    root = tmp_path / "engines-proc" / "40"
+    root.mkdir(parents=True)
+    (root / "cmdline").write_bytes(b"python3\0/v/bin/vllm\0serve\0llama\0")
+    served = {"tokens": 0.0}
+
+    def fetch(url: str, timeout_s: float, max_bytes: int) -> str:
+        served["tokens"] += 1000.0
+        n = served["tokens"]
+        return (
+            "# TYPE vllm:inter_token_latency_seconds histogram\n"
+            f"vllm:inter_token_latency_seconds_sum {n * 0.04}\n"
+            f"vllm:inter_token_latency_seconds_count {n}\n"
+        )
+
+    engines = EngineWatcher(
+        db_path=tmp_path / "node.db", clock=clock, proc_root=root.parent, fetch=fetch
+    )
+    s = sampler(tmp_path, clock, engines=engines)
+    for _ in range(5):
+        node.run(2.0)
+        alone = s.sample()
+    assert alone.result is not None
+    assert alone.result.rates[INFERENCE_TOKEN_RATE] == pytest.approx(25.0)
+    node.run(2.0)
+    peers = s.sample(peer_rates={"kernel_launch_rate": 4_645.0, INFERENCE_TOKEN_RATE: 50.0})
+    assert peers.result is not None and peers.peer_rate == INFERENCE_TOKEN_RATE
+    assert peers.result.signals["throughput"] == pytest.approx(0.5, abs=0.02)
+    assert engines.summary()[40].model == "llama"
+
+
+def test_a_server_without_step_metrics_steps_at_its_workers_synchronize_calls(
+    tmp_path: Path,
+) -> None:
+    """vLLM times no steps in /metrics: the tracer's synchronize calls of the server's
+    process tree (its engine-core child here) are its steps; another process's are not."""
+    clock = ManualClock()
+    node = Node(tmp_path, clock)
+    proc = tmp_path / "engines-proc"
+    for pid, ppid, argv in (
+        (40, 1, b"python3\0/v/bin/vllm\0serve\0llama\0"),
+        (41, 40, b"python3\0-c\0from multiprocessing.spawn import spawn_main\0"),
+        (42, 1, b"python3\0train.py\0"),
+    ):
+        (proc / str(pid)).mkdir(parents=True)
+        (proc / str(pid) / "cmdline").write_bytes(argv)
+        (proc / str(pid) / "stat").write_text(f"{pid} (python3 (x)) S {ppid} {pid} 0 0\n")
+    engines = EngineWatcher(
+        db_path=tmp_path / "node.db", clock=clock, proc_root=proc, fetch=lambda *_: ""
+    )
+    s = sampler(tmp_path, clock, engines=engines)
+    sample = None
+    for _ in range(4):
+        node.run(2.0)
+        now = clock.now()
+        with node.db.conn:
+            node.db.table("intervals").insert_all(
+                {"ts_start": now - 2.0, "ts_end": now, "pid": pid, "source": "cuda_driver",
+                 "op": "cuStreamSynchronize", "count": count, "total_ns": 10**6}
+                for pid, count in ((41, 100), (42, 7000))
+            )  # fmt: skip
+        sample = s.sample()
+    assert sample is not None and sample.result is not None and sample.window is not None
+    assert (sample.window.syncs[41], sample.window.syncs[42]) == (100, 7000)
+    assert sample.result.rates[INFERENCE_STEP_RATE] == pytest.approx(100 / sample.window.covered_s)
+    assert engines.trees() == {40: frozenset({40, 41})}

@@ -1,5 +1,5 @@
-"""A node whose job replays CUDA graphs (cuGraphLaunch, no kernel launched outside them) is
-sampled as an eager one: it calibrates, scores its slowdown, stalls, recovers and is
+"""A node whose job replays CUDA graphs (cudaGraphLaunch, with one cudaLaunchKernel per replay,
+as a real H200 recorded torch.compile reduce-overhead) is sampled as an eager one: it calibrates, scores its slowdown, stalls, recovers and is
 compared with its peers, on its graph launch rate."""
 
 from __future__ import annotations
@@ -52,7 +52,8 @@ def test_a_graph_replaying_node_scores_its_slowdown_on_its_graph_launch_rate(
     assert healthy.state == "active" and not healthy.stalled and not healthy.held
     assert healthy.result is not None
     assert healthy.result.rates["graph_launch_rate"] == pytest.approx(100.0, rel=0.05)
-    assert healthy.result.rates["kernel_launch_rate"] == 0.0
+    # The input copies are kernel launches; the throughput is read on the graph replays.
+    assert healthy.result.rates["kernel_launch_rate"] == pytest.approx(100.0, rel=0.05)
     assert healthy.result.rates["throughput_baseline"] == pytest.approx(100.0, rel=0.05)
     assert healthy.result.signals["throughput"] == pytest.approx(1.0, abs=0.05)
     node.run(2.0, slowdown=0.3)

@@ -39,6 +39,23 @@ def test_summary_prefers_python_frames() -> None:
     assert Stack((), "gone").summary() == "gone"
 
 
+def test_the_interpreters_entry_frames_never_name_a_stack() -> None:
+    """As a real PyTorch 2.11 / CPython 3.12 stack read on an H200: a shim frame between each
+    Python frame and after the outermost one."""
+    shim = Frame("py", "<interpreter trampoline>", "<shim>")
+    s = Stack((Frame("native", "cublasLtMatmul", lib="/x/libcublasLt.so.13"),
+               Frame("py", "Linear.forward", "/v/site-packages/torch/nn/modules/linear.py", 134),
+               shim, Frame("py", "step", "/job/train.py", 30), shim,
+               Frame("py", "<module>", "/job/train.py", 42), shim))  # fmt: skip
+    assert s.summary() == (
+        "Linear.forward at /v/site-packages/torch/nn/modules/linear.py:134 ← step at /job/train.py:30"
+    )
+    assert all(f.file != "<shim>" for f in s.python())
+    assert (
+        s.key() != Stack(tuple(f for f in s.frames if f is not shim)).key()
+    )  # kept, not hashed away
+
+
 @pytest.mark.parametrize(
     "bad",
     [[], "x", {"frames": "x"}, {"frames": [{"kind": "java"}]}, {"frames": [1]},

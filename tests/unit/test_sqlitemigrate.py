@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import sqlite3
 from pathlib import Path
+from typing import Any
 
 import pytest
 import sqlite_utils
@@ -43,3 +44,23 @@ def test_applies_pending_steps_only_and_refuses_a_newer_database(tmp_path: Path)
     db.execute("PRAGMA user_version = 5")
     with pytest.raises(SchemaError, match="schema version 5 is newer than this ingero \\(1\\)"):
         migrate(db, [v1])
+
+
+def test_a_migration_another_process_finished_is_not_applied_again(tmp_path: Path) -> None:
+    """Two processes open a new DB at once (the tracer and the annotate server at boot): the
+    second has read version 0 when the first migrates; it reads it again under the lock."""
+    path = tmp_path / "s.db"
+    early = sqlite_utils.Database(sqlite3.connect(str(path), isolation_level=None))
+
+    class Late(sqlite_utils.Database):
+        raced = False
+
+        def execute(self, sql: str, parameters: Any = None) -> sqlite3.Cursor:
+            if sql == "BEGIN IMMEDIATE" and not self.raced:
+                self.raced = True
+                assert migrate(early, [v1]) == 1  # between this one's read and its lock
+            return super().execute(sql, parameters)
+
+    late = Late(sqlite3.connect(str(path), isolation_level=None))
+    assert migrate(late, [v1]) == 1
+    assert late.raced and version(late) == 1

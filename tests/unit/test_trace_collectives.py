@@ -281,3 +281,20 @@ def test_feed_dispatches_kernel_samples() -> None:
     fold.feed(_ev(KIND_EXIT, "ncclAllReduce"), 3.6)
     assert [sorted(comms(r)) for r in (fold.close(4.0, TAGS), fold.close(5.0, TAGS))] == [
         [HEX_A], []]  # fmt: skip
+
+
+def test_a_collective_keeps_its_arrivals_stack() -> None:
+    """The arrival carries the stack, the return none: the return's raw event gets the
+    arrival's key, and a call that never returns keeps it on its row too."""
+    fold = Collectives()
+    fold.feed(_ev(KIND_COMM_INIT, "ncclCommInitRank"), 0.5)
+    assert fold.feed(_ev(KIND_ENTER, "ncclAllReduce", 1), 1.0, "site-a") == "site-a"
+    assert fold.feed(_ev(KIND_CALL, "ncclAllReduce", 1), 1.1) == "site-a"
+    fold.feed(_ev(KIND_ENTER, "ncclAllReduce", 2), 1.2, "site-b")  # never returns
+    fold.feed(_ev(KIND_EXIT, "ncclAllReduce"), 1.5)
+    rows = fold.close(2.0, TAGS)
+    assert [(c["seq"], c["ts_return"] is None, c["stack_key"]) for c in rows.calls] == [
+        (1, False, "site-a"), (2, True, "site-b")]  # fmt: skip
+    # A return with a stack of its own (its arrival sample lost) keeps that one.
+    fold.feed(_ev(KIND_COMM_INIT, "ncclCommInitRank"), 2.5)
+    assert fold.feed(_ev(KIND_CALL, "ncclAllReduce", 1), 3.0, "site-c") == "site-c"

@@ -9,7 +9,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from ingero.trace.nativesyms import NativeSymbols, load_symbols, read_maps
+from ingero.trace.nativesyms import REREAD_S, NativeSymbols, load_symbols, read_maps
 
 
 def _addr(fn: object) -> int:
@@ -33,10 +33,17 @@ def test_a_library_loaded_after_the_first_read_is_named(tmp_path: Path) -> None:
     src.write_text("int ingero_late_fn(int x) { return x * 3 + 1; }\n")
     so = tmp_path / "liblate.so"
     subprocess.run(["cc", "-shared", "-fPIC", "-o", str(so), str(src)], check=True)
-    syms = NativeSymbols()
+    now = [100.0]
+    syms = NativeSymbols(clock=lambda: now[0])
     libc = ctypes.CDLL(ctypes.util.find_library("c"))
     syms.resolve(os.getpid(), _addr(libc.getpid))  # maps read and cached before the dlopen
     late = ctypes.CDLL(str(so))
+    # Within REREAD_S of the last read a miss does not read the maps again (a frame-pointer
+    # walk through code without them misses on every call) ...
+    now[0] += REREAD_S / 2
+    assert syms.resolve(os.getpid(), _addr(late.ingero_late_fn) + 1) == (None, None, None)
+    # ... after it, the first miss does, and finds the library.
+    now[0] += REREAD_S
     name, off, lib = syms.resolve(os.getpid(), _addr(late.ingero_late_fn) + 1)
     assert (name, off, lib) == ("ingero_late_fn", 1, str(so))
 

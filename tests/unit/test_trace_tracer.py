@@ -39,6 +39,7 @@ class FakeProbes:
         self.callback: Callable[[bytes], None] | None = None
         self.traced: list[int] = []
         self.forgotten: set[int] = set()
+        self.budgets: list[float | None] = []
 
     def attach_library(self, lib: LibraryFile) -> list[Any]:
         return []
@@ -57,7 +58,8 @@ class FakeProbes:
     def open_ring(self, callback: Callable[[bytes], None]) -> None:
         self.callback = callback
 
-    def poll(self) -> None:
+    def poll(self, budget_s: float | None = None) -> None:
+        self.budgets.append(budget_s)
         assert self.callback is not None
         for data in self.pending:
             self.callback(data)
@@ -93,6 +95,8 @@ def test_interval_rows_samples_and_exit_cleanup(tmp_path: Path) -> None:
     probes.pending = [_sample(42, ts=int(0.5e9))]
     clock.advance(1.0)
     result = tracer.tick()
+    # The tick reads what waits for a bounded time only (a flood never holds it up).
+    assert probes.budgets[-1] is not None and probes.budgets[-1] <= 0.1
     (row,) = result.intervals
     assert (row["pid"], row["op"], row["count"], row["job_id"], row["rank"]) == (
         42, "cudaLaunchKernel", 100, "8", 0)  # fmt: skip

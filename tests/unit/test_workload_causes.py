@@ -131,7 +131,9 @@ def test_each_cause_is_written_as_a_node_records_it(tmp_path: Path) -> None:
     recapture = evidence["recapture"]["graph_recapture"]
     assert recapture["rate_baseline"] == 0 and 28 < recapture["rate"] < 32
     assert recapture["share"] == pytest.approx(0.3, abs=0.03)
-    assert recapture["ops"] == ["cuGraphInstantiate", "cuStreamBeginCapture", "cuStreamEndCapture"]
+    assert recapture["ops"] == [
+        "cudaGraphInstantiate", "cudaStreamBeginCapture", "cudaStreamEndCapture"
+    ]  # fmt: skip
 
 
 def test_a_throttled_gpu_is_as_busy_but_slower(tmp_path: Path) -> None:

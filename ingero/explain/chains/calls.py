@@ -25,7 +25,8 @@ from ingero.explain.analysis import (
 from ingero.explain.chains.signal import (
     OFFCPU_OP,
     Signal,
-    median,
+    baseline_median,
+    count_growth,
     onset,
     per_tick,
     pids_text,
@@ -97,7 +98,7 @@ def _p95_up(t: Timeline, kind: str) -> Signal | None:
             and weighted_p95([r for r in recent if r.pid == pid]) / b >= LATENCY_RATIO
         ) or frozenset(r.pid for r in recent)
         series = per_tick(rows, weighted_p95)
-        base_med = median(v for ts, v in series.items() if ts <= t.split) or p_before
+        base_med = baseline_median(series, t.split, p_before)
         label = f"NCCL {op}" if source == "nccl" else op
         sig = Signal(
             id=kind,
@@ -160,15 +161,14 @@ def alloc_churn(t: Timeline) -> Signal | None:
             continue
         pids = frozenset(r.pid for r in recent)
         series = per_tick(rows, lambda g: sum(r.count for r in g))
-        base_med = median(v for ts, v in series.items() if ts <= t.split) or 0.0
-        ratio = rate_now / rate_before if rate_before > 0 else float(calls)
+        base_med = baseline_median(series, t.split, 0.0)
         sig = Signal(
             id="alloc_churn",
             layer="cuda",
             text=f"{calls:,} {op} calls ({fmt_rate(rate_now)}, was"
             f" {fmt_rate(rate_before)}) in {pids_text(t, pids)},"
             f" {fmt_ns(sum(r.total_ns for r in recent))} in total",
-            strength=math.log2(max(ratio, 2.0)),
+            strength=count_growth(rate_now, rate_before, calls),
             evidence={
                 "op": op,
                 "source": source,
@@ -209,7 +209,7 @@ def memcpy(t: Timeline) -> Signal | None:
     series = per_tick(
         [r for r in t.ops if "memcpy" in r.op.lower()], lambda g: sum(r.total_ns for r in g)
     )
-    base_med = median(v for ts, v in series.items() if ts <= t.split) or 0.0
+    base_med = baseline_median(series, t.split, 0.0)
     ops = sorted({r.op for r in memcpy_now})
     return Signal(
         id="memcpy",

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import math
 from collections.abc import Iterable
 from typing import Final
 
@@ -10,7 +9,8 @@ from ingero.collectors.nodedb import GRAPH_BUILD_OPS
 from ingero.explain.analysis import fmt_ns, fmt_pct, fmt_rate
 from ingero.explain.chains.signal import (
     Signal,
-    median,
+    baseline_median,
+    count_growth,
     onset,
     per_tick,
     pids_text,
@@ -67,15 +67,14 @@ def graph_recapture(t: Timeline) -> Signal | None:
     # among many, not the baseline's typical value.
     built = per_tick(rows, lambda g: float(_builds(g)))
     series = {ts: built.get(ts, 0.0) for ts in sorted({r.ts_end for r in t.ops})}
-    base_med = median(v for ts, v in series.items() if ts <= t.split) or 0.0
-    ratio = rate_now / rate_before if rate_before > 0 else float(builds)
+    base_med = baseline_median(series, t.split, 0.0)
     return Signal(
         id="graph_recapture",
         layer="cuda",
         text=f"{builds:,} CUDA graphs captured and instantiated again ({fmt_rate(rate_now)},"
         f" was {fmt_rate(rate_before)}) in {pids_text(t, pids)}, {fmt_ns(build_ns)} of host"
         f" time ({fmt_pct(share)} of wall time)",
-        strength=math.log2(max(ratio, 2.0)),
+        strength=count_growth(rate_now, rate_before, builds),
         evidence={
             "builds": builds,
             "rate": round(rate_now, 3),

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 import statistics
 from collections import defaultdict
 from collections.abc import Callable, Iterable, Mapping, Sequence
@@ -50,6 +51,19 @@ def onset(
         if ts > split and (series[ts] >= threshold if rising else series[ts] <= threshold):
             return ts
     return None
+
+
+def baseline_median(series: Mapping[float, float], split: float, default: float) -> float:
+    """The median of a per-tick series over the baseline window (up to ``split``), or
+    ``default`` where the baseline has no tick (or a median of 0)."""
+    return median(v for ts, v in series.items() if ts <= split) or default
+
+
+def count_growth(rate_now: float, rate_before: float, count: int) -> float:
+    """A signal's strength for a call rate that grew: log2 of now/before (the count itself
+    where there was none before), at least 1."""
+    ratio = rate_now / rate_before if rate_before > 0 else float(count)
+    return math.log2(max(ratio, 2.0))
 
 
 def span(points: Iterable[tuple[float, float]]) -> float:

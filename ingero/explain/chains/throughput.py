@@ -9,8 +9,8 @@ from ingero.collectors.nodedb import GRAPH_LAUNCH_OPS, LAUNCH_OPS, STEP_OPS
 from ingero.explain.analysis import RATE_DROP, fmt_pct, fmt_rate
 from ingero.explain.chains.signal import (
     Signal,
+    baseline_median,
     in_recent,
-    median,
     onset,
     per_tick,
     proc_evidence,
@@ -58,7 +58,7 @@ def throughput_drop(t: Timeline) -> Signal | None:
                 / max(1e-9, max(r.ts_end for r in g) - min(r.ts_start for r in g))
             ),
         )
-        base_med = median(v for ts, v in series.items() if ts <= t.split) or before
+        base_med = baseline_median(series, t.split, before)
         return Signal(
             id="throughput_drop",
             layer="throughput",
@@ -96,7 +96,7 @@ def _gpu_busy_drop(t: Timeline) -> Signal | None:
         ts: _busy([g for g in t.gpus if g.ts_end == ts and g.busy_ns is not None])
         for ts in sorted({g.ts_end for g in t.gpus})
     }
-    base_med = median(v for ts, v in series.items() if ts <= t.split) or before
+    base_med = baseline_median(series, t.split, before)
     return Signal(
         id="throughput_drop",
         layer="throughput",

@@ -18,6 +18,15 @@ class UnsupportedPython(Exception):
     """The process runs a CPython whose frames this reader cannot walk (the message says why)."""
 
 
+PY_WIN = 128  # bytes of a frame the BPF program reads at once (PY_WIN in bpf/ingero.bpf.c)
+
+
+@dataclass(frozen=True)
+class FrameWindow:
+    start: int
+    length: int
+
+
 @dataclass(frozen=True)
 class Layout:
     version: tuple[int, int]
@@ -44,6 +53,22 @@ class Layout:
     unicode_length: int = 16
     ascii_size: int = 48
     compact_size: int = 72
+
+    def window(self) -> FrameWindow:
+        """The bytes of a frame that hold what a walk reads (the BPF program reads them in
+        one go per frame): from the first field to the last one's end, the three 8-byte
+        fields at 8-byte steps from the start. Raises UnsupportedPython when they do not
+        fit PY_WIN bytes that way (a layout no version has had)."""
+        fields = [self.frame_previous, self.frame_code, self.frame_instr]
+        start = min(fields) & ~7
+        end = max(f + 8 for f in fields)
+        if self.frame_owner is not None:
+            start = min(start, self.frame_owner & ~7)
+            end = max(end, self.frame_owner + 1)
+        length = (end - start + 7) & ~7
+        if any((f - start) % 8 for f in fields) or length > PY_WIN:
+            raise UnsupportedPython(f"python {self.version}: frame fields do not fit one read")
+        return FrameWindow(start, length)
 
     @property
     def linetable(self) -> str:

@@ -89,6 +89,7 @@ class PyProcess:
             layout = from_debug_offsets(mem.read(runtime, DEBUG_OFFSETS_SIZE))
         else:
             layout = table_for(version)
+        layout.window()  # the BPF walk reads a frame in one go
         return cls(pid, image, layout, mem, runtime)
 
     # Threads -----------------------------------------------------------------------------
@@ -107,6 +108,16 @@ class PyProcess:
                 t = self.mem.u64(t + L.tstate_next)
             interp = self.mem.u64(interp)  # PyInterpreterState.next is its first field
         return out
+
+    def main_interpreter(self) -> int:
+        """The main interpreter's state (the last of the list: the first one made), or 0."""
+        interp = self.mem.u64(self.runtime + self.layout.runtime_interpreters_head)
+        for _ in range(MAX_INTERPRETERS):
+            nxt = self.mem.u64(interp) if interp else 0
+            if not nxt:
+                return interp
+            interp = nxt
+        return 0
 
     def _pthread_tid(self, pthread: int) -> int:
         if self._tid_offset is None:

@@ -215,12 +215,18 @@ def test_a_cluster_a_token_gets_nothing_of_cluster_b_from_api_and_sql(echo: Echo
         ("drains", {"since": 0}),
         ("cost", {"since": 0}),
         ("job_report", {"job_id": "7"}),
+        ("jobs", {"since": 0}),
+        ("job_timeline", {"job_id": "7"}),
     ]:
         status, body = ask(echo, name, token=TOKEN_A, **params)
         assert status == 200 and "bravo" not in json.dumps(body) and '"B"' not in json.dumps(body)
-        if name != "job_report":
+        if name not in ("job_report", "job_timeline"):
             status, body = ask(echo, name, token=TOKEN_A, cluster_id="B")
             assert status == 403 and "no access to cluster 'B'" in body["error"]
+    status, body = ask(echo, "job_timeline", token=TOKEN_A, job_id="7", cluster_id="B")
+    assert status == 403 and "no access to cluster 'B'" in body["error"]
+    status, body = ask(echo, "job_timeline", token=TOKEN_OPS, job_id="7")
+    assert "bravo0" in json.dumps(body)
     status, body = ask(echo, "job_report", token=TOKEN_OPS, job_id="7")
     assert "bravo0" in json.dumps(body)  # the job spans both clusters; ops sees all of it
     assert sql(echo, "SELECT DISTINCT cluster_id FROM events", TOKEN_A)[1]["rows"] == [["A"]]
@@ -269,6 +275,8 @@ def _check_mcp(out: dict[str, Any]) -> None:
         "events",
         "job_report",
         "collective_lag",
+        "jobs",
+        "job_timeline",
         "drains",
         "cost",
         "sql",

@@ -226,7 +226,7 @@ def test_a_v2_database_folds_the_nccl_events_it_holds_when_migrated(tmp_path: Pa
         ).fetchall()
         reader.close()
         assert rows == [(eid, 3, 100.0, 200.0, 250.0, 2)]
-        assert count(store, "PRAGMA user_version") == len(MIGRATIONS) == 3
+        assert count(store, "PRAGMA user_version") == len(MIGRATIONS) == 4
     finally:
         store.close()
 

@@ -248,6 +248,15 @@ class Cluster:
         """Sum of Fleet's /metrics samples ``name`` whose labels include ``labels``."""
         return fleet_metric(self.ports["api"], name, **labels)
 
+    def threshold(self, **query: str) -> dict[str, Any]:
+        """Fleet's threshold API answer for ``query`` (cluster_id, job_id, service, …)."""
+        url = f"http://127.0.0.1:{self.ports['api']}/api/v1/threshold?" + "&".join(
+            f"{k}={v}" for k, v in query.items()
+        )
+        with urllib.request.urlopen(url, timeout=10) as resp:
+            body: dict[str, Any] = json.loads(resp.read())
+        return body
+
     def push_log(self, node: str) -> str:
         return (self.tmp / f"{node}.push.log").read_text(errors="replace")
 

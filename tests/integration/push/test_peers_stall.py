@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import json
 import time
-import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -49,12 +48,7 @@ def of(c: Cluster, kind: str, node: str) -> list[Event]:
 
 
 def api(c: Cluster, **query: str) -> dict[str, Any]:
-    url = f"http://127.0.0.1:{c.ports['api']}/api/v1/threshold?" + "&".join(
-        f"{k}={v}" for k, v in query.items()
-    )
-    with urllib.request.urlopen(url, timeout=10) as resp:
-        body: dict[str, Any] = json.loads(resp.read())
-    return body
+    return c.threshold(**query)
 
 
 def stored(echo: EchoProcess, node: str) -> list[dict[str, Any]]:

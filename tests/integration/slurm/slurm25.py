@@ -4,7 +4,10 @@ vendored source, and the pyslurm wheel it builds there, installed into the test 
 
 from __future__ import annotations
 
+import importlib
 import os
+import subprocess
+import sys
 from pathlib import Path
 
 from ingero.slurm.pyslurm_backend import pyslurm_installed
@@ -18,8 +21,39 @@ TARBALL = Path(
 )
 
 
+# tests/run.sh builds 25.11 in the background while the suite runs (the build's pid here).
+BUILD_PID_ENV = "INGERO_SLURM25_BUILD_PID"
+_build_failed: list[str] = []
+
+
+def wait_for_build() -> None:
+    """Wait for tests/run.sh's background build (once), then install its pyslurm wheel into
+    this venv. Not a timed wait: the build ends or fails, and run.sh started it."""
+    pid = os.environ.pop(BUILD_PID_ENV, None)
+    if not pid:
+        return
+    try:
+        _, status = os.waitpid(int(pid), 0)  # after run.sh's exec, the build is our child
+    except ChildProcessError:
+        status = 0  # reaped already (not ours): its result is what PREFIX holds
+    if os.waitstatus_to_exitcode(status) != 0:
+        log = os.environ.get("INGERO_SLURM25_BUILD_LOG", "its log")
+        _build_failed.append(f"the Slurm 25.11 build failed (see {log})")
+    wheels = sorted((PREFIX / "wheels").glob("pyslurm-*.whl"))
+    if wheels and not pyslurm_installed():
+        subprocess.run(
+            [sys.executable, "-m", "pip", "install", "-q", "--disable-pip-version-check",
+             "--no-deps", str(wheels[-1])],
+            check=True, timeout=600,
+        )  # fmt: skip
+        importlib.invalidate_caches()
+
+
 def missing_reason() -> str | None:
     """Why Slurm 25.11 is not here to test against, or None."""
+    wait_for_build()
+    if _build_failed:  # an error, not a skip: run.sh found the source and the build broke
+        raise RuntimeError(_build_failed[0])
     if (PREFIX / "sbin" / "slurmctld").exists():
         return None
     if not TARBALL.exists():

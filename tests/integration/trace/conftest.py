@@ -22,6 +22,17 @@ CUDA_HOME = Path(os.environ.get("CUDA_HOME", "/usr/local/cuda"))
 NCCL_WHEEL = "nvidia-nccl-cu13"
 
 
+def interpreters(minor_from: int = 10) -> list[str]:
+    """This test run's Python, Debian's 3.11 and the first pyenv install of each of 3.10, 3.12
+    and 3.13 present here (from ``minor_from`` on)."""
+    found = [sys.executable, "/usr/bin/python3.11"]
+    for minor in (10, 12, 13):
+        if minor >= minor_from:
+            found += [str(p) for p in sorted(
+                Path.home().glob(f".pyenv/versions/3.{minor}.*/bin/python3.{minor}"))[:1]]  # fmt: skip
+    return [p for p in found if os.access(p, os.X_OK)]
+
+
 @pytest.fixture(scope="session")
 def bpf_ready(tmp_path_factory: pytest.TempPathFactory) -> None:
     """Skip unless ``ingero check`` says tracing can run here (root, BCC, headers, tracefs)."""

@@ -9,6 +9,8 @@
 #define _GNU_SOURCE
 #include <dlfcn.h>
 #include <stddef.h>
+#include <stdlib.h>
+#include <unistd.h>
 
 #define FAKE_ERROR 999
 typedef unsigned long long CUdeviceptr;
@@ -69,8 +71,13 @@ int cuCtxSynchronize(void) {
     return FAKE_ERROR;
 }
 
+/* $FAKE_CUDA_SYNC_US: each stream sync takes that long (a slow call, as a real one waiting
+ * for the GPU is). */
 int cuStreamSynchronize(CUstream stream) {
     (void)stream;
+    const char *us = getenv("FAKE_CUDA_SYNC_US");
+    if (us)
+        usleep((useconds_t)atol(us));
     wait_collectives();
     return FAKE_ERROR;
 }

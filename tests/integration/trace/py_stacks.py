@@ -4,7 +4,8 @@
 and the main thread in ``<module>``, until a line arrives on stdin.
 ``recurse N``: one thread recurses N deep, then blocks the same way.
 ``cuda LIB N``: after the go line, ``outer`` → ``Model.forward`` → ``leaf`` calls
-``cudaStreamSynchronize`` of LIB through ctypes N times, in three threads.
+``cudaStreamSynchronize`` of LIB through ctypes N times, in three threads (``late LIB N``:
+in one thread, whose first call is its first traced call).
 Each marked line's number is printed (``NAME=LINE``) so the test never hard-codes them.
 """
 
@@ -57,7 +58,7 @@ def recurse(depth):
 
 
 mode = sys.argv[1]
-if mode == "cuda":
+if mode in ("cuda", "late"):
     lib = ctypes.CDLL(sys.argv[2])
     lib.cudaStreamSynchronize.argtypes = [ctypes.c_void_p]
     n = int(sys.argv[3])
@@ -66,8 +67,9 @@ elif mode == "recurse":
     target, args = recurse, (int(sys.argv[2]),)
 else:
     target, args = outer, (0,)
-threads = [threading.Thread(target=target, args=args) for _ in range(1 if mode == "recurse" else 3)]
-if mode != "cuda":
+nthreads = 1 if mode in ("recurse", "late") else 3
+threads = [threading.Thread(target=target, args=args) for _ in range(nthreads)]
+if mode not in ("cuda", "late"):
     for t in threads:
         t.start()
     while len(MARKS) < (5 if mode == "recurse" else 3):

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import os
 import subprocess
 import sys
 from collections.abc import Iterator
@@ -11,23 +10,12 @@ from pathlib import Path
 import pytest
 
 from ingero.trace.pyframes.reader import PyProcess, open_or_reason
+from tests.integration.trace.conftest import interpreters
 
 pytestmark = pytest.mark.integration
 
 HERE = Path(__file__).parent
 SCRIPT = HERE / "py_stacks.py"
-
-
-def _interpreters() -> list[str]:
-    found = [sys.executable, "/usr/bin/python3.11"]
-    for minor in (10, 12, 13):
-        found += [
-            str(p)
-            for p in sorted(Path.home().glob(f".pyenv/versions/3.{minor}.*/bin/python3.{minor}"))[
-                :1
-            ]
-        ]
-    return [p for p in found if os.access(p, os.X_OK)]
 
 
 def _start(python: str, *args: str) -> tuple[subprocess.Popen[str], dict[str, int]]:
@@ -48,7 +36,7 @@ def workloads() -> Iterator[list[subprocess.Popen[str]]]:
             p.wait()
 
 
-@pytest.mark.parametrize("python", _interpreters())
+@pytest.mark.parametrize("python", interpreters())
 def test_every_thread_names_its_executing_lines(
     python: str, workloads: list[subprocess.Popen[str]]
 ) -> None:

@@ -8,10 +8,12 @@ call and a rank that stops leaves the others blocked in it. Each rank is traced 
 
 from __future__ import annotations
 
+import json
 import os
 import sqlite3
 import statistics
 import subprocess
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -166,3 +168,47 @@ def test_finish_is_not_needed_by_a_rank_that_ran_to_the_end(spawn: Any, nccl_ran
     proc = spawn([str(nccl_ranks), "0", "1", "4", "1", "-g", "2"])
     _ids(proc)
     assert finish(proc)["comm1_collectives"] == "6"
+
+
+PY_RANK = Path(__file__).parent / "py_nccl.py"
+
+
+def test_a_collective_carries_its_callers_stack_from_its_arrival(
+    start_tracer: Any, spawn: Any, nccl_ranks: Path, tmp_path: Path
+) -> None:
+    """A CPython rank's allreduce that returns, then one its peer never enters: both
+    nccl_calls rows (the hung one too, which has no return) and the returned call's raw
+    event name the Python line that called the collective, and its ctypes caller."""
+    env = dict(os.environ, FAKE_NCCL_DIR=str(tmp_path))
+    lib = nccl_ranks.parent / "libnccl.so.2"
+    rank0 = spawn([sys.executable, str(PY_RANK), str(lib), "9", "2", "0"], env=env)
+    assert rank0.stdout.readline().strip() == "ready"
+    rank1 = spawn([str(nccl_ranks), "1", "2", "5", "9", "-S", "2"], env=env)
+    _ids(rank1)
+    tracer = start_tracer("--pid", str(rank0.pid))
+    for proc in (rank0, rank1):
+        proc.stdin.write("go\n")
+        proc.stdin.flush()
+    assert rank1.stdout.readline().strip() == "stopped=1"
+    marks = {k: int(v) for k, v in (kv.split("=") for kv in rank0.stdout.readline().split())}
+    hung = "SELECT COUNT(*) FROM nccl_comms WHERE inflight_seq = 2"
+    assert wait_rows(tracer.db, hung, (), 2, tracer.notify) >= 2
+    code, err = tracer.stop()
+    assert code == 0, err[-2000:]
+
+    calls = _query(tracer.db, "SELECT n.seq, n.ts_return, s.frames FROM nccl_calls n "
+                   "LEFT JOIN stacks s USING (stack_key) ORDER BY n.seq")  # fmt: skip
+    assert [(seq, ret is None) for seq, ret, _ in calls] == [(1, False), (2, True)]
+    want = {1: [("step", marks["step"]), ("train", marks["train_step"])],
+            2: [("hang", marks["hang"]), ("train", marks["train_hang"])]}  # fmt: skip
+    for seq, _, frames in calls:
+        assert frames is not None, seq  # the hung call's stack came with its arrival
+        stack = json.loads(frames)
+        py = [(f["function"], f["line"]) for f in stack["frames"] if f["kind"] == "py"]
+        assert py == [*want[seq], ("<module>", marks["module"])], stack
+        # The collective's caller, not the collective itself, is the innermost frame.
+        assert "libffi" in (stack["frames"][0].get("lib") or ""), stack
+        assert "reason" not in stack, stack
+    raw = _query(tracer.db, "SELECT r.stack_key, n.stack_key FROM raw_events r JOIN nccl_calls n "
+                 "ON n.seq = 1 WHERE r.op = 'ncclAllReduce' AND r.pid = ?", rank0.pid)  # fmt: skip
+    assert len(raw) == 1 and raw[0][0] is not None and raw[0][0] == raw[0][1]

@@ -1,0 +1,161 @@
+"""``ingero annotate``: the socket where a job marks its steps, phases and labels.
+
+``serve`` runs the server and writes the marks to the node DB; ``send`` writes NDJSON mark
+lines from stdin (a shell job's client) and prints each refusal the server answers.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import signal
+import socket
+import sys
+import threading
+from pathlib import Path
+from types import FrameType
+
+import click
+
+from ingero.annotate.codec import DEFAULT_SOCKET, SOCKET_ENV, decode_refusal
+from ingero.cli.options import DEFAULT_DB
+from ingero.runtime.errors import EXIT_DATAERR, UnavailableError, UsageError
+from ingero.runtime.hangup import ignore_hangups
+
+_SOCKET_OPTION = click.option(
+    "--socket", "socket_path", type=click.Path(path_type=Path), default=Path(DEFAULT_SOCKET),
+    envvar=SOCKET_ENV, show_default=True, help=f"The annotate socket (or ${SOCKET_ENV}).",
+)  # fmt: skip
+
+
+@click.group("annotate")
+def annotate() -> None:
+    """Marks from the job: steps, phases and labels on a local socket."""
+
+
+@annotate.command("serve")
+@_SOCKET_OPTION
+@click.option("--db", "db_path", type=click.Path(path_type=Path), default=DEFAULT_DB,
+              show_default=True, help="Node DB to write.")  # fmt: skip
+@click.option("--group", default=None,
+              help="Let this group's members write (socket 0660); default owner-only (0600).")  # fmt: skip
+@click.option("--max-db", default=None, help="Prune oldest rows beyond this size (e.g. 1G).")
+@click.option("--flush", "flush_s", type=click.FloatRange(min=0.05), default=1.0,
+              show_default=True, help="Seconds between node DB writes.")  # fmt: skip
+@click.option("--lines-per-s", type=click.FloatRange(min=0.1), default=None,
+              help="Lines per second per writer [default: ServerLimits, 100].")  # fmt: skip
+@click.option("--burst", type=click.IntRange(min=1), default=None,
+              help="Lines a writer may send at once [default: ServerLimits, 200].")  # fmt: skip
+@click.option("--max-clients", type=click.IntRange(min=1), default=None,
+              help="Connections at once [default: ServerLimits, 64].")  # fmt: skip
+def serve(
+    socket_path: Path,
+    db_path: Path,
+    group: str | None,
+    max_db: str | None,
+    flush_s: float,
+    lines_per_s: float | None,
+    burst: int | None,
+    max_clients: int | None,
+) -> int:
+    """Serve the annotate socket and write marks to the node DB (no root needed)."""
+    import dataclasses
+    import grp
+
+    from ingero.annotate.server import Annotations, ServerLimits, Writer, listen, log_refusals
+    from ingero.annotate.server import serve as serve_socket
+    from ingero.cli.trace import parse_size
+    from ingero.runtime.clock import SystemClock
+    from ingero.trace.tags import TagCache
+    from ingero.trace.writer import Batch, NodeDbWriter
+
+    ignore_hangups("annotate", "nothing to reload")
+    limits = ServerLimits()
+    if lines_per_s is not None:
+        limits = dataclasses.replace(limits, lines_per_s=lines_per_s)
+    if burst is not None:
+        limits = dataclasses.replace(limits, burst=burst)
+    if max_clients is not None:
+        limits = dataclasses.replace(limits, max_clients=max_clients)
+    if group is not None:
+        try:
+            grp.getgrnam(group)
+        except KeyError:
+            raise UsageError(f"--group {group}: no such group") from None
+    max_bytes = parse_size(max_db) if max_db else None
+    try:
+        db_path.parent.mkdir(parents=True, exist_ok=True)
+        writer = NodeDbWriter(db_path, max_bytes, command="ingero annotate")
+    except Exception as exc:
+        raise UnavailableError(f"{db_path}: cannot open the node DB: {exc}") from exc
+    try:
+        sock = listen(socket_path, group)
+    except OSError as exc:
+        writer.close()
+        raise UnavailableError(f"{socket_path}: cannot listen: {exc}") from exc
+    tags = TagCache()
+
+    def identify(pid: int, uid: int) -> Writer:
+        # Read at each connect and not kept: a long-lived server sees many short-lived pids.
+        found = tags.get(pid)
+        tags.forget(pid)
+        return Writer(pid, uid, found.job_id, found.rank)
+
+    stop = threading.Event()
+
+    def on_signal(signum: int, frame: FrameType | None) -> None:
+        stop.set()
+
+    signal.signal(signal.SIGTERM, on_signal)
+    signal.signal(signal.SIGINT, on_signal)
+    core = Annotations(SystemClock(), limits)
+
+    def sink(take: object) -> None:
+        from ingero.annotate.server import Take
+
+        assert isinstance(take, Take)
+        if take.marks or take.mark_ends or take.steps:
+            writer.submit(Batch(intervals=take.steps, marks=take.marks, mark_ends=take.mark_ends))
+
+    writer.start()
+    print(f"ingero annotate: listening on {socket_path}", file=sys.stderr, flush=True)
+    try:
+        serve_socket(sock, core, sink, stop, flush_s, identify)
+    finally:
+        sock.close()
+        socket_path.unlink(missing_ok=True)
+        writer.close()
+        log_refusals(core)
+    return 0
+
+
+@annotate.command("send")
+@_SOCKET_OPTION
+def send(socket_path: Path) -> int:
+    """Write the NDJSON mark lines on stdin; print each refusal; exit 65 if any was refused."""
+    sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    try:
+        sock.connect(str(socket_path))
+    except OSError as exc:
+        raise UnavailableError(f"{socket_path}: cannot connect: {exc.strerror or exc}") from exc
+    replies = b""
+    with sock:
+        # A server that refuses the connection (too many clients) closes it: what it
+        # answered is still read and printed.
+        with contextlib.suppress(OSError):
+            for line in sys.stdin.buffer:
+                sock.sendall(line if line.endswith(b"\n") else line + b"\n")
+            sock.shutdown(socket.SHUT_WR)
+        with contextlib.suppress(OSError):
+            while chunk := sock.recv(65536):
+                replies += chunk
+    refused = 0
+    for line in replies.splitlines():
+        try:
+            reason, detail = decode_refusal(line)
+        except ValueError:
+            continue
+        refused += 1
+        click.echo(f"ingero annotate: refused ({reason}): {detail}", err=True)
+    if refused:
+        sys.exit(EXIT_DATAERR)
+    return 0
