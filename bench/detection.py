@@ -4,8 +4,10 @@ Each simulated node is one training process of one Slurm job, shaped like what `
 trace`` recorded on an H100 (``ingero.workload.generator``, ``--shape gpu-bound``,
 ``cpu-bound`` or ``graphs``): tracer intervals (1 s, ``--tracer-interval``) of cuLaunchKernel
 (cudaGraphLaunch: a job replaying CUDA graphs), rare syncs,
-off-CPU rows, host rows and NVML GPU rows, with multiplicative noise on every rate, each
-interval's rows written a random 0..``--late`` s after it ends. Each node's tracer and agent
+off-CPU rows, host rows and NVML GPU rows (``--no-nvml``: none, as on the reference H100
+node, where the score has no compute signal and memory is the host's), with multiplicative
+noise on every rate, each interval's rows written a random 0..``--late`` s after it ends.
+Each node's tracer and agent
 start at their own moment, and the agent pushes every ``--push-interval`` x (1 ±
 ``--push-jitter``). At each push the node's window is placed and interpreted by the same
 code as fleet-push (``ingero.collectors.nodedb``: ``window_start``, ``nothing_new``,
@@ -32,9 +34,9 @@ hour, and how far the healthy nodes' scores sit above the threshold (mean and sd
 score - threshold, and how many classified intervals fell below it).
 
     .venv/bin/python bench/detection.py [--shape gpu-bound|cpu-bound|graphs|all] [--nodes 64]
-        [--runs 20] [--hours 1] [--noise 0.03] [--enter-intervals 2] [--enter-window 3]
-        [--min-margin 0.05] [--no-peers]
-        [--push-interval 5] [--tracer-interval 1] [--push-jitter 0.1] [--late 0]
+        [--runs 20] [--hours 1] [--noise 0.03] [--enter-intervals 3] [--enter-window 5]
+        [--min-margin 0.04] [--no-peers]
+        [--push-interval 5] [--tracer-interval 1] [--push-jitter 0.1] [--late 0] [--no-nvml]
 """
 
 from __future__ import annotations
@@ -77,6 +79,7 @@ class Timing:
     tracer = 1.0  # ingero trace's default interval
     jitter = PushConfig().jitter  # each push comes after push x (1 ± this)
     late = 0.0  # each interval's rows are written up to this many seconds after it ends
+    nvml = True  # cleared by --no-nvml: no GPU rows, as on the reference H100 node
 
 
 class Written:
@@ -145,6 +148,8 @@ class SimNode:
             start, self.tracer_end = self.tracer_end, self.tracer_end + Timing.tracer
             at = self.tracer_end + self.rng.uniform(0.0, Timing.late)
             rows = self.gen.tick(start, self.tracer_end, self._slowdown, self._stalled)
+            if not Timing.nvml:  # nothing on the node writes GPU rows: compute is missing
+                rows.gpu_intervals, rows.gpu_processes = [], []
             self.written.append(Written(start, self.tracer_end, at, rows))
         # What no window can reach any more is history.
         horizon = now - (LOOKBACK_WINDOWS + 2) * Timing.push - Timing.tracer
@@ -456,8 +461,11 @@ def main() -> None:
                         help="each push comes after push interval x (1 ± this)")  # fmt: skip
     parser.add_argument("--late", type=float, default=Timing.late,
                         help="the tracer writes each interval's rows up to this late (s)")  # fmt: skip
+    parser.add_argument("--no-nvml", action="store_true",
+                        help="no GPU rows (the reference H100 node: nothing wrote them)")  # fmt: skip
     args = parser.parse_args()
     Timing.push, Timing.tracer = args.push_interval, args.tracer_interval
+    Timing.nvml = not args.no_nvml
     Timing.jitter, Timing.late = args.push_jitter, args.late
     logging.getLogger("ingero").setLevel(logging.ERROR)  # the stall's log lines, not figures
     Sim.enter_intervals = args.enter_intervals
@@ -471,6 +479,8 @@ def main() -> None:
         print(
             f"== {shape}: {n} nodes, push interval {Timing.push:g} s (±{Timing.jitter:.0%}), "
             f"tracer interval {Timing.tracer:g} s, rows up to {Timing.late:g} s late, "
+            + ("" if Timing.nvml else "no GPU rows, ")
+            + f"min_margin {margin:g}, "
             f"noise {noise:.0%} per interval, "
             f"enter_intervals {Sim.enter_intervals} of {Sim.enter_window}, "
             + ("peer ratio" if Sim.peers else "node-local baselines only")

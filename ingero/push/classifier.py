@@ -4,8 +4,8 @@ Rules (documented in docs/fleet-push.md):
 
 - only ``active`` intervals with a threshold are classified;
 - an episode starts when ``score < threshold`` in ``enter_intervals`` of the last
-  ``enter_window`` classified intervals, the newest among them (default 2 of 3: one noisy
-  sample is not an episode, and one noisy sample above does not restart the count of a
+  ``enter_window`` classified intervals, the newest among them (default 3 of 5: a noisy
+  sample or two is not an episode, and noisy samples above do not restart the count of a
   node just below the threshold); leaving ``active`` empties the window, and an episode's
   intervals count towards no later one: ``straggler_state`` is emitted and
   re-emitted every ``reemit_intervals`` intervals while it lasts (journald readers and a sink

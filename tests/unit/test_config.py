@@ -28,7 +28,7 @@ def test_defaults_match_design(monkeypatch: pytest.MonkeyPatch) -> None:
     assert config.ttl_multiplier == 5
     assert (config.threshold.k, config.threshold.min_margin, config.threshold.ema_alpha) == (
         2.0,
-        0.05,
+        0.04,
         0.2,
     )
     assert (config.threshold.hysteresis, config.threshold.panic_fraction) == (0.02, 0.25)

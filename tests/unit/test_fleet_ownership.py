@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from ingero.fleet.config import FleetConfig
+from ingero.fleet.config import FleetConfig, ThresholdConfig
 from ingero.fleet.ownership import Ownership, owns
 from ingero.fleet.state import FleetState
 from ingero.otlp.health import NodePush
@@ -115,6 +115,8 @@ def test_fleet_state_marks_verdicts_of_a_cluster_it_does_not_own() -> None:
     config = FleetConfig(
         push_interval=INTERVAL,  # type: ignore[arg-type]
         drain=DrainConfig(min_intervals=MIN),
+        # Two ticks below enter, so that a verdict exists before ownership does.
+        threshold=ThresholdConfig(enter_intervals=2),
     )
     state = FleetState(config, clock)
     owners = []

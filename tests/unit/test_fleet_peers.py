@@ -10,6 +10,7 @@ from ingero.fleet.config import FleetConfig
 from ingero.fleet.model import TickResult
 from ingero.fleet.state import FleetState
 from ingero.otlp.health import NodePush
+from ingero.otlp.threshold import ENTER_INTERVALS
 from ingero.runtime.clock import ManualClock
 
 JOB = "42"
@@ -18,7 +19,7 @@ NODES = [f"n{i}" for i in range(8)]
 
 def make() -> tuple[FleetState, ManualClock]:
     clock = ManualClock()
-    return FleetState(FleetConfig(), clock), clock  # the defaults: quorum 5, enter after 2
+    return FleetState(FleetConfig(), clock), clock  # the defaults: quorum 5, the enter rule
 
 
 def push(node: str, score: float = 0.9, rate: float | None = 3484.0, **kw: object) -> NodePush:
@@ -46,6 +47,13 @@ def interval(
 
 def types(result: TickResult) -> list[tuple[str, str]]:
     return [(e.type, e.node_id) for e in result.events]
+
+
+def short_of_entry(state: FleetState, clock: ManualClock, special: dict[str, NodePush]) -> None:
+    """The ticks below before the one that meets the default enter rule (ENTER_INTERVALS
+    in a row): no episode yet."""
+    for _ in range(ENTER_INTERVALS - 1):
+        assert interval(state, clock, special).events == ()
 
 
 def test_peer_medians_over_active_working_nodes_and_each_nodes_ratio_in_its_reply() -> None:
@@ -89,9 +97,10 @@ def test_a_stalled_node_stays_in_the_statistics_and_is_a_straggler_with_reason_s
     state, clock = make()
     interval(state, clock)
     stalled = {"n3": push("n3", 0.1, 0.0, stalled=True, episode_id=None)}
-    first = interval(state, clock, stalled)
-    assert first.events == ()  # one tick below: the enter rule wants two
-    assert first.groups[0].active_nodes == 8  # counted, not left out as idle would be
+    for _ in range(ENTER_INTERVALS - 1):
+        first = interval(state, clock, stalled)
+        assert first.events == ()  # fewer ticks below than the enter rule wants
+        assert first.groups[0].active_nodes == 8  # counted, not left out as idle would be
     second = interval(state, clock, stalled)
     (event,) = second.events
     assert (event.type, event.node_id, event.extra["reason"]) == ("straggler_state", "n3", "stall")
@@ -110,7 +119,7 @@ def test_a_straggler_whose_job_left_the_node_ends_as_job_ended() -> None:
     state, clock = make()
     interval(state, clock)
     slow = {"n5": push("n5", 0.6, 2000.0)}
-    interval(state, clock, slow)
+    short_of_entry(state, clock, slow)
     assert types(interval(state, clock, slow)) == [("straggler_state", "n5")]
     gone = NodePush(node_id="n5", cluster_id="c1", score=0.9, state="idle")  # no job file
     (resolved,) = interval(state, clock, {"n5": gone}).events
@@ -129,7 +138,7 @@ def test_a_job_that_ends_on_every_node_raises_nothing() -> None:
 def test_the_node_saw_it_first_fleet_adopts_its_id() -> None:
     state, clock = make()
     interval(state, clock)
-    interval(state, clock, {"n2": push("n2", 0.5, episode_id="")})
+    short_of_entry(state, clock, {"n2": push("n2", 0.5, episode_id="")})
     # The node opened its episode after its last push; this push carries its id.
     result = interval(state, clock, {"n2": push("n2", 0.5, episode_id="node-id-1")})
     (event,) = result.events
@@ -142,7 +151,7 @@ def offered_episode(state: FleetState, clock: ManualClock) -> TickResult:
     is offered in replies (the tick's verdict), not announced."""
     interval(state, clock)
     below = {"n2": push("n2", 0.5, episode_id="")}
-    interval(state, clock, below)
+    short_of_entry(state, clock, below)
     entered = interval(state, clock, below)
     assert entered.events == ()
     return entered
@@ -174,7 +183,7 @@ def test_an_agent_that_reports_no_episodes_is_announced_at_once() -> None:
     state, clock = make()
     interval(state, clock)
     older = {"n2": push("n2", 0.5)}  # no ingero.episode.id attribute at all
-    interval(state, clock, older)
+    short_of_entry(state, clock, older)
     assert types(interval(state, clock, older)) == [("straggler_state", "n2")]
 
 

@@ -16,12 +16,13 @@ from ingero.fleet.config import FleetConfig, LimitsConfig, QuorumConfig, Thresho
 from ingero.fleet.model import CapacityError, TickResult
 from ingero.fleet.state import FleetState
 from ingero.otlp.health import NodePush
-from ingero.otlp.threshold import ThresholdView
+from ingero.otlp.threshold import ENTER_INTERVALS, ThresholdView
 from ingero.runtime.clock import ManualClock
 from ingero.schema.events import Event
 from tests.unit.enter_rule import ENTER_WINDOW
 
 JOB = "42"
+MARGIN = ThresholdConfig().min_margin  # the default: with MAD 0, threshold = median - it
 
 
 def make(
@@ -96,10 +97,12 @@ def test_default_config_flags_a_node_that_slows_down_mid_job() -> None:
         feed(state, base)
         assert state.tick().events == ()
         clock.advance(5)
-    feed(state, {**base, "n5": 0.70})  # a 20% slowdown of one node
-    # One tick below is not yet an episode: the default enter rule is fleet-push's, two.
-    assert state.tick().events == ()
-    clock.advance(5)
+    # A 20% slowdown of one node. Fewer ticks below than the default enter rule's (fleet-push's,
+    # ENTER_INTERVALS) are not yet an episode.
+    for _ in range(ENTER_INTERVALS - 1):
+        feed(state, {**base, "n5": 0.70})
+        assert state.tick().events == ()
+        clock.advance(5)
     feed(state, {**base, "n5": 0.70})
     result = state.tick()
     assert [(e.type, e.node_id) for e in result.events] == [("straggler_state", "n5")]
@@ -230,7 +233,8 @@ def test_two_jobs_in_one_cluster_have_separate_thresholds() -> None:
     one, two = state.threshold_view("c1", "1"), state.threshold_view("c1", "2")
     assert one is not None and two is not None
     assert one.group != two.group
-    assert one.threshold == pytest.approx(0.85) and two.threshold == pytest.approx(0.45)
+    assert one.threshold == pytest.approx(0.9 - MARGIN)
+    assert two.threshold == pytest.approx(0.5 - MARGIN)
 
 
 def test_groups_without_job_are_per_workload_type() -> None:
@@ -258,7 +262,7 @@ def test_ingest_returns_the_view_of_the_last_tick() -> None:
     state.tick()
     clock.advance(5)
     view = state.ingest(push("n0", 0.1))  # no statistics on the hot path
-    assert view.threshold == pytest.approx(0.85)
+    assert view.threshold == pytest.approx(0.9 - MARGIN)
     assert view.quorum_met and view.active_nodes == 6
     assert view.computed_at == clock.now() - 5
 
@@ -270,7 +274,7 @@ def test_ema_smooths_across_ticks_and_restarts_after_quorum_loss() -> None:
     for m in medians:
         feed(state, healthy(6, m))
         group = state.tick().groups[0]
-        raw = m - 0.05
+        raw = m - MARGIN
         expected.append(raw if not expected else 0.2 * raw + 0.8 * expected[-1])
         assert group.raw_threshold == pytest.approx(raw)
         assert group.threshold == pytest.approx(expected[-1])
@@ -279,10 +283,10 @@ def test_ema_smooths_across_ticks_and_restarts_after_quorum_loss() -> None:
     for i in (4, 5):
         state.ingest(push(f"n{i}", 0.9, state="idle"))
     lost = state.tick().groups[0]
-    assert not lost.quorum_met and lost.threshold == pytest.approx(0.95 - 0.05)
+    assert not lost.quorum_met and lost.threshold == pytest.approx(0.95 - MARGIN)
     clock.advance(5)
     feed(state, healthy(6, 0.6))
-    assert state.tick().groups[0].threshold == pytest.approx(0.6 - 0.05)
+    assert state.tick().groups[0].threshold == pytest.approx(0.6 - MARGIN)
 
 
 def test_hysteresis_edges_in_state() -> None:
@@ -293,7 +297,7 @@ def test_hysteresis_edges_in_state() -> None:
     thr = state.tick().groups[0].threshold
     assert thr is not None
     # 7 nodes at 0.9 fix median 0.9 and MAD 0, so thr stays 0.9 - min_margin.
-    assert thr == 0.9 - 0.05
+    assert thr == 0.9 - MARGIN
     hyst = config.threshold.hysteresis
     steps = [
         (thr, True, 0),  # equal to the threshold: still a straggler (not yet recovered)

@@ -16,7 +16,7 @@ from opentelemetry.proto.collector.metrics.v1.metrics_service_pb2 import (
 )
 
 from ingero.otlp.health import decode_health
-from ingero.otlp.threshold import ThresholdView
+from ingero.otlp.threshold import ENTER_INTERVALS, ThresholdView
 from ingero.push.agent import Agent, Identity
 from ingero.push.channels.uds import UdsChannel
 from ingero.push.client import PushResult
@@ -385,9 +385,10 @@ def test_fleets_peer_lag_makes_the_node_a_straggler_with_a_good_score() -> None:
     agent, clock, sampler, client, rec = make()
     sampler.score = 0.95
     client.result = PushResult(True, ThresholdView(threshold=0.7, quorum_met=True, peer_lag=0.29))
-    agent.step()
-    assert not agent.status.straggling  # one interval is not an episode
-    clock.advance(5)
+    for _ in range(ENTER_INTERVALS - 1):  # fewer intervals than the enter rule's: no episode
+        agent.step()
+        assert not agent.status.straggling
+        clock.advance(5)
     agent.step()
     assert agent.status.straggling
     event = rec.events[-1]

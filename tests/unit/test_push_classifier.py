@@ -6,10 +6,10 @@ from dataclasses import replace
 
 import pytest
 
-from ingero.otlp.threshold import ENTER_INTERVALS
+from ingero.otlp.threshold import ENTER_INTERVALS, ENTER_WINDOW
 from ingero.push.classifier import Classifier, Observation
 from ingero.push.config import ClassifierConfig
-from tests.unit.enter_rule import ENTER_WINDOW
+from tests.unit.enter_rule import ENTER_WINDOW as ENTER_RULES
 
 BASE = Observation(
     node_id="n1",
@@ -87,17 +87,18 @@ def test_no_threshold_holds_the_episode() -> None:
 
 
 def test_entry_needs_consecutive_intervals_below() -> None:
-    c = Classifier(ClassifierConfig(enter_intervals=3))
+    # A window no longer than the count: in a row.
+    c = Classifier(ClassifierConfig(enter_intervals=3, enter_window=3))
     assert run(c, 0.5, 0.5, 0.9, 0.5, 0.5) == [[], [], [], [], []]  # interrupted: count restarts
     assert run(c, 0.5) == [["straggler_state"]]
-    c = Classifier(ClassifierConfig(enter_intervals=2))
+    c = Classifier(ClassifierConfig(enter_intervals=2, enter_window=2))
     run(c, 0.5)
     assert run(c, 0.5, state="idle") == [[]]  # leaving active resets the count
     assert run(c, 0.5) == [[]]
     assert run(c, 0.5) == [["straggler_state"]]
 
 
-@pytest.mark.parametrize(("count", "window", "scores", "enters"), ENTER_WINDOW)
+@pytest.mark.parametrize(("count", "window", "scores", "enters"), ENTER_RULES)
 def test_entry_needs_enter_intervals_below_within_the_enter_window(
     count: int, window: int, scores: list[float], enters: int | None
 ) -> None:
@@ -159,32 +160,35 @@ def test_the_job_leaving_the_node_ends_its_episode_as_fleet_says() -> None:
     assert idle.extra["reason"] == "node is idle"
 
 
+# The default enter rule: an episode starts at the N-th interval below (in a row here).
+N = ENTER_INTERVALS
+BEFORE: list[list[str]] = [[]] * (N - 1)  # the intervals below before the episode starts
 # (name, [(score, peer_lag)] per interval, events per interval)
 PEER_LAG = [
     (
         "lag above the threshold enters after ENTER_INTERVALS",
-        [(0.9, 0.29), (0.9, 0.29), (0.9, 0.3)],
-        [[], ["straggler_state"], []],
+        [(0.9, 0.29)] * N + [(0.9, 0.3)],
+        [*BEFORE, ["straggler_state"], []],
     ),
     (
         "lagging intervals farther apart than the enter window are no episode",
-        [(0.9, 0.29), (0.9, None), (0.9, None), (0.9, 0.29)],
-        [[], [], [], []],
+        ([(0.9, 0.29)] + [(0.9, None)] * (ENTER_WINDOW - 1)) * N,
+        [[]] * (ENTER_WINDOW * N),
     ),
     (
         "a good score does not recover while Fleet reports the lag",
-        [(0.9, 0.2), (0.9, 0.2), (0.95, 0.2), (0.95, None)],
-        [[], ["straggler_state"], [], ["straggler_resolved"]],
+        [(0.9, 0.2)] * N + [(0.95, 0.2), (0.95, None)],
+        [*BEFORE, ["straggler_state"], [], ["straggler_resolved"]],
     ),
     (
         "low score then lag count as one run",
-        [(0.5, None), (0.9, 0.2)],
-        [[], ["straggler_state"]],
+        [(0.5, None)] * (N - 1) + [(0.9, 0.2)],
+        [*BEFORE, ["straggler_state"]],
     ),
     (
         "lag gone, low score keeps the episode",
-        [(0.9, 0.2), (0.9, 0.2), (0.5, None), (0.9, None)],
-        [[], ["straggler_state"], [], ["straggler_resolved"]],
+        [(0.9, 0.2)] * N + [(0.5, None), (0.9, None)],
+        [*BEFORE, ["straggler_state"], [], ["straggler_resolved"]],
     ),
 ]
 
@@ -193,15 +197,14 @@ PEER_LAG = [
 def test_fleets_peer_lag_makes_a_straggler_interval_whatever_the_score(
     name: str, steps: list[tuple[float, float | None]], expected: list[list[str]]
 ) -> None:
-    c = Classifier(ClassifierConfig(reemit_intervals=0))  # enter_intervals: ENTER_INTERVALS
-    assert ENTER_INTERVALS == 2
+    c = Classifier(ClassifierConfig(reemit_intervals=0))  # the default enter rule
     got = [[e.type for e in c.observe(replace(BASE, score=s, peer_lag=lag))] for s, lag in steps]
     assert got == expected
 
 
 def test_a_peer_lag_episode_names_the_signal_and_the_lag() -> None:
     c = Classifier(ClassifierConfig(reemit_intervals=0))
-    events = [e for _ in range(2) for e in c.observe(replace(BASE, peer_lag=0.29))]
+    events = [e for _ in range(N) for e in c.observe(replace(BASE, peer_lag=0.29))]
     (event,) = events
     assert event.dominant_signal == "peer_lag"
     assert event.extra["reason"] == "peer_lag" and event.extra["peer_lag_s"] == 0.29
@@ -211,8 +214,8 @@ def test_a_peer_lag_episode_names_the_signal_and_the_lag() -> None:
 def test_peer_lag_classifies_without_a_threshold_too() -> None:
     # No quorum for the score, but Fleet joined the ranks: the lag alone is a signal.
     c = Classifier(ClassifierConfig(reemit_intervals=0))
-    got = run(c, 0.9, 0.9, threshold=None, peer_lag=0.2)
-    assert got == [[], ["straggler_state"]]
+    got = run(c, *[0.9] * N, threshold=None, peer_lag=0.2)
+    assert got == [*BEFORE, ["straggler_state"]]
     # ... and with neither, the episode is held (nothing says it recovered).
     assert run(c, 0.9, threshold=None) == [[]]
     assert c.straggling

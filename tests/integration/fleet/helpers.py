@@ -22,6 +22,7 @@ from opentelemetry.proto.collector.metrics.v1.metrics_service_pb2 import (
 )
 from prometheus_client.parser import text_string_to_metric_families
 
+from ingero.fleet.config import ThresholdConfig
 from ingero.otlp.health import NodePush, encode_health
 from ingero.otlp.logs import encode_events
 from ingero.schema.events import Event
@@ -42,7 +43,9 @@ def wait_for(predicate: Callable[[], T], timeout: float = 60.0, what: str = "con
         time.sleep(0.05)
 
 
-def expected_threshold(scores: Iterable[float], k: float = 2.0, min_margin: float = 0.05) -> float:
+def expected_threshold(
+    scores: Iterable[float], k: float = 2.0, min_margin: float = ThresholdConfig().min_margin
+) -> float:
     """DESIGN.md's raw threshold, computed independently with the statistics module."""
     values = list(scores)
     med = statistics.median(values)

@@ -15,6 +15,7 @@ from ingero.fleet.config import FleetConfig, ListenConfig, ThresholdConfig
 from ingero.fleet.daemon import FleetDaemon
 from ingero.fleet.model import TickResult
 from ingero.otlp.health import NodePush
+from ingero.otlp.threshold import ENTER_INTERVALS
 from ingero.runtime.config import Duration
 from ingero.schema.events import Event
 from tests.integration.fleet.helpers import Fleet, expected_threshold, wait_for
@@ -52,11 +53,14 @@ class Running:
             return [e for e in self.events if e.type == kind]
 
     def tick_after(self, pushes: Sequence[NodePush]) -> TickResult:
-        """Push, then wait for a tick that started after the push was acknowledged."""
+        """Push, then wait for a tick that started after the push was acknowledged, and for
+        as many ticks as the default enter rule needs to start an episode (ENTER_INTERVALS
+        below in a row: each tick judges the node's last push again)."""
         assert self.client.push(pushes).status == 200
         with self._lock:
             seen = len(self.ticks)
-        wait_for(lambda: len(self.ticks) >= seen + 2, what="two ticks")
+        ticks = max(2, ENTER_INTERVALS)
+        wait_for(lambda: len(self.ticks) >= seen + ticks, what=f"{ticks} ticks")
         with self._lock:
             return self.ticks[-1]
 
