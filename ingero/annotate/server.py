@@ -363,46 +363,62 @@ def serve(
         if n < len(out):
             core.unsent(fd, out[n:])
 
+    def accept() -> bool:
+        """Accept one pending connection; False when none was pending."""
+        try:
+            conn, _ = sock.accept()
+        except BlockingIOError:
+            return False
+        try:
+            pid, uid, _gid = peer_credentials(conn)
+            writer = identify(pid, uid)
+        except OSError:  # gone before it could be identified
+            conn.close()
+            return True
+        if not core.open(conn.fileno(), writer):
+            with contextlib.suppress(OSError):
+                conn.send(core.refusal_for_clients())
+            conn.close()
+            return True
+        conn.setblocking(False)
+        conns[conn.fileno()] = conn
+        sel.register(conn, selectors.EVENT_READ)
+        return True
+
+    def read(fd: int) -> bool:
+        """Read what one connection sent; False when nothing was waiting or it closed."""
+        try:
+            data = conns[fd].recv(65536)
+        except BlockingIOError:
+            return False
+        except OSError:
+            data = b""
+        if not data:
+            write_back(fd)
+            drop(fd)
+            return False
+        core.feed(fd, data)
+        write_back(fd)
+        return True
+
     try:
         while not stop.is_set():
             timeout = max(0.0, min(0.1, next_flush - core.clock.monotonic()))
             for key, _ in sel.select(timeout):
                 if key.fileobj is sock:
-                    try:
-                        conn, _ = sock.accept()
-                    except BlockingIOError:
-                        continue
-                    try:
-                        pid, uid, _gid = peer_credentials(conn)
-                        writer = identify(pid, uid)
-                    except OSError:  # gone before it could be identified
-                        conn.close()
-                        continue
-                    if not core.open(conn.fileno(), writer):
-                        with contextlib.suppress(OSError):
-                            conn.send(core.refusal_for_clients())
-                        conn.close()
-                        continue
-                    conn.setblocking(False)
-                    conns[conn.fileno()] = conn
-                    sel.register(conn, selectors.EVENT_READ)
-                    continue
-                fd = key.fd
-                try:
-                    data = conns[fd].recv(65536)
-                except BlockingIOError:
-                    continue
-                except OSError:
-                    data = b""
-                if not data:
-                    write_back(fd)
-                    drop(fd)
-                    continue
-                core.feed(fd, data)
-                write_back(fd)
+                    accept()
+                elif key.fd in conns:
+                    read(key.fd)
             if core.clock.monotonic() >= next_flush:
                 next_flush = core.clock.monotonic() + flush_s
                 sink(core.take())
+        # Asked to stop: what writers sent before it (a connection not yet accepted, bytes
+        # not yet read) is read first, so no mark sent before the stop is lost.
+        while accept():
+            pass
+        for fd in list(conns):
+            while fd in conns and read(fd):
+                pass
     finally:
         sink(core.take())
         for fd in list(conns):

@@ -75,7 +75,10 @@ def test_marked_steps_flag_the_node_whose_job_steps_slower(cluster: Cluster) -> 
     assert first.job_id == JOB
     mine = c.threshold(cluster_id="itest", job_id=JOB, node_id=slow)
     assert mine["peer_rates"]["step_rate"] > 0
-    assert mine["rate_ratios"]["step_rate"] == pytest.approx(0.5, abs=0.2)
+    # One push's window holds a second or two of marks written at 5/s against 10/s, so
+    # the ratio of the push read here is 0.5 give or take a few marks (0.75 was seen under
+    # load): below its peers', which is what flagged it.
+    assert 0 < mine["rate_ratios"]["step_rate"] < 0.85
     # Its kernel launches are its peers': only the job's own marks tell it apart.
     assert mine["rate_ratios"]["kernel_launch_rate"] == pytest.approx(1.0, abs=0.15)
     assert {e.node_id for e in c.events() if e.type == "straggler_state"} == {slow}
