@@ -42,4 +42,22 @@ slurm25_wheel=$(ls "${INGERO_SLURM25_PREFIX:-/opt/slurm-25.11}"/wheels/pyslurm-*
 if [ -n "$slurm25_wheel" ] && [ -z "${INGERO_SLURM25_BUILD_PID:-}" ]; then
   .venv/bin/pip install -q --disable-pip-version-check --no-deps "$slurm25_wheel"
 fi
-exec .venv/bin/python -m pytest "$@"
+# The whole suite (no test path given, as CI runs it): the unit tests, CPU-bound and touching
+# nothing host-wide, run beside the integration tests, which mostly wait on the daemons they
+# start; their output follows the integration tests', and either failing fails the run.
+for arg in "$@"; do
+  case $arg in -*) ;; *) exec .venv/bin/python -m pytest "$@" ;; esac
+done
+unit_log=$(mktemp)
+.venv/bin/python -m pytest -p no:cacheprovider "$@" tests/unit >"$unit_log" 2>&1 &
+unit_pid=$!
+set +e
+.venv/bin/python -m pytest "$@" tests/integration
+integration_rc=$?
+wait "$unit_pid"
+unit_rc=$?
+echo "==== tests/unit"
+cat "$unit_log"
+rm -f "$unit_log"
+[ "$integration_rc" -ne 0 ] && exit "$integration_rc"
+exit "$unit_rc"

@@ -8,6 +8,7 @@ import importlib
 import os
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 from ingero.slurm.pyslurm_backend import pyslurm_installed
@@ -26,18 +27,32 @@ BUILD_PID_ENV = "INGERO_SLURM25_BUILD_PID"
 _build_failed: list[str] = []
 
 
+def _running(pid: int) -> bool:
+    """The process exists and has not exited (a zombie waits for its parent to reap it)."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return False
+    return stat.rsplit(")", 1)[1].split()[0] != "Z"
+
+
 def wait_for_build() -> None:
     """Wait for tests/run.sh's background build (once), then install its pyslurm wheel into
     this venv. Not a timed wait: the build ends or fails, and run.sh started it."""
     pid = os.environ.pop(BUILD_PID_ENV, None)
     if not pid:
         return
+    log = os.environ.get("INGERO_SLURM25_BUILD_LOG", "its log")
     try:
         _, status = os.waitpid(int(pid), 0)  # after run.sh's exec, the build is our child
+        failed = os.waitstatus_to_exitcode(status) != 0
     except ChildProcessError:
-        status = 0  # reaped already (not ours): its result is what PREFIX holds
-    if os.waitstatus_to_exitcode(status) != 0:
-        log = os.environ.get("INGERO_SLURM25_BUILD_LOG", "its log")
+        # run.sh's own child (it runs the suite in two parts): wait until it is gone; its
+        # result is what PREFIX holds (slurmctld is installed last).
+        while _running(int(pid)):
+            time.sleep(2)
+        failed = not (PREFIX / "sbin" / "slurmctld").exists()
+    if failed:
         _build_failed.append(f"the Slurm 25.11 build failed (see {log})")
     wheels = sorted((PREFIX / "wheels").glob("pyslurm-*.whl"))
     if wheels and not pyslurm_installed():

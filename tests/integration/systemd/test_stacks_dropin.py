@@ -76,11 +76,19 @@ def test_stacks_dropin_lets_the_unit_read_another_users_job(
     (root / "etc/systemd/system/ingero-push.service").write_text(UNIT.read_text())
     dropins = root / "etc/systemd/system/ingero-push.service.d"
     dropins.mkdir(parents=True)
+    # The checkout and its venv, wherever they are (a clone under /tmp is hidden by the
+    # unit's PrivateTmp, one under /root by ProtectHome), bound read-only where the unit
+    # sees them.
+    for mount in ("src", "site"):
+        (root / "opt/ingero-test" / mount).mkdir(parents=True, exist_ok=True)
+    (root / "opt/ingero-test/py-spy").touch()
     (dropins / "zz-test.conf").write_text(
         "[Service]\nType=oneshot\nWatchdogSec=0\nRestart=no\n"
-        f"Environment=PYTHONPATH={ROOT}:{SITE / 'site-packages'}\n"
+        f"BindReadOnlyPaths={ROOT}:/opt/ingero-test/src "
+        f"{SITE / 'site-packages'}:/opt/ingero-test/site {py_spy}:/opt/ingero-test/py-spy\n"
+        "Environment=PYTHONPATH=/opt/ingero-test/src:/opt/ingero-test/site\n"
         "ExecStart=\n"
-        f"ExecStart={PYTHON} /srv/snap.py ${{JOB_PID}} {py_spy}\n"
+        "ExecStart=" + PYTHON + " /srv/snap.py ${JOB_PID} /opt/ingero-test/py-spy\n"
     )
     box.run("systemd-run", "--unit=job", "--uid=jobuser", PYTHON, "/srv/job.py")
     pid = int(box.run("systemctl", "show", "-p", "MainPID", "--value", "job").stdout)
