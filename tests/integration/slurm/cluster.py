@@ -242,7 +242,9 @@ def slurm_cluster(
         # The build has no cgroup plugin (nor needs one: proctrack/linuxproc, task/none);
         # without this line slurmd looks for one and fails. 22.05 knows no "disabled".
         (root / "etc" / "cgroup.conf").write_text("CgroupPlugin=disabled\n")
-    env = {k: v for k, v in os.environ.items() if not k.startswith("SLURM")}
+    # Neither the runner's Slurm nor its INGERO_* (tests/run.sh exports its own): a job here
+    # sees only what the cluster and ingero's hooks give it, as on a fresh node.
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("SLURM", "INGERO_"))}
     env["SLURM_CONF"] = str(conf)
     env["PATH"] = slurm_path(prefix)
     if prefix:
