@@ -7,12 +7,9 @@ lines from stdin (a shell job's client) and prints each refusal the server answe
 from __future__ import annotations
 
 import contextlib
-import signal
 import socket
 import sys
-import threading
 from pathlib import Path
-from types import FrameType
 
 import click
 
@@ -20,6 +17,7 @@ from ingero.annotate.codec import DEFAULT_SOCKET, SOCKET_ENV, decode_refusal
 from ingero.cli.options import DEFAULT_DB
 from ingero.runtime.errors import EXIT_DATAERR, UnavailableError, UsageError
 from ingero.runtime.hangup import ignore_hangups
+from ingero.runtime.signals import stop_on_signals
 
 _SOCKET_OPTION = click.option(
     "--socket", "socket_path", type=click.Path(path_type=Path), default=Path(DEFAULT_SOCKET),
@@ -100,13 +98,7 @@ def serve(
         tags.forget(pid)
         return Writer(pid, uid, found.job_id, found.rank)
 
-    stop = threading.Event()
-
-    def on_signal(signum: int, frame: FrameType | None) -> None:
-        stop.set()
-
-    signal.signal(signal.SIGTERM, on_signal)
-    signal.signal(signal.SIGINT, on_signal)
+    stop, _ = stop_on_signals()
     core = Annotations(SystemClock(), limits)
 
     def sink(take: object) -> None:

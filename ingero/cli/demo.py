@@ -2,14 +2,13 @@
 
 from __future__ import annotations
 
-import signal
 import sys
 from pathlib import Path
-from types import FrameType
 
 import click
 
 from ingero.runtime.errors import EXIT_FAILURE, UsageError
+from ingero.runtime.signals import StopSignals
 from ingero.workload.generator import CAUSES, DEFAULT_SHAPE, SHAPE_NAMES
 
 
@@ -140,11 +139,7 @@ def demo(
     except ValueError as exc:
         raise UsageError(str(exc)) from None
 
-    def on_signal(_signum: int, _frame: FrameType | None) -> None:
-        runner.stop.set()
-
-    signal.signal(signal.SIGINT, on_signal)
-    signal.signal(signal.SIGTERM, on_signal)
+    StopSignals(runner.stop).install()
     try:
         result = runner.run()
     finally:

@@ -5,12 +5,9 @@ from __future__ import annotations
 import logging
 import os
 import shutil
-import signal
 import socket
-import threading
 from collections.abc import Callable
 from pathlib import Path
-from types import FrameType
 from typing import TYPE_CHECKING, Any
 
 import click
@@ -22,6 +19,7 @@ from ingero.push.otel_env import otel_env_defaults
 from ingero.runtime.clock import SystemClock
 from ingero.runtime.config import load_config
 from ingero.runtime.hangup import ignore_hangups
+from ingero.runtime.signals import stop_on_signals
 
 if TYPE_CHECKING:  # imported where used, so `--help` stays fast
     from ingero.push.snapshot import Snapshotter, ThreadStack
@@ -244,14 +242,7 @@ def run_agent(
     if config.snapshot.enabled:
         agent.snapshotter = _snapshotter(config, sampler.pid_alive, agent.emit, clock)
 
-    stop = threading.Event()
-
-    def on_signal(signum: int, _frame: FrameType | None) -> None:
-        logging.getLogger(__name__).info("signal %d: stopping", signum)
-        stop.set()
-
-    signal.signal(signal.SIGTERM, on_signal)
-    signal.signal(signal.SIGINT, on_signal)
+    stop, stop_signals = stop_on_signals()
     logging.getLogger(__name__).info(
         "fleet-push %s/%s -> %s every %ss",
         config.cluster_id,
@@ -262,6 +253,8 @@ def run_agent(
     try:
         agent.run(stop, notifier())
     finally:
+        if stop_signals.received is not None:
+            logging.getLogger(__name__).info("signal %d: stopping", stop_signals.received)
         agent.close()
         stats = {c.name: c.stats() for c in channels}
         logging.getLogger(__name__).info("stopped; channels %s", stats)

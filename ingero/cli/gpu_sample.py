@@ -8,11 +8,9 @@ on one node: each would write a row per GPU per interval.
 
 from __future__ import annotations
 
-import signal
 import sys
 import threading
 from pathlib import Path
-from types import FrameType
 from typing import Protocol
 
 import click
@@ -20,6 +18,7 @@ import click
 from ingero.runtime.clock import Clock, SystemClock
 from ingero.runtime.errors import UnavailableError
 from ingero.runtime.hangup import ignore_hangups
+from ingero.runtime.signals import stop_on_signals
 from ingero.trace.gpusampler import GpuRows
 from ingero.trace.writer import Batch
 
@@ -99,13 +98,7 @@ def gpu_sample(db_path: Path, interval: float, max_db: str | None) -> int:
     except Exception as exc:
         sampler.close()
         raise UnavailableError(f"{db_path}: cannot open the node DB: {exc}") from exc
-    stop = threading.Event()
-
-    def on_signal(_signum: int, _frame: FrameType | None) -> None:
-        stop.set()
-
-    signal.signal(signal.SIGTERM, on_signal)
-    signal.signal(signal.SIGINT, on_signal)
+    stop, _ = stop_on_signals()
     notifier = sdnotify.SystemdNotifier()
     writer.start()
     if first.intervals:

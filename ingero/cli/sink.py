@@ -2,16 +2,14 @@
 
 from __future__ import annotations
 
-import signal
 import sys
-import threading
-from types import FrameType
 
 import click
 
 from ingero.cli.options import log_level_options, setup_logging
 from ingero.runtime.errors import UnavailableError, UsageError
 from ingero.runtime.hangup import ignore_hangups
+from ingero.runtime.signals import stop_on_signals
 from ingero.schema.events import EVENT_SOCKET
 
 
@@ -58,13 +56,7 @@ def command(
             ) from None
         click.echo(f"ingero sink: /metrics on http://{metrics_listen}/metrics", err=True)
     click.echo(f"ingero sink: listening on {socket_path}", err=True)
-    stop = threading.Event()
-
-    def on_signal(_signum: int, _frame: FrameType | None) -> None:
-        stop.set()
-
-    signal.signal(signal.SIGTERM, on_signal)
-    signal.signal(signal.SIGINT, on_signal)
+    stop, _ = stop_on_signals()
     try:
         sink.serve(stop)
     finally:

@@ -3,12 +3,10 @@
 from __future__ import annotations
 
 import re
-import signal
 import sys
 import threading
 import time
 from pathlib import Path
-from types import FrameType
 from typing import TYPE_CHECKING
 
 import click
@@ -17,6 +15,7 @@ from ingero import nodedb
 from ingero.runtime.clock import SystemClock
 from ingero.runtime.errors import UnavailableError, UsageError
 from ingero.runtime.hangup import ignore_hangups
+from ingero.runtime.signals import stop_on_signals
 from ingero.trace.collectives import DEFAULT_SAMPLE_MAX
 
 if TYPE_CHECKING:
@@ -111,13 +110,7 @@ def trace(
                     extra_libraries=system_libraries(find_lib) if pid is None else [],
                     gpu=gpus, nccl=Collectives(nccl_sample_max),
                     stacks=StackResolver(probes) if stacks else None)  # fmt: skip
-    stop = threading.Event()
-
-    def on_signal(signum: int, frame: FrameType | None) -> None:
-        stop.set()
-
-    signal.signal(signal.SIGTERM, on_signal)
-    signal.signal(signal.SIGINT, on_signal)
+    stop, _ = stop_on_signals()
     writer.start()
     try:
         tracer.start()

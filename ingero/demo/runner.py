@@ -31,6 +31,7 @@ from typing import IO, Any, Final, Protocol
 
 from ingero.demo.procs import Children
 from ingero.demo.status import NodeStatus, NotifyListener
+from ingero.runtime.signals import SignalEvent
 from ingero.runtime.systemd import JOURNAL_SOCKET
 from ingero.workload.generator import CAUSES, DEFAULT_SHAPE, SHAPE_NAMES
 
@@ -210,7 +211,7 @@ class Demo:
         rng = random.Random(options.seed)
         straggler = options.stall or options.straggler or rng.choice(options.node_names())
         self.state = DemoState(options=options, straggler=straggler)
-        self.stop = threading.Event()
+        self.stop = SignalEvent()  # set by the command's SIGINT/SIGTERM handler
 
     def run(self) -> DemoResult:
         opts = self.options

@@ -38,6 +38,7 @@ from ingero.fleet.state import FleetState
 from ingero.otlp.resource import FLEET_SERVICE, service_attributes
 from ingero.runtime.clock import Clock, SystemClock
 from ingero.runtime.hangup import StartupHangups
+from ingero.runtime.signals import SignalEvent, StopSignals
 from ingero.runtime.systemd import Notifier, watchdog_interval
 from ingero.runtime.systemd import notifier as systemd_notifier
 from ingero.security.access import Gate, reload_material
@@ -131,7 +132,7 @@ class FleetDaemon:
         self.receiver = Receiver(self.state, self.metrics, self.events, clock)
         self._notifier = notifier or systemd_notifier()
         self._tick_listeners: list[tuple[str, TickListener]] = []
-        self._stop = threading.Event()
+        self._stop = SignalEvent()  # both set by SIGTERM (run_until_signal)
         self._tick_thread: threading.Thread | None = None
         self._last_tick_ok: float | None = None
         self._started = False
@@ -139,7 +140,7 @@ class FleetDaemon:
             self.add_tick_listener(self._forward_scores, "echo-score-history")
 
         self._reload_requested = False
-        self._wake = threading.Event()
+        self._wake = SignalEvent()
         self.keyring = Keyring(
             self._load_tokens(config.auth.token_clusters), float(config.auth.token_grace)
         )
@@ -295,18 +296,12 @@ class FleetDaemon:
         """Serve until SIGTERM or SIGINT, then shut down cleanly; SIGHUP reloads (once for
         any that ``hangups`` caught while Fleet was starting)."""
 
-        def handle(signum: int, frame: FrameType | None) -> None:
-            log.info("fleet: %s received, shutting down", signal.Signals(signum).name)
-            self._stop.set()
-            self._wake.set()
-
         def hangup(signum: int, frame: FrameType | None) -> None:
             # only a flag here: the reload runs on the main loop below, not in the handler
             self._reload_requested = True
             self._wake.set()
 
-        signal.signal(signal.SIGTERM, handle)
-        signal.signal(signal.SIGINT, handle)
+        stop_signals = StopSignals(self._stop, also=self._wake.set).install()
         signal.signal(signal.SIGHUP, hangup)
         if hangups is not None and hangups.take():  # after ours is in place: none is missed
             self._reload_requested = True
@@ -317,6 +312,8 @@ class FleetDaemon:
             if self._reload_requested and not self._stop.is_set():
                 self._reload_requested = False
                 self.reload()
+        if stop_signals.received is not None:
+            log.info("fleet: %s received, shutting down", stop_signals.name)
         self.stop()
 
     # ---- tick thread ----------------------------------------------------------------

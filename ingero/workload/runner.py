@@ -20,7 +20,6 @@ import random
 import signal
 import socket
 import sqlite3
-import threading
 import time
 from dataclasses import dataclass, replace
 from pathlib import Path
@@ -28,6 +27,7 @@ from types import FrameType
 
 from ingero.nodedb.schema import connect
 from ingero.runtime.clock import Clock, SystemClock
+from ingero.runtime.signals import SignalEvent, StopSignals
 from ingero.slurm.jobfile import JobInfo, check_job_id, remove_job, write_job
 from ingero.workload.generator import CAUSES, WorkloadGenerator, WorkloadProfile
 
@@ -157,7 +157,7 @@ class WorkloadRunner:
         self.control = control
         self.clock = clock or SystemClock()
         self.toggled = False
-        self.stop_event = threading.Event()
+        self.stop_event = SignalEvent()  # set by SIGTERM/SIGINT (install_signals)
         self.proc = SyntheticProc(proc_dir) if proc_dir is not None else None
         self.stall_after = stall_after
         self.slow_after = slow_after
@@ -257,5 +257,4 @@ class WorkloadRunner:
 
     def install_signals(self) -> None:
         signal.signal(signal.SIGUSR1, self.toggle)
-        signal.signal(signal.SIGTERM, lambda *_: self.stop_event.set())
-        signal.signal(signal.SIGINT, lambda *_: self.stop_event.set())
+        StopSignals(self.stop_event).install()

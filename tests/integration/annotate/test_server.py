@@ -18,6 +18,7 @@ import pytest
 
 from tests.integration.annotate.helpers import ROOT, Server, annotate_server
 from tests.integration.push.cluster import wait_for
+from tests.integration.signals import signal_storm
 
 pytestmark = pytest.mark.integration
 
@@ -200,3 +201,14 @@ def test_a_second_server_on_a_live_socket_exits_and_a_stale_one_is_replaced(
     stale.close()
     with annotate_server(again) as replaced:
         assert send(replaced, b'{"kind":"step"}').returncode == 0
+
+
+def test_a_storm_of_stop_signals_stops_the_server_once(tmp_path: Path) -> None:
+    """SIGTERM after SIGTERM (a supervisor repeating its signal, Ctrl-C after systemctl stop):
+    the server stops once, cleanly, with what a writer sent. A handler that took a lock
+    deadlocked here when a signal landed while the main thread held it."""
+    with annotate_server(tmp_path) as server:
+        assert send(server, b'{"kind":"step","step":9}').returncode == 0
+        sent = signal_storm(server.proc)
+        assert server.proc.wait(timeout=30) == 0, (sent, server.log.read_text())
+        assert [m["step"] for m in server.marks()] == [9]

@@ -6,7 +6,6 @@ import contextlib
 import json
 import os
 import shutil
-import signal
 import socket
 import subprocess
 import tempfile
@@ -16,6 +15,7 @@ from pathlib import Path
 import pytest
 
 from tests.integration.push.cluster import ROOT, Procs, ingero, wait_for
+from tests.integration.signals import signal_storm
 
 pytestmark = pytest.mark.integration
 
@@ -119,7 +119,8 @@ def test_notify_ready_status_watchdog_and_clean_sigterm(
         )
         status = next(m for m in got if m.startswith("STATUS="))
         assert "stale" in status and "mode=none" in status
-        assert Procs.stop(proc, signal.SIGTERM) == 0
+        signal_storm(proc)  # SIGTERM first, then a burst: one clean stop
+        assert proc.wait(timeout=30) == 0
         wait_for(lambda: received("STOPPING=1"), 10, "STOPPING=1")
         text = log.read_text()
         assert "Traceback" not in text and "signal 15: stopping" in text
