@@ -25,25 +25,27 @@ returned from the collective.
 
 from __future__ import annotations
 
-import json
-import os
 import time
-import urllib.parse
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-from ingero.slurm.jobfile import JobInfo, write_job
-from ingero.trace.decode import unique_id_hash
-from tests.integration.echo.helpers import EchoProcess, http
+from tests.integration.echo.helpers import EchoProcess
 from tests.integration.push.cluster import Cluster, Procs, wait_for, with_echo
+from tests.integration.trace.ranks import (
+    JOB,
+    collective_lag,
+    comm_hash,
+    events,
+    spawn_ranks,
+    trace_push_and_go,
+)
 
 pytestmark = pytest.mark.integration
 
 NRANKS, LATE_RANK, DELAY_MS, STOP_RANK = 4, 3, 200, 1
-JOB, CLUSTER = "77", "itest"
 INTERVAL = 0.5  # fleet-push and Fleet
 TRACER_INTERVAL = "0.25"
 HANG_AFTER = 3.0  # six push intervals
@@ -64,49 +66,6 @@ def chain(tmp_path: Path) -> Iterator[tuple[Cluster, EchoProcess]]:
         yield c, echo
 
 
-def events(echo: EchoProcess, kind: str) -> list[dict[str, Any]]:
-    """Echo's stored events of ``kind`` (Fleet's, forwarded), oldest first, extra parsed."""
-    query = (
-        "SELECT event_id, node_id, job_id, rank, dominant_signal, extra FROM events"
-        f" WHERE type = '{kind}' ORDER BY ts"
-    )
-    status, body = http("POST", echo.url + "/api/v1/sql", json.dumps({"query": query}).encode())
-    assert status == 200, body
-    rows = [dict(zip(body["columns"], row, strict=True)) for row in body["rows"]]
-    for row in rows:
-        row["extra"] = json.loads(row["extra"])
-    return rows
-
-
-def collective_lag(echo: EchoProcess) -> dict[str, Any]:
-    query = urllib.parse.urlencode({"job_id": JOB, "cluster_id": CLUSTER, "since": 0})
-    status, body = http("GET", f"{echo.url}/api/v1/collective_lag?{query}")
-    assert status == 200, body
-    return dict(body)
-
-
-def rank_env(c: Cluster, rank: int, rendezvous: Path, driver_loop: Path) -> dict[str, str]:
-    """The environment of one rank of job JOB on its node (the prolog's job file written
-    there: fleet-push reads its job and rank from it). Each collective launches its kernel
-    through the stand-in driver, as NCCL does: fleet-push counts a node without kernel
-    launches as idle and classifies it not."""
-    nodes = [c.node(i) for i in range(c.nodes)]
-    write_job(c.jobs_dir(rank), JobInfo(JOB, CLUSTER, nodes[rank], rank, c.nodes, nodes))
-    return dict(os.environ, FAKE_NCCL_DIR=str(rendezvous), SLURM_JOB_ID=JOB,
-                FAKE_NCCL_LIBCUDA=str(driver_loop.parent / "libcuda.so.1"),
-                SLURM_PROCID=str(rank), INGERO_JOBS_DIR=str(c.jobs_dir(rank)))  # fmt: skip
-
-
-def comm_hash(proc: Any) -> str:
-    """Communicator 1's hash (as the tracer writes it) from the rank's id lines."""
-    ids = {}
-    while (line := proc.stdout.readline().strip()) != "ready":
-        assert line, f"rank exited before it was ready: {proc.stderr.read()}"
-        name, value = line.split("=", 1)
-        ids[name] = value
-    return f"{unique_id_hash(bytes.fromhex(ids['id1'])):016x}"
-
-
 @pytest.mark.parametrize("mode", ["in_call", "enqueue"])
 def test_late_rank_and_hung_collective_from_ranks_to_echo(
     mode: str,
@@ -120,32 +79,20 @@ def test_late_rank_and_hung_collective_from_ranks_to_echo(
     c, echo = chain
     nodes = [c.node(i) for i in range(NRANKS)]
     stop_file = c.tmp / "stop-rank"
-    rendezvous = c.tmp / "rendezvous"
-    rendezvous.mkdir()
-    ranks = []
-    for rank in range(NRANKS):
-        env = rank_env(c, rank, rendezvous, driver_loop)
+
+    def argv_of(rank: int, env: dict[str, str]) -> list[str]:
         opts = {LATE_RANK: ["-d", str(DELAY_MS)], STOP_RANK: ["-F", str(stop_file)]}
         step = []
         if mode == "enqueue":
             env["FAKE_NCCL_ASYNC"] = "1"
             step = ["-a"]  # each iteration ends in a stream sync, where the rank waits
         # Iterations enough to outlast the test; the ranks are killed by PID after it.
-        argv = [str(nccl_ranks), str(rank), str(NRANKS), "100000", "9", *step,
+        return [str(nccl_ranks), str(rank), str(NRANKS), "100000", "9", *step,
                 *opts.get(rank, [])]  # fmt: skip
-        ranks.append(spawn(argv, env=env))
+
+    ranks = spawn_ranks(c, spawn, driver_loop, argv_of)
     (comm,) = {comm_hash(proc) for proc in ranks}
-    for rank, proc in enumerate(ranks):
-        start_tracer(
-            "--pid", str(proc.pid), interval=TRACER_INTERVAL, db=c.tmp / f"{nodes[rank]}.db"
-        )
-    c.start_fleet()
-    c.start_sink()
-    for rank in range(NRANKS):
-        c.start_push(rank)
-    for proc in ranks:
-        proc.stdin.write("go\n")
-        proc.stdin.flush()
+    trace_push_and_go(c, ranks, start_tracer, TRACER_INTERVAL)
 
     # (a) The late rank, and only it, named by Fleet (forwarded to Echo) with its lag.
     (lag,) = wait_for(lambda: events(echo, "peer_lag"), 120, "Fleet's peer_lag in Echo")

@@ -34,12 +34,13 @@ from ingero.push.snapshot import Target, dump, find_py_spy
 from tests.integration.cluster.sshd import missing_reason, ssh_nodes
 from tests.integration.echo.helpers import EchoProcess
 from tests.integration.push.cluster import Cluster, Procs, wait_for, with_echo
-from tests.integration.trace.test_nccl_e2e import (
+from tests.integration.trace.ranks import (
     JOB,
     collective_lag,
     comm_hash,
     events,
-    rank_env,
+    spawn_ranks,
+    trace_push_and_go,
 )
 
 pytestmark = [
@@ -110,31 +111,18 @@ def test_the_missing_rank_stack_from_its_node_to_echo_and_explain(
     c, echo = chain
     nodes = [c.node(i) for i in range(NRANKS)]
     stop_file = c.tmp / "stop-rank"
-    rendezvous = c.tmp / "rendezvous"
-    rendezvous.mkdir()
-    ranks = []
-    for rank in range(NRANKS):
-        env = rank_env(c, rank, rendezvous, driver_loop)
+
+    def argv_of(rank: int, env: dict[str, str]) -> list[str]:
         if rank == PY_RANK:
-            argv = [sys.executable, str(PY_RANK_SCRIPT), str(nccl_ranks.parent / "libnccl.so.2"),
+            return [sys.executable, str(PY_RANK_SCRIPT), str(nccl_ranks.parent / "libnccl.so.2"),
                     str(rank), str(NRANKS), "9", str(stop_file)]  # fmt: skip
-        else:
-            argv = [str(nccl_ranks), str(rank), str(NRANKS), "100000", "9"]
-        ranks.append(spawn(argv, env=env))
+        return [str(nccl_ranks), str(rank), str(NRANKS), "100000", "9"]
+
+    ranks = spawn_ranks(c, spawn, driver_loop, argv_of)
     (comm,) = {comm_hash(proc) for proc in ranks[:PY_RANK]}
     py = ranks[PY_RANK]
     assert py.stdout.readline().strip() == "ready", py.stderr.read()
-    for rank, proc in enumerate(ranks):
-        start_tracer(
-            "--pid", str(proc.pid), interval=str(INTERVAL / 2), db=c.tmp / f"{nodes[rank]}.db"
-        )
-    c.start_fleet()
-    c.start_sink()
-    for rank in range(NRANKS):
-        c.start_push(rank)
-    for proc in ranks:
-        proc.stdin.write("go\n")
-        proc.stdin.flush()
+    trace_push_and_go(c, ranks, start_tracer, str(INTERVAL / 2))
     # Collectives flow through every rank: the Python rank's traced calls are in its node DB.
     wait_for(lambda: py_collectives(c.tmp / f"{nodes[PY_RANK]}.db") >= 20, 60, "rank 2's calls")
     try:
