@@ -89,12 +89,18 @@ def test_ansible_lint_production_profile() -> None:
     assert "Profile 'production' was required, and it passed" in result.stderr
 
 
-def test_playbook_installs_starts_restarts_on_change_and_is_idempotent(
+def test_playbook_installs_restarts_on_change_merges_slurm_conf_idempotently(
     boot: Boot, artefacts: Artefacts, tmp_path: Path
 ) -> None:
+    """One host, as a site runs the playbook over time: installed and started (slurm.conf
+    left alone), run again (nothing changes), a changed setting (only its daemon restarts),
+    then the opt-in slurm.conf merge on the running Slurm controller (jobs get tagged), run
+    again (nothing changes). One host for all of it: each fresh install takes minutes."""
     box = boot("ans")
+    host = write_site_conf(box)  # PrologFlags=Serial, Epilog=/etc/slurm/epilog.d/*
+    start_slurm(box)  # a running site: the merge's handler reconfigures it
     slurm_conf = box.root / "etc/slurm/slurm.conf"
-    before = slurm_conf.read_bytes() if slurm_conf.exists() else None
+    before = slurm_conf.read_bytes()
 
     first = playbook(box, artefacts, tmp_path)
     assert first["changed"] > 0
@@ -117,7 +123,7 @@ def test_playbook_installs_starts_restarts_on_change_and_is_idempotent(
     assert "INGERO_PYTHON=/opt/ingero/venv/bin/python" in hooks_env
     assert box.run("test", "-x", "/usr/lib/ingero/slurm/ingero-hook").returncode == 0
     # the site's slurm.conf is not edited without slurm_hooks_edit_slurm_conf
-    assert (slurm_conf.read_bytes() if slurm_conf.exists() else None) == before
+    assert slurm_conf.read_bytes() == before
 
     # a running service's event, found in the journal by its fields
     out = box.journal("-o", "json", "-u", "ingero-push", "INGERO_EVENT=detection_mode")
@@ -135,28 +141,13 @@ def test_playbook_installs_starts_restarts_on_change_and_is_idempotent(
     for unit in units[1:]:
         assert box.prop(unit, "MainPID") == pids[unit], unit
 
-
-def test_check_mode_on_a_fresh_host_changes_nothing(
-    boot: Boot, artefacts: Artefacts, tmp_path: Path
-) -> None:
-    box = boot("chk")
-    counters = playbook(box, artefacts, tmp_path, "--check")
-    assert counters["changed"] > 0  # it reports what it would do ...
-    for path in ("/opt/ingero", "/etc/ingero", "/etc/systemd/system/ingero-fleet.service"):
-        assert box.run("test", "-e", path, check=False).returncode == 1, path  # ... does none
-
-
-def test_playbook_merges_slurm_conf_and_jobs_get_tagged(
-    boot: Boot, artefacts: Artefacts, tmp_path: Path
-) -> None:
-    box = boot("ansslurm")
-    host = write_site_conf(box)  # PrologFlags=Serial, Epilog=/etc/slurm/epilog.d/*
-    start_slurm(box)  # a running site: the playbook's handler reconfigures it
-    site_conf = (box.root / "etc/slurm/slurm.conf").read_text()
+    # Opted in on the Slurm controller: slurm.conf merged, the site's lines kept, and the
+    # handler reconfigures the running slurmctld.
+    site_conf = before.decode()
     opt_in = ("-e", "slurm_hooks_edit_slurm_conf=true")
-    first = playbook(box, artefacts, tmp_path, *opt_in, inventory_text=WITH_CONTROLLER)
-    assert first["changed"] > 0
-    merged = (box.root / "etc/slurm/slurm.conf").read_text()
+    merge = playbook(box, artefacts, tmp_path, *opt_in, inventory_text=WITH_CONTROLLER)
+    assert merge["changed"] > 0
+    merged = slurm_conf.read_text()
     assert merged.startswith(site_conf.split("PrologFlags=")[0])  # the site's lines kept
     assert "PrologFlags=Serial,Alloc" in merged
     assert "TaskProlog=/usr/lib/ingero/slurm/taskprolog" in merged
@@ -171,4 +162,14 @@ def test_playbook_merges_slurm_conf_and_jobs_get_tagged(
     # a second run finds slurm.conf merged: nothing changes, nothing is reconfigured
     again = playbook(box, artefacts, tmp_path, *opt_in, inventory_text=WITH_CONTROLLER)
     assert again["changed"] == 0
-    assert (box.root / "etc/slurm/slurm.conf").read_text() == merged
+    assert slurm_conf.read_text() == merged
+
+
+def test_check_mode_on_a_fresh_host_changes_nothing(
+    boot: Boot, artefacts: Artefacts, tmp_path: Path
+) -> None:
+    box = boot("chk")
+    counters = playbook(box, artefacts, tmp_path, "--check")
+    assert counters["changed"] > 0  # it reports what it would do ...
+    for path in ("/opt/ingero", "/etc/ingero", "/etc/systemd/system/ingero-fleet.service"):
+        assert box.run("test", "-e", path, check=False).returncode == 1, path  # ... does none
