@@ -245,6 +245,19 @@ def test_a_hung_collective_is_in_the_node_db_while_it_hangs_then_completed(
     stack = json.loads(frames)
     assert [f.get("function") for f in stack["frames"][:1]] == ["main"], stack  # the caller
     assert "nccl_ranks" in (stack["frames"][0].get("lib") or ""), stack
+    # explain, on the node DB the tracer is writing, names the hung call and its line.
+    long = "SELECT COUNT(*) FROM nccl_comms WHERE inflight_seq = ? AND ts - inflight_since > 1.5"
+    assert wait_rows(tracer.db, long, (HANG_AT,), 1, tracer.notify) >= 1
+    report = json.loads(subprocess.run(
+        [sys.executable, "-m", "ingero.cli.main", "explain", "--json", "--db", str(tracer.db),
+         "--window", "10s", "--until", "latest"],
+        capture_output=True, text=True, timeout=120, check=True).stdout)  # fmt: skip
+    finding = report["findings"][0]
+    assert (finding["kind"], finding["subject"]) == ("nccl_hung", f"pid {rank0.pid}"), finding
+    evidence = finding["evidence"]
+    assert (evidence["seq"], evidence["comm_hash"], evidence["stack_key"]) == (HANG_AT, comm, key)
+    assert evidence["where"].startswith("in `main` (nccl_ranks)"), evidence
+    assert tracer.proc.poll() is None
 
     os.kill(rank1.pid, signal.SIGUSR1)  # the late rank arrives: the collective completes
     assert rank1.stdout.readline().strip() == "resumed"
