@@ -84,11 +84,13 @@ def explain(ctx: click.Context, db_path: Path, window: str, job_id: str | None,
     from ingero.explain.analysis import explain as analyse
     from ingero.explain.callsites import call_sites
     from ingero.explain.chains import explain_chains
+    from ingero.explain.hung import hung_findings
     from ingero.explain.phases import phases_of
     from ingero.explain.reader import (
         latest_ts,
         open_node_db,
         read_call_sites,
+        read_in_flight,
         read_phases,
         read_processes,
         read_timeline,
@@ -117,9 +119,12 @@ def explain(ctx: click.Context, db_path: Path, window: str, job_id: str | None,
         wall_ns = recent.covered_s * 1e9 * max(1, recent.pids)
         site_data = read_call_sites(db, end, window_s, job_id, wall_ns or None)
         phases = read_phases(db, end - window_s, end, job_id)
+        in_flight, ranks = read_in_flight(db, end, window_s, job_id)
     finally:
         db.conn.close()
-    report = analyse(recent, baseline, window_s, job_id, processes)
+    names = {p.pid: p.comm for p in processes if p.comm}
+    hung = hung_findings(in_flight, ranks, names)
+    report = analyse(recent, baseline, window_s, job_id, processes, hung)
     chains = explain_chains(timeline, sites=site_data)
     in_phases = [phases_of(_signals(c), phases, end) for c in chains]
     sites = call_sites(site_data, limit=_TOP_SITES)

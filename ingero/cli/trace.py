@@ -120,7 +120,7 @@ def trace(
             _run_live(tracer, interval, stop)
     finally:
         try:
-            tracer.tick()
+            tracer.tick(final=True)
         finally:
             writer.close()
             probes.close()

@@ -9,6 +9,7 @@ a training step (the kernel-launch rate is the node's throughput signal, so it w
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any, Final
 
@@ -123,9 +124,11 @@ class Finding:
     message: str
     recent: float | None = None
     baseline: float | None = None
+    # What a finding names beyond its message (a hung collective: its call and stack).
+    evidence: dict[str, Any] | None = None
 
     def as_dict(self) -> dict[str, Any]:
-        return {
+        out = {
             "severity": round(self.severity, 3),
             "kind": self.kind,
             "subject": self.subject,
@@ -133,6 +136,7 @@ class Finding:
             "recent": self.recent,
             "baseline": self.baseline,
         }
+        return out if self.evidence is None else {**out, "evidence": self.evidence}
 
 
 @dataclass(frozen=True)
@@ -514,10 +518,12 @@ def explain(
     window_s: float,
     job_id: str | None = None,
     processes: list[ProcessInfo] | None = None,
+    also: Sequence[Finding] = (),
 ) -> Report:
-    """Ranked findings for ``recent`` against ``baseline`` (the window just before it)."""
+    """Ranked findings for ``recent`` against ``baseline`` (the window just before it), with
+    ``also`` (findings about the window's end rather than a change: a hung collective)."""
     vs = f"vs the previous {fmt_window(window_s)}"
-    findings: list[Finding] = []
+    findings: list[Finding] = list(also)
     if not recent.empty and baseline.empty:
         findings.append(
             Finding(

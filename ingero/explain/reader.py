@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import sqlite3
 from collections.abc import Iterable, Mapping
+from dataclasses import replace
 from pathlib import Path
 
 import sqlite_utils
@@ -27,6 +28,7 @@ from ingero.explain.chains import (
     Process,
     Timeline,
 )
+from ingero.explain.hung import MAX_HUNG, InFlight, RankState
 from ingero.explain.phases import MAX_PHASES, Phase
 from ingero.nodedb.schema import ANNOTATE_SOURCE, SCHEMA_VERSION, SchemaError, connect
 from ingero.nodedb.schema import version as schema_version
@@ -588,3 +590,45 @@ def stack_rows(
         columns = [d[0] for d in cur.description]
         rows += cur.fetchall()
     return columns, rows
+
+
+# Ranks (process and communicator) read for hung collectives: the newest in the window.
+MAX_RANK_STATES = 1000
+
+
+def read_in_flight(
+    db: sqlite_utils.Database, end: float, window_s: float, job_id: str | None
+) -> tuple[list[InFlight], list[RankState]]:
+    """Each rank's newest ``nccl_comms`` row of ``(end - window_s, end]``, and per rank
+    in flight there the ``nccl_calls`` rows not returned from its oldest collective in
+    flight on, with their stacks (``hung.hung_findings``). Empty before node DB v3."""
+    if not {"nccl_calls", "nccl_comms"} <= set(db.table_names()):
+        return [], []
+    job_sql, job_args = ("AND job_id = ?", (job_id,)) if job_id else ("", ())
+    conn = db.conn
+    # SQLite takes the bare columns from the max(ts) row of each group.
+    newest = conn.execute(
+        "SELECT pid, rank, comm_hash, comm_rank, nranks, max(ts), entered_seq, inflight_seq"
+        f" FROM nccl_comms WHERE ts > ? AND ts <= ? {job_sql} GROUP BY pid, comm_hash"
+        " ORDER BY max(ts) DESC LIMIT ?",
+        (end - window_s, end, *job_args, MAX_RANK_STATES),
+    ).fetchall()
+    states, calls = [], []
+    keyed = "stack_key" in {str(r[1]) for r in conn.execute("PRAGMA table_info(nccl_calls)")}
+    for pid, rank, comm, comm_rank, nranks, ts, entered, inflight in newest:
+        state = RankState(int(pid), None if rank is None else int(rank), str(comm),
+                          int(comm_rank), int(nranks), float(ts), int(entered))  # fmt: skip
+        states.append(state)
+        if inflight is None:
+            continue
+        rows = conn.execute(
+            f"SELECT seq, op, ts_enter, {'stack_key' if keyed else 'NULL'} FROM nccl_calls"
+            " WHERE comm_hash = ? AND seq >= ? AND seq <= ? AND pid = ? AND ts_return IS NULL"
+            " AND ts_enter <= ? ORDER BY seq LIMIT ?",
+            (comm, inflight, entered, pid, ts, MAX_HUNG),
+        )
+        calls += [InFlight(state, int(seq), str(op), float(enter), None if key is None
+                           else str(key)) for seq, op, enter, key in rows]  # fmt: skip
+    stacks = read_stacks(db, {c.stack_key for c in calls if c.stack_key}) if keyed else {}
+    calls = [replace(c, stack=stacks.get(c.stack_key or "")) for c in calls]
+    return calls, states

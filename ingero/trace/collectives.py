@@ -12,6 +12,13 @@ Group calls: a collective issued between ``ncclGroupStart`` and the matching
 stays in flight until the outermost ``ncclGroupEnd`` returns; that return is its return
 time (NCCL launches a group's collectives only then).
 
+Calls in flight: a sampled call still in flight at its interval's end waits one more
+interval (a call that merely crosses an interval's end is written once, with its return);
+still in flight at that end, it is written with ``ts_return`` NULL (a hung rank's row, with
+its arrival's stack, is in the node DB while it hangs) and remembered; when it returns, the
+row is completed (``NcclRows.returns``: the writer updates it) rather than written again.
+At most ``sample_max`` such rows are remembered per communicator, the newest.
+
 Sampling keeps memory bounded whatever the rate: per communicator and interval every
 call is kept while there are at most ``sample_max``; beyond that only calls whose number
 is a multiple of the smallest power of two that brings the interval under the cap, plus
@@ -76,9 +83,13 @@ class _Comm:
     last: _Call | None = None
     # Sampled in the previous interval and still in flight at its end: written next close.
     pending: dict[int, _Call] = field(default_factory=dict)
+    # Written in flight (ts_return NULL) and not returned since: their return completes
+    # the row. Returned this interval: their completion goes out at the interval's end.
+    open: dict[int, _Call] = field(default_factory=dict)
+    completed: list[_Call] = field(default_factory=list)
 
     def sampled_call(self, seq: int) -> _Call | None:
-        call = self.kept.get(seq) or self.pending.get(seq)
+        call = self.kept.get(seq) or self.pending.get(seq) or self.open.get(seq)
         if call is None and self.last is not None and self.last.seq == seq:
             call = self.last
         return call
@@ -96,6 +107,9 @@ class _Thread:
 class NcclRows:
     calls: list[dict[str, object]]
     comms: list[dict[str, object]]
+    # Rows written earlier with ts_return NULL whose call has returned since: the key of
+    # the row (pid, comm_hash, seq, ts_enter) with its ts_return and ret.
+    returns: list[dict[str, object]] = field(default_factory=list)
 
 
 class Collectives:
@@ -244,6 +258,8 @@ class Collectives:
         call = comm.sampled_call(seq)
         if call is not None:
             call.ts_return = ts
+            if comm.open.pop(seq, None) is not None:
+                comm.completed.append(call)
 
     def _thread(self, pid: int, tid: int) -> _Thread:
         thread = self._threads.get((pid, tid))
@@ -253,11 +269,24 @@ class Collectives:
 
     # -- interval end ------------------------------------------------------------------
 
-    def close(self, ts_end: float, tags: Mapping[int, Tags]) -> NcclRows:
-        """Rows for the interval ending at ``ts_end``; interval counters restart."""
+    def _remember_open(self, comm: _Comm, written: list[_Call]) -> None:
+        """Remember the rows just written in flight, so their return completes them; forget
+        those whose call left without a return sample (lost), and keep the newest
+        ``sample_max`` (a thread runs one call at a time, so real jobs stay far below)."""
+        comm.open = {s: c for s, c in comm.open.items() if s in comm.inflight}
+        comm.open.update(
+            (c.seq, c) for c in written if c.ts_return is None and c.seq in comm.inflight
+        )
+        for seq in sorted(comm.open)[: max(0, len(comm.open) - self.sample_max)]:
+            del comm.open[seq]
+
+    def close(self, ts_end: float, tags: Mapping[int, Tags], final: bool = False) -> NcclRows:
+        """Rows for the interval ending at ``ts_end``; interval counters restart. ``final``:
+        tracing stops, so the calls still in flight are written now (ts_return NULL)."""
         rows = NcclRows([], [])
         retired, self._retired = self._retired, []
-        final_ids = {id(c) for c in retired}
+        ending = [*retired, *self._comms.values()] if final else retired
+        final_ids = {id(c) for c in ending}
         for comm in [*retired, *self._comms.values()]:
             tag = tags.get(comm.pid, Tags())
             base = {"pid": comm.pid, "job_id": tag.job_id, "rank": tag.rank,
@@ -275,6 +304,10 @@ class Collectives:
                 else:
                     out.append(call)
             rows.calls.extend({**base, **_call_row(c)} for c in out)
+            rows.returns.extend(_return_row(comm, c) for c in comm.completed)
+            comm.completed = []
+            if not final:
+                self._remember_open(comm, out)
             oldest = min(comm.inflight) if comm.inflight else None
             op, since, _ = comm.inflight[oldest] if oldest is not None else (None, None, None)
             rows.comms.append(
@@ -298,6 +331,12 @@ class Collectives:
             comm.kept = {}
             comm.last = None
         return rows
+
+
+def _return_row(comm: _Comm, call: _Call) -> dict[str, object]:
+    """The completion of a row written in flight: its key and what its return brought."""
+    return {"pid": comm.pid, "comm_hash": comm_hash_text(comm.hash), "seq": call.seq,
+            "ts_enter": call.ts_enter, "ts_return": call.ts_return, "ret": call.ret}  # fmt: skip
 
 
 def _call_row(call: _Call) -> dict[str, object]:

@@ -150,8 +150,9 @@ class Tracer:
         if self.stacks is not None:
             self.stacks.refresh()  # Python threads a sample found unmapped
 
-    def tick(self) -> TickResult:
-        """Close the current interval: write its aggregates, samples and host context."""
+    def tick(self, final: bool = False) -> TickResult:
+        """Close the current interval: write its aggregates, samples and host context.
+        ``final``: the last one (tracing stops): collectives in flight are written now."""
         self.pump(TICK_PUMP_S)
         cur, bio = self.probes.snapshot()
         now = self.clock.now()
@@ -195,12 +196,12 @@ class Tracer:
             )
         processes = [self._process_row(p, now) for p in sorted({r["pid"] for r in rows})]  # type: ignore[type-var]
         gpu = self._gpu_rows(self._last, now)
-        nccl = self.nccl.close(now, tags)
+        nccl = self.nccl.close(now, tags, final)
         stack_rows = [{"stack_key": k, "frames": st.dumps(), "first_seen": first_seen[k],
                        "last_seen": now} for k, st in stacks.items()]  # fmt: skip
         self.sink.submit(
             Batch(rows, raw, [host], [p for p in processes if p], gpu.intervals, gpu.processes,
-                  nccl.calls, nccl.comms, stack_rows)
+                  nccl.calls, nccl.comms, stack_rows, nccl_returns=nccl.returns)
         )  # fmt: skip
         result = TickResult(
             self._last, now, rows, host, len(samples), self._bad_samples,

@@ -47,6 +47,9 @@ class Batch:
     # batch wrote (pid, name, ts_start, ts_end).
     marks: Sequence[dict[str, object]] = ()
     mark_ends: Sequence[dict[str, object]] = ()
+    # Collectives an earlier batch wrote in flight (ts_return NULL) that returned since:
+    # pid, comm_hash, seq, ts_enter (the row), ts_return, ret.
+    nccl_returns: Sequence[dict[str, object]] = ()
 
 
 @dataclass
@@ -101,6 +104,15 @@ def write_batch(db: sqlite_utils.Database, batch: Batch) -> int:
                 list(batch.mark_ends),
             )
             n += len(batch.mark_ends)
+        if batch.nccl_returns:
+            # (comm_hash, seq) is indexed; pid and the arrival time pin the one row.
+            db.conn.executemany(
+                "UPDATE nccl_calls SET ts_return = :ts_return, ret = :ret "
+                "WHERE comm_hash = :comm_hash AND seq = :seq AND pid = :pid "
+                "AND ts_enter = :ts_enter AND ts_return IS NULL",
+                list(batch.nccl_returns),
+            )
+            n += len(batch.nccl_returns)
     return n
 
 

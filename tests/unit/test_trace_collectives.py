@@ -200,6 +200,61 @@ def test_a_hung_call_keeps_its_arrival_time_and_is_written_once() -> None:
     assert [(c["seq"], c["ts_return"]) for c in written] == [(7, None)]
 
 
+def test_a_hung_call_written_in_flight_is_completed_when_it_returns() -> None:
+    """In flight for a whole interval: written then with ts_return NULL (while it hangs);
+    its later return completes that row (NcclRows.returns), no second row is written."""
+    rows = run([("enter", T, 1.0, A, 7, "ncclAllReduce"), ("close", 2.0), ("close", 3.0),
+                ("close", 4.0), ("leave", T, 4.5, A, 7), ("close", 5.0), ("close", 6.0)])  # fmt: skip
+    assert [calls(r, "seq", "ts_enter", "ts_return", "stack_key") for r in rows] == [
+        [], [(7, 1.0, None, None)], [], [], []]  # fmt: skip
+    assert [r.returns for r in rows] == [[], [], [], [{
+        "pid": P, "comm_hash": HEX_A, "seq": 7, "ts_enter": 1.0, "ts_return": 4.5, "ret": 0}],
+        []]  # fmt: skip
+    assert comms(rows[3], "returned_seq", "inflight_seq") == {HEX_A: (7, None)}
+
+
+def test_a_call_crossing_an_interval_end_costs_one_write_and_no_update() -> None:
+    rows = run([("enter", T, 1.9, A, 1, "ncclAllReduce"), ("close", 2.0),
+                ("leave", T, 2.1, A, 1), ("close", 3.0), ("close", 4.0)])  # fmt: skip
+    assert [calls(r, "seq", "ts_return") for r in rows] == [[], [(1, 2.1)], []]
+    assert [r.returns for r in rows] == [[], [], []]
+
+
+def test_a_hung_group_is_completed_at_its_outermost_end() -> None:
+    rows = run([*NESTED, ("close", 2.0), ("close", 3.0), ("ge", T, 3.5), ("close", 4.0)])
+    assert calls(rows[1], "seq", "ts_return") == [(1, None), (2, None)]
+    assert [(r["seq"], r["ts_return"]) for r in rows[2].returns] == [(1, 3.5), (2, 3.5)]
+    assert rows[2].calls == []
+
+
+def test_a_row_in_flight_is_forgotten_when_its_call_leaves_unseen() -> None:
+    # The thread's next call says the hung one returned (its return sample lost): the row
+    # keeps ts_return NULL, and nothing about it is remembered or completed.
+    rows = run([("enter", T, 1.0, A, 1, "ncclAllReduce"), ("close", 2.0), ("close", 3.0),
+                ("enter", T, 3.5, A, 2, "ncclAllReduce"), ("leave", T, 3.6, A, 2),
+                ("leave", T, 3.7, A, 1), ("close", 4.0)])  # fmt: skip
+    assert calls(rows[1], "seq", "ts_return") == [(1, None)]
+    assert calls(rows[2], "seq", "ts_return") == [(2, 3.6)]
+    assert rows[2].returns == []
+
+
+def test_rows_remembered_in_flight_are_bounded_by_the_sample_cap() -> None:
+    fold = Collectives(sample_max=2)
+    for tid in range(5):  # five threads, each hung in its own call
+        fold.enter(P, tid, 1.0 + tid / 10, A, HA, 0, 4, tid + 1, "ncclAllReduce", 8)
+    fold.close(2.0, TAGS)
+    assert [c["seq"] for c in fold.close(3.0, TAGS).calls] == [2, 4, 5]  # stride 2, the last
+    for tid in range(5):
+        fold.leave(P, tid, 4.0, 0, A, HA, 0, 4, tid + 1, "ncclAllReduce", 8, 0)
+    assert [r["seq"] for r in fold.close(5.0, TAGS).returns] == [4, 5]  # the newest 2
+
+
+def test_the_last_interval_writes_the_calls_still_in_flight() -> None:
+    fold = Collectives()
+    fold.enter(P, T, 1.5, A, HA, 0, 4, 1, "ncclAllReduce", 8)
+    assert fold.close(2.0, TAGS, final=True).calls[0]["ts_return"] is None
+
+
 def test_group_return_time_is_the_outermost_end() -> None:
     (rows,) = run([*NESTED, ("ge", T, 1.5), ("close", 2.0)])
     assert calls(rows, "seq", "ts_return") == [(1, 1.5), (2, 1.5)]

@@ -142,6 +142,23 @@ def test_nccl_arrivals_fill_the_nccl_tables_not_raw_events(tmp_path: Path) -> No
     assert (call["seq"], call["bytes"]) == (1, 4000)
     assert abs(float(call["ts_enter"]) - (now - 0.8)) < 1e-6  # type: ignore[arg-type]
 
+    # Still in flight a whole interval later: written in flight, then completed in place.
+    clock.advance(1.0)
+    tracer.tick()
+    (hung,) = sink.batches[-1].nccl_calls
+    assert (hung["seq"], hung["ts_return"], sink.batches[-1].nccl_returns) == (2, None, [])
+    probes.pending = [nccl(KIND_CALL, 2.5, 2)]
+    clock.advance(1.0)
+    tracer.tick()
+    (done,) = sink.batches[-1].nccl_returns
+    assert (done["seq"], done["ts_enter"], done["ret"]) == (2, hung["ts_enter"], 0)
+    assert sink.batches[-1].nccl_calls == []
+    # The stop's last interval writes the call it finds in flight (not held for the next).
+    probes.pending = [nccl(KIND_ENTER, 3.2, 3)]
+    clock.advance(1.0)
+    tracer.tick(final=True)
+    assert [(c["seq"], c["ts_return"]) for c in sink.batches[-1].nccl_calls] == [(3, None)]
+
 
 def test_bad_samples_are_counted_and_the_loop_goes_on(tmp_path: Path) -> None:
     tracer, probes, sink, clock = make_tracer(tmp_path)

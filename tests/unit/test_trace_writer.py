@@ -167,3 +167,15 @@ def test_stacks_are_stored_once_and_pruned_with_their_last_event() -> None:
     used = {r[0] for r in db.execute("SELECT DISTINCT stack_key FROM raw_events")}
     assert "a" not in keys and "k299" in keys
     assert used <= keys  # every kept event still finds its stack
+
+
+def test_a_collective_written_in_flight_is_completed_in_place() -> None:
+    db = connect(":memory:")
+    hung, _ = _nccl(1000.0)
+    other = {**hung, "pid": 2}  # another rank of the same collective, on this node
+    write_batch(db, Batch(nccl_calls=[{**hung, "ts_return": None, "ret": None},
+                                      {**other, "ts_return": None, "ret": None}]))  # fmt: skip
+    done = {k: hung[k] for k in ("pid", "comm_hash", "seq", "ts_enter")}
+    assert write_batch(db, Batch(nccl_returns=[{**done, "ts_return": 1004.5, "ret": 0}])) == 1
+    rows = db.execute("SELECT pid, seq, ts_enter, ts_return, ret FROM nccl_calls ORDER BY pid")
+    assert rows.fetchall() == [(1, 1000, 1000.0, 1004.5, 0), (2, 1000, 1000.0, None, None)]

@@ -3,7 +3,8 @@
  *
  * Usage: nccl_ranks RANK NRANKS ITERATIONS SEED [options]
  *   -d MS      this rank sleeps MS milliseconds before each iteration (a late rank)
- *   -S N       this rank stops (pauses forever) before its N-th collective on comm 1
+ *   -S N       this rank stops (pauses) before its N-th collective on comm 1, until a
+ *              SIGUSR1 lets it go on (it prints "resumed" and does not stop again)
  *   -F PATH    this rank stops (as -S) before the first collective after PATH exists
  *   -g K       every K-th iteration issues a nested group of 2 collectives instead of one
  *   -2         a second communicator: one broadcast on it per iteration
@@ -16,12 +17,19 @@
  * (hex) and "ready", waits for a line on stdin, runs, prints the counts and exits. */
 #include <dlfcn.h>
 #include <nccl.h>
+#include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <unistd.h>
 
 static float sendbuf[4096], recvbuf[4096];
+static volatile sig_atomic_t resumed;
+
+static void on_resume(int sig) {
+    (void)sig;
+    resumed = 1;
+}
 
 static ncclUniqueId make_id(int seed) {
     ncclUniqueId id;
@@ -90,6 +98,12 @@ int main(int argc, char **argv) {
     char line[16];
     if (!fgets(line, sizeof line, stdin))
         return 3;
+    /* SIGUSR1 stays blocked but while a stopped rank waits for it (no lost wake-up). */
+    sigset_t usr1, unblocked;
+    sigemptyset(&usr1);
+    sigaddset(&usr1, SIGUSR1);
+    sigprocmask(SIG_BLOCK, &usr1, &unblocked);
+    signal(SIGUSR1, on_resume);
 
     ncclComm_t comm1 = NULL, comm2 = NULL;
     CHECK(ncclCommInitRank(&comm1, nranks, id1, rank));
@@ -103,8 +117,12 @@ int main(int argc, char **argv) {
             (stop_file && access(stop_file, F_OK) == 0)) {
             printf("stopped=%ld\n", issued1);
             fflush(stdout);
-            for (;;)
-                pause(); /* a hung rank: alive, never entering the collective */
+            while (!resumed)
+                sigsuspend(&unblocked); /* a hung rank: alive, never entering the collective */
+            printf("resumed\n");
+            fflush(stdout);
+            stop_before = 0;
+            stop_file = NULL;
         }
         if (group_every && i % group_every == 0) {
             CHECK(ncclGroupStart());

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import sqlite3
 import statistics
 import subprocess
@@ -212,3 +213,64 @@ def test_a_collective_carries_its_callers_stack_from_its_arrival(
     raw = _query(tracer.db, "SELECT r.stack_key, n.stack_key FROM raw_events r JOIN nccl_calls n "
                  "ON n.seq = 1 WHERE r.op = 'ncclAllReduce' AND r.pid = ?", rank0.pid)  # fmt: skip
     assert len(raw) == 1 and raw[0][0] is not None and raw[0][0] == raw[0][1]
+
+
+HANG_AT, HANG_ITERS = 3, 6
+
+
+def test_a_hung_collective_is_in_the_node_db_while_it_hangs_then_completed(
+    start_tracer: Any, spawn: Any, nccl_ranks: Path, tmp_path: Path
+) -> None:
+    """Rank 1 stops before collective HANG_AT, so the traced rank 0 hangs inside it: read
+    while the tracer still runs, the node DB holds that call (ts_return NULL) with the stack
+    it was called from; once rank 1 goes on, the same row gets its return, no second one."""
+    env = dict(os.environ, FAKE_NCCL_DIR=str(tmp_path))
+    rank0 = spawn([str(nccl_ranks), "0", "2", str(HANG_ITERS), "9"], env=env)
+    rank1 = spawn([str(nccl_ranks), "1", "2", str(HANG_ITERS), "9", "-S", str(HANG_AT)], env=env)
+    comm = _ids(rank0)["id1"]
+    _ids(rank1)
+    tracer = start_tracer("--pid", str(rank0.pid))
+    for proc in (rank0, rank1):
+        proc.stdin.write("go\n")
+        proc.stdin.flush()
+    assert rank1.stdout.readline().strip() == f"stopped={HANG_AT - 1}"
+    hung = "SELECT COUNT(*) FROM nccl_calls WHERE seq = ? AND ts_return IS NULL"
+    assert wait_rows(tracer.db, hung, (HANG_AT,), 1, tracer.notify) == 1
+    assert tracer.proc.poll() is None  # read during the hang, not at the tracer's stop
+    row = "SELECT n.rowid, n.comm_hash, n.ts_enter, n.ts_return, n.ret, n.stack_key, s.frames "
+    row += "FROM nccl_calls n LEFT JOIN stacks s USING (stack_key) WHERE n.seq = ?"
+    ((rowid, comm_hash, enter, back, ret, key, frames),) = _query(tracer.db, row, HANG_AT)
+    assert (comm_hash, back, ret) == (comm, None, None)
+    assert key is not None and frames is not None  # its arrival's stack, written before it
+    stack = json.loads(frames)
+    assert [f.get("function") for f in stack["frames"][:1]] == ["main"], stack  # the caller
+    assert "nccl_ranks" in (stack["frames"][0].get("lib") or ""), stack
+    # explain, on the node DB the tracer is writing, names the hung call and its line.
+    long = "SELECT COUNT(*) FROM nccl_comms WHERE inflight_seq = ? AND ts - inflight_since > 1.5"
+    assert wait_rows(tracer.db, long, (HANG_AT,), 1, tracer.notify) >= 1
+    report = json.loads(subprocess.run(
+        [sys.executable, "-m", "ingero.cli.main", "explain", "--json", "--db", str(tracer.db),
+         "--window", "10s", "--until", "latest"],
+        capture_output=True, text=True, timeout=120, check=True).stdout)  # fmt: skip
+    finding = report["findings"][0]
+    assert (finding["kind"], finding["subject"]) == ("nccl_hung", f"pid {rank0.pid}"), finding
+    evidence = finding["evidence"]
+    assert (evidence["seq"], evidence["comm_hash"], evidence["stack_key"]) == (HANG_AT, comm, key)
+    assert evidence["where"].startswith("in `main` (nccl_ranks)"), evidence
+    assert tracer.proc.poll() is None
+
+    os.kill(rank1.pid, signal.SIGUSR1)  # the late rank arrives: the collective completes
+    assert rank1.stdout.readline().strip() == "resumed"
+    for proc in (rank0, rank1):
+        _, err = proc.communicate(timeout=60)
+        assert proc.returncode == 0, err
+    done = "SELECT COUNT(*) FROM nccl_calls WHERE seq = ? AND ts_return IS NOT NULL"
+    assert wait_rows(tracer.db, done, (HANG_AT,), 1, tracer.notify) == 1
+    code, err = tracer.stop()
+    assert code == 0, err[-2000:]
+    rows = _query(tracer.db, "SELECT rowid, seq, ts_enter, ts_return, ret, stack_key "
+                  "FROM nccl_calls ORDER BY seq")  # fmt: skip
+    assert [r[1] for r in rows] == list(range(1, HANG_ITERS + 1))  # one row per call
+    (completed,) = [r for r in rows if r[1] == HANG_AT]
+    assert completed[0] == rowid and completed[2] == enter and completed[5] == key
+    assert completed[3] > enter and completed[4] == 0
