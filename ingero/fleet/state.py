@@ -146,6 +146,7 @@ _SLOT_COLUMNS = (
     _Column("_recent", np.int64, 0),
     _Column("_pending", np.bool_, False),
     _Column("_pending_at", np.float64, 0.0),
+    _Column("_fresh", np.bool_, False),
     _Column("_reported", None, None),
     _Column("_key", None, ("", "")),
     _Column("_rank", None, None),
@@ -178,6 +179,8 @@ class FleetState:
     # node, whose own episode id (if the node opened one meanwhile) it then adopts.
     _pending: BoolArray
     _pending_at: FloatArray
+    # The node pushed a new measurement (a push that did not hold) since the last tick.
+    _fresh: BoolArray
     _reported: list[str | None]  # the node's episode id, last push
     _key: list[NodeKey]
     _rank: list[int | None]
@@ -265,6 +268,9 @@ class FleetState:
                 rates[slot, i] = _rate(pushed.get(name))
             self._stalled[slot] = push.stalled
             self._reported[slot] = push.episode_id
+            # A held push repeats the last measurement: it keeps the node live and its
+            # score in the group's statistics, but its enter window waits for a new one.
+            self._fresh[slot] |= not push.held
             view = self._views.get(key)
             episode = self._episode_id[slot] if self._straggler[slot] else ""
             lag = self._peer_lag.get(node)
@@ -473,6 +479,7 @@ class FleetState:
             stall_episode=self._stall_episode[idx],
             recent=self._recent[idx],
             pending=self._pending[idx],
+            fresh=self._take_fresh(idx),
             lagging=lagging,
             prev_ema=self._ema[:gn].copy(),
             prev_panic=self._panic[:gn].copy(),
@@ -481,6 +488,13 @@ class FleetState:
             gjob=self._gjob[:gn],
             gworkload=self._gworkload[:gn],
         )
+
+    def _take_fresh(self, idx: IntArray) -> BoolArray:
+        """Which of the nodes ``idx`` pushed a new measurement since the last tick; the
+        next tick counts only those that push one after this."""
+        fresh = self._fresh[idx]
+        self._fresh[idx] = False
+        return fresh
 
     def _store(self, snap: Snapshot, out: Outcome) -> None:
         """Phase 3: keep the per-node and per-group state for the next tick.

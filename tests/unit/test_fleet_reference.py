@@ -1,9 +1,9 @@
 """FleetState against a plain-Python reference of the DESIGN.md rules over random histories.
 
 The reference keeps one dict per node and recomputes every group with ``statistics``; it
-shares no code with the vectorised engine. Random pushes, state changes, job moves and
-silences (expiry) are replayed through both, tick by tick, and every figure, verdict and
-event must agree.
+shares no code with the vectorised engine. Random pushes (some held: the node's last
+measurement again), state changes, job moves and silences (expiry) are replayed through
+both, tick by tick, and every figure, verdict and event must agree.
 """
 
 from __future__ import annotations
@@ -34,8 +34,10 @@ class RefNode:
     episode_group: str | None = None
     consec: int = 0
     since: float | None = None
-    # Whether the score was below the threshold, the last active ticks outside an episode.
+    # Whether the score was below the threshold, the last active ticks outside an episode
+    # at which the node had pushed a new measurement.
     recent: list[bool] = field(default_factory=list)
+    fresh: bool = True  # a push since the last tick that did not hold
 
 
 @dataclass
@@ -45,12 +47,15 @@ class Reference:
     ema: dict[str, float] = field(default_factory=dict)
     panic: dict[str, bool] = field(default_factory=dict)
 
-    def push(self, node: str, score: float, active: bool, group: str, mono: float) -> None:
+    def push(
+        self, node: str, score: float, active: bool, group: str, mono: float, held: bool
+    ) -> None:
         ref = self.nodes.get(node)
         if ref is None:
-            self.nodes[node] = RefNode(score, active, group, mono)
+            self.nodes[node] = RefNode(score, active, group, mono, fresh=not held)
         else:
             ref.score, ref.active, ref.group, ref.seen = score, active, group, mono
+            ref.fresh = ref.fresh or not held
 
     def tick(self, now: float, mono: float) -> tuple[dict[str, float | None], set[tuple]]:
         t, q = self.config.threshold, self.config.quorum
@@ -94,16 +99,18 @@ class Reference:
             here = r.straggler and r.episode_group == r.group
             thr = thresholds[r.group]
             below = r.active and quorum[r.group] and thr is not None and r.score < thr
-            if r.active:
+            if r.active and r.fresh:
                 r.recent = [*r.recent, below][-max(t.enter_window, t.enter_intervals) :]
-            else:
+            elif not r.active:
                 r.recent = []
+            enters = r.fresh and sum(r.recent) >= t.enter_intervals
+            r.fresh = False
             now_straggler = (
                 r.active
                 and quorum[r.group]
                 and thr is not None
                 and (
-                    (r.score < thr and (here or sum(r.recent) >= t.enter_intervals))
+                    (r.score < thr and (here or enters))
                     or (here and not r.score >= thr + t.hysteresis)
                 )
             )
@@ -169,6 +176,9 @@ def test_random_histories_match_the_reference(seed: int) -> None:
             if rng.random() < 0.03:
                 home[name] = rng.choice(jobs)
             score = rng.choice(SCORES) if rng.random() < 0.8 else rng.random()
+            # A held push repeats the node's last measurement.
+            held = name in ref.nodes and rng.random() < 0.2
+            score = ref.nodes[name].score if held else score
             active = rng.random() < 0.9
             push = NodePush(
                 node_id=name,
@@ -176,9 +186,10 @@ def test_random_histories_match_the_reference(seed: int) -> None:
                 score=score,
                 job_id=home[name],
                 state="active" if active else "idle",
+                held=held,
             )
             state.ingest(push)
-            ref.push(name, score, active, push.group, clock.monotonic())
+            ref.push(name, score, active, push.group, clock.monotonic(), held)
         result = state.tick()
         thresholds, events = ref.tick(clock.now(), clock.monotonic())
         assert {g.group: g.threshold for g in result.groups} == thresholds
