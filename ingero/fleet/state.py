@@ -147,6 +147,7 @@ _SLOT_COLUMNS = (
     _Column("_pending", np.bool_, False),
     _Column("_pending_at", np.float64, 0.0),
     _Column("_fresh", np.bool_, False),
+    _Column("_says_held", np.bool_, False),
     _Column("_reported", None, None),
     _Column("_key", None, ("", "")),
     _Column("_rank", None, None),
@@ -181,6 +182,9 @@ class FleetState:
     _pending_at: FloatArray
     # The node pushed a new measurement (a push that did not hold) since the last tick.
     _fresh: BoolArray
+    # The node's last push said whether it held (ingero.node.held); else every tick
+    # counts its score, as for an agent that does not say.
+    _says_held: BoolArray
     _reported: list[str | None]  # the node's episode id, last push
     _key: list[NodeKey]
     _rank: list[int | None]
@@ -270,7 +274,9 @@ class FleetState:
             self._reported[slot] = push.episode_id
             # A held push repeats the last measurement: it keeps the node live and its
             # score in the group's statistics, but its enter window waits for a new one.
-            self._fresh[slot] |= not push.held
+            held = push.held
+            self._fresh[slot] |= held is False
+            self._says_held[slot] = held is not None
             view = self._views.get(key)
             episode = self._episode_id[slot] if self._straggler[slot] else ""
             lag = self._peer_lag.get(node)
@@ -490,9 +496,10 @@ class FleetState:
         )
 
     def _take_fresh(self, idx: IntArray) -> BoolArray:
-        """Which of the nodes ``idx`` pushed a new measurement since the last tick; the
-        next tick counts only those that push one after this."""
-        fresh = self._fresh[idx]
+        """Which of the nodes ``idx`` have a new measurement to count at this tick: a push
+        since the last tick that did not hold, or any time from a node that does not say
+        whether its pushes hold; the next tick counts only what comes after this."""
+        fresh = self._fresh[idx] | ~self._says_held[idx]
         self._fresh[idx] = False
         return fresh
 

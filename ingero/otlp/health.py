@@ -63,9 +63,9 @@ ATTR_STALLED = "ingero.node.stalled"
 # Added: the node's open straggler episode; "" when it classifies itself and has none open,
 # absent from an agent that does not (Fleet then cannot wait for the node's id).
 ATTR_EPISODE = "ingero.episode.id"
-# true when the push repeats the node's last measurement (no new tracer interval since):
-# Fleet keeps the node live and in its group's statistics but does not judge it again.
-# Absent from an agent that does not say (its every push is a new measurement).
+# Whether the push repeats the node's last measurement (no new tracer interval since), on
+# every push of an agent that says so: Fleet then counts the node's score once per new
+# measurement. Absent from an agent that does not say (Fleet counts it at every tick).
 ATTR_HELD = "ingero.node.held"
 # Added (resource): the inference service the node's replica serves; groups nodes without
 # a Slurm job (replicas of one model are peers).
@@ -176,8 +176,9 @@ class NodePush:
     clock: ClockOffset | None = None
     # The inference service (replicas of one model) the node serves; None: none.
     service: str | None = None
-    # The push repeats the node's last measurement (nothing new measured since).
-    held: bool = False
+    # The push repeats the node's last measurement (nothing new measured since); None:
+    # the agent does not say.
+    held: bool | None = None
 
     @property
     def group(self) -> str:
@@ -269,7 +270,7 @@ def encode_health(
             ATTR_DOMINANT: push.dominant_signal,
             ATTR_STALLED: True if push.stalled else None,
             ATTR_EPISODE: push.episode_id,
-            ATTR_HELD: True if push.held else None,
+            ATTR_HELD: push.held,
         },
     )
     for name, attr, values in (
@@ -593,7 +594,7 @@ def _decode_scores(
                 collectives=tuple(collectives.comms) if collectives else (),
                 clock=collectives.clock if collectives else None,
                 service=service,
-                held=_flag(attrs, ATTR_HELD),
+                held=_flag(attrs, ATTR_HELD) if ATTR_HELD in attrs else None,
             )
         except ValueTooLong as exc:
             result.reject(TOO_LONG, f"node {node_id}: {exc}")

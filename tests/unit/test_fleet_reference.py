@@ -2,7 +2,7 @@
 
 The reference keeps one dict per node and recomputes every group with ``statistics``; it
 shares no code with the vectorised engine. Random pushes (some held: the node's last
-measurement again), state changes, job moves and silences (expiry) are replayed through
+measurement again; some from agents that do not say), state changes, job moves and silences (expiry) are replayed through
 both, tick by tick, and every figure, verdict and event must agree.
 """
 
@@ -38,6 +38,7 @@ class RefNode:
     # at which the node had pushed a new measurement.
     recent: list[bool] = field(default_factory=list)
     fresh: bool = True  # a push since the last tick that did not hold
+    says: bool = True  # the last push said whether it held (else every tick counts)
 
 
 @dataclass
@@ -48,14 +49,14 @@ class Reference:
     panic: dict[str, bool] = field(default_factory=dict)
 
     def push(
-        self, node: str, score: float, active: bool, group: str, mono: float, held: bool
+        self, node: str, score: float, active: bool, group: str, mono: float, held: bool | None
     ) -> None:
         ref = self.nodes.get(node)
         if ref is None:
-            self.nodes[node] = RefNode(score, active, group, mono, fresh=not held)
-        else:
-            ref.score, ref.active, ref.group, ref.seen = score, active, group, mono
-            ref.fresh = ref.fresh or not held
+            ref = self.nodes[node] = RefNode(score, active, group, mono, fresh=False)
+        ref.score, ref.active, ref.group, ref.seen = score, active, group, mono
+        ref.fresh = ref.fresh or held is False
+        ref.says = held is not None
 
     def tick(self, now: float, mono: float) -> tuple[dict[str, float | None], set[tuple]]:
         t, q = self.config.threshold, self.config.quorum
@@ -99,11 +100,12 @@ class Reference:
             here = r.straggler and r.episode_group == r.group
             thr = thresholds[r.group]
             below = r.active and quorum[r.group] and thr is not None and r.score < thr
-            if r.active and r.fresh:
+            counted = r.fresh or not r.says
+            if r.active and counted:
                 r.recent = [*r.recent, below][-max(t.enter_window, t.enter_intervals) :]
             elif not r.active:
                 r.recent = []
-            enters = r.fresh and sum(r.recent) >= t.enter_intervals
+            enters = counted and sum(r.recent) >= t.enter_intervals
             r.fresh = False
             now_straggler = (
                 r.active
@@ -168,6 +170,7 @@ def test_random_histories_match_the_reference(seed: int) -> None:
     names = [f"n{i}" for i in range(rng.randint(6, 16))]
     jobs = ["1", "2", "3"]
     home = {n: rng.choice(jobs[:2]) for n in names}
+    says = {n: rng.random() < 0.7 for n in names}  # the others: older agents
     episode_ids: dict[str, str] = {}
     for _ in range(30):
         for name in names:
@@ -177,7 +180,7 @@ def test_random_histories_match_the_reference(seed: int) -> None:
                 home[name] = rng.choice(jobs)
             score = rng.choice(SCORES) if rng.random() < 0.8 else rng.random()
             # A held push repeats the node's last measurement.
-            held = name in ref.nodes and rng.random() < 0.2
+            held = says[name] and name in ref.nodes and rng.random() < 0.2
             score = ref.nodes[name].score if held else score
             active = rng.random() < 0.9
             push = NodePush(
@@ -186,10 +189,10 @@ def test_random_histories_match_the_reference(seed: int) -> None:
                 score=score,
                 job_id=home[name],
                 state="active" if active else "idle",
-                held=held,
+                held=held if says[name] else None,
             )
             state.ingest(push)
-            ref.push(name, score, active, push.group, clock.monotonic(), held)
+            ref.push(name, score, active, push.group, clock.monotonic(), push.held)
         result = state.tick()
         thresholds, events = ref.tick(clock.now(), clock.monotonic())
         assert {g.group: g.threshold for g in result.groups} == thresholds

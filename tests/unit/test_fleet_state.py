@@ -383,26 +383,31 @@ def test_a_held_push_does_not_count_again_in_the_enter_window() -> None:
     assert [e.node_id for e in of_type(state.tick(), "straggler_state")] == ["n7"]
 
 
-def test_a_tick_without_a_new_push_neither_counts_nor_ends_a_score() -> None:
+def test_a_tick_without_a_new_measurement_does_not_count_a_score_again() -> None:
+    """A node that says whether its pushes hold is counted once per new measurement, also
+    at a tick without its push; one that does not say (an older agent) at every tick."""
     state, clock, _ = make(enter_intervals=2)
-    feed(state, {**healthy(7), "n7": 0.5})
+    feed(state, healthy(6))
+    state.ingest(push("n6", 0.5))  # says nothing
+    state.ingest(push("n7", 0.5, held=False))
     assert state.tick().events == ()
-    feed(state, healthy(7))  # n7 silent: its last score is no second interval below
-    assert state.tick().events == ()
+    feed(state, healthy(6))  # n6 and n7 silent: their last scores count again for n6 only
+    assert [e.node_id for e in state.tick().events] == ["n6"]
     state.ingest(push("n7", 0.5, held=True))
-    feed(state, healthy(7))
+    feed(state, healthy(6))
     assert state.tick().events == ()
-    feed(state, {**healthy(7), "n7": 0.5})
+    state.ingest(push("n7", 0.5, held=False))
+    feed(state, healthy(6))
     (entered,) = state.tick().events
-    assert entered.type == "straggler_state"
-    # An open episode is neither ended nor counted again by a repeat: it goes on.
+    assert (entered.type, entered.node_id) == ("straggler_state", "n7")
+    # An open episode goes on over ticks without a new measurement.
     for _ in range(2):
         clock.advance(1)
-        feed(state, healthy(7))
-        (verdict,) = state.tick().verdicts
-        assert verdict.node_id == "n7" and verdict.event_id == entered.event_id
-    feed(state, healthy(8))
-    (resolved,) = state.tick().events
+        feed(state, healthy(6))
+        assert "n7" in [v.node_id for v in state.tick().verdicts]
+    state.ingest(push("n7", 0.9, held=False))
+    feed(state, healthy(6))
+    (resolved,) = [e for e in state.tick().events if e.node_id == "n7"]
     assert resolved.type == "straggler_resolved" and resolved.extra["reason"] == "recovered"
 
 
