@@ -213,6 +213,7 @@ class SimNode:
             rates=dict(result.rates) if result else {},
             stalled=sample.stalled,
             episode_id=self.classifier.episode_id,
+            held=sample.held,
         )
 
     def classify(self, push: NodePush, sample: NodeSample, reading: ThresholdView) -> list[Event]:
@@ -297,6 +298,9 @@ class Sim:
         self.fleet_events += [e for e in self.fleet.tick().events if e.type.startswith("straggler")]
         return out
 
+    def fleet_flagged(self, node: str) -> bool:
+        return any(e.type == "straggler_state" and e.node_id == node for e in self.fleet_events)
+
     def agreement(self, node: str) -> str:
         """Whether Fleet flagged ``node`` too, and under the node's event_id."""
         mine = {e.event_id for e in self.node_events if e.node_id == node}
@@ -341,25 +345,35 @@ def healthy_and_drops(
 
 def latency(
     shape: str, nodes: int, noise: float, runs: int, slowdown: float, warmup: int, limit: int
-) -> tuple[list[int], int, int]:
-    """Intervals to detection per run, misses, and runs where Fleet flagged the same node
-    under the same event_id (two intervals after the node's detection)."""
-    found, missed, agreed = [], 0, 0
+) -> tuple[list[int], int, int, list[int]]:
+    """Intervals to the node's detection per run, misses, runs where Fleet flagged the same
+    node under the same event_id (two intervals after the node's detection), and intervals
+    to Fleet's own first ``straggler_state`` of the node in the runs where it came."""
+    found, missed, agreed, by_fleet = [], 0, 0, []
     for seed in range(runs):
         sim = Sim(shape, nodes, seed, noise)
         sim.warm(warmup)
         target = sim.nodes[0]
         target.slowdown = slowdown
-        for interval in range(1, limit + 1):
-            if "straggler_state" in sim.step().get(target.name, []):
-                found.append(interval)
-                sim.step()
-                sim.step()
+        node_at: int | None = None
+        fleet_at: int | None = None
+        for interval in range(1, limit + 3):
+            flagged = "straggler_state" in sim.step().get(target.name, [])
+            if node_at is None and flagged and interval <= limit:
+                node_at = interval
+            if fleet_at is None and interval <= limit and sim.fleet_flagged(target.name):
+                fleet_at = interval
+            if node_at is not None and interval == node_at + 2:
                 agreed += sim.agreement(target.name) == "Fleet too, same event_id"
-                break
-        else:
+                if fleet_at is not None:
+                    break
+        if node_at is None:
             missed += 1
-    return found, missed, agreed
+        else:
+            found.append(node_at)
+        if fleet_at is not None:
+            by_fleet.append(fleet_at)
+    return found, missed, agreed, by_fleet
 
 
 def slow_from_birth(shape: str, nodes: int, noise: float, limit: int) -> tuple[int | None, str]:
@@ -497,12 +511,13 @@ def main() -> None:
             + f" (min_margin {margin:g})"
         )
         for level in (0.1, 0.2):
-            found, missed, agreed = latency(
+            found, missed, agreed, by_fleet = latency(
                 shape, n, noise, args.runs, level, args.warmup, args.limit
             )
             print(
                 f"detection at {level:.0%}: {fmt(found, missed, args.runs)}; "
-                f"Fleet flagged it under the same event_id in {agreed}/{len(found)}"
+                f"Fleet flagged it under the same event_id in {agreed}/{len(found)}; "
+                f"Fleet's own: {fmt(by_fleet, args.runs - len(by_fleet), args.runs)}"
             )
         birth, agreement = slow_from_birth(shape, n, noise, args.limit)
         print(

@@ -146,6 +146,8 @@ _SLOT_COLUMNS = (
     _Column("_recent", np.int64, 0),
     _Column("_pending", np.bool_, False),
     _Column("_pending_at", np.float64, 0.0),
+    _Column("_fresh", np.bool_, False),
+    _Column("_says_held", np.bool_, False),
     _Column("_reported", None, None),
     _Column("_key", None, ("", "")),
     _Column("_rank", None, None),
@@ -178,6 +180,11 @@ class FleetState:
     # node, whose own episode id (if the node opened one meanwhile) it then adopts.
     _pending: BoolArray
     _pending_at: FloatArray
+    # The node pushed a new measurement (a push that did not hold) since the last tick.
+    _fresh: BoolArray
+    # The node's last push said whether it held (ingero.node.held); else every tick
+    # counts its score, as for an agent that does not say.
+    _says_held: BoolArray
     _reported: list[str | None]  # the node's episode id, last push
     _key: list[NodeKey]
     _rank: list[int | None]
@@ -265,6 +272,11 @@ class FleetState:
                 rates[slot, i] = _rate(pushed.get(name))
             self._stalled[slot] = push.stalled
             self._reported[slot] = push.episode_id
+            # A held push repeats the last measurement: it keeps the node live and its
+            # score in the group's statistics, but its enter window waits for a new one.
+            held = push.held
+            self._fresh[slot] |= held is False
+            self._says_held[slot] = held is not None
             view = self._views.get(key)
             episode = self._episode_id[slot] if self._straggler[slot] else ""
             lag = self._peer_lag.get(node)
@@ -473,6 +485,7 @@ class FleetState:
             stall_episode=self._stall_episode[idx],
             recent=self._recent[idx],
             pending=self._pending[idx],
+            fresh=self._take_fresh(idx),
             lagging=lagging,
             prev_ema=self._ema[:gn].copy(),
             prev_panic=self._panic[:gn].copy(),
@@ -481,6 +494,14 @@ class FleetState:
             gjob=self._gjob[:gn],
             gworkload=self._gworkload[:gn],
         )
+
+    def _take_fresh(self, idx: IntArray) -> BoolArray:
+        """Which of the nodes ``idx`` have a new measurement to count at this tick: a push
+        since the last tick that did not hold, or any time from a node that does not say
+        whether its pushes hold; the next tick counts only what comes after this."""
+        fresh = self._fresh[idx] | ~self._says_held[idx]
+        self._fresh[idx] = False
+        return fresh
 
     def _store(self, snap: Snapshot, out: Outcome) -> None:
         """Phase 3: keep the per-node and per-group state for the next tick.

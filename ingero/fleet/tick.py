@@ -47,6 +47,8 @@ class Snapshot:
     stall_episode: BoolArray
     recent: IntArray  # ticks below the threshold lately, a bit each (newest: bit 0)
     pending: BoolArray
+    # The node pushed a new measurement since the last tick (not only held ones, or none).
+    fresh: BoolArray
     lagging: BoolArray  # a rank of the node is flagged peer_lag in its group's communicator
     prev_ema: FloatArray
     prev_panic: BoolArray
@@ -112,11 +114,17 @@ def compute(snap: Snapshot, config: FleetConfig) -> Outcome:
         act_scores, threshold[act_gids], tcfg.hysteresis, was_here[snap.active], quorum[act_gids]
     )
     # The enter rule fleet-push applies too: below in enter_intervals of the last
-    # enter_window active ticks (one noisy tick above does not restart the count).
+    # enter_window measurements (one noisy one above does not restart the count). A tick
+    # counts a node's score only when the node pushed a new measurement since the last
+    # tick: a held push (or none) repeats one already counted, and two of one measurement
+    # are not two intervals below.
+    measured = snap.active & snap.fresh
     below = np.zeros(snap.idx.size, dtype=np.bool_)
     below[snap.active] = quorum[act_gids] & (act_scores < threshold[act_gids])
+    below &= measured
     window = (1 << max(tcfg.enter_window, tcfg.enter_intervals)) - 1
-    recent = np.where(snap.active, ((snap.recent << 1) | below) & window, 0)
+    shifted = ((snap.recent << 1) | below) & window
+    recent = np.where(measured, shifted, np.where(snap.active, snap.recent, 0))
     straggler &= was_here | (below & (np.bitwise_count(recent) >= tcfg.enter_intervals))
     # A rank flagged peer_lag is late in most of a window of collectives already: it needs
     # no streak of its own. It needs its group's quorum, as a score does, so the drain rules

@@ -6,7 +6,7 @@ Names are the public contract of DESIGN.md: resource attributes ``ingero.node.id
 ``ingero.provider``, ``ingero.inference.service``; gauge ``ingero.node.health_score`` with point attributes
 ``ingero.node.state``, ``ingero.workload_type``, ``slurm.job.id``, ``ingero.rank``,
 ``ingero.world_size``, ``ingero.dominant_signal``, ``ingero.node.stalled``,
-``ingero.episode.id``; gauge ``ingero.node.signal`` (attribute ``ingero.signal``) and gauge
+``ingero.episode.id``, ``ingero.node.held``; gauge ``ingero.node.signal`` (attribute ``ingero.signal``) and gauge
 ``ingero.node.rate`` (attribute ``ingero.rate``).
 
 OpenTelemetry conventions: the sender's ``service.*`` and the semantic-convention
@@ -63,6 +63,10 @@ ATTR_STALLED = "ingero.node.stalled"
 # Added: the node's open straggler episode; "" when it classifies itself and has none open,
 # absent from an agent that does not (Fleet then cannot wait for the node's id).
 ATTR_EPISODE = "ingero.episode.id"
+# Whether the push repeats the node's last measurement (no new tracer interval since), on
+# every push of an agent that says so: Fleet then counts the node's score once per new
+# measurement. Absent from an agent that does not say (Fleet counts it at every tick).
+ATTR_HELD = "ingero.node.held"
 # Added (resource): the inference service the node's replica serves; groups nodes without
 # a Slurm job (replicas of one model are peers).
 ATTR_SERVICE = "ingero.inference.service"
@@ -172,6 +176,9 @@ class NodePush:
     clock: ClockOffset | None = None
     # The inference service (replicas of one model) the node serves; None: none.
     service: str | None = None
+    # The push repeats the node's last measurement (nothing new measured since); None:
+    # the agent does not say.
+    held: bool | None = None
 
     @property
     def group(self) -> str:
@@ -263,6 +270,7 @@ def encode_health(
             ATTR_DOMINANT: push.dominant_signal,
             ATTR_STALLED: True if push.stalled else None,
             ATTR_EPISODE: push.episode_id,
+            ATTR_HELD: push.held,
         },
     )
     for name, attr, values in (
@@ -586,6 +594,7 @@ def _decode_scores(
                 collectives=tuple(collectives.comms) if collectives else (),
                 clock=collectives.clock if collectives else None,
                 service=service,
+                held=_flag(attrs, ATTR_HELD) if ATTR_HELD in attrs else None,
             )
         except ValueTooLong as exc:
             result.reject(TOO_LONG, f"node {node_id}: {exc}")

@@ -391,6 +391,7 @@ class Agent:
             collectives=sample.collectives,
             clock=self.clock_offset.estimate(self.clock.monotonic()),
             service=ident.service or (self.engines.service if self.engines else None),
+            held=sample.held,
         )
 
     def _mode_event(self, decision: Decision, push: NodePush) -> Event:

@@ -1,9 +1,9 @@
 """FleetState against a plain-Python reference of the DESIGN.md rules over random histories.
 
 The reference keeps one dict per node and recomputes every group with ``statistics``; it
-shares no code with the vectorised engine. Random pushes, state changes, job moves and
-silences (expiry) are replayed through both, tick by tick, and every figure, verdict and
-event must agree.
+shares no code with the vectorised engine. Random pushes (some held: the node's last
+measurement again; some from agents that do not say), state changes, job moves and silences (expiry) are replayed through
+both, tick by tick, and every figure, verdict and event must agree.
 """
 
 from __future__ import annotations
@@ -34,8 +34,11 @@ class RefNode:
     episode_group: str | None = None
     consec: int = 0
     since: float | None = None
-    # Whether the score was below the threshold, the last active ticks outside an episode.
+    # Whether the score was below the threshold, the last active ticks outside an episode
+    # at which the node had pushed a new measurement.
     recent: list[bool] = field(default_factory=list)
+    fresh: bool = True  # a push since the last tick that did not hold
+    says: bool = True  # the last push said whether it held (else every tick counts)
 
 
 @dataclass
@@ -45,12 +48,15 @@ class Reference:
     ema: dict[str, float] = field(default_factory=dict)
     panic: dict[str, bool] = field(default_factory=dict)
 
-    def push(self, node: str, score: float, active: bool, group: str, mono: float) -> None:
+    def push(
+        self, node: str, score: float, active: bool, group: str, mono: float, held: bool | None
+    ) -> None:
         ref = self.nodes.get(node)
         if ref is None:
-            self.nodes[node] = RefNode(score, active, group, mono)
-        else:
-            ref.score, ref.active, ref.group, ref.seen = score, active, group, mono
+            ref = self.nodes[node] = RefNode(score, active, group, mono, fresh=False)
+        ref.score, ref.active, ref.group, ref.seen = score, active, group, mono
+        ref.fresh = ref.fresh or held is False
+        ref.says = held is not None
 
     def tick(self, now: float, mono: float) -> tuple[dict[str, float | None], set[tuple]]:
         t, q = self.config.threshold, self.config.quorum
@@ -94,16 +100,19 @@ class Reference:
             here = r.straggler and r.episode_group == r.group
             thr = thresholds[r.group]
             below = r.active and quorum[r.group] and thr is not None and r.score < thr
-            if r.active:
+            counted = r.fresh or not r.says
+            if r.active and counted:
                 r.recent = [*r.recent, below][-max(t.enter_window, t.enter_intervals) :]
-            else:
+            elif not r.active:
                 r.recent = []
+            enters = counted and sum(r.recent) >= t.enter_intervals
+            r.fresh = False
             now_straggler = (
                 r.active
                 and quorum[r.group]
                 and thr is not None
                 and (
-                    (r.score < thr and (here or sum(r.recent) >= t.enter_intervals))
+                    (r.score < thr and (here or enters))
                     or (here and not r.score >= thr + t.hysteresis)
                 )
             )
@@ -161,6 +170,7 @@ def test_random_histories_match_the_reference(seed: int) -> None:
     names = [f"n{i}" for i in range(rng.randint(6, 16))]
     jobs = ["1", "2", "3"]
     home = {n: rng.choice(jobs[:2]) for n in names}
+    says = {n: rng.random() < 0.7 for n in names}  # the others: older agents
     episode_ids: dict[str, str] = {}
     for _ in range(30):
         for name in names:
@@ -169,6 +179,9 @@ def test_random_histories_match_the_reference(seed: int) -> None:
             if rng.random() < 0.03:
                 home[name] = rng.choice(jobs)
             score = rng.choice(SCORES) if rng.random() < 0.8 else rng.random()
+            # A held push repeats the node's last measurement.
+            held = says[name] and name in ref.nodes and rng.random() < 0.2
+            score = ref.nodes[name].score if held else score
             active = rng.random() < 0.9
             push = NodePush(
                 node_id=name,
@@ -176,9 +189,10 @@ def test_random_histories_match_the_reference(seed: int) -> None:
                 score=score,
                 job_id=home[name],
                 state="active" if active else "idle",
+                held=held if says[name] else None,
             )
             state.ingest(push)
-            ref.push(name, score, active, push.group, clock.monotonic())
+            ref.push(name, score, active, push.group, clock.monotonic(), push.held)
         result = state.tick()
         thresholds, events = ref.tick(clock.now(), clock.monotonic())
         assert {g.group: g.threshold for g in result.groups} == thresholds

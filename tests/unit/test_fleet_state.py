@@ -361,6 +361,56 @@ def test_an_episode_starts_after_enter_intervals_below_within_the_enter_window(
     assert entered == [i == enters for i in range(len(scores))]
 
 
+def test_a_held_push_does_not_count_again_in_the_enter_window() -> None:
+    """The tracer slower than the pushes: each measurement comes once new, then once held.
+    Two measurements below, each pushed twice, are two of the default enter rule's (3 of
+    the last 5), not four; a third new one below starts the episode. The held node stays in
+    its group (quorum of 5 with it) and its score in the median."""
+    state = FleetState(
+        FleetConfig(threshold=ThresholdConfig(ema_alpha=1.0)), clock := ManualClock()
+    )
+    entered = []
+    for score, held in [(0.9, False), (0.5, False), (0.5, True), (0.5, False), (0.5, True)]:
+        feed(state, healthy(4))
+        state.ingest(push("n7", score, held=held))
+        result = state.tick()
+        assert result.groups[0].quorum_met and result.groups[0].active_nodes == 5
+        entered.append(bool(of_type(result, "straggler_state")))
+        clock.advance(1)
+    assert entered == [False] * 5
+    feed(state, healthy(4))
+    state.ingest(push("n7", 0.5))
+    assert [e.node_id for e in of_type(state.tick(), "straggler_state")] == ["n7"]
+
+
+def test_a_tick_without_a_new_measurement_does_not_count_a_score_again() -> None:
+    """A node that says whether its pushes hold is counted once per new measurement, also
+    at a tick without its push; one that does not say (an older agent) at every tick."""
+    state, clock, _ = make(enter_intervals=2)
+    feed(state, healthy(6))
+    state.ingest(push("n6", 0.5))  # says nothing
+    state.ingest(push("n7", 0.5, held=False))
+    assert state.tick().events == ()
+    feed(state, healthy(6))  # n6 and n7 silent: their last scores count again for n6 only
+    assert [e.node_id for e in state.tick().events] == ["n6"]
+    state.ingest(push("n7", 0.5, held=True))
+    feed(state, healthy(6))
+    assert state.tick().events == ()
+    state.ingest(push("n7", 0.5, held=False))
+    feed(state, healthy(6))
+    (entered,) = state.tick().events
+    assert (entered.type, entered.node_id) == ("straggler_state", "n7")
+    # An open episode goes on over ticks without a new measurement.
+    for _ in range(2):
+        clock.advance(1)
+        feed(state, healthy(6))
+        assert "n7" in [v.node_id for v in state.tick().verdicts]
+    state.ingest(push("n7", 0.9, held=False))
+    feed(state, healthy(6))
+    (resolved,) = [e for e in state.tick().events if e.node_id == "n7"]
+    assert resolved.type == "straggler_resolved" and resolved.extra["reason"] == "recovered"
+
+
 def test_losing_quorum_ends_episodes() -> None:
     state, clock, _ = make()
     scores = healthy(5)

@@ -121,6 +121,25 @@ def test_missing_node_and_cluster_ids_rejected() -> None:
     assert result.reasons == {health.MISSING_NODE_ID: 1, health.MISSING_CLUSTER_ID: 1}
 
 
+def test_a_push_says_whether_it_holds_and_an_older_agents_says_nothing() -> None:
+    for held in (True, False):
+        push = NodePush(node_id="n", cluster_id="c", score=0.5, held=held)
+        point = health.encode_health(push, 1).resource_metrics[0].scope_metrics[0]
+        attrs = {
+            kv.key: kv.value.bool_value for kv in point.metrics[0].gauge.data_points[0].attributes
+        }
+        assert attrs[health.ATTR_HELD] is held
+        assert roundtrip(push).pushes == [push]
+    older = health.encode_health(NodePush(node_id="n", cluster_id="c", score=0.5), 1)
+    point = older.resource_metrics[0].scope_metrics[0].metrics[0].gauge.data_points[0]
+    assert health.ATTR_HELD not in {kv.key for kv in point.attributes}
+    assert health.decode_health(older).pushes[0].held is None
+    point.attributes.add(key=health.ATTR_HELD).value.string_value = "yes"
+    result = health.decode_health(older)
+    assert result.reasons == {health.BAD_ATTRIBUTE: 1}
+    assert "ingero.node.held" in result.error_message
+
+
 def test_bad_state_and_rank_rejected() -> None:
     request = health.encode_health(NodePush(node_id="n", cluster_id="c", score=0.5), 1)
     attrs = request.resource_metrics[0].scope_metrics[0].metrics[0].gauge.data_points[0].attributes

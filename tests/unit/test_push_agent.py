@@ -36,6 +36,7 @@ class Sampler:
         self.score = 0.9
         self.state = "active"
         self.stalled = False
+        self.held = False
         self.calls: list[tuple[dict[str, float] | None, bool]] = []  # (peer_rates, job_file)
 
     def sample(
@@ -59,6 +60,7 @@ class Sampler:
             None,
             stalled=self.stalled,
             job_running=True if self.stalled else None,
+            held=self.held,
         )
 
 
@@ -141,6 +143,23 @@ def test_push_carries_the_sample_and_straggler_episode_reaches_channels() -> Non
     agent.step()
     assert rec.events[-1].type == "straggler_resolved"
     assert rec.events[-1].event_id == rec.events[-2].event_id
+
+
+def test_a_held_sample_is_pushed_as_held_and_not_classified_again() -> None:
+    """The tracer slower than the pushes: every other sample repeats the last measurement.
+    Fleet is told which pushes repeat one, and the node counts each measurement once in
+    its enter rule (3 of the last 5 by default)."""
+    agent, clock, sampler, client, rec = make()
+    sampler.score = 0.5
+    for held in (False, True, False, True):
+        sampler.held = held
+        agent.step()
+        clock.advance(1)
+    assert [decode_health(r).pushes[0].held for r in client.pushed] == [False, True] * 2
+    assert "straggler_state" not in [e.type for e in rec.events]
+    sampler.held = False
+    agent.step()
+    assert rec.events[-1].type == "straggler_state"
 
 
 def test_peer_medians_from_the_reply_feed_the_next_sample_while_fresh() -> None:
