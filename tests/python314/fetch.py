@@ -16,6 +16,7 @@ what the stack reader looks for.
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import lzma
 import os
@@ -128,8 +129,9 @@ def provision(cache: Path) -> Path:
     return launcher
 
 
+@functools.cache
 def ensure() -> Path | str:
-    """The launcher of a working python3.14, or why there is none."""
+    """The launcher of a working python3.14, or why there is none (found once per run)."""
     try:
         launcher = provision(cache_dir())
     except (OSError, RuntimeError, subprocess.SubprocessError, lzma.LZMAError) as exc:
