@@ -105,27 +105,29 @@ def provision(cache: Path) -> Path:
     work = cache.with_name(cache.name + ".tmp")
     shutil.rmtree(work, ignore_errors=True)
     work.mkdir()
-    index = _index(_verified_release(work))
-    missing = [p for p in PACKAGES if p not in index]
-    if missing:
-        raise RuntimeError(f"not in {SUITE}: {', '.join(missing)}")
-    prefix = work / "root"
-    for name in PACKAGES:
-        meta = index[name]
-        deb = _get(f"{MIRROR}/{meta['Filename']}")
-        if hashlib.sha256(deb).hexdigest() != meta["SHA256"]:
-            raise RuntimeError(f"{meta['Filename']}: SHA256 differs from Packages")
-        path = work / f"{name}.deb"
-        path.write_bytes(deb)
-        subprocess.run(["dpkg-deb", "-x", str(path), str(prefix)], check=True, timeout=120)
-        path.unlink()
-    (work / "VERSION").write_text(index["python3.14-minimal"]["Version"] + "\n")
-    # The launcher names the final prefix; the rename below makes it true at once.
-    (work / "python3.14").write_text(_launcher(cache / "root"))
-    (work / "python3.14").chmod(0o755)
-    if not cache.exists():
-        work.rename(cache)
-    shutil.rmtree(work, ignore_errors=True)
+    try:
+        index = _index(_verified_release(work))
+        missing = [p for p in PACKAGES if p not in index]
+        if missing:
+            raise RuntimeError(f"not in {SUITE}: {', '.join(missing)}")
+        prefix = work / "root"
+        for name in PACKAGES:
+            meta = index[name]
+            deb = _get(f"{MIRROR}/{meta['Filename']}")
+            if hashlib.sha256(deb).hexdigest() != meta["SHA256"]:
+                raise RuntimeError(f"{meta['Filename']}: SHA256 differs from Packages")
+            path = work / f"{name}.deb"
+            path.write_bytes(deb)
+            subprocess.run(["dpkg-deb", "-x", str(path), str(prefix)], check=True, timeout=120)
+            path.unlink()
+        (work / "VERSION").write_text(index["python3.14-minimal"]["Version"] + "\n")
+        # The launcher names the final prefix; the rename below makes it true at once.
+        (work / "python3.14").write_text(_launcher(cache / "root"))
+        (work / "python3.14").chmod(0o755)
+        if not cache.exists():
+            work.rename(cache)
+    finally:  # a failed try leaves nothing behind
+        shutil.rmtree(work, ignore_errors=True)
     return launcher
 
 
