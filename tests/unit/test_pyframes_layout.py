@@ -20,6 +20,7 @@ from ingero.trace.pyframes.layout import (
     Layout,
     UnsupportedPython,
     from_debug_offsets,
+    parse_debug_offsets,
     table_for,
 )
 
@@ -88,17 +89,48 @@ def _debug_offsets(version: int, free_threaded: int = 0) -> bytes:
     return DEBUG_COOKIE + struct.pack(f"<{n}Q", *values)
 
 
-def test_debug_offsets_give_a_313_layout_and_refuse_others() -> None:
-    layout = from_debug_offsets(_debug_offsets(0x030D00F0))
-    assert layout.version == (3, 13) and layout.cframe_current_frame is None
+# The u64 index (after the cookie) of fields a walk reads, in each version's header
+# (Include/internal/pycore_debug_offsets.h): 3.14 added threads_main inside the interpreter
+# group, stackpointer and tlbc_index in the frame's, co_tlbc in the code object's, and the
+# set group before dict, so its later fields all moved.
+HEADER_INDEX = {
+    (3, 13): {"tstate.current_frame": 22, "frame.executable": 29, "frame.owner": 32,
+              "code.qualname": 36, "code.co_code_adaptive": 42, "bytes.ob_sval": 65,
+              "unicode.asciiobject_size": 69},
+    (3, 14): {"tstate.current_frame": 25, "frame.executable": 32, "frame.owner": 35,
+              "code.qualname": 41, "code.co_code_adaptive": 47, "bytes.ob_sval": 75,
+              "unicode.asciiobject_size": 79},
+}  # fmt: skip
+
+
+@pytest.mark.parametrize("minor", [13, 14])
+def test_debug_offsets_are_read_in_their_versions_struct(minor: int) -> None:
+    data = _debug_offsets(0x030000F0 | minor << 16)
+    d = parse_debug_offsets(data)
+    for name, index in HEADER_INDEX[(3, minor)].items():
+        assert d[name] == 100 + index - 2, name
+    layout = from_debug_offsets(data)
+    assert layout.version == (3, minor) and layout.cframe_current_frame is None
+    assert layout.frame_code == 100 + HEADER_INDEX[(3, minor)]["frame.executable"] - 2
+    # 3.14's f_executable is a tagged _PyStackRef.
+    assert layout.code_tag_bits == (3 if minor == 14 else 0)
+
+
+def test_debug_offsets_refuse_other_versions_and_bad_bytes() -> None:
     with pytest.raises(UnsupportedPython, match="free-threaded"):
         from_debug_offsets(_debug_offsets(0x030D00F0, free_threaded=1))
-    with pytest.raises(UnsupportedPython, match=r"python 3\.14 not supported"):
-        from_debug_offsets(_debug_offsets(0x030E00F0))
+    with pytest.raises(UnsupportedPython, match="free-threaded"):
+        from_debug_offsets(_debug_offsets(0x030E00F0, free_threaded=1))
+    with pytest.raises(UnsupportedPython, match=r"python 3\.15 not supported"):
+        from_debug_offsets(_debug_offsets(0x030F00A1))
     with pytest.raises(UnsupportedPython, match="cookie"):
         from_debug_offsets(b"x" * DEBUG_OFFSETS_SIZE)
-    with pytest.raises(UnsupportedPython, match="need"):
+    with pytest.raises(UnsupportedPython, match="need 16"):
         from_debug_offsets(DEBUG_COOKIE)
+    with pytest.raises(UnsupportedPython, match="need"):
+        from_debug_offsets(_debug_offsets(0x030E00F0)[:200])
+    with pytest.raises(UnsupportedPython, match=r"python 3\.9 not supported"):
+        table_for((3, 9))
     with pytest.raises(UnsupportedPython, match=r"python 3\.9 not supported"):
         table_for((3, 9))
 

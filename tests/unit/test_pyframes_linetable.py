@@ -16,6 +16,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from ingero.trace.pyframes.linetable import line_for, ranges_310, ranges_311
+from tests.python314 import fetch as python314
 
 
 def _codes() -> Iterator[types.CodeType]:
@@ -73,8 +74,9 @@ def test_the_executing_line_is_not_the_def_line() -> None:
     assert decoded != first
 
 
-# 3.10 wrote its own format; when a 3.10 interpreter is here, compare with its co_lines().
-DUMP_310 = """
+# Every code object a real interpreter has (3.10, 3.14) with its own answers: the table,
+# co_firstlineno, the bytecode's size, co_lines() and (3.11+) co_positions()' lines.
+DUMP = """
 import gc, json, types
 seen, out = set(), []
 stack = [o.__code__ for o in gc.get_objects() if isinstance(o, types.FunctionType)]
@@ -82,10 +84,14 @@ while stack:
     c = stack.pop()
     if id(c) in seen: continue
     seen.add(id(c))
-    out.append([c.co_linetable.hex(), c.co_firstlineno, list(c.co_lines())])
+    pos = [p[0] for p in c.co_positions()] if hasattr(c, "co_positions") else []
+    out.append([c.co_linetable.hex(), c.co_firstlineno, len(c.co_code), list(c.co_lines()), pos])
     stack.extend(x for x in c.co_consts if isinstance(x, types.CodeType))
 print(json.dumps(out))
 """
+
+
+# 3.10 wrote its own format; when a 3.10 interpreter is here, compare with its co_lines().
 
 
 def _python310() -> str | None:
@@ -107,18 +113,38 @@ def test_310_table_matches_a_real_310_co_lines() -> None:
     py = _python310()
     if py is None:
         pytest.skip("no python3.10 here to compare the 3.10 decoder with")
-    out = subprocess.run(
-        [py, "-c", DUMP_310], capture_output=True, text=True, check=True, timeout=120
-    )
+    out = subprocess.run([py, "-c", DUMP], capture_output=True, text=True, check=True, timeout=120)
     entries = json.loads(out.stdout)
     assert len(entries) > 500
-    for table_hex, first, lines in entries:
+    for table_hex, first, _, lines, _ in entries:
         got = list(ranges_310(bytes.fromhex(table_hex), first))
         assert [list(r) for r in got] == lines
-    for table_hex, first, lines in entries[:300]:
+    for table_hex, first, _, lines, _ in entries[:300]:
         for start, end, line in lines:
             assert line_for(bytes.fromhex(table_hex), first, start, "310") == line
             assert line_for(bytes.fromhex(table_hex), first, end - 2, "310") == line
+
+
+# 3.12-3.14 keep 3.11's location-table format: checked on a real 3.14 (tests/python314).
+
+
+def test_311_decoder_matches_a_real_314_co_lines_and_co_positions() -> None:
+    py = python314.ensure()
+    if not isinstance(py, Path):
+        pytest.skip(py)
+    out = subprocess.run(
+        [str(py), "-c", DUMP], capture_output=True, text=True, check=True, timeout=120
+    )
+    entries = json.loads(out.stdout)
+    assert len(entries) > 500
+    for table_hex, first, size, lines, positions in entries:
+        got: dict[int, int | None] = dict.fromkeys(range(0, size, 2))
+        for start, end, line in ranges_311(bytes.fromhex(table_hex), first):
+            for off in range(start, end, 2):
+                got[off] = line
+        want = {off: line for start, end, line in lines for off in range(start, end, 2)}
+        assert got == {off: want.get(off) for off in got}
+        assert [got[i * 2] for i in range(len(positions))] == positions
 
 
 # A 3.11 location-table encoder (Objects/locations.md), to round-trip random line sequences.

@@ -3,9 +3,11 @@
 3.10-3.12 have no runtime description of their own layout: the tables below are
 ``offsetof`` of CPython's own structs, compiled against each version's installed headers
 (tests/unit/test_pyframes_layout.py recompiles them when the headers are present and
-compares). 3.13 describes itself: ``_PyRuntime`` starts with ``_Py_DebugOffsets`` (cookie
-``xdebugpy``), read out of the process by ``from_debug_offsets``. 3.14 changed that struct
-again and is not read: such a process gets native frames and a reason.
+compares). 3.13 and 3.14 describe themselves: ``_PyRuntime`` starts with
+``_Py_DebugOffsets`` (cookie ``xdebugpy``, then the version), read out of the process by
+``from_debug_offsets``. The struct itself changes between versions (3.14 added fields inside
+its groups and new groups), so each version's field order is listed here; a version
+without a list (3.15+) gets native frames and a reason.
 """
 
 from __future__ import annotations
@@ -47,6 +49,9 @@ class Layout:
     code_firstlineno: int
     code_linetable: int
     code_adaptive: int | None  # bytecode start inside the code object (3.11+)
+    # Low bits of the frame's code pointer that are a tag, not address: 3.14's
+    # f_executable is a _PyStackRef (Py_TAG_BITS in pycore_stackref.h), cleared before use.
+    code_tag_bits: int = 0
     bytes_size: int = 16
     bytes_sval: int = 32
     unicode_state: int = 32
@@ -105,8 +110,10 @@ PY312 = Layout(
 TABLES = {(3, 10): PY310, (3, 11): PY311, (3, 12): PY312}
 
 DEBUG_COOKIE = b"xdebugpy"
-# _Py_DebugOffsets of 3.13: cookie, then u64 fields in groups (each group starts with the
-# struct's size). Only the groups up to unicode_object are read.
+# _Py_DebugOffsets (Include/internal/pycore_debug_offsets.h): the cookie, then u64 fields in
+# groups (most start with the size of the struct they describe). 3.13's groups are listed
+# up to unicode_object (the last one read); 3.14's all, in the order of 3.14's header, which
+# the live 3.14 tests check against the interpreter's own sizes.
 _DEBUG_313 = (
     ("head", ("version", "free_threaded")),
     ("runtime", ("size", "finalizing", "interpreters_head")),
@@ -128,35 +135,78 @@ _DEBUG_313 = (
     ("bytes", ("size", "ob_size", "ob_sval")),
     ("unicode", ("size", "state", "length", "asciiobject_size")),
 )  # fmt: skip
-DEBUG_OFFSETS_SIZE = 8 + 8 * sum(len(fields) for _, fields in _DEBUG_313)
+# 3.14: threads_main, code_object_generation and tlbc_generation in the interpreter,
+# stackpointer and tlbc_index in the frame, co_tlbc in the code object, and the set,
+# generator, llist_node and debugger_support groups.
+_DEBUG_314 = (
+    ("head", ("version", "free_threaded")),
+    ("runtime", ("size", "finalizing", "interpreters_head")),
+    ("interp", ("size", "id", "next", "threads_head", "threads_main", "gc",
+                "imports_modules", "sysdict", "builtins", "ceval_gil", "gil_runtime_state",
+                "gil_enabled", "gil_locked", "gil_holder", "code_object_generation",
+                "tlbc_generation")),
+    ("tstate", ("size", "prev", "next", "interp", "current_frame", "thread_id",
+                "native_thread_id", "datastack_chunk", "status")),
+    ("frame", ("size", "previous", "executable", "instr_ptr", "localsplus", "owner",
+               "stackpointer", "tlbc_index")),
+    ("code", ("size", "filename", "name", "qualname", "linetable", "firstlineno",
+              "argcount", "localsplusnames", "localspluskinds", "co_code_adaptive",
+              "co_tlbc")),
+    ("pyobject", ("size", "ob_type")),
+    ("type", ("size", "tp_name", "tp_repr", "tp_flags")),
+    ("tuple", ("size", "ob_item", "ob_size")),
+    ("list", ("size", "ob_item", "ob_size")),
+    ("set", ("size", "used", "table", "mask")),
+    ("dict", ("size", "ma_keys", "ma_values")),
+    ("float", ("size", "ob_fval")),
+    ("long", ("size", "lv_tag", "ob_digit")),
+    ("bytes", ("size", "ob_size", "ob_sval")),
+    ("unicode", ("size", "state", "length", "asciiobject_size")),
+    ("gc", ("size", "collecting")),
+    ("gen", ("size", "gi_name", "gi_iframe", "gi_frame_state")),
+    ("llist_node", ("next", "prev")),
+    ("debugger_support", ("eval_breaker", "remote_debugger_support",
+                          "remote_debugging_enabled", "debugger_pending_call",
+                          "debugger_script_path", "debugger_script_path_size")),
+)  # fmt: skip
+DEBUG_GROUPS = {(3, 13): _DEBUG_313, (3, 14): _DEBUG_314}
 
 
-def parse_debug_offsets(data: bytes) -> dict[str, int]:
-    """``group.field`` → value from the start of ``_PyRuntime`` (3.13's struct)."""
-    if len(data) < DEBUG_OFFSETS_SIZE:
-        raise UnsupportedPython(f"_Py_DebugOffsets: {len(data)} bytes, need {DEBUG_OFFSETS_SIZE}")
-    if data[:8] != DEBUG_COOKIE:
-        raise UnsupportedPython("_PyRuntime does not start with the _Py_DebugOffsets cookie")
-    values = struct.unpack_from(f"<{(DEBUG_OFFSETS_SIZE - 8) // 8}Q", data, 8)
-    out: dict[str, int] = {}
-    i = 0
-    for group, fields in _DEBUG_313:
-        for name in fields:
-            out[f"{group}.{name}"] = values[i]
-            i += 1
-    return out
+def _debug_size(groups: tuple[tuple[str, tuple[str, ...]], ...]) -> int:
+    return 8 + 8 * sum(len(fields) for _, fields in groups)
+
+
+# Bytes read from the start of _PyRuntime: enough for every version listed.
+DEBUG_OFFSETS_SIZE = max(_debug_size(g) for g in DEBUG_GROUPS.values())
+PY_TAG_BITS_314 = 3  # pycore_stackref.h: Py_TAG_REFCNT 1, Py_INT_TAG 3
 
 
 def version_of_hex(hexversion: int) -> tuple[int, int]:
     return (hexversion >> 24) & 0xFF, (hexversion >> 16) & 0xFF
 
 
+def parse_debug_offsets(data: bytes) -> dict[str, int]:
+    """``group.field`` → value from the start of ``_PyRuntime``, in the struct of the
+    version the struct itself names."""
+    if len(data) < 16:
+        raise UnsupportedPython(f"_Py_DebugOffsets: {len(data)} bytes, need 16")
+    if data[:8] != DEBUG_COOKIE:
+        raise UnsupportedPython("_PyRuntime does not start with the _Py_DebugOffsets cookie")
+    version = version_of_hex(struct.unpack_from("<Q", data, 8)[0])
+    groups = DEBUG_GROUPS.get(version)
+    if groups is None:
+        raise UnsupportedPython(f"python {version[0]}.{version[1]} not supported")
+    size = _debug_size(groups)
+    if len(data) < size:
+        raise UnsupportedPython(f"_Py_DebugOffsets: {len(data)} bytes, need {size}")
+    values = iter(struct.unpack_from(f"<{(size - 8) // 8}Q", data, 8))
+    return {f"{group}.{name}": next(values) for group, fields in groups for name in fields}
+
+
 def from_debug_offsets(data: bytes) -> Layout:
-    """The layout a 3.13 process describes in its ``_Py_DebugOffsets``."""
+    """The layout a 3.13 or 3.14 process describes in its ``_Py_DebugOffsets``."""
     d = parse_debug_offsets(data)
     version = version_of_hex(d["head.version"])
-    if version != (3, 13):
-        raise UnsupportedPython(f"python {version[0]}.{version[1]} not supported")
     if d["head.free_threaded"]:
         raise UnsupportedPython("free-threaded CPython build (Py_GIL_DISABLED) not supported")
     return Layout(
@@ -172,12 +222,15 @@ def from_debug_offsets(data: bytes) -> Layout:
         frame_code=d["frame.executable"],
         frame_instr=d["frame.instr_ptr"],
         frame_owner=d["frame.owner"],
+        # The entry frame the interpreter pushes per call from C: FRAME_OWNED_BY_CSTACK in
+        # 3.13, the same value renamed FRAME_OWNED_BY_INTERPRETER in 3.14.
         shim_owner=3,
         code_filename=d["code.filename"],
         code_name=d["code.qualname"],
         code_firstlineno=d["code.firstlineno"],
         code_linetable=d["code.linetable"],
         code_adaptive=d["code.co_code_adaptive"],
+        code_tag_bits=PY_TAG_BITS_314 if version >= (3, 14) else 0,
         bytes_size=d["bytes.ob_size"],
         bytes_sval=d["bytes.ob_sval"],
         unicode_state=d["unicode.state"],

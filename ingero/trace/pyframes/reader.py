@@ -258,6 +258,7 @@ class PyProcess:
         return instr - (code + L.code_adaptive)
 
     def frame(self, code: int, instr: int) -> Frame | None:
+        code &= ~self.layout.code_tag_bits  # 3.14: a tagged _PyStackRef (BPF frames too)
         info = self.code(code)
         if info is None:
             return None

@@ -13,8 +13,11 @@ import time
 import zipfile
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
+
+from tests.python314 import fetch as python314
 
 HERE = Path(__file__).parent
 REPO = HERE.parents[2]
@@ -22,15 +25,22 @@ CUDA_HOME = Path(os.environ.get("CUDA_HOME", "/usr/local/cuda"))
 NCCL_WHEEL = "nvidia-nccl-cu13"
 
 
-def interpreters(minor_from: int = 10) -> list[str]:
-    """This test run's Python, Debian's 3.11 and the first pyenv install of each of 3.10, 3.12
-    and 3.13 present here (from ``minor_from`` on)."""
+def interpreters(minor_from: int = 10) -> list[Any]:
+    """This test run's Python, Debian's 3.11, the first pyenv install of each of 3.10, 3.12
+    and 3.13 present here (from ``minor_from`` on), and Debian sid's 3.14 (tests/python314:
+    downloaded once; its cases skip with the reason when it cannot be had)."""
     found = [sys.executable, "/usr/bin/python3.11"]
     for minor in (10, 12, 13):
         if minor >= minor_from:
             found += [str(p) for p in sorted(
                 Path.home().glob(f".pyenv/versions/3.{minor}.*/bin/python3.{minor}"))[:1]]  # fmt: skip
-    return [p for p in found if os.access(p, os.X_OK)]
+    out: list[Any] = [p for p in found if os.access(p, os.X_OK)]
+    py314 = python314.ensure()
+    if isinstance(py314, Path):
+        out.append(str(py314))
+    else:
+        out.append(pytest.param("python3.14", marks=pytest.mark.skip(reason=py314)))
+    return out
 
 
 @pytest.fixture(scope="session")

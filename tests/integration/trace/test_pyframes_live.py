@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import subprocess
 import sys
 from collections.abc import Iterator
@@ -9,6 +10,7 @@ from pathlib import Path
 
 import pytest
 
+from ingero.trace.pyframes.layout import DEBUG_OFFSETS_SIZE, parse_debug_offsets
 from ingero.trace.pyframes.reader import PyProcess, open_or_reason
 from tests.integration.trace.conftest import interpreters
 
@@ -47,6 +49,10 @@ def test_every_thread_names_its_executing_lines(
     assert proc.pid in stacks and len(stacks) == 4  # main + 3 threads, from the interpreter's list
     script = str(SCRIPT)
     main = stacks.pop(proc.pid)
+    if reader.layout.code_tag_bits:
+        # 3.14's f_executable may carry a reference tag in its low bits: the same frame.
+        code, instr = reader.walk(reader.threads()[proc.pid]).frames[0]
+        assert reader.frame(code | 1, instr) == reader.frame(code, instr) == main.frames[0]
     assert [(f.function, f.file, f.line) for f in main.frames] == [
         ("<module>", script, marks["module"])
     ]
@@ -120,3 +126,48 @@ def test_other_processes_get_a_reason(workloads: list[subprocess.Popen[str]]) ->
     workloads.append(proc)
     assert proc.stdout is not None and proc.stdout.readline()
     assert open_or_reason(proc.pid) == "python 3.9 not supported"
+
+
+# What an interpreter says of its own structs, for _Py_DebugOffsets' fields (3.13+): a
+# field list out of order or missing a field shifts every later group off these.
+SELF_SIZES = """
+import json, sys, types
+sizes = {
+    "head.version": sys.hexversion,
+    "pyobject.size": object.__basicsize__,
+    "code.co_code_adaptive": types.CodeType.__basicsize__,
+    "tuple.ob_item": tuple.__basicsize__,
+    "list.size": list.__basicsize__,
+    "dict.size": dict.__basicsize__,
+    "float.size": float.__basicsize__,
+    "long.ob_digit": int.__basicsize__,
+    "bytes.ob_sval": bytes.__basicsize__ - 1,
+    "unicode.size": str.__basicsize__,
+}
+if sys.version_info >= (3, 14):
+    sizes["set.size"] = set.__basicsize__
+    sizes["gen.basicsize"] = types.GeneratorType.__basicsize__
+print(json.dumps(sizes), flush=True)
+sys.stdin.readline()
+"""
+
+
+@pytest.mark.parametrize("python", interpreters(minor_from=13))
+def test_debug_offsets_agree_with_the_interpreters_own_sizes(
+    python: str, workloads: list[subprocess.Popen[str]]
+) -> None:
+    proc = subprocess.Popen([python, "-c", SELF_SIZES], stdin=subprocess.PIPE,
+                            stdout=subprocess.PIPE, text=True)  # fmt: skip
+    workloads.append(proc)
+    assert proc.stdout is not None
+    sizes = json.loads(proc.stdout.readline())
+    if sizes["head.version"] < 0x030D0000:
+        pytest.skip("no _Py_DebugOffsets before 3.13")
+    reader = PyProcess.open(proc.pid)
+    d = parse_debug_offsets(reader.mem.read(reader.runtime, DEBUG_OFFSETS_SIZE))
+    # A generator's basic size ends where its frame's locals start.
+    d["gen.basicsize"] = d.get("gen.gi_iframe", 0) + d["frame.localsplus"]
+    got = {name: d[name] for name in sizes}
+    assert got == sizes
+    assert d["pyobject.ob_type"] == 8 and d["head.free_threaded"] == 0
+    proc.communicate("go\n", timeout=30)

@@ -85,14 +85,15 @@ def test_sampled_calls_carry_python_and_native_frames(
     assert len(full) == 3  # each thread's own state was walked
 
 
+@pytest.mark.parametrize("python", [sys.executable, interpreters()[-1]])  # and 3.14
 def test_a_new_threads_first_slow_call_has_its_python_frames(
-    start_tracer: Any, spawn: Any, runtime_loop: Path
+    python: str, start_tracer: Any, spawn: Any, runtime_loop: Path
 ) -> None:
     """A thread started after the tracer read the interpreter's threads, whose very first
     call is slow (sampled for that, at the default 1-in-64): its Python frames, no reason."""
     lib = runtime_loop.parent / "libcudart.so.13"
     env = dict(os.environ, FAKE_CUDA_SYNC_US="30000")
-    workload = spawn([sys.executable, str(SCRIPT), "late", str(lib), "3"], env=env)
+    workload = spawn([python, str(SCRIPT), "late", str(lib), "3"], env=env)
     assert workload.stdout.readline().strip() == "ready"
     tracer = start_tracer("--pid", str(workload.pid))
     out, err = workload.communicate("go\n", timeout=120)
