@@ -35,6 +35,9 @@ fi
 
 PY=${PYTHON:-python3}
 [ -x .venv/bin/python ] || "$PY" -m venv .venv
+# Debian sid's CPython 3.14 for the stack tests, downloaded and verified once into the
+# user's cache (the tests themselves reach nothing off the host); without it they skip.
+"$PY" -m tests.python314.fetch || echo "CPython 3.14 stack tests will skip" >&2
 .venv/bin/pip install -q --disable-pip-version-check -e '.[test]'
 # pyslurm only where Slurm 25.11 was built: it cannot even be built without it. A build
 # still running installs it later (above); an earlier run's build, now.

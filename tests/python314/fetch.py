@@ -10,8 +10,8 @@ launcher script that ``exec``\\s it, so the process is ld.so mapping the real ``
 image (which links libpython statically): ``/proc/PID/maps`` names that file, which is
 what the stack reader looks for.
 
-``ensure()`` gives the launcher, or the reason there is none (the 3.14 cases then skip).
-``python -m tests.python314.fetch`` provisions it ahead of a run.
+``python3 -m tests.python314.fetch`` provisions it ahead of a run (tests/run.sh does);
+``ensure()`` then gives the launcher, or the reason there is none (the 3.14 cases skip).
 """
 
 from __future__ import annotations
@@ -132,9 +132,17 @@ def provision(cache: Path) -> Path:
 
 
 @functools.cache
-def ensure() -> Path | str:
-    """The launcher of a working python3.14, or why there is none (found once per run)."""
+def ensure(download: bool = False) -> Path | str:
+    """The launcher of a working python3.14, or why there is none (found once per run).
+
+    Tests look only in the cache (they talk to nothing beyond the host): tests/run.sh
+    downloads ahead of pytest with ``python3 -m tests.python314.fetch`` (``download``)."""
     try:
+        if not download and not (cache_dir() / "python3.14").exists():
+            raise RuntimeError(
+                f"not in {cache_dir()} (python3 -m tests.python314.fetch downloads it;"
+                " tests/run.sh does)"
+            )
         launcher = provision(cache_dir())
     except (OSError, RuntimeError, subprocess.SubprocessError, lzma.LZMAError) as exc:
         return f"no CPython 3.14 from Debian {SUITE}: {exc}"
@@ -146,6 +154,6 @@ def ensure() -> Path | str:
 
 
 if __name__ == "__main__":
-    got = ensure()
+    got = ensure(download=True)
     print(got)
     sys.exit(0 if isinstance(got, Path) else 1)
