@@ -167,7 +167,10 @@ struct py_layout_t {
     s32 shim_owner;      // owner value of C-stack shim frames (3.12+), else -1
     s32 threads_head;    // PyInterpreterState: its first PyThreadState (-1: no lookup)
     s32 tstate_next;     // PyThreadState: the next one
-    s32 tstate_tid;      // PyThreadState: native_thread_id (3.11+), else -1
+    s32 tstate_tid;      // PyThreadState: native_thread_id (3.11+), thread_id (3.10), else -1
+    s32 pthread_tid;     // 3.10: the tid's offset in glibc's struct pthread (thread_id points
+                         // at it), else -1 (tstate_tid is the kernel tid itself)
+    s32 pad;
     u64 interp;          // the main PyInterpreterState * (0: no lookup)
 };
 
@@ -373,6 +376,13 @@ static __always_inline u64 py_find_thread(struct py_layout_t *L, u32 tid) {
         s64 native = 0;
         if (bpf_probe_read_user(&native, sizeof(native), (void *)(t + L->tstate_tid)) != 0)
             break;
+        if (L->pthread_tid >= 0) {  // 3.10: a pthread_t, the address of glibc's struct pthread
+            s32 k = 0;
+            if (!native ||
+                bpf_probe_read_user(&k, sizeof(k), (void *)(native + L->pthread_tid)) != 0)
+                k = 0;
+            native = k;
+        }
         if (native == (s64)tid) {
             py_tstates.update(&tid, &t);
             py_misses.delete(&tid);

@@ -154,13 +154,23 @@ class Probes:
                 del comms[k]
 
     def set_python(
-        self, pid: int, layout: Layout, tstates: dict[int, int], interp: int = 0
+        self,
+        pid: int,
+        layout: Layout,
+        tstates: dict[int, int],
+        interp: int = 0,
+        pthread_tid: int | None = None,
     ) -> None:
         """Let the program walk ``pid``'s Python frames: its layout, its threads' states,
-        and its main interpreter (where the program looks up a thread not mapped yet)."""
+        and its main interpreter (where the program looks up a thread not mapped yet).
+        ``pthread_tid``: 3.10, which keeps no kernel tid in the thread state, only a
+        pthread_t: where glibc's struct pthread holds the tid (none known: no lookup)."""
         table = self.bpf[b"py_layouts"]
         w = layout.window()
         tid = layout.tstate_native_thread_id
+        through_pthread = -1
+        if tid is None and pthread_tid is not None:
+            tid, through_pthread = layout.tstate_thread_id, pthread_tid
         leaf = table.Leaf(
             layout.tstate_frame,
             -1 if layout.cframe_current_frame is None else layout.cframe_current_frame,
@@ -174,6 +184,8 @@ class Probes:
             layout.interp_threads_head if interp and tid is not None else -1,
             layout.tstate_next,
             -1 if tid is None else tid,
+            through_pthread,
+            0,
             interp if tid is not None else 0,
         )
         table[table.Key(pid)] = leaf

@@ -31,7 +31,12 @@ _PY_REASONS = {
 
 class PythonProbes(Protocol):
     def set_python(
-        self, pid: int, layout: Layout, tstates: dict[int, int], interp: int = 0
+        self,
+        pid: int,
+        layout: Layout,
+        tstates: dict[int, int],
+        interp: int = 0,
+        pthread_tid: int | None = None,
     ) -> None: ...
     def forget_python(self, pid: int, tids: set[int]) -> None: ...
     def symbol(self, pid: int, addr: int) -> tuple[str | None, int | None, str | None]: ...
@@ -69,7 +74,7 @@ class StackResolver:
             if gone:
                 self.probes.forget_python(-1, gone)
             self._tids[pid] = set(threads)
-            self.probes.set_python(pid, reader.layout, threads, interp)
+            self.probes.set_python(pid, reader.layout, threads, interp, reader.pthread_tid)
         self._stale.clear()
 
     def forget(self, pids: set[int]) -> None:

@@ -119,6 +119,12 @@ class PyProcess:
             interp = nxt
         return 0
 
+    @property
+    def pthread_tid(self) -> int | None:
+        """3.10: where glibc's struct pthread keeps the tid (found by :meth:`threads`), for
+        the tracer's own lookup of a thread born since; None on 3.11+ or not found."""
+        return self._tid_offset if self.layout.tstate_native_thread_id is None else None
+
     def _pthread_tid(self, pthread: int) -> int:
         if self._tid_offset is None:
             raise ReadError("tid offset in struct pthread unknown")
