@@ -9,7 +9,10 @@ process (uprobes attach by library path, so every new process is caught):
 - ``floor``: an empty entry + return uprobe pair on the same function: the cost of any
   uprobe design that measures durations;
 - ``ingero``: ingero's full BPF program (every CUDA probe, host tracepoints, ring buffer),
-  with call stacks on sampled and slow calls (the default);
+  with call stacks on sampled and slow calls (the default), attached through uprobe_multi
+  links as the tracer does where the kernel has them;
+- ``perf-uprobes``: the same, attached as BCC's perf-event uprobes (the tracer's way on a
+  kernel before 6.6);
 - ``no-stacks``: the same program loaded with ``--no-stacks``;
 - ``no-samples``: the default program with no call sampled (``--sample-every`` 2^40; the
   calls here are never slow): the per-call bookkeeping without the samples and stacks.
@@ -39,6 +42,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from ingero.trace.ops import CUDART
 from ingero.trace.probes import DEFAULT_SAMPLE_EVERY, load, probe_names
 from ingero.trace.procmaps import LibraryFile
+from ingero.trace.uprobemulti import close_all
 
 CUDA_HOME = Path(os.environ.get("CUDA_HOME", "/usr/local/cuda"))
 SYMBOL = b"cudaLaunchKernel"
@@ -123,9 +127,10 @@ class Ingero(Config):
         stacks: bool = True,
         name: str | None = None,
         sample_every: int = DEFAULT_SAMPLE_EVERY,
+        multi: bool = True,
     ) -> None:
         super().__init__(name or ("ingero" if stacks else "no-stacks"))
-        self.probes = load(stacks=stacks, sample_every=sample_every)
+        self.probes = load(stacks=stacks, sample_every=sample_every, uprobe_multi=multi)
         self.lib = lib or library()
         self.attachments = self.probes.attach_library(self.lib)
         self.probes.open_ring(lambda data: None)
@@ -136,7 +141,10 @@ class Ingero(Config):
 
     def on(self) -> None:
         bpf, path = self.probes.bpf, self.lib.path.encode()
-        for att in self.attachments:
+        if self.probes.multi:  # links again, as the tracer makes them
+            self.probes.attached.clear()
+            self.probes.attach_library(self.lib)
+        for att in [] if self.probes.multi else self.attachments:
             sym = att.symbol.encode()
             enter, leave = probe_names(att)
             bpf.attach_uprobe(name=path, sym=sym, fn_name=enter.encode())
@@ -159,7 +167,12 @@ class Ingero(Config):
             self._poller.join()
             self._poller = None
         bpf, path = self.probes.bpf, self.lib.path.encode()
-        for att in self.attachments:
+        close_all(self.probes.links)
+        self.probes.links.clear()
+        if self.probes.multi:  # ops a link could not take went the BCC way
+            for event in list(bpf.uprobe_fds):
+                bpf.detach_uprobe_event(event)
+        for att in [] if self.probes.multi else self.attachments:
             bpf.detach_uprobe(name=path, sym=att.symbol.encode())
             bpf.detach_uretprobe(name=path, sym=att.symbol.encode())
         for tp in TRACEPOINTS:
@@ -196,9 +209,10 @@ def main() -> None:
         # No call sampled (and none slow): the per-call bookkeeping alone, without the
         # ring buffer samples and their stacks.
         quiet = Ingero(name="no-samples", sample_every=1 << 40)
+        perf = Ingero(name="perf-uprobes", multi=False)
         floor = Floor(type(ingero.probes.bpf), ingero.lib.path)
-        configs = [Config("none"), floor, ingero, plain, quiet]
-        traced = ("ingero", "no-stacks", "no-samples")
+        configs = [Config("none"), floor, ingero, perf, plain, quiet]
+        traced = ("ingero", "perf-uprobes", "no-stacks", "no-samples")
         print(
             f"# {time.strftime('%Y-%m-%d %H:%M:%S')} host={os.uname().nodename} "
             f"cpus={os.cpu_count()} load={os.getloadavg()[0]:.1f} rounds={args.rounds} "
@@ -228,7 +242,7 @@ def main() -> None:
                 f"rate={rate}/s  ns/iter: none={med['none']:.0f} floor={med['floor']:.0f} "
                 f"(floor adds {floor_added:.0f} ns)  {parts}"
             )
-        for traced_config in (ingero, plain, quiet):
+        for traced_config in (ingero, perf, plain, quiet):
             traced_config.probes.close()
         floor.bpf.cleanup()
 

@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import subprocess
+import sys
+import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -14,21 +17,32 @@ from ingero.trace.decode import KIND_CALL, decode
 from ingero.trace.ops import CUDA, CUDART, NCCL, OP_IDS
 from ingero.trace.probes import Probes, load
 from ingero.trace.procmaps import LibraryFile
+from tests.integration.trace.conftest import REPO
 
 pytestmark = pytest.mark.integration
 CUDA_HOME = Path(os.environ.get("CUDA_HOME", "/usr/local/cuda"))
 
 
 @contextmanager
-def loaded(task_storage: bool) -> Iterator[Probes]:
+def loaded(task_storage: bool, uprobe_multi: bool = True) -> Iterator[Probes]:
     """The program in one variant, closed after; skips where task storage cannot load."""
-    probes = load(sample_every=1, task_storage=task_storage)
+    probes = load(sample_every=1, task_storage=task_storage, uprobe_multi=uprobe_multi)
     try:
         if task_storage and not probes.task_storage:
             pytest.skip("this kernel cannot load task-local storage; the hash variant ran")
         yield probes
     finally:
         probes.close()
+
+
+def bpf_links() -> set[int]:
+    """This process's open BPF link fds (a uprobe_multi link is one)."""
+    fds = set()
+    for fd in os.listdir("/proc/self/fd"):
+        with contextlib.suppress(OSError):
+            if os.readlink(f"/proc/self/fd/{fd}") == "anon_inode:bpf_link":
+                fds.add(int(fd))
+    return fds
 
 
 def attach(probes: Probes, *libs: tuple[str, Path]) -> None:
@@ -50,15 +64,30 @@ def run(argv: list[str], env: dict[str, str] | None = None) -> tuple[int, str]:
     return proc.pid, out
 
 
-@pytest.mark.parametrize("task_storage", [True, False], ids=["task-storage", "hash"])
+@pytest.mark.parametrize(
+    ("task_storage", "uprobe_multi"),
+    [(True, True), (False, True), (True, False)],
+    ids=["task-storage", "hash", "perf-uprobes"],
+)
 def test_both_variants_count_every_call(
-    bpf_ready: None, cuda_loop: Path, task_storage: bool
+    bpf_ready: None, cuda_loop: Path, task_storage: bool, uprobe_multi: bool
 ) -> None:
-    with loaded(task_storage) as probes:
+    before = bpf_links()
+    with loaded(task_storage, uprobe_multi) as probes:
         path = os.path.realpath(CUDA_HOME / "lib64" / "libcudart.so")
         st = os.stat(path)
         attached = probes.attach_library(LibraryFile(CUDART, path, st.st_dev, st.st_ino))
         assert {a.op.name for a in attached} >= {"cudaMalloc", "cudaLaunchKernel"}
+        # This kernel (6.6+) has uprobe_multi: one link per program, entry and return,
+        # but for programs whose offset another tool's perf-event uprobe holds (a tracer
+        # beside this test), which attach the BCC way from a copy.
+        links = bpf_links() - before
+        if uprobe_multi:
+            assert len(links) == len(probes.links) > 0
+            programs = 2 * len({a.op_id for a in attached})
+            assert len(probes.links) + len(probes.perf_copies) == programs
+        else:
+            assert not links and not probes.links and not probes.perf_copies
         # Attaching the same file again is a no-op (no double probes).
         assert probes.attach_library(LibraryFile(CUDART, path, st.st_dev, st.st_ino)) == []
         samples: list[bytes] = []
@@ -78,6 +107,7 @@ def test_both_variants_count_every_call(
         mine = [d for d in samples if decode(d).pid == pid]
         assert len(mine) == 11 * 200 + 2
         assert snap.host["dropped_events"] == 0
+    assert bpf_links() == before  # the stop closed every link
 
 
 @pytest.mark.parametrize("task_storage", [True, False], ids=["task-storage", "hash"])
@@ -141,3 +171,50 @@ def test_a_driver_call_the_runtime_makes_is_counted_once(
         for inner in ("cuStreamSynchronize", "cuGraphLaunch", "cuStreamBeginCapture",
                       "cuStreamEndCapture", "cuGraphInstantiate"):  # fmt: skip
             assert (pid, OP_IDS[inner]) not in snap.stats, inner
+
+
+HOLDER = """
+import sys, time
+from ingero.trace.bccload import load_bcc
+bpf = load_bcc().BPF(text=b"int hit(struct pt_regs *ctx) { return 0; }")
+bpf.attach_uprobe(name=sys.argv[1].encode(), sym=b"cudaMalloc", fn_name=b"hit")
+print("held", flush=True)
+sys.stdin.read()
+"""
+
+
+def test_an_op_another_tools_uprobe_holds_attaches_the_perf_way_and_counts(
+    bpf_ready: None, cuda_loop: Path
+) -> None:
+    """Another tool's perf-event uprobe on cudaMalloc, and a process that maps libcudart:
+    the kernel refuses a uprobe_multi link there (EINVAL). That op alone attaches as a
+    perf-event uprobe, from a second copy of its program; every call is still counted."""
+    path = os.path.realpath(CUDA_HOME / "lib64" / "libcudart.so")
+    holder = subprocess.Popen([sys.executable, "-c", HOLDER, path], stdin=subprocess.PIPE,
+                              stdout=subprocess.PIPE, text=True, cwd=REPO)  # fmt: skip
+    mapper = subprocess.Popen([str(cuda_loop), "200", "0"], stdin=subprocess.PIPE,
+                              stdout=subprocess.PIPE, text=True)  # fmt: skip
+    try:
+        assert holder.stdout is not None and holder.stdout.readline() == "held\n"
+        maps = Path(f"/proc/{mapper.pid}/maps")
+        while "libcudart" not in maps.read_text():  # exec'd, its libraries mapped
+            assert mapper.poll() is None
+            time.sleep(0.01)
+        with loaded(task_storage=True) as probes:
+            st = os.stat(path)
+            attached = probes.attach_library(LibraryFile(CUDART, path, st.st_dev, st.st_ino))
+            names = {a.op.name for a in attached}
+            assert {"cudaMalloc", "cudaFree", "cudaLaunchKernel"} <= names
+            malloc = f"enter_{OP_IDS['cudaMalloc']}".encode()
+            assert malloc in probes.perf_copies  # the refused op, the BCC way
+            assert probes.links  # the others, linked
+            out, _ = mapper.communicate("go\n", timeout=60)
+            assert "cudaMalloc=" in out
+            snap, _ = probes.snapshot()
+            for op in ("cudaMalloc", "cudaFree", "cudaLaunchKernel"):
+                assert snap.stats[(mapper.pid, OP_IDS[op])].count == 200, op
+    finally:
+        for proc in (mapper, holder):
+            if proc.poll() is None:
+                proc.kill()
+            proc.wait()
