@@ -275,3 +275,15 @@ def driver_loop(tmp_path_factory: pytest.TempPathFactory) -> Path:
     _gcc(HERE / "fake_libcuda.c", out / "libcuda.so.1", "-O0", "-shared", "-fPIC")
     return _gcc(HERE / "driver_loop.c", out / "driver_loop", str(out / "libcuda.so.1"),
                 f"-Wl,-rpath,{out}")  # fmt: skip
+
+
+@pytest.fixture(scope="session")
+def stream_engine(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """stream_engine.c against the stand-in libcudart and libcuda (runtime_loop's build)."""
+    out = tmp_path_factory.mktemp("streams")
+    inc = f"-I{CUDA_HOME}/include"
+    _gcc(HERE / "fake_libcuda.c", out / "libcuda.so.1", "-O0", "-shared", "-fPIC")
+    _gcc(HERE / "fake_libcudart.c", out / "libcudart.so.13", "-O0", "-shared", "-fPIC", inc,
+         "-Wl,-soname,libcudart.so.13", str(out / "libcuda.so.1"), f"-Wl,-rpath,{out}")  # fmt: skip
+    return _gcc(HERE / "stream_engine.c", out / "stream_engine", inc, str(out / "libcudart.so.13"),
+                str(out / "libcuda.so.1"), f"-Wl,-rpath,{out}")  # fmt: skip
