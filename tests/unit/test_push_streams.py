@@ -15,6 +15,7 @@ from hypothesis import strategies as st
 from ingero.collectors.nodedb import StreamWindow, aggregate_window, read_latest
 from ingero.otlp.health import INFERENCE_STEP_RATE
 from ingero.push.engines import EngineWatcher
+from ingero.push.sampler import NodeSample
 from ingero.push.streams import SPLIT_RATIO, decode_step_rate, decode_stream, split_steps
 from ingero.runtime.clock import ManualClock
 from ingero.trace.aggregate import slot_of
@@ -159,12 +160,16 @@ def _engines(tmp_path: Path, clock: ManualClock) -> EngineWatcher:
     )
 
 
-def test_the_step_rate_follows_the_decode_stream_not_the_syncs(tmp_path: Path) -> None:
-    """The worker syncs its decode stream 100 times an interval at 10 ms a decode step, one
-    step in ten a 200 ms prefill, and another stream 30 times: the step rate is the decode
-    steps' (100/s), not syncs per second of the tree (130 in 2 s) nor the mean step."""
+def run_server(
+    tmp_path: Path, syncs: tuple[int, ...], streams: list[dict[str, Any]], version: int = 6
+) -> NodeSample:
+    """Four 2 s intervals of a node whose server's worker (pid 41) made ``syncs`` stream
+    syncs and, on a version 6 node DB, ``streams`` rows (their ``ts`` set per interval)."""
     clock = ManualClock()
     node = Node(tmp_path, clock)
+    if version < 6:
+        node.db.execute("DROP TABLE stream_intervals")
+        node.db.execute(f"PRAGMA user_version = {version}")
     s = sampler(tmp_path, clock, engines=_engines(tmp_path, clock))
     sample = None
     for _ in range(4):
@@ -174,42 +179,40 @@ def test_the_step_rate_follows_the_decode_stream_not_the_syncs(tmp_path: Path) -
             node.db.table("intervals").insert_all(
                 {"ts_start": now - 2.0, "ts_end": now, "pid": 41, "source": "cuda_runtime",
                  "op": "cudaStreamSynchronize", "count": count, "total_ns": 10**6}
-                for count in (100, 30)
+                for count in syncs
             )  # fmt: skip
-            decode = hist((10, 90), (200, 10))
-            node.db.table("stream_intervals").insert_all([
-                {**_row(now, 41, "00007f00c0de0000", syncs=100, steps=100, step_ns=2_900 * MS),
-                 "step_hist": json.dumps({str(k): v for k, v in decode.items()})},
-                {**_row(now, 41, "00007f00a11e0000", syncs=30, steps=30, step_ns=30 * 60 * MS),
-                 "step_hist": json.dumps({str(slot_of(60 * MS)): 30})},
-            ])  # fmt: skip
+            if streams:
+                node.db.table("stream_intervals").insert_all(
+                    {**row, "ts_start": now - 2.0, "ts_end": now} for row in streams
+                )
         sample = s.sample()
     assert sample is not None and sample.result is not None and sample.window is not None
+    assert "inference_step_rate" in s.baselines.baselines  # learned, whichever the source
+    return sample
+
+
+def test_the_step_rate_follows_the_decode_stream_not_the_syncs(tmp_path: Path) -> None:
+    """The worker syncs its decode stream 100 times an interval at 10 ms a decode step, one
+    step in ten a 200 ms prefill, and another stream 30 times: the step rate is the decode
+    steps' (100/s), not syncs per second of the tree (130 in 2 s) nor the mean step."""
+    decode = hist((10, 90), (200, 10))
+    sample = run_server(tmp_path, (100, 30), [
+        {**_row(0, 41, "00007f00c0de0000", syncs=100, steps=100, step_ns=2_900 * MS),
+         "step_hist": json.dumps({str(k): v for k, v in decode.items()})},
+        {**_row(0, 41, "00007f00a11e0000", syncs=30, steps=30, step_ns=30 * 60 * MS),
+         "step_hist": json.dumps({str(slot_of(60 * MS)): 30})},
+    ])  # fmt: skip
+    assert sample.window is not None and sample.result is not None
     assert sample.window.syncs[41] == 130
     assert sample.result.rates[INFERENCE_STEP_RATE] == pytest.approx(100.0, rel=0.125)
-    assert "inference_step_rate" in s.baselines.baselines  # learned from the decode stream
 
 
 def test_a_version_5_node_db_steps_at_its_synchronize_calls(tmp_path: Path) -> None:
     """No stream rows (a tracer before version 6): the tree's syncs per second, as before."""
-    clock = ManualClock()
-    node = Node(tmp_path, clock)
-    node.db.execute("DROP TABLE stream_intervals")
-    node.db.execute("PRAGMA user_version = 5")
-    s = sampler(tmp_path, clock, engines=_engines(tmp_path, clock))
-    sample = None
-    for _ in range(4):
-        node.run(2.0)
-        now = clock.now()
-        with node.db.conn:
-            node.db.table("intervals").insert(
-                {"ts_start": now - 2.0, "ts_end": now, "pid": 41, "source": "cuda_runtime",
-                 "op": "cudaStreamSynchronize", "count": 100, "total_ns": 10**6}
-            )  # fmt: skip
-        sample = s.sample()
-    assert sample is not None and sample.result is not None and sample.window is not None
+    sample = run_server(tmp_path, (100,), [], version=5)
+    assert sample.window is not None and sample.result is not None
     assert sample.window.streams == {}
     rate = sample.result.rates[INFERENCE_STEP_RATE]
     assert rate is not None and math.isclose(rate, 100 / sample.window.covered_s)
     # fleet-push's read of it is unchanged: read_latest on a version 5 DB.
-    assert read_latest(tmp_path / "node.db", clock.now(), 2.0, None).streams == {}
+    assert read_latest(tmp_path / "node.db", 1e12, 2.0, None).streams == {}

@@ -22,8 +22,8 @@ from typing import Any
 
 import pytest
 
-from ingero.schema.events import Event
 from tests.integration.push.cluster import Cluster, Procs, free_port, wait_for
+from tests.integration.push.test_inference import of
 
 pytestmark = pytest.mark.integration
 
@@ -41,10 +41,6 @@ def cluster(tmp_path: Path) -> Iterator[Cluster]:
         yield c
     finally:
         c.procs.stop_all()
-
-
-def of(c: Cluster, kind: str, node: str) -> list[Event]:
-    return [e for e in c.events() if e.type == kind and e.node_id == node]
 
 
 def start_engine(c: Cluster, i: int, binary: Path) -> Any:
