@@ -471,7 +471,9 @@ def _streams(
             continue
         if isinstance(found, dict):
             for slot, count in found.items():
-                if str(slot).isdigit() and isinstance(count, int) and count > 0:
+                # isdecimal, not isdigit: "²" is a digit int() refuses.
+                ok = slot.isdecimal() and type(count) is int and count > 0
+                if ok:
                     hist[int(slot)] = hist.get(int(slot), 0) + count
     return {
         k: StreamWindow(syncs=v[0], launches=v[1], steps=v[2], step_ns=v[3], hist=hists[k])

@@ -124,7 +124,12 @@ def test_window_sums_stream_rows_and_skips_bad_histograms() -> None:
         _row(1.0, 7, "a", step_hist=json.dumps({"90": 4, "91": 6})),
         _row(2.0, 7, "a", step_hist=json.dumps({"91": 10})),
         _row(2.0, 7, "b", step_hist="not json"),
-        _row(2.0, 8, "a", step_hist=json.dumps({"x": 1, "92": -3, "93": "4", "94": 2})),
+        _row(
+            2.0,
+            8,
+            "a",
+            step_hist=json.dumps({"x": 1, "92": -3, "93": "4", "²": 1, "95": True, "94": 2}),
+        ),
         _row(9.0, 7, "a", step_hist="{}"),  # outside the window
     ]
     w = aggregate_window(0.0, 5.0, [], stream_rows=rows)
