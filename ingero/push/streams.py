@@ -32,7 +32,7 @@ class Split:
     """A stream's steps, split into decode (the short mode) and prefill (the long one)."""
 
     decode_steps: int
-    decode_ns: float  # their total time (bucket midpoints where split; else exact)
+    decode_ns: float  # their total time (exact where unsplit; see split_steps where split)
     prefill_steps: int = 0
     threshold_ns: int | None = None  # the shortest prefill step's bucket start; None: unsplit
 
@@ -73,12 +73,23 @@ def split_steps(hist: Mapping[int, int], total_ns: int | None = None) -> Split |
         whole = exact if exact is not None else sum(_mid(s) * n for s, n in items)
         return Split(steps, float(whole))
     cut = best[1]
-    decode = items[:cut]
+    decode, prefill = items[:cut], items[cut:]
+    # The decode time is the exact total less the prefill steps at their buckets' midpoints,
+    # kept within what the decode buckets allow: where decode steps take most of the time
+    # (the usual case) this is far closer than their own midpoints, whose error jumps by a
+    # bucket's width as steps cross a bucket boundary; replicas with the same prefill steps
+    # share the prefill estimate's error, so their decode times compare.
+    lowest = sum(max(slot_bounds(s)[0], 1) * n for s, n in decode)  # a step is 1 ns or more
+    highest = sum(slot_bounds(s)[1] * n for s, n in decode)
+    decode_ns = sum(_mid(s) * n for s, n in decode)
+    if total_ns is not None and total_ns > 0:
+        estimate = total_ns - sum(_mid(s) * n for s, n in prefill)
+        decode_ns = min(max(estimate, float(lowest)), float(highest))
     return Split(
         decode_steps=sum(n for _, n in decode),
-        decode_ns=sum(_mid(s) * n for s, n in decode),
-        prefill_steps=sum(n for _, n in items[cut:]),
-        threshold_ns=slot_bounds(items[cut][0])[0],
+        decode_ns=decode_ns,
+        prefill_steps=sum(n for _, n in prefill),
+        threshold_ns=slot_bounds(prefill[0][0])[0],
     )
 
 

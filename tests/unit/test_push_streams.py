@@ -69,6 +69,16 @@ def test_split_rule(
         assert split.decode_ns == total  # unsplit: the exact mean
 
 
+def test_decode_steps_across_a_bucket_boundary_keep_their_mean() -> None:
+    """Decode steps of 4.15 and 4.25 ms lie either side of 2^22 ns, in buckets 14% and 25%
+    wide: their midpoints would say 4.63 ms (9% off). The exact total less the prefill
+    steps' estimate, kept within the decode buckets, stays within 5%."""
+    steps = [(4.15, 10), (4.25, 80), (60, 10)]
+    split = split_steps(hist(*steps), int(sum(ms * MS * n for ms, n in steps)))
+    assert split is not None and (split.decode_steps, split.prefill_steps) == (90, 10)
+    assert split.decode_step_ns == pytest.approx((4.15 * 10 + 4.25 * 80) / 90 * MS, rel=0.05)
+
+
 def test_no_steps_no_split() -> None:
     assert split_steps({}) is None
     assert split_steps({50: 0}) is None
