@@ -52,7 +52,7 @@ def start_engine(c: Cluster, i: int, binary: Path) -> Any:
     proc = c.procs.start(
         [str(vllm), "serve", "meta-llama/Llama-3.1-8B-Instruct", "--port", str(free_port())],
         c.tmp / f"{node}.engine.log",
-        {"STREAM_ITERS": "0", "STREAM_DECODE_US": str(DECODE_US), "STREAM_PREFILL_US": "60000",
+        {"STREAM_ITERS": "0", "STREAM_DECODE_US": str(DECODE_US), "STREAM_PREFILL_US": "62000",
          "STREAM_PREFILL_EVERY": "10", "STREAM_OTHER_EVERY": "5",
          "STREAM_CONTROL": str(c.tmp / f"{node}.slow")},
     )  # fmt: skip
@@ -90,9 +90,11 @@ def test_the_replica_slow_on_its_decode_stream_straggles(
     mine = c.threshold(cluster_id="itest", service=SERVICE, node_id=slow)
     assert mine["active_nodes"] == NODES
     assert "inference_token_rate" not in mine["peer_rates"]
-    # The peers' decode steps: 4 ms of work each (and the host's time around it), never
-    # the 60 ms prefill steps nor the other stream's.
-    assert 1e6 / (4 * DECODE_US) < mine["peer_rates"]["inference_step_rate"] <= 1e6 / DECODE_US
+    # The peers' decode steps: 4 ms of work each (and the host's time around it), within the
+    # histogram's resolution; the syncs per second of the tree (decode, prefill and the
+    # other stream: about 12 in 100 ms) would read under 1e6 / (2.5 * DECODE_US).
+    rate = mine["peer_rates"]["inference_step_rate"]
+    assert 1e6 / (1.5 * DECODE_US) < rate <= 1.25e6 / DECODE_US
     assert mine["rate_ratios"]["inference_step_rate"] == pytest.approx(0.5, abs=0.15)
     assert {e.node_id for e in c.events() if e.type == "straggler_state"} == {slow}
 
