@@ -14,12 +14,11 @@ from hypothesis import strategies as st
 
 from ingero.collectors.nodedb import StreamWindow, aggregate_window, read_latest
 from ingero.otlp.health import INFERENCE_STEP_RATE
-from ingero.push.engines import EngineWatcher
 from ingero.push.sampler import NodeSample
 from ingero.push.streams import SPLIT_RATIO, decode_step_rate, decode_stream, split_steps
 from ingero.runtime.clock import ManualClock
 from ingero.trace.aggregate import slot_of
-from tests.unit.test_sampler import Node, sampler
+from tests.unit.test_sampler import Node, sampler, vllm_tree
 
 MS = 1_000_000
 
@@ -161,20 +160,6 @@ def test_any_step_histogram_text_is_read_or_left_out(texts: list[str]) -> None:
         assert all(k >= 0 and v > 0 for k, v in s.hist.items())
 
 
-def _engines(tmp_path: Path, clock: ManualClock) -> EngineWatcher:
-    proc = tmp_path / "engines-proc"
-    for pid, ppid, argv in (
-        (40, 1, b"python3\0/v/bin/vllm\0serve\0llama\0"),
-        (41, 40, b"python3\0-c\0from multiprocessing.spawn import spawn_main\0"),
-    ):
-        (proc / str(pid)).mkdir(parents=True)
-        (proc / str(pid) / "cmdline").write_bytes(argv)
-        (proc / str(pid) / "stat").write_text(f"{pid} (python3 (x)) S {ppid} {pid} 0 0\n")
-    return EngineWatcher(
-        db_path=tmp_path / "node.db", clock=clock, proc_root=proc, fetch=lambda *_: ""
-    )
-
-
 def run_server(
     tmp_path: Path, syncs: tuple[int, ...], streams: list[dict[str, Any]], version: int = 6
 ) -> NodeSample:
@@ -185,7 +170,7 @@ def run_server(
     if version < 6:
         node.db.execute("DROP TABLE stream_intervals")
         node.db.execute(f"PRAGMA user_version = {version}")
-    s = sampler(tmp_path, clock, engines=_engines(tmp_path, clock))
+    s = sampler(tmp_path, clock, engines=vllm_tree(tmp_path, clock))
     sample = None
     for _ in range(4):
         node.run(2.0)
