@@ -13,6 +13,13 @@
 // ingero/trace/probes.py appends one PROBE_PAIR(...) line per traced operation and
 // defines SAMPLE_EVERY, OP_OFFCPU and the NCCL comm-init/destroy op ids.
 //
+// Per stream (STREAM_ARG of a stream sync or a kernel launch, from probes.py): the stream
+// handle is read at entry, and its (tgid, stream) entry in ``streams`` counts the stream's
+// syncs and launches and times its steps: a step is the time from one sync's return on the
+// stream to the next one's (the work between two host waits), kept as a count, a total and
+// a log-linear histogram like the per-op durations. A separate map: the (tgid, op) stats and
+// their readers stay as they are, and only the ops that name a stream pay its lookup.
+//
 // NCCL collectives are numbered here, per (process, communicator handle), at entry: the
 // counter lives in the communicator's map entry (reset by ncclCommInitRank), so a lost
 // sample never shifts the numbers. The arrival is sampled too (KIND_ENTER), so a rank
@@ -70,6 +77,9 @@ struct call_t {
     s32 nranks;
     u32 dtype;
     u32 op;
+    u64 stream;  // the stream handle (where skind says the op names one)
+    u32 skind;   // STREAM_NONE | STREAM_SYNC | STREAM_LAUNCH
+    u32 spad;
 };
 
 // Communicators are keyed by process and handle: handles are heap addresses, which two
@@ -116,7 +126,31 @@ struct bio_key {
     u64 sector;
 };
 
+#define STREAM_NONE 0
+#define STREAM_SYNC 1
+#define STREAM_LAUNCH 2
+
+// Streams are keyed by process and handle: handles are heap addresses, which two processes
+// may share (0, 1 and 2 are the default, legacy and per-thread default streams).
+struct stream_key {
+    u64 stream;
+    u32 tgid;
+    u32 pad;
+};
+
+struct stream_val {
+    u64 syncs;
+    u64 sync_ns;   // host time waiting in the syncs
+    u64 launches;  // kernel launches naming the stream
+    u64 steps;     // sync-to-sync gaps (every sync but a stream's first)
+    u64 step_ns;
+    u64 last_sync; // the last sync's return (ktime ns): where the next step starts
+    u64 slots[NSLOTS];  // step durations
+};
+
 BPF_HASH(stats, struct stat_key, struct stat_val, 16384);
+BPF_HASH(streams, struct stream_key, struct stream_val, 4096);
+BPF_PERCPU_ARRAY(zero_stream, struct stream_val, 1);
 BPF_PERCPU_ARRAY(zero_stat, struct stat_val, 1);  // an all-zero value too big for the stack
 BPF_HASH(comms, struct comm_key, struct comm_t, 4096);
 BPF_HASH(traced, u32, u8, 4096);
@@ -321,9 +355,14 @@ static __always_inline void host_add(u32 idx, u64 v) {
         *p += v;
 }
 
-// Argument n of the probed function (1-6 in registers, 7 on the stack at entry).
+// Integer argument slot n of the probed function at entry (1-6 in registers, 7-9 on the
+// stack above the return address, 8 bytes each whatever the type).
 static __always_inline u64 arg_n(struct pt_regs *ctx, int n) {
     u64 v = 0;
+    if (n >= 7 && n <= 9) {
+        bpf_probe_read_user(&v, sizeof(v), (void *)(PT_REGS_SP(ctx) + 8 * (n - 6)));
+        return v;
+    }
     switch (n) {
     case 1: return PT_REGS_PARM1(ctx);
     case 2: return PT_REGS_PARM2(ctx);
@@ -331,9 +370,6 @@ static __always_inline u64 arg_n(struct pt_regs *ctx, int n) {
     case 4: return PT_REGS_PARM4(ctx);
     case 5: return PT_REGS_PARM5(ctx);
     case 6: return PT_REGS_PARM6(ctx);
-    case 7:
-        bpf_probe_read_user(&v, sizeof(v), (void *)(PT_REGS_SP(ctx) + 8));
-        return v;
     }
     return 0;
 }
@@ -522,14 +558,52 @@ static __always_inline void record(u64 id, u32 op, u64 dur, u64 bytes, int err) 
         __sync_fetch_and_add(&sv->slots[slot], 1);
 }
 
+// One stream sync or launch on its (process, stream) entry; the first creates it.
+static __always_inline void record_stream(u32 tgid, u64 stream, u32 kind, u64 now, u64 dur) {
+    struct stream_key k = {.stream = stream, .tgid = tgid};
+    struct stream_val *v = streams.lookup(&k);
+    if (!v) {
+        u32 z = 0;
+        struct stream_val *zero = zero_stream.lookup(&z);
+        if (!zero)
+            return;
+        streams.insert(&k, zero);
+        v = streams.lookup(&k);
+        if (!v)
+            return;
+    }
+    if (kind == STREAM_LAUNCH) {
+        __sync_fetch_and_add(&v->launches, 1);
+        return;
+    }
+    __sync_fetch_and_add(&v->syncs, 1);
+    __sync_fetch_and_add(&v->sync_ns, dur);
+    // Two threads syncing one stream at once race here: one gap may be lost, never invented.
+    u64 last = v->last_sync;
+    v->last_sync = now;
+    if (!last || now <= last)
+        return;
+    u64 step = now - last;
+    __sync_fetch_and_add(&v->steps, 1);
+    __sync_fetch_and_add(&v->step_ns, step);
+    u32 slot = slot_of(step);
+    if (slot < NSLOTS)
+        __sync_fetch_and_add(&v->slots[slot], 1);
+}
+
 static __always_inline int call_enter(struct pt_regs *ctx, u32 op, int bytes_arg, int count_arg,
-                                      int dtype_arg, int comm_arg, int numbered) {
+                                      int dtype_arg, int comm_arg, int numbered, int stream_arg,
+                                      u32 stream_kind) {
     u64 id = bpf_get_current_pid_tgid();
     struct call_t c = {};
     c.ts = bpf_ktime_get_ns();
     c.op = op;
     c.rank = -1;
     c.nranks = -1;
+    if (stream_arg) {
+        c.stream = arg_n(ctx, stream_arg);
+        c.skind = stream_kind;
+    }
     if (bytes_arg)
         c.bytes = arg_n(ctx, bytes_arg);
     if (count_arg && dtype_arg) {
@@ -593,6 +667,8 @@ static __always_inline int call_leave(struct pt_regs *ctx, int always) {
     u32 tgid = id >> 32;
     s32 ret = (s32)PT_REGS_RC(ctx);
     record(id, c->op, dur, c->bytes, ret != 0);
+    if (c->skind)
+        record_stream(tgid, c->stream, c->skind, now, dur);
     int sampled = should_sample(always);
     // A slow call is sampled too (with its stack), whatever the counter says.
     if (sampled || (STACKS && dur >= STACK_SLOW_NS)) {
@@ -619,10 +695,12 @@ static __always_inline int call_leave(struct pt_regs *ctx, int always) {
     return 0;
 }
 
-#define PROBE_PAIR(OP, BYTES_ARG, COUNT_ARG, DTYPE_ARG, COMM_ARG, ALWAYS, NUMBERED) \
-    int enter_##OP(struct pt_regs *ctx) {                                            \
-        return call_enter(ctx, OP, BYTES_ARG, COUNT_ARG, DTYPE_ARG, COMM_ARG, NUMBERED); \
-    }                                                                                \
+#define PROBE_PAIR(OP, BYTES_ARG, COUNT_ARG, DTYPE_ARG, COMM_ARG, ALWAYS, NUMBERED,       \
+                   STREAM_ARG, STREAM_KIND)                                            \
+    int enter_##OP(struct pt_regs *ctx) {                                              \
+        return call_enter(ctx, OP, BYTES_ARG, COUNT_ARG, DTYPE_ARG, COMM_ARG, NUMBERED,   \
+                          STREAM_ARG, STREAM_KIND);                                    \
+    }                                                                                  \
     int leave_##OP(struct pt_regs *ctx) { return call_leave(ctx, ALWAYS); }
 
 // ncclCommInitRank(ncclComm_t *comm, int nranks, ncclUniqueId id, int rank[, config]):
@@ -687,7 +765,7 @@ int leave_comm_init(struct pt_regs *ctx) {
 
 // ncclCommDestroy / ncclCommAbort (comm): forget the communicator after the call.
 int enter_comm_destroy(struct pt_regs *ctx) {
-    return call_enter(ctx, OP_COMM_DESTROY, 0, 0, 0, 1, 0);
+    return call_enter(ctx, OP_COMM_DESTROY, 0, 0, 0, 1, 0, 0, STREAM_NONE);
 }
 
 int leave_comm_destroy(struct pt_regs *ctx) {

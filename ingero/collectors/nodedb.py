@@ -132,6 +132,17 @@ class GpuWindow:
 
 
 @dataclass(frozen=True)
+class StreamWindow:
+    """One (process, CUDA stream) over a window (node DB version 6, ``stream_intervals``)."""
+
+    syncs: int = 0
+    launches: int = 0
+    steps: int = 0  # sync-to-sync gaps
+    step_ns: int = 0
+    hist: Mapping[int, int] = field(default_factory=dict)  # step times, log-linear slots
+
+
+@dataclass(frozen=True)
 class WindowAggregates:
     start: float
     end: float
@@ -160,6 +171,9 @@ class WindowAggregates:
     # Synchronize calls by pid (where recorded): an inference server's steps, one host
     # wait for the sampled tokens a forward step.
     syncs: Mapping[int, int] = field(default_factory=dict)
+    # Per (pid, stream handle as 16 hex digits): the streams' syncs, launches and steps
+    # (empty before node DB version 6, or where the tracer saw no stream named).
+    streams: Mapping[tuple[int, str], StreamWindow] = field(default_factory=dict)
 
     @property
     def kernel_launch_rate(self) -> float | None:
@@ -323,6 +337,7 @@ def aggregate_window(
     host_rows: Iterable[Mapping[str, Any]] = (),
     after: float | None = None,
     latest_end: float | None = None,
+    stream_rows: Iterable[Mapping[str, Any]] = (),
 ) -> WindowAggregates:
     """The aggregates of ``(start, end]`` from its rows (pure).
 
@@ -331,6 +346,7 @@ def aggregate_window(
     tracer's ``host_intervals`` rows, one per tracer interval (they make a window without
     kernel or graph launches a measurement of none); ``after``: where the previous window ended
     (the intervals ending later are this window's new ones; None: all are new).
+    ``stream_rows``: ``stream_intervals`` rows, summed per (pid, stream).
     """
     first: float | None = None
     last: float | None = None
@@ -413,6 +429,7 @@ def aggregate_window(
     return WindowAggregates(
         start=start,
         end=end,
+        streams=_streams(start, end, stream_rows),
         covered_s=covered,
         kernel_launches=launches,
         steps=steps,
@@ -431,6 +448,37 @@ def aggregate_window(
         latest_end=latest_end,
         graph_launches=graphs,
     )
+
+
+def _streams(
+    start: float, end: float, rows: Iterable[Mapping[str, Any]]
+) -> dict[tuple[int, str], StreamWindow]:
+    """Stream rows of ``(start, end]`` summed per (pid, stream); a histogram that is not a
+    JSON object of slot → count is left out (its counts stay)."""
+    sums: dict[tuple[int, str], list[int]] = {}
+    hists: dict[tuple[int, str], dict[int, int]] = {}
+    for row in rows:
+        if not start < float(row["ts_end"]) <= end:
+            continue
+        key = (int(row["pid"]), str(row["stream"]))
+        acc = sums.setdefault(key, [0, 0, 0, 0])
+        for i, col in enumerate(("syncs", "launches", "steps", "step_ns")):
+            acc[i] += int(row.get(col) or 0)
+        hist = hists.setdefault(key, {})
+        try:
+            found = json.loads(row.get("step_hist") or "{}")
+        except ValueError:
+            continue
+        if isinstance(found, dict):
+            for slot, count in found.items():
+                # isdecimal, not isdigit: "²" is a digit int() refuses.
+                ok = slot.isdecimal() and type(count) is int and count > 0
+                if ok:
+                    hist[int(slot)] = hist.get(int(slot), 0) + count
+    return {
+        k: StreamWindow(syncs=v[0], launches=v[1], steps=v[2], step_ns=v[3], hist=hists[k])
+        for k, v in sums.items()
+    }
 
 
 def nothing_new(
@@ -556,6 +604,15 @@ def _read(
             )
         )
         processes: list[dict[str, Any]] = []
+        streams: list[dict[str, Any]] = []
+        if schema_version(db) >= 6:
+            streams = _rows(
+                conn.execute(
+                    "SELECT ts_end, pid, stream, syncs, launches, steps, step_ns, step_hist"
+                    " FROM stream_intervals WHERE ts_end > ? AND ts_end <= ?",
+                    (start, end),
+                )
+            )
         if schema_version(db) >= 2:
             processes = _rows(
                 conn.execute(
@@ -574,4 +631,5 @@ def _read(
         host_rows,
         after=after,
         latest_end=end if host else None,
+        stream_rows=streams,
     )

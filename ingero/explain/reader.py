@@ -53,11 +53,13 @@ NCCL_TABLES = ("nccl_calls", "nccl_comms")
 STACK_TABLES = ("stacks",)
 # Node DB v5: what the job marked through ``ingero annotate`` (steps, phases, labels).
 MARK_TABLES = ("marks",)
-QUERY_TABLES = (*NODE_TABLES, *NCCL_TABLES, *STACK_TABLES, *MARK_TABLES)
+# Node DB v6: per (pid, CUDA stream) syncs, launches and sync-to-sync steps.
+STREAM_TABLES = ("stream_intervals",)
+QUERY_TABLES = (*NODE_TABLES, *NCCL_TABLES, *STACK_TABLES, *MARK_TABLES, *STREAM_TABLES)
 # The tables merge/export/fan-out carry: every node DB has NODE_TABLES; the others only
 # from the schema version that added them, so a DB without one gives no rows of it.
 CARRIED_TABLES = QUERY_TABLES
-OPTIONAL_TABLES = frozenset((*NCCL_TABLES, *STACK_TABLES, *MARK_TABLES))
+OPTIONAL_TABLES = frozenset((*NCCL_TABLES, *STACK_TABLES, *MARK_TABLES, *STREAM_TABLES))
 # The nccl_calls columns a collective is read from (``numbered_collective``).
 NCCL_CALL_COLUMNS = ("ts_enter", "ts_return", "pid", "comm_rank", "rank", "op", "comm_hash", "seq")
 # The column each table's rows are placed in time by (query --since, merge, export).
@@ -72,6 +74,7 @@ TIME_COLUMNS = {
     "nccl_comms": "ts",
     "stacks": "last_seen",
     "marks": "ts_start",
+    "stream_intervals": "ts_end",
 }
 
 

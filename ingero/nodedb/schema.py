@@ -25,6 +25,9 @@ Tables (all timestamps are Unix seconds, durations nanoseconds):
   writer's pid and uid as the kernel reports them (SO_PEERCRED), never as the line claims.
 - ``engines`` (version 5): inference servers recognised on the node (vLLM, SGLang, TGI,
   Triton, TensorRT-LLM): engine, model, role and the service name that groups replicas.
+- ``stream_intervals`` (version 6): per interval, per (pid, CUDA stream): stream syncs,
+  kernel launches naming the stream, and the steps between syncs (count, total, p50/p90 and
+  the interval's log-linear histogram of step times as JSON).
 """
 
 from __future__ import annotations
@@ -39,7 +42,7 @@ import sqlite_utils
 from ingero.sqlite import sqlitemigrate
 from ingero.sqlite.sqlitemigrate import SchemaError as SchemaError  # re-exported for readers
 
-SCHEMA_VERSION = 5
+SCHEMA_VERSION = 6
 
 
 def _v1(db: sqlite_utils.Database) -> None:
@@ -269,8 +272,32 @@ def _v5(db: sqlite_utils.Database) -> None:
     )
 
 
+def _v6(db: sqlite_utils.Database) -> None:
+    db.table("stream_intervals").create(
+        {
+            "ts_start": float,
+            "ts_end": float,
+            "pid": int,
+            "job_id": str,
+            "rank": int,
+            "stream": str,  # the stream handle, 16 lowercase hex digits (0: default stream)
+            "syncs": int,  # stream syncs (cudaStreamSynchronize, cuStreamSynchronize)
+            "sync_ns": int,  # host time waiting in them
+            "launches": int,  # kernel launches naming the stream (not cuLaunchKernelEx)
+            "steps": int,  # sync-to-sync gaps ending in the interval
+            "step_ns": int,
+            "step_p50_ns": int,
+            "step_p90_ns": int,
+            # JSON {slot: count} of step times (ingero.trace.aggregate's log-linear slots)
+            "step_hist": str,
+        },
+        not_null={"ts_start", "ts_end", "pid", "stream", "syncs", "launches", "steps"},
+    )
+    db.table("stream_intervals").create_index(["ts_end"])
+
+
 # Index i holds the migration from version i to i + 1. Append only.
-MIGRATIONS: list[Callable[[sqlite_utils.Database], None]] = [_v1, _v2, _v3, _v4, _v5]
+MIGRATIONS: list[Callable[[sqlite_utils.Database], None]] = [_v1, _v2, _v3, _v4, _v5, _v6]
 assert len(MIGRATIONS) == SCHEMA_VERSION
 
 

@@ -40,6 +40,7 @@ from ingero.push.engines import EngineWatcher
 from ingero.push.gpu_health import GpuFinding, GpuHealth, GpuHealthTracker
 from ingero.push.nodestate import NodeStateMachine, Transition
 from ingero.push.score import ScoreConfig, ScoreInputs, ScoreResult, compute_score
+from ingero.push.streams import decode_step_rate
 from ingero.runtime.clock import Clock
 
 log = logging.getLogger(__name__)
@@ -355,10 +356,11 @@ class NodeSampler:
         self, window: WindowAggregates, inference: Mapping[str, float] | None
     ) -> Mapping[str, float] | None:
         """Where a server's /metrics times no steps (vLLM, SGLang, TensorRT-LLM say
-        per-token latency), its steps from the tracer: the synchronize calls of the server
-        and its workers per second (one host wait for the sampled tokens a step). Per
-        process, not per stream (the tracer does not capture stream ids), and not split into
-        prefill and decode; the median over the node's servers that stepped."""
+        per-token latency), its steps from the tracer: of the server and its workers, the
+        decode stream's decode steps (``ingero.push.streams``: 1 / the mean decode step
+        time), or where no stream is known (a node DB before version 6, syncs that name no
+        stream) their synchronize calls per second (one host wait for the sampled tokens a
+        step); the median over the node's servers that stepped."""
         if (
             self.engines is None
             or INFERENCE_STEP_RATE in (inference or {})
@@ -366,10 +368,12 @@ class NodeSampler:
             or window.covered_s <= 0
         ):
             return inference
-        rates = [
-            sum(window.syncs.get(pid, 0) for pid in tree) / window.covered_s
-            for tree in self.engines.trees().values()
-        ]
+        rates = []
+        for tree in self.engines.trees().values():
+            rate = decode_step_rate(window.streams, tree)
+            if rate is None:
+                rate = sum(window.syncs.get(pid, 0) for pid in tree) / window.covered_s
+            rates.append(rate)
         stepped = [r for r in rates if r > 0]
         if not stepped:
             return inference

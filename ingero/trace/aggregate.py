@@ -11,13 +11,15 @@ the bucket width (at most 25% of the value, typically under 12.5%). Durations of
 
 from __future__ import annotations
 
+import json
 import math
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from ingero.trace.ops import OPS, op_name
 
 Key = tuple[int, int]  # (pid, op id)
+StreamKey = tuple[int, int]  # (pid, stream handle)
 Histogram = Mapping[int, int]  # slot → count
 
 
@@ -30,12 +32,25 @@ class StatVal:
 
 
 @dataclass(frozen=True)
+class StreamVal:
+    """A (process, stream)'s cumulative syncs, launches and steps (sync-to-sync gaps)."""
+
+    syncs: int = 0
+    sync_ns: int = 0
+    launches: int = 0
+    steps: int = 0
+    step_ns: int = 0
+    hist: Histogram = field(default_factory=dict)  # step durations
+
+
+@dataclass(frozen=True)
 class Snapshot:
     """Cumulative kernel state at one moment."""
 
     stats: Mapping[Key, StatVal]
     hist: Mapping[Key, Histogram]
     host: Mapping[str, int]
+    streams: Mapping[StreamKey, StreamVal] = field(default_factory=dict)
 
 
 NSLOTS = 160  # as in bpf/ingero.bpf.c: the last slot also holds everything from 2^40 ns
@@ -143,6 +158,53 @@ def interval_rows(
                 "p99_ns": percentile(h, 0.99),
                 "errors": d.errors,
                 "bytes": d.bytes,
+            }
+        )
+    return rows
+
+
+def stream_label(handle: int) -> str:
+    """A stream handle as the node DB keeps it: 16 lowercase hex digits (a u64 handle does
+    not fit SQLite's signed integer; the text is the join key)."""
+    return f"{handle & (2**64 - 1):016x}"
+
+
+def stream_rows(
+    prev: Snapshot,
+    cur: Snapshot,
+    ts_start: float,
+    ts_end: float,
+    tags: Mapping[int, Tags],
+) -> list[dict[str, object]]:
+    """Rows for ``stream_intervals``: one per (pid, stream) with syncs or launches in the
+    interval; step percentiles from the interval's histogram, which the row keeps too
+    (slot → count, JSON) for readers that split prefill from decode steps."""
+    rows: list[dict[str, object]] = []
+    for (pid, handle), c in sorted(cur.streams.items()):
+        p = prev.streams.get((pid, handle), StreamVal())
+        if c.syncs < p.syncs or c.launches < p.launches:
+            p = StreamVal()  # the entry was deleted and re-created: it counts from zero
+        syncs, launches = c.syncs - p.syncs, c.launches - p.launches
+        if not syncs and not launches:
+            continue
+        h = diff_hist(p.hist, c.hist)
+        tag = tags.get(pid, Tags())
+        rows.append(
+            {
+                "ts_start": ts_start,
+                "ts_end": ts_end,
+                "pid": pid,
+                "job_id": tag.job_id,
+                "rank": tag.rank,
+                "stream": stream_label(handle),
+                "syncs": syncs,
+                "sync_ns": _minus(c.sync_ns, p.sync_ns),
+                "launches": launches,
+                "steps": _minus(c.steps, p.steps),
+                "step_ns": _minus(c.step_ns, p.step_ns),
+                "step_p50_ns": percentile(h, 0.50),
+                "step_p90_ns": percentile(h, 0.90),
+                "step_hist": json.dumps({str(k): v for k, v in sorted(h.items())}),
             }
         )
     return rows

@@ -3,6 +3,11 @@
 Op ids are the indices into ``OPS``; the BPF program is generated from this table, so the
 ids in the kernel maps and in decoded events always agree. Per-thread-stream variants
 (``_ptsz``/``_ptds``) are folded into their base operation.
+
+``stream_arg`` is the integer argument slot (System V x86-64: 1-6 in registers, 7-9 on the
+stack) holding a stream handle, for the per-stream counts of stream syncs and kernel
+launches. A struct passed by value takes the slots of its eightbytes: ``cudaLaunchKernel``'s
+two ``dim3`` (12 bytes each) take two registers apiece, so its stream is slot 8, not 6.
 """
 
 from __future__ import annotations
@@ -34,18 +39,33 @@ class Op:
     # An NCCL collective: numbered per communicator at entry (its arrival is also sampled).
     # Point-to-point ncclSend/ncclRecv are not: NCCL orders them per peer, not per comm.
     numbered: bool = False
+    stream_arg: int = 0  # 0: the op names no stream (or its stream is not read)
+    stream_kind: str = ""  # sync | launch
 
     @property
     def source(self) -> str:
         return LIB_SOURCES.get(self.lib, "host")
 
 
-def _rt(name: str, bytes_arg: int = 0, variants: tuple[str, ...] = ()) -> Op:
-    return Op(name, CUDART, (name, *(name + v for v in variants)), bytes_arg=bytes_arg)
+STREAM_SYNC = "sync"
+STREAM_LAUNCH = "launch"
+STREAM_KINDS = {"": 0, STREAM_SYNC: 1, STREAM_LAUNCH: 2}  # as STREAM_* in bpf/ingero.bpf.c
 
 
-def _drv(name: str, symbols: tuple[str, ...], bytes_arg: int = 0) -> Op:
-    return Op(name, CUDA, symbols, bytes_arg=bytes_arg)
+def _rt(
+    name: str, bytes_arg: int = 0, variants: tuple[str, ...] = (), stream: tuple[int, str] = (0, "")
+) -> Op:
+    return Op(
+        name, CUDART, (name, *(name + v for v in variants)), bytes_arg=bytes_arg,
+        stream_arg=stream[0], stream_kind=stream[1],
+    )  # fmt: skip
+
+
+def _drv(
+    name: str, symbols: tuple[str, ...], bytes_arg: int = 0, stream: tuple[int, str] = (0, "")
+) -> Op:
+    return Op(name, CUDA, symbols, bytes_arg=bytes_arg, stream_arg=stream[0],
+              stream_kind=stream[1])  # fmt: skip
 
 
 def _coll(name: str, count: int, dtype: int, comm: int, numbered: bool = True) -> Op:
@@ -61,8 +81,9 @@ OPS: tuple[Op, ...] = (
     _rt("cudaMallocManaged", 2),
     _rt("cudaMemcpy", 3, ("_ptds",)),
     _rt("cudaMemcpyAsync", 3, ("_ptsz",)),
-    _rt("cudaLaunchKernel", 0, ("_ptsz",)),
-    _rt("cudaStreamSynchronize", 0, ("_ptsz",)),
+    # cudaLaunchKernel(func, dim3 grid, dim3 block, args, sharedMem, stream): slot 8.
+    _rt("cudaLaunchKernel", 0, ("_ptsz",), (8, STREAM_LAUNCH)),
+    _rt("cudaStreamSynchronize", 0, ("_ptsz",), (1, STREAM_SYNC)),
     _rt("cudaDeviceSynchronize"),
     _rt("cudaGraphLaunch", 0, ("_ptsz",)),
     # The CUDA graph lifecycle: a capture (begin..end) records a stream's work into a graph,
@@ -89,12 +110,17 @@ OPS: tuple[Op, ...] = (
         ),
     ),
     _rt("cudaStreamEndCapture", 0, ("_ptsz",)),
-    _drv("cuLaunchKernel", ("cuLaunchKernel", "cuLaunchKernel_ptsz")),
+    # cuLaunchKernel(f, grid x/y/z, block x/y/z, sharedMemBytes, hStream, …): slot 9.
+    _drv("cuLaunchKernel", ("cuLaunchKernel", "cuLaunchKernel_ptsz"), 0, (9, STREAM_LAUNCH)),
     # CUDA 12+: launches with attributes (cluster dims: Triton, torch.compile) and cooperative
     # launches; each is a kernel launch like cuLaunchKernel.
+    # cuLaunchKernelEx's stream is inside its config struct (user memory): not read.
     _drv("cuLaunchKernelEx", ("cuLaunchKernelEx", "cuLaunchKernelEx_ptsz")),
     _drv(
-        "cuLaunchCooperativeKernel", ("cuLaunchCooperativeKernel", "cuLaunchCooperativeKernel_ptsz")
+        "cuLaunchCooperativeKernel",
+        ("cuLaunchCooperativeKernel", "cuLaunchCooperativeKernel_ptsz"),
+        0,
+        (9, STREAM_LAUNCH),
     ),
     _drv("cuMemAlloc", ("cuMemAlloc_v2", "cuMemAlloc"), 2),
     _drv("cuMemcpy", ("cuMemcpy", "cuMemcpy_ptds"), 3),
@@ -105,7 +131,12 @@ OPS: tuple[Op, ...] = (
     _drv("cuMemcpyHtoDAsync", ("cuMemcpyHtoDAsync_v2", "cuMemcpyHtoDAsync_v2_ptsz"), 3),
     _drv("cuMemcpyDtoHAsync", ("cuMemcpyDtoHAsync_v2", "cuMemcpyDtoHAsync_v2_ptsz"), 3),
     _drv("cuCtxSynchronize", ("cuCtxSynchronize",)),
-    _drv("cuStreamSynchronize", ("cuStreamSynchronize", "cuStreamSynchronize_ptsz")),
+    _drv(
+        "cuStreamSynchronize",
+        ("cuStreamSynchronize", "cuStreamSynchronize_ptsz"),
+        0,
+        (1, STREAM_SYNC),
+    ),
     # CUDA graphs through the driver (PyTorch's CUDA graphs, torch.compile reduce-overhead):
     # one cuGraphLaunch replays a whole captured step. cuGraphInstantiate and
     # cuStreamBeginCapture name the header's macros; the exported symbols are versioned

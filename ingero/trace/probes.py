@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from ingero.trace.aggregate import HOST_COUNTERS, Key, Snapshot, StatVal
+from ingero.trace.aggregate import HOST_COUNTERS, Key, Snapshot, StatVal, StreamKey, StreamVal
 from ingero.trace.bccload import load_bcc
 from ingero.trace.nativesyms import NativeSymbols
 from ingero.trace.ops import (
@@ -22,6 +22,7 @@ from ingero.trace.ops import (
     OP_COMM_INIT,
     OP_OFFCPU,
     OPS,
+    STREAM_KINDS,
     ops_for_lib,
 )
 from ingero.trace.procmaps import LibraryFile
@@ -82,7 +83,8 @@ def program_text(
     )
     pairs = [
         f"PROBE_PAIR({i}, {op.bytes_arg}, {op.count_arg}, {op.dtype_arg}, {op.comm_arg}, "
-        f"{int(op.always_sample)}, {int(op.numbered)})"
+        f"{int(op.always_sample)}, {int(op.numbered)}, {op.stream_arg}, "
+        f"{STREAM_KINDS[op.stream_kind]})"
         for i, op in enumerate(OPS)
         if op.symbols and not op.special
     ]
@@ -206,6 +208,10 @@ class Probes:
         for k in [k for k in table if k.tgid in pids]:
             with contextlib.suppress(KeyError):
                 del table[k]
+        streams = self.bpf[b"streams"]
+        for k in [k for k in streams if k.tgid in pids]:
+            with contextlib.suppress(KeyError):
+                del streams[k]
         traced = self.bpf[b"traced"]
         for pid in pids:
             with contextlib.suppress(KeyError):
@@ -276,12 +282,18 @@ class Probes:
         for k, v in self.bpf[b"stats"].items():
             stats[(k.tgid, k.op)] = StatVal(v.count, v.total_ns, v.errors, v.bytes)
             hist[(k.tgid, k.op)] = {i: int(n) for i, n in enumerate(v.slots) if n}
+        streams: dict[StreamKey, StreamVal] = {}
+        for k, v in self.bpf[b"streams"].items():
+            streams[(k.tgid, k.stream)] = StreamVal(
+                v.syncs, v.sync_ns, v.launches, v.steps, v.step_ns,
+                {i: int(n) for i, n in enumerate(v.slots) if n},
+            )  # fmt: skip
         host_table = self.bpf[b"host"]
         host = {
             name: int(sum(host_table[host_table.Key(i)])) for i, name in enumerate(HOST_COUNTERS)
         }
         bio = {int(k.value): int(v.value) for k, v in self.bpf[b"bio_hist"].items() if v.value}
-        return Snapshot(stats, hist, host), bio
+        return Snapshot(stats, hist, host, streams), bio
 
     def open_ring(self, callback: Callable[[bytes], None]) -> None:
         import ctypes

@@ -11,7 +11,7 @@ from typing import Any, Protocol
 
 from ingero.runtime.clock import Clock
 from ingero.schema.stacks import Stack
-from ingero.trace.aggregate import Snapshot, diff_hist, host_row, interval_rows
+from ingero.trace.aggregate import Snapshot, diff_hist, host_row, interval_rows, stream_rows
 from ingero.trace.collectives import Collectives
 from ingero.trace.decode import KIND_ENTER, KIND_EXIT, KIND_NEW, DecodeError, TraceEvent, decode
 from ingero.trace.gpusampler import GpuRows
@@ -160,6 +160,7 @@ class Tracer:
         self._register(sorted({pid for pid, _ in cur.stats}))
         tags = self.tags.snapshot()
         rows = interval_rows(self._prev, cur, self._last, now, tags)
+        streams = stream_rows(self._prev, cur, self._last, now, tags)
         host = host_row(self._prev, cur, self._last, now, diff_hist(self._prev_bio, bio))
         samples, self._samples = self._samples, []
         raw: list[dict[str, object]] = []
@@ -201,7 +202,8 @@ class Tracer:
                        "last_seen": now} for k, st in stacks.items()]  # fmt: skip
         self.sink.submit(
             Batch(rows, raw, [host], [p for p in processes if p], gpu.intervals, gpu.processes,
-                  nccl.calls, nccl.comms, stack_rows, nccl_returns=nccl.returns)
+                  nccl.calls, nccl.comms, stack_rows, nccl_returns=nccl.returns,
+                  stream_intervals=streams)
         )  # fmt: skip
         result = TickResult(
             self._last, now, rows, host, len(samples), self._bad_samples,

@@ -23,9 +23,10 @@ from ingero.nodedb.schema import connect
 _AGED = (("raw_events", "ts"), ("intervals", "ts_end"), ("host_intervals", "ts_end"),
          ("gpu_intervals", "ts_end"), ("gpu_processes", "ts_end"),
          ("processes", "last_seen"), ("nccl_calls", "ts_enter"),
-         ("nccl_comms", "ts"), ("stacks", "last_seen"), ("marks", "ts_start"))  # fmt: skip
+         ("nccl_comms", "ts"), ("stacks", "last_seen"), ("marks", "ts_start"),
+         ("stream_intervals", "ts_end"))  # fmt: skip
 _INSERTED = ("intervals", "raw_events", "host_intervals", "gpu_intervals", "gpu_processes",
-             "nccl_calls", "nccl_comms", "marks")  # fmt: skip
+             "nccl_calls", "nccl_comms", "marks", "stream_intervals")  # fmt: skip
 PRUNE_FRACTION = 0.1
 # Batches kept for retry after a failed write (locked or full DB) before the oldest is dropped.
 MAX_RETRY = 100
@@ -50,6 +51,8 @@ class Batch:
     # Collectives an earlier batch wrote in flight (ts_return NULL) that returned since:
     # pid, comm_hash, seq, ts_enter (the row), ts_return, ret.
     nccl_returns: Sequence[dict[str, object]] = ()
+    # Per (pid, stream): syncs, launches and sync-to-sync steps of the interval.
+    stream_intervals: Sequence[dict[str, object]] = ()
 
 
 @dataclass

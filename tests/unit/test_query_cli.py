@@ -88,6 +88,26 @@ def test_nccl_tables_are_queryable(node_db: Path, capsys: pytest.CaptureFixture[
     assert code == 0, err
 
 
+def test_stream_rows_are_queryable(node_db: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    from ingero.nodedb.schema import connect
+    from ingero.trace.writer import Batch, write_batch
+
+    db = connect(node_db)
+    row = {"ts_start": time.time() - 1, "ts_end": time.time(), "pid": 1, "job_id": None,
+           "rank": None, "stream": "00007f00c0de0000", "syncs": 5, "sync_ns": 10, "launches": 15,
+           "steps": 4, "step_ns": 4000, "step_p50_ns": 1000, "step_p90_ns": 1000,
+           "step_hist": '{"40": 4}'}  # fmt: skip
+    write_batch(db, Batch(stream_intervals=[row]))
+    db.conn.close()
+    code, out, err = run(
+        capsys, "--db", str(node_db), "--json", "--table", "stream_intervals", "--since", "10m"
+    )
+    assert (code, err) == (0, ""), err
+    got = json.loads(out)
+    assert got["row_count"] == 1
+    assert dict(zip(got["columns"], got["rows"][0], strict=True))["launches"] == 15
+
+
 def test_row_limit_stops_and_says_so(node_db: Path, capsys: pytest.CaptureFixture[str]) -> None:
     code, out, err = run(
         capsys, "--db", str(node_db), "--limit", "4", "--json", "SELECT * FROM host_intervals"

@@ -471,13 +471,8 @@ def test_an_inference_servers_token_speed_is_its_throughput_against_its_peers(
     assert engines.summary()[40].model == "llama"
 
 
-def test_a_server_without_step_metrics_steps_at_its_workers_synchronize_calls(
-    tmp_path: Path,
-) -> None:
-    """vLLM times no steps in /metrics: the tracer's synchronize calls of the server's
-    process tree (its engine-core child here) are its steps; another process's are not."""
-    clock = ManualClock()
-    node = Node(tmp_path, clock)
+def vllm_tree(tmp_path: Path, clock: ManualClock) -> EngineWatcher:
+    """A vLLM server (pid 40) with its engine-core child (41), and a training process (42)."""
     proc = tmp_path / "engines-proc"
     for pid, ppid, argv in (
         (40, 1, b"python3\0/v/bin/vllm\0serve\0llama\0"),
@@ -487,9 +482,19 @@ def test_a_server_without_step_metrics_steps_at_its_workers_synchronize_calls(
         (proc / str(pid)).mkdir(parents=True)
         (proc / str(pid) / "cmdline").write_bytes(argv)
         (proc / str(pid) / "stat").write_text(f"{pid} (python3 (x)) S {ppid} {pid} 0 0\n")
-    engines = EngineWatcher(
+    return EngineWatcher(
         db_path=tmp_path / "node.db", clock=clock, proc_root=proc, fetch=lambda *_: ""
     )
+
+
+def test_a_server_without_step_metrics_steps_at_its_workers_synchronize_calls(
+    tmp_path: Path,
+) -> None:
+    """vLLM times no steps in /metrics: the tracer's synchronize calls of the server's
+    process tree (its engine-core child here) are its steps; another process's are not."""
+    clock = ManualClock()
+    node = Node(tmp_path, clock)
+    engines = vllm_tree(tmp_path, clock)
     s = sampler(tmp_path, clock, engines=engines)
     sample = None
     for _ in range(4):

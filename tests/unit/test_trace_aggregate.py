@@ -10,6 +10,7 @@ from ingero.trace.aggregate import (
     NSLOTS,
     Snapshot,
     StatVal,
+    StreamVal,
     Tags,
     diff_stats,
     host_row,
@@ -17,6 +18,7 @@ from ingero.trace.aggregate import (
     percentile,
     slot_bounds,
     slot_of,
+    stream_rows,
 )
 from ingero.trace.ops import OP_IDS
 
@@ -90,6 +92,42 @@ def test_untagged_process() -> None:
     cur = Snapshot({(5, op): StatVal(1, 10)}, {(5, op): {slot_of(10): 1}}, {})
     (row,) = interval_rows(Snapshot({}, {}, {}), cur, 0.0, 1.0, {})
     assert (row["source"], row["job_id"], row["rank"]) == ("host", None, None)
+
+
+def test_stream_rows_are_the_interval_of_each_process_and_stream() -> None:
+    """A row per (pid, stream) that synced or launched: the interval's deltas and step
+    histogram; an idle stream writes none; a re-created entry counts from zero; a handle
+    past 2^63 keeps its 16 hex digits."""
+    big = 2**64 - 16
+    prev = Snapshot({}, {}, {}, {
+        (7, 0x10): StreamVal(10, 500, 30, 9, 9_000_000, {slot_of(10**6): 9}),
+        (7, 0x20): StreamVal(4, 40, 4, 3, 3000, {slot_of(1000): 3}),
+        (8, 0x10): StreamVal(50, 50, 50, 49, 49, {slot_of(1): 49}),
+    })  # fmt: skip
+    cur = Snapshot({}, {}, {}, {
+        (7, 0x10): StreamVal(20, 1500, 60, 19, 29_000_000,
+                             {slot_of(10**6): 9, slot_of(2 * 10**6): 10}),
+        (7, 0x20): StreamVal(4, 40, 4, 3, 3000, {slot_of(1000): 3}),
+        (8, 0x10): StreamVal(2, 20, 0, 1, 1000, {slot_of(1000): 1}),
+        (9, big): StreamVal(0, 0, 5, 0, 0, {}),
+    })  # fmt: skip
+    rows = stream_rows(prev, cur, 100.0, 101.0, {7: Tags("99", 1)})
+    got = {(r["pid"], r["stream"]): r for r in rows}
+    assert set(got) == {(7, "0000000000000010"), (8, "0000000000000010"), (9, "fffffffffffffff0")}
+    a = got[(7, "0000000000000010")]
+    assert (a["syncs"], a["sync_ns"], a["launches"], a["steps"], a["step_ns"]) == (
+        10, 1000, 30, 10, 20_000_000,
+    )  # fmt: skip
+    assert (a["job_id"], a["rank"], a["ts_start"], a["ts_end"]) == ("99", 1, 100.0, 101.0)
+    # Only this interval's 10 steps of 2 ms, not the earlier 1 ms ones.
+    assert a["step_hist"] == f'{{"{slot_of(2 * 10**6)}": 10}}'
+    assert 1.75e6 <= a["step_p50_ns"] <= a["step_p90_ns"] <= 2.3e6  # type: ignore[operator]
+    reset = got[(8, "0000000000000010")]
+    assert (reset["syncs"], reset["launches"], reset["steps"]) == (2, 0, 1)
+    launches_only = got[(9, "fffffffffffffff0")]
+    assert (launches_only["syncs"], launches_only["launches"], launches_only["step_hist"]) == (
+        0, 5, "{}",
+    )  # fmt: skip
 
 
 def test_host_row_deltas() -> None:

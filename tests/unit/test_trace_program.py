@@ -7,7 +7,7 @@ import re
 import pytest
 
 from ingero.trace.aggregate import HOST_COUNTERS, NSLOTS
-from ingero.trace.ops import OP_COMM_INIT, OP_OFFCPU, OPS
+from ingero.trace.ops import OP_COMM_INIT, OP_OFFCPU, OPS, STREAM_KINDS
 from ingero.trace.probes import bpf_source_path, probe_names, program_text
 from ingero.trace.symbols import Attachment
 
@@ -16,8 +16,8 @@ def test_one_probe_pair_per_generic_op() -> None:
     text = program_text(bpf_source_path().read_text(), sample_every=16)
     assert "#define SAMPLE_EVERY 16" in text
     assert f"#define OP_OFFCPU {OP_OFFCPU}" in text
-    pairs = re.findall(r"^PROBE_PAIR\((\d+), (\d), (\d), (\d), (\d), ([01]), ([01])\)$", text,
-                       re.M)  # fmt: skip
+    pairs = re.findall(r"^PROBE_PAIR\((\d+), (\d), (\d), (\d), (\d), ([01]), ([01]), (\d), (\d)\)$",
+                       text, re.M)  # fmt: skip
     generic = [i for i, op in enumerate(OPS) if op.symbols and not op.special]
     assert [int(p[0]) for p in pairs] == generic
     for p in pairs:
@@ -26,6 +26,26 @@ def test_one_probe_pair_per_generic_op() -> None:
                                                  op.comm_arg)  # fmt: skip
         assert int(p[5]) == int(op.always_sample)
         assert int(p[6]) == int(op.numbered)
+        assert (int(p[7]), int(p[8])) == (op.stream_arg, STREAM_KINDS[op.stream_kind])
+
+
+def test_stream_kinds_match_the_c_source() -> None:
+    source = bpf_source_path().read_text()
+    found = {k.lower(): int(v) for k, v in re.findall(r"#define STREAM_(\w+) (\d+)", source)}
+    assert found == {"none": 0, **{k: v for k, v in STREAM_KINDS.items() if k}}
+
+
+def test_the_stream_argument_of_each_stream_op() -> None:
+    """x86-64 slots: a dim3 by value takes two, so cudaLaunchKernel's stream is slot 8;
+    cuLaunchKernel's is its 9th parameter, the third on the stack."""
+    streams = {op.name: (op.stream_arg, op.stream_kind) for op in OPS if op.stream_arg}
+    assert streams == {
+        "cudaLaunchKernel": (8, "launch"),
+        "cudaStreamSynchronize": (1, "sync"),
+        "cuLaunchKernel": (9, "launch"),
+        "cuLaunchCooperativeKernel": (9, "launch"),
+        "cuStreamSynchronize": (1, "sync"),
+    }
 
 
 def test_special_ops_use_hand_written_probes() -> None:

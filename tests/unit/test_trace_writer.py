@@ -128,7 +128,7 @@ def test_a_version_1_node_db_is_migrated_keeping_its_rows(tmp_path: Path) -> Non
     writer = NodeDbWriter(path)
     writer.close()
     db = connect(path, readonly=True)
-    assert db.execute("PRAGMA user_version").fetchone()[0] == SCHEMA_VERSION == 5
+    assert db.execute("PRAGMA user_version").fetchone()[0] == SCHEMA_VERSION == 6
     columns = {c.name for c in db.table("gpu_intervals").columns}
     assert set(GPU_HEALTH_COLUMNS) <= columns
     # The old row is there; what version 1 never measured reads as NULL, not 0.
@@ -140,6 +140,55 @@ def test_a_version_1_node_db_is_migrated_keeping_its_rows(tmp_path: Path) -> Non
     assert db.table("nccl_calls").exists() and db.table("nccl_comms").exists()
     indexes = {tuple(i.columns) for t in ("nccl_calls", "nccl_comms") for i in db.table(t).indexes}
     assert {("ts_enter",), ("comm_hash", "seq"), ("ts",)} <= indexes
+    assert db.table("stream_intervals").exists()
+
+
+def _stream(ts: float, stream: str = "00007f00c0de0000") -> dict[str, object]:
+    return {"ts_start": ts - 1.0, "ts_end": ts, "pid": 7, "stream": stream, "syncs": 10,
+            "sync_ns": 5000, "launches": 30, "steps": 10, "step_ns": 10**7,
+            "step_p50_ns": 10**6, "step_p90_ns": 10**6, "step_hist": '{"79": 10}'}  # fmt: skip
+
+
+def test_a_version_5_node_db_is_upgraded_in_place_keeping_every_row(tmp_path: Path) -> None:
+    """Version 6 adds ``stream_intervals`` and nothing else: a version 5 DB's rows (its
+    engines and marks included) are all there after the writer opens it, and stream rows
+    are written and pruned by age like the others."""
+    import sqlite_utils
+
+    from ingero.nodedb.schema import MIGRATIONS
+
+    path = tmp_path / "v5.db"
+    old = sqlite_utils.Database(path)
+    for step in MIGRATIONS[:5]:
+        step(old)
+    old.execute("PRAGMA user_version = 5")
+    old.table("intervals").insert(_interval(1.0))
+    old.table("engines").insert({"pid": 40, "engine": "vllm", "first_seen": 1.0,
+                                 "last_seen": 2.0})  # fmt: skip
+    old.table("marks").insert({"ts_start": 1.0, "pid": 3, "kind": "step", "name": "step"})
+    old.conn.commit()
+    before = {t: old.execute(f"SELECT * FROM {t}").fetchall() for t in old.table_names()}
+    old.conn.close()
+    writer = NodeDbWriter(path)
+    writer._write(Batch([_interval(2.0)], stream_intervals=[_stream(2.0), _stream(3.0)]))
+    writer.close()
+    db = connect(path, readonly=True)
+    assert db.execute("PRAGMA user_version").fetchone()[0] == 6
+    assert set(db.table_names()) == set(before) | {"stream_intervals"}
+    for table, rows in before.items():
+        now = db.execute(f"SELECT * FROM {table}").fetchall()
+        assert now[: len(rows)] == rows, table
+    assert db.execute("SELECT ts_end, stream, syncs FROM stream_intervals").fetchall() == [
+        (2.0, "00007f00c0de0000", 10),
+        (3.0, "00007f00c0de0000", 10),
+    ]
+    db.conn.close()
+    rw = connect(path)
+    rw.execute("DELETE FROM intervals")
+    rw.conn.commit()
+    # Pruned by age with the rest: the oldest stream row goes first.
+    prune(rw, 0)
+    assert rw.execute("SELECT COUNT(*) FROM stream_intervals").fetchone()[0] == 0
 
 
 def _stack(key: str, ts: float) -> dict[str, object]:

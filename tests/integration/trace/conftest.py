@@ -256,12 +256,16 @@ def nccl_ranks(tmp_path_factory: pytest.TempPathFactory) -> Path:
 def runtime_loop(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """runtime_loop.c against fake_libcudart.c (libcudart.so.13, the toolkit's real header),
     which calls into fake_libcuda.c (libcuda.so.1) inside each runtime call."""
-    out = tmp_path_factory.mktemp("runtime")
+    return _against_stand_ins(tmp_path_factory.mktemp("runtime"), "runtime_loop")
+
+
+def _against_stand_ins(out: Path, program: str) -> Path:
+    """``program``.c linked against fake_libcudart.c and fake_libcuda.c built into ``out``."""
     inc = f"-I{CUDA_HOME}/include"
     _gcc(HERE / "fake_libcuda.c", out / "libcuda.so.1", "-O0", "-shared", "-fPIC")
     _gcc(HERE / "fake_libcudart.c", out / "libcudart.so.13", "-O0", "-shared", "-fPIC", inc,
          "-Wl,-soname,libcudart.so.13", str(out / "libcuda.so.1"), f"-Wl,-rpath,{out}")  # fmt: skip
-    return _gcc(HERE / "runtime_loop.c", out / "runtime_loop", inc, str(out / "libcudart.so.13"),
+    return _gcc(HERE / f"{program}.c", out / program, inc, str(out / "libcudart.so.13"),
                 str(out / "libcuda.so.1"), f"-Wl,-rpath,{out}")  # fmt: skip
 
 
@@ -275,3 +279,9 @@ def driver_loop(tmp_path_factory: pytest.TempPathFactory) -> Path:
     _gcc(HERE / "fake_libcuda.c", out / "libcuda.so.1", "-O0", "-shared", "-fPIC")
     return _gcc(HERE / "driver_loop.c", out / "driver_loop", str(out / "libcuda.so.1"),
                 f"-Wl,-rpath,{out}")  # fmt: skip
+
+
+@pytest.fixture(scope="session")
+def stream_engine(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """stream_engine.c against the stand-in libcudart and libcuda (runtime_loop's build)."""
+    return _against_stand_ins(tmp_path_factory.mktemp("streams"), "stream_engine")

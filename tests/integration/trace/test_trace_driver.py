@@ -53,6 +53,11 @@ def test_driver_calls(start_tracer: Any, spawn: Any, driver_loop: Path) -> None:
         rets = dict(conn.execute(
             "SELECT op, MAX(ret) FROM raw_events WHERE pid = ? GROUP BY op", (workload.pid,)
         ).fetchall())  # fmt: skip
+        streams = conn.execute(
+            "SELECT stream, SUM(syncs), SUM(launches) FROM stream_intervals WHERE pid = ?"
+            " GROUP BY stream",
+            (workload.pid,),
+        ).fetchall()
     finally:
         conn.close()
     for op, size in OPS.items():
@@ -61,3 +66,7 @@ def test_driver_calls(start_tracer: Any, spawn: Any, driver_loop: Path) -> None:
         n = ITERS * CALLS.get(op, 1)
         assert rows[op] == ("cuda_driver", n, n * size, n), op
         assert rets[op] == int(codes[op]) == 999, op
+    # Everything runs on the default stream (handle 0): its syncs, and the launches that
+    # name a stream in an argument (cuLaunchKernel, cuLaunchCooperativeKernel; not
+    # cuLaunchKernelEx, whose stream is inside its config).
+    assert streams == [("0000000000000000", ITERS, 2 * ITERS)]

@@ -1,0 +1,108 @@
+"""Replicas of one inference service judged by their decode stream's steps, on real
+processes under the real tracer.
+
+Three stand-in engines (``stream_engine.c`` run as ``vllm serve MODEL --port N``, the
+command line a vLLM server has; no /metrics answers, so no token rate) step a decode stream
+with a long prefill step one in ten on it, and a second stream less often. One real
+``ingero trace`` records them all into one node DB; three real ``ingero fleet-push``, one
+per simulated node, read it, each seeing only its own server (its ``inference.proc_root``
+holds a link to that one process), and push to a real ``ingero fleet``.
+
+Every node's ``inference_step_rate`` is its server's decode steps (1 / the mean decode step
+time: prefill steps and the other stream left out), the replica whose decode steps take
+twice as long is the one straggler of the service's peer group, and it recovers.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tests.integration.push.cluster import Cluster, Procs, free_port, wait_for
+from tests.integration.push.test_inference import of
+
+pytestmark = pytest.mark.integration
+
+NODES = 3
+INTERVAL = 1.0
+SERVICE = "llama-chat"
+DECODE_US = 4000  # a healthy replica's decode step
+DETECT_WITHIN = 60  # push intervals; the machine is shared and slow
+
+
+@pytest.fixture
+def cluster(tmp_path: Path) -> Iterator[Cluster]:
+    c = Cluster(tmp_path, Procs(), INTERVAL, NODES, fleet_config={"quorum": {"statistical_min": 3}})
+    try:
+        yield c
+    finally:
+        c.procs.stop_all()
+
+
+def start_engine(c: Cluster, i: int, binary: Path) -> Any:
+    node = c.node(i)
+    vllm = c.tmp / "bin" / "vllm"
+    if not vllm.exists():
+        vllm.parent.mkdir(exist_ok=True)
+        vllm.symlink_to(binary)
+    proc = c.procs.start(
+        [str(vllm), "serve", "meta-llama/Llama-3.1-8B-Instruct", "--port", str(free_port())],
+        c.tmp / f"{node}.engine.log",
+        {"STREAM_ITERS": "0", "STREAM_DECODE_US": str(DECODE_US), "STREAM_PREFILL_US": "62000",
+         "STREAM_PREFILL_EVERY": "10", "STREAM_OTHER_EVERY": "5",
+         "STREAM_CONTROL": str(c.tmp / f"{node}.slow")},
+    )  # fmt: skip
+    root = c.tmp / f"{node}.proc"
+    root.mkdir(exist_ok=True)
+    (root / str(proc.pid)).symlink_to(f"/proc/{proc.pid}")
+    return proc
+
+
+def test_the_replica_slow_on_its_decode_stream_straggles(
+    cluster: Cluster, start_tracer: Any, stream_engine: Path
+) -> None:
+    c = cluster
+    db = c.tmp / "node.db"
+    c.slow_down(0, 1.0)  # decode steps twice as long, from its first
+    tracer = start_tracer(interval="0.5", db=db)
+    for i in range(NODES):
+        start_engine(c, i, stream_engine)
+    c.start_fleet()
+    c.start_sink()
+    for i in range(NODES):
+        c.push_config = {
+            "service": SERVICE,
+            "node_db": str(db),
+            "inference": {"proc_root": str(c.tmp / f"{c.node(i)}.proc"),
+                          "metrics_timeout": "0.3s"},
+        }  # fmt: skip
+        c.start_push(i)
+    nodes = [c.node(i) for i in range(NODES)]
+    slow = nodes[0]
+    first = wait_for(
+        lambda: of(c, "straggler_state", slow), DETECT_WITHIN * INTERVAL, "the slow replica"
+    )[0]
+    assert first.detection_mode == "fleet"
+    mine = c.threshold(cluster_id="itest", service=SERVICE, node_id=slow)
+    assert mine["active_nodes"] == NODES
+    assert "inference_token_rate" not in mine["peer_rates"]
+    # The peers' decode steps: 4 ms of work each (and the host's time around it), within the
+    # histogram's resolution; the syncs per second of the tree (decode, prefill and the
+    # other stream: about 12 in 100 ms) would read under 1e6 / (2.5 * DECODE_US).
+    rate = mine["peer_rates"]["inference_step_rate"]
+    assert 1e6 / (1.5 * DECODE_US) < rate <= 1.25e6 / DECODE_US
+    assert mine["rate_ratios"]["inference_step_rate"] == pytest.approx(0.5, abs=0.15)
+    assert {e.node_id for e in c.events() if e.type == "straggler_state"} == {slow}
+
+    c.slow_down(0, 0.0)
+    resolved = wait_for(lambda: of(c, "straggler_resolved", slow), 90, "the replica recovered")
+    assert resolved[0].event_id == first.event_id
+    assert {e.node_id for e in c.events() if e.type == "straggler_state"} == {slow}
+    for node in nodes:
+        assert "Traceback" not in c.push_log(node)
+    assert tracer.proc.poll() is None
+    assert os.path.exists(db)
