@@ -342,7 +342,10 @@ def main() -> None:
         if opts.release:
             old = release_tree(opts.release, tmp / "release")
             if old is not None:
-                servers.append(("release", old, {"auth": auth}))
+                # The key's former name: releases before 88de374 know only that one, and
+                # every later tree still reads it.
+                former = {"bearer_token_file": auth["token_file"]}
+                servers.append(("release", old, {"auth": former}))
         print(
             f"# {opts.agents:,} agents ({opts.shape} push, {len(bodies[0])} bytes), {opts.connections} "
             f"connections, {'wrk -t1' if use_wrk else 'Python clients (2 processes)'}, "
