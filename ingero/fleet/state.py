@@ -282,7 +282,8 @@ class FleetState:
             self._reported[slot] = push.episode_id
             # A held push repeats the last measurement: it keeps the node live and its
             # score in the group's statistics, but its enter window waits for a new one.
-            # Written only when it changes something: a numpy item costs ~0.1 µs to write.
+            # Written only when it changes something: an in-place |= on a numpy item
+            # costs 1.7 µs, a plain write 0.1 µs.
             held = push.held
             if held is False:
                 self._fresh[slot] = True
