@@ -14,8 +14,9 @@ order rotates), so a machine shared with other work shifts all three alike:
             request, the per-token rate limit (set high enough never to refuse, so its
             arithmetic runs on every push), the audit log, and pushes that carry what
             fleet-push sends (``service.*``, signals, the raw peer rates with their unit
-            gauges, one NCCL communicator with 16 sampled collectives, packed, and the clock
-            offset; ``--shape full-arrays``: the calls as the arrays of older nodes);
+            gauges, one NCCL communicator with 16 sampled collectives, packed, the clock
+            offset and whether the push held; ``--shape full-arrays``: the calls as the
+            arrays of older nodes);
 ``release`` ``ingero fleet`` of ``--release`` (``git archive`` of this repository into a
             temporary directory, run with this interpreter), with its bearer token and the
             same pushes (what it does not know it ignores).
@@ -128,6 +129,7 @@ def full_bodies(first: int, count: int, nccl_packed: bool = True) -> list[bytes]
             episode_id="",
             collectives=(comm,),
             clock=ClockOffset(0.0012, 0.0003),
+            held=False,
         )
         service = service_attributes(PUSH_SERVICE, push.node_id)
         bodies.append(
@@ -340,7 +342,10 @@ def main() -> None:
         if opts.release:
             old = release_tree(opts.release, tmp / "release")
             if old is not None:
-                servers.append(("release", old, {"auth": auth}))
+                # The key's former name: releases before 88de374 know only that one, and
+                # every later tree still reads it.
+                former = {"bearer_token_file": auth["token_file"]}
+                servers.append(("release", old, {"auth": former}))
         print(
             f"# {opts.agents:,} agents ({opts.shape} push, {len(bodies[0])} bytes), {opts.connections} "
             f"connections, {'wrk -t1' if use_wrk else 'Python clients (2 processes)'}, "

@@ -54,6 +54,8 @@ from ingero.runtime.clock import Clock
 from ingero.schema.events import Event, new_event_id
 
 _INITIAL_CAPACITY = 1024
+_NAN = math.nan
+_INF = math.inf
 
 
 def validate_push(push: NodePush) -> float:
@@ -260,29 +262,37 @@ class FleetState:
             self._gid[slot] = gid
             self._active[slot] = push.state == "active"
             self._idle[slot] = push.state == "idle"
-            mono = self._clock.monotonic()
+            mono = float(self._clock.monotonic())
             self._seen[slot] = mono
             self._owners.pushed(push.cluster_id, mono)
             self._rank[slot] = push.rank
             self._signal[slot] = push.dominant_signal
             self._meta[slot] = (push.host_name, push.gpu_model, push.gpu_count, push.provider)
-            # One item at a time: numpy converts a list for a row assignment (~1 µs a push)
-            rates, pushed = self._rates, push.rates
-            for i, name in enumerate(PEER_RATES):
-                rates[slot, i] = _rate(pushed.get(name))
+            pushed = push.rates
+            if pushed:
+                # One item at a time: numpy converts a list for a row assignment (~1 µs a
+                # push); _rate inline (NaN where missing, not finite or below 0).
+                rates = self._rates
+                for i, name in enumerate(PEER_RATES):
+                    value = pushed.get(name)
+                    rates[slot, i] = value if value is not None and 0 <= value < _INF else _NAN
+            else:  # a node that sends no rates: one fill, not six items
+                self._rates[slot] = _NAN
             self._stalled[slot] = push.stalled
             self._reported[slot] = push.episode_id
             # A held push repeats the last measurement: it keeps the node live and its
             # score in the group's statistics, but its enter window waits for a new one.
+            # Written only when it changes something: an in-place |= on a numpy item
+            # costs 1.7 µs, a plain write 0.1 µs.
             held = push.held
-            self._fresh[slot] |= held is False
+            if held is False:
+                self._fresh[slot] = True
             self._says_held[slot] = held is not None
             view = self._views.get(key)
             episode = self._episode_id[slot] if self._straggler[slot] else ""
             lag = self._peer_lag.get(node)
             named = self._named.get(node)
-            mono = self._seen[slot]
-        self._nccl.ingest(push, float(mono))
+        self._nccl.ingest(push, mono)
         if view is None:
             return _empty_view(push.cluster_id, key)
         return _node_view(view, push.rates, episode, lag, named)
@@ -828,13 +838,6 @@ def _node_view(
         nccl_episode_op=named.op if named else None,
         nccl_episode_seq=named.seq if named else None,
     )
-
-
-def _rate(value: float | None) -> float:
-    """A pushed raw rate as stored: NaN where missing or not a finite number >= 0."""
-    if value is None or not math.isfinite(value) or value < 0:
-        return math.nan
-    return float(value)
 
 
 _EMPTY_VIEW = ThresholdView(active_nodes=0)  # no threshold, median, quorum, panic, tick

@@ -712,3 +712,21 @@ def test_replicas_of_an_inference_service_are_one_peer_group() -> None:
     job = state.threshold_view("c1", JOB)
     assert job is not None and job.active_nodes == 1
     assert state.threshold_view("c1", workload_type="inference") is None
+
+
+def test_a_pushed_rate_that_is_not_a_finite_number_at_least_zero_is_not_kept() -> None:
+    """A negative, infinite or NaN rate counts as not pushed (no ratio, not in the peer
+    median); a later push without rates forgets the node's earlier ones."""
+    state, _, _ = make()
+    good = {"step_rate": 2.0, "kernel_launch_rate": 100.0, "nccl_collective_rate": 3.0}
+    for i in range(1, 6):
+        state.ingest(push(f"n{i}", 0.9, rates=good))
+    bad = {"step_rate": -1.0, "kernel_launch_rate": math.inf, "nccl_collective_rate": math.nan}
+    state.ingest(push("n0", 0.9, rates=bad))
+    state.tick()
+    view = state.threshold_view("c1", JOB, node_id="n0")
+    assert view is not None and view.peer_rates == good
+    assert view.rate_ratios is None
+    state.ingest(push("n1", 0.9))  # no rates any more
+    view = state.threshold_view("c1", JOB, node_id="n1")
+    assert view is not None and view.rate_ratios is None
