@@ -37,6 +37,11 @@ score - threshold, and how many classified intervals fell below it).
         [--runs 20] [--hours 1] [--noise 0.03] [--enter-intervals 3] [--enter-window 5]
         [--min-margin 0.04] [--no-peers]
         [--push-interval 5] [--tracer-interval 1] [--push-jitter 0.1] [--late 0] [--no-nvml]
+        [--rate-window 0]
+
+``--rate-window W`` measures a candidate fleet-push does not have: the rates over at least
+the last W seconds of tracer intervals instead of the push window only (the new intervals,
+and so the stall rule, stay the push window's).
 """
 
 from __future__ import annotations
@@ -80,6 +85,7 @@ class Timing:
     jitter = PushConfig().jitter  # each push comes after push x (1 ± this)
     late = 0.0  # each interval's rows are written up to this many seconds after it ends
     nvml = True  # cleared by --no-nvml: no GPU rows, as on the reference H100 node
+    rate_window = 0.0  # --rate-window: rates over at least this many seconds (0: one push)
 
 
 class Written:
@@ -152,7 +158,8 @@ class SimNode:
                 rows.gpu_intervals, rows.gpu_processes = [], []
             self.written.append(Written(start, self.tracer_end, at, rows))
         # What no window can reach any more is history.
-        horizon = now - (LOOKBACK_WINDOWS + 2) * Timing.push - Timing.tracer
+        reach = max((LOOKBACK_WINDOWS + 2) * Timing.push, Timing.rate_window + Timing.push)
+        horizon = now - reach - Timing.tracer
         while self.written and self.written[0].ts_end < horizon:
             self.written.pop(0)
 
@@ -165,6 +172,9 @@ class SimNode:
         if latest is None or (after is not None and latest <= after):
             return nothing_new(now, Timing.push, after, latest)
         start = window_start(latest, Timing.push, after)
+        # A candidate measured here only: the rates over a longer window than one push (the
+        # new intervals, and so the stall rule, stay those after ``after``).
+        start = min(start, latest - Timing.rate_window)
         # One window back as well: where GPU counter growth is counted from.
         gpu_rows = [
             r for w in visible if w.ts_end > start - Timing.push for r in w.rows.gpu_intervals
@@ -475,11 +485,14 @@ def main() -> None:
                         help="each push comes after push interval x (1 ± this)")  # fmt: skip
     parser.add_argument("--late", type=float, default=Timing.late,
                         help="the tracer writes each interval's rows up to this late (s)")  # fmt: skip
+    parser.add_argument("--rate-window", type=float, default=0.0,
+                        help="rates over at least this many seconds back (0: one push window)")  # fmt: skip
     parser.add_argument("--no-nvml", action="store_true",
                         help="no GPU rows (the reference H100 node: nothing wrote them)")  # fmt: skip
     args = parser.parse_args()
     Timing.push, Timing.tracer = args.push_interval, args.tracer_interval
     Timing.nvml = not args.no_nvml
+    Timing.rate_window = args.rate_window
     Timing.jitter, Timing.late = args.push_jitter, args.late
     logging.getLogger("ingero").setLevel(logging.ERROR)  # the stall's log lines, not figures
     Sim.enter_intervals = args.enter_intervals
