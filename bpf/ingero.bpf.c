@@ -19,6 +19,11 @@
 // stream to the next one's (the work between two host waits), kept as a count, a total and
 // a log-linear histogram like the per-op durations. A separate map: the (tgid, op) stats and
 // their readers stay as they are, and only the ops that name a stream pay its lookup.
+// A launch with a config struct (cuLaunchKernelEx, cudaLaunchKernelExC) passes the stream
+// inside it: STREAM_OFF is its offset there, read from user memory at entry. An event record
+// keeps its (tgid, event) -> stream in ``event_streams`` at its return; an event
+// synchronize looks its event up there at its return and counts as a sync of that stream,
+// step included. An event never recorded (or evicted) counts nothing per stream.
 //
 // NCCL collectives are numbered here, per (process, communicator handle), at entry: the
 // counter lives in the communicator's map entry (reset by ncclCommInitRank), so a lost
@@ -78,7 +83,8 @@ struct call_t {
     u32 dtype;
     u32 op;
     u64 stream;  // the stream handle (where skind says the op names one)
-    u32 skind;   // STREAM_NONE | STREAM_SYNC | STREAM_LAUNCH
+    u64 event;   // the event handle (STREAM_RECORD, STREAM_EVENT_SYNC)
+    u32 skind;   // STREAM_NONE | STREAM_SYNC | STREAM_LAUNCH | STREAM_RECORD | STREAM_EVENT_SYNC
     u32 spad;
 };
 
@@ -129,6 +135,8 @@ struct bio_key {
 #define STREAM_NONE 0
 #define STREAM_SYNC 1
 #define STREAM_LAUNCH 2
+#define STREAM_RECORD 3
+#define STREAM_EVENT_SYNC 4
 
 // Streams are keyed by process and handle: handles are heap addresses, which two processes
 // may share (0, 1 and 2 are the default, legacy and per-thread default streams).
@@ -150,6 +158,19 @@ struct stream_val {
 
 BPF_HASH(stats, struct stat_key, struct stat_val, 16384);
 BPF_HASH(streams, struct stream_key, struct stream_val, 4096);
+// Events are keyed like streams (handles are heap addresses). An engine keeps a few events
+// per stream it waits on (vLLM and SGLang: one or two a step, often a fresh torch Event each
+// time, whose handle the driver's pool reuses), and PyTorch's caching allocator records
+// one per block freed across streams: 16384 entries (about 1 MiB) keep every event a busy
+// process recorded in the last seconds. LRU: past that the oldest record is forgotten, and
+// a sync of its event counts per op only.
+#define EVENT_STREAMS 16384
+struct event_key {
+    u64 event;
+    u32 tgid;
+    u32 pad;
+};
+BPF_TABLE("lru_hash", struct event_key, u64, event_streams, EVENT_STREAMS);
 BPF_PERCPU_ARRAY(zero_stream, struct stream_val, 1);
 BPF_PERCPU_ARRAY(zero_stat, struct stat_val, 1);  // an all-zero value too big for the stack
 BPF_HASH(comms, struct comm_key, struct comm_t, 4096);
@@ -593,7 +614,7 @@ static __always_inline void record_stream(u32 tgid, u64 stream, u32 kind, u64 no
 
 static __always_inline int call_enter(struct pt_regs *ctx, u32 op, int bytes_arg, int count_arg,
                                       int dtype_arg, int comm_arg, int numbered, int stream_arg,
-                                      u32 stream_kind) {
+                                      u32 stream_kind, int stream_off, int event_arg) {
     u64 id = bpf_get_current_pid_tgid();
     struct call_t c = {};
     c.ts = bpf_ktime_get_ns();
@@ -602,6 +623,19 @@ static __always_inline int call_enter(struct pt_regs *ctx, u32 op, int bytes_arg
     c.nranks = -1;
     if (stream_arg) {
         c.stream = arg_n(ctx, stream_arg);
+        c.skind = stream_kind;
+        // The stream inside a config struct (user memory): an unreadable config (NULL, a
+        // bad pointer: the call fails) names no stream.
+        if (stream_off >= 0) {
+            u64 config = c.stream;
+            c.stream = 0;
+            if (!config ||
+                bpf_probe_read_user(&c.stream, sizeof(c.stream), (void *)(config + stream_off)))
+                c.skind = STREAM_NONE;
+        }
+    }
+    if (event_arg) {
+        c.event = arg_n(ctx, event_arg);
         c.skind = stream_kind;
     }
     if (bytes_arg)
@@ -667,8 +701,17 @@ static __always_inline int call_leave(struct pt_regs *ctx, int always) {
     u32 tgid = id >> 32;
     s32 ret = (s32)PT_REGS_RC(ctx);
     record(id, c->op, dur, c->bytes, ret != 0);
-    if (c->skind)
+    if (c->skind == STREAM_RECORD) {
+        struct event_key ek = {.event = c->event, .tgid = tgid};
+        event_streams.update(&ek, &c->stream);
+    } else if (c->skind == STREAM_EVENT_SYNC) {
+        struct event_key ek = {.event = c->event, .tgid = tgid};
+        u64 *stream = event_streams.lookup(&ek);
+        if (stream)
+            record_stream(tgid, *stream, STREAM_SYNC, now, dur);
+    } else if (c->skind) {
         record_stream(tgid, c->stream, c->skind, now, dur);
+    }
     int sampled = should_sample(always);
     // A slow call is sampled too (with its stack), whatever the counter says.
     if (sampled || (STACKS && dur >= STACK_SLOW_NS)) {
@@ -696,10 +739,10 @@ static __always_inline int call_leave(struct pt_regs *ctx, int always) {
 }
 
 #define PROBE_PAIR(OP, BYTES_ARG, COUNT_ARG, DTYPE_ARG, COMM_ARG, ALWAYS, NUMBERED,       \
-                   STREAM_ARG, STREAM_KIND)                                            \
+                   STREAM_ARG, STREAM_KIND, STREAM_OFF, EVENT_ARG)                     \
     int enter_##OP(struct pt_regs *ctx) {                                              \
         return call_enter(ctx, OP, BYTES_ARG, COUNT_ARG, DTYPE_ARG, COMM_ARG, NUMBERED,   \
-                          STREAM_ARG, STREAM_KIND);                                    \
+                          STREAM_ARG, STREAM_KIND, STREAM_OFF, EVENT_ARG);             \
     }                                                                                  \
     int leave_##OP(struct pt_regs *ctx) { return call_leave(ctx, ALWAYS); }
 
@@ -765,7 +808,7 @@ int leave_comm_init(struct pt_regs *ctx) {
 
 // ncclCommDestroy / ncclCommAbort (comm): forget the communicator after the call.
 int enter_comm_destroy(struct pt_regs *ctx) {
-    return call_enter(ctx, OP_COMM_DESTROY, 0, 0, 0, 1, 0, 0, STREAM_NONE);
+    return call_enter(ctx, OP_COMM_DESTROY, 0, 0, 0, 1, 0, 0, STREAM_NONE, -1, 0);
 }
 
 int leave_comm_destroy(struct pt_regs *ctx) {

@@ -8,6 +8,13 @@ ids in the kernel maps and in decoded events always agree. Per-thread-stream var
 stack) holding a stream handle, for the per-stream counts of stream syncs and kernel
 launches. A struct passed by value takes the slots of its eightbytes: ``cudaLaunchKernel``'s
 two ``dim3`` (12 bytes each) take two registers apiece, so its stream is slot 8, not 6.
+Where the argument is a pointer to a struct holding the stream (``cuLaunchKernelEx``'s
+``CUlaunchConfig``, ``cudaLaunchKernelExC``'s ``cudaLaunchConfig_t``), ``stream_offset``
+is the stream's byte offset in that struct, read from user memory at entry.
+
+Event records name an event (``event_arg``) and the stream it is recorded on; an event
+synchronize names only the event, and counts as a sync of the stream its event was last
+recorded on (the tracer keeps event -> stream per process from the records).
 """
 
 from __future__ import annotations
@@ -40,7 +47,11 @@ class Op:
     # Point-to-point ncclSend/ncclRecv are not: NCCL orders them per peer, not per comm.
     numbered: bool = False
     stream_arg: int = 0  # 0: the op names no stream (or its stream is not read)
-    stream_kind: str = ""  # sync | launch
+    stream_kind: str = ""  # sync | launch | record | event_sync
+    # -1: the stream is the argument itself; else its byte offset in the struct the
+    # argument points to (user memory).
+    stream_offset: int = -1
+    event_arg: int = 0  # record | event_sync: the argument slot of the event handle
 
     @property
     def source(self) -> str:
@@ -49,7 +60,15 @@ class Op:
 
 STREAM_SYNC = "sync"
 STREAM_LAUNCH = "launch"
-STREAM_KINDS = {"": 0, STREAM_SYNC: 1, STREAM_LAUNCH: 2}  # as STREAM_* in bpf/ingero.bpf.c
+STREAM_RECORD = "record"  # an event recorded on a stream: remembered, counts nothing itself
+STREAM_EVENT_SYNC = "event_sync"  # a sync of the stream the event was last recorded on
+# As STREAM_* in bpf/ingero.bpf.c.
+STREAM_KINDS = {"": 0, STREAM_SYNC: 1, STREAM_LAUNCH: 2, STREAM_RECORD: 3, STREAM_EVENT_SYNC: 4}
+# The stream's offset in CUlaunchConfig (cuLaunchKernelEx) and in cudaLaunchConfig_t
+# (cudaLaunchKernelExC) on x86-64, from CUDA 13's cuda.h and driver_types.h: seven 32-bit
+# fields (grid, block, shared memory) or two dim3 and a size_t come first. A unit test
+# compiles offsetof() against the installed headers.
+LAUNCH_CONFIG_STREAM_OFFSET = 32
 
 
 def _rt(
@@ -59,6 +78,19 @@ def _rt(
         name, CUDART, (name, *(name + v for v in variants)), bytes_arg=bytes_arg,
         stream_arg=stream[0], stream_kind=stream[1],
     )  # fmt: skip
+
+
+def _event(name: str, lib: str, symbols: tuple[str, ...], record: bool) -> Op:
+    """An event record ``(event, stream[, flags])`` or an event synchronize ``(event)``."""
+    if record:
+        return Op(name, lib, symbols, stream_arg=2, stream_kind=STREAM_RECORD, event_arg=1)
+    return Op(name, lib, symbols, stream_kind=STREAM_EVENT_SYNC, event_arg=1)
+
+
+def _launch_ex(name: str, lib: str, symbols: tuple[str, ...]) -> Op:
+    """A launch with a config struct, passed by pointer as the first argument."""
+    return Op(name, lib, symbols, stream_arg=1, stream_kind=STREAM_LAUNCH,
+              stream_offset=LAUNCH_CONFIG_STREAM_OFFSET)  # fmt: skip
 
 
 def _drv(
@@ -83,7 +115,25 @@ OPS: tuple[Op, ...] = (
     _rt("cudaMemcpyAsync", 3, ("_ptsz",)),
     # cudaLaunchKernel(func, dim3 grid, dim3 block, args, sharedMem, stream): slot 8.
     _rt("cudaLaunchKernel", 0, ("_ptsz",), (8, STREAM_LAUNCH)),
+    # cudaLaunchKernelExC(const cudaLaunchConfig_t *config, func, args): Triton and
+    # torch.compile launch with a config (the C++ cudaLaunchKernelEx template calls it).
+    _launch_ex("cudaLaunchKernelExC", CUDART, ("cudaLaunchKernelExC", "cudaLaunchKernelExC_ptsz")),
     _rt("cudaStreamSynchronize", 0, ("_ptsz",), (1, STREAM_SYNC)),
+    # A host wait through an event: recorded on a stream, then synchronized (vLLM's and
+    # SGLang's step, docs/fleet-push.md "Inference servers"). Both record entry points,
+    # with and without flags, are one op.
+    _event(
+        "cudaEventRecord",
+        CUDART,
+        (
+            "cudaEventRecord",
+            "cudaEventRecord_ptsz",
+            "cudaEventRecordWithFlags",
+            "cudaEventRecordWithFlags_ptsz",
+        ),
+        record=True,
+    ),
+    _event("cudaEventSynchronize", CUDART, ("cudaEventSynchronize",), record=False),
     _rt("cudaDeviceSynchronize"),
     _rt("cudaGraphLaunch", 0, ("_ptsz",)),
     # The CUDA graph lifecycle: a capture (begin..end) records a stream's work into a graph,
@@ -114,8 +164,9 @@ OPS: tuple[Op, ...] = (
     _drv("cuLaunchKernel", ("cuLaunchKernel", "cuLaunchKernel_ptsz"), 0, (9, STREAM_LAUNCH)),
     # CUDA 12+: launches with attributes (cluster dims: Triton, torch.compile) and cooperative
     # launches; each is a kernel launch like cuLaunchKernel.
-    # cuLaunchKernelEx's stream is inside its config struct (user memory): not read.
-    _drv("cuLaunchKernelEx", ("cuLaunchKernelEx", "cuLaunchKernelEx_ptsz")),
+    # cuLaunchKernelEx(const CUlaunchConfig *config, f, params, extra): the stream is in
+    # the config.
+    _launch_ex("cuLaunchKernelEx", CUDA, ("cuLaunchKernelEx", "cuLaunchKernelEx_ptsz")),
     _drv(
         "cuLaunchCooperativeKernel",
         ("cuLaunchCooperativeKernel", "cuLaunchCooperativeKernel_ptsz"),
@@ -131,6 +182,18 @@ OPS: tuple[Op, ...] = (
     _drv("cuMemcpyHtoDAsync", ("cuMemcpyHtoDAsync_v2", "cuMemcpyHtoDAsync_v2_ptsz"), 3),
     _drv("cuMemcpyDtoHAsync", ("cuMemcpyDtoHAsync_v2", "cuMemcpyDtoHAsync_v2_ptsz"), 3),
     _drv("cuCtxSynchronize", ("cuCtxSynchronize",)),
+    _event(
+        "cuEventRecord",
+        CUDA,
+        (
+            "cuEventRecord",
+            "cuEventRecord_ptsz",
+            "cuEventRecordWithFlags",
+            "cuEventRecordWithFlags_ptsz",
+        ),
+        record=True,
+    ),
+    _event("cuEventSynchronize", CUDA, ("cuEventSynchronize",), record=False),
     _drv(
         "cuStreamSynchronize",
         ("cuStreamSynchronize", "cuStreamSynchronize_ptsz"),

@@ -84,7 +84,7 @@ def program_text(
     pairs = [
         f"PROBE_PAIR({i}, {op.bytes_arg}, {op.count_arg}, {op.dtype_arg}, {op.comm_arg}, "
         f"{int(op.always_sample)}, {int(op.numbered)}, {op.stream_arg}, "
-        f"{STREAM_KINDS[op.stream_kind]})"
+        f"{STREAM_KINDS[op.stream_kind]}, {op.stream_offset}, {op.event_arg})"
         for i, op in enumerate(OPS)
         if op.symbols and not op.special
     ]
@@ -204,24 +204,20 @@ class Probes:
 
     def forget(self, pids: set[int]) -> None:
         """Drop kernel state of exited processes (after their last interval was read)."""
-        table = self.bpf[b"stats"]
-        for k in [k for k in table if k.tgid in pids]:
-            with contextlib.suppress(KeyError):
-                del table[k]
-        streams = self.bpf[b"streams"]
-        for k in [k for k in streams if k.tgid in pids]:
-            with contextlib.suppress(KeyError):
-                del streams[k]
+        # Every map keyed by process: counters, streams, communicators a process never
+        # destroyed, and its events' streams (the LRU would age those out, but a new process
+        # given the same pid must not find a dead one's events).
+        for name in (b"stats", b"streams", b"event_streams", b"comms"):
+            table = self.bpf[name]
+            for k in [k for k in table if k.tgid in pids]:
+                with contextlib.suppress(KeyError):
+                    del table[k]
         traced = self.bpf[b"traced"]
         for pid in pids:
             with contextlib.suppress(KeyError):
                 del traced[traced.Key(pid)]
         for pid in pids:
             self.native.forget(pid)
-        comms = self.bpf[b"comms"]  # communicators a process never destroyed
-        for k in [k for k in comms if k.tgid in pids]:
-            with contextlib.suppress(KeyError):
-                del comms[k]
 
     def set_python(
         self,

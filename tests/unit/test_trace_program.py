@@ -2,12 +2,22 @@
 
 from __future__ import annotations
 
+import os
 import re
+import shutil
+import subprocess
+from pathlib import Path
 
 import pytest
 
 from ingero.trace.aggregate import HOST_COUNTERS, NSLOTS
-from ingero.trace.ops import OP_COMM_INIT, OP_OFFCPU, OPS, STREAM_KINDS
+from ingero.trace.ops import (
+    LAUNCH_CONFIG_STREAM_OFFSET,
+    OP_COMM_INIT,
+    OP_OFFCPU,
+    OPS,
+    STREAM_KINDS,
+)
 from ingero.trace.probes import bpf_source_path, probe_names, program_text
 from ingero.trace.symbols import Attachment
 
@@ -16,8 +26,10 @@ def test_one_probe_pair_per_generic_op() -> None:
     text = program_text(bpf_source_path().read_text(), sample_every=16)
     assert "#define SAMPLE_EVERY 16" in text
     assert f"#define OP_OFFCPU {OP_OFFCPU}" in text
-    pairs = re.findall(r"^PROBE_PAIR\((\d+), (\d), (\d), (\d), (\d), ([01]), ([01]), (\d), (\d)\)$",
-                       text, re.M)  # fmt: skip
+    pairs = re.findall(
+        r"^PROBE_PAIR\((\d+), (\d), (\d), (\d), (\d), ([01]), ([01]), (\d), (\d), (-1|\d+), (\d)\)$",
+        text, re.M,
+    )  # fmt: skip
     generic = [i for i, op in enumerate(OPS) if op.symbols and not op.special]
     assert [int(p[0]) for p in pairs] == generic
     for p in pairs:
@@ -27,6 +39,7 @@ def test_one_probe_pair_per_generic_op() -> None:
         assert int(p[5]) == int(op.always_sample)
         assert int(p[6]) == int(op.numbered)
         assert (int(p[7]), int(p[8])) == (op.stream_arg, STREAM_KINDS[op.stream_kind])
+        assert (int(p[9]), int(p[10])) == (op.stream_offset, op.event_arg)
 
 
 def test_stream_kinds_match_the_c_source() -> None:
@@ -37,14 +50,26 @@ def test_stream_kinds_match_the_c_source() -> None:
 
 def test_the_stream_argument_of_each_stream_op() -> None:
     """x86-64 slots: a dim3 by value takes two, so cudaLaunchKernel's stream is slot 8;
-    cuLaunchKernel's is its 9th parameter, the third on the stack."""
-    streams = {op.name: (op.stream_arg, op.stream_kind) for op in OPS if op.stream_arg}
+    cuLaunchKernel's is its 9th parameter, the third on the stack. The Ex launches pass a
+    config pointer (the stream at an offset in it); event records pass (event, stream) and
+    event synchronizes the event alone."""
+    streams = {
+        op.name: (op.stream_arg, op.stream_kind, op.stream_offset, op.event_arg)
+        for op in OPS
+        if op.stream_kind
+    }
     assert streams == {
-        "cudaLaunchKernel": (8, "launch"),
-        "cudaStreamSynchronize": (1, "sync"),
-        "cuLaunchKernel": (9, "launch"),
-        "cuLaunchCooperativeKernel": (9, "launch"),
-        "cuStreamSynchronize": (1, "sync"),
+        "cudaLaunchKernel": (8, "launch", -1, 0),
+        "cudaLaunchKernelExC": (1, "launch", 32, 0),  # config->stream
+        "cudaStreamSynchronize": (1, "sync", -1, 0),
+        "cudaEventRecord": (2, "record", -1, 1),  # (event, stream[, flags])
+        "cudaEventSynchronize": (0, "event_sync", -1, 1),  # (event)
+        "cuLaunchKernel": (9, "launch", -1, 0),
+        "cuLaunchKernelEx": (1, "launch", 32, 0),  # config->hStream
+        "cuLaunchCooperativeKernel": (9, "launch", -1, 0),
+        "cuStreamSynchronize": (1, "sync", -1, 0),
+        "cuEventRecord": (2, "record", -1, 1),
+        "cuEventSynchronize": (0, "event_sync", -1, 1),
     }
 
 
@@ -85,3 +110,38 @@ def test_no_kernel_struct_reads() -> None:
 def test_sample_every_must_be_positive() -> None:
     with pytest.raises(ValueError):
         program_text("", 0)
+
+
+def _cuda_include() -> Path | None:
+    """The CUDA toolkit's include directory ($CUDA_HOME, else /usr/local/cuda*), or None."""
+    homes = [Path(os.environ["CUDA_HOME"])] if os.environ.get("CUDA_HOME") else []
+    homes += sorted(Path("/usr/local").glob("cuda*"))
+    for home in homes:
+        if (home / "include/cuda.h").is_file() and (home / "include/driver_types.h").is_file():
+            return home / "include"
+    return None
+
+
+def test_launch_config_stream_offset_matches_the_cuda_headers(tmp_path: Path) -> None:
+    """The stream's offset in CUlaunchConfig and cudaLaunchConfig_t, as the installed
+    toolkit's headers lay them out, is the one the program reads at."""
+    include = _cuda_include()
+    if include is None:
+        pytest.skip("no CUDA toolkit headers (cuda.h) under $CUDA_HOME or /usr/local/cuda*")
+    if shutil.which("gcc") is None:
+        pytest.skip("gcc not installed (tests/apt-packages.txt lists it)")
+    src = tmp_path / "offsets.c"
+    src.write_text(
+        "#include <stddef.h>\n#include <stdio.h>\n#include <cuda.h>\n#include <driver_types.h>\n"
+        "int main(void) {\n"
+        '    printf("%zu %zu\\n", offsetof(CUlaunchConfig, hStream),\n'
+        "           offsetof(cudaLaunchConfig_t, stream));\n"
+        "    return 0;\n}\n"
+    )
+    exe = tmp_path / "offsets"
+    subprocess.run(["gcc", f"-I{include}", "-o", str(exe), str(src)], check=True, timeout=60)
+    out = subprocess.run([str(exe)], capture_output=True, text=True, check=True, timeout=10)
+    driver, runtime = (int(x) for x in out.stdout.split())
+    assert (driver, runtime) == (LAUNCH_CONFIG_STREAM_OFFSET, LAUNCH_CONFIG_STREAM_OFFSET)
+    offsets = {op.name: op.stream_offset for op in OPS if op.stream_offset >= 0}
+    assert offsets == {"cudaLaunchKernelExC": runtime, "cuLaunchKernelEx": driver}

@@ -282,6 +282,20 @@ def driver_loop(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 @pytest.fixture(scope="session")
+def launch_ex(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """launch_ex.c against the toolkit's real libcudart and the stand-in libcuda (no driver
+    here: the real runtime's launches fail at once, after their uprobes fired)."""
+    lib = CUDA_HOME / "lib64"
+    if not (lib / "libcudart.so").exists() or not (CUDA_HOME / "include/cuda.h").exists():
+        pytest.skip(f"no CUDA toolkit with a shared libcudart and cuda.h under {CUDA_HOME}")
+    out = tmp_path_factory.mktemp("launch_ex")
+    _gcc(HERE / "fake_libcuda.c", out / "libcuda.so.1", "-O0", "-shared", "-fPIC")
+    return _gcc(HERE / "launch_ex.c", out / "launch_ex", f"-I{CUDA_HOME}/include", f"-L{lib}",
+                "-lcudart", f"-Wl,-rpath,{lib}", str(out / "libcuda.so.1"),
+                f"-Wl,-rpath,{out}")  # fmt: skip
+
+
+@pytest.fixture(scope="session")
 def stream_engine(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """stream_engine.c against the stand-in libcudart and libcuda (runtime_loop's build)."""
     return _against_stand_ins(tmp_path_factory.mktemp("streams"), "stream_engine")

@@ -46,7 +46,8 @@ int cuLaunchKernel(CUfunction f, unsigned gx, unsigned gy, unsigned gz, unsigned
     return FAKE_ERROR;
 }
 
-/* CUDA 12+: launch with a config (attributes, clusters) and cooperative launch. */
+/* CUDA 12+: launch with a config (attributes, clusters: a CUlaunchConfig *, the stream in
+ * it) and cooperative launch. */
 int cuLaunchKernelEx(const void *config, CUfunction f, void **params, void **extra) {
     (void)config, (void)f, (void)params, (void)extra;
     return FAKE_ERROR;
@@ -79,6 +80,24 @@ int cuStreamSynchronize(CUstream stream) {
     if (us)
         usleep((useconds_t)atol(us));
     wait_collectives();
+    return FAKE_ERROR;
+}
+
+/* Events: recorded on a stream, waited on by the host. */
+typedef void *CUevent;
+
+int cuEventRecord(CUevent event, CUstream stream) {
+    (void)event, (void)stream;
+    return FAKE_ERROR;
+}
+
+int cuEventRecordWithFlags(CUevent event, CUstream stream, unsigned flags) {
+    (void)event, (void)stream, (void)flags;
+    return FAKE_ERROR;
+}
+
+int cuEventSynchronize(CUevent event) {
+    (void)event;
     return FAKE_ERROR;
 }
 

@@ -2,18 +2,10 @@
  * signatures (cuda_runtime_api.h from the toolkit): each call does what the real runtime
  * does underneath, a call into the driver API (the stand-in libcuda, fake_libcuda.c), so a
  * runtime call holds a nested traced driver call. (The real libcudart needs a real driver
- * to get that far: without one it fails before calling into libcuda.) */
+ * to get that far: without one it fails before calling into libcuda.) The driver's types
+ * and prototypes are cuda.h's, so the config passed down is the real CUlaunchConfig. */
+#include <cuda.h>
 #include <cuda_runtime_api.h>
-
-typedef void *CUstream;
-typedef void *CUfunction;
-int cuLaunchKernel(CUfunction f, unsigned gx, unsigned gy, unsigned gz, unsigned bx, unsigned by,
-                   unsigned bz, unsigned shmem, CUstream stream, void **params, void **extra);
-int cuStreamSynchronize(CUstream stream);
-int cuGraphLaunch(void *hGraphExec, CUstream hStream);
-int cuStreamBeginCapture_v2(CUstream hStream, int mode);
-int cuStreamEndCapture(CUstream hStream, void **phGraph);
-int cuGraphInstantiateWithFlags(void **phGraphExec, void *hGraph, unsigned long long flags);
 
 cudaError_t cudaLaunchKernel(const void *func, dim3 grid, dim3 block, void **args,
                              size_t shared, cudaStream_t stream) {
@@ -28,22 +20,52 @@ cudaError_t cudaStreamSynchronize(cudaStream_t stream) {
 }
 
 cudaError_t cudaStreamBeginCapture(cudaStream_t stream, enum cudaStreamCaptureMode mode) {
-    cuStreamBeginCapture_v2((CUstream)stream, (int)mode);
+    cuStreamBeginCapture_v2((CUstream)stream, (CUstreamCaptureMode)mode);
     return cudaErrorNoDevice;
 }
 
 cudaError_t cudaStreamEndCapture(cudaStream_t stream, cudaGraph_t *pGraph) {
-    cuStreamEndCapture((CUstream)stream, (void **)pGraph);
+    cuStreamEndCapture((CUstream)stream, (CUgraph *)pGraph);
     return cudaErrorNoDevice;
 }
 
 cudaError_t cudaGraphInstantiate(cudaGraphExec_t *pGraphExec, cudaGraph_t graph,
                                  unsigned long long flags) {
-    cuGraphInstantiateWithFlags((void **)pGraphExec, (void *)graph, flags);
+    cuGraphInstantiateWithFlags((CUgraphExec *)pGraphExec, (CUgraph)graph, flags);
     return cudaErrorNoDevice;
 }
 
 cudaError_t cudaGraphLaunch(cudaGraphExec_t graphExec, cudaStream_t stream) {
-    cuGraphLaunch((void *)graphExec, (CUstream)stream);
+    cuGraphLaunch((CUgraphExec)graphExec, (CUstream)stream);
+    return cudaErrorNoDevice;
+}
+
+/* A launch with a config (Triton, torch.compile): the driver's launch with its own config,
+ * the stream copied across as the real runtime does. */
+cudaError_t cudaLaunchKernelExC(const cudaLaunchConfig_t *config, const void *func, void **args) {
+    CUlaunchConfig drv = {0};
+    if (config) {
+        drv.gridDimX = config->gridDim.x, drv.gridDimY = config->gridDim.y;
+        drv.gridDimZ = config->gridDim.z, drv.blockDimX = config->blockDim.x;
+        drv.blockDimY = config->blockDim.y, drv.blockDimZ = config->blockDim.z;
+        drv.sharedMemBytes = (unsigned)config->dynamicSmemBytes;
+        drv.hStream = (CUstream)config->stream;
+    }
+    cuLaunchKernelEx(config ? &drv : NULL, (CUfunction)func, args, NULL);
+    return cudaErrorNoDevice;
+}
+
+cudaError_t cudaEventRecord(cudaEvent_t event, cudaStream_t stream) {
+    cuEventRecord((CUevent)event, (CUstream)stream);
+    return cudaErrorNoDevice;
+}
+
+cudaError_t cudaEventRecordWithFlags(cudaEvent_t event, cudaStream_t stream, unsigned int flags) {
+    cuEventRecordWithFlags((CUevent)event, (CUstream)stream, flags);
+    return cudaErrorNoDevice;
+}
+
+cudaError_t cudaEventSynchronize(cudaEvent_t event) {
+    cuEventSynchronize((CUevent)event);
     return cudaErrorNoDevice;
 }
