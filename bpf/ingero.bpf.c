@@ -158,12 +158,11 @@ struct stream_val {
 
 BPF_HASH(stats, struct stat_key, struct stat_val, 16384);
 BPF_HASH(streams, struct stream_key, struct stream_val, 4096);
-// Events are keyed like streams (handles are heap addresses). An engine keeps a few events
-// per stream it waits on (vLLM and SGLang: one or two a step, often a fresh torch Event each
-// time, whose handle the driver's pool reuses), and PyTorch's caching allocator records
-// one per block freed across streams: 16384 entries (about 1 MiB) keep every event a busy
-// process recorded in the last seconds. LRU: past that the oldest record is forgotten, and
-// a sync of its event counts per op only.
+// Events are keyed like streams (handles are heap addresses). An engine records its step's
+// event and synchronizes it milliseconds later (vLLM, SGLang: one or two a step); PyTorch's
+// caching allocator also records one per block freed across streams. An entry is lost only
+// when 16384 other records (1.4 MB of kernel memory) come between an event's record and
+// its sync: LRU, the oldest record goes first, and a sync of its event counts per op only.
 #define EVENT_STREAMS 16384
 struct event_key {
     u64 event;

@@ -64,11 +64,15 @@ GRAPH_BUILD_OPS: Final = (
     "cuStreamEndCapture",
     "cuGraphInstantiate",
 )
+# Host waits for the GPU: on the device, on a stream, or on an event recorded on a stream
+# (inference engines wait for each step's sampled tokens that way).
 SYNC_OPS: Final = (
     "cudaDeviceSynchronize",
     "cudaStreamSynchronize",
+    "cudaEventSynchronize",
     "cuCtxSynchronize",
     "cuStreamSynchronize",
+    "cuEventSynchronize",
 )
 # Step rows: the steps the job marked through ``ingero annotate`` (source "annotate", one
 # row per writer and flush) or the synthetic workload writes.

@@ -281,9 +281,11 @@ def _v6(db: sqlite_utils.Database) -> None:
             "job_id": str,
             "rank": int,
             "stream": str,  # the stream handle, 16 lowercase hex digits (0: default stream)
-            "syncs": int,  # stream syncs (cudaStreamSynchronize, cuStreamSynchronize)
+            # stream syncs (cu[da]StreamSynchronize) and event syncs of an event last
+            # recorded on the stream (cu[da]EventSynchronize)
+            "syncs": int,
             "sync_ns": int,  # host time waiting in them
-            "launches": int,  # kernel launches naming the stream (not cuLaunchKernelEx)
+            "launches": int,  # kernel launches naming the stream (in an argument or config)
             "steps": int,  # sync-to-sync gaps ending in the interval
             "step_ns": int,
             "step_p50_ns": int,

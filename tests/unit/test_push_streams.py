@@ -161,10 +161,15 @@ def test_any_step_histogram_text_is_read_or_left_out(texts: list[str]) -> None:
 
 
 def run_server(
-    tmp_path: Path, syncs: tuple[int, ...], streams: list[dict[str, Any]], version: int = 6
+    tmp_path: Path,
+    syncs: tuple[int, ...],
+    streams: list[dict[str, Any]],
+    version: int = 6,
+    sync_op: str = "cudaStreamSynchronize",
 ) -> NodeSample:
-    """Four 2 s intervals of a node whose server's worker (pid 41) made ``syncs`` stream
-    syncs and, on a version 6 node DB, ``streams`` rows (their ``ts`` set per interval)."""
+    """Four 2 s intervals of a node whose server's worker (pid 41) made ``syncs`` calls of
+    ``sync_op`` and, on a version 6 node DB, ``streams`` rows (their ``ts`` set per
+    interval)."""
     clock = ManualClock()
     node = Node(tmp_path, clock)
     if version < 6:
@@ -178,7 +183,7 @@ def run_server(
         with node.db.conn:
             node.db.table("intervals").insert_all(
                 {"ts_start": now - 2.0, "ts_end": now, "pid": 41, "source": "cuda_runtime",
-                 "op": "cudaStreamSynchronize", "count": count, "total_ns": 10**6}
+                 "op": sync_op, "count": count, "total_ns": 10**6}
                 for count in syncs
             )  # fmt: skip
             if streams:
@@ -204,6 +209,20 @@ def test_the_step_rate_follows_the_decode_stream_not_the_syncs(tmp_path: Path) -
     ])  # fmt: skip
     assert sample.window is not None and sample.result is not None
     assert sample.window.syncs[41] == 130
+    assert sample.result.rates[INFERENCE_STEP_RATE] == pytest.approx(100.0, rel=0.125)
+
+
+def test_an_engine_that_waits_on_events_steps_on_its_decode_stream(tmp_path: Path) -> None:
+    """vLLM and SGLang wait for the sampled tokens through an event (recorded on the stream,
+    then synchronized): the tracer counts those waits as the stream's syncs, and the event
+    synchronize calls are the tree's syncs, so the step rate is the decode stream's."""
+    decode = hist((10, 90), (200, 10))
+    sample = run_server(tmp_path, (100,), [
+        {**_row(0, 41, "00007f00c0de0000", syncs=100, steps=100, step_ns=2_900 * MS),
+         "step_hist": json.dumps({str(k): v for k, v in decode.items()})},
+    ], sync_op="cudaEventSynchronize")  # fmt: skip
+    assert sample.window is not None and sample.result is not None
+    assert sample.window.syncs[41] == 100
     assert sample.result.rates[INFERENCE_STEP_RATE] == pytest.approx(100.0, rel=0.125)
 
 

@@ -11,10 +11,11 @@
  * STREAM_WAIT_BY=event: an engine that launches with a config and waits through events
  * (vLLM, SGLang; Triton and torch.compile kernels): the decode stream launches through
  * cudaLaunchKernelExC (the stream in its config) and waits by recording an event on it and
- * synchronizing the event (cudaEventRecord, cudaEventSynchronize), and each step also
- * synchronizes an event never recorded; the other stream launches through cuLaunchKernelEx
- * and waits through cuEventRecordWithFlags and cuEventSynchronize. STREAM_FLOOD_EVENTS=N
- * first records N distinct events on a third stream, never synchronized.
+ * synchronizing the event (cudaEventRecord, cudaEventSynchronize); the other stream
+ * launches through cuLaunchKernelEx and waits through cuEventRecordWithFlags and
+ * cuEventSynchronize. STREAM_UNRECORDED=1: each decode step also synchronizes an event never
+ * recorded. STREAM_FLOOD_EVENTS=N first records N distinct events on a third stream, never
+ * synchronized.
  *
  * Environment: STREAM_ITERS (decode-stream steps; 0: until killed), STREAM_DECODE_US,
  * STREAM_PREFILL_US, STREAM_PREFILL_EVERY, STREAM_OTHER_EVERY, STREAM_CONTROL (a file
@@ -55,7 +56,7 @@ int main(void) {
     const char *control = getenv("STREAM_CONTROL");
     const char *wait_by = getenv("STREAM_WAIT_BY");
     int events = wait_by && strcmp(wait_by, "event") == 0;
-    long flood = env("STREAM_FLOOD_EVENTS", 0);
+    long flood = env("STREAM_FLOOD_EVENTS", 0), unrecorded = env("STREAM_UNRECORDED", 0);
     /* Stream handles are opaque pointers to the stand-ins: two distinct values. */
     cudaStream_t decode = (cudaStream_t)(unsigned long)0x7f00c0de0000UL;
     CUstream other = (CUstream)(unsigned long)0x7f00a11e0000UL;
@@ -99,7 +100,8 @@ int main(void) {
         if (events) {
             cudaEventRecord(step_done, decode);
             cudaEventSynchronize(step_done);
-            cudaEventSynchronize(never_recorded);
+            if (unrecorded)
+                cudaEventSynchronize(never_recorded);
         } else {
             cudaStreamSynchronize(decode);
         }

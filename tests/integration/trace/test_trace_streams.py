@@ -51,7 +51,7 @@ def test_streams_counted_apart_and_decode_steps_split(
     env = dict(
         os.environ, STREAM_WAIT="1", STREAM_ITERS=str(ITERS), STREAM_DECODE_US="2000",
         STREAM_PREFILL_US="23000", STREAM_PREFILL_EVERY=str(PREFILL_EVERY),
-        STREAM_OTHER_EVERY=str(OTHER_EVERY), STREAM_WAIT_BY=wait_by,
+        STREAM_OTHER_EVERY=str(OTHER_EVERY), STREAM_WAIT_BY=wait_by, STREAM_UNRECORDED="1",
     )  # fmt: skip
     # Events: first more than the map holds, recorded on a third stream and never waited on;
     # the oldest are forgotten, and the steps after them count as before.
