@@ -76,7 +76,7 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as tmp:
         exe, lib = build(Path(tmp), args.nccl_dir)
         ingero = Ingero(lib, poll_s=0.05)
-        floor = Floor(type(ingero.probes.bpf), lib.path, b"ncclAllReduce")
+        floor = Floor(type(ingero.probes.bpf), lib.path, (b"ncclAllReduce",))
         configs = [Config("none"), floor, ingero]
         print(
             f"# {time.strftime('%Y-%m-%d %H:%M:%S')} host={os.uname().nodename} "

@@ -23,6 +23,12 @@ give the ns each configuration adds per call and the ratio of ingero to the floo
 per rate: median ns per iteration of each configuration and the slowdown of ``ingero``
 in percent (throughput with and without tracing). Needs root, BCC and the
 CUDA toolkit (gcc against its libcudart). Usage: ``python bench/trace_overhead.py [--rounds 7]``.
+
+``--call`` picks the workload's call: ``launch`` (cudaLaunchKernel, the stream in an
+argument slot), ``launch-ex`` (cudaLaunchKernelExC, the stream read from its config in user
+memory) or ``event`` (cudaEventRecord then cudaEventSynchronize of that event: the event's
+stream kept at the record and looked up at the sync; figures are per pair of calls, and
+the floor probes both functions).
 """
 
 from __future__ import annotations
@@ -45,7 +51,12 @@ from ingero.trace.procmaps import LibraryFile
 from ingero.trace.uprobemulti import close_all
 
 CUDA_HOME = Path(os.environ.get("CUDA_HOME", "/usr/local/cuda"))
-SYMBOL = b"cudaLaunchKernel"
+# The functions each --call makes, one iteration each (the floor probes the same ones).
+CALLS = {
+    "launch": (b"cudaLaunchKernel",),
+    "launch-ex": (b"cudaLaunchKernelExC",),
+    "event": (b"cudaEventRecord", b"cudaEventSynchronize"),
+}
 FLOOR_PROGRAM = "int enter(void *ctx) { return 0; }\nint leave(void *ctx) { return 0; }\n"
 TRACEPOINTS = {
     "sched:sched_switch": "tracepoint__sched__sched_switch",
@@ -68,19 +79,20 @@ def build(out_dir: Path) -> Path:
     return exe
 
 
-def run(exe: Path, spin: int, calls: int) -> float:
-    out = subprocess.run([str(exe), str(spin), str(calls)], capture_output=True, text=True,
-                         check=True).stdout  # fmt: skip
+def run(exe: Path, spin: int, calls: int, call: str | None = None) -> float:
+    """ns per iteration of ``exe`` (``call``: cuda_rate's third argument, where given)."""
+    argv = [str(exe), str(spin), str(calls), *([call] if call else [])]
+    out = subprocess.run(argv, capture_output=True, text=True, check=True).stdout
     return float(out.split("=", 1)[1])
 
 
-def calibrate(exe: Path, rate: int) -> int:
+def calibrate(exe: Path, rate: int, call: str | None = None) -> int:
     """Spin rounds per iteration so that an untraced iteration lasts 1/rate s."""
     target = 1e9 / rate
     spin = 100
     for _ in range(6):
-        per = run(exe, spin, 20000)
-        base = run(exe, 0, 20000)
+        per = run(exe, spin, 20000, call)
+        base = run(exe, 0, 20000, call)
         per_spin = max((per - base) / spin, 1e-3)
         spin = max(1, int((target - base) / per_spin))
     return spin
@@ -101,19 +113,23 @@ class Config:
 
 
 class Floor(Config):
-    def __init__(self, bcc_bpf: type, path: str, symbol: bytes = SYMBOL) -> None:
+    def __init__(
+        self, bcc_bpf: type, path: str, symbols: tuple[bytes, ...] = CALLS["launch"]
+    ) -> None:
         super().__init__("floor")
         self.bpf = bcc_bpf(text=FLOOR_PROGRAM.encode())
         self.path = path.encode()
-        self.symbol = symbol
+        self.symbols = symbols
 
     def on(self) -> None:
-        self.bpf.attach_uprobe(name=self.path, sym=self.symbol, fn_name=b"enter")
-        self.bpf.attach_uretprobe(name=self.path, sym=self.symbol, fn_name=b"leave")
+        for sym in self.symbols:
+            self.bpf.attach_uprobe(name=self.path, sym=sym, fn_name=b"enter")
+            self.bpf.attach_uretprobe(name=self.path, sym=sym, fn_name=b"leave")
 
     def off(self) -> None:
-        self.bpf.detach_uprobe(name=self.path, sym=self.symbol)
-        self.bpf.detach_uretprobe(name=self.path, sym=self.symbol)
+        for sym in self.symbols:
+            self.bpf.detach_uprobe(name=self.path, sym=sym)
+            self.bpf.detach_uretprobe(name=self.path, sym=sym)
 
 
 class Ingero(Config):
@@ -181,7 +197,12 @@ class Ingero(Config):
 
 
 def measure(
-    exe: Path, configs: list[Config], spin: int, calls: int, rounds: int
+    exe: Path,
+    configs: list[Config],
+    spin: int,
+    calls: int,
+    rounds: int,
+    call: str | None = None,
 ) -> dict[str, float]:
     """Median ns per iteration of each configuration, run interleaved round by round."""
     results: dict[str, list[float]] = {c.name: [] for c in configs}
@@ -189,7 +210,7 @@ def measure(
         for config in configs:
             config.on()
             try:
-                results[config.name].append(run(exe, spin, calls))
+                results[config.name].append(run(exe, spin, calls, call))
             finally:
                 config.off()
     return {k: statistics.median(v) for k, v in results.items()}
@@ -201,6 +222,8 @@ def main() -> None:
     parser.add_argument("--seconds", type=float, default=0.4, help="length of one run")
     parser.add_argument("--rates", default="10000,50000", help="'': back to back only")
     parser.add_argument("--calls", type=int, default=200000, help="back-to-back calls per run")
+    parser.add_argument("--call", choices=sorted(CALLS), default="launch",
+                        help="the workload's call (event: a record and a sync per iteration)")  # fmt: skip
     args = parser.parse_args()
     with tempfile.TemporaryDirectory() as tmp:
         exe = build(Path(tmp))
@@ -210,15 +233,16 @@ def main() -> None:
         # ring buffer samples and their stacks.
         quiet = Ingero(name="no-samples", sample_every=1 << 40)
         perf = Ingero(name="perf-uprobes", multi=False)
-        floor = Floor(type(ingero.probes.bpf), ingero.lib.path)
+        floor = Floor(type(ingero.probes.bpf), ingero.lib.path, CALLS[args.call])
         configs = [Config("none"), floor, ingero, perf, plain, quiet]
         traced = ("ingero", "perf-uprobes", "no-stacks", "no-samples")
         print(
             f"# {time.strftime('%Y-%m-%d %H:%M:%S')} host={os.uname().nodename} "
             f"cpus={os.cpu_count()} load={os.getloadavg()[0]:.1f} rounds={args.rounds} "
+            f"call={args.call} "
             f"calls-in-flight={'task storage' if ingero.probes.task_storage else 'hash'}"
         )
-        per_call = measure(exe, configs, 0, args.calls, args.rounds)
+        per_call = measure(exe, configs, 0, args.calls, args.rounds, args.call)
         floor_added = per_call["floor"] - per_call["none"]
         parts = "  ".join(
             f"{n}: adds {per_call[n] - per_call['none']:.0f} ns, "
@@ -230,8 +254,8 @@ def main() -> None:
             f"floor adds {floor_added:.0f} ns  {parts}"
         )
         for rate in (int(r) for r in args.rates.split(",") if r):
-            spin = calibrate(exe, rate)
-            med = measure(exe, configs, spin, int(rate * args.seconds), args.rounds)
+            spin = calibrate(exe, rate, args.call)
+            med = measure(exe, configs, spin, int(rate * args.seconds), args.rounds, args.call)
             floor_added = med["floor"] - med["none"]
             parts = "  ".join(
                 f"{n}: slowdown={100 * (med[n] - med['none']) / med['none']:.2f}% "
