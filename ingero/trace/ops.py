@@ -80,11 +80,16 @@ def _rt(
     )  # fmt: skip
 
 
-def _event(name: str, lib: str, symbols: tuple[str, ...], record: bool) -> Op:
-    """An event record ``(event, stream[, flags])`` or an event synchronize ``(event)``."""
-    if record:
-        return Op(name, lib, symbols, stream_arg=2, stream_kind=STREAM_RECORD, event_arg=1)
-    return Op(name, lib, symbols, stream_kind=STREAM_EVENT_SYNC, event_arg=1)
+def _event_record(name: str, lib: str) -> Op:
+    """An event record ``(event, stream[, flags])``: the entry points with and without
+    flags, and their per-thread default stream variants, are one op."""
+    symbols = tuple(name + v for v in ("", "_ptsz", "WithFlags", "WithFlags_ptsz"))
+    return Op(name, lib, symbols, stream_arg=2, stream_kind=STREAM_RECORD, event_arg=1)
+
+
+def _event_sync(name: str, lib: str) -> Op:
+    """An event synchronize ``(event)``: a sync of the stream the event was recorded on."""
+    return Op(name, lib, (name,), stream_kind=STREAM_EVENT_SYNC, event_arg=1)
 
 
 def _launch_ex(name: str, lib: str, symbols: tuple[str, ...]) -> Op:
@@ -120,20 +125,9 @@ OPS: tuple[Op, ...] = (
     _launch_ex("cudaLaunchKernelExC", CUDART, ("cudaLaunchKernelExC", "cudaLaunchKernelExC_ptsz")),
     _rt("cudaStreamSynchronize", 0, ("_ptsz",), (1, STREAM_SYNC)),
     # A host wait through an event: recorded on a stream, then synchronized (vLLM's and
-    # SGLang's step, docs/fleet-push.md "Inference servers"). Both record entry points,
-    # with and without flags, are one op.
-    _event(
-        "cudaEventRecord",
-        CUDART,
-        (
-            "cudaEventRecord",
-            "cudaEventRecord_ptsz",
-            "cudaEventRecordWithFlags",
-            "cudaEventRecordWithFlags_ptsz",
-        ),
-        record=True,
-    ),
-    _event("cudaEventSynchronize", CUDART, ("cudaEventSynchronize",), record=False),
+    # SGLang's step, docs/fleet-push.md "Inference servers").
+    _event_record("cudaEventRecord", CUDART),
+    _event_sync("cudaEventSynchronize", CUDART),
     _rt("cudaDeviceSynchronize"),
     _rt("cudaGraphLaunch", 0, ("_ptsz",)),
     # The CUDA graph lifecycle: a capture (begin..end) records a stream's work into a graph,
@@ -182,18 +176,8 @@ OPS: tuple[Op, ...] = (
     _drv("cuMemcpyHtoDAsync", ("cuMemcpyHtoDAsync_v2", "cuMemcpyHtoDAsync_v2_ptsz"), 3),
     _drv("cuMemcpyDtoHAsync", ("cuMemcpyDtoHAsync_v2", "cuMemcpyDtoHAsync_v2_ptsz"), 3),
     _drv("cuCtxSynchronize", ("cuCtxSynchronize",)),
-    _event(
-        "cuEventRecord",
-        CUDA,
-        (
-            "cuEventRecord",
-            "cuEventRecord_ptsz",
-            "cuEventRecordWithFlags",
-            "cuEventRecordWithFlags_ptsz",
-        ),
-        record=True,
-    ),
-    _event("cuEventSynchronize", CUDA, ("cuEventSynchronize",), record=False),
+    _event_record("cuEventRecord", CUDA),
+    _event_sync("cuEventSynchronize", CUDA),
     _drv(
         "cuStreamSynchronize",
         ("cuStreamSynchronize", "cuStreamSynchronize_ptsz"),
