@@ -67,6 +67,6 @@ def test_driver_calls(start_tracer: Any, spawn: Any, driver_loop: Path) -> None:
         assert rows[op] == ("cuda_driver", n, n * size, n), op
         assert rets[op] == int(codes[op]) == 999, op
     # Everything runs on the default stream (handle 0): its syncs, and the launches that
-    # name a stream in an argument (cuLaunchKernel, cuLaunchCooperativeKernel; not
-    # cuLaunchKernelEx, whose stream is inside its config).
+    # name a stream (cuLaunchKernel, cuLaunchCooperativeKernel; not cuLaunchKernelEx, which
+    # driver_loop calls with no config: a NULL config names no stream).
     assert streams == [("0000000000000000", ITERS, 2 * ITERS)]
