@@ -84,7 +84,7 @@ struct call_t {
     u32 op;
     u64 stream;  // the stream handle (where skind says the op names one)
     u64 event;   // the event handle (STREAM_RECORD, STREAM_EVENT_SYNC)
-    u32 skind;   // STREAM_NONE | STREAM_SYNC | STREAM_LAUNCH | STREAM_RECORD | STREAM_EVENT_SYNC
+    u32 skind;   // STREAM_*: what the call does on its stream (NONE: names none)
     u32 spad;
 };
 
