@@ -47,11 +47,13 @@ and so the stall rule, stay the push window's).
 from __future__ import annotations
 
 import argparse
+import itertools
 import logging
 import random
 import statistics
 from collections.abc import Iterable
 from pathlib import Path
+from typing import ClassVar
 
 from ingero.collectors.nodedb import (
     LOOKBACK_WINDOWS,
@@ -205,6 +207,7 @@ class SimNode:
             statistics.mean(mem) if mem else None,
             medians,
             not self.ended,  # the job file goes with the job
+            straggling=self.classifier.straggling,
         )
         self.held += sample.held
         return sample
@@ -353,12 +356,49 @@ def healthy_and_drops(
     return healthy, drops
 
 
+class Explain:
+    """What ``--explain`` looks at: the slowed node's score against the threshold it was
+    judged by, interval by interval after the slowdown (the peers' median score beside it)."""
+
+    runs: ClassVar[dict[int, list[str]]] = {}  # seed -> one line per interval, for the slowest runs
+    gaps: ClassVar[dict[int, list[float]]] = {}  # seed -> score - threshold per classified interval
+
+    @staticmethod
+    def interval(sim: Sim, target: SimNode, interval: int) -> tuple[str, float] | None:
+        last, reply = target.sampler.last, target.reply
+        if last is None or last.result is None or reply is None or reply.threshold is None:
+            return None
+        r = last.result
+        rates, signals = r.rates, r.signals
+        reference = rates.get("throughput_peer_median") or rates.get("throughput_baseline")
+        peers = statistics.median(s for n, s in sim.scores.items() if n != target.name)
+        gap = r.score - reply.threshold
+        line = (
+            f"  {interval:3d}  rate {rates.get('kernel_launch_rate') or 0:8.1f}  "
+            f"{'peer median' if rates.get('throughput_peer_median') else 'own baseline'} "
+            f"{reference or 0:8.1f}  throughput {signals.get('throughput', 0):.3f}  "
+            f"compute {signals.get('compute', float('nan')):.3f}  busy baseline "
+            f"{rates.get('gpu_busy_baseline', float('nan')):.3f}  score {r.score:.4f}  "
+            f"threshold {reply.threshold:.4f}  gap {gap:+.4f}  "
+            f"peers' median score {peers:.4f}" + ("  (held)" if last.held else "")
+        )
+        return line, gap
+
+
 def latency(
-    shape: str, nodes: int, noise: float, runs: int, slowdown: float, warmup: int, limit: int
+    shape: str,
+    nodes: int,
+    noise: float,
+    runs: int,
+    slowdown: float,
+    warmup: int,
+    limit: int,
+    explain: bool = False,
 ) -> tuple[list[int], int, int, list[int]]:
     """Intervals to the node's detection per run, misses, runs where Fleet flagged the same
     node under the same event_id (two intervals after the node's detection), and intervals
-    to Fleet's own first ``straggler_state`` of the node in the runs where it came."""
+    to Fleet's own first ``straggler_state`` of the node in the runs where it came.
+    ``explain``: keep every run's intervals in ``Explain``."""
     found, missed, agreed, by_fleet = [], 0, 0, []
     for seed in range(runs):
         sim = Sim(shape, nodes, seed, noise)
@@ -369,6 +409,12 @@ def latency(
         fleet_at: int | None = None
         for interval in range(1, limit + 3):
             flagged = "straggler_state" in sim.step().get(target.name, [])
+            seen = Explain.interval(sim, target, interval) if explain else None
+            if seen is not None and node_at is None:
+                line, gap = seen
+                Explain.runs.setdefault(seed, []).append(line + ("  FLAGGED" if flagged else ""))
+                if "(held)" not in line:
+                    Explain.gaps.setdefault(seed, []).append(gap)
             if node_at is None and flagged and interval <= limit:
                 node_at = interval
             if fleet_at is None and interval <= limit and sim.fleet_flagged(target.name):
@@ -396,6 +442,31 @@ def slow_from_birth(shape: str, nodes: int, noise: float, limit: int) -> tuple[i
             sim.step()
             return interval, sim.agreement(sim.nodes[0].name)
     return None, ""
+
+
+def persistent(
+    shape: str, nodes: int, noise: float, runs: int, warmup: int, intervals: int
+) -> tuple[list[int], list[int], list[float]]:
+    """A node 10% slower for ``intervals`` push intervals, ``runs`` seeded runs: per run the
+    episodes the node and Fleet started (1 when it stays flagged until the end) and the
+    share of the intervals after the node first flagged it that it spent in an episode."""
+    node_eps, fleet_eps, flagged_share = [], [], []
+    for seed in range(runs):
+        sim = Sim(shape, nodes, seed, noise)
+        sim.warm(warmup)
+        target = sim.nodes[0]
+        target.slowdown = 0.1
+        since: int | None = None
+        straggling = 0
+        for interval in range(1, intervals + 1):
+            sim.step()
+            if since is None and target.classifier.straggling:
+                since = interval
+            straggling += since is not None and target.classifier.straggling
+        node_eps.append(len({e.event_id for e in sim.node_events if e.node_id == target.name}))
+        fleet_eps.append(len({e.event_id for e in sim.fleet_events if e.node_id == target.name}))
+        flagged_share.append(straggling / (intervals - since + 1) if since else 0.0)
+    return node_eps, fleet_eps, flagged_share
 
 
 def stall(
@@ -462,6 +533,28 @@ def fmt(values: list[int], missed: int, runs: int) -> str:
     )
 
 
+def explain_runs(slowest: int) -> None:
+    """The slowed node's gap to its threshold over every run at 10% (mean, sd, and the
+    correlation of one interval's gap with the next: noise around a mean or a lasting
+    bias), then the slowest runs interval by interval."""
+    gaps = [g for run in Explain.gaps.values() for g in run]
+    if len(gaps) < 2:
+        return
+    mean, sd = statistics.mean(gaps), statistics.pstdev(gaps)
+    pairs = [(a, b) for run in Explain.gaps.values() for a, b in itertools.pairwise(run)]
+    lag1 = sum((a - mean) * (b - mean) for a, b in pairs) / (len(pairs) * sd * sd or 1.0)
+    print(
+        f"  10%, the slowed node until flagged: score - threshold mean {mean:+.4f}, sd "
+        f"{sd:.4f}, correlation with the next interval {lag1:+.2f}; below in "
+        f"{sum(g < 0 for g in gaps)} of {len(gaps)} classified intervals"
+    )
+    for seed in sorted(Explain.runs, key=lambda s: -len(Explain.runs[s]))[:slowest]:
+        print(f"  seed {seed}:")
+        print("\n".join(Explain.runs[seed]))
+    Explain.runs.clear()
+    Explain.gaps.clear()
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=(__doc__ or "").split("\n\n")[0])
     parser.add_argument("--shape", choices=[*SHAPE_NAMES, "all"], default="all")
@@ -487,6 +580,10 @@ def main() -> None:
                         help="the tracer writes each interval's rows up to this late (s)")  # fmt: skip
     parser.add_argument("--rate-window", type=float, default=0.0,
                         help="rates over at least this many seconds back (0: one push window)")  # fmt: skip
+    parser.add_argument("--explain", type=int, default=0, metavar="N",
+                        help="print the N slowest runs at 10%%, interval by interval")  # fmt: skip
+    parser.add_argument("--persist", type=int, default=120, metavar="I",
+                        help="a node 10%% slower for I intervals: its episodes (0: skip)")  # fmt: skip
     parser.add_argument("--no-nvml", action="store_true",
                         help="no GPU rows (the reference H100 node: nothing wrote them)")  # fmt: skip
     args = parser.parse_args()
@@ -524,13 +621,28 @@ def main() -> None:
             + f" (min_margin {margin:g})"
         )
         for level in (0.1, 0.2):
+            explain = level == 0.1 and args.explain > 0
             found, missed, agreed, by_fleet = latency(
-                shape, n, noise, args.runs, level, args.warmup, args.limit
+                shape, n, noise, args.runs, level, args.warmup, args.limit, explain
             )
             print(
                 f"detection at {level:.0%}: {fmt(found, missed, args.runs)}; "
                 f"Fleet flagged it under the same event_id in {agreed}/{len(found)}; "
                 f"Fleet's own: {fmt(by_fleet, args.runs - len(by_fleet), args.runs)}"
+            )
+            if explain:
+                explain_runs(args.explain)
+        if args.persist:
+            node_eps, fleet_eps, share = persistent(
+                shape, n, noise, args.runs, args.warmup, args.persist
+            )
+            print(
+                f"10% slower for {args.persist} intervals: episodes per run node / Fleet "
+                f"median {statistics.median(node_eps):g} / {statistics.median(fleet_eps):g}, "
+                f"max {max(node_eps)} / {max(fleet_eps)}; runs with one episode to the end "
+                f"{sum(e == 1 for e in node_eps)}/{len(node_eps)}; flagged "
+                f"{statistics.mean(share):.0%} of the intervals after it was first flagged "
+                f"(min {min(share):.0%})"
             )
         birth, agreement = slow_from_birth(shape, n, noise, args.limit)
         print(

@@ -153,7 +153,9 @@ class Agent:
         ident, job_file = self._current_identity()
         if self.engines is not None:
             self.engines.tags = (ident.job_id, ident.rank)
-        sample = self.sampler.sample(self._fresh(self._peers), job_file)
+        sample = self.sampler.sample(
+            self._fresh(self._peers), job_file, straggling=self.classifier.straggling
+        )
         if sample.transition is not None:
             t = sample.transition
             log.info("node state %s -> %s (%s)", t.previous, t.current, t.reason)
