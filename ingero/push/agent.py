@@ -41,7 +41,11 @@ T = TypeVar("T")
 
 class Sampler(Protocol):
     def sample(
-        self, peer_rates: Mapping[str, float] | None = None, job_file: bool = False
+        self,
+        peer_rates: Mapping[str, float] | None = None,
+        job_file: bool = False,
+        *,
+        straggling: bool = False,
     ) -> NodeSample: ...
 
 
