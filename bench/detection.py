@@ -26,8 +26,10 @@ Prints, per shape: the healthy score distribution; the score drop of a node slow
 20% and 30% (its median score over the first 12 intervals after the slowdown, against the
 healthy nodes' median in the same intervals); detection latency at 10% and 20% (push
 intervals from the slowdown to the node's first straggler_state, over seeded runs: median,
-p95, misses) and whether Fleet flagged the same node under the same event_id; a node 25%
-slower from its first interval; a rank that stalls (and how its episode ends when its job
+p95, misses) and whether Fleet flagged the same node under the same event_id; a node 10%
+slower for ``--persist`` intervals (its episodes, node and Fleet, and the share of the
+time it was flagged after its first flag: a straggler that stays slow stays flagged); a
+node 25% slower from its first interval; a rank that stalls (and how its episode ends when its job
 then ends); and false straggler events (node's and Fleet's) per node-hour, GPU events,
 pushes that said stalled and the share of held samples of the nodes in a steady simulated
 hour, and how far the healthy nodes' scores sit above the threshold (mean and sd of
@@ -37,7 +39,12 @@ score - threshold, and how many classified intervals fell below it).
         [--runs 20] [--hours 1] [--noise 0.03] [--enter-intervals 3] [--enter-window 5]
         [--min-margin 0.04] [--no-peers]
         [--push-interval 5] [--tracer-interval 1] [--push-jitter 0.1] [--late 0] [--no-nvml]
-        [--rate-window 0]
+        [--rate-window 0] [--explain 0] [--persist 120]
+
+``--explain N`` prints, for the 10% runs, the slowed node's score - threshold over
+intervals 2-13 (mean, sd, correlation of one interval with the next), what independent
+intervals with the same share below would give under the enter rule, and the N slowest
+runs interval by interval (rate, reference, signals, busy baseline, score, threshold).
 
 ``--rate-window W`` measures a candidate fleet-push does not have: the rates over at least
 the last W seconds of tracer intervals instead of the push window only (the new intervals,
@@ -362,6 +369,8 @@ class Explain:
 
     runs: ClassVar[dict[int, list[str]]] = {}  # seed -> one line per interval, for the slowest runs
     gaps: ClassVar[dict[int, list[float]]] = {}  # seed -> score - threshold per classified interval
+    # (throughput signal, threshold, the peers' median score) of those intervals
+    parts: ClassVar[list[tuple[float, float, float]]] = []
 
     @staticmethod
     def interval(sim: Sim, target: SimNode, interval: int) -> tuple[str, float] | None:
@@ -383,6 +392,15 @@ class Explain:
             f"peers' median score {peers:.4f}" + ("  (held)" if last.held else "")
         )
         return line, gap
+
+    @staticmethod
+    def of(sim: Sim, target: SimNode) -> tuple[float, float, float]:
+        """The slowed node's throughput signal, its threshold and the peers' median score."""
+        assert target.sampler.last is not None and target.sampler.last.result is not None
+        assert target.reply is not None and target.reply.threshold is not None
+        peers = statistics.median(s for n, s in sim.scores.items() if n != target.name)
+        signal = target.sampler.last.result.signals.get("throughput", float("nan"))
+        return signal, target.reply.threshold, peers
 
 
 def latency(
@@ -420,6 +438,7 @@ def latency(
                 # still holds the rate before the slowdown.
                 if 2 <= interval <= 13 and "(held)" not in line:
                     Explain.gaps.setdefault(seed, []).append(gap)
+                    Explain.parts.append(Explain.of(sim, target))
             if node_at is None and flagged and interval <= limit:
                 node_at = interval
             if fleet_at is None and interval <= limit and sim.fleet_flagged(target.name):
@@ -454,7 +473,7 @@ def persistent(
     shape: str, nodes: int, noise: float, runs: int, warmup: int, intervals: int
 ) -> tuple[list[int], list[int], list[float]]:
     """A node 10% slower for ``intervals`` push intervals, ``runs`` seeded runs: per run the
-    episodes the node and Fleet started (1 when it stays flagged until the end) and the
+    episodes the node and Fleet started (the flagged share says whether one lasted) and the
     share of the intervals after the node first flagged it that it spent in an episode."""
     node_eps, fleet_eps, flagged_share = [], [], []
     for seed in range(runs):
@@ -573,11 +592,18 @@ def explain_runs(slowest: int) -> None:
         f"  independent intervals, each below with p = {share:.2f}, would be flagged after "
         f"median {statistics.median(model):g}, p95 {percentile(model, 0.95):g} intervals"
     )
+    throughput, threshold, peers = (statistics.mean(p) for p in zip(*Explain.parts, strict=True))
+    print(
+        f"  over those intervals: its throughput signal {throughput:.3f}, threshold "
+        f"{threshold:.4f}, the peers' median score {peers:.4f} ({peers - threshold:.4f} above "
+        "the threshold)"
+    )
     for seed in sorted(Explain.runs, key=lambda s: -len(Explain.runs[s]))[:slowest]:
         print(f"  seed {seed}:")
         print("\n".join(Explain.runs[seed]))
     Explain.runs.clear()
     Explain.gaps.clear()
+    Explain.parts.clear()
 
 
 def main() -> None:
@@ -664,7 +690,7 @@ def main() -> None:
             print(
                 f"10% slower for {args.persist} intervals: episodes per run node / Fleet "
                 f"median {statistics.median(node_eps):g} / {statistics.median(fleet_eps):g}, "
-                f"max {max(node_eps)} / {max(fleet_eps)}; runs with one episode to the end "
+                f"max {max(node_eps)} / {max(fleet_eps)}; runs with a single episode "
                 f"{sum(e == 1 for e in node_eps)}/{len(node_eps)}; flagged "
                 f"{statistics.mean(share):.0%} of the intervals after it was first flagged "
                 f"(min {min(share):.0%})"
