@@ -42,13 +42,7 @@ def test_a_straggler_stays_flagged_while_it_is_slow(tmp_path: Path, procs: Procs
         push_config={"score": SCORE},
         fleet_config={"metrics": {"node_series": True}},
     )
-    c.start_fleet()
-    c.start_sink()
-    for i in range(NODES):
-        c.start_workload(i, "--noise", "0.03")
-        c.start_push(i)
-    nodes = [c.node(i) for i in range(NODES)]
-    wait_for(lambda: all("fleet" in c.modes(n) for n in nodes), 120, "every node in fleet mode")
+    c.start_job("--noise", "0.03")
     time.sleep(10 * INTERVAL)  # past the warm-up: every node active, its baselines learnt
 
     slow = c.node(SLOW)
