@@ -163,11 +163,16 @@ class NodeSampler:
         self.held_for: set[str] = set()
 
     def sample(
-        self, peer_rates: Mapping[str, float] | None = None, job_file: bool = False
+        self,
+        peer_rates: Mapping[str, float] | None = None,
+        job_file: bool = False,
+        *,
+        straggling: bool = False,
     ) -> NodeSample:
         """One sample. ``peer_rates``: Fleet's fresh peer medians of the raw rates (the node's
         throughput is then measured against them); ``job_file``: the prolog's job file for
-        this node is present."""
+        this node is present; ``straggling``: the node is in a straggler episode (its
+        baselines then hold still)."""
         now = self.clock.now()
         try:
             window = read_latest(self.db_path, now, self.window_s, self.anchor)
@@ -197,6 +202,7 @@ class NodeSampler:
             job_file,
             waiting=waiting,
             inference=inference,
+            straggling=straggling,
         )
         return replace(sample, collectives=comms) if comms else sample
 
@@ -211,12 +217,14 @@ class NodeSampler:
         *,
         waiting: bool = False,
         inference: Mapping[str, float] | None = None,
+        straggling: bool = False,
     ) -> NodeSample:
         """Score one window read from the node DB, with the host's CPU and memory readings;
         advances the state machine, the baselines and the GPU health state (the benchmark
         drives this directly with generated windows). ``waiting``: a rank of the node is
         inside an NCCL collective (ingero.push.nodestate: waiting is not stalled).
-        ``inference``: the node's inference servers' speeds this interval (their /metrics)."""
+        ``inference``: the node's inference servers' speeds this interval (their /metrics).
+        ``straggling``: the node is in a straggler episode; it learns no baseline then."""
         if window.new_intervals == 0:
             return self._no_data(window, now, job_file)
         self.anchor = window.end
@@ -327,7 +335,11 @@ class NodeSampler:
             ),
             self.config,
         )
-        if has_work and launch_rate is not None and self.state.state in ("calibrating", "active"):
+        # A straggler's samples are not its normal: learnt (even at ema_alpha_down per
+        # sample) they lift its score back to the threshold within a minute at a 1 s push
+        # and the episode flaps while the node is as slow as ever (docs/benchmarks.md).
+        learning = self.state.state in ("calibrating", "active") and not straggling
+        if has_work and launch_rate is not None and learning:
             self._learn(
                 {
                     KERNEL_LAUNCH_RATE: launch_rate,
