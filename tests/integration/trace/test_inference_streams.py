@@ -11,6 +11,10 @@ holds a link to that one process), and push to a real ``ingero fleet``.
 Every node's ``inference_step_rate`` is its server's decode steps (1 / the mean decode step
 time: prefill steps and the other stream left out), the replica whose decode steps take
 twice as long is the one straggler of the service's peer group, and it recovers.
+
+Nodes serving several replicas each (one server per GPU): the node with one slow server
+among three is the straggler against its peers (the median over its servers would read
+healthy), and a lone node judges each server against the server's own baseline.
 """
 
 from __future__ import annotations
@@ -106,3 +110,99 @@ def test_the_replica_slow_on_its_decode_stream_straggles(
         assert "Traceback" not in c.push_log(node)
     assert tracer.proc.poll() is None
     assert os.path.exists(db)
+
+
+def start_replica(c: Cluster, i: int, j: int, binary: Path) -> Any:
+    """Server ``j`` of node ``i``, its slowdown in ``<node>.<j>.slow``, linked in the node's
+    proc root."""
+    node = c.node(i)
+    vllm = c.tmp / "bin" / "vllm"
+    if not vllm.exists():
+        vllm.parent.mkdir(exist_ok=True)
+        vllm.symlink_to(binary)
+    proc = c.procs.start(
+        [str(vllm), "serve", "meta-llama/Llama-3.1-8B-Instruct", "--port", str(free_port())],
+        c.tmp / f"{node}.{j}.engine.log",
+        {"STREAM_ITERS": "0", "STREAM_DECODE_US": str(DECODE_US), "STREAM_PREFILL_US": "62000",
+         "STREAM_PREFILL_EVERY": "10", "STREAM_OTHER_EVERY": "0",
+         "STREAM_CONTROL": str(c.tmp / f"{node}.{j}.slow")},
+    )  # fmt: skip
+    root = c.tmp / f"{node}.proc"
+    root.mkdir(exist_ok=True)
+    (root / str(proc.pid)).symlink_to(f"/proc/{proc.pid}")
+    return proc
+
+
+def start_replica_nodes(c: Cluster, nodes: int, servers: int, binary: Path) -> None:
+    for i in range(nodes):
+        for j in range(servers):
+            start_replica(c, i, j, binary)
+    c.start_fleet()
+    c.start_sink()
+    for i in range(nodes):
+        c.push_config = {
+            "service": SERVICE,
+            "node_db": str(c.tmp / "node.db"),
+            "inference": {"proc_root": str(c.tmp / f"{c.node(i)}.proc"),
+                          "metrics_timeout": "0.3s"},
+        }  # fmt: skip
+        c.start_push(i)
+
+
+def test_the_node_with_one_slow_replica_of_three_straggles(
+    cluster: Cluster, start_tracer: Any, stream_engine: Path
+) -> None:
+    c = cluster
+    slow_server = c.tmp / f"{c.node(0)}.0.slow"
+    slow_server.write_text("1.0")  # one of node00's three servers: decode steps 2x as long
+    tracer = start_tracer(interval="0.5", db=c.tmp / "node.db")
+    start_replica_nodes(c, NODES, 3, stream_engine)
+    nodes = [c.node(i) for i in range(NODES)]
+    slow = nodes[0]
+    first = wait_for(
+        lambda: of(c, "straggler_state", slow), DETECT_WITHIN * INTERVAL, "the slow replica's node"
+    )[0]
+    assert first.detection_mode == "fleet"
+    mine = c.threshold(cluster_id="itest", service=SERVICE, node_id=slow)
+    assert mine["active_nodes"] == NODES
+    # The node's pushed rate is the median over its servers: its peers' (the slow server
+    # is one of three); what flags it is its slowest server against the peers' median.
+    assert mine["rate_ratios"]["inference_step_rate"] == pytest.approx(1.0, abs=0.2)
+    assert {e.node_id for e in c.events() if e.type == "straggler_state"} == {slow}
+
+    slow_server.write_text("0")
+    resolved = wait_for(lambda: of(c, "straggler_resolved", slow), 90, "the replica recovered")
+    assert resolved[0].event_id == first.event_id
+    assert {e.node_id for e in c.events() if e.type == "straggler_state"} == {slow}
+    for node in nodes:
+        assert "Traceback" not in c.push_log(node)
+    assert tracer.proc.poll() is None
+
+
+@pytest.fixture
+def lone(tmp_path: Path) -> Iterator[Cluster]:
+    # One node: no quorum of peers, so no Fleet threshold and no peer rates; the node is
+    # judged against its own baselines (detection mode local-baseline).
+    c = Cluster(tmp_path, Procs(), INTERVAL, 1, fleet_config={"quorum": {"statistical_min": 3}})
+    try:
+        yield c
+    finally:
+        c.procs.stop_all()
+
+
+def test_a_lone_node_judges_each_replica_against_its_own_baseline(
+    lone: Cluster, start_tracer: Any, stream_engine: Path
+) -> None:
+    c = lone
+    node = c.node(0)
+    tracer = start_tracer(interval="0.5", db=c.tmp / "node.db")
+    start_replica_nodes(c, 1, 3, stream_engine)
+    wait_for(lambda: "local-baseline" in c.modes(node), DETECT_WITHIN * INTERVAL, "local mode")
+    assert not of(c, "straggler_state", node)  # three healthy replicas
+    (c.tmp / f"{node}.1.slow").write_text("1.0")  # one of them slowed 2x
+    first = wait_for(
+        lambda: of(c, "straggler_state", node), DETECT_WITHIN * INTERVAL, "the slow replica"
+    )[0]
+    assert first.detection_mode == "local-baseline"
+    assert "Traceback" not in c.push_log(node)
+    assert tracer.proc.poll() is None
