@@ -10,9 +10,9 @@ directory the runner writes the job's file there at start, as the Slurm prolog d
 it while it runs (stalled or not) and removes it on exit, as the epilog does. ``late``
 writes each interval's rows up to that many seconds after the interval ends (their times
 unchanged), as a tracer delayed by a loaded node does. With the ``inference`` shape and a
-synthetic /proc, each server gets a process entry there (a vLLM command line, its own
-port), so fleet-push pointed at it (``inference.proc_root``) recognises the servers and
-reads their decode streams.
+synthetic /proc, each server gets a process entry there (a Triton command line with its
+/metrics turned off: nothing answers for a synthetic server), so fleet-push pointed at it
+(``inference.proc_root``) recognises the servers and reads their decode streams.
 """
 
 from __future__ import annotations
@@ -37,9 +37,8 @@ from ingero.workload.generator import CAUSES, WorkloadGenerator, WorkloadProfile
 log = logging.getLogger(__name__)
 
 RETAIN_S = 600.0  # rows older than this are deleted so a long demo keeps a small DB
-# What the synthetic inference servers serve, and the first one's port.
-SERVED_MODEL = "meta-llama/Llama-3.1-8B-Instruct"
-FIRST_PORT = 8000
+# What the synthetic inference servers serve.
+SERVED_MODEL = "llama-3.1-8b"
 
 
 STALL = "stall"
@@ -110,12 +109,17 @@ class SyntheticProc:
 
     def servers(self, pids: tuple[int, ...]) -> None:
         """A process entry per inference server: its command line and its stat."""
-        for i, pid in enumerate(pids):
+        for pid in pids:
             entry = self.root / str(pid)
             entry.mkdir(exist_ok=True)
-            argv = ["vllm", "serve", SERVED_MODEL, "--port", str(FIRST_PORT + i)]
+            argv = [
+                "tritonserver",
+                "--model-repository=/models",
+                f"--load-model={SERVED_MODEL}",
+                "--allow-metrics=false",
+            ]
             (entry / "cmdline").write_bytes("\0".join(argv).encode() + b"\0")
-            (entry / "stat").write_text(f"{pid} (vllm) S 1 {pid} 0 0\n")
+            (entry / "stat").write_text(f"{pid} (tritonserver) S 1 {pid} 0 0\n")
 
     def _replace(self, name: str, text: str) -> None:
         tmp = self.root / f".{name}.tmp"

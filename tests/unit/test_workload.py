@@ -301,7 +301,7 @@ def test_inference_servers_are_read_by_fleet_push_as_an_engine_s_decode_streams(
     tmp_path: Path,
 ) -> None:
     """The runner's inference servers, read back through fleet-push's own engine watcher and
-    sampler: recognised as vLLM servers, each stepping its decode stream at 1 / 25 ms with
+    sampler: recognised as Triton servers without /metrics, each stepping its decode stream at 1 / 25 ms with
     prefill steps on it split off; a slowdown slows the first server only (the node's
     median stays), and the node's throughput follows it."""
     proc = tmp_path / "proc"
@@ -309,11 +309,9 @@ def test_inference_servers_are_read_by_fleet_push_as_an_engine_s_decode_streams(
     runner = WorkloadRunner(tmp_path / "n.db", profile, interval_s=0.01, seed=1, proc_dir=proc)
     runner.run(duration_s=0.05)
     clock = ManualClock(T0)
-    engines = EngineWatcher(
-        db_path=tmp_path / "n.db", clock=clock, proc_root=proc, fetch=lambda *_: ""
-    )
+    engines = EngineWatcher(db_path=tmp_path / "n.db", clock=clock, proc_root=proc)
     engines.observe()
-    assert {e.engine for e in engines.summary().values()} == {"vllm"}
+    assert {(e.engine, e.metrics_url) for e in engines.summary().values()} == {("triton", None)}
     assert set(engines.trees()) == {500, 501, 502}
     sampler = NodeSampler(
         node_id="n1", db_path=tmp_path / "n.db", config=ScoreConfig(warmup_samples=3),
