@@ -40,7 +40,7 @@ from ingero.push.engines import EngineWatcher
 from ingero.push.gpu_health import GpuFinding, GpuHealth, GpuHealthTracker
 from ingero.push.nodestate import NodeStateMachine, Transition
 from ingero.push.score import ScoreConfig, ScoreInputs, ScoreResult, compute_score
-from ingero.push.servers import ServerBaselines, ServerStep, measure, slowest
+from ingero.push.servers import ServerBaselines, ServerStep, measure, slowest, tokens
 from ingero.runtime.clock import Clock
 
 log = logging.getLogger(__name__)
@@ -69,7 +69,8 @@ class NodeSample:
     # sample repeats the last measurement and is not classified again.
     held: bool = False
     # The inference server the throughput signal judged (the slowest of the node's servers
-    # by their decode steps, ingero.push.servers); None: the node's rate was judged.
+    # by their decode steps or /metrics token rate, ingero.push.servers); None: the node's
+    # rate was judged.
     slowest_server: ServerStep | None = None
 
     @property
@@ -146,8 +147,12 @@ class NodeSampler:
             now = clock.now()
             self.baselines = BaselineSet(node_id=node_id, created=now, updated=now)
         self.restore_reason = loaded.reason if loaded is not None else None
-        # Each inference server's decode steps against its own baseline (in memory).
+        # Each inference server's decode steps, and its /metrics token rate, against its
+        # own baseline (in memory).
         self.servers = ServerBaselines(
+            alpha=config.ema_alpha, alpha_down=config.ema_alpha_down, warmup=config.warmup_samples
+        )
+        self.token_servers = ServerBaselines(
             alpha=config.ema_alpha, alpha_down=config.ema_alpha_down, warmup=config.warmup_samples
         )
         self.state = NodeStateMachine(
@@ -284,8 +289,14 @@ class NodeSampler:
             GRAPH_LAUNCH_RATE: (0.0 if self.graphs else None) if stalled else graph_rate,
         }
         inference, steps = self._sync_steps(window, inference)
+        served: tuple[ServerStep, ...] = ()
+        if self.engines is not None and INFERENCE_TOKEN_RATE in (inference or {}):
+            served = self.token_servers.judge(
+                tokens({pid: r.token_rate for pid, r in self.engines.rates.items()})
+            )
         if stalled:
-            steps = ()
+            steps, served = (), ()
+        per_server = {INFERENCE_STEP_RATE: steps, INFERENCE_TOKEN_RATE: served}
         for name in (INFERENCE_TOKEN_RATE, INFERENCE_STEP_RATE):
             # A server that served nothing this interval says nothing (not 0: no load is
             # not slowness); a stalled node is judged by its launches.
@@ -319,16 +330,16 @@ class NodeSampler:
         worst: ServerStep | None = None
         if peer_rate is not None and peer_rates is not None:
             throughput, reference = own[peer_rate], peer_rates[peer_rate]
-            if peer_rate == INFERENCE_STEP_RATE and steps:
-                worst = min(steps, key=lambda s: (s.rate, s.server))
+            judged = per_server.get(peer_rate, ())
+            if judged:
+                worst = min(judged, key=lambda s: (s.rate, s.server))
                 throughput = worst.rate
         else:
             throughput = own[local]
             reference = launch_base.estimate if launch_base is not None else None
-            if local == INFERENCE_STEP_RATE:
-                worst = slowest(steps)
-                if worst is not None:
-                    throughput, reference = worst.rate, worst.baseline
+            worst = slowest(per_server.get(local, ()))
+            if worst is not None:
+                throughput, reference = worst.rate, worst.baseline
         result = compute_score(
             ScoreInputs(
                 throughput_rate=throughput,
@@ -342,8 +353,8 @@ class NodeSampler:
                     **own,
                     "throughput_baseline": launch_base.estimate if launch_base else None,
                     "throughput_peer_median": reference if peer_rate else None,
-                    "slowest_server_step_rate": worst.rate if worst else None,
-                    "slowest_server_step_baseline": worst.baseline if worst else None,
+                    "slowest_server_rate": worst.rate if worst else None,
+                    "slowest_server_baseline": worst.baseline if worst else None,
                 },
             ),
             self.config,
@@ -359,6 +370,7 @@ class NodeSampler:
                 }
             )
             self.servers.learn(steps)
+            self.token_servers.learn(served)
         self.last = NodeSample(
             now,
             self.state.state,
@@ -387,6 +399,7 @@ class NodeSampler:
             return inference, ()
         trees = self.engines.trees()
         self.servers.prune(trees)
+        self.token_servers.prune(self.engines.summary())
         if INFERENCE_STEP_RATE in (inference or {}) or not window.syncs or window.covered_s <= 0:
             return inference, ()
         steps = self.servers.judge(measure(window.streams, window.syncs, window.covered_s, trees))

@@ -7,6 +7,11 @@ kept apart, with a baseline of its own, and the node's throughput is its slowest
 without a peer median, the lowest ratio of a server's rate to its own baseline; with one,
 the lowest server rate against the peers' median (ingero.push.sampler).
 
+The same holds for the per-token speed a server's own /metrics give
+(``inference_token_rate``): each server's has a baseline of its own too (its source is
+``(pid, METRICS)``), and the node is as slow as its slowest server by that rate where it is
+the one judged.
+
 The key is (server pid, decode stream): the server's process and its decode stream's
 (pid, handle) (``ingero.push.streams``). Both die with the process, and a stream handle is
 an address that a restarted server does not get back, so the baselines live in memory:
@@ -31,15 +36,18 @@ from ingero.push.streams import decode_steps
 
 # One baseline per server: the node's servers that fleet-push keeps state for.
 MAX_SERVERS = MAX_ENGINES
+# The "stream" of a rate a server's own /metrics give.
+METRICS = "/metrics"
 
 
 @dataclass(frozen=True)
 class ServerStep:
-    """One server's decode steps in one window."""
+    """One server's speed in one window: its decode steps, or its /metrics token rate."""
 
     server: int  # the server's pid
-    stream: tuple[int, str] | None  # its decode stream (pid, handle); None: no stream rows
-    rate: float  # decode steps per second of step time (else its syncs per second)
+    # Its decode stream (pid, handle), or (its pid, METRICS); None: syncs per second.
+    stream: tuple[int, str] | None
+    rate: float  # decode steps per second of step time (else its syncs, or tokens, per s)
     baseline: float | None = None  # its own baseline; None: not judged yet (neutral)
 
     @property
@@ -48,6 +56,14 @@ class ServerStep:
         if self.baseline is None or self.baseline <= 0:
             return None
         return self.rate / self.baseline
+
+
+def tokens(rates: Mapping[int, float | None]) -> tuple[ServerStep, ...]:
+    """Each server's per-token speed from its own /metrics (server pid → tokens per second
+    of one sequence; None: it served nothing)."""
+    return tuple(
+        ServerStep(pid, (pid, METRICS), rate) for pid, rate in sorted(rates.items()) if rate
+    )
 
 
 def measure(

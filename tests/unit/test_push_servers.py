@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from ingero.otlp.health import INFERENCE_STEP_RATE
+from ingero.otlp.health import INFERENCE_STEP_RATE, INFERENCE_TOKEN_RATE
 from ingero.push.engines import EngineWatcher
 from ingero.push.sampler import NodeSample, NodeSampler
 from ingero.push.servers import MAX_SERVERS, ServerBaselines, ServerStep, measure, slowest
@@ -135,7 +135,7 @@ def test_the_node_is_as_slow_as_its_slowest_replica(
     if slowest_pid is not None:
         assert sample.slowest_server is not None
         assert sample.slowest_server.server == slowest_pid
-        assert sample.result.rates["slowest_server_step_rate"] == pytest.approx(HEALTHY / 2)
+        assert sample.result.rates["slowest_server_rate"] == pytest.approx(HEALTHY / 2)
     if peer is not None:
         assert sample.peer_rate == INFERENCE_STEP_RATE
 
@@ -203,3 +203,55 @@ def test_measure_takes_the_decode_stream_else_the_syncs() -> None:
     streams = {(11, "a"): StreamWindow(100, 300, 100, 100 * 10 * MS, {slot_of(10 * MS): 100})}
     got = measure(streams, {11: 100, 21: 50, 31: 0}, 2.0, {1: {1, 11}, 2: {2, 21}, 3: {3, 31}})
     assert got == (ServerStep(1, (11, "a"), pytest.approx(100.0)), ServerStep(2, None, 25.0))
+
+
+@pytest.mark.parametrize(
+    ("slow", "peer", "throughput"),
+    [
+        (None, None, 1.0),  # three healthy replicas
+        (1, None, 0.5),  # one's per-token latency doubled: against its own baseline
+        (1, 25.0, 0.5),  # ... and against the peers' median token rate
+    ],
+)
+def test_a_slow_replica_by_its_own_metrics_token_rate(
+    tmp_path: Path, slow: int | None, peer: float | None, throughput: float
+) -> None:
+    """Three vLLM servers whose /metrics say per-token latency (40 ms, 25 tokens/s): the
+    node's token rate is their median, and the node is as slow as the slowest of them."""
+    clock = ManualClock()
+    node = Node(tmp_path, clock)
+    proc = tmp_path / "engines-proc"
+    for i in range(3):
+        (proc / str(100 + i)).mkdir(parents=True)
+        argv = f"python3\0/v/bin/vllm\0serve\0llama\0--port\0{8000 + i}\0"
+        (proc / str(100 + i) / "cmdline").write_bytes(argv.encode())
+    served: dict[str, float] = {}
+    latency: dict[str, float] = {}
+
+    def fetch(url: str, timeout_s: float, max_bytes: int) -> str:
+        served[url] = served.get(url, 0.0) + 1000.0
+        # Cumulative: each interval's 1000 tokens at the current latency.
+        latency[url] = latency.get(url, 0.0) + 1000.0 * lag.get(url, 0.04)
+        return (
+            "# TYPE vllm:inter_token_latency_seconds histogram\n"
+            f"vllm:inter_token_latency_seconds_sum {latency[url]}\n"
+            f"vllm:inter_token_latency_seconds_count {served[url]}\n"
+        )
+
+    lag: dict[str, float] = {}
+    engines = EngineWatcher(db_path=tmp_path / "node.db", clock=clock, proc_root=proc, fetch=fetch)
+    s = sampler(tmp_path, clock, engines=engines)
+    for _ in range(7):
+        node.run(2.0)
+        s.sample()
+    if slow is not None:
+        lag[f"http://127.0.0.1:{8000 + slow}/metrics"] = 0.08
+    node.run(2.0)
+    s.sample()  # the reading that spans the change
+    node.run(2.0)
+    sample = s.sample(peer_rates={INFERENCE_TOKEN_RATE: peer} if peer else None)
+    assert sample.result is not None
+    assert sample.result.rates[INFERENCE_TOKEN_RATE] == pytest.approx(25.0)  # the median
+    assert sample.result.signals["throughput"] == pytest.approx(throughput, abs=0.03)
+    if slow is not None:
+        assert sample.slowest_server is not None and sample.slowest_server.server == 100 + slow
