@@ -548,7 +548,11 @@ def main() -> None:
             f"== {shape}: {n} nodes, push interval {Timing.push:g} s (±{Timing.jitter:.0%}), "
             f"tracer interval {Timing.tracer:g} s, rows up to {Timing.late:g} s late, "
             + ("" if Timing.nvml else "no GPU rows, ")
-            + (f"{Timing.servers} servers a node, one slowed, " if shape == "inference" else "")
+            + (
+                f"inference servers a node: {Timing.servers}, one slowed, "
+                if shape == "inference"
+                else ""
+            )
             + f"min_margin {margin:g}, "
             f"noise {noise:.0%} per interval, "
             f"enter_intervals {Sim.enter_intervals} of {Sim.enter_window}, "
