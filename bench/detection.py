@@ -2,7 +2,10 @@
 
 Each simulated node is one training process of one Slurm job, shaped like what ``ingero
 trace`` recorded on an H100 (``ingero.workload.generator``, ``--shape gpu-bound``,
-``cpu-bound`` or ``graphs``): tracer intervals (1 s, ``--tracer-interval``) of cuLaunchKernel
+``cpu-bound`` or ``graphs``), or ``--servers`` inference servers of one model (``--shape
+inference``: each a decode stream with prefill steps on it, recognised by fleet-push's own
+engine watcher in a synthetic /proc, a slowdown slowing one server of them, a stall
+stopping them all): tracer intervals (1 s, ``--tracer-interval``) of cuLaunchKernel
 (cudaGraphLaunch: a job replaying CUDA graphs), rare syncs,
 off-CPU rows, host rows and NVML GPU rows (``--no-nvml``: none, as on the reference H100
 node, where the score has no compute signal and memory is the host's), with multiplicative
@@ -39,7 +42,7 @@ score - threshold, and how many classified intervals fell below it).
         [--runs 20] [--hours 1] [--noise 0.03] [--enter-intervals 3] [--enter-window 5]
         [--min-margin 0.04] [--no-peers]
         [--push-interval 5] [--tracer-interval 1] [--push-jitter 0.1] [--late 0] [--no-nvml]
-        [--rate-window 0] [--explain 0] [--persist 120]
+        [--rate-window 0] [--explain 0] [--persist 120] [--servers 4]
 
 ``--explain N`` prints, for the 10% runs, the slowed node's score - threshold over
 intervals 2-13 (mean, sd, correlation of one interval with the next), what independent
@@ -54,11 +57,15 @@ and so the stall rule, stay the push window's).
 from __future__ import annotations
 
 import argparse
+import atexit
 import itertools
 import logging
 import random
+import shutil
 import statistics
+import tempfile
 from collections.abc import Iterable
+from functools import cache
 from pathlib import Path
 from typing import ClassVar
 
@@ -76,13 +83,25 @@ from ingero.otlp.threshold import ThresholdView
 from ingero.push.classifier import Classifier, Observation
 from ingero.push.config import ClassifierConfig, PushConfig
 from ingero.push.detection import DetectionSelector
+from ingero.push.engines import EngineWatcher
 from ingero.push.sampler import NodeSample, NodeSampler
 from ingero.runtime.clock import ManualClock
 from ingero.runtime.config import Duration
 from ingero.schema.events import Event
 from ingero.workload.generator import SHAPE_NAMES, TickRows, WorkloadGenerator, WorkloadProfile
+from ingero.workload.runner import SyntheticProc
 
 JOB = "4242"
+SERVER_PID = 1000  # every simulated node's first inference server (each node is a host)
+
+
+@cache
+def engines_proc(servers: int) -> Path:
+    """A /proc holding ``servers`` inference servers, the same on every simulated node."""
+    root = Path(tempfile.mkdtemp(prefix="ingero-bench-proc-"))
+    atexit.register(shutil.rmtree, root, True)
+    SyntheticProc(root).servers(tuple(range(SERVER_PID, SERVER_PID + servers)))
+    return root
 
 
 class Timing:
@@ -95,6 +114,7 @@ class Timing:
     late = 0.0  # each interval's rows are written up to this many seconds after it ends
     nvml = True  # cleared by --no-nvml: no GPU rows, as on the reference H100 node
     rate_window = 0.0  # --rate-window: rates over at least this many seconds (0: one push)
+    servers = 4  # --servers: inference servers per node (--shape inference)
 
 
 class Written:
@@ -112,10 +132,26 @@ class SimNode:
         self.rank = rank
         self.clock = clock
         self.rng = random.Random(seed * 7919 + rank)
-        self.gen = WorkloadGenerator(
-            WorkloadProfile(shape=shape, noise=noise, job_id=JOB, rank=rank, pid=1000 + rank),
-            seed=seed * 1000 + rank,
+        inference = shape == "inference"
+        profile = WorkloadProfile(
+            shape=shape,
+            noise=noise,
+            job_id=JOB,
+            rank=rank,
+            pid=SERVER_PID if inference else 1000 + rank,
+            servers=Timing.servers if inference else 1,
         )
+        self.gen = WorkloadGenerator(profile, seed=seed * 1000 + rank)
+        engines = None
+        if inference:
+            # fleet-push's own watcher, over the servers' synthetic /proc entries (their
+            # /metrics off: their steps come from the decode streams).
+            engines = EngineWatcher(
+                db_path=Path("/nonexistent/node.db"),
+                clock=clock,
+                proc_root=engines_proc(Timing.servers),
+            )
+            engines.observe()
         self.sampler = NodeSampler(
             node_id=self.name,
             db_path=Path("/nonexistent/node.db"),  # windows come from the generator
@@ -123,6 +159,7 @@ class SimNode:
             window_s=Timing.push,
             clock=clock,
             pid_alive=lambda pid: not self.ended,
+            engines=engines,
         )
         self.selector = DetectionSelector(config.detection, clock)
         self.classifier = Classifier(config.classifier)
@@ -196,6 +233,7 @@ class SimNode:
             gpu_rows,
             [r for w in inside for r in w.rows.gpu_processes],
             [r for w in inside for r in w.rows.host_intervals],
+            stream_rows=[r for w in inside for r in w.rows.stream_intervals],
             after=after,
             latest_end=latest,
         )
@@ -635,12 +673,15 @@ def main() -> None:
                         help="print the N slowest runs at 10%%, interval by interval")  # fmt: skip
     parser.add_argument("--persist", type=int, default=120, metavar="I",
                         help="a node 10%% slower for I intervals: its episodes (0: skip)")  # fmt: skip
+    parser.add_argument("--servers", type=int, default=Timing.servers,
+                        help="inference servers per node (--shape inference)")  # fmt: skip
     parser.add_argument("--no-nvml", action="store_true",
                         help="no GPU rows (the reference H100 node: nothing wrote them)")  # fmt: skip
     args = parser.parse_args()
     Timing.push, Timing.tracer = args.push_interval, args.tracer_interval
     Timing.nvml = not args.no_nvml
     Timing.rate_window = args.rate_window
+    Timing.servers = args.servers
     Timing.jitter, Timing.late = args.push_jitter, args.late
     logging.getLogger("ingero").setLevel(logging.ERROR)  # the stall's log lines, not figures
     Sim.enter_intervals = args.enter_intervals
@@ -655,6 +696,11 @@ def main() -> None:
             f"== {shape}: {n} nodes, push interval {Timing.push:g} s (±{Timing.jitter:.0%}), "
             f"tracer interval {Timing.tracer:g} s, rows up to {Timing.late:g} s late, "
             + ("" if Timing.nvml else "no GPU rows, ")
+            + (
+                f"inference servers a node: {Timing.servers}, one slowed, "
+                if shape == "inference"
+                else ""
+            )
             + f"min_margin {margin:g}, "
             f"noise {noise:.0%} per interval, "
             f"enter_intervals {Sim.enter_intervals} of {Sim.enter_window}, "
