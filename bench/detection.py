@@ -2,7 +2,10 @@
 
 Each simulated node is one training process of one Slurm job, shaped like what ``ingero
 trace`` recorded on an H100 (``ingero.workload.generator``, ``--shape gpu-bound``,
-``cpu-bound`` or ``graphs``): tracer intervals (1 s, ``--tracer-interval``) of cuLaunchKernel
+``cpu-bound`` or ``graphs``), or ``--servers`` inference servers of one model (``--shape
+inference``: each a decode stream with prefill steps on it, recognised by fleet-push's own
+engine watcher in a synthetic /proc, a slowdown slowing one server of them, a stall
+stopping them all): tracer intervals (1 s, ``--tracer-interval``) of cuLaunchKernel
 (cudaGraphLaunch: a job replaying CUDA graphs), rare syncs,
 off-CPU rows, host rows and NVML GPU rows (``--no-nvml``: none, as on the reference H100
 node, where the score has no compute signal and memory is the host's), with multiplicative
@@ -26,8 +29,10 @@ Prints, per shape: the healthy score distribution; the score drop of a node slow
 20% and 30% (its median score over the first 12 intervals after the slowdown, against the
 healthy nodes' median in the same intervals); detection latency at 10% and 20% (push
 intervals from the slowdown to the node's first straggler_state, over seeded runs: median,
-p95, misses) and whether Fleet flagged the same node under the same event_id; a node 25%
-slower from its first interval; a rank that stalls (and how its episode ends when its job
+p95, misses) and whether Fleet flagged the same node under the same event_id; a node 10%
+slower for ``--persist`` intervals (its episodes, node and Fleet, and the share of the
+time it was flagged after its first flag: a straggler that stays slow stays flagged); a
+node 25% slower from its first interval; a rank that stalls (and how its episode ends when its job
 then ends); and false straggler events (node's and Fleet's) per node-hour, GPU events,
 pushes that said stalled and the share of held samples of the nodes in a steady simulated
 hour, and how far the healthy nodes' scores sit above the threshold (mean and sd of
@@ -37,7 +42,12 @@ score - threshold, and how many classified intervals fell below it).
         [--runs 20] [--hours 1] [--noise 0.03] [--enter-intervals 3] [--enter-window 5]
         [--min-margin 0.04] [--no-peers]
         [--push-interval 5] [--tracer-interval 1] [--push-jitter 0.1] [--late 0] [--no-nvml]
-        [--rate-window 0]
+        [--rate-window 0] [--explain 0] [--persist 120] [--servers 4]
+
+``--explain N`` prints, for the 10% runs, the slowed node's score - threshold over
+intervals 2-13 (mean, sd, correlation of one interval with the next), what independent
+intervals with the same share below would give under the enter rule, and the N slowest
+runs interval by interval (rate, reference, signals, busy baseline, score, threshold).
 
 ``--rate-window W`` measures a candidate fleet-push does not have: the rates over at least
 the last W seconds of tracer intervals instead of the push window only (the new intervals,
@@ -47,11 +57,17 @@ and so the stall rule, stay the push window's).
 from __future__ import annotations
 
 import argparse
+import atexit
+import itertools
 import logging
 import random
+import shutil
 import statistics
+import tempfile
 from collections.abc import Iterable
+from functools import cache
 from pathlib import Path
+from typing import ClassVar
 
 from ingero.collectors.nodedb import (
     LOOKBACK_WINDOWS,
@@ -67,13 +83,25 @@ from ingero.otlp.threshold import ThresholdView
 from ingero.push.classifier import Classifier, Observation
 from ingero.push.config import ClassifierConfig, PushConfig
 from ingero.push.detection import DetectionSelector
+from ingero.push.engines import EngineWatcher
 from ingero.push.sampler import NodeSample, NodeSampler
 from ingero.runtime.clock import ManualClock
 from ingero.runtime.config import Duration
 from ingero.schema.events import Event
 from ingero.workload.generator import SHAPE_NAMES, TickRows, WorkloadGenerator, WorkloadProfile
+from ingero.workload.runner import SyntheticProc
 
 JOB = "4242"
+SERVER_PID = 1000  # every simulated node's first inference server (each node is a host)
+
+
+@cache
+def engines_proc(servers: int) -> Path:
+    """A /proc holding ``servers`` inference servers, the same on every simulated node."""
+    root = Path(tempfile.mkdtemp(prefix="ingero-bench-proc-"))
+    atexit.register(shutil.rmtree, root, True)
+    SyntheticProc(root).servers(tuple(range(SERVER_PID, SERVER_PID + servers)))
+    return root
 
 
 class Timing:
@@ -86,6 +114,7 @@ class Timing:
     late = 0.0  # each interval's rows are written up to this many seconds after it ends
     nvml = True  # cleared by --no-nvml: no GPU rows, as on the reference H100 node
     rate_window = 0.0  # --rate-window: rates over at least this many seconds (0: one push)
+    servers = 4  # --servers: inference servers per node (--shape inference)
 
 
 class Written:
@@ -103,10 +132,26 @@ class SimNode:
         self.rank = rank
         self.clock = clock
         self.rng = random.Random(seed * 7919 + rank)
-        self.gen = WorkloadGenerator(
-            WorkloadProfile(shape=shape, noise=noise, job_id=JOB, rank=rank, pid=1000 + rank),
-            seed=seed * 1000 + rank,
+        inference = shape == "inference"
+        profile = WorkloadProfile(
+            shape=shape,
+            noise=noise,
+            job_id=JOB,
+            rank=rank,
+            pid=SERVER_PID if inference else 1000 + rank,
+            servers=Timing.servers if inference else 1,
         )
+        self.gen = WorkloadGenerator(profile, seed=seed * 1000 + rank)
+        engines = None
+        if inference:
+            # fleet-push's own watcher, over the servers' synthetic /proc entries (their
+            # /metrics off: their steps come from the decode streams).
+            engines = EngineWatcher(
+                db_path=Path("/nonexistent/node.db"),
+                clock=clock,
+                proc_root=engines_proc(Timing.servers),
+            )
+            engines.observe()
         self.sampler = NodeSampler(
             node_id=self.name,
             db_path=Path("/nonexistent/node.db"),  # windows come from the generator
@@ -114,6 +159,7 @@ class SimNode:
             window_s=Timing.push,
             clock=clock,
             pid_alive=lambda pid: not self.ended,
+            engines=engines,
         )
         self.selector = DetectionSelector(config.detection, clock)
         self.classifier = Classifier(config.classifier)
@@ -187,6 +233,7 @@ class SimNode:
             gpu_rows,
             [r for w in inside for r in w.rows.gpu_processes],
             [r for w in inside for r in w.rows.host_intervals],
+            stream_rows=[r for w in inside for r in w.rows.stream_intervals],
             after=after,
             latest_end=latest,
         )
@@ -205,6 +252,7 @@ class SimNode:
             statistics.mean(mem) if mem else None,
             medians,
             not self.ended,  # the job file goes with the job
+            straggling=self.classifier.straggling,
         )
         self.held += sample.held
         return sample
@@ -353,12 +401,60 @@ def healthy_and_drops(
     return healthy, drops
 
 
+class Explain:
+    """What ``--explain`` looks at: the slowed node's score against the threshold it was
+    judged by, interval by interval after the slowdown (the peers' median score beside it)."""
+
+    runs: ClassVar[dict[int, list[str]]] = {}  # seed -> one line per interval, for the slowest runs
+    gaps: ClassVar[dict[int, list[float]]] = {}  # seed -> score - threshold per classified interval
+    # (throughput signal, threshold, the peers' median score) of those intervals
+    parts: ClassVar[list[tuple[float, float, float]]] = []
+
+    @staticmethod
+    def interval(sim: Sim, target: SimNode, interval: int) -> tuple[str, float] | None:
+        last, reply = target.sampler.last, target.reply
+        if last is None or last.result is None or reply is None or reply.threshold is None:
+            return None
+        r = last.result
+        rates, signals = r.rates, r.signals
+        reference = rates.get("throughput_peer_median") or rates.get("throughput_baseline")
+        peers = statistics.median(s for n, s in sim.scores.items() if n != target.name)
+        gap = r.score - reply.threshold
+        line = (
+            f"  {interval:3d}  rate {rates.get('kernel_launch_rate') or 0:8.1f}  "
+            f"{'peer median' if rates.get('throughput_peer_median') else 'own baseline'} "
+            f"{reference or 0:8.1f}  throughput {signals.get('throughput', 0):.3f}  "
+            f"compute {signals.get('compute', float('nan')):.3f}  busy baseline "
+            f"{rates.get('gpu_busy_baseline', float('nan')):.3f}  score {r.score:.4f}  "
+            f"threshold {reply.threshold:.4f}  gap {gap:+.4f}  "
+            f"peers' median score {peers:.4f}" + ("  (held)" if last.held else "")
+        )
+        return line, gap
+
+    @staticmethod
+    def of(sim: Sim, target: SimNode) -> tuple[float, float, float]:
+        """The slowed node's throughput signal, its threshold and the peers' median score."""
+        assert target.sampler.last is not None and target.sampler.last.result is not None
+        assert target.reply is not None and target.reply.threshold is not None
+        peers = statistics.median(s for n, s in sim.scores.items() if n != target.name)
+        signal = target.sampler.last.result.signals.get("throughput", float("nan"))
+        return signal, target.reply.threshold, peers
+
+
 def latency(
-    shape: str, nodes: int, noise: float, runs: int, slowdown: float, warmup: int, limit: int
+    shape: str,
+    nodes: int,
+    noise: float,
+    runs: int,
+    slowdown: float,
+    warmup: int,
+    limit: int,
+    explain: bool = False,
 ) -> tuple[list[int], int, int, list[int]]:
     """Intervals to the node's detection per run, misses, runs where Fleet flagged the same
     node under the same event_id (two intervals after the node's detection), and intervals
-    to Fleet's own first ``straggler_state`` of the node in the runs where it came."""
+    to Fleet's own first ``straggler_state`` of the node in the runs where it came.
+    ``explain``: keep every run's intervals in ``Explain``."""
     found, missed, agreed, by_fleet = [], 0, 0, []
     for seed in range(runs):
         sim = Sim(shape, nodes, seed, noise)
@@ -369,14 +465,27 @@ def latency(
         fleet_at: int | None = None
         for interval in range(1, limit + 3):
             flagged = "straggler_state" in sim.step().get(target.name, [])
+            seen = Explain.interval(sim, target, interval) if explain else None
+            if seen is not None:
+                line, gap = seen
+                if node_at is None:
+                    flag = "  FLAGGED" if flagged else ""
+                    Explain.runs.setdefault(seed, []).append(line + flag)
+                # A fixed span, flagged or not (a span cut at the flag would count the
+                # runs that were quick to go below less), less the first interval, which
+                # still holds the rate before the slowdown.
+                if 2 <= interval <= 13 and "(held)" not in line:
+                    Explain.gaps.setdefault(seed, []).append(gap)
+                    Explain.parts.append(Explain.of(sim, target))
             if node_at is None and flagged and interval <= limit:
                 node_at = interval
             if fleet_at is None and interval <= limit and sim.fleet_flagged(target.name):
                 fleet_at = interval
             if node_at is not None and interval == node_at + 2:
                 agreed += sim.agreement(target.name) == "Fleet too, same event_id"
-                if fleet_at is not None:
-                    break
+            done = node_at is not None and interval >= node_at + 2 and fleet_at is not None
+            if done and (not explain or interval >= 13):
+                break
         if node_at is None:
             missed += 1
         else:
@@ -396,6 +505,31 @@ def slow_from_birth(shape: str, nodes: int, noise: float, limit: int) -> tuple[i
             sim.step()
             return interval, sim.agreement(sim.nodes[0].name)
     return None, ""
+
+
+def persistent(
+    shape: str, nodes: int, noise: float, runs: int, warmup: int, intervals: int
+) -> tuple[list[int], list[int], list[float]]:
+    """A node 10% slower for ``intervals`` push intervals, ``runs`` seeded runs: per run the
+    episodes the node and Fleet started (the flagged share says whether one lasted) and the
+    share of the intervals after the node first flagged it that it spent in an episode."""
+    node_eps, fleet_eps, flagged_share = [], [], []
+    for seed in range(runs):
+        sim = Sim(shape, nodes, seed, noise)
+        sim.warm(warmup)
+        target = sim.nodes[0]
+        target.slowdown = 0.1
+        since: int | None = None
+        straggling = 0
+        for interval in range(1, intervals + 1):
+            sim.step()
+            if since is None and target.classifier.straggling:
+                since = interval
+            straggling += since is not None and target.classifier.straggling
+        node_eps.append(len({e.event_id for e in sim.node_events if e.node_id == target.name}))
+        fleet_eps.append(len({e.event_id for e in sim.fleet_events if e.node_id == target.name}))
+        flagged_share.append(straggling / (intervals - since + 1) if since else 0.0)
+    return node_eps, fleet_eps, flagged_share
 
 
 def stall(
@@ -462,6 +596,54 @@ def fmt(values: list[int], missed: int, runs: int) -> str:
     )
 
 
+def explain_runs(slowest: int) -> None:
+    """The slowed node's gap to its threshold over every run at 10% (mean, sd, and the
+    correlation of one interval's gap with the next: noise around a mean or a lasting
+    bias), then the slowest runs interval by interval."""
+    gaps = [g for run in Explain.gaps.values() for g in run]
+    if len(gaps) < 2:
+        return
+    mean, sd = statistics.mean(gaps), statistics.pstdev(gaps)
+    pairs = [(a, b) for run in Explain.gaps.values() for a, b in itertools.pairwise(run)]
+    lag1 = sum((a - mean) * (b - mean) for a, b in pairs) / (len(pairs) * sd * sd or 1.0)
+    print(
+        f"  10%, the slowed node in intervals 2-13: score - threshold mean {mean:+.4f}, sd "
+        f"{sd:.4f}, correlation with the next interval {lag1:+.2f}; below in "
+        f"{sum(g < 0 for g in gaps)} of {len(gaps)} classified intervals"
+    )
+    # Were the slow runs a lasting bias or bad luck? Independent intervals, each below with
+    # the share seen, under the same enter rule (the first interval after the slowdown is
+    # still mostly the old rate, so it is never below here).
+    share = sum(g < 0 for g in gaps) / len(gaps)
+    rng, model = random.Random(0), []
+    for _ in range(20_000):
+        window: list[bool] = []
+        interval = 1
+        while True:
+            interval += 1
+            below = rng.random() < share
+            window = [*window, below][-Sim.enter_window :]
+            if below and sum(window) >= Sim.enter_intervals:
+                model.append(interval)
+                break
+    print(
+        f"  independent intervals, each below with p = {share:.2f}, would be flagged after "
+        f"median {statistics.median(model):g}, p95 {percentile(model, 0.95):g} intervals"
+    )
+    throughput, threshold, peers = (statistics.mean(p) for p in zip(*Explain.parts, strict=True))
+    print(
+        f"  over those intervals: its throughput signal {throughput:.3f}, threshold "
+        f"{threshold:.4f}, the peers' median score {peers:.4f} ({peers - threshold:.4f} above "
+        "the threshold)"
+    )
+    for seed in sorted(Explain.runs, key=lambda s: -len(Explain.runs[s]))[:slowest]:
+        print(f"  seed {seed}:")
+        print("\n".join(Explain.runs[seed]))
+    Explain.runs.clear()
+    Explain.gaps.clear()
+    Explain.parts.clear()
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=(__doc__ or "").split("\n\n")[0])
     parser.add_argument("--shape", choices=[*SHAPE_NAMES, "all"], default="all")
@@ -487,12 +669,19 @@ def main() -> None:
                         help="the tracer writes each interval's rows up to this late (s)")  # fmt: skip
     parser.add_argument("--rate-window", type=float, default=0.0,
                         help="rates over at least this many seconds back (0: one push window)")  # fmt: skip
+    parser.add_argument("--explain", type=int, default=0, metavar="N",
+                        help="print the N slowest runs at 10%%, interval by interval")  # fmt: skip
+    parser.add_argument("--persist", type=int, default=120, metavar="I",
+                        help="a node 10%% slower for I intervals: its episodes (0: skip)")  # fmt: skip
+    parser.add_argument("--servers", type=int, default=Timing.servers,
+                        help="inference servers per node (--shape inference)")  # fmt: skip
     parser.add_argument("--no-nvml", action="store_true",
                         help="no GPU rows (the reference H100 node: nothing wrote them)")  # fmt: skip
     args = parser.parse_args()
     Timing.push, Timing.tracer = args.push_interval, args.tracer_interval
     Timing.nvml = not args.no_nvml
     Timing.rate_window = args.rate_window
+    Timing.servers = args.servers
     Timing.jitter, Timing.late = args.push_jitter, args.late
     logging.getLogger("ingero").setLevel(logging.ERROR)  # the stall's log lines, not figures
     Sim.enter_intervals = args.enter_intervals
@@ -507,6 +696,11 @@ def main() -> None:
             f"== {shape}: {n} nodes, push interval {Timing.push:g} s (±{Timing.jitter:.0%}), "
             f"tracer interval {Timing.tracer:g} s, rows up to {Timing.late:g} s late, "
             + ("" if Timing.nvml else "no GPU rows, ")
+            + (
+                f"inference servers a node: {Timing.servers}, one slowed, "
+                if shape == "inference"
+                else ""
+            )
             + f"min_margin {margin:g}, "
             f"noise {noise:.0%} per interval, "
             f"enter_intervals {Sim.enter_intervals} of {Sim.enter_window}, "
@@ -524,13 +718,28 @@ def main() -> None:
             + f" (min_margin {margin:g})"
         )
         for level in (0.1, 0.2):
+            explain = level == 0.1 and args.explain > 0
             found, missed, agreed, by_fleet = latency(
-                shape, n, noise, args.runs, level, args.warmup, args.limit
+                shape, n, noise, args.runs, level, args.warmup, args.limit, explain
             )
             print(
                 f"detection at {level:.0%}: {fmt(found, missed, args.runs)}; "
                 f"Fleet flagged it under the same event_id in {agreed}/{len(found)}; "
                 f"Fleet's own: {fmt(by_fleet, args.runs - len(by_fleet), args.runs)}"
+            )
+            if explain:
+                explain_runs(args.explain)
+        if args.persist:
+            node_eps, fleet_eps, share = persistent(
+                shape, n, noise, args.runs, args.warmup, args.persist
+            )
+            print(
+                f"10% slower for {args.persist} intervals: episodes per run node / Fleet "
+                f"median {statistics.median(node_eps):g} / {statistics.median(fleet_eps):g}, "
+                f"max {max(node_eps)} / {max(fleet_eps)}; runs with a single episode "
+                f"{sum(e == 1 for e in node_eps)}/{len(node_eps)}; flagged "
+                f"{statistics.mean(share):.0%} of the intervals after it was first flagged "
+                f"(min {min(share):.0%})"
             )
         birth, agreement = slow_from_birth(shape, n, noise, args.limit)
         print(

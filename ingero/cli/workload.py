@@ -43,6 +43,13 @@ from ingero.workload.generator import CAUSES, DEFAULT_SHAPE, SHAPE_NAMES
 )
 @click.option("--gpus", type=int, default=1, show_default=True)
 @click.option(
+    "--servers",
+    type=int,
+    default=1,
+    show_default=True,
+    help="Inference servers of --shape inference (a slowdown slows the first one only).",
+)
+@click.option(
     "--gpu-busy",
     type=float,
     default=None,
@@ -118,6 +125,7 @@ def workload(
     shape: str,
     launch_rate: float | None,
     gpus: int,
+    servers: int,
     gpu_busy: float | None,
     noise: float,
     slowdown: float,
@@ -135,7 +143,8 @@ def workload(
 ) -> None:
     """Write what `ingero trace` records of a training process on a real GPU node: driver
     kernel launches (CUDA graph replays with --shape graphs), rare syncs, off-CPU time,
-    NVML GPU rows.
+    NVML GPU rows; with --shape inference, inference servers' decode streams (stream syncs,
+    decode and prefill steps).
 
     Stops on SIGTERM or Ctrl-C; SIGUSR1 toggles the slowdown. With --cause the slowdown shows
     what that cause shows on a real node (off-CPU time, block I/O, cuMemAlloc calls, NVML
@@ -153,6 +162,7 @@ def workload(
         shape=shape,
         launch_rate=launch_rate,
         gpus=gpus,
+        servers=servers,
         gpu_busy=gpu_busy,
         noise=noise,
         job_id=job_id,

@@ -317,6 +317,8 @@ class Demo:
                         # shared by all of them, so its CPU and memory would tell them apart
                         # by nothing but sampling noise. Calibrate for 5 intervals, not 6.
                         "score": {"warmup_samples": 5, "proc_root": str(node_dir / "proc")},
+                        # The inference shape's servers are in that synthetic /proc.
+                        "inference": {"proc_root": str(node_dir / "proc")},
                     }
                 )
             )

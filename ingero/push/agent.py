@@ -41,7 +41,11 @@ T = TypeVar("T")
 
 class Sampler(Protocol):
     def sample(
-        self, peer_rates: Mapping[str, float] | None = None, job_file: bool = False
+        self,
+        peer_rates: Mapping[str, float] | None = None,
+        job_file: bool = False,
+        *,
+        straggling: bool = False,
     ) -> NodeSample: ...
 
 
@@ -153,7 +157,9 @@ class Agent:
         ident, job_file = self._current_identity()
         if self.engines is not None:
             self.engines.tags = (ident.job_id, ident.rank)
-        sample = self.sampler.sample(self._fresh(self._peers), job_file)
+        sample = self.sampler.sample(
+            self._fresh(self._peers), job_file, straggling=self.classifier.straggling
+        )
         if sample.transition is not None:
             t = sample.transition
             log.info("node state %s -> %s (%s)", t.previous, t.current, t.reason)

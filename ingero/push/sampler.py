@@ -40,7 +40,7 @@ from ingero.push.engines import EngineWatcher
 from ingero.push.gpu_health import GpuFinding, GpuHealth, GpuHealthTracker
 from ingero.push.nodestate import NodeStateMachine, Transition
 from ingero.push.score import ScoreConfig, ScoreInputs, ScoreResult, compute_score
-from ingero.push.streams import decode_step_rate
+from ingero.push.servers import ServerBaselines, ServerStep, measure, slowest, tokens
 from ingero.runtime.clock import Clock
 
 log = logging.getLogger(__name__)
@@ -68,6 +68,10 @@ class NodeSample:
     # Nothing new was measured (no new tracer interval, or quiet but not yet a stall): the
     # sample repeats the last measurement and is not classified again.
     held: bool = False
+    # The inference server the throughput signal judged (the slowest of the node's servers
+    # by their decode steps or /metrics token rate, ingero.push.servers); None: the node's
+    # rate was judged.
+    slowest_server: ServerStep | None = None
 
     @property
     def score(self) -> float:
@@ -143,6 +147,14 @@ class NodeSampler:
             now = clock.now()
             self.baselines = BaselineSet(node_id=node_id, created=now, updated=now)
         self.restore_reason = loaded.reason if loaded is not None else None
+        # Each inference server's decode steps, and its /metrics token rate, against its
+        # own baseline (in memory).
+        self.servers = ServerBaselines(
+            alpha=config.ema_alpha, alpha_down=config.ema_alpha_down, warmup=config.warmup_samples
+        )
+        self.token_servers = ServerBaselines(
+            alpha=config.ema_alpha, alpha_down=config.ema_alpha_down, warmup=config.warmup_samples
+        )
         self.state = NodeStateMachine(
             warmup_samples=config.warmup_samples,
             idle_after=config.idle_after,
@@ -163,11 +175,16 @@ class NodeSampler:
         self.held_for: set[str] = set()
 
     def sample(
-        self, peer_rates: Mapping[str, float] | None = None, job_file: bool = False
+        self,
+        peer_rates: Mapping[str, float] | None = None,
+        job_file: bool = False,
+        *,
+        straggling: bool = False,
     ) -> NodeSample:
         """One sample. ``peer_rates``: Fleet's fresh peer medians of the raw rates (the node's
         throughput is then measured against them); ``job_file``: the prolog's job file for
-        this node is present."""
+        this node is present; ``straggling``: the node is in a straggler episode (its
+        baselines then hold still)."""
         now = self.clock.now()
         try:
             window = read_latest(self.db_path, now, self.window_s, self.anchor)
@@ -197,6 +214,7 @@ class NodeSampler:
             job_file,
             waiting=waiting,
             inference=inference,
+            straggling=straggling,
         )
         return replace(sample, collectives=comms) if comms else sample
 
@@ -211,12 +229,14 @@ class NodeSampler:
         *,
         waiting: bool = False,
         inference: Mapping[str, float] | None = None,
+        straggling: bool = False,
     ) -> NodeSample:
         """Score one window read from the node DB, with the host's CPU and memory readings;
         advances the state machine, the baselines and the GPU health state (the benchmark
         drives this directly with generated windows). ``waiting``: a rank of the node is
         inside an NCCL collective (ingero.push.nodestate: waiting is not stalled).
-        ``inference``: the node's inference servers' speeds this interval (their /metrics)."""
+        ``inference``: the node's inference servers' speeds this interval (their /metrics).
+        ``straggling``: the node is in a straggler episode; it learns no baseline then."""
         if window.new_intervals == 0:
             return self._no_data(window, now, job_file)
         self.anchor = window.end
@@ -276,7 +296,15 @@ class NodeSampler:
             STEP_RATE: 0.0 if stalled else window.step_rate,
             GRAPH_LAUNCH_RATE: (0.0 if self.graphs else None) if stalled else graph_rate,
         }
-        inference = self._sync_steps(window, inference)
+        inference, steps = self._sync_steps(window, inference)
+        served: tuple[ServerStep, ...] = ()
+        if self.engines is not None and INFERENCE_TOKEN_RATE in (inference or {}):
+            served = self.token_servers.judge(
+                tokens({pid: r.token_rate for pid, r in self.engines.rates.items()})
+            )
+        if stalled:
+            steps, served = (), ()
+        per_server = {INFERENCE_STEP_RATE: steps, INFERENCE_TOKEN_RATE: served}
         for name in (INFERENCE_TOKEN_RATE, INFERENCE_STEP_RATE):
             # A server that served nothing this interval says nothing (not 0: no load is
             # not slowness); a stalled node is judged by its launches.
@@ -305,11 +333,21 @@ class NodeSampler:
         )
         throughput: float | None
         reference: float | None
+        # A node's inference servers are replicas: the node is as slow as its slowest one,
+        # which the median it pushes would hide (ingero.push.servers).
+        worst: ServerStep | None = None
         if peer_rate is not None and peer_rates is not None:
             throughput, reference = own[peer_rate], peer_rates[peer_rate]
+            judged = per_server.get(peer_rate, ())
+            if judged:
+                worst = min(judged, key=lambda s: (s.rate, s.server))
+                throughput = worst.rate
         else:
             throughput = own[local]
             reference = launch_base.estimate if launch_base is not None else None
+            worst = slowest(per_server.get(local, ()))
+            if worst is not None:
+                throughput, reference = worst.rate, worst.baseline
         result = compute_score(
             ScoreInputs(
                 throughput_rate=throughput,
@@ -323,11 +361,17 @@ class NodeSampler:
                     **own,
                     "throughput_baseline": launch_base.estimate if launch_base else None,
                     "throughput_peer_median": reference if peer_rate else None,
+                    "slowest_server_rate": worst.rate if worst else None,
+                    "slowest_server_baseline": worst.baseline if worst else None,
                 },
             ),
             self.config,
         )
-        if has_work and launch_rate is not None and self.state.state in ("calibrating", "active"):
+        # A straggler's samples are not its normal: learnt (even at ema_alpha_down per
+        # sample) they lift its score back to the threshold within a minute at a 1 s push
+        # and the episode flaps while the node is as slow as ever (docs/benchmarks.md).
+        learning = self.state.state in ("calibrating", "active") and not straggling
+        if has_work and launch_rate is not None and learning:
             self._learn(
                 {
                     KERNEL_LAUNCH_RATE: launch_rate,
@@ -337,6 +381,8 @@ class NodeSampler:
                     "gpu_busy_fraction": busy,
                 }
             )
+            self.servers.learn(steps)
+            self.token_servers.learn(served)
         self.last = NodeSample(
             now,
             self.state.state,
@@ -349,35 +395,30 @@ class NodeSampler:
             stalled=stalled,
             job_running=running,
             peer_rate=peer_rate,
+            slowest_server=worst,
         )
         return self.last
 
     def _sync_steps(
         self, window: WindowAggregates, inference: Mapping[str, float] | None
-    ) -> Mapping[str, float] | None:
+    ) -> tuple[Mapping[str, float] | None, tuple[ServerStep, ...]]:
         """Where a server's /metrics times no steps (vLLM, SGLang, TensorRT-LLM say
-        per-token latency), its steps from the tracer: of the server and its workers, the
-        decode stream's decode steps (``ingero.push.streams``: 1 / the mean decode step
-        time), or where no stream is known (a node DB before version 6, syncs that name no
-        stream) their synchronize calls per second (one host wait for the sampled tokens a
-        step); the median over the node's servers that stepped."""
-        if (
-            self.engines is None
-            or INFERENCE_STEP_RATE in (inference or {})
-            or not window.syncs
-            or window.covered_s <= 0
-        ):
-            return inference
-        rates = []
-        for tree in self.engines.trees().values():
-            rate = decode_step_rate(window.streams, tree)
-            if rate is None:
-                rate = sum(window.syncs.get(pid, 0) for pid in tree) / window.covered_s
-            rates.append(rate)
-        stepped = [r for r in rates if r > 0]
-        if not stepped:
-            return inference
-        return {**(inference or {}), INFERENCE_STEP_RATE: statistics.median(stepped)}
+        per-token latency), its steps from the tracer (``ingero.push.servers.measure``: of
+        the server and its workers, the decode stream's decode steps, else their
+        synchronize calls per second); the node's rate is the median over its servers that
+        stepped. Also each server's steps, judged against its own baseline."""
+        if self.engines is None:
+            return inference, ()
+        trees = self.engines.trees()
+        self.servers.prune(trees)
+        self.token_servers.prune(self.engines.summary())
+        if INFERENCE_STEP_RATE in (inference or {}) or not window.syncs or window.covered_s <= 0:
+            return inference, ()
+        steps = self.servers.judge(measure(window.streams, window.syncs, window.covered_s, trees))
+        if not steps:
+            return inference, ()
+        rate = statistics.median(s.rate for s in steps)
+        return {**(inference or {}), INFERENCE_STEP_RATE: rate}, steps
 
     def _no_data(self, window: WindowAggregates, now: float, job_file: bool) -> NodeSample:
         """No tracer interval since the last sample: hold, unless the job has ended (idle)
@@ -429,6 +470,7 @@ class NodeSampler:
             job_running=running,
             peer_rate=last.peer_rate if last is not None else None,
             held=True,
+            slowest_server=last.slowest_server if last is not None else None,
         )
 
     def _job_running(self, window: WindowAggregates, job_file: bool) -> bool | None:

@@ -104,15 +104,24 @@ def decode_stream(
     return min(mine, key=lambda ks: (-ks[1].syncs, -ks[1].steps, ks[0]))
 
 
-def decode_step_rate(
+def decode_steps(
     streams: Mapping[tuple[int, str], StreamWindow], pids: Collection[int]
-) -> float | None:
-    """Decode steps per second of step time on the decode stream of ``pids``; None where it
-    timed no step."""
+) -> tuple[tuple[int, str], float] | None:
+    """The decode stream of ``pids`` and its decode steps per second of step time; None
+    where it timed no step."""
     found = decode_stream(streams, pids)
     if found is None:
         return None
     split = split_steps(found[1].hist, found[1].step_ns)
     if split is None or split.decode_step_ns <= 0:
         return None
-    return 1e9 / split.decode_step_ns
+    return found[0], 1e9 / split.decode_step_ns
+
+
+def decode_step_rate(
+    streams: Mapping[tuple[int, str], StreamWindow], pids: Collection[int]
+) -> float | None:
+    """Decode steps per second of step time on the decode stream of ``pids``; None where it
+    timed no step."""
+    found = decode_steps(streams, pids)
+    return found[1] if found is not None else None

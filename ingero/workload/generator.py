@@ -22,6 +22,17 @@ and one ``gpu_intervals`` row per GPU per interval exactly as the NVML sampler w
   model; the tiny MLP measured replayed ~9,700/s), two graphs captured
   (cudaStreamBeginCapture, cudaStreamEndCapture) and instantiated (cudaGraphInstantiate) in
   the first interval.
+- ``inference``: inference servers (``WorkloadProfile.servers``, one per GPU), each stepping
+  one decode stream as an engine does (what ``docs/fleet-push.md`` "Inference servers" reads
+  and ``tests/integration/trace/stream_engine.c`` imitates): a step is the gap between two
+  cudaStreamSynchronize calls on the stream, nine decode steps then one prefill step on
+  the same stream, the kernels launched through the runtime. Written as the tracer writes
+  them (node DB version 6): per server and interval a ``stream_intervals`` row (its syncs,
+  launches, steps, their total time and histogram) and a cudaStreamSynchronize interval
+  row of the server's pid (``WorkloadProfile.pid`` + its index); the launches, off-CPU and
+  GPU rows are the node's, under ``WorkloadProfile.pid``. All assumed: a decode step of
+  25 ms and a prefill of 150 ms (an 8B model on an H100 at a moderate batch), 20 launches
+  a step (graphs replayed for decode, sampling kernels around them).
 
 What the reference did not measure is an assumption, named as such in ``SHAPES``: NVML
 utilization (15% for the CPU-bound loop, as the one nvidia-smi reading showed; 98% for the
@@ -31,7 +42,9 @@ time, and the host's CPU and memory. Percentiles are drawn around the measured m
 A slowdown ``s`` is the process doing ``1 - s`` of its work per second (the reference slowed a
 process by sleeping): every call rate and the GPU's busy time scale by ``1 - s`` and the
 sleeping thread adds ``s`` seconds off-CPU per second; the host's CPU is left as it was, so
-detection never leans on it. A stall is the process stopped (SIGSTOP, a hang): no calls and no
+detection never leans on it. Of several inference servers only the first is slowed (one
+slow replica: its steps take ``1 / (1 - s)`` as long), and the node's rows scale with the
+servers' mean speed; a stall stops them all. A stall is the process stopped (SIGSTOP, a hang): no calls and no
 context switches are recorded, the GPU reads 0% busy, and the process still holds its GPU
 memory and is still listed on the GPU.
 
@@ -50,6 +63,7 @@ and whether the process is stalled, and returns the rows; the runner writes them
 
 from __future__ import annotations
 
+import json
 import math
 import random
 from dataclasses import dataclass, field
@@ -57,6 +71,7 @@ from types import MappingProxyType
 from typing import Any, Final
 
 from ingero.collectors.nvml import GpuProcess, GpuReading, NvmlReading
+from ingero.trace.aggregate import slot_of
 from ingero.trace.gpusampler import reading_rows
 
 H100_MEMORY_BYTES: Final = 81_559 * 2**20  # what NVML reports for an H100 80GB HBM3
@@ -87,7 +102,15 @@ class Shape:
     # Where the launches are recorded: PyTorch's eager kernels through the driver, a graph
     # replay's input copy through the runtime.
     launch_op: tuple[str, str] = ("cuda_driver", "cuLaunchKernel")
+    # An inference server's decode stream (0: none): its decode step, its prefill step, and
+    # how often a step is a prefill; its launches are ``launch_rate`` / its steps per second.
+    decode_ms: float = 0.0
+    prefill_ms: float = 0.0
+    prefill_every: int = 0
 
+
+# assumed: kernel launches of one inference step (decode graphs replayed, sampling around)
+STEP_LAUNCHES: Final = 20
 
 # A launch with room in the launch queue costs the host this (measured: the cpu-bound loop);
 # a longer launch waited for the GPU to drain the queue.
@@ -156,6 +179,30 @@ SHAPES: Final = MappingProxyType(
             startup_graphs=2,
             launch_op=("cuda_runtime", "cudaLaunchKernel"),
         ),
+        # One inference server (see the module's docstring; all assumed): 9 decode steps of
+        # 25 ms and a prefill of 150 ms per 375 ms, 26.7 steps/s of 20 launches each; its
+        # syncs are the stream's (written per server), none through cudaDeviceSynchronize.
+        "inference": Shape(
+            launch_rate=STEP_LAUNCHES * 10 / 0.375,
+            launch_ns=7_300.0,
+            sync_rate=0.0,
+            sync_ns=0.0,
+            memcpy_rate=0.0,
+            memcpy_ns=0.0,
+            offcpu_switches=200.0,
+            offcpu_s=0.5,
+            startup_allocs=4,
+            gpu_util=0.9,
+            gpu_mem_used_bytes=70 * 2**30,  # weights and the KV cache fill the GPU
+            power_w=550.0,
+            temperature_c=60,
+            host_cpu_busy=0.2,
+            host_mem_available=0.6,
+            launch_op=("cuda_runtime", "cudaLaunchKernel"),
+            decode_ms=25.0,
+            prefill_ms=150.0,
+            prefill_every=10,
+        ),
     }
 )
 SHAPE_NAMES: Final = tuple(SHAPES)
@@ -184,6 +231,10 @@ THROTTLE_TEMPERATURE_C: Final = 87  # assumed: where an H100 starts its thermal 
 # and to instantiate it (the driver builds the executable graph)
 CAPTURE_NS: Final = 2_000_000.0
 INSTANTIATE_NS: Final = 8_000_000.0
+# The first inference server's decode stream handle (stream_engine.c's); server i adds i.
+DECODE_STREAM: Final = 0x7F00C0DE0000
+# assumed: the host waits in the stream sync for this share of a step (the GPU runs it)
+SYNC_SHARE: Final = 0.8
 
 
 @dataclass(frozen=True)
@@ -256,6 +307,7 @@ class WorkloadProfile:
     pid: int = 4242
     job_id: str | None = None
     rank: int | None = None
+    servers: int = 1  # inference servers (shape ``inference``), pids ``pid`` + 0, 1, ...
 
     @property
     def rates(self) -> Shape:
@@ -273,6 +325,13 @@ class WorkloadProfile:
             raise ValueError("gpu_busy must be in (0, 1]")
         if not 0 <= self.noise < 0.5:
             raise ValueError("noise must be in [0, 0.5)")
+        if not 1 <= self.servers <= 64:
+            raise ValueError("servers must be in [1, 64]")
+
+    @property
+    def server_pids(self) -> tuple[int, ...]:
+        """The inference servers' pids; none for a training shape."""
+        return tuple(self.pid + i for i in range(self.servers)) if self.rates.decode_ms else ()
 
 
 @dataclass
@@ -281,6 +340,7 @@ class TickRows:
     gpu_intervals: list[dict[str, Any]] = field(default_factory=list)
     gpu_processes: list[dict[str, Any]] = field(default_factory=list)
     host_intervals: list[dict[str, Any]] = field(default_factory=list)
+    stream_intervals: list[dict[str, Any]] = field(default_factory=list)
     cpu_busy: float = 0.0  # for the synthetic /proc/stat
     mem_available: float = 1.0  # for the synthetic /proc/meminfo
 
@@ -323,6 +383,12 @@ class WorkloadGenerator:
         effect = cause_effect(cause if slowed else None, slowdown if slowed else 0.0, shape)
         dt = ts_end - ts_start
         speed = 0.0 if stalled else 1.0 - slowdown
+        stream_rows: list[dict[str, Any]] = []
+        if shape.decode_ms:
+            # Only the first server is slowed: the node's rows go at the servers' mean speed.
+            speeds = [speed] + [0.0 if stalled else 1.0] * (p.servers - 1)
+            stream_rows = self._streams(ts_start, ts_end, speeds)
+            speed = sum(speeds) / len(speeds)
         tags = {"pid": p.pid, "job_id": p.job_id, "rank": p.rank}
         cpu_busy = shape.host_cpu_busy * self._jitter()
         rows = TickRows(
@@ -355,6 +421,7 @@ class WorkloadGenerator:
             )
 
         launch_rate = p.launch_rate if p.launch_rate is not None else shape.launch_rate
+        launch_rate *= len(p.server_pids) or 1
         queue_wait = max(0.0, shape.launch_ns - LAUNCH_HOST_NS)
         launch_ns = shape.launch_ns - queue_wait + queue_wait * effect.gpu_wait
         if launch_rate > 0:
@@ -397,6 +464,15 @@ class WorkloadGenerator:
         gpu_rows = reading_rows(self._nvml(gpu_speed, effect, speed), ts_start, ts_end)
         rows.gpu_intervals = gpu_rows.intervals
         rows.gpu_processes = gpu_rows.processes
+        rows.stream_intervals = stream_rows
+        for row in stream_rows:
+            rows.intervals.append(
+                {"ts_start": ts_start, "ts_end": ts_end, "pid": row["pid"],
+                 "job_id": p.job_id, "rank": p.rank, "source": "cuda_runtime",
+                 "op": "cudaStreamSynchronize", "count": row["syncs"], "total_ns": row["sync_ns"],
+                 "p50_ns": row["step_p50_ns"], "p95_ns": row["step_p90_ns"],
+                 "p99_ns": row["step_p90_ns"], "errors": 0, "bytes": 0}
+            )  # fmt: skip
         rows.host_intervals.append(
             {
                 "ts_start": ts_start,
@@ -415,6 +491,47 @@ class WorkloadGenerator:
             }
         )
         return rows
+
+    def _streams(self, ts_start: float, ts_end: float, speeds: list[float]) -> list[dict[str, Any]]:
+        """Each inference server's decode stream over the interval, as the tracer writes it:
+        at ``speeds[i]`` of full speed server i's steps take ``1 / speed`` as long."""
+        p, shape = self.profile, self.profile.rates
+        every = max(1, shape.prefill_every)
+        out = []
+        for i, (pid, speed) in enumerate(zip(p.server_pids, speeds, strict=True)):
+            if speed <= 0:
+                continue  # a stopped server syncs nothing
+            decode_ns = shape.decode_ms * 1e6 / speed * self._jitter()
+            prefill_ns = shape.prefill_ms * 1e6 / speed * self._jitter()
+            cycle_ns = (every - 1) * decode_ns + (prefill_ns if shape.prefill_every else decode_ns)
+            key = f"steps{i}"
+            exact = (ts_end - ts_start) * 1e9 * every / cycle_ns + self._carry.get(key, 0.0)
+            steps = int(exact)
+            self._carry[key] = exact - steps
+            if steps <= 0:
+                continue
+            prefills = 0
+            if shape.prefill_every:
+                due = steps / every + self._carry.get(f"prefill{i}", 0.0)
+                prefills = min(steps, int(due))
+                self._carry[f"prefill{i}"] = due - prefills
+            decodes = steps - prefills
+            hist: dict[int, int] = {}
+            for n, each in ((decodes, decode_ns), (prefills, prefill_ns)):
+                if n:
+                    slot = slot_of(int(each))
+                    hist[slot] = hist.get(slot, 0) + n
+            total = int(decodes * decode_ns + prefills * prefill_ns)
+            out.append(
+                {"ts_start": ts_start, "ts_end": ts_end, "pid": pid, "job_id": p.job_id,
+                 "rank": p.rank, "stream": f"{DECODE_STREAM + i:016x}", "syncs": steps,
+                 "sync_ns": int(total * SYNC_SHARE),
+                 "launches": steps * STEP_LAUNCHES,
+                 "steps": steps, "step_ns": total, "step_p50_ns": int(decode_ns),
+                 "step_p90_ns": int(prefill_ns if prefills else decode_ns),
+                 "step_hist": json.dumps({str(k): v for k, v in sorted(hist.items())})}
+            )  # fmt: skip
+        return out
 
     def _nvml(self, busy_speed: float, effect: CauseEffect, speed: float) -> NvmlReading:
         """What NVML would report of this process's GPUs now (one reading per interval):

@@ -9,7 +9,10 @@ idle but still held), and so does ``stall_after`` seconds after the start. With 
 directory the runner writes the job's file there at start, as the Slurm prolog does, keeps
 it while it runs (stalled or not) and removes it on exit, as the epilog does. ``late``
 writes each interval's rows up to that many seconds after the interval ends (their times
-unchanged), as a tracer delayed by a loaded node does.
+unchanged), as a tracer delayed by a loaded node does. With the ``inference`` shape and a
+synthetic /proc, each server gets a process entry there (a Triton command line with its
+/metrics turned off: nothing answers for a synthetic server), so fleet-push pointed at it
+(``inference.proc_root``) recognises the servers and reads their decode streams.
 """
 
 from __future__ import annotations
@@ -34,6 +37,8 @@ from ingero.workload.generator import CAUSES, WorkloadGenerator, WorkloadProfile
 log = logging.getLogger(__name__)
 
 RETAIN_S = 600.0  # rows older than this are deleted so a long demo keeps a small DB
+# What the synthetic inference servers serve.
+SERVED_MODEL = "llama-3.1-8b"
 
 
 STALL = "stall"
@@ -101,6 +106,20 @@ class SyntheticProc:
             "meminfo",
             f"MemTotal:       {self.MEM_TOTAL_KIB} kB\nMemAvailable:   {available} kB\n",
         )
+
+    def servers(self, pids: tuple[int, ...]) -> None:
+        """A process entry per inference server: its command line and its stat."""
+        for pid in pids:
+            entry = self.root / str(pid)
+            entry.mkdir(exist_ok=True)
+            argv = [
+                "tritonserver",
+                "--model-repository=/models",
+                f"--load-model={SERVED_MODEL}",
+                "--allow-metrics=false",
+            ]
+            (entry / "cmdline").write_bytes("\0".join(argv).encode() + b"\0")
+            (entry / "stat").write_text(f"{pid} (tritonserver) S 1 {pid} 0 0\n")
 
     def _replace(self, name: str, text: str) -> None:
         tmp = self.root / f".{name}.tmp"
@@ -197,6 +216,8 @@ class WorkloadRunner:
             self._slow_at = self.clock.monotonic() + self.slow_after
         if self.jobs_dir is not None and self.job is not None:
             write_job(self.jobs_dir, replace(self.job, started_at=self.clock.now()))
+        if self.proc is not None:
+            self.proc.servers(profile.server_pids)
         stalled = False
         try:
             last = self.clock.now()
@@ -239,6 +260,7 @@ class WorkloadRunner:
                     db.table("gpu_intervals").insert_all(rows.gpu_intervals)
                     db.table("gpu_processes").insert_all(rows.gpu_processes)
                     db.table("host_intervals").insert_all(rows.host_intervals)
+                    db.table("stream_intervals").insert_all(rows.stream_intervals)
                     if ticks % 20 == 0:
                         self._retain(db.conn, now - RETAIN_S)
                 ticks += 1
@@ -252,7 +274,13 @@ class WorkloadRunner:
 
     @staticmethod
     def _retain(conn: sqlite3.Connection, cutoff: float) -> None:
-        for table in ("intervals", "gpu_intervals", "gpu_processes", "host_intervals"):
+        for table in (
+            "intervals",
+            "gpu_intervals",
+            "gpu_processes",
+            "host_intervals",
+            "stream_intervals",
+        ):
             conn.execute(f"DELETE FROM {table} WHERE ts_end < ?", (cutoff,))
 
     def install_signals(self) -> None:

@@ -38,11 +38,17 @@ class Sampler:
         self.stalled = False
         self.held = False
         self.calls: list[tuple[dict[str, float] | None, bool]] = []  # (peer_rates, job_file)
+        self.straggling: list[bool] = []  # what each call said of the node's episode
 
     def sample(
-        self, peer_rates: Mapping[str, float] | None = None, job_file: bool = False
+        self,
+        peer_rates: Mapping[str, float] | None = None,
+        job_file: bool = False,
+        *,
+        straggling: bool = False,
     ) -> NodeSample:
         self.calls.append((dict(peer_rates) if peer_rates is not None else None, job_file))
+        self.straggling.append(straggling)
         result = ScoreResult(
             score=self.score,
             signals=MappingProxyType({"throughput": self.score}),
@@ -143,6 +149,10 @@ def test_push_carries_the_sample_and_straggler_episode_reaches_channels() -> Non
     agent.step()
     assert rec.events[-1].type == "straggler_resolved"
     assert rec.events[-1].event_id == rec.events[-2].event_id
+    # The sampler learns no baseline from a sample taken while the episode is open.
+    clock.advance(5)
+    agent.step()
+    assert sampler.straggling == [False, False, True, False]
 
 
 def test_a_held_sample_is_pushed_as_held_and_not_classified_again() -> None:

@@ -511,3 +511,33 @@ def test_a_server_without_step_metrics_steps_at_its_workers_synchronize_calls(
     assert (sample.window.syncs[41], sample.window.syncs[42]) == (100, 7000)
     assert sample.result.rates[INFERENCE_STEP_RATE] == pytest.approx(100 / sample.window.covered_s)
     assert engines.trees() == {40: frozenset({40, 41})}
+
+
+def test_a_straggler_learns_no_baseline_until_its_episode_ends(tmp_path: Path) -> None:
+    """While its episode lasts the node's slower rates are not its new normal: its
+    throughput and busy baselines hold, and its signals stay as low as it is slow."""
+    clock = ManualClock()
+    node = Node(tmp_path, clock)
+    s = sampler(tmp_path, clock)
+    for _ in range(5):
+        node.run(2.0)
+        s.sample()
+    baselines = s.baselines.baselines
+    held = {name: baselines[name].estimate for name in ("kernel_launch_rate", "gpu_busy_fraction")}
+    for _ in range(40):
+        node.run(2.0, slowdown=0.1)
+        slow = s.sample(straggling=True)
+    assert {name: baselines[name].estimate for name in held} == held
+    assert slow.result is not None
+    assert slow.result.signals["throughput"] == pytest.approx(0.9, abs=0.03)
+    assert slow.result.signals["compute"] == pytest.approx(0.9, abs=0.03)
+    # Outside an episode it learns, slowly while below (ema_alpha_down): 40 samples at
+    # 0.02 take over half of the 10% into the baselines.
+    for _ in range(40):
+        node.run(2.0, slowdown=0.1)
+        learnt = s.sample()
+    assert learnt.result is not None
+    assert learnt.result.signals["compute"] > 0.93
+    for name, before in held.items():
+        after = baselines[name].estimate
+        assert before is not None and after is not None and after < before * 0.97, name

@@ -10,6 +10,12 @@ import pytest
 
 from ingero.collectors.nodedb import read_window
 from ingero.collectors.procfs import ProcReader
+from ingero.nodedb.schema import connect
+from ingero.otlp.health import INFERENCE_STEP_RATE
+from ingero.push.engines import EngineWatcher
+from ingero.push.sampler import NodeSample, NodeSampler
+from ingero.push.score import ScoreConfig
+from ingero.runtime.clock import ManualClock
 from ingero.workload.generator import CAUSES, WorkloadGenerator, WorkloadProfile
 from ingero.workload.runner import Control, SyntheticProc, WorkloadRunner, read_control
 
@@ -274,6 +280,8 @@ def test_window_over_generated_rows(tmp_path: Path) -> None:
         WorkloadProfile(gpu_busy=1.5),
         WorkloadProfile(noise=0.9),
         WorkloadProfile(shape="tpu-bound"),
+        WorkloadProfile(shape="inference", servers=0),
+        WorkloadProfile(shape="inference", servers=65),
     ],
 )
 def test_bad_profiles_are_rejected(profile: WorkloadProfile) -> None:
@@ -287,3 +295,44 @@ def test_bad_profiles_are_rejected(profile: WorkloadProfile) -> None:
 def test_bad_ticks_are_rejected(start: float, end: float, slowdown: float) -> None:
     with pytest.raises(ValueError):
         WorkloadGenerator(WorkloadProfile()).tick(start, end, slowdown)
+
+
+def test_inference_servers_are_read_by_fleet_push_as_an_engine_s_decode_streams(
+    tmp_path: Path,
+) -> None:
+    """The runner's inference servers, read back through fleet-push's own engine watcher and
+    sampler: recognised as Triton servers without /metrics, each stepping its decode stream at 1 / 25 ms with
+    prefill steps on it split off; a slowdown slows the first server only (the node's
+    median stays), and the node's throughput follows it."""
+    proc = tmp_path / "proc"
+    profile = WorkloadProfile(shape="inference", servers=3, noise=0.0, pid=500)
+    runner = WorkloadRunner(tmp_path / "n.db", profile, interval_s=0.01, seed=1, proc_dir=proc)
+    runner.run(duration_s=0.05)
+    clock = ManualClock(T0)
+    engines = EngineWatcher(db_path=tmp_path / "n.db", clock=clock, proc_root=proc)
+    engines.observe()
+    assert {(e.engine, e.metrics_url) for e in engines.summary().values()} == {("triton", None)}
+    assert set(engines.trees()) == {500, 501, 502}
+    sampler = NodeSampler(
+        node_id="n1", db_path=tmp_path / "n.db", config=ScoreConfig(warmup_samples=3),
+        window_s=2.0, clock=clock, proc=ProcReader(proc), engines=engines,
+    )  # fmt: skip
+    gen = WorkloadGenerator(profile, seed=2)
+    db = connect(tmp_path / "n.db")
+
+    def tick(slowdown: float) -> NodeSample:
+        rows = gen.tick(clock.now(), clock.now() + 2.0, slowdown)
+        clock.advance(2.0)
+        with db.conn:
+            db.table("intervals").insert_all(rows.intervals)
+            db.table("stream_intervals").insert_all(rows.stream_intervals)
+        return sampler.sample()
+
+    for _ in range(6):
+        healthy = tick(0.0)
+    slow = tick(0.5)
+    assert healthy.result is not None and slow.result is not None
+    assert healthy.result.rates[INFERENCE_STEP_RATE] == pytest.approx(40.0, rel=0.05)
+    assert slow.result.rates[INFERENCE_STEP_RATE] == pytest.approx(40.0, rel=0.05)
+    assert slow.slowest_server is not None and slow.slowest_server.server == 500
+    assert slow.result.signals["throughput"] == pytest.approx(0.5, abs=0.05)

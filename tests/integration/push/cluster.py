@@ -223,6 +223,20 @@ class Cluster:
         self.pushers[node] = proc
         return proc
 
+    def start_job(self, *workload_args: str) -> list[str]:
+        """Fleet, the sink, and on every node a workload (with ``workload_args``) and its
+        fleet-push; returns the node ids once every node is in detection mode ``fleet``."""
+        self.start_fleet()
+        self.start_sink()
+        for i in range(self.nodes):
+            self.start_workload(i, *workload_args)
+            self.start_push(i)
+        nodes = [self.node(i) for i in range(self.nodes)]
+        wait_for(
+            lambda: all("fleet" in self.modes(n) for n in nodes), 120, "every node in fleet mode"
+        )
+        return nodes
+
     def slow_down(self, i: int, fraction: float) -> None:
         (self.tmp / f"{self.node(i)}.slow").write_text(str(fraction))
 

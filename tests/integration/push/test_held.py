@@ -64,13 +64,7 @@ def test_a_held_push_does_not_count_twice_and_a_real_straggler_is_flagged(
         tracer_interval=TRACER,
         fleet_config={"metrics": {"node_series": True}},
     )
-    c.start_fleet()
-    c.start_sink()
-    for i in range(NODES):
-        c.start_workload(i, "--noise", "0.01")
-        c.start_push(i)
-    nodes = [c.node(i) for i in range(NODES)]
-    wait_for(lambda: all("fleet" in c.modes(n) for n in nodes), 120, "every node in fleet mode")
+    nodes = c.start_job("--noise", "0.01")
 
     def flagged() -> list[str]:
         return [e.node_id for e in c.events() if e.type == "straggler_state"]

@@ -1,0 +1,257 @@
+"""Each inference server judged against its own baseline: a node serving several replicas
+is as slow as its slowest one, a restarted server starts a new baseline, and the baselines
+stay bounded however many servers come and go."""
+
+from __future__ import annotations
+
+import json
+import statistics
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import pytest
+
+from ingero.otlp.health import INFERENCE_STEP_RATE, INFERENCE_TOKEN_RATE
+from ingero.push.engines import EngineWatcher
+from ingero.push.sampler import NodeSample, NodeSampler
+from ingero.push.servers import MAX_SERVERS, ServerBaselines, ServerStep, measure, slowest
+from ingero.runtime.clock import ManualClock
+from ingero.trace.aggregate import slot_of
+from tests.unit.test_sampler import Node, sampler
+
+MS = 1_000_000
+DECODE_MS = 10.0  # a healthy replica's decode step
+SERVERS = 8
+
+
+def replicas(tmp_path: Path, clock: ManualClock, n: int = SERVERS) -> EngineWatcher:
+    """``n`` vLLM servers (pids 100 + i), one per GPU, each with an engine-core child
+    (pid 200 + i) that syncs the decode stream."""
+    proc = tmp_path / "engines-proc"
+    for i in range(n):
+        for pid, ppid, argv in (
+            (100 + i, 1, f"python3\0/v/bin/vllm\0serve\0llama\0--port\0{8000 + i}\0".encode()),
+            (200 + i, 100 + i, b"python3\0-c\0from multiprocessing.spawn import spawn_main\0"),
+        ):
+            (proc / str(pid)).mkdir(parents=True)
+            (proc / str(pid) / "cmdline").write_bytes(argv)
+            (proc / str(pid) / "stat").write_text(f"{pid} (python3) S {ppid} {pid} 0 0\n")
+    return EngineWatcher(
+        db_path=tmp_path / "node.db", clock=clock, proc_root=proc, fetch=lambda *_: ""
+    )
+
+
+def stream_rows(now: float, slow: dict[int, float], handles: dict[int, str]) -> list[dict]:  # type: ignore[type-arg]
+    """One interval's decode stream rows of every server: 100 decode steps of DECODE_MS,
+    times ``1 + slow[i]`` for server i."""
+    rows = []
+    for i in range(SERVERS):
+        ms = DECODE_MS * (1.0 + slow.get(i, 0.0))
+        rows.append(
+            {"ts_start": now - 2.0, "ts_end": now, "pid": 200 + i,
+             "stream": handles.get(i, f"00007f00c0de{i:04x}"), "syncs": 100, "launches": 300,
+             "steps": 100, "step_ns": int(100 * ms * MS),
+             "step_hist": json.dumps({str(slot_of(int(ms * MS))): 100})}
+        )  # fmt: skip
+    return rows
+
+
+@dataclass
+class Phase:
+    samples: int
+    slow: dict[int, float] = field(default_factory=dict)  # server index → slowdown
+    handles: dict[int, str] = field(default_factory=dict)  # server index → a new stream
+
+
+def run(tmp_path: Path, phases: list[Phase], peer: float | None = None) -> NodeSample:
+    """Samples of a node serving SERVERS replicas, phase by phase; ``peer``: Fleet's peer
+    median of ``inference_step_rate`` in the last sample (None: local mode)."""
+    clock = ManualClock()
+    node = Node(tmp_path, clock)
+    s: NodeSampler = sampler(tmp_path, clock, engines=replicas(tmp_path, clock))
+    sample = None
+    total = sum(p.samples for p in phases)
+    done = 0
+    for phase in phases:
+        for _ in range(phase.samples):
+            node.run(2.0)
+            now = clock.now()
+            with node.db.conn:
+                node.db.table("intervals").insert_all(
+                    {"ts_start": now - 2.0, "ts_end": now, "pid": 200 + i,
+                     "source": "cuda_runtime", "op": "cudaStreamSynchronize", "count": 100,
+                     "total_ns": 10**6}
+                    for i in range(SERVERS)
+                )  # fmt: skip
+                node.db.table("stream_intervals").insert_all(
+                    stream_rows(now, phase.slow, phase.handles)
+                )
+            done += 1
+            peers = {INFERENCE_STEP_RATE: peer} if peer is not None and done == total else None
+            sample = s.sample(peer_rates=peers)
+    assert sample is not None and sample.result is not None
+    assert len(s.servers.entries) <= SERVERS
+    return sample
+
+
+HEALTHY = 1e3 / DECODE_MS  # decode steps per second
+
+
+@pytest.mark.parametrize(
+    ("phases", "peer", "throughput", "slowest_pid"),
+    [
+        # Eight healthy replicas: each at its own baseline.
+        ([Phase(8)], None, 1.0, None),
+        # One replica of eight slowed 2x: the node is as slow as it (the median, 100/s
+        # against a 100/s baseline, would read 1.0).
+        ([Phase(6), Phase(3, slow={3: 1.0})], None, 0.5, 103),
+        # Every replica slowed 2x.
+        ([Phase(6), Phase(3, slow=dict.fromkeys(range(SERVERS), 1.0))], None, 0.5, None),
+        # The slow replica's decode stream is new (it restarted): it starts a new baseline
+        # and is neutral until that is warm; the others are judged.
+        ([Phase(6), Phase(2, slow={3: 1.0}, handles={3: "00007f00beef0000"})], None, 1.0,
+         None),
+        # ... and once warm it is judged against its new (slow) baseline.
+        ([Phase(6), Phase(5, slow={3: 1.0}, handles={3: "00007f00beef0000"})], None, 1.0,
+         None),
+        # Slow from birth: its own baseline is slow, so locally it is not seen ...
+        ([Phase(8, slow={5: 1.0})], None, 1.0, None),
+        # ... but against the peers' median it is: the slowest replica is the node's rate.
+        ([Phase(8, slow={5: 1.0})], HEALTHY, 0.5, 105),
+        # Healthy against the peers' median.
+        ([Phase(8)], HEALTHY, 1.0, None),
+    ],
+)  # fmt: skip
+def test_the_node_is_as_slow_as_its_slowest_replica(
+    tmp_path: Path, phases: list[Phase], peer: float | None, throughput: float,
+    slowest_pid: int | None,
+) -> None:  # fmt: skip
+    sample = run(tmp_path, phases, peer)
+    assert sample.result is not None
+    assert sample.result.signals["throughput"] == pytest.approx(throughput, abs=0.03)
+    # The pushed rate is still the median over the node's servers.
+    rates = [HEALTHY / (1.0 + phases[-1].slow.get(i, 0.0)) for i in range(SERVERS)]
+    assert sample.result.rates[INFERENCE_STEP_RATE] == pytest.approx(statistics.median(rates))
+    if slowest_pid is not None:
+        assert sample.slowest_server is not None
+        assert sample.slowest_server.server == slowest_pid
+        assert sample.result.rates["slowest_server_rate"] == pytest.approx(HEALTHY / 2)
+    if peer is not None:
+        assert sample.peer_rate == INFERENCE_STEP_RATE
+
+
+def test_a_slow_replica_lowers_the_score_the_median_hid(tmp_path: Path) -> None:
+    (tmp_path / "a").mkdir()
+    (tmp_path / "b").mkdir()
+    healthy = run(tmp_path / "a", [Phase(9)])
+    slow = run(tmp_path / "b", [Phase(6), Phase(3, slow={0: 1.0})])
+    assert healthy.result is not None and slow.result is not None
+    assert slow.result.score < healthy.result.score - 0.15
+
+
+def step(server: int, rate: float, stream: str | None = "s") -> ServerStep:
+    return ServerStep(server, (server + 1000, stream) if stream else None, rate)
+
+
+@pytest.mark.parametrize(
+    ("learned", "now", "ratios"),
+    [
+        # Not warm yet (2 samples of 3): neutral.
+        ([[step(1, 100.0)]] * 2, [step(1, 50.0)], [None]),
+        # Warm: judged against its own baseline.
+        ([[step(1, 100.0)]] * 3, [step(1, 50.0)], [0.5]),
+        # A new stream handle: a new baseline, neutral again.
+        ([[step(1, 100.0)]] * 3, [step(1, 50.0, "t")], [None]),
+        # No stream rows (syncs per second): never judged on its own.
+        ([[step(1, 100.0, None)]] * 5, [step(1, 50.0, None)], [None]),
+        # Each server its own baseline.
+        ([[step(1, 100.0), step(2, 10.0)]] * 3, [step(1, 100.0), step(2, 5.0)], [1.0, 0.5]),
+    ],
+)  # fmt: skip
+def test_judge_rule(
+    learned: list[list[ServerStep]], now: list[ServerStep], ratios: list[float | None]
+) -> None:
+    b = ServerBaselines(alpha=0.3, alpha_down=0.02, warmup=3)
+    for steps in learned:
+        b.learn(b.judge(tuple(steps)))
+    judged = b.judge(tuple(now))
+    assert [s.ratio for s in judged] == [pytest.approx(r) if r else r for r in ratios]
+    worst = slowest(judged)
+    known = [(r, s.server) for r, s in zip(ratios, now, strict=True) if r is not None]
+    assert (worst.server if worst else None) == (min(known)[1] if known else None)
+
+
+def test_many_short_lived_servers_and_streams_stay_bounded() -> None:
+    b = ServerBaselines(alpha=0.3, alpha_down=0.02, warmup=3)
+    sizes = []
+    for pid in range(10_000):
+        live = range(max(0, pid - 3), pid + 1)  # each server lives four samples
+        b.prune(live)
+        b.learn(tuple(step(p, 100.0, f"{pid % 7}") for p in live))  # new streams too
+        sizes.append(len(b.entries))
+    assert max(sizes) == 4
+    # Never told which are gone (no prune): the cap holds, the newest are kept.
+    for pid in range(10_000):
+        b.learn((step(pid, 100.0),))
+        assert len(b.entries) <= MAX_SERVERS
+    assert set(b.entries) == set(range(10_000 - MAX_SERVERS, 10_000))
+
+
+def test_measure_takes_the_decode_stream_else_the_syncs() -> None:
+    from ingero.collectors.nodedb import StreamWindow
+
+    streams = {(11, "a"): StreamWindow(100, 300, 100, 100 * 10 * MS, {slot_of(10 * MS): 100})}
+    got = measure(streams, {11: 100, 21: 50, 31: 0}, 2.0, {1: {1, 11}, 2: {2, 21}, 3: {3, 31}})
+    assert got == (ServerStep(1, (11, "a"), pytest.approx(100.0)), ServerStep(2, None, 25.0))
+
+
+@pytest.mark.parametrize(
+    ("slow", "peer", "throughput"),
+    [
+        (None, None, 1.0),  # three healthy replicas
+        (1, None, 0.5),  # one's per-token latency doubled: against its own baseline
+        (1, 25.0, 0.5),  # ... and against the peers' median token rate
+    ],
+)
+def test_a_slow_replica_by_its_own_metrics_token_rate(
+    tmp_path: Path, slow: int | None, peer: float | None, throughput: float
+) -> None:
+    """Three vLLM servers whose /metrics say per-token latency (40 ms, 25 tokens/s): the
+    node's token rate is their median, and the node is as slow as the slowest of them."""
+    clock = ManualClock()
+    node = Node(tmp_path, clock)
+    proc = tmp_path / "engines-proc"
+    for i in range(3):
+        (proc / str(100 + i)).mkdir(parents=True)
+        argv = f"python3\0/v/bin/vllm\0serve\0llama\0--port\0{8000 + i}\0"
+        (proc / str(100 + i) / "cmdline").write_bytes(argv.encode())
+    served: dict[str, float] = {}
+    latency: dict[str, float] = {}
+
+    def fetch(url: str, timeout_s: float, max_bytes: int) -> str:
+        served[url] = served.get(url, 0.0) + 1000.0
+        # Cumulative: each interval's 1000 tokens at the current latency.
+        latency[url] = latency.get(url, 0.0) + 1000.0 * lag.get(url, 0.04)
+        return (
+            "# TYPE vllm:inter_token_latency_seconds histogram\n"
+            f"vllm:inter_token_latency_seconds_sum {latency[url]}\n"
+            f"vllm:inter_token_latency_seconds_count {served[url]}\n"
+        )
+
+    lag: dict[str, float] = {}
+    engines = EngineWatcher(db_path=tmp_path / "node.db", clock=clock, proc_root=proc, fetch=fetch)
+    s = sampler(tmp_path, clock, engines=engines)
+    for _ in range(7):
+        node.run(2.0)
+        s.sample()
+    if slow is not None:
+        lag[f"http://127.0.0.1:{8000 + slow}/metrics"] = 0.08
+    node.run(2.0)
+    s.sample()  # the reading that spans the change
+    node.run(2.0)
+    sample = s.sample(peer_rates={INFERENCE_TOKEN_RATE: peer} if peer else None)
+    assert sample.result is not None
+    assert sample.result.rates[INFERENCE_TOKEN_RATE] == pytest.approx(25.0)  # the median
+    assert sample.result.signals["throughput"] == pytest.approx(throughput, abs=0.03)
+    if slow is not None:
+        assert sample.slowest_server is not None and sample.slowest_server.server == 100 + slow
