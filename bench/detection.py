@@ -82,7 +82,7 @@ from ingero.otlp.health import NodePush
 from ingero.otlp.threshold import ThresholdView
 from ingero.push.classifier import Classifier, Observation
 from ingero.push.config import ClassifierConfig, PushConfig
-from ingero.push.detection import DetectionSelector
+from ingero.push.detection import FLEET_MODES, DetectionSelector
 from ingero.push.engines import EngineWatcher
 from ingero.push.sampler import NodeSample, NodeSampler
 from ingero.runtime.clock import ManualClock
@@ -163,6 +163,7 @@ class SimNode:
         )
         self.selector = DetectionSelector(config.detection, clock)
         self.classifier = Classifier(config.classifier)
+        self.mode: str | None = None  # the last decision's (the agent's status.mode)
         self._slowdown = 0.0
         self._stalled = False
         self.ended = False  # the job ended: the process exited, nothing is written
@@ -252,7 +253,7 @@ class SimNode:
             statistics.mean(mem) if mem else None,
             medians,
             not self.ended,  # the job file goes with the job
-            straggling=self.classifier.straggling,
+            straggling=self.classifier.straggling and self.mode in FLEET_MODES,
         )
         self.held += sample.held
         return sample
@@ -280,6 +281,7 @@ class SimNode:
         self.selector.on_fleet(reading)
         measured = push.state == "active" and not sample.held
         decision = self.selector.decide(push.score if measured else None)
+        self.mode = decision.mode
         if sample.held:
             return []
         if measured and decision.threshold is not None:

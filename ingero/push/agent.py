@@ -24,7 +24,7 @@ from ingero.push.classifier import Classifier, Observation
 from ingero.push.client import PushClient
 from ingero.push.clock_offset import ClockEstimator, SkewEpisode, skew_event
 from ingero.push.config import PushConfig
-from ingero.push.detection import Decision, DetectionSelector
+from ingero.push.detection import FLEET_MODES, Decision, DetectionSelector
 from ingero.push.detection_store import DetectionStore
 from ingero.push.engines import EngineWatcher
 from ingero.push.gpu_health import gpu_events
@@ -157,8 +157,14 @@ class Agent:
         ident, job_file = self._current_identity()
         if self.engines is not None:
             self.engines.tags = (ident.job_id, ident.rank)
+        # An episode judged against Fleet's threshold freezes the baselines: its peers say
+        # what normal is, and a job-wide change moves them all. Judged against the node's
+        # own score (local modes) nothing would ever say a lasting change of the job's work
+        # (a new phase) is the new normal, so the baselines go on learning there.
         sample = self.sampler.sample(
-            self._fresh(self._peers), job_file, straggling=self.classifier.straggling
+            self._fresh(self._peers),
+            job_file,
+            straggling=self.classifier.straggling and status.mode in FLEET_MODES,
         )
         if sample.transition is not None:
             t = sample.transition

@@ -596,3 +596,23 @@ def test_a_peer_lag_that_names_the_node_gets_its_snapshot(job_process) -> None: 
     )
     assert "seq" not in snap.extra and snap.extra["for_s"] == 20.0
     assert "peer_lag in ncclAllReduce for 20 s: rank 1" in snap.message()
+
+
+def test_an_episode_against_the_nodes_own_score_leaves_its_baselines_learning() -> None:
+    """Without Fleet (local-baseline) nothing but learning says a lasting change of the
+    job's work is its new normal: the sampler is never told to hold its baselines still."""
+    agent, clock, sampler, client, rec = make(
+        config=PushConfig(classifier=ClassifierConfig(enter_intervals=1))
+    )
+    client.result = PushResult(True, None)  # Fleet answers, with no threshold
+    for _ in range(8):  # the score EMA warms up
+        agent.step()
+        clock.advance(5)
+    assert agent.status.mode == "local-baseline"
+    sampler.score = 0.5
+    agent.step()
+    clock.advance(5)
+    agent.step()
+    assert rec.events[-1].type == "straggler_state"
+    assert agent.status.straggling
+    assert not any(sampler.straggling)
