@@ -348,13 +348,21 @@ class NodeSampler:
             worst = slowest(per_server.get(local, ()))
             if worst is not None:
                 throughput, reference = worst.rate, worst.baseline
+        # An inference engine takes a set share of its GPUs' memory at start for its weights
+        # and KV cache (vLLM's gpu_memory_utilization, 0.9; SGLang's mem_fraction_static;
+        # TensorRT-LLM's free_gpu_memory_fraction): full by design, so the GPU memory free
+        # says nothing of pressure on a node that serves; its host's memory does.
+        serving = self.engines is not None and any(
+            engine.role != "router" for engine in self.engines.summary().values()
+        )
+        mem_free = host_mem_free if serving or gpu_mem_free is None else gpu_mem_free
         result = compute_score(
             ScoreInputs(
                 throughput_rate=throughput,
                 throughput_baseline=reference,
                 gpu_busy_fraction=busy,
                 gpu_busy_baseline=busy_base.estimate if busy_base is not None else None,
-                mem_free_fraction=gpu_mem_free if gpu_mem_free is not None else host_mem_free,
+                mem_free_fraction=mem_free,
                 cpu_busy_fraction=cpu_busy,
                 gpu_health=health.value,
                 rates={

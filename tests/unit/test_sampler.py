@@ -541,3 +541,23 @@ def test_a_straggler_learns_no_baseline_until_its_episode_ends(tmp_path: Path) -
     for name, before in held.items():
         after = baselines[name].estimate
         assert before is not None and after is not None and after < before * 0.97, name
+
+
+def test_a_node_that_serves_is_judged_on_its_hosts_memory_not_the_engines_pool(
+    tmp_path: Path,
+) -> None:
+    """An inference engine holds 90% of its GPU's memory from its start (vLLM's default):
+    on a node that serves, the memory signal is the host's free memory, not the GPU's."""
+    clock = ManualClock()
+    node = Node(tmp_path, clock)
+    total = 81_559 * 2**20
+    plain = sampler(tmp_path / "plain", clock)
+    serving = sampler(tmp_path, clock, engines=vllm_tree(tmp_path, clock))
+    plain.db_path = serving.db_path
+    for _ in range(4):
+        node.run(2.0, mem_free_bytes=total // 10, mem_total_bytes=total)
+        alone, served = plain.sample(), serving.sample()
+    assert alone.result is not None and served.result is not None
+    assert alone.result.signals["memory"] == pytest.approx(0.1, abs=0.01)  # the GPU's
+    assert served.result.signals["memory"] == pytest.approx(0.9)  # the host's (meminfo)
+    assert served.result.score > alone.result.score
