@@ -28,7 +28,12 @@ from ingero.trace.ops import (
 from ingero.trace.procmaps import LibraryFile
 from ingero.trace.pyframes.layout import Layout
 from ingero.trace.symbols import Attachment, bcc_symbol_table, select
-from ingero.trace.uprobemulti import BPF_TRACE_UPROBE_MULTI, close_all, link_create
+from ingero.trace.uprobemulti import (
+    BPF_TRACE_UPROBE_MULTI,
+    close_all,
+    kernel_has_links,
+    link_create,
+)
 
 BPF_DIR_ENV = "INGERO_BPF_DIR"
 BPF_SOURCE = "ingero.bpf.c"
@@ -110,13 +115,17 @@ class Probes:
     attached: dict[tuple[int, int], list[Attachment]] = field(default_factory=dict)
     native: NativeSymbols = field(default_factory=NativeSymbols)
     # Libraries attach through uprobe_multi links (uprobemulti.py: a stop in about a
-    # second, where perf-event uprobes take 0.1 s each) unless this is off.
+    # second, where perf-event uprobes take 0.1 s each) unless this is off; it turns off
+    # at the first refused link where the kernel has no such links.
     multi: bool = True
     links: list[int] = field(default_factory=list)
     # Programs loaded a second time, without uprobe_multi's attach type, for the offsets
     # a link could not take (BCC caches one program per name): name -> BCC Function.
     perf_copies: dict[bytes, Any] = field(default_factory=dict)
     _multi_names: set[bytes] = field(default_factory=set)  # programs loaded for uprobe_multi
+    # Whether the kernel has uprobe_multi links, asked at the first refused link (None: no
+    # link refused yet).
+    _kernel_links: bool | None = None
     _until: float = math.inf  # monotonic time the current poll stops reading at
 
     def attach_library(self, lib: LibraryFile) -> list[Attachment]:
@@ -177,10 +186,23 @@ class Probes:
         try:
             fn = self.bpf.load_func(key, type(self.bpf).KPROBE,
                                     attach_type=BPF_TRACE_UPROBE_MULTI)  # fmt: skip
-            self._multi_names.add(key)
+        except Exception:  # BCC raises bare Exception when a program cannot load
+            return False
+        self._multi_names.add(key)
+        try:
             self.links.append(link_create(fn.fd, path.encode(), [o for _, o in where],
                                           retprobe, 0 if self.pid == -1 else self.pid))  # fmt: skip
-        except Exception:  # OSError from the kernel's refusal; bare Exception from BCC
+        except OSError:
+            # A kernel before 6.6 refuses every link: asked once, at the first refusal, so
+            # that no later program is loaded twice (a uprobe_multi program no link takes,
+            # then its perf-event copy); this program attaches the BCC way from the start.
+            if self._kernel_links is None:
+                self._kernel_links = kernel_has_links(fn.fd)
+                if not self._kernel_links:
+                    self.multi = False
+                    self._multi_names.discard(key)
+                    with contextlib.suppress(OSError):
+                        os.close(self.bpf.funcs.pop(key).fd)
             return False
         return True
 
