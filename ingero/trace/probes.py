@@ -28,7 +28,12 @@ from ingero.trace.ops import (
 from ingero.trace.procmaps import LibraryFile
 from ingero.trace.pyframes.layout import Layout
 from ingero.trace.symbols import Attachment, bcc_symbol_table, select
-from ingero.trace.uprobemulti import BPF_TRACE_UPROBE_MULTI, close_all, link_create
+from ingero.trace.uprobemulti import (
+    BPF_TRACE_UPROBE_MULTI,
+    close_all,
+    kernel_has_links,
+    link_create,
+)
 
 BPF_DIR_ENV = "INGERO_BPF_DIR"
 BPF_SOURCE = "ingero.bpf.c"
@@ -110,12 +115,17 @@ class Probes:
     attached: dict[tuple[int, int], list[Attachment]] = field(default_factory=dict)
     native: NativeSymbols = field(default_factory=NativeSymbols)
     # Libraries attach through uprobe_multi links (uprobemulti.py: a stop in about a
-    # second, where perf-event uprobes take 0.1 s each) unless this is off.
+    # second, where perf-event uprobes take 0.1 s each) unless this is off; it turns off
+    # at the first refused link where the kernel has no such links.
     multi: bool = True
     links: list[int] = field(default_factory=list)
     # Programs loaded a second time, without uprobe_multi's attach type, for the offsets
     # a link could not take (BCC caches one program per name): name -> BCC Function.
     perf_copies: dict[bytes, Any] = field(default_factory=dict)
+    _multi_names: set[bytes] = field(default_factory=set)  # programs loaded for uprobe_multi
+    # Whether the kernel has uprobe_multi links, asked at the first refused link (None: no
+    # link refused yet).
+    _kernel_links: bool | None = None
     _until: float = math.inf  # monotonic time the current poll stops reading at
 
     def attach_library(self, lib: LibraryFile) -> list[Attachment]:
@@ -125,76 +135,98 @@ class Probes:
             return []
         table = bcc_symbol_table(type(self.bpf), lib.path)
         chosen = select(ops_for_lib(lib.kind), table)
-        if self.multi:
-            self.attached[key] = self._attach_multi(lib.path, chosen)
-            return self.attached[key]
-        done = []
-        for att in chosen:
-            enter, leave = probe_names(att)
-            try:
-                # BCC wants bytes (str is deprecated there).
-                path, sym = lib.path.encode(), att.symbol.encode()
-                self.bpf.attach_uprobe(name=path, sym=sym, fn_name=enter.encode(), pid=self.pid)
-                self.bpf.attach_uretprobe(name=path, sym=sym, fn_name=leave.encode(), pid=self.pid)
-            except Exception as exc:  # BCC raises bare Exception on attach failures
-                print(f"ingero trace: {lib.path}:{att.symbol}: {exc}", file=sys.stderr)
-                continue
-            done.append(att)
-        self.attached[key] = done
-        return done
+        self.attached[key] = self._attach(lib.path, chosen)
+        return self.attached[key]
 
-    def _attach_multi(self, path: str, chosen: list[Attachment]) -> list[Attachment]:
-        """Each program at all its offsets in ``path``, entry and return, one link each.
-        Where the kernel refuses a link, that program attaches the BCC way: a kernel
-        before 6.6 has no uprobe_multi, and on 6.18 a link fails (EINVAL) at an offset
-        where another tool's perf-event uprobe sits while a process maps the file."""
+    def _attach(self, path: str, chosen: list[Attachment]) -> list[Attachment]:
+        """Each program at all its offsets in ``path``, entry and return: one uprobe_multi
+        link each, or, where ``multi`` is off or the kernel refuses the link, BCC's
+        perf-event uprobes, one per symbol. The kernel refuses a link on a kernel before
+        6.6, which has no uprobe_multi, and on 6.18 (EINVAL) at an offset where another
+        tool's perf-event uprobe sits while a process maps the file. Returns the
+        attachments whose entry and return both took, in ``chosen``'s order."""
         bpf_class = type(self.bpf)
         offsets: dict[tuple[str, str], list[tuple[Attachment, int]]] = {}
         for att in chosen:
             try:
                 _, offset = bpf_class._check_path_symbol(path.encode(), att.symbol.encode(), 0, -1)
             except Exception as exc:  # BCC raises bare Exception when it cannot resolve
-                print(f"ingero trace: {path}:{att.symbol}: {exc}", file=sys.stderr)
+                self._refused(path, att, exc)
                 continue
             offsets.setdefault(probe_names(att), []).append((att, int(offset)))
-        done: list[Attachment] = []
+        done: set[int] = set()
         for (enter, leave), where in offsets.items():
-            try:
-                for name, retprobe in ((enter, False), (leave, True)):
-                    self._link_or_perf(path, name, where, retprobe)
-            except Exception as exc:  # BCC raises bare Exception on attach failures
-                print(f"ingero trace: {path}:{where[0][0].symbol}: {exc}", file=sys.stderr)
-                continue
-            done.extend(a for a, _ in where)
-        return done
+            linked = {retprobe for name, retprobe in ((enter, False), (leave, True))
+                      if self._link(path, name, where, retprobe)}  # fmt: skip
+            for att, _ in where:
+                try:
+                    for name, retprobe in ((enter, False), (leave, True)):
+                        if retprobe not in linked:
+                            self._perf(path, name, att, retprobe)
+                except Exception as exc:  # BCC raises bare Exception on attach failures
+                    self._refused(path, att, exc)
+                    continue
+                done.add(id(att))
+        return [att for att in chosen if id(att) in done]
 
-    def _link_or_perf(
+    @staticmethod
+    def _refused(path: str, att: Attachment, exc: Exception) -> None:
+        print(f"ingero trace: {path}:{att.symbol}: {exc}", file=sys.stderr)
+
+    def _link(
         self, path: str, name: str, where: list[tuple[Attachment, int]], retprobe: bool
-    ) -> None:
-        bpf_class = type(self.bpf)
+    ) -> bool:
+        """One uprobe_multi link for program ``name`` at every offset of ``where``; False
+        where ``multi`` is off or the kernel refuses the link."""
+        key = name.encode()
+        # BCC caches one program per name: one cached and not loaded here is BCC's own
+        # perf-event program (this name's uprobe_multi load failed before).
+        if not self.multi or (key in self.bpf.funcs and key not in self._multi_names):
+            return False
         try:
-            fn = self.bpf.load_func(name.encode(), bpf_class.KPROBE,
+            fn = self.bpf.load_func(key, type(self.bpf).KPROBE,
                                     attach_type=BPF_TRACE_UPROBE_MULTI)  # fmt: skip
+        except Exception:  # BCC raises bare Exception when a program cannot load
+            return False
+        self._multi_names.add(key)
+        try:
             self.links.append(link_create(fn.fd, path.encode(), [o for _, o in where],
                                           retprobe, 0 if self.pid == -1 else self.pid))  # fmt: skip
-            return
-        except Exception:  # OSError from the kernel's refusal; bare Exception from BCC
-            pass
-        # The copy is cached under the name while BCC attaches it, then put aside, so that
-        # later libraries still find the uprobe_multi program there.
+        except OSError:
+            # A kernel before 6.6 refuses every link: asked once, at the first refusal, so
+            # that no later program is loaded twice (a uprobe_multi program no link takes,
+            # then its perf-event copy); this program attaches the BCC way from the start.
+            if self._kernel_links is None:
+                self._kernel_links = kernel_has_links(fn.fd)
+                if not self._kernel_links:
+                    self.multi = False
+                    self._multi_names.discard(key)
+                    with contextlib.suppress(OSError):
+                        os.close(self.bpf.funcs.pop(key).fd)
+            return False
+        return True
+
+    def _perf(self, path: str, name: str, att: Attachment, retprobe: bool) -> None:
+        """Program ``name`` at ``att``'s symbol as a BCC perf-event uprobe. Where ``name``
+        is cached as a uprobe_multi program, a perf-event copy is loaded and cached under
+        the name while BCC attaches it, then put aside, so that later libraries still find
+        the uprobe_multi program there."""
         funcs, key = self.bpf.funcs, name.encode()
-        multi_fn = funcs.pop(key, None)
+        attach = self.bpf.attach_uretprobe if retprobe else self.bpf.attach_uprobe
+        # BCC wants bytes (str is deprecated there).
+        args = {"name": path.encode(), "sym": att.symbol.encode(), "fn_name": key, "pid": self.pid}
+        if key not in self._multi_names:
+            attach(**args)
+            return
+        multi_fn = funcs.pop(key)
         if key in self.perf_copies:
             funcs[key] = self.perf_copies[key]
         try:
-            attach = self.bpf.attach_uretprobe if retprobe else self.bpf.attach_uprobe
-            for att, _ in where:
-                attach(name=path.encode(), sym=att.symbol.encode(), fn_name=key, pid=self.pid)
+            attach(**args)
         finally:
             if key in funcs:
                 self.perf_copies[key] = funcs.pop(key)
-            if multi_fn is not None:
-                funcs[key] = multi_fn
+            funcs[key] = multi_fn
 
     def mark_traced(self, pids: list[int]) -> None:
         """Processes whose threads' off-CPU time is measured."""

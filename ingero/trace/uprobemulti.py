@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import contextlib
 import ctypes
+import errno
 import os
 import struct
 import threading
@@ -65,6 +66,19 @@ def link_create(
         raise OSError(err, f"uprobe_multi link on {path.decode(errors='replace')}: "
                       f"{os.strerror(err)}")  # fmt: skip
     return fd
+
+
+def kernel_has_links(prog_fd: int) -> bool:
+    """Whether this kernel has uprobe_multi links, asked through ``prog_fd`` (a program
+    loaded with uprobe_multi's attach type) as libbpf asks: a link on ``/`` fails with
+    EBADF (a directory is no file to probe) where the kernel has them, and with EINVAL
+    where it does not (before 6.6 it knows neither the attach type nor the attr's
+    uprobe_multi fields)."""
+    try:
+        _close(link_create(prog_fd, b"/", [0], retprobe=False))
+    except OSError as exc:
+        return exc.errno == errno.EBADF
+    return False  # a link on a directory: nothing this module knows of
 
 
 def close_all(fds: Iterable[int]) -> None:

@@ -13,10 +13,12 @@ from pathlib import Path
 
 import pytest
 
+from ingero.trace.bccload import load_bcc
 from ingero.trace.decode import KIND_CALL, decode
 from ingero.trace.ops import CUDA, CUDART, NCCL, OP_IDS
 from ingero.trace.probes import Probes, load
 from ingero.trace.procmaps import LibraryFile
+from ingero.trace.uprobemulti import BPF_TRACE_UPROBE_MULTI, kernel_has_links
 from tests.integration.trace.conftest import REPO
 
 pytestmark = pytest.mark.integration
@@ -246,3 +248,18 @@ def test_an_op_another_tools_uprobe_holds_attaches_the_perf_way_and_counts(
             if proc.poll() is None:
                 proc.kill()
             proc.wait()
+
+
+def test_the_kernel_says_whether_it_has_uprobe_multi_links(bpf_ready: None) -> None:
+    """Asked through a program loaded with uprobe_multi's attach type, this kernel (6.6+)
+    has the links; asked through a plain kprobe program it refuses with EINVAL, as a kernel
+    before 6.6 refuses every program, and the answer is no."""
+    bpf = load_bcc().BPF(text=b"int multi(void *ctx) { return 0; }\n"
+                              b"int plain(void *ctx) { return 0; }")  # fmt: skip
+    try:
+        multi = bpf.load_func(b"multi", bpf.KPROBE, attach_type=BPF_TRACE_UPROBE_MULTI)
+        plain = bpf.load_func(b"plain", bpf.KPROBE)
+        assert kernel_has_links(multi.fd)
+        assert not kernel_has_links(plain.fd)
+    finally:
+        bpf.cleanup()
