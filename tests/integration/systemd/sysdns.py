@@ -15,6 +15,8 @@ from collections.abc import Callable
 from pathlib import Path
 
 SCRIPT = Path(__file__).with_name("sysd-ns")
+# ingero's state, config and install prefix on a host: absent in every container.
+HOST_STATE = ("/var/lib/ingero", "/etc/ingero", "/opt/ingero")
 
 
 def unavailable_reason() -> str | None:
@@ -42,6 +44,9 @@ class SystemdContainer:
         """Boot; ``net`` gives the container its own network namespace (loopback only)."""
         result = subprocess.run(
             [str(SCRIPT), "up", self.name, *(["--net"] if net else [])],
+            # A host where ingero ran (an `ingero check` or `ingero trace` as root creates
+            # /var/lib/ingero/ingero.db) is still a fresh host inside the container.
+            env={**os.environ, "SYSD_NS_HIDE": " ".join(HOST_STATE)},
             capture_output=True,
             text=True,
             timeout=timeout,
