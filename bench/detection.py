@@ -113,6 +113,7 @@ class Timing:
     jitter = PushConfig().jitter  # each push comes after push x (1 ± this)
     late = 0.0  # each interval's rows are written up to this many seconds after it ends
     nvml = True  # cleared by --no-nvml: no GPU rows, as on the reference H100 node
+    gpu_mem_used: float | None = None  # --gpu-mem-used: GiB per GPU (None: the shape's)
     rate_window = 0.0  # --rate-window: rates over at least this many seconds (0: one push)
     servers = 4  # --servers: inference servers per node (--shape inference)
 
@@ -140,6 +141,7 @@ class SimNode:
             rank=rank,
             pid=SERVER_PID if inference else 1000 + rank,
             servers=Timing.servers if inference else 1,
+            gpu_mem_used=Timing.gpu_mem_used,
         )
         self.gen = WorkloadGenerator(profile, seed=seed * 1000 + rank)
         engines = None
@@ -679,9 +681,12 @@ def main() -> None:
                         help="inference servers per node (--shape inference)")  # fmt: skip
     parser.add_argument("--no-nvml", action="store_true",
                         help="no GPU rows (the reference H100 node: nothing wrote them)")  # fmt: skip
+    parser.add_argument("--gpu-mem-used", type=float, default=None,
+                        help="GPU memory used per GPU, GiB (default: the shape's)")  # fmt: skip
     args = parser.parse_args()
     Timing.push, Timing.tracer = args.push_interval, args.tracer_interval
     Timing.nvml = not args.no_nvml
+    Timing.gpu_mem_used = args.gpu_mem_used
     Timing.rate_window = args.rate_window
     Timing.servers = args.servers
     Timing.jitter, Timing.late = args.push_jitter, args.late

@@ -244,11 +244,11 @@ class NodeSampler:
         # GPU rows in the node DB (NVML through ingero trace or gpu-sample) first; a live
         # query only where nothing writes them. Busy is measured or missing, never estimated.
         gpu_error = None
-        busy, gpu_mem_free = window.gpu_busy_fraction, window.gpu_mem_free_fraction
+        busy = window.gpu_busy_fraction
         if not window.gpus:
             status = self.gpu.query()
             gpu_error = status.error
-            busy, gpu_mem_free = _utilization(status), status.mem_free_fraction
+            busy = _utilization(status)
         health = self.health.observe(window.gpus, now)
 
         # Launch counts are fine-grained; whole steps per window are too coarse to compare.
@@ -348,14 +348,14 @@ class NodeSampler:
             worst = slowest(per_server.get(local, ()))
             if worst is not None:
                 throughput, reference = worst.rate, worst.baseline
-        # An inference engine takes a set share of its GPUs' memory at start for its weights
-        # and KV cache (vLLM's gpu_memory_utilization, 0.9; SGLang's mem_fraction_static;
-        # TensorRT-LLM's free_gpu_memory_fraction): full by design, so the GPU memory free
-        # says nothing of pressure on a node that serves; its host's memory does.
-        serving = self.engines is not None and any(
-            engine.role != "router" for engine in self.engines.summary().values()
-        )
-        mem_free = host_mem_free if serving or gpu_mem_free is None else gpu_mem_free
+        # The memory signal is the host's. A GPU's memory is full by design wherever the
+        # job is big: PyTorch's caching allocator keeps what it reserved (an LLM training
+        # job holds 90-98% of an H100), an inference engine takes a set share at start
+        # (vLLM's gpu_memory_utilization, 0.9). Scored, it pulled a healthy node with 76
+        # GiB of 80 used to 0.43 and hid a 10% slowdown in 10 of 10 runs
+        # (docs/benchmarks.md); GPU memory pressure shows where it hurts, as allocator
+        # retries that slow the work the throughput signal measures.
+        mem_free = host_mem_free
         result = compute_score(
             ScoreInputs(
                 throughput_rate=throughput,
