@@ -5,7 +5,13 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from ingero.otlp.ports import FLEET_API_PORT, FLEET_OTLP_GRPC_PORT, FLEET_OTLP_HTTP_PORT
-from ingero.otlp.threshold import ENTER_INTERVALS, ENTER_WINDOW, MAX_ENTER_WINDOW
+from ingero.otlp.threshold import (
+    ENTER_INTERVALS,
+    ENTER_WINDOW,
+    EXIT_INTERVALS,
+    MAX_ENTER_WINDOW,
+    MAX_EXIT_INTERVALS,
+)
 from ingero.runtime.config import HOSTPORT, Duration, check, formerly, in_range, positive
 from ingero.security.ratelimit import RateLimitConfig
 from ingero.security.tls import check_pair
@@ -37,6 +43,9 @@ class ThresholdConfig:
     # ... of the last this many ticks (classifier.enter_window; at most enter_intervals: in
     # a row).
     enter_window: int = field(default=ENTER_WINDOW, metadata=in_range(1, MAX_ENTER_WINDOW))
+    # An episode recovers once the score was at threshold + hysteresis or above in this many
+    # measured ticks in a row (classifier.exit_intervals).
+    exit_intervals: int = field(default=EXIT_INTERVALS, metadata=in_range(1, MAX_EXIT_INTERVALS))
 
 
 @dataclass(frozen=True)

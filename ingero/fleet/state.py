@@ -146,6 +146,7 @@ _SLOT_COLUMNS = (
     _Column("_stalled", np.bool_, False),
     _Column("_stall_episode", np.bool_, False),
     _Column("_recent", np.int64, 0),
+    _Column("_exits", np.int64, 0),
     _Column("_pending", np.bool_, False),
     _Column("_pending_at", np.float64, 0.0),
     _Column("_fresh", np.bool_, False),
@@ -178,6 +179,7 @@ class FleetState:
     # The episode was (or became) a stall: ending inactive means its job ended.
     _stall_episode: BoolArray
     _recent: IntArray  # ticks below the threshold lately, a bit each (newest: bit 0)
+    _exits: IntArray  # measured ticks in a row at threshold + hysteresis, in the episode
     # An episode Fleet opened and has not announced yet: it waits for one push from the
     # node, whose own episode id (if the node opened one meanwhile) it then adopts.
     _pending: BoolArray
@@ -494,6 +496,7 @@ class FleetState:
             stalled=self._stalled[idx],
             stall_episode=self._stall_episode[idx],
             recent=self._recent[idx],
+            exits=self._exits[idx],
             pending=self._pending[idx],
             fresh=self._take_fresh(idx),
             lagging=lagging,
@@ -525,6 +528,7 @@ class FleetState:
         self._since[idx] = out.since
         self._episode_gid[idx] = np.where(out.straggler, snap.gids, -1)
         self._recent[idx] = out.recent
+        self._exits[idx] = out.exits
         self._pending[idx] &= out.straggler
         self._stall_episode[idx] &= out.straggler
         self._ema[live] = out.ema[live]

@@ -94,17 +94,17 @@ def panic_mask(
 def classify(
     scores: FloatArray,
     threshold: FloatArray,
-    hysteresis: float,
     was_straggler: BoolArray,
+    recovered: BoolArray,
     valid: BoolArray,
 ) -> BoolArray:
     """Straggler state per node, with hysteresis.
 
-    A node becomes a straggler when its score is strictly below the threshold and recovers
-    once its score reaches ``threshold + hysteresis``; in between it keeps its state.
-    Where ``valid`` is false (no quorum) nobody is a straggler.
+    A node becomes a straggler when its score is strictly below the threshold and stays
+    one until ``recovered`` (the caller's exit rule: its score at ``threshold +
+    hysteresis`` long enough); in between it keeps its state. Where ``valid`` is false
+    (no quorum) nobody is a straggler.
     """
     below = scores < threshold
-    recovered = scores >= threshold + hysteresis
     state: BoolArray = valid & (below | (was_straggler & ~recovered))
     return state

@@ -46,6 +46,7 @@ class Snapshot:
     stalled: BoolArray
     stall_episode: BoolArray
     recent: IntArray  # ticks below the threshold lately, a bit each (newest: bit 0)
+    exits: IntArray  # measured ticks in a row at threshold + hysteresis, in the episode
     pending: BoolArray
     # The node pushed a new measurement since the last tick (not only held ones, or none).
     fresh: BoolArray
@@ -79,8 +80,9 @@ class Outcome:
     consec: IntArray
     since: FloatArray
     recent: IntArray
+    exits: IntArray
     peer: FloatArray  # (group, PEER_RATES) medians, NaN without quorum
-    by_lag: BoolArray  # stragglers by peer_lag alone (their score is not below)
+    by_lag: BoolArray  # stragglers by peer_lag alone (their score is not below, nor held)
 
 
 def finite(value: float | np.floating) -> float | None:
@@ -109,16 +111,27 @@ def compute(snap: Snapshot, config: FleetConfig) -> Outcome:
     panic = th.panic_mask(n_below, figs.counts, quorum, tcfg.panic_fraction)
     # An episode belongs to a group: after a move the node starts afresh in its new one.
     was_here = snap.was & (snap.episode_gids == snap.gids)
-    straggler = np.zeros(snap.idx.size, dtype=np.bool_)
-    straggler[snap.active] = th.classify(
-        act_scores, threshold[act_gids], tcfg.hysteresis, was_here[snap.active], quorum[act_gids]
-    )
     # The enter rule fleet-push applies too: below in enter_intervals of the last
     # enter_window measurements (one noisy one above does not restart the count). A tick
     # counts a node's score only when the node pushed a new measurement since the last
     # tick: a held push (or none) repeats one already counted, and two of one measurement
     # are not two intervals below.
     measured = snap.active & snap.fresh
+    # The exit rule, fleet-push's too: at threshold + hysteresis in exit_intervals
+    # measurements in a row (one noisy one above does not end the episode of a node still
+    # slow); a measurement below that level, or a lagging rank, starts the count again.
+    recovering = np.zeros(snap.idx.size, dtype=np.bool_)
+    recovering[snap.active] = act_scores >= threshold[act_gids] + tcfg.hysteresis
+    exits = np.where(measured, np.where(recovering, snap.exits + 1, 0), snap.exits)
+    exits = np.where(was_here & ~snap.lagging, exits, 0)
+    straggler = np.zeros(snap.idx.size, dtype=np.bool_)
+    straggler[snap.active] = th.classify(
+        act_scores,
+        threshold[act_gids],
+        was_here[snap.active],
+        (exits >= tcfg.exit_intervals)[snap.active],
+        quorum[act_gids],
+    )
     below = np.zeros(snap.idx.size, dtype=np.bool_)
     below[snap.active] = quorum[act_gids] & (act_scores < threshold[act_gids])
     below &= measured
@@ -130,7 +143,9 @@ def compute(snap: Snapshot, config: FleetConfig) -> Outcome:
     # no streak of its own. It needs its group's quorum, as a score does, so the drain rules
     # (no_quorum, panic) judge it as any other straggler.
     lagging = snap.lagging & snap.active & quorum[snap.gids]
-    by_lag = lagging & ~straggler
+    # By the lag alone where the score does not hold it: not a straggler by score, or one
+    # only because the lag keeps the exit count from starting (its score is recovered).
+    by_lag = lagging & ~(straggler & ~recovering)
     straggler |= lagging
     # An episode's ticks count towards no later one (fleet-push starts afresh too).
     recent = np.where(straggler, 0, recent)
@@ -154,6 +169,7 @@ def compute(snap: Snapshot, config: FleetConfig) -> Outcome:
         consec=np.where(straggler, np.where(continuing, snap.consec + 1, 1), 0),
         since=np.where(entering, snap.now, np.where(straggler, snap.since, np.nan)),
         recent=recent,
+        exits=np.where(continuing, exits, 0),
         peer=_peer_medians(snap, config.quorum.statistical_min, gn),
         by_lag=by_lag,
     )

@@ -37,6 +37,14 @@ ENTER_INTERVALS = 3
 ENTER_WINDOW = 5
 # Fleet keeps the window (and the count, in a row) as bits of one integer per node.
 MAX_ENTER_WINDOW = 32
+# The exit rule both apply: an episode ends by measurement once the score was at or above
+# threshold + hysteresis in EXIT_INTERVALS classified intervals in a row. A node 10% slow
+# sits about one interval's noise below the threshold, so one noisy interval above it
+# ended the episode and the next three below opened another (docs/benchmarks.md). Ends
+# that are not measurements (job ended, node inactive, quorum lost) stay immediate.
+EXIT_INTERVALS = 2
+# An episode waits at most this long for its end: as long as the enter window.
+MAX_EXIT_INTERVALS = MAX_ENTER_WINDOW
 
 
 class _Kind(ABC):

@@ -10,8 +10,10 @@ Rules (documented in docs/fleet-push.md):
   intervals count towards no later one: ``straggler_state`` is emitted and
   re-emitted every ``reemit_intervals`` intervals while it lasts (journald readers and a sink
   that restarted still see it), all with the episode's one ``event_id``;
-- it ends once, with ``straggler_resolved`` (same ``event_id``), when
-  ``score >= threshold + hysteresis``, or when the node stops being active (reason says so);
+- it ends once, with ``straggler_resolved`` (same ``event_id``): ``recovered`` when
+  ``score >= threshold + hysteresis`` in ``exit_intervals`` classified intervals in a row
+  (default 2: one noisy interval above does not end an episode of a node still slow), at
+  once when the node stops being active or its job ends (reason says so);
 - with no threshold (mode ``none``) an open episode is held, neither re-emitted nor resolved;
 - Fleet's panic flag travels as ``extra.panic``;
 - a stalled node (its job runs, it launches nothing) is classified like any active node; its
@@ -100,6 +102,8 @@ class Classifier:
         self._recent: deque[bool] = deque(maxlen=max(config.enter_window, config.enter_intervals))
         self._since_emit = 0
         self._emits = 0
+        # Classified intervals in a row at threshold + hysteresis or above, in the episode.
+        self._above = 0
 
     @property
     def straggling(self) -> bool:
@@ -137,14 +141,18 @@ class Classifier:
                 self._stall = obs.stalled
                 self._since_emit = 0
                 self._emits = 1
+                self._above = 0
                 return [self._event("straggler_state", obs, {"repeat": 0})]
             return []
         self._stall = self._stall or obs.stalled
-        if (
+        recovering = (
             not lagging
             and obs.threshold is not None
             and obs.score >= obs.threshold + self._config.hysteresis
-        ):
+        )
+        # An interval that is not at the recovery level starts the count again.
+        self._above = self._above + 1 if recovering else 0
+        if self._above >= self._config.exit_intervals:
             return [self._end(obs, "recovered")]
         self._since_emit += 1
         every = self._config.reemit_intervals

@@ -11,7 +11,13 @@ from typing import Literal
 
 from ingero import nodedb
 from ingero.otlp.ports import FLEET_OTLP_HTTP_PORT
-from ingero.otlp.threshold import ENTER_INTERVALS, ENTER_WINDOW, MAX_ENTER_WINDOW
+from ingero.otlp.threshold import (
+    ENTER_INTERVALS,
+    ENTER_WINDOW,
+    EXIT_INTERVALS,
+    MAX_ENTER_WINDOW,
+    MAX_EXIT_INTERVALS,
+)
 from ingero.push.score import ScoreConfig
 from ingero.runtime.config import Duration, check, in_range, positive
 from ingero.runtime.systemd import JOURNAL_SOCKET
@@ -54,6 +60,9 @@ class ClassifierConfig:
     enter_intervals: int = field(default=ENTER_INTERVALS, metadata=in_range(1, MAX_ENTER_WINDOW))
     # ... within the last this many classified intervals (at most enter_intervals: in a row).
     enter_window: int = field(default=ENTER_WINDOW, metadata=in_range(1, MAX_ENTER_WINDOW))
+    # An episode recovers once the score was at threshold + hysteresis or above in this many
+    # classified intervals in a row: one noisy interval above does not end it.
+    exit_intervals: int = field(default=EXIT_INTERVALS, metadata=in_range(1, MAX_EXIT_INTERVALS))
     # While a straggler, straggler_state is re-sent every N intervals (0: only on entry).
     reemit_intervals: int = field(default=12, metadata=check(lambda v: v >= 0, "must be >= 0"))
 

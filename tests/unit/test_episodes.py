@@ -26,7 +26,9 @@ T0 = 1_800_000_000.0
 
 def classifier_episode() -> list[Event]:
     """One episode as fleet-push's classifier emits it: state, a re-emit, the resolution."""
-    classifier = Classifier(ClassifierConfig(enter_intervals=1, reemit_intervals=2))
+    classifier = Classifier(
+        ClassifierConfig(enter_intervals=1, exit_intervals=1, reemit_intervals=2)
+    )
     scores = [0.5, 0.5, 0.5, 0.95]
     events: list[Event] = []
     for i, score in enumerate(scores):

@@ -6,20 +6,22 @@ from __future__ import annotations
 
 import statistics
 
-from ingero.fleet.config import FleetConfig
+from ingero.fleet.config import FleetConfig, ThresholdConfig
 from ingero.fleet.model import TickResult
 from ingero.fleet.state import FleetState
 from ingero.otlp.health import NodePush
-from ingero.otlp.threshold import ENTER_INTERVALS
+from ingero.otlp.threshold import ENTER_INTERVALS, EXIT_INTERVALS
 from ingero.runtime.clock import ManualClock
 
 JOB = "42"
 NODES = [f"n{i}" for i in range(8)]
 
 
-def make() -> tuple[FleetState, ManualClock]:
+def make(exit_intervals: int = EXIT_INTERVALS) -> tuple[FleetState, ManualClock]:
+    """The defaults (quorum 5, the enter and exit rules), but for ``exit_intervals``."""
     clock = ManualClock()
-    return FleetState(FleetConfig(), clock), clock  # the defaults: quorum 5, the enter rule
+    config = FleetConfig(threshold=ThresholdConfig(exit_intervals=exit_intervals))
+    return FleetState(config, clock), clock
 
 
 def push(node: str, score: float = 0.9, rate: float | None = 3484.0, **kw: object) -> NodePush:
@@ -188,14 +190,14 @@ def test_an_agent_that_reports_no_episodes_is_announced_at_once() -> None:
 
 
 def test_an_offered_episode_that_ends_before_it_is_announced_says_nothing() -> None:
-    state, clock = make()
+    state, clock = make(exit_intervals=1)  # an episode that can end at its next measurement
     offered_episode(state, clock)
     state.ingest(push("n2", 0.99, episode_id=""))  # recovered at once
     assert state.tick().events == ()
 
 
 def test_an_offered_episode_the_node_took_ends_on_both_sides() -> None:
-    state, clock = make()
+    state, clock = make(exit_intervals=1)
     offered_episode(state, clock)
     offered = state.ingest(push("n2", 0.5, episode_id=""))
     # The node entered with the offered id (its straggler_state is out) and recovered by its

@@ -37,6 +37,8 @@ class RefNode:
     # Whether the score was below the threshold, the last active ticks outside an episode
     # at which the node had pushed a new measurement.
     recent: list[bool] = field(default_factory=list)
+    # In an episode: the measured ticks in a row at threshold + hysteresis or above.
+    above: int = 0
     fresh: bool = True  # a push since the last tick that did not hold
     says: bool = True  # the last push said whether it held (else every tick counts)
 
@@ -106,16 +108,18 @@ class Reference:
             elif not r.active:
                 r.recent = []
             enters = counted and sum(r.recent) >= t.enter_intervals
+            if here and r.active and counted:
+                up = thr is not None and r.score >= thr + t.hysteresis
+                r.above = r.above + 1 if up else 0
             r.fresh = False
             now_straggler = (
                 r.active
                 and quorum[r.group]
                 and thr is not None
-                and (
-                    (r.score < thr and (here or enters))
-                    or (here and not r.score >= thr + t.hysteresis)
-                )
+                and ((r.score < thr and (here or enters)) or (here and r.above < t.exit_intervals))
             )
+            if not (now_straggler and here):
+                r.above = 0
             if r.straggler and not (now_straggler and here):
                 if not r.active:
                     reason = "inactive"
@@ -162,6 +166,7 @@ def test_random_histories_match_the_reference(seed: int) -> None:
             ema_alpha=rng.choice([1.0, 0.5, 0.2]),
             enter_intervals=rng.choice([1, 2, 3]),
             enter_window=rng.choice([1, 2, 3, 5]),
+            exit_intervals=rng.choice([1, 2, 3]),
         )
     )
     clock = ManualClock()

@@ -16,10 +16,11 @@ from ingero.fleet.config import FleetConfig, LimitsConfig, QuorumConfig, Thresho
 from ingero.fleet.model import CapacityError, TickResult
 from ingero.fleet.state import FleetState
 from ingero.otlp.health import NodePush
-from ingero.otlp.threshold import ENTER_INTERVALS, ThresholdView
+from ingero.otlp.threshold import ENTER_INTERVALS, EXIT_INTERVALS, ThresholdView
 from ingero.runtime.clock import ManualClock
 from ingero.schema.events import Event
 from tests.unit.enter_rule import ENTER_WINDOW
+from tests.unit.exit_rule import EXIT_RULES
 
 JOB = "42"
 MARGIN = ThresholdConfig().min_margin  # the default: with MAD 0, threshold = median - it
@@ -31,12 +32,16 @@ def make(
     max_nodes: int = 100_000,
     quorum: QuorumConfig | None = None,
     enter_intervals: int = 1,
+    exit_intervals: int = 1,
 ) -> tuple[FleetState, ManualClock, FleetConfig]:
-    """A state with default rules, except ema_alpha 1 (threshold = this tick's raw one) and
-    enter_intervals 1 (an episode starts on the first tick below; the enter rule has its
+    """A state with default rules, except ema_alpha 1 (threshold = this tick's raw one),
+    enter_intervals 1 (an episode starts on the first tick below) and exit_intervals 1
+    (it ends on the first tick at the recovery level; the enter and exit rules have their
     own tests)."""
     config = FleetConfig(
-        threshold=ThresholdConfig(ema_alpha=ema_alpha, enter_intervals=enter_intervals),
+        threshold=ThresholdConfig(
+            ema_alpha=ema_alpha, enter_intervals=enter_intervals, exit_intervals=exit_intervals
+        ),
         quorum=quorum or QuorumConfig(),
         limits=LimitsConfig(max_nodes=max_nodes),
     )
@@ -409,6 +414,106 @@ def test_a_tick_without_a_new_measurement_does_not_count_a_score_again() -> None
     feed(state, healthy(6))
     (resolved,) = [e for e in state.tick().events if e.node_id == "n7"]
     assert resolved.type == "straggler_resolved" and resolved.extra["reason"] == "recovered"
+
+
+# The letters of tests/unit/exit_rule.py for n7 among eight nodes at 0.9: threshold 0.86
+# (median 0.9 - min_margin 0.04), recovery at 0.88 (hysteresis 0.02).
+LEVEL = {"b": 0.5, "h": 0.87, "u": 0.9}
+
+
+@pytest.mark.parametrize(("count", "steps", "ends"), EXIT_RULES)
+def test_an_episode_ends_after_exit_intervals_measured_ticks_at_the_recovery_level(
+    count: int, steps: str, ends: int | None
+) -> None:
+    """Fleet's exit rule is fleet-push's (test_push_classifier.py has the same table)."""
+    state, clock, _ = make(exit_intervals=count)
+    feed(state, {**healthy(8), "n7": 0.5})
+    (entered,) = of_type(state.tick(), "straggler_state")
+    assert entered.threshold == pytest.approx(0.86)
+    ended = []
+    for step in steps:
+        clock.advance(5)
+        feed(state, {**healthy(8), "n7": LEVEL[step]})
+        result = state.tick()
+        assert not of_type(result, "straggler_state")  # the same episode all along
+        resolved = of_type(result, "straggler_resolved")
+        assert all(e.extra["reason"] == "recovered" for e in resolved)
+        ended.append(bool(resolved))
+    assert ended == [i == ends for i in range(len(steps))]
+
+
+def test_the_default_exit_rule_outlasts_one_noisy_tick() -> None:
+    """A node below its threshold with one tick above: the same episode goes on."""
+    state, clock, _ = make(exit_intervals=ThresholdConfig().exit_intervals)
+    feed(state, {**healthy(8), "n7": 0.85})
+    (entered,) = of_type(state.tick(), "straggler_state")
+    for score in (0.9, 0.85, 0.85):
+        clock.advance(5)
+        feed(state, {**healthy(8), "n7": score})
+        result = state.tick()
+        assert result.events == () and result.verdicts[0].event_id == entered.event_id
+    for _ in range(EXIT_INTERVALS):
+        clock.advance(5)
+        feed(state, healthy(9))
+        result = state.tick()
+    assert [e.type for e in result.events] == ["straggler_resolved"]
+
+
+def test_a_held_push_does_not_count_again_towards_the_exit() -> None:
+    """One measurement at the recovery level, pushed new then held, is one of the two
+    exit_intervals 2 wants; a second new one ends the episode."""
+    state, clock, _ = make(exit_intervals=2)
+    feed(state, healthy(8))
+    state.ingest(push("n7", 0.5, held=False))
+    assert of_type(state.tick(), "straggler_state")
+    for held in (False, True, True):
+        clock.advance(1)
+        feed(state, healthy(8))
+        state.ingest(push("n7", 0.9, held=held))
+        assert state.tick().events == ()
+    clock.advance(1)
+    feed(state, healthy(8))
+    state.ingest(push("n7", 0.9, held=False))
+    (resolved,) = state.tick().events
+    assert resolved.type == "straggler_resolved" and resolved.extra["reason"] == "recovered"
+
+
+@pytest.mark.parametrize(
+    ("last", "reason"),
+    [
+        (push("n7", 0.9, job=None), "job_ended"),
+        (push("n7", 0.9, job="43"), "group_changed"),
+        (push("n7", 0.9, state="idle"), "inactive"),
+        (push("n7", 0.9, state="stale"), "inactive"),
+    ],
+)
+def test_ends_that_are_not_measurements_come_at_once(last: NodePush, reason: str) -> None:
+    """Whatever the exit count: the node's job ended or moved, the node is not active."""
+    state, clock, _ = make(exit_intervals=3)
+    feed(state, {**healthy(8), "n7": 0.5})
+    (entered,) = of_type(state.tick(), "straggler_state")
+    clock.advance(5)
+    feed(state, {**healthy(8), "n7": 0.9})  # one tick of three towards recovery
+    assert state.tick().events == ()
+    clock.advance(5)
+    feed(state, healthy(8))
+    state.ingest(last)
+    (resolved,) = of_type(state.tick(), "straggler_resolved")
+    assert resolved.event_id == entered.event_id and resolved.extra["reason"] == reason
+
+
+def test_losing_quorum_ends_an_episode_at_once() -> None:
+    state, clock, _ = make(exit_intervals=3)
+    feed(state, {**healthy(4), "n4": 0.2})
+    assert of_type(state.tick(), "straggler_state")
+    clock.advance(5)
+    feed(state, {**healthy(4), "n4": 0.9})
+    assert state.tick().events == ()
+    clock.advance(5)
+    feed(state, {**healthy(3), "n4": 0.9})
+    state.ingest(push("n3", 0.9, state="stale"))
+    (resolved,) = state.tick().events
+    assert resolved.extra["reason"] == "quorum_lost"
 
 
 def test_losing_quorum_ends_episodes() -> None:

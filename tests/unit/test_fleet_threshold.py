@@ -115,11 +115,13 @@ def test_classify_hysteresis_edges() -> None:
     scores = np.array([thr, thr, thr + hyst, thr + hyst, 0.79, 0.81, 0.81, 0.5])
     was = np.array([False, True, True, False, False, True, False, True])
     valid = np.array([True] * 7 + [False])
-    state = th.classify(scores, np.full(8, thr), hyst, was, valid)
+    # The exit rule met by this one score alone (exit_intervals 1; tick.py counts them).
+    recovered = scores >= thr + hyst
+    state = th.classify(scores, np.full(8, thr), was, recovered, valid)
     assert state.tolist() == [
         False,  # equal to the threshold is not below it
         True,  # a straggler at the threshold has not recovered yet
-        False,  # threshold + hysteresis recovers
+        False,  # threshold + hysteresis recovers (the exit rule met)
         False,
         True,  # strictly below enters
         True,  # inside the band: keeps its state

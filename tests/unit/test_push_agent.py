@@ -16,7 +16,7 @@ from opentelemetry.proto.collector.metrics.v1.metrics_service_pb2 import (
 )
 
 from ingero.otlp.health import decode_health
-from ingero.otlp.threshold import ENTER_INTERVALS, ThresholdView
+from ingero.otlp.threshold import ENTER_INTERVALS, EXIT_INTERVALS, ThresholdView
 from ingero.push.agent import Agent, Identity
 from ingero.push.channels.uds import UdsChannel
 from ingero.push.client import PushResult
@@ -133,7 +133,7 @@ def make(
 
 def test_push_carries_the_sample_and_straggler_episode_reaches_channels() -> None:
     agent, clock, sampler, client, rec = make(
-        config=PushConfig(classifier=ClassifierConfig(enter_intervals=1))
+        config=PushConfig(classifier=ClassifierConfig(enter_intervals=1, exit_intervals=1))
     )
     agent.step()
     decoded = decode_health(client.pushed[0])
@@ -428,10 +428,13 @@ def test_fleets_peer_lag_makes_the_node_a_straggler_with_a_good_score() -> None:
     clock.advance(5)
     agent.step()
     assert agent.status.straggling
-    # Fleet no longer finds the rank late: the good score resolves the episode.
+    # Fleet no longer finds the rank late: the good score resolves the episode, after the
+    # exit rule's intervals in a row.
     client.result = PushResult(True, ThresholdView(threshold=0.7, quorum_met=True))
-    clock.advance(5)
-    agent.step()
+    for _ in range(EXIT_INTERVALS):
+        assert agent.status.straggling
+        clock.advance(5)
+        agent.step()
     assert rec.events[-1].type == "straggler_resolved" and not agent.status.straggling
 
 

@@ -6,10 +6,11 @@ from dataclasses import replace
 
 import pytest
 
-from ingero.otlp.threshold import ENTER_INTERVALS, ENTER_WINDOW
+from ingero.otlp.threshold import ENTER_INTERVALS, ENTER_WINDOW, EXIT_INTERVALS
 from ingero.push.classifier import Classifier, Observation
 from ingero.push.config import ClassifierConfig
 from tests.unit.enter_rule import ENTER_WINDOW as ENTER_RULES
+from tests.unit.exit_rule import EXIT_RULES
 
 BASE = Observation(
     node_id="n1",
@@ -30,7 +31,9 @@ def run(c: Classifier, *scores: float, **kw: object) -> list[list[str]]:
 
 
 def test_enters_strictly_below_and_resolves_at_threshold_plus_hysteresis() -> None:
-    c = Classifier(ClassifierConfig(hysteresis=0.02, reemit_intervals=0, enter_intervals=1))
+    c = Classifier(
+        ClassifierConfig(hysteresis=0.02, reemit_intervals=0, enter_intervals=1, exit_intervals=1)
+    )
     assert run(c, 0.7) == [[]]  # equal is not below
     assert run(c, 0.6999) == [["straggler_state"]]
     assert run(c, 0.71, 0.7199) == [[], []]  # inside the hysteresis band: still a straggler
@@ -39,7 +42,7 @@ def test_enters_strictly_below_and_resolves_at_threshold_plus_hysteresis() -> No
 
 
 def test_one_event_id_per_episode_and_fields() -> None:
-    c = Classifier(ClassifierConfig(reemit_intervals=2, enter_intervals=1))
+    c = Classifier(ClassifierConfig(reemit_intervals=2, enter_intervals=1, exit_intervals=1))
     events = [e for s in (0.5, 0.5, 0.5, 0.5, 0.5, 0.9) for e in c.observe(replace(BASE, score=s))]
     assert [e.type for e in events] == [
         "straggler_state",
@@ -81,9 +84,10 @@ def test_only_active_nodes_are_classified_and_leaving_active_resolves() -> None:
 def test_no_threshold_holds_the_episode() -> None:
     c = Classifier(ClassifierConfig(reemit_intervals=1, enter_intervals=1))
     run(c, 0.1)
+    assert run(c, 0.9) == [["straggler_state"]]  # a re-emit, one towards the exit (of 2) ...
     assert run(c, 0.1, 0.9, threshold=None, mode="none") == [[], []]
     assert c.straggling
-    assert run(c, 0.9) == [["straggler_resolved"]]
+    assert run(c, 0.9) == [["straggler_resolved"]]  # ... held over them: this is the second
 
 
 def test_entry_needs_consecutive_intervals_below() -> None:
@@ -108,7 +112,9 @@ def test_entry_needs_enter_intervals_below_within_the_enter_window(
 
 
 def test_an_episode_and_leaving_active_start_the_enter_window_afresh() -> None:
-    c = Classifier(ClassifierConfig(enter_intervals=2, enter_window=3, reemit_intervals=0))
+    c = Classifier(
+        ClassifierConfig(enter_intervals=2, enter_window=3, reemit_intervals=0, exit_intervals=1)
+    )
     first = run(c, 0.5, 0.5, 0.5, 0.9, 0.5)
     # The episode's intervals below count towards no later episode.
     assert first == [[], ["straggler_state"], [], ["straggler_resolved"], []]
@@ -119,7 +125,7 @@ def test_an_episode_and_leaving_active_start_the_enter_window_afresh() -> None:
 
 
 def test_an_episode_takes_fleets_open_id_else_a_new_one() -> None:
-    c = Classifier(ClassifierConfig(enter_intervals=2))
+    c = Classifier(ClassifierConfig(enter_intervals=2, exit_intervals=1))
     assert c.episode_id == ""
     c.observe(replace(BASE, score=0.5))
     (event,) = c.observe(replace(BASE, score=0.5, fleet_episode="fleet-1"))
@@ -163,6 +169,9 @@ def test_the_job_leaving_the_node_ends_its_episode_as_fleet_says() -> None:
 # The default enter rule: an episode starts at the N-th interval below (in a row here).
 N = ENTER_INTERVALS
 BEFORE: list[list[str]] = [[]] * (N - 1)  # the intervals below before the episode starts
+# ... and the default exit rule: it ends at the M-th interval at the recovery level in a row.
+M = EXIT_INTERVALS
+UNTIL_END: list[list[str]] = [[]] * (M - 1)  # those intervals before it ends
 # (name, [(score, peer_lag)] per interval, events per interval)
 PEER_LAG = [
     (
@@ -177,8 +186,13 @@ PEER_LAG = [
     ),
     (
         "a good score does not recover while Fleet reports the lag",
-        [(0.9, 0.2)] * N + [(0.95, 0.2), (0.95, None)],
-        [*BEFORE, ["straggler_state"], [], ["straggler_resolved"]],
+        [(0.9, 0.2)] * N + [(0.95, 0.2)] + [(0.95, None)] * M,
+        [*BEFORE, ["straggler_state"], [], *UNTIL_END, ["straggler_resolved"]],
+    ),
+    (
+        "a lagging interval starts the exit count again",
+        [(0.9, 0.2)] * N + [(0.95, None)] * (M - 1) + [(0.95, 0.2)] + [(0.95, None)] * M,
+        [*BEFORE, ["straggler_state"], *UNTIL_END, [], *UNTIL_END, ["straggler_resolved"]],
     ),
     (
         "low score then lag count as one run",
@@ -187,8 +201,8 @@ PEER_LAG = [
     ),
     (
         "lag gone, low score keeps the episode",
-        [(0.9, 0.2)] * N + [(0.5, None), (0.9, None)],
-        [*BEFORE, ["straggler_state"], [], ["straggler_resolved"]],
+        [(0.9, 0.2)] * N + [(0.5, None)] + [(0.9, None)] * M,
+        [*BEFORE, ["straggler_state"], [], *UNTIL_END, ["straggler_resolved"]],
     ),
 ]
 
@@ -219,3 +233,52 @@ def test_peer_lag_classifies_without_a_threshold_too() -> None:
     # ... and with neither, the episode is held (nothing says it recovered).
     assert run(c, 0.9, threshold=None) == [[]]
     assert c.straggling
+
+
+# The letters of tests/unit/exit_rule.py against a threshold of 0.7, hysteresis 0.02.
+LEVEL = {"b": 0.5, "h": 0.71, "u": 0.72}
+
+
+@pytest.mark.parametrize(("count", "steps", "ends"), EXIT_RULES)
+def test_an_episode_ends_after_exit_intervals_in_a_row_at_the_recovery_level(
+    count: int, steps: str, ends: int | None
+) -> None:
+    c = Classifier(
+        ClassifierConfig(
+            hysteresis=0.02, enter_intervals=1, exit_intervals=count, reemit_intervals=0
+        )
+    )
+    assert run(c, 0.5) == [["straggler_state"]]
+    got = run(c, *(LEVEL[step] for step in steps))
+    assert got == [["straggler_resolved"] if i == ends else [] for i in range(len(steps))]
+    assert c.straggling is (ends is None)
+
+
+def test_the_default_exit_rule_outlasts_one_noisy_interval() -> None:
+    """A node just below its threshold with one interval above: the same episode goes on."""
+    c = Classifier(ClassifierConfig(reemit_intervals=0, enter_intervals=1))
+    (start,) = c.observe(replace(BASE, score=0.69))
+    assert run(c, 0.9, 0.69, 0.69) == [[], [], []]
+    assert c.episode_id == start.event_id
+    assert run(c, *[0.9] * EXIT_INTERVALS)[-1] == ["straggler_resolved"]
+
+
+@pytest.mark.parametrize(
+    ("change", "reason"),
+    [
+        ({"job_id": None}, "job_ended"),
+        ({"job_id": "43"}, "group_changed"),
+        ({"state": "idle"}, "node is idle"),
+        ({"state": "idle", "job_ended": True}, "job_ended"),
+        ({"state": "stale"}, "node is stale"),
+    ],
+)
+def test_ends_that_are_not_measurements_are_immediate(
+    change: dict[str, object], reason: str
+) -> None:
+    """Whatever the exit count: the job ended, the node is not active."""
+    c = Classifier(ClassifierConfig(reemit_intervals=0, enter_intervals=1, exit_intervals=3))
+    run(c, 0.5)
+    assert run(c, 0.9) == [[]]  # one interval of three towards recovery
+    (end,) = c.observe(replace(BASE, score=0.9, **change))  # type: ignore[arg-type]
+    assert end.type == "straggler_resolved" and end.extra["reason"] == reason
