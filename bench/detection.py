@@ -18,7 +18,8 @@ code as fleet-push (``ingero.collectors.nodedb``: ``window_start``, ``nothing_ne
 baselines, GPU health, score); the pushes go to Fleet's threshold engine (``FleetState``),
 and each node classifies itself with its detection selector and hysteresis classifier
 against the threshold of Fleet's previous tick, as a push response gives it (both sides
-enter after ``--enter-intervals`` intervals below of the last ``--enter-window``). The push reply
+enter after ``--enter-intervals`` intervals below of the last ``--enter-window``, and end
+after ``--exit-intervals`` in a row at threshold + hysteresis). The push reply
 also carries the group's peer medians of the raw rates, which the node's next sample
 measures its throughput against (``--no-peers``: node-local baselines only, as before), and
 Fleet's open episode id, which the node adopts; the node pushes its own. A push that found
@@ -30,8 +31,10 @@ Prints, per shape: the healthy score distribution; the score drop of a node slow
 healthy nodes' median in the same intervals); detection latency at 10% and 20% (push
 intervals from the slowdown to the node's first straggler_state, over seeded runs: median,
 p95, misses) and whether Fleet flagged the same node under the same event_id; a node 10%
-slower for ``--persist`` intervals (its episodes, node and Fleet, and the share of the
-time it was flagged after its first flag: a straggler that stays slow stays flagged); a
+and one 20% slower for ``--persist`` intervals (its episodes, node and Fleet, the flaps
+among them: episodes beyond the first, and the share of the time it was flagged after its
+first flag: a straggler that stays slow stays flagged), then back at its peers' speed (push
+intervals to the end of its episode, node and Fleet: the recovery delay); a
 node 25% slower from its first interval; a rank that stalls (and how its episode ends when its job
 then ends); and false straggler events (node's and Fleet's) per node-hour, GPU events,
 pushes that said stalled and the share of held samples of the nodes in a steady simulated
@@ -40,6 +43,7 @@ score - threshold, and how many classified intervals fell below it).
 
     .venv/bin/python bench/detection.py [--shape gpu-bound|cpu-bound|graphs|all] [--nodes 64]
         [--runs 20] [--hours 1] [--noise 0.03] [--enter-intervals 3] [--enter-window 5]
+        [--exit-intervals 2]
         [--min-margin 0.04] [--no-peers]
         [--push-interval 5] [--tracer-interval 1] [--push-jitter 0.1] [--late 0] [--no-nvml]
         [--rate-window 0] [--explain 0] [--persist 120] [--servers 4]
@@ -301,6 +305,7 @@ class SimNode:
 class Sim:
     enter_intervals = ClassifierConfig().enter_intervals  # set from --enter-intervals
     enter_window = ClassifierConfig().enter_window  # set from --enter-window
+    exit_intervals = ClassifierConfig().exit_intervals  # set from --exit-intervals
     peers = True  # cleared by --no-peers
     min_margin = ThresholdConfig().min_margin  # set from --min-margin
 
@@ -312,6 +317,7 @@ class Sim:
                 threshold=ThresholdConfig(
                     enter_intervals=Sim.enter_intervals,
                     enter_window=Sim.enter_window,
+                    exit_intervals=Sim.exit_intervals,
                     min_margin=Sim.min_margin,
                 ),
             ),
@@ -319,7 +325,9 @@ class Sim:
         )
         config = PushConfig(
             classifier=ClassifierConfig(
-                enter_intervals=Sim.enter_intervals, enter_window=Sim.enter_window
+                enter_intervals=Sim.enter_intervals,
+                enter_window=Sim.enter_window,
+                exit_intervals=Sim.exit_intervals,
             )
         )
         self.nodes = [SimNode(i, shape, noise, seed, self.clock, config) for i in range(nodes)]
@@ -362,6 +370,11 @@ class Sim:
 
     def fleet_flagged(self, node: str) -> bool:
         return any(e.type == "straggler_state" and e.node_id == node for e in self.fleet_events)
+
+    def fleet_straggling(self, node: str) -> bool:
+        """Whether Fleet has an episode of ``node`` open (its last event of one is a start)."""
+        mine = [e.type for e in self.fleet_events if e.node_id == node]
+        return bool(mine) and mine[-1] == "straggler_state"
 
     def agreement(self, node: str) -> str:
         """Whether Fleet flagged ``node`` too, and under the node's event_id."""
@@ -511,18 +524,36 @@ def slow_from_birth(shape: str, nodes: int, noise: float, limit: int) -> tuple[i
     return None, ""
 
 
+# Push intervals a node back at its peers' speed is watched for its episode's end.
+RECOVER_LIMIT = 30
+
+
+class Persisted:
+    """``persistent``'s figures, one entry per run: the episodes the node and Fleet started
+    while it was slow (the flagged share says whether one lasted), the share of the
+    intervals after the node first flagged it that it spent in an episode, and the push
+    intervals from its return to speed to the ``straggler_resolved`` of the node and of
+    Fleet (None: no episode open then, or none ended within RECOVER_LIMIT)."""
+
+    def __init__(self) -> None:
+        self.node_eps: list[int] = []
+        self.fleet_eps: list[int] = []
+        self.share: list[float] = []
+        self.node_back: list[int | None] = []
+        self.fleet_back: list[int | None] = []
+
+
 def persistent(
-    shape: str, nodes: int, noise: float, runs: int, warmup: int, intervals: int
-) -> tuple[list[int], list[int], list[float]]:
-    """A node 10% slower for ``intervals`` push intervals, ``runs`` seeded runs: per run the
-    episodes the node and Fleet started (the flagged share says whether one lasted) and the
-    share of the intervals after the node first flagged it that it spent in an episode."""
-    node_eps, fleet_eps, flagged_share = [], [], []
+    shape: str, nodes: int, noise: float, runs: int, warmup: int, intervals: int, level: float
+) -> Persisted:
+    """A node ``level`` slower for ``intervals`` push intervals, then back at its peers'
+    speed, ``runs`` seeded runs."""
+    out = Persisted()
     for seed in range(runs):
         sim = Sim(shape, nodes, seed, noise)
         sim.warm(warmup)
         target = sim.nodes[0]
-        target.slowdown = 0.1
+        target.slowdown = level
         since: int | None = None
         straggling = 0
         for interval in range(1, intervals + 1):
@@ -530,10 +561,47 @@ def persistent(
             if since is None and target.classifier.straggling:
                 since = interval
             straggling += since is not None and target.classifier.straggling
-        node_eps.append(len({e.event_id for e in sim.node_events if e.node_id == target.name}))
-        fleet_eps.append(len({e.event_id for e in sim.fleet_events if e.node_id == target.name}))
-        flagged_share.append(straggling / (intervals - since + 1) if since else 0.0)
-    return node_eps, fleet_eps, flagged_share
+        node_eps = {e.event_id for e in sim.node_events if e.node_id == target.name}
+        fleet_eps = {e.event_id for e in sim.fleet_events if e.node_id == target.name}
+        out.node_eps.append(len(node_eps))
+        out.fleet_eps.append(len(fleet_eps))
+        out.share.append(straggling / (intervals - since + 1) if since else 0.0)
+        node_open, fleet_open = target.classifier.straggling, sim.fleet_straggling(target.name)
+        node_ended = len(sim.node_events)
+        fleet_ended = len(sim.fleet_events)
+        target.slowdown = 0.0
+        node_back: int | None = None
+        fleet_back: int | None = None
+        for interval in range(1, RECOVER_LIMIT + 1):
+            sim.step()
+            if node_back is None and node_open and resolved(sim.node_events[node_ended:], target):
+                node_back = interval
+            if (
+                fleet_back is None
+                and fleet_open
+                and resolved(sim.fleet_events[fleet_ended:], target)
+            ):
+                fleet_back = interval
+            if (node_back or not node_open) and (fleet_back or not fleet_open):
+                break
+        out.node_back.append(node_back)
+        out.fleet_back.append(fleet_back)
+    return out
+
+
+def resolved(events: list[Event], node: SimNode) -> bool:
+    return any(e.type == "straggler_resolved" and e.node_id == node.name for e in events)
+
+
+def back_figures(delays: list[int | None]) -> str:
+    """Intervals from the return to speed to the episode's end, over the runs that had one."""
+    ended = [d for d in delays if d is not None]
+    if not ended:
+        return "none ended"
+    return (
+        f"median {statistics.median(ended):g}, p95 {percentile(ended, 0.95):g}, "
+        f"max {max(ended)} ({len(ended)} runs)"
+    )
 
 
 def stall(
@@ -661,6 +729,8 @@ def main() -> None:
                         help="enter rule of both sides (consecutive intervals below)")  # fmt: skip
     parser.add_argument("--enter-window", type=int, default=Sim.enter_window,
                         help="... of the last this many intervals")  # fmt: skip
+    parser.add_argument("--exit-intervals", type=int, default=Sim.exit_intervals,
+                        help="exit rule of both sides (intervals in a row recovered)")  # fmt: skip
     parser.add_argument("--min-margin", type=float, default=Sim.min_margin,
                         help="Fleet's threshold.min_margin")  # fmt: skip
     parser.add_argument("--no-peers", action="store_true",
@@ -693,6 +763,7 @@ def main() -> None:
     logging.getLogger("ingero").setLevel(logging.ERROR)  # the stall's log lines, not figures
     Sim.enter_intervals = args.enter_intervals
     Sim.enter_window = args.enter_window
+    Sim.exit_intervals = args.exit_intervals
     Sim.peers = not args.no_peers
     Sim.min_margin = args.min_margin
     shapes = list(SHAPE_NAMES) if args.shape == "all" else [args.shape]
@@ -711,6 +782,7 @@ def main() -> None:
             + f"min_margin {margin:g}, "
             f"noise {noise:.0%} per interval, "
             f"enter_intervals {Sim.enter_intervals} of {Sim.enter_window}, "
+            f"exit_intervals {Sim.exit_intervals}, "
             + ("peer ratio" if Sim.peers else "node-local baselines only")
         )
         healthy, drops = healthy_and_drops(shape, n, noise, args.warmup, [0.1, 0.2, 0.3])
@@ -736,17 +808,22 @@ def main() -> None:
             )
             if explain:
                 explain_runs(args.explain)
-        if args.persist:
-            node_eps, fleet_eps, share = persistent(
-                shape, n, noise, args.runs, args.warmup, args.persist
-            )
+        for level in (0.1, 0.2) if args.persist else ():
+            p = persistent(shape, n, noise, args.runs, args.warmup, args.persist, level)
+            # A flap: an episode beyond the first while the node stayed as slow.
+            node_flaps = sum(max(e - 1, 0) for e in p.node_eps)
+            fleet_flaps = sum(max(e - 1, 0) for e in p.fleet_eps)
             print(
-                f"10% slower for {args.persist} intervals: episodes per run node / Fleet "
-                f"median {statistics.median(node_eps):g} / {statistics.median(fleet_eps):g}, "
-                f"max {max(node_eps)} / {max(fleet_eps)}; runs with a single episode "
-                f"{sum(e == 1 for e in node_eps)}/{len(node_eps)}; flagged "
-                f"{statistics.mean(share):.0%} of the intervals after it was first flagged "
-                f"(min {min(share):.0%})"
+                f"{level:.0%} slower for {args.persist} intervals: episodes per run node / "
+                f"Fleet median {statistics.median(p.node_eps):g} / "
+                f"{statistics.median(p.fleet_eps):g}, max {max(p.node_eps)} / "
+                f"{max(p.fleet_eps)}; flaps (episodes beyond the first) node / Fleet "
+                f"{node_flaps} / {fleet_flaps} in {len(p.node_eps)} runs; runs with a single "
+                f"episode {sum(e == 1 for e in p.node_eps)}/{len(p.node_eps)}; flagged "
+                f"{statistics.mean(p.share):.0%} of the intervals after it was first flagged "
+                f"(min {min(p.share):.0%}); back at speed, its episode ended after (push "
+                f"intervals) node {back_figures(p.node_back)} / Fleet "
+                f"{back_figures(p.fleet_back)}"
             )
         birth, agreement = slow_from_birth(shape, n, noise, args.limit)
         print(
