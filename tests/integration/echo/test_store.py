@@ -299,7 +299,9 @@ def test_retention_by_age_and_by_size(tmp_path: Path) -> None:
 def test_an_episode_from_the_real_classifier_is_stored_whole(tmp_path: Path) -> None:
     """fleet-push's classifier gives an episode's events one event_id: each is still a row,
     the episode spans them, and a resend of any of them is not stored twice."""
-    classifier = Classifier(ClassifierConfig(enter_intervals=2, reemit_intervals=3))
+    classifier = Classifier(
+        ClassifierConfig(enter_intervals=2, exit_intervals=1, reemit_intervals=3)
+    )
     events: list[Event] = []
     for i in range(12):
         score = 0.5 if 2 <= i < 10 else 0.95  # below threshold for intervals 2..9
