@@ -10,7 +10,7 @@
 // the cumulative maps every interval and takes differences. Individual calls are sampled into a ring buffer
 // without a wake-up per event; the reader polls it, and failed reservations are counted.
 //
-// ingero/trace/probes.py appends one PROBE_PAIR(...) line per traced operation and
+// ingero/trace/probes.py appends one PROBE_ENTRY(...) line per traced operation and
 // defines SAMPLE_EVERY, OP_OFFCPU and the NCCL comm-init/destroy op ids.
 //
 // Per stream (STREAM_ARG of a stream sync or a kernel launch, from probes.py): the stream
@@ -798,13 +798,20 @@ static __always_inline int call_leave(struct pt_regs *ctx, int always) {
     return 0;
 }
 
-#define PROBE_PAIR(OP, BYTES_ARG, COUNT_ARG, DTYPE_ARG, COMM_ARG, ALWAYS, NUMBERED,       \
-                   STREAM_ARG, STREAM_KIND, STREAM_OFF, EVENT_ARG)                     \
+// An entry probe per op: what it reads at entry depends on the op. The return probes are
+// two programs shared by every generic op (the op is in the call's entry, read back at the
+// return): leave_always for ops sampled at every call, leave_sampled for the others.
+// One copy each instead of one per op: each copy was compile and verifier time at start.
+#define PROBE_ENTRY(OP, BYTES_ARG, COUNT_ARG, DTYPE_ARG, COMM_ARG, NUMBERED, STREAM_ARG,  \
+                    STREAM_KIND, STREAM_OFF, EVENT_ARG)                                 \
     int enter_##OP(struct pt_regs *ctx) {                                              \
         return call_enter(ctx, OP, BYTES_ARG, COUNT_ARG, DTYPE_ARG, COMM_ARG, NUMBERED,   \
                           STREAM_ARG, STREAM_KIND, STREAM_OFF, EVENT_ARG);             \
-    }                                                                                  \
-    int leave_##OP(struct pt_regs *ctx) { return call_leave(ctx, ALWAYS); }
+    }
+
+int leave_sampled(struct pt_regs *ctx) { return call_leave(ctx, 0); }
+
+int leave_always(struct pt_regs *ctx) { return call_leave(ctx, 1); }
 
 // ncclCommInitRank(ncclComm_t *comm, int nranks, ncclUniqueId id, int rank[, config]):
 // the 128-byte id is passed in memory (on the stack above the return address), so it

@@ -76,7 +76,7 @@ def program_text(
     stacks: bool = True,
     stack_slow_ms: float = DEFAULT_STACK_SLOW_MS,
 ) -> str:
-    """The C source plus one PROBE_PAIR per generic op (special ops are hand-written)."""
+    """The C source plus one PROBE_ENTRY per generic op (special ops are hand-written)."""
     if sample_every < 1:
         raise ValueError("sample_every must be at least 1")
     if stack_slow_ms < 0:
@@ -88,8 +88,8 @@ def program_text(
         f"#define RUNTIME_OPS {_op_mask(CUDART)}ULL\n#define DRIVER_OPS {_op_mask(CUDA)}ULL\n"
     )
     pairs = [
-        f"PROBE_PAIR({i}, {op.bytes_arg}, {op.count_arg}, {op.dtype_arg}, {op.comm_arg}, "
-        f"{int(op.always_sample)}, {int(op.numbered)}, {op.stream_arg}, "
+        f"PROBE_ENTRY({i}, {op.bytes_arg}, {op.count_arg}, {op.dtype_arg}, {op.comm_arg}, "
+        f"{int(op.numbered)}, {op.stream_arg}, "
         f"{STREAM_KINDS[op.stream_kind]}, {op.stream_offset}, {op.event_arg})"
         for i, op in enumerate(OPS)
         if op.symbols and not op.special
@@ -103,7 +103,8 @@ def probe_names(att: Attachment) -> tuple[str, str]:
         return "enter_comm_init", "leave_comm_init"
     if att.op.special == "comm_destroy":
         return "enter_comm_destroy", "leave_comm_destroy"
-    return f"enter_{att.op_id}", f"leave_{att.op_id}"
+    # One return program for all generic ops (bpf/ingero.bpf.c, PROBE_ENTRY).
+    return f"enter_{att.op_id}", "leave_always" if att.op.always_sample else "leave_sampled"
 
 
 @dataclass
@@ -214,6 +215,8 @@ class Probes:
     def _load_multi(self, key: bytes) -> Any:
         """Program ``key`` with uprobe_multi's attach type (with stacks, its tail call
         pointed at the uprobe_multi copy of the stack walk, loaded the first time)."""
+        if key in self.bpf.funcs:  # a return program shared by several ops, loaded once
+            return self.bpf.funcs[key]
         if not self.stacks:
             return self.bpf.load_func(key, type(self.bpf).KPROBE,
                                       attach_type=BPF_TRACE_UPROBE_MULTI)  # fmt: skip
