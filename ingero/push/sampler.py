@@ -338,9 +338,8 @@ class NodeSampler:
         worst: ServerStep | None = None
         if peer_rate is not None and peer_rates is not None:
             throughput, reference = own[peer_rate], peer_rates[peer_rate]
-            judged = per_server.get(peer_rate, ())
-            if judged:
-                worst = min(judged, key=lambda s: (s.rate, s.server))
+            worst = slowest(per_server.get(peer_rate, ()), by_rate=True)
+            if worst is not None:
                 throughput = worst.rate
         else:
             throughput = own[local]

@@ -152,8 +152,13 @@ class ServerBaselines:
             del self.entries[pid]
 
 
-def slowest(steps: tuple[ServerStep, ...]) -> ServerStep | None:
-    """The judged server with the lowest ratio to its own baseline; None where none is
-    judged."""
-    judged = [(ratio, s.server, s) for s in steps if (ratio := s.ratio) is not None]
+def slowest(steps: tuple[ServerStep, ...], *, by_rate: bool = False) -> ServerStep | None:
+    """The judged server with the lowest ratio to its own baseline; ``by_rate``: the server
+    with the lowest rate (against a peer median every server is judged, its own baseline
+    warm or not). None where none is judged (ties: the lower pid)."""
+    judged = [
+        (s.rate if by_rate else ratio, s.server, s)
+        for s in steps
+        if (ratio := s.ratio) is not None or by_rate
+    ]
     return min(judged, key=lambda j: (j[0], j[1]))[2] if judged else None
