@@ -40,7 +40,7 @@ from ingero.push.engines import EngineWatcher
 from ingero.push.gpu_health import GpuFinding, GpuHealth, GpuHealthTracker
 from ingero.push.nodestate import NodeStateMachine, Transition
 from ingero.push.score import ScoreConfig, ScoreInputs, ScoreResult, compute_score
-from ingero.push.servers import ServerBaselines, ServerStep, measure, slowest, tokens
+from ingero.push.servers import ServerBaselines, ServerStep, measure, metered, slowest
 from ingero.runtime.clock import Clock
 
 log = logging.getLogger(__name__)
@@ -147,8 +147,8 @@ class NodeSampler:
             now = clock.now()
             self.baselines = BaselineSet(node_id=node_id, created=now, updated=now)
         self.restore_reason = loaded.reason if loaded is not None else None
-        # Each inference server's decode steps, and its /metrics token rate, against its
-        # own baseline (in memory).
+        # Each inference server's steps (its decode stream's, its syncs or its /metrics
+        # step timings), and its /metrics token rate, against its own baseline (in memory).
         self.servers = ServerBaselines(
             alpha=config.ema_alpha, alpha_down=config.ema_alpha_down, warmup=config.warmup_samples
         )
@@ -296,11 +296,11 @@ class NodeSampler:
             STEP_RATE: 0.0 if stalled else window.step_rate,
             GRAPH_LAUNCH_RATE: (0.0 if self.graphs else None) if stalled else graph_rate,
         }
-        inference, steps = self._sync_steps(window, inference)
+        inference, steps = self._server_steps(window, inference)
         served: tuple[ServerStep, ...] = ()
         if self.engines is not None and INFERENCE_TOKEN_RATE in (inference or {}):
             served = self.token_servers.judge(
-                tokens({pid: r.token_rate for pid, r in self.engines.rates.items()})
+                metered({pid: r.token_rate for pid, r in self.engines.rates.items()})
             )
         if stalled:
             steps, served = (), ()
@@ -406,22 +406,25 @@ class NodeSampler:
         )
         return self.last
 
-    def _sync_steps(
+    def _server_steps(
         self, window: WindowAggregates, inference: Mapping[str, float] | None
     ) -> tuple[Mapping[str, float] | None, tuple[ServerStep, ...]]:
-        """Where a server's /metrics times no steps (vLLM, SGLang, TensorRT-LLM say
-        per-token latency), its steps from the tracer (``ingero.push.servers.measure``: of
-        the server and its workers, the decode stream's decode steps, else their
-        synchronize calls per second); the node's rate is the median over its servers that
-        stepped. Also each server's steps, judged against its own baseline."""
+        """Each server's steps, judged against its own baseline: where the servers'
+        /metrics time their steps (TGI, Triton), those (the node's rate is already their
+        median); else from the tracer (``ingero.push.servers.measure``: of the server and
+        its workers, the decode stream's decode steps, else their synchronize calls per
+        second), and the node's rate is the median over its servers that stepped."""
         if self.engines is None:
             return inference, ()
-        trees = self.engines.trees()
-        self.servers.prune(trees)
+        self.servers.prune(self.engines.summary())
         self.token_servers.prune(self.engines.summary())
-        if INFERENCE_STEP_RATE in (inference or {}) or not window.syncs or window.covered_s <= 0:
+        if INFERENCE_STEP_RATE in (inference or {}):
+            timed = {pid: r.step_rate for pid, r in self.engines.rates.items()}
+            return inference, self.servers.judge(metered(timed))
+        if not window.syncs or window.covered_s <= 0:
             return inference, ()
-        steps = self.servers.judge(measure(window.streams, window.syncs, window.covered_s, trees))
+        found = measure(window.streams, window.syncs, window.covered_s, self.engines.trees())
+        steps = self.servers.judge(found)
         if not steps:
             return inference, ()
         rate = statistics.median(s.rate for s in steps)

@@ -7,10 +7,10 @@ kept apart, with a baseline of its own, and the node's throughput is its slowest
 without a peer median, the lowest ratio of a server's rate to its own baseline; with one,
 the lowest server rate against the peers' median (ingero.push.sampler).
 
-The same holds for the per-token speed a server's own /metrics give
-(``inference_token_rate``): each server's has a baseline of its own too (its source is
-``(pid, METRICS)``), and the node is as slow as its slowest server by that rate where it is
-the one judged.
+The same holds for the speeds a server's own /metrics give: its per-token speed
+(``inference_token_rate``) and, where the engine times its forward steps (TGI, Triton),
+its step rate in place of the tracer's. Each server's has a baseline of its own (its source
+is ``(pid, METRICS)``), and the node is as slow as its slowest server by the rate judged.
 
 The key is (server pid, decode stream): the server's process and its decode stream's
 (pid, handle) (``ingero.push.streams``). Both die with the process, and a stream handle is
@@ -58,9 +58,9 @@ class ServerStep:
         return self.rate / self.baseline
 
 
-def tokens(rates: Mapping[int, float | None]) -> tuple[ServerStep, ...]:
-    """Each server's per-token speed from its own /metrics (server pid → tokens per second
-    of one sequence; None: it served nothing)."""
+def metered(rates: Mapping[int, float | None]) -> tuple[ServerStep, ...]:
+    """Each server's speed from its own /metrics (server pid → its per-token speed, or its
+    forward steps per second of step time; None: it served nothing)."""
     return tuple(
         ServerStep(pid, (pid, METRICS), rate) for pid, rate in sorted(rates.items()) if rate
     )

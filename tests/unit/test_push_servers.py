@@ -255,3 +255,72 @@ def test_a_slow_replica_by_its_own_metrics_token_rate(
     assert sample.result.signals["throughput"] == pytest.approx(throughput, abs=0.03)
     if slow is not None:
         assert sample.slowest_server is not None and sample.slowest_server.server == 100 + slow
+
+
+TIMED = {
+    # Steps the servers' own /metrics time (cumulative seconds and count of forward steps).
+    "tgi": (
+        "text-generation-launcher\0--model-id\0llama\0--port\0{port}\0",
+        "# TYPE tgi_batch_forward_duration histogram\n"
+        'tgi_batch_forward_duration_sum{{method="decode"}} {total}\n'
+        'tgi_batch_forward_duration_count{{method="decode"}} {count}\n',
+    ),
+    "triton": (
+        "tritonserver\0--model-repository\0/models/llama\0--metrics-port\0{port}\0",
+        "# TYPE nv_inference_compute_infer_duration_us counter\n"
+        'nv_inference_compute_infer_duration_us{{model="llama",version="1"}} {total_us}\n'
+        "# TYPE nv_inference_exec_count counter\n"
+        'nv_inference_exec_count{{model="llama",version="1"}} {count}\n',
+    ),
+}
+
+
+@pytest.mark.parametrize("engine", sorted(TIMED))
+@pytest.mark.parametrize(
+    ("slow", "peer", "throughput"),
+    [
+        (None, None, 1.0),  # four healthy replicas
+        (2, None, 0.5),  # one's steps take twice as long: against its own baseline
+        (2, HEALTHY, 0.5),  # ... and against the peers' median step rate
+    ],
+)
+def test_a_slow_replica_by_the_steps_its_own_metrics_time(
+    tmp_path: Path, engine: str, slow: int | None, peer: float | None, throughput: float
+) -> None:
+    """Four TGI (or Triton) servers whose /metrics time their forward steps (10 ms, 100
+    steps a second): the node's step rate is their median, and the node is as slow as the
+    slowest of them (the median of four hides one slow replica)."""
+    clock = ManualClock()
+    node = Node(tmp_path, clock)
+    proc = tmp_path / "engines-proc"
+    argv, text = TIMED[engine]
+    for i in range(4):
+        (proc / str(100 + i)).mkdir(parents=True)
+        (proc / str(100 + i) / "cmdline").write_bytes(argv.format(port=8000 + i).encode())
+    count: dict[str, float] = {}
+    total: dict[str, float] = {}
+    lag: dict[str, float] = {}
+
+    def fetch(url: str, timeout_s: float, max_bytes: int) -> str:
+        count[url] = count.get(url, 0.0) + 1000.0
+        # Cumulative: each interval's 1000 steps at the current step time.
+        total[url] = total.get(url, 0.0) + 1000.0 * lag.get(url, DECODE_MS / 1e3)
+        return text.format(total=total[url], total_us=total[url] * 1e6, count=count[url])
+
+    engines = EngineWatcher(db_path=tmp_path / "node.db", clock=clock, proc_root=proc, fetch=fetch)
+    s = sampler(tmp_path, clock, engines=engines)
+    for _ in range(7):
+        node.run(2.0)
+        s.sample()
+    if slow is not None:
+        lag[f"http://127.0.0.1:{8000 + slow}/metrics"] = 2 * DECODE_MS / 1e3
+    node.run(2.0)
+    s.sample()  # the reading that spans the change
+    node.run(2.0)
+    sample = s.sample(peer_rates={INFERENCE_STEP_RATE: peer} if peer else None)
+    assert sample.result is not None
+    assert sample.result.rates[INFERENCE_STEP_RATE] == pytest.approx(HEALTHY)  # the median
+    assert sample.result.signals["throughput"] == pytest.approx(throughput, abs=0.03)
+    if slow is not None:
+        assert sample.slowest_server is not None and sample.slowest_server.server == 100 + slow
+        assert sample.result.rates["slowest_server_rate"] == pytest.approx(HEALTHY / 2)
