@@ -90,13 +90,14 @@ def measure(
 
 @dataclass
 class _Entry:
-    stream: tuple[int, str]
+    stream: tuple[int, str] | None  # None: the server's syncs per second
     baseline: EmaBaseline
     learned: int  # the learning sample it was last updated in (the oldest goes first)
 
 
 class ServerBaselines:
-    """The baselines of the node's servers, by server pid, each for one decode stream."""
+    """The baselines of the node's servers, by server pid, each for one source of steps:
+    a decode stream, the syncs per second (None) or the /metrics (``(pid, METRICS)``)."""
 
     def __init__(
         self,
@@ -131,11 +132,11 @@ class ServerBaselines:
 
     def learn(self, steps: tuple[ServerStep, ...]) -> None:
         """One learning sample: each server's rate updates its decode stream's baseline (a
-        new stream, a new baseline); servers without stream rows have none."""
+        new stream, a new baseline); a server without stream rows learns its syncs per
+        second, a baseline of their own (a server changing between the two starts again:
+        the units differ)."""
         self.learned += 1
         for step in steps:
-            if step.stream is None:
-                continue
             entry = self.entries.get(step.server)
             if entry is None or entry.stream != step.stream:
                 entry = _Entry(step.stream, EmaBaseline(self.alpha, self.alpha_down), 0)

@@ -162,8 +162,10 @@ def step(server: int, rate: float, stream: str | None = "s") -> ServerStep:
         ([[step(1, 100.0)]] * 3, [step(1, 50.0)], [0.5]),
         # A new stream handle: a new baseline, neutral again.
         ([[step(1, 100.0)]] * 3, [step(1, 50.0, "t")], [None]),
-        # No stream rows (syncs per second): never judged on its own.
-        ([[step(1, 100.0, None)]] * 5, [step(1, 50.0, None)], [None]),
+        # No stream rows (syncs per second): judged against its own syncs per second ...
+        ([[step(1, 100.0, None)]] * 3, [step(1, 50.0, None)], [0.5]),
+        # ... a baseline apart from its decode stream's (another unit): neutral again.
+        ([[step(1, 100.0)]] * 3, [step(1, 50.0, None)], [None]),
         # Each server its own baseline.
         ([[step(1, 100.0), step(2, 10.0)]] * 3, [step(1, 100.0), step(2, 5.0)], [1.0, 0.5]),
     ],
@@ -324,3 +326,42 @@ def test_a_slow_replica_by_the_steps_its_own_metrics_time(
     if slow is not None:
         assert sample.slowest_server is not None and sample.slowest_server.server == 100 + slow
         assert sample.result.rates["slowest_server_rate"] == pytest.approx(HEALTHY / 2)
+
+
+@pytest.mark.parametrize(
+    ("slow", "peer", "throughput"),
+    [
+        (None, None, 1.0),  # four healthy replicas
+        (2, None, 0.5),  # one syncs half as often: against its own syncs per second
+        (2, 50.0, 0.5),  # ... and against the peers' median
+    ],
+)
+def test_a_slow_replica_by_its_syncs_per_second(
+    tmp_path: Path, slow: int | None, peer: float | None, throughput: float
+) -> None:
+    """Four servers whose syncs name no stream (no stream_intervals rows: an older tracer,
+    launches on no named stream): each steps at its tree's syncs per second, judged against
+    a baseline of its own, so one slow replica of four shows though their median does not
+    move."""
+    clock = ManualClock()
+    node = Node(tmp_path, clock)
+    s = sampler(tmp_path, clock, engines=replicas(tmp_path, clock, n=4))
+    sample = None
+    for n in range(10):
+        node.run(2.0)
+        now = clock.now()
+        with node.db.conn:
+            node.db.table("intervals").insert_all(
+                {"ts_start": now - 2.0, "ts_end": now, "pid": 200 + i,
+                 "source": "cuda_runtime", "op": "cudaStreamSynchronize",
+                 "count": 50 if n >= 8 and i == slow else 100, "total_ns": 10**6}
+                for i in range(4)
+            )  # fmt: skip
+        sample = s.sample(peer_rates={INFERENCE_STEP_RATE: peer} if peer and n == 9 else None)
+    assert sample is not None and sample.result is not None and sample.window is not None
+    rate = 100 / sample.window.covered_s
+    assert sample.result.rates[INFERENCE_STEP_RATE] == pytest.approx(rate)  # the median
+    assert sample.result.signals["throughput"] == pytest.approx(throughput, abs=0.03)
+    if slow is not None:
+        assert sample.slowest_server is not None and sample.slowest_server.server == 100 + slow
+        assert sample.slowest_server.stream is None
