@@ -423,7 +423,10 @@ class NodeSampler:
             return inference, self.servers.judge(metered(timed))
         if not window.syncs or window.covered_s <= 0:
             return inference, ()
-        found = measure(window.streams, window.syncs, window.covered_s, self.engines.trees())
+        found = measure(
+            window.streams, window.syncs, window.covered_s, self.engines.trees(),
+            self.servers.streams(),
+        )  # fmt: skip
         steps = self.servers.judge(found)
         if not steps:
             return inference, ()

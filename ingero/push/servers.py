@@ -16,7 +16,7 @@ The key is (server pid, decode stream): the server's process and its decode stre
 (pid, handle) (``ingero.push.streams``). Both die with the process, and a stream handle is
 an address that a restarted server does not get back, so the baselines live in memory:
 a server that is gone is dropped, a server whose decode stream changes (a restart, another
-worker's stream taking the lead) starts again from nothing, and a restart of fleet-push
+worker's stream taking the lead by ``streams.SWITCH_MARGIN``) starts again from nothing, and a restart of fleet-push
 learns them again. A server is judged only once its baseline has ``warmup`` samples; before
 that it is neutral (neither slow nor fast). There is no stable identity to persist them
 under: two replicas of one model on one node share engine, model and role, and a port
@@ -71,14 +71,16 @@ def measure(
     syncs: Mapping[int, int],
     covered_s: float,
     trees: Mapping[int, Collection[int]],
+    held: Mapping[int, tuple[int, str] | None] | None = None,
 ) -> tuple[ServerStep, ...]:
     """Each server's steps: of its process tree, the decode stream's decode steps
     (1 / their mean time), or where no stream is known (a node DB before version 6, syncs
     that name no stream) the tree's synchronize calls per second; servers that did not
-    step are left out (no load is not slowness)."""
+    step are left out (no load is not slowness). ``held``: each server's decode stream so
+    far (``ServerBaselines.streams``), kept while it leads or nearly does."""
     out = []
     for server, tree in sorted(trees.items()):
-        found = decode_steps(streams, tree)
+        found = decode_steps(streams, tree, (held or {}).get(server))
         if found is not None:
             out.append(ServerStep(server, *found))
             continue
@@ -146,6 +148,10 @@ class ServerBaselines:
         while len(self.entries) > self.max_servers:
             oldest = min(self.entries, key=lambda pid: (self.entries[pid].learned, pid))
             del self.entries[oldest]
+
+    def streams(self) -> dict[int, tuple[int, str] | None]:
+        """Each server's decode stream so far (None: its syncs per second)."""
+        return {pid: entry.stream for pid, entry in self.entries.items()}
 
     def prune(self, live: Collection[int]) -> None:
         """Drop the baselines of servers that are gone."""

@@ -41,17 +41,23 @@ def replicas(tmp_path: Path, clock: ManualClock, n: int = SERVERS) -> EngineWatc
     )
 
 
-def stream_rows(now: float, slow: dict[int, float], handles: dict[int, str]) -> list[dict]:  # type: ignore[type-arg]
+def stream_rows(
+    now: float, slow: dict[int, float], handles: dict[int, str], rival: int | None = None
+) -> list[dict]:  # type: ignore[type-arg]
     """One interval's decode stream rows of every server: 100 decode steps of DECODE_MS,
-    times ``1 + slow[i]`` for server i."""
+    times ``1 + slow[i]`` for server i; ``rival``: each server has a second stream too, with
+    that many syncs of healthy steps."""
     rows = []
     for i in range(SERVERS):
         ms = DECODE_MS * (1.0 + slow.get(i, 0.0))
-        rows.append(
-            {"ts_start": now - 2.0, "ts_end": now, "pid": 200 + i,
-             "stream": handles.get(i, f"00007f00c0de{i:04x}"), "syncs": 100, "launches": 300,
-             "steps": 100, "step_ns": int(100 * ms * MS),
-             "step_hist": json.dumps({str(slot_of(int(ms * MS))): 100})}
+        streams = [(handles.get(i, f"00007f00c0de{i:04x}"), 100, ms)]
+        if rival is not None:
+            streams.append((f"00007f00feed{i:04x}", rival, DECODE_MS))
+        rows.extend(
+            {"ts_start": now - 2.0, "ts_end": now, "pid": 200 + i, "stream": stream,
+             "syncs": n, "launches": 3 * n, "steps": n, "step_ns": int(n * ms * MS),
+             "step_hist": json.dumps({str(slot_of(int(ms * MS))): n})}
+            for stream, n, ms in streams
         )  # fmt: skip
     return rows
 
@@ -61,6 +67,9 @@ class Phase:
     samples: int
     slow: dict[int, float] = field(default_factory=dict)  # server index → slowdown
     handles: dict[int, str] = field(default_factory=dict)  # server index → a new stream
+    # Each server's second stream, its syncs close to the decode stream's (95 and 105 by
+    # turns): it takes the lead every other interval, by less than SWITCH_MARGIN.
+    rival: bool = False
 
 
 def run(tmp_path: Path, phases: list[Phase], peer: float | None = None) -> NodeSample:
@@ -84,7 +93,9 @@ def run(tmp_path: Path, phases: list[Phase], peer: float | None = None) -> NodeS
                     for i in range(SERVERS)
                 )  # fmt: skip
                 node.db.table("stream_intervals").insert_all(
-                    stream_rows(now, phase.slow, phase.handles)
+                    stream_rows(
+                        now, phase.slow, phase.handles, (95, 105)[done % 2] if phase.rival else None
+                    )
                 )
             done += 1
             peers = {INFERENCE_STEP_RATE: peer} if peer is not None and done == total else None
@@ -120,6 +131,9 @@ HEALTHY = 1e3 / DECODE_MS  # decode steps per second
         ([Phase(8, slow={5: 1.0})], HEALTHY, 0.5, 105),
         # Healthy against the peers' median.
         ([Phase(8)], HEALTHY, 1.0, None),
+        # A second stream that leads every other interval by a few syncs: each server keeps
+        # its decode stream (and its baseline), so the slow one is still judged.
+        ([Phase(6, rival=True), Phase(3, slow={3: 1.0}, rival=True)], None, 0.5, 103),
     ],
 )  # fmt: skip
 def test_the_node_is_as_slow_as_its_slowest_replica(
@@ -365,3 +379,30 @@ def test_a_slow_replica_by_its_syncs_per_second(
     if slow is not None:
         assert sample.slowest_server is not None and sample.slowest_server.server == 100 + slow
         assert sample.slowest_server.stream is None
+
+
+def test_a_decode_stream_holds_its_lead_against_a_close_second() -> None:
+    """Two streams of one server with close sync counts that trade the lead window by
+    window: the server keeps its first decode stream, so its baseline warms and judges;
+    a stream with clearly more syncs (past SWITCH_MARGIN) takes over."""
+    from ingero.collectors.nodedb import StreamWindow
+
+    def window(a: int, b: int) -> dict[tuple[int, str], StreamWindow]:
+        return {
+            (11, key): StreamWindow(n, 3 * n, n, n * 10 * MS, {slot_of(10 * MS): n})
+            for key, n in (("a", a), ("b", b))
+        }
+
+    b = ServerBaselines(alpha=0.3, alpha_down=0.02, warmup=3)
+    tree = {1: {1, 11}}
+    judged: tuple[ServerStep, ...] = ()
+    for i in range(8):
+        close = window(100, 105) if i % 2 else window(105, 100)
+        judged = b.judge(measure(close, {11: 205}, 2.0, tree, b.streams()))
+        b.learn(judged)
+    assert [s.stream for s in judged] == [(11, "a")]
+    assert judged[0].ratio == pytest.approx(1.0)
+    judged = b.judge(measure(window(100, 130), {11: 230}, 2.0, tree, b.streams()))
+    assert [s.stream for s in judged] == [(11, "b")] and judged[0].ratio is None
+    # A stream the server no longer syncs gives way at once.
+    assert measure(window(0, 5), {11: 5}, 2.0, tree, {1: (11, "a")})[0].stream == (11, "b")
