@@ -147,13 +147,18 @@ class NodeSampler:
             now = clock.now()
             self.baselines = BaselineSet(node_id=node_id, created=now, updated=now)
         self.restore_reason = loaded.reason if loaded is not None else None
-        # Each inference server's steps (its decode stream's, its syncs or its /metrics
-        # step timings), and its /metrics token rate, against its own baseline (in memory).
-        self.servers = ServerBaselines(
-            alpha=config.ema_alpha, alpha_down=config.ema_alpha_down, warmup=config.warmup_samples
-        )
-        self.token_servers = ServerBaselines(
-            alpha=config.ema_alpha, alpha_down=config.ema_alpha_down, warmup=config.warmup_samples
+        # Each inference server's steps from the tracer (its decode stream's, else its
+        # syncs), the steps its /metrics time, and its /metrics token rate, each against its
+        # own baseline (in memory). The /metrics steps have baselines apart from the
+        # tracer's: an interval without a /metrics reading falls back to the tracer, and
+        # one baseline for both would start again at each change of source.
+        self.servers, self.timed_servers, self.token_servers = (
+            ServerBaselines(
+                alpha=config.ema_alpha,
+                alpha_down=config.ema_alpha_down,
+                warmup=config.warmup_samples,
+            )
+            for _ in range(3)
         )
         self.state = NodeStateMachine(
             warmup_samples=config.warmup_samples,
@@ -296,6 +301,8 @@ class NodeSampler:
             STEP_RATE: 0.0 if stalled else window.step_rate,
             GRAPH_LAUNCH_RATE: (0.0 if self.graphs else None) if stalled else graph_rate,
         }
+        # The servers' /metrics time their steps (else the tracer does, below).
+        timed = INFERENCE_STEP_RATE in (inference or {})
         inference, steps = self._server_steps(window, inference)
         served: tuple[ServerStep, ...] = ()
         if self.engines is not None and INFERENCE_TOKEN_RATE in (inference or {}):
@@ -388,7 +395,7 @@ class NodeSampler:
                     "gpu_busy_fraction": busy,
                 }
             )
-            self.servers.learn(steps)
+            (self.timed_servers if timed else self.servers).learn(steps)
             self.token_servers.learn(served)
         self.last = NodeSample(
             now,
@@ -416,11 +423,11 @@ class NodeSampler:
         second), and the node's rate is the median over its servers that stepped."""
         if self.engines is None:
             return inference, ()
-        self.servers.prune(self.engines.summary())
-        self.token_servers.prune(self.engines.summary())
+        for baselines in (self.servers, self.timed_servers, self.token_servers):
+            baselines.prune(self.engines.summary())
         if INFERENCE_STEP_RATE in (inference or {}):
             timed = {pid: r.step_rate for pid, r in self.engines.rates.items()}
-            return inference, self.servers.judge(metered(timed))
+            return inference, self.timed_servers.judge(metered(timed))
         if not window.syncs or window.covered_s <= 0:
             return inference, ()
         found = measure(

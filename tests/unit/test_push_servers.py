@@ -11,6 +11,7 @@ from pathlib import Path
 
 import pytest
 
+from ingero.collectors.engines import MetricsError
 from ingero.otlp.health import INFERENCE_STEP_RATE, INFERENCE_TOKEN_RATE
 from ingero.push.engines import EngineWatcher
 from ingero.push.sampler import NodeSample, NodeSampler
@@ -340,6 +341,55 @@ def test_a_slow_replica_by_the_steps_its_own_metrics_time(
     if slow is not None:
         assert sample.slowest_server is not None and sample.slowest_server.server == 100 + slow
         assert sample.result.rates["slowest_server_rate"] == pytest.approx(HEALTHY / 2)
+
+
+def test_a_missed_metrics_reading_keeps_the_servers_step_baselines(tmp_path: Path) -> None:
+    """Four TGI servers that also sync (the tracer sees them): one push whose /metrics
+    reads all fail falls back to the tracer's steps for two samples, and the servers'
+    /metrics step baselines are still warm after it, so a slow replica is judged at once."""
+    clock = ManualClock()
+    node = Node(tmp_path, clock)
+    proc = tmp_path / "engines-proc"
+    argv, text = TIMED["tgi"]
+    for i in range(4):
+        (proc / str(100 + i)).mkdir(parents=True)
+        (proc / str(100 + i) / "cmdline").write_bytes(argv.format(port=8000 + i).encode())
+        (proc / str(100 + i) / "stat").write_text(f"{100 + i} (tgi) S 1 {100 + i} 0 0\n")
+    count: dict[str, float] = {}
+    total: dict[str, float] = {}
+    lag: dict[str, float] = {}
+    down = [False]
+
+    def fetch(url: str, timeout_s: float, max_bytes: int) -> str:
+        if down[0]:
+            raise MetricsError(f"{url}: connection refused")
+        count[url] = count.get(url, 0.0) + 1000.0
+        total[url] = total.get(url, 0.0) + 1000.0 * lag.get(url, DECODE_MS / 1e3)
+        return text.format(total=total[url], count=count[url])
+
+    engines = EngineWatcher(db_path=tmp_path / "node.db", clock=clock, proc_root=proc, fetch=fetch)
+    s = sampler(tmp_path, clock, engines=engines)
+    sample = None
+    for n in range(10):
+        down[0] = n == 7
+        if n == 9:
+            lag["http://127.0.0.1:8002/metrics"] = 2 * DECODE_MS / 1e3
+        node.run(2.0)
+        now = clock.now()
+        with node.db.conn:
+            node.db.table("intervals").insert_all(
+                {"ts_start": now - 2.0, "ts_end": now, "pid": 100 + i,
+                 "source": "cuda_runtime", "op": "cudaStreamSynchronize", "count": 100,
+                 "total_ns": 10**6}
+                for i in range(4)
+            )  # fmt: skip
+        sample = s.sample()
+        if n == 8:  # no /metrics step rate since the failed reads: the tracer's syncs stood in
+            assert sorted(s.servers.entries) == [100, 101, 102, 103]
+            assert {e.stream for e in s.servers.entries.values()} == {None}
+    assert sample is not None and sample.result is not None
+    assert sample.result.signals["throughput"] == pytest.approx(0.5, abs=0.03)
+    assert sample.slowest_server is not None and sample.slowest_server.server == 102
 
 
 @pytest.mark.parametrize(
