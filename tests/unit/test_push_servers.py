@@ -63,6 +63,17 @@ def stream_rows(
     return rows
 
 
+def sync(node: Node, counts: dict[int, int]) -> None:
+    """One interval's stream syncs of each pid (pid → count), as the tracer counts them."""
+    now = node.clock.now()
+    with node.db.conn:
+        node.db.table("intervals").insert_all(
+            {"ts_start": now - 2.0, "ts_end": now, "pid": pid, "source": "cuda_runtime",
+             "op": "cudaStreamSynchronize", "count": n, "total_ns": 10**6}
+            for pid, n in counts.items()
+        )  # fmt: skip
+
+
 @dataclass
 class Phase:
     samples: int
@@ -86,13 +97,8 @@ def run(tmp_path: Path, phases: list[Phase], peer: float | None = None) -> NodeS
         for _ in range(phase.samples):
             node.run(2.0)
             now = clock.now()
+            sync(node, {200 + i: 100 for i in range(SERVERS)})
             with node.db.conn:
-                node.db.table("intervals").insert_all(
-                    {"ts_start": now - 2.0, "ts_end": now, "pid": 200 + i,
-                     "source": "cuda_runtime", "op": "cudaStreamSynchronize", "count": 100,
-                     "total_ns": 10**6}
-                    for i in range(SERVERS)
-                )  # fmt: skip
                 node.db.table("stream_intervals").insert_all(
                     stream_rows(
                         now, phase.slow, phase.handles, (95, 105)[done % 2] if phase.rival else None
@@ -292,13 +298,46 @@ TIMED = {
 }
 
 
+class Timed:
+    """Four servers of ``engine`` (pids 100 to 103) whose /metrics time their forward steps:
+    1000 steps an interval, each DECODE_MS (``lag``: by URL, another step time; ``down``:
+    every read fails)."""
+
+    def __init__(self, tmp_path: Path, clock: ManualClock, engine: str) -> None:
+        proc = tmp_path / "engines-proc"
+        argv, self.text = TIMED[engine]
+        for pid in range(100, 104):
+            (proc / str(pid)).mkdir(parents=True)
+            (proc / str(pid) / "cmdline").write_bytes(argv.format(port=7900 + pid).encode())
+            (proc / str(pid) / "stat").write_text(f"{pid} (server) S 1 {pid} 0 0\n")
+        self.count: dict[str, float] = {}
+        self.total: dict[str, float] = {}
+        self.lag: dict[str, float] = {}
+        self.down = False
+        self.engines = EngineWatcher(
+            db_path=tmp_path / "node.db", clock=clock, proc_root=proc, fetch=self.fetch
+        )
+
+    def slow(self, pid: int) -> None:
+        self.lag[f"http://127.0.0.1:{7900 + pid}/metrics"] = 2 * DECODE_MS / 1e3
+
+    def fetch(self, url: str, timeout_s: float, max_bytes: int) -> str:
+        if self.down:
+            raise MetricsError(f"{url}: connection refused")
+        # Cumulative: each interval's 1000 steps at the current step time.
+        self.count[url] = self.count.get(url, 0.0) + 1000.0
+        self.total[url] = self.total.get(url, 0.0) + 1000.0 * self.lag.get(url, DECODE_MS / 1e3)
+        total = self.total[url]
+        return self.text.format(total=total, total_us=total * 1e6, count=self.count[url])
+
+
 @pytest.mark.parametrize("engine", sorted(TIMED))
 @pytest.mark.parametrize(
     ("slow", "peer", "throughput"),
     [
         (None, None, 1.0),  # four healthy replicas
-        (2, None, 0.5),  # one's steps take twice as long: against its own baseline
-        (2, HEALTHY, 0.5),  # ... and against the peers' median step rate
+        (102, None, 0.5),  # one's steps take twice as long: against its own baseline
+        (102, HEALTHY, 0.5),  # ... and against the peers' median step rate
     ],
 )
 def test_a_slow_replica_by_the_steps_its_own_metrics_time(
@@ -309,28 +348,13 @@ def test_a_slow_replica_by_the_steps_its_own_metrics_time(
     slowest of them (the median of four hides one slow replica)."""
     clock = ManualClock()
     node = Node(tmp_path, clock)
-    proc = tmp_path / "engines-proc"
-    argv, text = TIMED[engine]
-    for i in range(4):
-        (proc / str(100 + i)).mkdir(parents=True)
-        (proc / str(100 + i) / "cmdline").write_bytes(argv.format(port=8000 + i).encode())
-    count: dict[str, float] = {}
-    total: dict[str, float] = {}
-    lag: dict[str, float] = {}
-
-    def fetch(url: str, timeout_s: float, max_bytes: int) -> str:
-        count[url] = count.get(url, 0.0) + 1000.0
-        # Cumulative: each interval's 1000 steps at the current step time.
-        total[url] = total.get(url, 0.0) + 1000.0 * lag.get(url, DECODE_MS / 1e3)
-        return text.format(total=total[url], total_us=total[url] * 1e6, count=count[url])
-
-    engines = EngineWatcher(db_path=tmp_path / "node.db", clock=clock, proc_root=proc, fetch=fetch)
-    s = sampler(tmp_path, clock, engines=engines)
+    servers = Timed(tmp_path, clock, engine)
+    s = sampler(tmp_path, clock, engines=servers.engines)
     for _ in range(7):
         node.run(2.0)
         s.sample()
     if slow is not None:
-        lag[f"http://127.0.0.1:{8000 + slow}/metrics"] = 2 * DECODE_MS / 1e3
+        servers.slow(slow)
     node.run(2.0)
     s.sample()  # the reading that spans the change
     node.run(2.0)
@@ -339,7 +363,7 @@ def test_a_slow_replica_by_the_steps_its_own_metrics_time(
     assert sample.result.rates[INFERENCE_STEP_RATE] == pytest.approx(HEALTHY)  # the median
     assert sample.result.signals["throughput"] == pytest.approx(throughput, abs=0.03)
     if slow is not None:
-        assert sample.slowest_server is not None and sample.slowest_server.server == 100 + slow
+        assert sample.slowest_server is not None and sample.slowest_server.server == slow
         assert sample.result.rates["slowest_server_rate"] == pytest.approx(HEALTHY / 2)
 
 
@@ -349,40 +373,15 @@ def test_a_missed_metrics_reading_keeps_the_servers_step_baselines(tmp_path: Pat
     /metrics step baselines are still warm after it, so a slow replica is judged at once."""
     clock = ManualClock()
     node = Node(tmp_path, clock)
-    proc = tmp_path / "engines-proc"
-    argv, text = TIMED["tgi"]
-    for i in range(4):
-        (proc / str(100 + i)).mkdir(parents=True)
-        (proc / str(100 + i) / "cmdline").write_bytes(argv.format(port=8000 + i).encode())
-        (proc / str(100 + i) / "stat").write_text(f"{100 + i} (tgi) S 1 {100 + i} 0 0\n")
-    count: dict[str, float] = {}
-    total: dict[str, float] = {}
-    lag: dict[str, float] = {}
-    down = [False]
-
-    def fetch(url: str, timeout_s: float, max_bytes: int) -> str:
-        if down[0]:
-            raise MetricsError(f"{url}: connection refused")
-        count[url] = count.get(url, 0.0) + 1000.0
-        total[url] = total.get(url, 0.0) + 1000.0 * lag.get(url, DECODE_MS / 1e3)
-        return text.format(total=total[url], count=count[url])
-
-    engines = EngineWatcher(db_path=tmp_path / "node.db", clock=clock, proc_root=proc, fetch=fetch)
-    s = sampler(tmp_path, clock, engines=engines)
+    servers = Timed(tmp_path, clock, "tgi")
+    s = sampler(tmp_path, clock, engines=servers.engines)
     sample = None
     for n in range(10):
-        down[0] = n == 7
+        servers.down = n == 7
         if n == 9:
-            lag["http://127.0.0.1:8002/metrics"] = 2 * DECODE_MS / 1e3
+            servers.slow(102)
         node.run(2.0)
-        now = clock.now()
-        with node.db.conn:
-            node.db.table("intervals").insert_all(
-                {"ts_start": now - 2.0, "ts_end": now, "pid": 100 + i,
-                 "source": "cuda_runtime", "op": "cudaStreamSynchronize", "count": 100,
-                 "total_ns": 10**6}
-                for i in range(4)
-            )  # fmt: skip
+        sync(node, dict.fromkeys(range(100, 104), 100))
         sample = s.sample()
         if n == 8:  # no /metrics step rate since the failed reads: the tracer's syncs stood in
             assert sorted(s.servers.entries) == [100, 101, 102, 103]
@@ -413,14 +412,7 @@ def test_a_slow_replica_by_its_syncs_per_second(
     sample = None
     for n in range(10):
         node.run(2.0)
-        now = clock.now()
-        with node.db.conn:
-            node.db.table("intervals").insert_all(
-                {"ts_start": now - 2.0, "ts_end": now, "pid": 200 + i,
-                 "source": "cuda_runtime", "op": "cudaStreamSynchronize",
-                 "count": 50 if n >= 8 and i == slow else 100, "total_ns": 10**6}
-                for i in range(4)
-            )  # fmt: skip
+        sync(node, {200 + i: 50 if n >= 8 and i == slow else 100 for i in range(4)})
         sample = s.sample(peer_rates={INFERENCE_STEP_RATE: peer} if peer and n == 9 else None)
     assert sample is not None and sample.result is not None and sample.window is not None
     rate = 100 / sample.window.covered_s
