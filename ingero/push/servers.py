@@ -16,8 +16,8 @@ The key is (server pid, decode stream): the server's process and its decode stre
 (pid, handle) (``ingero.push.streams``). Both die with the process, and a stream handle is
 an address that a restarted server does not get back, so the baselines live in memory:
 a server that is gone is dropped, a server whose decode stream changes (a restart, another
-worker's stream taking the lead by ``streams.SWITCH_MARGIN``) starts again from nothing, and a restart of fleet-push
-learns them again. A server is judged only once its baseline has ``warmup`` samples; before
+worker's stream taking the lead by ``streams.SWITCH_MARGIN``) starts again from nothing,
+and a restart of fleet-push learns them again. A server is judged only once its baseline has ``warmup`` samples; before
 that it is neutral (neither slow nor fast). There is no stable identity to persist them
 under: two replicas of one model on one node share engine, model and role, and a port
 says nothing of the GPU or the load behind it after a restart. At most ``MAX_SERVERS``
