@@ -88,6 +88,9 @@ def trace(
     max_bytes = parse_size(max_db) if max_db else None
     if pid is not None and not Path(f"/proc/{pid}").exists():
         raise UsageError(f"--pid {pid}: no such process")
+    # Before the program's compile, which takes seconds (15 s on a real node): a stop asked
+    # for meanwhile is answered when it returns, with exit 0, not by SIGTERM's default death.
+    stop, _ = stop_on_signals()
     try:
         db_path.parent.mkdir(parents=True, exist_ok=True)
         writer = NodeDbWriter(db_path, max_bytes)
@@ -99,6 +102,10 @@ def trace(
     except (BccUnavailable, ProbeError) as exc:
         writer.close()
         raise UnavailableError(f"{exc} (run 'ingero check')") from exc
+    if stop.is_set():
+        probes.close()
+        writer.close()
+        return 0
     find = type(probes.bpf).find_library
 
     def find_lib(name: str) -> str | None:
@@ -110,7 +117,6 @@ def trace(
                     extra_libraries=system_libraries(find_lib) if pid is None else [],
                     gpu=gpus, nccl=Collectives(nccl_sample_max),
                     stacks=StackResolver(probes) if stacks else None)  # fmt: skip
-    stop, _ = stop_on_signals()
     writer.start()
     try:
         tracer.start()

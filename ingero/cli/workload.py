@@ -56,6 +56,13 @@ from ingero.workload.generator import CAUSES, DEFAULT_SHAPE, SHAPE_NAMES
     help="NVML utilization of each GPU at full speed, 0-1 (default: the shape's).",
 )
 @click.option(
+    "--gpu-mem-used",
+    type=float,
+    default=None,
+    help="GPU memory used on each GPU, GiB (default: the shape's; a big training job or an "
+    "inference engine holds nearly all of it).",
+)
+@click.option(
     "--noise",
     type=float,
     default=0.03,
@@ -127,6 +134,7 @@ def workload(
     gpus: int,
     servers: int,
     gpu_busy: float | None,
+    gpu_mem_used: float | None,
     noise: float,
     slowdown: float,
     cause: str | None,
@@ -164,6 +172,7 @@ def workload(
         gpus=gpus,
         servers=servers,
         gpu_busy=gpu_busy,
+        gpu_mem_used=gpu_mem_used,
         noise=noise,
         job_id=job_id,
         rank=rank,

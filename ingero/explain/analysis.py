@@ -342,23 +342,37 @@ def _gpu_findings(recent: WindowData, base: WindowData) -> list[Finding]:
         out.append(
             Finding(2.0 * (0.5 - now), "gpu_busy", "GPU", f"GPU busy only {fmt_pct(now)}", now)
         )
+    # A GPU full since the baseline is the job's normal (a caching allocator keeps what it
+    # reserved, an engine takes its pool at start), not news: only memory that ran low
+    # since then is a finding.
+    was_free = {g.gpu: _free(g) for g in base.gpus}
     for g in recent.gpus:
         out += _gpu_health_findings(g)
-        if g.mem_free_bytes is None or not g.mem_total_bytes:
+        free, before = _free(g), was_free.get(g.gpu)
+        if free is None or free >= LOW_FREE_MEMORY:
             continue
-        free = g.mem_free_bytes / g.mem_total_bytes
-        if free < LOW_FREE_MEMORY:
-            out.append(
-                Finding(
-                    0.5 + 20.0 * (LOW_FREE_MEMORY - free),
-                    "gpu_memory",
-                    f"GPU {g.gpu}",
-                    f"GPU {g.gpu} free memory {g.mem_free_bytes / 2**30:.1f} GiB of"
-                    f" {g.mem_total_bytes / 2**30:.0f} GiB ({fmt_pct(free)})",
-                    free,
-                )
+        if before is not None and before < LOW_FREE_MEMORY:
+            continue
+        was = f", was {fmt_pct(before)}" if before is not None else ""
+        out.append(
+            Finding(
+                0.5 + 20.0 * (LOW_FREE_MEMORY - free),
+                "gpu_memory",
+                f"GPU {g.gpu}",
+                f"GPU {g.gpu} free memory {(g.mem_free_bytes or 0) / 2**30:.1f} GiB of"
+                f" {(g.mem_total_bytes or 0) / 2**30:.0f} GiB ({fmt_pct(free)}{was})",
+                free,
+                before,
             )
+        )
     return out
+
+
+def _free(g: GpuStats) -> float | None:
+    """The GPU's least free memory in the window, as a fraction of its total."""
+    if g.mem_free_bytes is None or not g.mem_total_bytes:
+        return None
+    return g.mem_free_bytes / g.mem_total_bytes
 
 
 def _gpu_health_findings(g: GpuStats) -> list[Finding]:

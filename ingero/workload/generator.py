@@ -304,6 +304,7 @@ class WorkloadProfile:
     noise: float = 0.03  # relative standard deviation of every per-interval rate
     launch_rate: float | None = None  # overrides the shape's launches per second
     gpu_busy: float | None = None  # overrides the shape's NVML utilization
+    gpu_mem_used: float | None = None  # GiB; overrides the shape's GPU memory used
     pid: int = 4242
     job_id: str | None = None
     rank: int | None = None
@@ -323,6 +324,11 @@ class WorkloadProfile:
             raise ValueError("gpus must be >= 1")
         if self.gpu_busy is not None and not 0 < self.gpu_busy <= 1:
             raise ValueError("gpu_busy must be in (0, 1]")
+        if (
+            self.gpu_mem_used is not None
+            and not 0 <= self.gpu_mem_used * 2**30 <= H100_MEMORY_BYTES
+        ):
+            raise ValueError(f"gpu_mem_used must be in [0, {H100_MEMORY_BYTES / 2**30:.1f}] GiB")
         if not 0 <= self.noise < 0.5:
             raise ValueError("noise must be in [0, 0.5)")
         if not 1 <= self.servers <= 64:
@@ -542,7 +548,11 @@ class WorkloadGenerator:
         for index in range(p.gpus):
             # NVML reports whole percents.
             busy = min(100, max(0, round(100 * util * busy_speed * self._jitter()))) / 100
-            used = shape.gpu_mem_used_bytes
+            used = (
+                shape.gpu_mem_used_bytes
+                if p.gpu_mem_used is None
+                else round(p.gpu_mem_used * 2**30)
+            )
             if effect.throttled:
                 # Hot: the clock falls with the work, and so does the power drawn.
                 clock, reasons, temperature = (

@@ -190,7 +190,17 @@ def test_gpu_busy_drop_and_low_free_memory() -> None:
     recent = window(op("cudaLaunchKernel", 1000, 5000), gpus=gpus(0.5, 2))
     messages = [f.message for f in explain(recent, base, W).findings]
     assert "GPU busy 50% (was 90%)" in messages
-    assert "GPU 0 free memory 2.0 GiB of 80 GiB (2%)" in messages
+    assert "GPU 0 free memory 2.0 GiB of 80 GiB (2%, was 50%)" in messages
+
+
+def test_a_gpu_full_since_the_baseline_is_no_finding() -> None:
+    # A big job's caching allocator (or an engine's pool) fills the GPU from its start.
+    def full(busy: float) -> tuple[GpuStats, ...]:
+        return (GpuStats(0, busy, 2 * 2**30, 80 * 2**30),)
+
+    base = window(op("cudaLaunchKernel", 1000, 5000), gpus=full(0.9), end=T0 + W)
+    recent = window(op("cudaLaunchKernel", 1000, 5000), gpus=full(0.9))
+    assert "gpu_memory" not in [f.kind for f in explain(recent, base, W).findings]
 
 
 def test_host_context_findings() -> None:

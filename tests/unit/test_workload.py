@@ -278,6 +278,8 @@ def test_window_over_generated_rows(tmp_path: Path) -> None:
         WorkloadProfile(launch_rate=float("nan")),
         WorkloadProfile(gpus=0),
         WorkloadProfile(gpu_busy=1.5),
+        WorkloadProfile(gpu_mem_used=-1.0),
+        WorkloadProfile(gpu_mem_used=81.0),
         WorkloadProfile(noise=0.9),
         WorkloadProfile(shape="tpu-bound"),
         WorkloadProfile(shape="inference", servers=0),
@@ -287,6 +289,13 @@ def test_window_over_generated_rows(tmp_path: Path) -> None:
 def test_bad_profiles_are_rejected(profile: WorkloadProfile) -> None:
     with pytest.raises(ValueError):
         WorkloadGenerator(profile)
+
+
+def test_gpu_memory_used_can_be_a_big_jobs() -> None:
+    # An LLM training job's caching allocator holds nearly all of an H100.
+    gen = WorkloadGenerator(WorkloadProfile(shape="gpu-bound", gpu_mem_used=76.0), seed=1)
+    (row,) = gen.tick(T0, T0 + 1, 0.0).gpu_intervals
+    assert row["mem_total_bytes"] - row["mem_free_bytes"] == 76 * 2**30
 
 
 @pytest.mark.parametrize(

@@ -33,8 +33,8 @@ HINTS: Mapping[str, str] = {
     " pipeline (data loader, storage) and CPU contention on the node",
     "compute": "GPU compute is slower than on the peers: check clocks, power and thermal"
     " throttling (nvidia-smi -q -d PERFORMANCE,CLOCK) and other processes on the GPU",
-    "memory": "GPU memory traffic is slower than on the peers: check allocator churn and"
-    " memory errors (nvidia-smi -q -d ECC,PAGE_RETIREMENT)",
+    "memory": "the host is short of memory: check other tenants, the page cache, swap and"
+    " the data loader's workers (free -h, /proc/pressure/memory)",
     "cpu": "the host CPU is the bottleneck: check other tenants, IRQ and NUMA placement",
     "gpu_health": "the GPU reported a fault (XID, ECC, throttling): drain the node and run"
     " the vendor diagnostics",
