@@ -5,8 +5,9 @@ trace`` recorded on an H100 (``ingero.workload.generator``, ``--shape gpu-bound`
 ``cpu-bound`` or ``graphs``), or ``--servers`` inference servers of one model (``--shape
 inference``: each a decode stream with prefill steps on it, recognised by fleet-push's own
 engine watcher in a synthetic /proc, a slowdown slowing one server of them, a stall
-stopping them all): tracer intervals (1 s, ``--tracer-interval``) of cuLaunchKernel
-(cudaGraphLaunch: a job replaying CUDA graphs), rare syncs,
+stopping them all; ``--no-streams``: the node DB without their stream rows, as a tracer
+before node DB version 6 writes it, so each server steps at its syncs per second): tracer
+intervals (1 s, ``--tracer-interval``) of cuLaunchKernel (cudaGraphLaunch: a job replaying CUDA graphs), rare syncs,
 off-CPU rows, host rows and NVML GPU rows (``--no-nvml``: none, as on the reference H100
 node, where the score has no compute signal and memory is the host's), with multiplicative
 noise on every rate, each interval's rows written a random 0..``--late`` s after it ends.
@@ -46,7 +47,7 @@ score - threshold, and how many classified intervals fell below it).
         [--exit-intervals 2]
         [--min-margin 0.04] [--no-peers]
         [--push-interval 5] [--tracer-interval 1] [--push-jitter 0.1] [--late 0] [--no-nvml]
-        [--rate-window 0] [--explain 0] [--persist 120] [--servers 4]
+        [--rate-window 0] [--explain 0] [--persist 120] [--servers 4] [--no-streams]
 
 ``--explain N`` prints, for the 10% runs, the slowed node's score - threshold over
 intervals 2-13 (mean, sd, correlation of one interval with the next), what independent
@@ -120,6 +121,7 @@ class Timing:
     gpu_mem_used: float | None = None  # --gpu-mem-used: GiB per GPU (None: the shape's)
     rate_window = 0.0  # --rate-window: rates over at least this many seconds (0: one push)
     servers = 4  # --servers: inference servers per node (--shape inference)
+    streams = True  # cleared by --no-streams: no stream_intervals rows (an older tracer)
 
 
 class Written:
@@ -240,7 +242,9 @@ class SimNode:
             gpu_rows,
             [r for w in inside for r in w.rows.gpu_processes],
             [r for w in inside for r in w.rows.host_intervals],
-            stream_rows=[r for w in inside for r in w.rows.stream_intervals],
+            stream_rows=[r for w in inside for r in w.rows.stream_intervals]
+            if Timing.streams
+            else [],
             after=after,
             latest_end=latest,
         )
@@ -749,6 +753,8 @@ def main() -> None:
                         help="a node 10%% slower for I intervals: its episodes (0: skip)")  # fmt: skip
     parser.add_argument("--servers", type=int, default=Timing.servers,
                         help="inference servers per node (--shape inference)")  # fmt: skip
+    parser.add_argument("--no-streams", action="store_true",
+                        help="no stream rows: servers step at their syncs per second")  # fmt: skip
     parser.add_argument("--no-nvml", action="store_true",
                         help="no GPU rows (the reference H100 node: nothing wrote them)")  # fmt: skip
     parser.add_argument("--gpu-mem-used", type=float, default=None,
@@ -759,6 +765,7 @@ def main() -> None:
     Timing.gpu_mem_used = args.gpu_mem_used
     Timing.rate_window = args.rate_window
     Timing.servers = args.servers
+    Timing.streams = not args.no_streams
     Timing.jitter, Timing.late = args.push_jitter, args.late
     logging.getLogger("ingero").setLevel(logging.ERROR)  # the stall's log lines, not figures
     Sim.enter_intervals = args.enter_intervals
@@ -776,6 +783,7 @@ def main() -> None:
             + ("" if Timing.nvml else "no GPU rows, ")
             + (
                 f"inference servers a node: {Timing.servers}, one slowed, "
+                + ("" if Timing.streams else "no stream rows (syncs per second), ")
                 if shape == "inference"
                 else ""
             )

@@ -53,18 +53,24 @@ def one(libs: list[LibraryFile], multi: bool) -> tuple[int, int, float, float]:
     return attached, links, t1 - t0, time.monotonic() - t1
 
 
-def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+def setup(doc: str) -> tuple[list[LibraryFile], int]:
+    """``--lib`` and ``--repeat`` of a tracer bench: (the libraries, the repeat), printed."""
+    ap = argparse.ArgumentParser(description=doc.splitlines()[0])
     ap.add_argument("--lib", action="append", default=[], metavar="KIND:PATH")
     ap.add_argument("--repeat", type=int, default=3)
     args = ap.parse_args()
     libs = libraries(args.lib)
     print("libraries:", ", ".join(f"{lib.kind}:{lib.path}" for lib in libs))
     print(f"load average {os.getloadavg()[0]:.1f}; median of {args.repeat}")
+    return libs, int(args.repeat)
+
+
+def main() -> None:
+    libs, repeat = setup(__doc__)
     print("| attach | ops attached | links | attach s | stop s |")
     print("|---|---|---|---|---|")
     for multi in (True, False):
-        runs = [one(libs, multi) for _ in range(args.repeat)]
+        runs = [one(libs, multi) for _ in range(repeat)]
         attached, links = runs[0][0], runs[0][1]
         attach = statistics.median(r[2] for r in runs)
         close = statistics.median(r[3] for r in runs)

@@ -10,7 +10,7 @@
 // the cumulative maps every interval and takes differences. Individual calls are sampled into a ring buffer
 // without a wake-up per event; the reader polls it, and failed reservations are counted.
 //
-// ingero/trace/probes.py appends one PROBE_PAIR(...) line per traced operation and
+// ingero/trace/probes.py appends one PROBE_ENTRY(...) line per traced operation and
 // defines SAMPLE_EVERY, OP_OFFCPU and the NCCL comm-init/destroy op ids.
 //
 // Per stream (STREAM_ARG of a stream sync or a kernel launch, from probes.py): the stream
@@ -39,6 +39,7 @@
 // (ingero/trace/pyframes/); a thread not there yet is looked up in the interpreter's own
 // thread list. The walk reads user memory only, and at most MAX_PY frames. A numbered
 // NCCL collective carries its stack on its arrival instead (a hung one never returns).
+// The walk is one program, stack_sample, that the probes tail-call (see stack_arg).
 
 #include <uapi/linux/ptrace.h>
 
@@ -507,6 +508,7 @@ fault:
     r->py_state = PY_FAULT;
 }
 
+#if STACKS
 // A sample with the caller's stack (ring buffer memory: too big for the BPF stack). At a
 // return the first user frame is the caller (the return address the uretprobe resumes at).
 // At an entry (an NCCL arrival) it is the probed function itself, and frame pointers skip
@@ -530,6 +532,61 @@ static __always_inline void emit_stack(struct pt_regs *ctx, struct event_t *ev, 
     events.ringbuf_submit(r, BPF_RB_NO_WAKEUP);
     host_add(HOST_SAMPLES, 1);
 }
+
+// The stack walk is one program, stack_sample, that every probe tail-calls with its sample
+// in stack_arg: inlined into each of the ~100 probes it was most of the program's compile
+// and verifier time, and BCC 0.26 cannot load a BPF-to-BPF call ("call to invalid
+// destination"). A tail call keeps the probe's pt_regs, so the walk sees the probed
+// thread's registers and user stack as the probe did. probes.py puts stack_sample in
+// stack_progs before any probe attaches. Per CPU: a program is not migrated while it runs,
+// so the tail call finds what its probe wrote, unless a probe of another thread preempted
+// it in between (a preemptible kernel) and wrote its own: the walk checks the thread, and
+// counts a drop rather than give one thread's sample another's stack.
+struct stack_arg_t {
+    struct event_t ev;
+    u32 entry;  // an arrival (at the probed function's entry), not a return
+    u32 pad;
+};
+BPF_PERCPU_ARRAY(stack_arg, struct stack_arg_t, 1);
+BPF_PROG_ARRAY(stack_progs, 1);
+// The kernel lets a program tail-call only programs loaded with its own attach type: a
+// probe loaded for a uprobe_multi link calls a uprobe_multi copy of stack_sample, kept
+// here (ingero/trace/tailcall.py points its tail call at this map when it loads it).
+BPF_PROG_ARRAY(stack_progs_multi, 1);
+
+int stack_sample(struct pt_regs *ctx) {
+    u32 z = 0;
+    struct stack_arg_t *a = stack_arg.lookup(&z);
+    if (!a)
+        return 0;
+    if (a->ev.tid != (u32)bpf_get_current_pid_tgid()) {
+        host_add(HOST_DROPS, 1);
+        return 0;
+    }
+    emit_stack(ctx, &a->ev, a->entry);
+    return 0;
+}
+
+// The sample with its stack, through stack_sample. A tail call does not return: this is the
+// last thing a probe does. Past it only when the call failed (an empty slot): a drop.
+static __always_inline void sample_with_stack(struct pt_regs *ctx, struct event_t *ev,
+                                              int entry) {
+    u32 z = 0;
+    struct stack_arg_t *a = stack_arg.lookup(&z);
+    if (a) {
+        a->ev = *ev;
+        a->entry = entry;
+        a->pad = 0;
+        stack_progs.call(ctx, 0);
+    }
+    host_add(HOST_DROPS, 1);
+}
+#else
+static __always_inline void sample_with_stack(struct pt_regs *ctx, struct event_t *ev,
+                                              int entry) {
+    emit(ev);
+}
+#endif
 
 // First call of a process: remember it (off-CPU time) and tell the reader at once, so it
 // reads the process's job tags while the process still exists.
@@ -676,9 +733,10 @@ static __always_inline int call_enter(struct pt_regs *ctx, u32 op, int bytes_arg
         ev.dtype = c.dtype;
         ev.kind = KIND_ENTER;
         // Its stack is taken here, not at its return: a hung collective never returns,
-        // and the return of one (same caller) is given this stack by user space.
+        // and the return of one (same caller) is given this stack by user space. Last:
+        // the stack's tail call does not return.
         if (STACKS)
-            emit_stack(ctx, &ev, 1);
+            sample_with_stack(ctx, &ev, 1);
         else
             emit(&ev);
     }
@@ -712,7 +770,8 @@ static __always_inline int call_leave(struct pt_regs *ctx, int always) {
         record_stream(tgid, c->stream, c->skind, now, dur);
     }
     int sampled = should_sample(always);
-    // A slow call is sampled too (with its stack), whatever the counter says.
+    // A slow call is sampled too (with its stack), whatever the counter says. The call is
+    // popped before its sample: the stack's tail call does not return.
     if (sampled || (STACKS && dur >= STACK_SLOW_NS)) {
         struct event_t ev = {};
         ev.ts = now;
@@ -728,22 +787,31 @@ static __always_inline int call_leave(struct pt_regs *ctx, int always) {
         ev.seq = c->seq;
         ev.rank = c->rank;
         ev.nranks = c->nranks;
-        if (STACKS && !c->seq)
-            emit_stack(ctx, &ev, 0);
+        call_pop(id, s);
+        if (STACKS && !ev.seq)
+            sample_with_stack(ctx, &ev, 0);
         else
             emit(&ev);
+        return 0;
     }
     call_pop(id, s);
     return 0;
 }
 
-#define PROBE_PAIR(OP, BYTES_ARG, COUNT_ARG, DTYPE_ARG, COMM_ARG, ALWAYS, NUMBERED,       \
-                   STREAM_ARG, STREAM_KIND, STREAM_OFF, EVENT_ARG)                     \
+// An entry probe per op: what it reads at entry depends on the op. The return probes are
+// two programs shared by every generic op (the op is in the call's entry, read back at the
+// return): leave_always for ops sampled at every call, leave_sampled for the others.
+// One copy each instead of one per op: each copy was compile and verifier time at start.
+#define PROBE_ENTRY(OP, BYTES_ARG, COUNT_ARG, DTYPE_ARG, COMM_ARG, NUMBERED, STREAM_ARG,  \
+                    STREAM_KIND, STREAM_OFF, EVENT_ARG)                                 \
     int enter_##OP(struct pt_regs *ctx) {                                              \
         return call_enter(ctx, OP, BYTES_ARG, COUNT_ARG, DTYPE_ARG, COMM_ARG, NUMBERED,   \
                           STREAM_ARG, STREAM_KIND, STREAM_OFF, EVENT_ARG);             \
-    }                                                                                  \
-    int leave_##OP(struct pt_regs *ctx) { return call_leave(ctx, ALWAYS); }
+    }
+
+int leave_sampled(struct pt_regs *ctx) { return call_leave(ctx, 0); }
+
+int leave_always(struct pt_regs *ctx) { return call_leave(ctx, 1); }
 
 // ncclCommInitRank(ncclComm_t *comm, int nranks, ncclUniqueId id, int rank[, config]):
 // the 128-byte id is passed in memory (on the stack above the return address), so it
@@ -815,10 +883,11 @@ int leave_comm_destroy(struct pt_regs *ctx) {
     struct call_stack *s = calls_of(id);
     struct call_t *c = call_get(s);
     struct comm_key k = {.handle = c ? c->comm : 0, .tgid = id >> 32};
-    call_leave(ctx, 1);
+    // Before call_leave: its sample's tail call does not return. call_leave reads the
+    // call, not the communicator.
     if (k.handle)
         comms.delete(&k);
-    return 0;
+    return call_leave(ctx, 1);
 }
 
 // Off-CPU time of traced threads: prev is the current task, next is only a pid.

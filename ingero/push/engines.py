@@ -77,7 +77,7 @@ class EngineWatcher:
         """The configured service name, else the one model every server here serves."""
         if self.configured:
             return self.configured
-        models = {s.engine.model for s in self.seen.values() if s.engine.role != "router"}
+        models = {engine.model for engine in self.serving().values()}
         return models.pop() if len(models) == 1 else None
 
     def observe(self) -> dict[str, float]:
@@ -210,11 +210,14 @@ class EngineWatcher:
             self.logged.add(message)
             log.warning("%s", message)
 
+    def serving(self) -> dict[int, ce.Engine]:
+        """The servers that serve a model, by pid: routers aside (they only pass requests
+        on to the servers)."""
+        return {pid: s.engine for pid, s in self.seen.items() if s.engine.role != "router"}
+
     def trees(self) -> dict[int, frozenset[int]]:
-        """Each server (routers aside) with its worker processes, by the server's pid."""
-        return {
-            pid: self.scanner.tree(pid) for pid, s in self.seen.items() if s.engine.role != "router"
-        }
+        """Each serving server with its worker processes, by the server's pid."""
+        return {pid: self.scanner.tree(pid) for pid in self.serving()}
 
     def summary(self) -> Mapping[int, ce.Engine]:
         return {pid: s.engine for pid, s in self.seen.items()}

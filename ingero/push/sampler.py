@@ -40,7 +40,7 @@ from ingero.push.engines import EngineWatcher
 from ingero.push.gpu_health import GpuFinding, GpuHealth, GpuHealthTracker
 from ingero.push.nodestate import NodeStateMachine, Transition
 from ingero.push.score import ScoreConfig, ScoreInputs, ScoreResult, compute_score
-from ingero.push.servers import ServerBaselines, ServerStep, measure, slowest, tokens
+from ingero.push.servers import ServerBaselines, ServerStep, measure, metered, slowest
 from ingero.runtime.clock import Clock
 
 log = logging.getLogger(__name__)
@@ -147,13 +147,18 @@ class NodeSampler:
             now = clock.now()
             self.baselines = BaselineSet(node_id=node_id, created=now, updated=now)
         self.restore_reason = loaded.reason if loaded is not None else None
-        # Each inference server's decode steps, and its /metrics token rate, against its
-        # own baseline (in memory).
-        self.servers = ServerBaselines(
-            alpha=config.ema_alpha, alpha_down=config.ema_alpha_down, warmup=config.warmup_samples
-        )
-        self.token_servers = ServerBaselines(
-            alpha=config.ema_alpha, alpha_down=config.ema_alpha_down, warmup=config.warmup_samples
+        # Each inference server's steps from the tracer (its decode stream's, else its
+        # syncs), the steps its /metrics time, and its /metrics token rate, each against its
+        # own baseline (in memory). The /metrics steps have baselines apart from the
+        # tracer's: an interval without a /metrics reading falls back to the tracer, and
+        # one baseline for both would start again at each change of source.
+        self.servers, self.timed_servers, self.token_servers = (
+            ServerBaselines(
+                alpha=config.ema_alpha,
+                alpha_down=config.ema_alpha_down,
+                warmup=config.warmup_samples,
+            )
+            for _ in range(3)
         )
         self.state = NodeStateMachine(
             warmup_samples=config.warmup_samples,
@@ -296,11 +301,13 @@ class NodeSampler:
             STEP_RATE: 0.0 if stalled else window.step_rate,
             GRAPH_LAUNCH_RATE: (0.0 if self.graphs else None) if stalled else graph_rate,
         }
-        inference, steps = self._sync_steps(window, inference)
+        # The servers' /metrics time their steps (else the tracer does, below).
+        timed = INFERENCE_STEP_RATE in (inference or {})
+        inference, steps = self._server_steps(window, inference)
         served: tuple[ServerStep, ...] = ()
         if self.engines is not None and INFERENCE_TOKEN_RATE in (inference or {}):
             served = self.token_servers.judge(
-                tokens({pid: r.token_rate for pid, r in self.engines.rates.items()})
+                metered({pid: r.token_rate for pid, r in self.engines.rates.items()})
             )
         if stalled:
             steps, served = (), ()
@@ -338,9 +345,8 @@ class NodeSampler:
         worst: ServerStep | None = None
         if peer_rate is not None and peer_rates is not None:
             throughput, reference = own[peer_rate], peer_rates[peer_rate]
-            judged = per_server.get(peer_rate, ())
-            if judged:
-                worst = min(judged, key=lambda s: (s.rate, s.server))
+            worst = slowest(per_server.get(peer_rate, ()), by_rate=True)
+            if worst is not None:
                 throughput = worst.rate
         else:
             throughput = own[local]
@@ -389,7 +395,7 @@ class NodeSampler:
                     "gpu_busy_fraction": busy,
                 }
             )
-            self.servers.learn(steps)
+            (self.timed_servers if timed else self.servers).learn(steps)
             self.token_servers.learn(served)
         self.last = NodeSample(
             now,
@@ -407,22 +413,28 @@ class NodeSampler:
         )
         return self.last
 
-    def _sync_steps(
+    def _server_steps(
         self, window: WindowAggregates, inference: Mapping[str, float] | None
     ) -> tuple[Mapping[str, float] | None, tuple[ServerStep, ...]]:
-        """Where a server's /metrics times no steps (vLLM, SGLang, TensorRT-LLM say
-        per-token latency), its steps from the tracer (``ingero.push.servers.measure``: of
-        the server and its workers, the decode stream's decode steps, else their
-        synchronize calls per second); the node's rate is the median over its servers that
-        stepped. Also each server's steps, judged against its own baseline."""
+        """Each server's steps, judged against its own baseline: where the servers'
+        /metrics time their steps (TGI, Triton), those (the node's rate is already their
+        median); else from the tracer (``ingero.push.servers.measure``: of the server and
+        its workers, the decode stream's decode steps, else their synchronize calls per
+        second), and the node's rate is the median over its servers that stepped."""
         if self.engines is None:
             return inference, ()
-        trees = self.engines.trees()
-        self.servers.prune(trees)
-        self.token_servers.prune(self.engines.summary())
-        if INFERENCE_STEP_RATE in (inference or {}) or not window.syncs or window.covered_s <= 0:
+        for baselines in (self.servers, self.timed_servers, self.token_servers):
+            baselines.prune(self.engines.summary())
+        if INFERENCE_STEP_RATE in (inference or {}):
+            timed = {pid: r.step_rate for pid, r in self.engines.rates.items()}
+            return inference, self.timed_servers.judge(metered(timed))
+        if not window.syncs or window.covered_s <= 0:
             return inference, ()
-        steps = self.servers.judge(measure(window.streams, window.syncs, window.covered_s, trees))
+        found = measure(
+            window.streams, window.syncs, window.covered_s, self.engines.trees(),
+            self.servers.streams(),
+        )  # fmt: skip
+        steps = self.servers.judge(found)
         if not steps:
             return inference, ()
         rate = statistics.median(s.rate for s in steps)

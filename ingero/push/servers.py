@@ -7,17 +7,17 @@ kept apart, with a baseline of its own, and the node's throughput is its slowest
 without a peer median, the lowest ratio of a server's rate to its own baseline; with one,
 the lowest server rate against the peers' median (ingero.push.sampler).
 
-The same holds for the per-token speed a server's own /metrics give
-(``inference_token_rate``): each server's has a baseline of its own too (its source is
-``(pid, METRICS)``), and the node is as slow as its slowest server by that rate where it is
-the one judged.
+The same holds for the speeds a server's own /metrics give: its per-token speed
+(``inference_token_rate``) and, where the engine times its forward steps (TGI, Triton),
+its step rate in place of the tracer's. Each server's has a baseline of its own (its source
+is ``(pid, METRICS)``), and the node is as slow as its slowest server by the rate judged.
 
 The key is (server pid, decode stream): the server's process and its decode stream's
 (pid, handle) (``ingero.push.streams``). Both die with the process, and a stream handle is
 an address that a restarted server does not get back, so the baselines live in memory:
 a server that is gone is dropped, a server whose decode stream changes (a restart, another
-worker's stream taking the lead) starts again from nothing, and a restart of fleet-push
-learns them again. A server is judged only once its baseline has ``warmup`` samples; before
+worker's stream taking the lead by ``streams.SWITCH_MARGIN``) starts again from nothing,
+and a restart of fleet-push learns them again. A server is judged only once its baseline has ``warmup`` samples; before
 that it is neutral (neither slow nor fast). There is no stable identity to persist them
 under: two replicas of one model on one node share engine, model and role, and a port
 says nothing of the GPU or the load behind it after a restart. At most ``MAX_SERVERS``
@@ -58,9 +58,9 @@ class ServerStep:
         return self.rate / self.baseline
 
 
-def tokens(rates: Mapping[int, float | None]) -> tuple[ServerStep, ...]:
-    """Each server's per-token speed from its own /metrics (server pid → tokens per second
-    of one sequence; None: it served nothing)."""
+def metered(rates: Mapping[int, float | None]) -> tuple[ServerStep, ...]:
+    """Each server's speed from its own /metrics (server pid → its per-token speed, or its
+    forward steps per second of step time; None: it served nothing)."""
     return tuple(
         ServerStep(pid, (pid, METRICS), rate) for pid, rate in sorted(rates.items()) if rate
     )
@@ -71,14 +71,16 @@ def measure(
     syncs: Mapping[int, int],
     covered_s: float,
     trees: Mapping[int, Collection[int]],
+    held: Mapping[int, tuple[int, str] | None] | None = None,
 ) -> tuple[ServerStep, ...]:
     """Each server's steps: of its process tree, the decode stream's decode steps
     (1 / their mean time), or where no stream is known (a node DB before version 6, syncs
     that name no stream) the tree's synchronize calls per second; servers that did not
-    step are left out (no load is not slowness)."""
+    step are left out (no load is not slowness). ``held``: each server's decode stream so
+    far (``ServerBaselines.streams``), kept while it leads or nearly does."""
     out = []
     for server, tree in sorted(trees.items()):
-        found = decode_steps(streams, tree)
+        found = decode_steps(streams, tree, (held or {}).get(server))
         if found is not None:
             out.append(ServerStep(server, *found))
             continue
@@ -90,13 +92,14 @@ def measure(
 
 @dataclass
 class _Entry:
-    stream: tuple[int, str]
+    stream: tuple[int, str] | None  # None: the server's syncs per second
     baseline: EmaBaseline
     learned: int  # the learning sample it was last updated in (the oldest goes first)
 
 
 class ServerBaselines:
-    """The baselines of the node's servers, by server pid, each for one decode stream."""
+    """The baselines of the node's servers, by server pid, each for one source of steps:
+    a decode stream, the syncs per second (None) or the /metrics (``(pid, METRICS)``)."""
 
     def __init__(
         self,
@@ -131,11 +134,11 @@ class ServerBaselines:
 
     def learn(self, steps: tuple[ServerStep, ...]) -> None:
         """One learning sample: each server's rate updates its decode stream's baseline (a
-        new stream, a new baseline); servers without stream rows have none."""
+        new stream, a new baseline); a server without stream rows learns its syncs per
+        second, a baseline of their own (a server changing between the two starts again:
+        the units differ)."""
         self.learned += 1
         for step in steps:
-            if step.stream is None:
-                continue
             entry = self.entries.get(step.server)
             if entry is None or entry.stream != step.stream:
                 entry = _Entry(step.stream, EmaBaseline(self.alpha, self.alpha_down), 0)
@@ -146,14 +149,23 @@ class ServerBaselines:
             oldest = min(self.entries, key=lambda pid: (self.entries[pid].learned, pid))
             del self.entries[oldest]
 
+    def streams(self) -> dict[int, tuple[int, str] | None]:
+        """Each server's decode stream so far (None: its syncs per second)."""
+        return {pid: entry.stream for pid, entry in self.entries.items()}
+
     def prune(self, live: Collection[int]) -> None:
         """Drop the baselines of servers that are gone."""
         for pid in [p for p in self.entries if p not in live]:
             del self.entries[pid]
 
 
-def slowest(steps: tuple[ServerStep, ...]) -> ServerStep | None:
-    """The judged server with the lowest ratio to its own baseline; None where none is
-    judged."""
-    judged = [(ratio, s.server, s) for s in steps if (ratio := s.ratio) is not None]
+def slowest(steps: tuple[ServerStep, ...], *, by_rate: bool = False) -> ServerStep | None:
+    """The judged server with the lowest ratio to its own baseline; ``by_rate``: the server
+    with the lowest rate (against a peer median every server is judged, its own baseline
+    warm or not). None where none is judged (ties: the lower pid)."""
+    judged = [
+        (s.rate if by_rate else ratio, s.server, s)
+        for s in steps
+        if (ratio := s.ratio) is not None or by_rate
+    ]
     return min(judged, key=lambda j: (j[0], j[1]))[2] if judged else None

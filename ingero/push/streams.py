@@ -3,8 +3,9 @@ fast its decode steps run (pure).
 
 The tracer times each stream's steps, the gaps from one stream sync's return to the next
 (``stream_intervals``, node DB version 6), as a log-linear histogram. Of a server's process
-tree, the decode stream is the stream with the most syncs: a decode step is one host wait
-for the sampled tokens, and decode steps far outnumber prefill ones. On an engine that
+tree, the decode stream is the stream with the most syncs (a server keeps the one it has
+while another leads by less than ``SWITCH_MARGIN``): a decode step is one host wait for the
+sampled tokens, and decode steps far outnumber prefill ones. On an engine that
 prefills and decodes on one stream its step times are bimodal, prefill long and decode
 short: :func:`split_steps` splits them by 2-means on log step time (the split between
 histogram buckets that leaves the least squared distance to the two means, which for one
@@ -25,6 +26,10 @@ from ingero.trace.aggregate import NSLOTS, slot_bounds
 # Two modes whose mean step times are at least this far apart are prefill and decode; closer
 # ones are one mode's spread (jitter, batch sizes), not two kinds of step.
 SPLIT_RATIO = 4.0
+# A server's decode stream stays its decode stream until another stream of its tree has more
+# than this many times its syncs: close counts are noise, and each change of stream starts
+# the server's baseline again (ingero.push.servers).
+SWITCH_MARGIN = 1.25
 
 
 @dataclass(frozen=True)
@@ -94,22 +99,33 @@ def split_steps(hist: Mapping[int, int], total_ns: int | None = None) -> Split |
 
 
 def decode_stream(
-    streams: Mapping[tuple[int, str], StreamWindow], pids: Collection[int]
+    streams: Mapping[tuple[int, str], StreamWindow],
+    pids: Collection[int],
+    held: tuple[int, str] | None = None,
 ) -> tuple[tuple[int, str], StreamWindow] | None:
     """The stream of ``pids`` with the most syncs (ties: more steps, then the lower key);
-    None where none of them synced a stream."""
+    None where none of them synced a stream. ``held``: the decode stream so far, kept
+    unless another has more than ``SWITCH_MARGIN`` times its syncs (two streams with close
+    counts would otherwise trade the lead window by window)."""
     mine = [(k, s) for k, s in streams.items() if k[0] in pids and s.syncs > 0]
     if not mine:
         return None
-    return min(mine, key=lambda ks: (-ks[1].syncs, -ks[1].steps, ks[0]))
+    lead = min(mine, key=lambda ks: (-ks[1].syncs, -ks[1].steps, ks[0]))
+    if held is not None and held[0] in pids:
+        kept = streams.get(held)
+        if kept is not None and kept.syncs > 0 and lead[1].syncs <= SWITCH_MARGIN * kept.syncs:
+            return held, kept
+    return lead
 
 
 def decode_steps(
-    streams: Mapping[tuple[int, str], StreamWindow], pids: Collection[int]
+    streams: Mapping[tuple[int, str], StreamWindow],
+    pids: Collection[int],
+    held: tuple[int, str] | None = None,
 ) -> tuple[tuple[int, str], float] | None:
-    """The decode stream of ``pids`` and its decode steps per second of step time; None
-    where it timed no step."""
-    found = decode_stream(streams, pids)
+    """The decode stream of ``pids`` (``held``: see :func:`decode_stream`) and its decode
+    steps per second of step time; None where it timed no step."""
+    found = decode_stream(streams, pids, held)
     if found is None:
         return None
     split = split_steps(found[1].hist, found[1].step_ns)

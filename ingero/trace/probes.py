@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from ingero.trace import tailcall
 from ingero.trace.aggregate import HOST_COUNTERS, Key, Snapshot, StatVal, StreamKey, StreamVal
 from ingero.trace.bccload import load_bcc
 from ingero.trace.nativesyms import NativeSymbols
@@ -75,7 +76,7 @@ def program_text(
     stacks: bool = True,
     stack_slow_ms: float = DEFAULT_STACK_SLOW_MS,
 ) -> str:
-    """The C source plus one PROBE_PAIR per generic op (special ops are hand-written)."""
+    """The C source plus one PROBE_ENTRY per generic op (special ops are hand-written)."""
     if sample_every < 1:
         raise ValueError("sample_every must be at least 1")
     if stack_slow_ms < 0:
@@ -87,8 +88,8 @@ def program_text(
         f"#define RUNTIME_OPS {_op_mask(CUDART)}ULL\n#define DRIVER_OPS {_op_mask(CUDA)}ULL\n"
     )
     pairs = [
-        f"PROBE_PAIR({i}, {op.bytes_arg}, {op.count_arg}, {op.dtype_arg}, {op.comm_arg}, "
-        f"{int(op.always_sample)}, {int(op.numbered)}, {op.stream_arg}, "
+        f"PROBE_ENTRY({i}, {op.bytes_arg}, {op.count_arg}, {op.dtype_arg}, {op.comm_arg}, "
+        f"{int(op.numbered)}, {op.stream_arg}, "
         f"{STREAM_KINDS[op.stream_kind]}, {op.stream_offset}, {op.event_arg})"
         for i, op in enumerate(OPS)
         if op.symbols and not op.special
@@ -102,7 +103,8 @@ def probe_names(att: Attachment) -> tuple[str, str]:
         return "enter_comm_init", "leave_comm_init"
     if att.op.special == "comm_destroy":
         return "enter_comm_destroy", "leave_comm_destroy"
-    return f"enter_{att.op_id}", f"leave_{att.op_id}"
+    # One return program for all generic ops (bpf/ingero.bpf.c, PROBE_ENTRY).
+    return f"enter_{att.op_id}", "leave_always" if att.op.always_sample else "leave_sampled"
 
 
 @dataclass
@@ -126,6 +128,11 @@ class Probes:
     # Whether the kernel has uprobe_multi links, asked at the first refused link (None: no
     # link refused yet).
     _kernel_links: bool | None = None
+    # Samples carry stacks: the probes tail-call stack_sample (bpf/ingero.bpf.c), and a
+    # probe loaded for a link calls its uprobe_multi copy, loaded at the first link
+    # (tailcall.py; None: not yet, -1: it did not load, so no link is tried).
+    stacks: bool = False
+    _multi_sampler: int | None = None
     _until: float = math.inf  # monotonic time the current poll stops reading at
 
     def attach_library(self, lib: LibraryFile) -> list[Attachment]:
@@ -184,8 +191,7 @@ class Probes:
         if not self.multi or (key in self.bpf.funcs and key not in self._multi_names):
             return False
         try:
-            fn = self.bpf.load_func(key, type(self.bpf).KPROBE,
-                                    attach_type=BPF_TRACE_UPROBE_MULTI)  # fmt: skip
+            fn = self._load_multi(key)
         except Exception:  # BCC raises bare Exception when a program cannot load
             return False
         self._multi_names.add(key)
@@ -205,6 +211,24 @@ class Probes:
                         os.close(self.bpf.funcs.pop(key).fd)
             return False
         return True
+
+    def _load_multi(self, key: bytes) -> Any:
+        """Program ``key`` with uprobe_multi's attach type (with stacks, its tail call
+        pointed at the uprobe_multi copy of the stack walk, loaded the first time)."""
+        if key in self.bpf.funcs:  # a return program shared by several ops, loaded once
+            return self.bpf.funcs[key]
+        if not self.stacks:
+            return self.bpf.load_func(key, type(self.bpf).KPROBE,
+                                      attach_type=BPF_TRACE_UPROBE_MULTI)  # fmt: skip
+        if self._multi_sampler is None:
+            try:
+                self._multi_sampler = tailcall.link_multi_sampler(self.bpf, BPF_TRACE_UPROBE_MULTI)
+            except Exception:
+                self._multi_sampler = -1
+                raise
+        if self._multi_sampler < 0:
+            raise OSError(f"no uprobe_multi copy of {tailcall.STACK_SAMPLER.decode()}")
+        return tailcall.load_multi(self.bpf, key, BPF_TRACE_UPROBE_MULTI)
 
     def _perf(self, path: str, name: str, att: Attachment, retprobe: bool) -> None:
         """Program ``name`` at ``att``'s symbol as a BCC perf-event uprobe. Where ``name``
@@ -350,6 +374,10 @@ class Probes:
             with contextlib.suppress(OSError):
                 os.close(fn.fd)
         self.perf_copies.clear()
+        if self._multi_sampler is not None and self._multi_sampler >= 0:
+            with contextlib.suppress(OSError):
+                os.close(self._multi_sampler)
+            self._multi_sampler = None
 
 
 def load(
@@ -377,5 +405,12 @@ def load(
         except Exception as exc:  # compile/verifier errors arrive as bare Exception
             error = exc
             continue
-        return Probes(bpf, pid, task_storage=bool(flags), multi=uprobe_multi)
+        if stacks:
+            try:
+                tailcall.link_sampler(bpf)
+            except Exception as exc:  # BCC raises bare Exception when a program cannot load
+                bpf.cleanup()
+                error = exc
+                continue
+        return Probes(bpf, pid, task_storage=bool(flags), multi=uprobe_multi, stacks=stacks)
     raise ProbeError(f"cannot load the BPF program: {error}")

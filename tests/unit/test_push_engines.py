@@ -212,3 +212,17 @@ def test_hanging_servers_share_one_budget_per_push(
     for _ in range(4):
         w.observe()
     assert len(set(read)) == 5  # the next pushes start further on: every server is read
+
+
+def test_a_router_serves_no_model(node: tuple[Path, Path]) -> None:
+    """A router passes requests on: it is recorded, but not a server whose steps or model
+    count (its tree is not measured, it names no service, it makes no node a server)."""
+    root, db = node
+    proc(root, 60, PY, "-m", "sglang_router.launch_router", "--model", "qwen")
+    w = EngineWatcher(db_path=db, clock=ManualClock(), proc_root=root, fetch=Server().fetch)
+    w.observe()
+    assert set(w.summary()) == {60} and w.serving() == {} and w.trees() == {}
+    proc(root, 61, PY, "/v/bin/vllm", "serve", "llama")
+    w.observe()
+    assert set(w.serving()) == set(w.trees()) == {61}
+    assert w.service == "llama"

@@ -22,24 +22,39 @@ from ingero.trace.probes import bpf_source_path, probe_names, program_text
 from ingero.trace.symbols import Attachment
 
 
-def test_one_probe_pair_per_generic_op() -> None:
+def test_one_entry_probe_per_generic_op() -> None:
     text = program_text(bpf_source_path().read_text(), sample_every=16)
     assert "#define SAMPLE_EVERY 16" in text
     assert f"#define OP_OFFCPU {OP_OFFCPU}" in text
-    pairs = re.findall(
-        r"^PROBE_PAIR\((\d+), (\d), (\d), (\d), (\d), ([01]), ([01]), (\d), (\d), (-1|\d+), (\d)\)$",
+    entries = re.findall(
+        r"^PROBE_ENTRY\((\d+), (\d), (\d), (\d), (\d), ([01]), (\d), (\d), (-1|\d+), (\d)\)$",
         text, re.M,
     )  # fmt: skip
     generic = [i for i, op in enumerate(OPS) if op.symbols and not op.special]
-    assert [int(p[0]) for p in pairs] == generic
-    for p in pairs:
+    assert [int(p[0]) for p in entries] == generic
+    for p in entries:
         op = OPS[int(p[0])]
         assert tuple(int(x) for x in p[1:5]) == (op.bytes_arg, op.count_arg, op.dtype_arg,
                                                  op.comm_arg)  # fmt: skip
-        assert int(p[5]) == int(op.always_sample)
-        assert int(p[6]) == int(op.numbered)
-        assert (int(p[7]), int(p[8])) == (op.stream_arg, STREAM_KINDS[op.stream_kind])
-        assert (int(p[9]), int(p[10])) == (op.stream_offset, op.event_arg)
+        assert int(p[5]) == int(op.numbered)
+        assert (int(p[6]), int(p[7])) == (op.stream_arg, STREAM_KINDS[op.stream_kind])
+        assert (int(p[8]), int(p[9])) == (op.stream_offset, op.event_arg)
+
+
+def test_generic_ops_return_through_one_of_two_shared_programs() -> None:
+    """The return program says whether every call is sampled; the op itself comes from the
+    call's entry. Each name is a program of the source."""
+    source = bpf_source_path().read_text()
+    for i, op in enumerate(OPS):
+        if not op.symbols or op.special:
+            continue
+        enter, leave = probe_names(Attachment(i, op, op.symbols[0], 0x10))
+        assert enter == f"enter_{i}"
+        assert leave == ("leave_always" if op.always_sample else "leave_sampled")
+        assert (
+            f"int {leave}(struct pt_regs *ctx) {{ return call_leave(ctx, {int(op.always_sample)}); }}"
+            in source
+        )
 
 
 def test_stream_kinds_match_the_c_source() -> None:

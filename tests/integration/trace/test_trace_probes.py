@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import ctypes
 import os
 import subprocess
 import sys
@@ -13,6 +14,7 @@ from pathlib import Path
 
 import pytest
 
+from ingero.trace.aggregate import Snapshot
 from ingero.trace.bccload import load_bcc
 from ingero.trace.decode import KIND_CALL, decode
 from ingero.trace.ops import CUDA, CUDART, NCCL, OP_IDS
@@ -78,6 +80,17 @@ def run(argv: list[str], env: dict[str, str] | None = None) -> tuple[int, str]:
     return proc.pid, out
 
 
+def release(probes: Probes, proc: subprocess.Popen[str]) -> tuple[list[bytes], Snapshot]:
+    """Let a cuda_loop waiting on stdin run to its end: the samples it sent and the maps."""
+    samples: list[bytes] = []
+    probes.open_ring(samples.append)
+    out, _ = proc.communicate("go\n", timeout=60)
+    assert "cudaMalloc=" in out
+    probes.poll()
+    snap, _ = probes.snapshot()
+    return samples, snap
+
+
 @pytest.mark.parametrize(
     ("task_storage", "uprobe_multi"),
     [(True, True), (False, True), (True, False)],
@@ -111,13 +124,8 @@ def test_both_variants_count_every_call(
                 assert not links and not probes.links and not probes.perf_copies
             # Attaching the same file again is a no-op (no double probes).
             assert probes.attach_library(LibraryFile(CUDART, path, st.st_dev, st.st_ino)) == []
-            samples: list[bytes] = []
-            probes.open_ring(samples.append)
             # the ring is read once, after the run, so the run's samples must fit it
-            out, _ = proc.communicate("go\n", timeout=60)
-            assert "cudaMalloc=" in out
-            probes.poll()
-            snap, _ = probes.snapshot()
+            samples, snap = release(probes, proc)
             for op in ("cudaMalloc", "cudaFree", "cudaLaunchKernel", "cudaGraphLaunch"):
                 stat = snap.stats[(pid, OP_IDS[op])]
                 assert stat.count == 200 and stat.errors == 200, op
@@ -199,6 +207,7 @@ def test_a_driver_call_the_runtime_makes_is_counted_once(
 
 HOLDER = """
 import sys, time
+from ingero.trace.aggregate import Snapshot
 from ingero.trace.bccload import load_bcc
 bpf = load_bcc().BPF(text=b"int hit(struct pt_regs *ctx) { return 0; }")
 bpf.attach_uprobe(name=sys.argv[1].encode(), sym=b"cudaMalloc", fn_name=b"hit")
@@ -263,3 +272,32 @@ def test_the_kernel_says_whether_it_has_uprobe_multi_links(bpf_ready: None) -> N
         assert not kernel_has_links(plain.fd)
     finally:
         bpf.cleanup()
+
+
+@pytest.mark.parametrize("uprobe_multi", [True, False], ids=["links", "perf-uprobes"])
+def test_a_stack_sample_with_no_stack_program_is_a_drop_and_the_calls_count(
+    bpf_ready: None, cuda_loop: Path, uprobe_multi: bool
+) -> None:
+    """Samples with a stack are taken by a tail call into the stack program: with its slot
+    empty the call does not happen, and each such sample is counted as dropped while every
+    call is still counted (the process's start and exit, taken without a stack, arrive)."""
+    proc = subprocess.Popen([str(cuda_loop), "50", "0"], stdin=subprocess.PIPE,
+                            stdout=subprocess.PIPE, text=True)  # fmt: skip
+    try:
+        with loaded(True, uprobe_multi, proc.pid) as probes:
+            path = os.path.realpath(CUDA_HOME / "lib64" / "libcudart.so")
+            st = os.stat(path)
+            assert probes.attach_library(LibraryFile(CUDART, path, st.st_dev, st.st_ino))
+            for table in (b"stack_progs", b"stack_progs_multi"):
+                with contextlib.suppress(KeyError):  # the links' copy: only where one loaded
+                    del probes.bpf[table][ctypes.c_int(0)]
+            samples, snap = release(probes, proc)
+            for op in ("cudaMalloc", "cudaFree", "cudaLaunchKernel", "cudaGraphLaunch"):
+                assert snap.stats[(proc.pid, OP_IDS[op])].count == 50, op
+            mine = [e for e in map(decode, samples) if e.pid == proc.pid]
+            assert [e.native for e in mine] == [None, None]
+            assert snap.host["dropped_events"] == 11 * 50
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+        proc.wait()
