@@ -303,7 +303,7 @@ class NodeSampler:
         }
         # The servers' /metrics time their steps (else the tracer does, below).
         timed = INFERENCE_STEP_RATE in (inference or {})
-        inference, steps = self._server_steps(window, inference)
+        inference, steps = self._server_steps(window, inference, timed)
         served: tuple[ServerStep, ...] = ()
         if self.engines is not None and INFERENCE_TOKEN_RATE in (inference or {}):
             served = self.token_servers.judge(
@@ -361,14 +361,13 @@ class NodeSampler:
         # GiB of 80 used to 0.43 and hid a 10% slowdown in 10 of 10 runs
         # (docs/benchmarks.md); GPU memory pressure shows where it hurts, as allocator
         # retries that slow the work the throughput signal measures.
-        mem_free = host_mem_free
         result = compute_score(
             ScoreInputs(
                 throughput_rate=throughput,
                 throughput_baseline=reference,
                 gpu_busy_fraction=busy,
                 gpu_busy_baseline=busy_base.estimate if busy_base is not None else None,
-                mem_free_fraction=mem_free,
+                mem_free_fraction=host_mem_free,
                 cpu_busy_fraction=cpu_busy,
                 gpu_health=health.value,
                 rates={
@@ -414,20 +413,21 @@ class NodeSampler:
         return self.last
 
     def _server_steps(
-        self, window: WindowAggregates, inference: Mapping[str, float] | None
+        self, window: WindowAggregates, inference: Mapping[str, float] | None, timed: bool
     ) -> tuple[Mapping[str, float] | None, tuple[ServerStep, ...]]:
         """Each server's steps, judged against its own baseline: where the servers'
         /metrics time their steps (TGI, Triton), those (the node's rate is already their
         median); else from the tracer (``ingero.push.servers.measure``: of the server and
         its workers, the decode stream's decode steps, else their synchronize calls per
-        second), and the node's rate is the median over its servers that stepped."""
+        second), and the node's rate is the median over its servers that stepped.
+        ``timed``: the servers' /metrics time their steps this interval."""
         if self.engines is None:
             return inference, ()
         for baselines in (self.servers, self.timed_servers, self.token_servers):
             baselines.prune(self.engines.summary())
-        if INFERENCE_STEP_RATE in (inference or {}):
-            timed = {pid: r.step_rate for pid, r in self.engines.rates.items()}
-            return inference, self.timed_servers.judge(metered(timed))
+        if timed:
+            rates = {pid: r.step_rate for pid, r in self.engines.rates.items()}
+            return inference, self.timed_servers.judge(metered(rates))
         if not window.syncs or window.covered_s <= 0:
             return inference, ()
         found = measure(
