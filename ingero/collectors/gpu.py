@@ -35,20 +35,6 @@ class GpuStatus:
     gpus: tuple[GpuInfo, ...] = ()
     error: str | None = None
 
-    @property
-    def mem_free_fraction(self) -> float | None:
-        """Free share of the memory of GPUs that report both free and total; else None."""
-        pairs = [
-            (g.mem_free_mib, g.mem_total_mib)
-            for g in self.gpus
-            if g.mem_free_mib is not None and g.mem_total_mib
-        ]
-        if not pairs:
-            return None
-        free = sum(f for f, _ in pairs if f is not None)
-        total = sum(t for _, t in pairs if t is not None)
-        return min(1.0, max(0.0, free / total))
-
 
 class GpuQuery(Protocol):
     def query(self) -> GpuStatus: ...

@@ -216,20 +216,6 @@ class WindowAggregates:
         return sum(busy.values()) / len(busy) if busy else None
 
     @property
-    def gpu_mem_free_fraction(self) -> float | None:
-        """Free share of the memory of the GPUs that reported free and total, or None."""
-        pairs = [
-            (g.mem_free_bytes, g.mem_total_bytes)
-            for g in self.gpus.values()
-            if g.mem_free_bytes is not None and g.mem_total_bytes
-        ]
-        if not pairs:
-            return None
-        free = sum(f for f, _ in pairs if f is not None)
-        total = sum(t for _, t in pairs if t is not None)
-        return min(1.0, max(0.0, free / total))
-
-    @property
     def gpu_pids(self) -> tuple[int, ...]:
         """Processes NVML listed on any GPU in the window."""
         return tuple(sorted({p for g in self.gpus.values() for p in g.pids}))

@@ -12,6 +12,18 @@ from ingero.collectors.gpu import GpuInfo, NoGpu, NvidiaSmi, interpret, parse_qu
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures" / "collectors" / "nvidia-smi"
 
 
+def free_share(gpus: tuple[GpuInfo, ...]) -> float | None:
+    """The free share of the memory of the GPUs whose free and total were both parsed."""
+    pairs = [
+        (g.mem_free_mib, g.mem_total_mib)
+        for g in gpus
+        if g.mem_free_mib is not None and g.mem_total_mib
+    ]
+    if not pairs:
+        return None
+    return sum(f or 0.0 for f, _ in pairs) / sum(t or 0.0 for _, t in pairs)
+
+
 def fixture(name: str) -> str:
     return (FIXTURES / name).read_text()
 
@@ -35,9 +47,9 @@ def test_interpret_captured_outputs(
     status = interpret(returncode, fixture(name), "")
     assert len(status.gpus) == gpus
     if mem_free is None:
-        assert status.mem_free_fraction is None
+        assert free_share(status.gpus) is None
     else:
-        assert status.mem_free_fraction == pytest.approx(mem_free)
+        assert free_share(status.gpus) == pytest.approx(mem_free)
     if error is None:
         assert status.error is None
     else:

@@ -560,7 +560,9 @@ def test_a_node_is_judged_on_its_hosts_memory_not_its_full_gpus(tmp_path: Path) 
         node.run(2.0, mem_free_bytes=total // 10, mem_total_bytes=total)
         trained, served = training.sample(), serving.sample()
     assert trained.window is not None
-    assert trained.window.gpu_mem_free_fraction == pytest.approx(0.1, abs=0.01)
+    (gpu,) = trained.window.gpus.values()  # the GPU itself is 90% full
+    assert gpu.mem_free_bytes is not None and gpu.mem_total_bytes
+    assert gpu.mem_free_bytes / gpu.mem_total_bytes == pytest.approx(0.1, abs=0.01)
     for sample in (trained, served):
         assert sample.result is not None
         assert sample.result.signals["memory"] == pytest.approx(0.9)  # the host's (meminfo)
