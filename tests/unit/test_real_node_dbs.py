@@ -16,45 +16,18 @@ from pathlib import Path
 
 import pytest
 
-from ingero.collectors.procfs import ProcReader
-from ingero.push.config import PushConfig
-from ingero.push.sampler import NodeSample, NodeSampler
-from ingero.runtime.clock import ManualClock
+from bench import node_replay
+from ingero.push.sampler import NodeSample
 
 H200 = Path(__file__).resolve().parents[1] / "fixtures" / "h200"
-# When each recording's job was made 20% slower (wall clock; README.md).
+# When each recording's job was made slower (wall clock; README.md says by how much).
 SLOWED_AT = {"mlp.db": 1795782642.39, "decode.db": 1795782696.47}
-
-
-class UnrecordedCpu(ProcReader):
-    """The node's /proc was not recorded: the CPU signal is missing, not this host's."""
-
-    def cpu_busy_fraction(self) -> float | None:
-        return None
 
 
 def replay(name: str, tmp_path: Path) -> list[NodeSample]:
     db = tmp_path / name
     shutil.copy(H200 / name, db)  # the reader may leave WAL files beside it
-    with sqlite3.connect(db) as con:
-        first, last = con.execute(
-            "SELECT min(ts_start), max(ts_end) FROM host_intervals"
-        ).fetchone()
-    clock = ManualClock(first + 1.05)
-    sampler = NodeSampler(
-        node_id="h200",
-        db_path=db,
-        config=PushConfig().score,
-        window_s=1.0,
-        clock=clock,
-        proc=UnrecordedCpu(),
-        pid_alive=lambda pid: True,
-    )
-    samples = []
-    while clock.now() <= last + 0.06:
-        samples.append(sampler.sample())
-        clock.advance(1.0)
-    return samples
+    return node_replay.replay(db, 1.0)
 
 
 def scored(samples: list[NodeSample]) -> list[NodeSample]:
