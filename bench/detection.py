@@ -48,6 +48,7 @@ score - threshold, and how many classified intervals fell below it).
         [--min-margin 0.04] [--no-peers]
         [--push-interval 5] [--tracer-interval 1] [--push-jitter 0.1] [--late 0] [--no-nvml]
         [--rate-window 0] [--explain 0] [--persist 120] [--servers 4] [--no-streams]
+        [--gpu-mem-used GIB]
 
 ``--explain N`` prints, for the 10% runs, the slowed node's score - threshold over
 intervals 2-13 (mean, sd, correlation of one interval with the next), what independent
@@ -750,7 +751,8 @@ def main() -> None:
     parser.add_argument("--explain", type=int, default=0, metavar="N",
                         help="print the N slowest runs at 10%%, interval by interval")  # fmt: skip
     parser.add_argument("--persist", type=int, default=120, metavar="I",
-                        help="a node 10%% slower for I intervals: its episodes (0: skip)")  # fmt: skip
+                        help="a node 10%% and one 20%% slower for I intervals, then back: "
+                             "episodes, flaps, recovery (0: skip)")  # fmt: skip
     parser.add_argument("--servers", type=int, default=Timing.servers,
                         help="inference servers per node (--shape inference)")  # fmt: skip
     parser.add_argument("--no-streams", action="store_true",
