@@ -734,11 +734,8 @@ static __always_inline int call_enter(struct pt_regs *ctx, u32 op, int bytes_arg
         ev.kind = KIND_ENTER;
         // Its stack is taken here, not at its return: a hung collective never returns,
         // and the return of one (same caller) is given this stack by user space. Last:
-        // the stack's tail call does not return.
-        if (STACKS)
-            sample_with_stack(ctx, &ev, 1);
-        else
-            emit(&ev);
+        // the stack's tail call does not return (without stacks it is a plain emit).
+        sample_with_stack(ctx, &ev, 1);
     }
     return 0;
 }
@@ -788,7 +785,7 @@ static __always_inline int call_leave(struct pt_regs *ctx, int always) {
         ev.rank = c->rank;
         ev.nranks = c->nranks;
         call_pop(id, s);
-        if (STACKS && !ev.seq)
+        if (!ev.seq)
             sample_with_stack(ctx, &ev, 0);
         else
             emit(&ev);
