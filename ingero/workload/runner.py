@@ -1,5 +1,8 @@
 """Runs the synthetic workload as a process: one write to the node DB per interval.
 
+Each interval starts where the last one ended and lasts at least the interval, as ``ingero
+trace``'s do: a late one (a loaded node) is longer, and the next is a whole interval again.
+
 The slowdown can change at run time: a control file holding a number (``0.3``), optionally
 followed by the cause of the slowdown (``0.3 io``; ``ingero.workload.generator.CAUSES``), is
 re-read every interval; SIGUSR1 toggles the ``--slowdown`` value (with its ``--cause``) on and
@@ -238,7 +241,10 @@ class WorkloadRunner:
             while not self.stop_event.is_set():
                 if self.stop_event.wait(max(0.0, next_tick - time.monotonic())):
                     break
-                next_tick += self.interval_s
+                # From now, not from a schedule: short intervals catching up after a late
+                # one are not what a tracer writes, and fleet-push's window (a push interval
+                # long) measures each of them together with the late one before it.
+                next_tick = time.monotonic() + self.interval_s
                 now = self.clock.now()
                 if self._slow_at is not None and self.clock.monotonic() >= self._slow_at:
                     self._slow_at = None

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import sqlite3
 import statistics
+import time
 from pathlib import Path
 
 import pytest
@@ -127,6 +128,52 @@ def test_rows_fit_the_node_db_schema(tmp_path: Path) -> None:
     assert conn.execute("SELECT COUNT(*) FROM gpu_processes").fetchone()[0] == 2 * ticks
     assert conn.execute("SELECT COUNT(*) FROM host_intervals").fetchone()[0] == ticks
     conn.close()
+
+
+def test_a_late_interval_is_longer_and_not_followed_by_short_ones(tmp_path: Path) -> None:
+    """As ``ingero trace``'s: held up (here by a writer holding the node DB), the runner
+    writes one longer interval, then whole ones again, never a burst of short ones."""
+    import threading
+
+    interval = 0.05
+    runner = WorkloadRunner(tmp_path / "n.db", WorkloadProfile(), interval_s=interval, seed=1)
+    thread = threading.Thread(target=runner.run)
+    thread.start()
+    try:
+        deadline = time.monotonic() + 30
+        while not host_rows(tmp_path / "n.db"):
+            assert time.monotonic() < deadline, "no interval written"
+            time.sleep(0.01)
+        blocker = sqlite3.connect(tmp_path / "n.db", isolation_level=None)
+        blocker.execute("BEGIN EXCLUSIVE")
+        time.sleep(8 * interval)  # the runner's next write waits for this transaction
+        blocker.execute("COMMIT")
+        blocker.close()
+        written = len(host_rows(tmp_path / "n.db"))
+        while len(host_rows(tmp_path / "n.db")) < written + 4:
+            assert time.monotonic() < deadline, "too few intervals after the late one"
+            time.sleep(0.01)
+    finally:
+        runner.stop_event.set()
+        thread.join()
+    lengths = [end - start for start, end in host_rows(tmp_path / "n.db")]
+    assert max(lengths) >= 4 * interval, lengths  # one interval was held up
+    # (wall-clock row times, a monotonic schedule: a tenth for the clocks' difference)
+    assert min(lengths) >= 0.9 * interval, lengths
+
+
+def host_rows(db: Path) -> list[tuple[float, float]]:
+    """The node DB's tracer intervals so far (none before the runner created its tables)."""
+    if not db.exists():
+        return []
+    conn = sqlite3.connect(f"file:{db}?mode=ro", uri=True)
+    try:
+        query = "SELECT ts_start, ts_end FROM host_intervals ORDER BY ts_end"
+        return conn.execute(query).fetchall()
+    except sqlite3.OperationalError:  # not created yet
+        return []
+    finally:
+        conn.close()
 
 
 def test_stall_after_stops_the_work_but_not_the_gpu_rows(tmp_path: Path) -> None:
