@@ -5,7 +5,8 @@ trace``'s do: a late one (a loaded node) is longer, and the next is a whole inte
 
 The slowdown can change at run time: a control file holding a number (``0.3``), optionally
 followed by the cause of the slowdown (``0.3 io``; ``ingero.workload.generator.CAUSES``), is
-re-read every interval; SIGUSR1 toggles the ``--slowdown`` value (with its ``--cause``) on and
+re-read every interval (``for N`` after either, ``0.3 for 2``: the next N intervals only,
+counted by the runner); SIGUSR1 toggles the ``--slowdown`` value (with its ``--cause``) on and
 off, and ``slow_after`` turns it on that many seconds after the start. The control file
 holding ``stall`` stops the process's work (as a hung or SIGSTOPped rank: no calls, its GPU
 idle but still held), and so does ``stall_after`` seconds after the start. With a jobs
@@ -52,22 +53,56 @@ class Control:
     slowdown: float = 0.0
     stalled: bool = False
     cause: str | None = None  # what the slowdown comes from; None: the runner's own cause
+    # ``for N``: the next N intervals run so, later ones at full speed until the file is
+    # written again. None: every interval while the file says so.
+    intervals: int | None = None
+
+
+# A control file as written: its inode, modification time and text (a new write is a new
+# request, though the clock's tick may give it the time of the one before).
+Stamp = tuple[int, int, str]
 
 
 def read_control(path: Path) -> Control | None:
     """What a control file asks for (a slowdown and its cause, or ``stall``), None when absent;
     a bad value is logged and ignored."""
+    read = read_control_stamped(path)
+    return read[0] if read is not None else None
+
+
+def read_control_stamped(path: Path) -> tuple[Control, Stamp] | None:
+    """``read_control``'s answer with the stamp of the write it read."""
     try:
-        text = path.read_text().strip()
+        with path.open() as f:
+            info = os.fstat(f.fileno())
+            text = f.read().strip()
     except FileNotFoundError:
         return None
     except OSError as exc:
         log.warning("cannot read control file %s: %s", path, exc.strerror)
         return None
+    control = parse_control(path, text)
+    return (control, (info.st_ino, info.st_mtime_ns, text)) if control is not None else None
+
+
+def parse_control(path: Path, text: str) -> Control | None:
+    """A control file's text (``0.3``, ``0.3 io``, ``stall``, each optionally followed by
+    ``for N``), None (logged) where it is none of those."""
+    words = text.split()
+    intervals = None
+    if len(words) >= 2 and words[-2].lower() == "for":
+        try:
+            intervals = int(words[-1])
+        except ValueError:
+            intervals = 0
+        if intervals < 1:
+            log.warning("control file %s: 'for' needs a whole number of intervals >= 1", path)
+            return None
+        text = " ".join(words[:-2])
     if not text:
-        return Control()
+        return Control(intervals=intervals)
     if text.lower() == STALL:
-        return Control(stalled=True)
+        return Control(stalled=True, intervals=intervals)
     number, _, cause = text.partition(" ")
     cause = cause.strip().lower()
     try:
@@ -81,7 +116,7 @@ def read_control(path: Path) -> Control | None:
     if cause and cause not in CAUSES:
         log.warning("control file %s: cause %r is none of %s", path, cause[:40], ", ".join(CAUSES))
         return None
-    return Control(slowdown=value, cause=cause or None)
+    return Control(slowdown=value, cause=cause or None, intervals=intervals)
 
 
 class SyntheticProc:
@@ -190,6 +225,8 @@ class WorkloadRunner:
         self._slow_at: float | None = None
         self.late = late
         self._late_rng = random.Random(seed)
+        # The control file's last ``for N`` request (its stamp) and its intervals still to run.
+        self._request: tuple[Stamp, int] | None = None
 
     def toggle(self, _signum: int = 0, _frame: FrameType | None = None) -> None:
         self.toggled = not self.toggled
@@ -199,11 +236,26 @@ class WorkloadRunner:
     def current(self) -> Control:
         """What this interval runs at: the control file's word, else the toggle and the stall."""
         if self.control is not None:
-            from_file = read_control(self.control)
-            if from_file is not None:
+            read = read_control_stamped(self.control)
+            if read is not None:
+                from_file, stamp = read
+                if from_file.intervals is not None:
+                    from_file = self._counted(from_file, stamp)
                 return replace(from_file, cause=from_file.cause or self.cause)
         stalled = self._stall_at is not None and self.clock.monotonic() >= self._stall_at
         return Control(self.slowdown_value if self.toggled else 0.0, stalled, self.cause)
+
+    def _counted(self, control: Control, stamp: Stamp) -> Control:
+        """A control for N intervals: this interval's share of it (full speed once spent).
+        Counted here, not by whoever writes the file: however late they come to write the
+        next word, exactly N intervals run so."""
+        if self._request is None or self._request[0] != stamp:
+            self._request = (stamp, control.intervals or 0)
+        seen, left = self._request
+        if left <= 0:
+            return Control()
+        self._request = (seen, left - 1)
+        return control
 
     def current_slowdown(self) -> float:
         return self.current().slowdown

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import sqlite3
 import statistics
 import time
@@ -229,6 +230,11 @@ def test_a_job_file_needs_a_numeric_job_id(tmp_path: Path) -> None:
         ("stall\n", Control(0.0, stalled=True)),
         ("0.3 io\n", Control(0.3, cause="io")),
         ("0.25  Throttle", Control(0.25, cause="throttle")),
+        ("0.3 for 2\n", Control(0.3, intervals=2)),
+        ("0.3 io FOR 1", Control(0.3, cause="io", intervals=1)),
+        ("stall for 3", Control(0.0, stalled=True, intervals=3)),
+        ("0.3 for 0", None),
+        ("0.3 for two", None),
         ("0.3 gpu", None),
         ("fast", None),
         ("1.5", None),
@@ -239,6 +245,26 @@ def test_control_file_values(tmp_path: Path, content: str, expected: Control | N
     path = tmp_path / "control"
     path.write_text(content)
     assert read_control(path) == expected
+
+
+def test_a_control_for_n_intervals_runs_exactly_n_however_late_it_is_cleared(
+    tmp_path: Path,
+) -> None:
+    control = tmp_path / "control"
+    runner = WorkloadRunner(tmp_path / "n.db", WorkloadProfile(), control=control)
+    control.write_text("0.3 for 2")
+    assert [runner.current().slowdown for _ in range(4)] == [0.3, 0.3, 0.0, 0.0]
+    control.write_text("0.2 io for 1")  # a new request
+    assert [runner.current() for _ in range(2)] == [
+        Control(0.2, cause="io", intervals=1),
+        Control(),
+    ]
+    stamp = control.stat().st_mtime_ns
+    control.write_text("0.2 io for 1")  # the same again, written later
+    os.utime(control, ns=(stamp + 10**9, stamp + 10**9))
+    assert [runner.current().slowdown for _ in range(2)] == [0.2, 0.0]
+    control.write_text("0.1")  # and a plain word holds as long as it is there
+    assert [runner.current().slowdown for _ in range(3)] == [0.1, 0.1, 0.1]
 
 
 def test_missing_control_file_is_none(tmp_path: Path) -> None:

@@ -237,8 +237,11 @@ class Cluster:
         )
         return nodes
 
-    def slow_down(self, i: int, fraction: float) -> None:
-        (self.tmp / f"{self.node(i)}.slow").write_text(str(fraction))
+    def slow_down(self, i: int, fraction: float, intervals: int | None = None) -> None:
+        """Node ``i``'s work ``fraction`` slower from its next tracer interval: until told
+        otherwise, or for exactly ``intervals`` of them (its workload counts them)."""
+        until = "" if intervals is None else f" for {intervals}"
+        (self.tmp / f"{self.node(i)}.slow").write_text(f"{fraction}{until}")
 
     def events(self) -> list[Event]:
         try:
