@@ -94,7 +94,7 @@ from ingero.workload.generator import CAUSES, DEFAULT_SHAPE, SHAPE_NAMES
     type=click.Path(dir_okay=False, path_type=Path),
     default=None,
     help="File holding the current slowdown (0.3), with its cause ('0.3 cpu') or 'stall',"
-    " re-read every interval.",
+    " re-read every interval; 'for N' after it: the next N intervals only ('0.3 for 2').",
 )
 @click.option(
     "--stall-after",
