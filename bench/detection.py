@@ -642,10 +642,10 @@ def stall(
 
 def false_events(
     shape: str, nodes: int, noise: float, hours: float, warmup: int
-) -> tuple[int, int, int, int, int, list[float]]:
+) -> tuple[int, int, int, int, int, list[list[float]]]:
     """Episodes the nodes and Fleet started in a steady time, GPU events, pushes that said
-    stalled, samples held for want of new tracer data, and every classified interval's
-    score - threshold (how far the healthy nodes sit above it)."""
+    stalled, samples held for want of new tracer data, and each node's classified
+    intervals' score - threshold in order (how far the healthy nodes sit above it)."""
     sim = Sim(shape, nodes, seed=10_000, noise=noise)
     sim.warm(warmup)
     sim.gpu_events = 0
@@ -661,7 +661,7 @@ def false_events(
     fleet = len({e.event_id for e in sim.fleet_events if e.type == "straggler_state"})
     stalled = sum(sim.stalled_pushes.values())
     held = sum(n.held for n in sim.nodes)
-    return node, fleet, sim.gpu_events, stalled, held, [g for n in sim.nodes for g in n.gaps]
+    return node, fleet, sim.gpu_events, stalled, held, [list(n.gaps) for n in sim.nodes]
 
 
 def fmt(values: list[int], missed: int, runs: int) -> str:
@@ -855,9 +855,10 @@ def main() -> None:
             + f"; its states: {' '.join(states[:10])}; its job then ends: "
             + f"{' '.join(states[10:])}, episode ended (node / Fleet): {ended}"
         )
-        node, fleet, gpu, stalled, held, gaps = false_events(
+        node, fleet, gpu, stalled, held, per_node = false_events(
             shape, n, noise, args.hours, args.warmup
         )
+        gaps = [g for each in per_node for g in each]
         node_hours = n * args.hours
         print(
             f"steady {args.hours:g} h, {node_hours:g} node-hours: false straggler episodes "

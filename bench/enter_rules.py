@@ -11,7 +11,8 @@ with each interval's share capped, so that one interval far below cannot make an
 alone). For each rule it prints the false episodes of the healthy nodes (an episode ends
 after ``exit_intervals`` intervals in a row at ``hysteresis`` above), how high their
 deficit rose, and the intervals from the slowdown to the first flag per level. The
-classifier's own first flag in the same runs is printed beside as a check of the replay.
+classifier's own first flag in the same runs, and its own false episodes in the steady
+time, are printed beside as a check of the replay.
 
 The gaps are the node's: the threshold it was given is Fleet's of the previous tick, so a
 rule adopted from here must be applied by Fleet's tick and by fleet-push alike and measured
@@ -95,19 +96,6 @@ def first_flag(run: list[tuple[int, float]], rule: Rule) -> int | None:
         if judge.enters(gap) and interval > 0:
             return interval
     return None
-
-
-def healthy_gaps(
-    shape: str, nodes: int, noise: float, hours: float, warmup: int
-) -> list[list[float]]:
-    """Every node's classified gaps over a steady time."""
-    s = sim.Sim(shape, nodes, seed=10_000, noise=noise)
-    s.warm(warmup)
-    for node in s.nodes:
-        node.gaps.clear()
-    for _ in range(int(hours * 3600 / sim.Timing.push)):
-        s.step()
-    return [list(node.gaps) for node in s.nodes]
 
 
 def slowed_gaps(
@@ -194,7 +182,10 @@ def main() -> None:
         )
         slowed[level] = runs
         print(f"  the classifier itself, {level:.0%}: median / p95 / max {summary(flagged)}")
-    healthy = healthy_gaps(args.shape, args.nodes, args.noise, args.hours, args.warmup)
+    node_false, *_, healthy = sim.false_events(
+        args.shape, args.nodes, args.noise, args.hours, args.warmup
+    )
+    print(f"  the classifier itself, steady: {node_false} false episodes")
     flat = sorted(g for node in healthy for g in node)
     print(
         f"  healthy gaps: {len(flat)} classified intervals, mean {statistics.mean(flat):.4f}, "
