@@ -63,15 +63,9 @@ class Control:
 Stamp = tuple[int, int, str]
 
 
-def read_control(path: Path) -> Control | None:
-    """What a control file asks for (a slowdown and its cause, or ``stall``), None when absent;
-    a bad value is logged and ignored."""
-    read = read_control_stamped(path)
-    return read[0] if read is not None else None
-
-
-def read_control_stamped(path: Path) -> tuple[Control, Stamp] | None:
-    """``read_control``'s answer with the stamp of the write it read."""
+def read_control(path: Path) -> tuple[Control, Stamp] | None:
+    """What a control file asks for (a slowdown and its cause, or ``stall``) with the stamp
+    of the write it read; None when absent, or (logged) for a bad value."""
     try:
         with path.open() as f:
             info = os.fstat(f.fileno())
@@ -236,7 +230,7 @@ class WorkloadRunner:
     def current(self) -> Control:
         """What this interval runs at: the control file's word, else the toggle and the stall."""
         if self.control is not None:
-            read = read_control_stamped(self.control)
+            read = read_control(self.control)
             if read is not None:
                 from_file, stamp = read
                 if from_file.intervals is not None:
