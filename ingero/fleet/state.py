@@ -229,6 +229,9 @@ class FleetState:
         # is stored; the per-node lag it flags is published here by each tick.
         self._nccl = CollectiveJoin(config.nccl, config.node_ttl)
         self._peer_lag: dict[NodeKey, float] = {}
+        # The stragglers by peer lag alone at the last tick, with the flagged rank that
+        # made each one: a lag episode waiting for the exit rule still names it.
+        self._lag_cause: dict[NodeKey, PeerLagCause] = {}
         self._named: dict[NodeKey, NcclNamed] = {}
         # Which clusters this replica owns for drains (several replicas behind a balancer).
         self._owners = Ownership(
@@ -477,6 +480,12 @@ class FleetState:
             slot = self._slot_of.get(node)
             if slot is not None and self._gkey[int(self._gid[slot])] == group:
                 lagging[np.searchsorted(idx, slot)] = True
+        lag_episode = np.zeros(idx.size, dtype=np.bool_)
+        for node in self._lag_cause:
+            slot = self._slot_of.get(node)
+            pos = int(np.searchsorted(idx, slot)) if slot is not None else idx.size
+            if pos < idx.size and idx[pos] == slot:  # an expired node's slot is not in idx
+                lag_episode[pos] = True
         return Snapshot(
             now=now,
             mono=mono,
@@ -500,6 +509,7 @@ class FleetState:
             pending=self._pending[idx],
             fresh=self._take_fresh(idx),
             lagging=lagging,
+            lag_episode=lag_episode,
             prev_ema=self._ema[:gn].copy(),
             prev_panic=self._panic[:gn].copy(),
             gkeys=self._gkey[:gn],
@@ -675,9 +685,14 @@ class FleetState:
                     event_id=self._episode_id[slot],
                     drain_owner=self._owners.owner(snap.gcluster[g], snap.gkeys[g], snap.mono),
                     reason="peer_lag" if lag else "score",
-                    peer_lag=causes.get(self._key[slot]) if lag else None,
+                    peer_lag=(causes.get(self._key[slot]) or self._lag_cause.get(self._key[slot]))
+                    if lag
+                    else None,
                 )
             )
+        self._lag_cause = {
+            (v.cluster_id, v.node_id): v.peer_lag for v in verdicts if v.peer_lag is not None
+        }
         return verdicts, events
 
     def _announce(self, slot: int, enters: bool, mono: float) -> bool:

@@ -51,6 +51,9 @@ class Snapshot:
     # The node pushed a new measurement since the last tick (not only held ones, or none).
     fresh: BoolArray
     lagging: BoolArray  # a rank of the node is flagged peer_lag in its group's communicator
+    # The node's episode was a straggler by peer lag alone at the last tick: once the lag
+    # clears, the episode still waits for the exit rule, and its cause is still the lag.
+    lag_episode: BoolArray
     prev_ema: FloatArray
     prev_panic: BoolArray
     gkeys: list[str]
@@ -82,7 +85,9 @@ class Outcome:
     recent: IntArray
     exits: IntArray
     peer: FloatArray  # (group, PEER_RATES) medians, NaN without quorum
-    by_lag: BoolArray  # stragglers by peer_lag alone (their score is not below, nor held)
+    # Stragglers by peer_lag alone (their score is not below, nor held), and lag episodes
+    # waiting for the exit rule after the lag cleared.
+    by_lag: BoolArray
 
 
 def finite(value: float | np.floating) -> float | None:
@@ -145,8 +150,11 @@ def compute(snap: Snapshot, config: FleetConfig) -> Outcome:
     lagging = snap.lagging & snap.active & quorum[snap.gids]
     # By the lag alone where the score does not hold it: not a straggler by score, or one
     # only because the lag keeps the exit count from starting (its score is recovered).
-    by_lag = lagging & ~(straggler & ~recovering)
+    # A lag episode whose lag has cleared stays one while it waits for the exit rule: its
+    # score was never the cause, and a verdict (a drain's reason) must not name it.
+    by_score = straggler & ~recovering
     straggler |= lagging
+    by_lag = straggler & ~by_score & (lagging | (snap.lag_episode & was_here))
     # An episode's ticks count towards no later one (fleet-push starts afresh too).
     recent = np.where(straggler, 0, recent)
     continuing = straggler & was_here

@@ -587,6 +587,35 @@ def test_peer_lag_makes_a_fleet_straggler_and_reaches_the_replies() -> None:
     assert sim.tick.verdicts == ()
 
 
+def test_a_lag_episode_names_its_lag_until_it_ends() -> None:
+    """Once the lag clears, the episode waits for the exit rule (exit_intervals ticks at
+    the recovery level); its verdicts meanwhile still name the lag that made the node a
+    straggler, so a drain decided then does not give a score above its threshold as the
+    cause."""
+    sim = state_sim(8, delay={5: 0.2})
+    for _ in range(4):
+        sim.interval()
+    assert sim.tick is not None
+    (lagging,) = sim.tick.verdicts
+    assert lagging.peer_lag is not None
+    sim.delay = {}
+    waiting = []
+    for _ in range(4):
+        sim.interval()
+        assert sim.tick is not None and sim.state is not None
+        if not sim.state.threshold_view("c1", "1234", node_id="n5").peer_lag:  # type: ignore[union-attr]
+            waiting.extend(sim.tick.verdicts)
+    assert waiting, "no tick between the lag clearing and the episode's end"
+    for verdict in waiting:
+        assert verdict.node_id == "n5" and verdict.score > verdict.threshold  # type: ignore[operator]
+        assert verdict.reason == "peer_lag"
+        assert verdict.peer_lag == lagging.peer_lag
+        assert drain_reason(verdict).startswith("ingero: peer_lag rank 5 of comm ")
+    (resolved,) = [e for e in sim.events if e.type == "straggler_resolved"]
+    assert resolved.extra["reason"] == "recovered"
+    assert sim.tick.verdicts == ()
+
+
 def test_peer_lag_without_group_quorum_is_an_event_not_a_straggler() -> None:
     """Three nodes are a communicator Fleet can judge, not a group with a threshold: the
     drain rules' no_quorum holds for a peer_lag straggler as for a score."""
