@@ -174,17 +174,34 @@ class Cluster:
         self.workloads[node] = proc
         return proc
 
-    def start_push(
+    def host_proc(self) -> Path:
+        """The /proc every node's fleet-push reads the host's CPU and memory from: written
+        once and never changed (all memory available, a CPU that never moves: not measured).
+
+        Every simulated node shares this host, so its readings are no node's own: memory
+        that anything on the host takes or frees moves every node's score at once. Fleet's
+        threshold moves with the scores, but with Fleet away the nodes judge themselves
+        against its cached threshold, which does not: 15% of the host's memory taken then
+        (3.6 GiB of 24) put healthy nodes below it, as false stragglers."""
+        root = self.tmp / "host-proc"
+        if not root.exists():
+            root.mkdir()
+            (root / "stat").write_text("cpu  1000 0 1000 100000 0 0 0 0 0 0\n")
+            total = 64 * 2**20  # KiB
+            (root / "meminfo").write_text(f"MemTotal: {total} kB\nMemAvailable: {total} kB\n")
+        return root
+
+    def push_config_for(
         self, i: int, transport: str = "http", endpoint: str | None = None
-    ) -> subprocess.Popen[bytes]:
-        """``endpoint``: where it pushes instead of Fleet (a recording proxy in front of it)."""
+    ) -> dict[str, Any]:
+        """Node ``i``'s fleet-push configuration (``start_push``)."""
         node = self.node(i)
         endpoint = endpoint or (
             f"http://127.0.0.1:{self.ports['otlp_http']}"
             if transport == "http"
             else f"127.0.0.1:{self.ports['otlp_grpc']}"
         )
-        cfg = {
+        cfg: dict[str, Any] = {
             "transport": transport,
             "fleet_endpoint": endpoint,
             "api_endpoint": f"http://127.0.0.1:{self.ports['api']}",
@@ -199,7 +216,8 @@ class Cluster:
                 "local_cached_max_age": f"{16 * self.interval}s",
             },
             # Every simulated node shares this host's CPU: a busy neighbour (another test,
-            # another node's process) must not look like this node's slowdown.
+            # another node's process) must not look like this node's slowdown. Nor is the
+            # host's memory read (host_proc).
             "score": {
                 "weights": {"throughput": 0.6, "compute": 0.25, "memory": 0.15, "cpu": 0.0},
                 "floor": 0.0,
@@ -212,6 +230,16 @@ class Cluster:
         if self.token_file is not None:
             cfg["auth_token_file"] = str(self.token_file)
         cfg.update(self.push_config)
+        # Also where a test gives a score section of its own (unless it names a proc_root).
+        cfg["score"] = {"proc_root": str(self.host_proc()), **cfg.get("score", {})}
+        return cfg
+
+    def start_push(
+        self, i: int, transport: str = "http", endpoint: str | None = None
+    ) -> subprocess.Popen[bytes]:
+        """``endpoint``: where it pushes instead of Fleet (a recording proxy in front of it)."""
+        node = self.node(i)
+        cfg = self.push_config_for(i, transport, endpoint)
         path = self.tmp / f"{node}.yaml"
         path.write_text(yaml.safe_dump(cfg))
         proc = self.procs.start(
