@@ -5,8 +5,8 @@ Run: ``.venv/bin/python -m bench.fleet_compare`` (``--rounds 3 --duration 5`` ar
 defaults; ``--release REV`` names the previous release, ``--release ''`` leaves it out;
 ``--decode N`` prints only the in-process cost of each push shape's decode, N nodes).
 
-Three servers run at once and take the same load in turn, interleaved round by round (the
-order rotates), so a machine shared with other work shifts all three alike:
+The servers run at once and take the same load in turn, interleaved round by round (the
+order rotates), so a machine shared with other work shifts them all alike:
 
 ``noop``    Fleet's own asyncio HTTP server (``ingero.fleet.httpserver``) with a handler
             that answers an empty 200: the transport alone, the ceiling of the push path;
@@ -17,6 +17,11 @@ order rotates), so a machine shared with other work shifts all three alike:
             gauges, one NCCL communicator with 16 sampled collectives, packed, the clock
             offset and whether the push held; ``--shape full-arrays``: the calls as the
             arrays of older nodes);
+``parse``   with ``--floors``: the no-op server that also parses each body (upb), reading
+            nothing of it;
+``read``    with ``--floors``: the no-op server that parses each body and decodes it as
+            Fleet's receiver does (``decode_health``), storing nothing, answering no
+            threshold: the least any server on this stack that reads the push pays;
 ``release`` ``ingero fleet`` of ``--release`` (``git archive`` of this repository into a
             temporary directory, run with this interpreter), with its bearer token and the
             same pushes (what it does not know it ignores).
@@ -213,7 +218,7 @@ def start(
     ready.unlink(missing_ok=True)
     env = {**os.environ, "INGERO_CONFIG": ""}
     if config is None:
-        cmd = [sys.executable, "-m", "bench.fleet_push", "--serve", "noop-http"]
+        cmd = [sys.executable, "-m", "bench.fleet_push", "--serve", f"{name}-http"]
     else:
         path = tmp / f"{name}.yaml"
         path.write_text(json.dumps(config))  # JSON is YAML
@@ -314,6 +319,12 @@ def main() -> None:
     parser.add_argument("--release", default="8f3ed5c", help="the previous release's commit")
     parser.add_argument("--python-clients", action="store_true", help="even when wrk is here")
     parser.add_argument(
+        "--floors",
+        action="store_true",
+        help="also the servers that only parse the push (parse) or parse and decode it as "
+        "Fleet does, storing nothing (read): what any server on this stack pays at least",
+    )
+    parser.add_argument(
         "--decode",
         type=int,
         metavar="N",
@@ -339,6 +350,8 @@ def main() -> None:
             ("noop", None, None),
             ("fleet", None, head),
         ]
+        if opts.floors:
+            servers[1:1] = [("parse", None, None), ("read", None, None)]
         if opts.release:
             old = release_tree(opts.release, tmp / "release")
             if old is not None:
@@ -387,9 +400,10 @@ def main() -> None:
     # The best round of each is the one least disturbed by whatever else ran; the median
     # of the rounds' ratios compares servers measured back to back.
     for name, rows in results.items():
-        rate, cpu = max(r["rate"] for r in rows), min(r["cpu_per_1k"] for r in rows)
-        print(f"{'best':<7}{name:<9}{rate:>10,.0f}{cpu:>10.4f}")
-    pairs = [("fleet", "noop")] + ([("fleet", "release")] if "release" in results else [])
+        top, least = max(r["rate"] for r in rows), min(r["cpu_per_1k"] for r in rows)
+        print(f"{'best':<7}{name:<9}{top:>10,.0f}{least:>10.4f}")
+    pairs = [(name, "noop") for name in results if name not in ("noop", "release")]
+    pairs += [("fleet", "release")] if "release" in results else []
     for num, den in pairs:
         rate = ratios(num, den, "rate")
         cpu = ratios(num, den, "cpu_per_1k")

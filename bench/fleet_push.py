@@ -33,9 +33,12 @@ import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
+
+if TYPE_CHECKING:
+    from ingero.fleet.httpserver import HttpRequest, HttpResponse
 
 ROOT = Path(__file__).resolve().parents[1]
 METRICS_PATH = "/opentelemetry.proto.collector.metrics.v1.MetricsService/Export"
@@ -214,6 +217,56 @@ NOOP_METADATA = (
 )
 
 
+def _noop_handler() -> Callable[[HttpRequest], HttpResponse]:
+    """Answers an empty 200: the transport alone."""
+    from ingero.fleet.httpserver import HttpResponse
+
+    return lambda _r: HttpResponse(200, b"", "x")
+
+
+def _parse_handler() -> Callable[[HttpRequest], HttpResponse]:
+    """Parses the body (upb) and reads nothing of it, then answers as the no-op."""
+    from opentelemetry.proto.collector.metrics.v1.metrics_service_pb2 import (
+        ExportMetricsServiceRequest,
+    )
+
+    from ingero.fleet.httpserver import HttpResponse
+
+    def handle(request: HttpRequest) -> HttpResponse:
+        ExportMetricsServiceRequest.FromString(request.body)
+        return HttpResponse(200, b"", "x")
+
+    return handle
+
+
+def _read_handler() -> Callable[[HttpRequest], HttpResponse]:
+    """Parses the body and reads what Fleet reads of it (``decode_health`` as its receiver
+    calls it), then answers as the no-op: no token, no state, no threshold in the reply.
+    What any server on this stack that looks at the push pays at least."""
+    from opentelemetry.proto.collector.metrics.v1.metrics_service_pb2 import (
+        ExportMetricsServiceRequest,
+    )
+
+    from ingero.fleet.httpserver import HttpResponse
+    from ingero.otlp.health import decode_health
+
+    def handle(request: HttpRequest) -> HttpResponse:
+        decode_health(
+            ExportMetricsServiceRequest.FromString(request.body), details=False, rates=True
+        )
+        return HttpResponse(200, b"", "x")
+
+    return handle
+
+
+# The servers on Fleet's own HTTP stack that do less than Fleet: the no-op, and two floors.
+FLOORS: dict[str, Callable[[], Callable[[HttpRequest], HttpResponse]]] = {
+    "noop-http": _noop_handler,
+    "parse-http": _parse_handler,
+    "read-http": _read_handler,
+}
+
+
 def serve_noop(kind: str, ready_file: str) -> None:
     """A server that does nothing per request, on the same stack as Fleet's receiver."""
     stop = False
@@ -241,15 +294,15 @@ def serve_noop(kind: str, ready_file: str) -> None:
         httpd = ThreadingHTTPServer(("127.0.0.1", 0), Noop)
         threading.Thread(target=httpd.serve_forever, daemon=True).start()
         bound = {"otlp_http": f"127.0.0.1:{httpd.server_address[1]}"}
-    elif kind == "noop-http":
+    elif kind in FLOORS:
         from ingero.fleet.config import LimitsConfig
-        from ingero.fleet.httpserver import HttpResponse, HttpServer
+        from ingero.fleet.httpserver import HttpServer
 
         server = HttpServer(
             "noop",
             "127.0.0.1",
             0,
-            lambda _r: HttpResponse(200, b"", "x"),
+            FLOORS[kind](),
             head_timeout=float(LimitsConfig().head_timeout),
         )
         bound = {"otlp_http": f"127.0.0.1:{server.start()}"}
