@@ -150,11 +150,14 @@ def compute(snap: Snapshot, config: FleetConfig) -> Outcome:
     lagging = snap.lagging & snap.active & quorum[snap.gids]
     # By the lag alone where the score does not hold it: not a straggler by score, or one
     # only because the lag keeps the exit count from starting (its score is recovered).
-    # A lag episode whose lag has cleared stays one while it waits for the exit rule: its
-    # score was never the cause, and a verdict (a drain's reason) must not name it.
     by_score = straggler & ~recovering
     straggler |= lagging
-    by_lag = straggler & ~by_score & (lagging | (snap.lag_episode & was_here))
+    # A lag episode whose lag has cleared stays one while it waits for the exit rule (its
+    # score at or above the threshold): the score was never its cause, and a verdict (a
+    # drain's reason) must not name it; a score that falls below makes it a score episode.
+    under = np.zeros(snap.idx.size, dtype=np.bool_)
+    under[snap.active] = act_scores < threshold[act_gids]
+    by_lag = straggler & ((lagging & ~by_score) | (snap.lag_episode & was_here & ~under))
     # An episode's ticks count towards no later one (fleet-push starts afresh too).
     recent = np.where(straggler, 0, recent)
     continuing = straggler & was_here

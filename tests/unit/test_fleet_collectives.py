@@ -616,6 +616,39 @@ def test_a_lag_episode_names_its_lag_until_it_ends() -> None:
     assert sim.tick.verdicts == ()
 
 
+def test_a_lag_episode_held_by_the_hysteresis_still_names_its_lag() -> None:
+    """A score at the threshold but under threshold + hysteresis never starts the exit
+    count: the episode goes on, and it is still the lag's, not a score's."""
+    sim = state_sim(8, delay={5: 0.2})
+    for _ in range(4):
+        sim.interval()
+    sim.delay, sim.score["n5"] = {}, 0.87  # threshold 0.86, hysteresis 0.02
+    verdicts = []
+    for _ in range(4):
+        sim.interval()
+        assert sim.tick is not None
+        verdicts.extend(sim.tick.verdicts)
+    assert len(verdicts) == 4
+    for verdict in verdicts:
+        assert verdict.node_id == "n5" and verdict.threshold is not None
+        assert verdict.threshold <= verdict.score < verdict.threshold + 0.02
+        assert verdict.reason == "peer_lag" and verdict.peer_lag is not None
+
+
+def test_a_lag_episode_whose_score_falls_below_is_a_score_episode() -> None:
+    sim = state_sim(8, delay={5: 0.2})
+    for _ in range(4):
+        sim.interval()
+    sim.delay, sim.score["n5"] = {}, 0.5
+    for _ in range(3):
+        sim.interval()
+    assert sim.tick is not None
+    (verdict,) = sim.tick.verdicts
+    assert verdict.node_id == "n5" and verdict.score < verdict.threshold  # type: ignore[operator]
+    assert (verdict.reason, verdict.peer_lag) == ("score", None)
+    assert drain_reason(verdict).startswith("ingero: straggler score=0.50 ")
+
+
 def test_peer_lag_without_group_quorum_is_an_event_not_a_straggler() -> None:
     """Three nodes are a communicator Fleet can judge, not a group with a threshold: the
     drain rules' no_quorum holds for a peer_lag straggler as for a score."""
