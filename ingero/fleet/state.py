@@ -482,10 +482,9 @@ class FleetState:
                 lagging[np.searchsorted(idx, slot)] = True
         lag_episode = np.zeros(idx.size, dtype=np.bool_)
         for node in self._lag_cause:
-            slot = self._slot_of.get(node)
-            pos = int(np.searchsorted(idx, slot)) if slot is not None else idx.size
-            if pos < idx.size and idx[pos] == slot:  # an expired node's slot is not in idx
-                lag_episode[pos] = True
+            slot = self._slot_of.get(node)  # None once expired (_expire ran above)
+            if slot is not None:
+                lag_episode[np.searchsorted(idx, slot)] = True
         return Snapshot(
             now=now,
             mono=mono,

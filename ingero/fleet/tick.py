@@ -137,9 +137,9 @@ def compute(snap: Snapshot, config: FleetConfig) -> Outcome:
         (exits >= tcfg.exit_intervals)[snap.active],
         quorum[act_gids],
     )
-    below = np.zeros(snap.idx.size, dtype=np.bool_)
-    below[snap.active] = quorum[act_gids] & (act_scores < threshold[act_gids])
-    below &= measured
+    under = np.zeros(snap.idx.size, dtype=np.bool_)  # the score under its threshold now
+    under[snap.active] = act_scores < threshold[act_gids]
+    below = under & quorum[snap.gids] & measured
     window = (1 << max(tcfg.enter_window, tcfg.enter_intervals)) - 1
     shifted = ((snap.recent << 1) | below) & window
     recent = np.where(measured, shifted, np.where(snap.active, snap.recent, 0))
@@ -155,8 +155,6 @@ def compute(snap: Snapshot, config: FleetConfig) -> Outcome:
     # A lag episode whose lag has cleared stays one while it waits for the exit rule (its
     # score at or above the threshold): the score was never its cause, and a verdict (a
     # drain's reason) must not name it; a score that falls below makes it a score episode.
-    under = np.zeros(snap.idx.size, dtype=np.bool_)
-    under[snap.active] = act_scores < threshold[act_gids]
     by_lag = straggler & ((lagging & ~by_score) | (snap.lag_episode & was_here & ~under))
     # An episode's ticks count towards no later one (fleet-push starts afresh too).
     recent = np.where(straggler, 0, recent)
