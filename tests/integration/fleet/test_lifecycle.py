@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 import socket
 import ssl
 import subprocess
@@ -55,7 +56,10 @@ def test_notify_ready_watchdog_status_and_sigterm(tmp_path: Path) -> None:
     finally:
         fleet.stop()
         listener.close()
-    assert "SIGTERM received" in fleet.log()
+    # The storm's first signal is a SIGTERM, but on a loaded machine a SIGINT can be
+    # pending beside it before the interpreter runs either handler, and CPython runs
+    # pending handlers in signal-number order (SIGINT, 2, first): either may be named.
+    assert re.search(r"SIG(TERM|INT) received, shutting down", fleet.log())
 
 
 @pytest.mark.parametrize("flag", ["--otlp-grpc", "--otlp-http", "--api"])
