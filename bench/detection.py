@@ -313,6 +313,7 @@ class Sim:
     exit_intervals = ClassifierConfig().exit_intervals  # set from --exit-intervals
     peers = True  # cleared by --no-peers
     min_margin = ThresholdConfig().min_margin  # set from --min-margin
+    noise_k = ThresholdConfig().noise_k  # set from --noise-k
 
     def __init__(self, shape: str, nodes: int, seed: int, noise: float) -> None:
         self.clock = ManualClock()
@@ -324,6 +325,7 @@ class Sim:
                     enter_window=Sim.enter_window,
                     exit_intervals=Sim.exit_intervals,
                     min_margin=Sim.min_margin,
+                    noise_k=Sim.noise_k,
                 ),
             ),
             self.clock,
@@ -342,6 +344,7 @@ class Sim:
         self.stalled_pushes: dict[str, int] = {}  # pushes that said stalled, per node
         self.node_events: list[Event] = []  # every straggler event, node side
         self.fleet_events: list[Event] = []  # ... and Fleet side
+        self.group_noise: list[float] = []  # the job's noise as Fleet saw it, every tick
 
     def step(self) -> dict[str, list[str]]:
         """One push interval: every node's pushes in it (each at its own jittered time, in
@@ -370,7 +373,9 @@ class Sim:
             if events:
                 out.setdefault(node.name, []).extend(e.type for e in events)
         self.clock.advance(end - self.clock.now())
-        self.fleet_events += [e for e in self.fleet.tick().events if e.type.startswith("straggler")]
+        tick = self.fleet.tick()
+        self.fleet_events += [e for e in tick.events if e.type.startswith("straggler")]
+        self.group_noise += [g.noise for g in tick.groups if g.noise is not None]
         return out
 
     def fleet_flagged(self, node: str) -> bool:
@@ -640,6 +645,10 @@ def stall(
     return flagged, states, f"{ending(sim.node_events)} / {ending(sim.fleet_events)}", agreement
 
 
+class Steady:
+    group_noise: ClassVar[list[float]] = []  # the steady run's group noise, every tick
+
+
 def false_events(
     shape: str, nodes: int, noise: float, hours: float, warmup: int
 ) -> tuple[int, int, int, int, int, list[list[float]]]:
@@ -655,8 +664,10 @@ def false_events(
     for each in sim.nodes:
         each.held = 0
         each.gaps.clear()
+    sim.group_noise.clear()
     for _ in range(int(hours * 3600 / Timing.push)):
         sim.step()
+    Steady.group_noise = sim.group_noise
     node = len({e.event_id for e in sim.node_events if e.type == "straggler_state"})
     fleet = len({e.event_id for e in sim.fleet_events if e.type == "straggler_state"})
     stalled = sum(sim.stalled_pushes.values())
@@ -738,6 +749,8 @@ def main() -> None:
                         help="exit rule of both sides (intervals in a row recovered)")  # fmt: skip
     parser.add_argument("--min-margin", type=float, default=Sim.min_margin,
                         help="Fleet's threshold.min_margin")  # fmt: skip
+    parser.add_argument("--noise-k", type=float, default=Sim.noise_k,
+                        help="Fleet's threshold.noise_k (0: no noise term)")  # fmt: skip
     parser.add_argument("--no-peers", action="store_true",
                         help="node-local baselines only (ignore the reply's peer medians)")  # fmt: skip
     parser.add_argument("--push-interval", type=float, default=Timing.push)
@@ -775,6 +788,7 @@ def main() -> None:
     Sim.exit_intervals = args.exit_intervals
     Sim.peers = not args.no_peers
     Sim.min_margin = args.min_margin
+    Sim.noise_k = args.noise_k
     shapes = list(SHAPE_NAMES) if args.shape == "all" else [args.shape]
     margin = Sim.min_margin
     for shape in shapes:
@@ -789,7 +803,7 @@ def main() -> None:
                 if shape == "inference"
                 else ""
             )
-            + f"min_margin {margin:g}, "
+            + f"min_margin {margin:g}, noise_k {Sim.noise_k:g}, "
             f"noise {noise:.0%} per interval, "
             f"enter_intervals {Sim.enter_intervals} of {Sim.enter_window}, "
             f"exit_intervals {Sim.exit_intervals}, "
@@ -875,6 +889,16 @@ def main() -> None:
             f"({statistics.mean(gaps) / spread:.2f} sd above), min {min(gaps):.4f}; "
             f"{sum(g < 0 for g in gaps)} of {len(gaps)} classified intervals below"
         )
+        if Steady.group_noise:
+            # The margin's noise term: where noise_k times it passes min_margin, it is the
+            # margin.
+            job = sorted(Steady.group_noise)
+            print(
+                f"group noise (Fleet, every tick): median {statistics.median(job):.4f}, "
+                f"p5 {percentile(job, 0.05):.4f}, p95 {percentile(job, 0.95):.4f}; "
+                f"noise_k x median {Sim.noise_k * statistics.median(job):.4f} against "
+                f"min_margin {margin:g}"
+            )
 
 
 if __name__ == "__main__":

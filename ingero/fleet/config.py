@@ -32,6 +32,11 @@ class ThresholdConfig:
     # 0.05-0.06 off the score, so the margin must sit below that; the enter rule, not the
     # margin, keeps one noisy interval from being an episode (docs/benchmarks.md).
     min_margin: float = field(default=0.04, metadata=in_range(0.0, 1.0))
+    # The margin also at least noise_k times the group's noise: the median over its nodes of
+    # how much each one's score changes from one measurement to the next. A job whose
+    # rates vary more per push than the margin allows (5% per second at a 1 s push) would
+    # otherwise flag its healthy nodes; 0 turns the term off (docs/fleet-threshold.md).
+    noise_k: float = field(default=3.0, metadata=in_range(0.0, 100.0))
     ema_alpha: float = field(default=0.2, metadata=check(lambda v: 0 < v <= 1, "must be in (0, 1]"))
     hysteresis: float = field(default=0.02, metadata=in_range(0.0, 1.0))
     panic_fraction: float = field(

@@ -324,6 +324,8 @@ _GROUP_GAUGES: tuple[tuple[str, str, Callable[[GroupStats], float | None]], ...]
      lambda g: g.threshold),
     ("median", "Median health score of the group's active nodes.", lambda g: g.median),
     ("mad", "Median absolute deviation of the group's active scores.", lambda g: g.mad),
+    ("noise", "Median over the group's active nodes of their score's change per measurement.",
+     lambda g: g.noise),
     ("active_nodes", "Active nodes in the group.", lambda g: g.active_nodes),
     ("idle_nodes", "Idle nodes in the group (not in the statistics).", lambda g: g.idle_nodes),
     ("coverage_low", "1 when the cluster reports fewer nodes than expected.",

@@ -50,6 +50,10 @@ class GroupStats:
     computed_at: float
     below_count: int = 0
     tracked_nodes: int = 0
+    # The median over the active nodes of how much each one's score changes from one
+    # measurement to the next (None until one changed): noise_k times it is a floor of
+    # the margin (ingero.fleet.threshold.group_noise).
+    noise: float | None = None
 
 
 @dataclass(frozen=True)

@@ -45,7 +45,7 @@ from ingero.fleet.model import (
     TickResult,
 )
 from ingero.fleet.ownership import Ownership
-from ingero.fleet.threshold import BoolArray, FloatArray, IntArray
+from ingero.fleet.threshold import BoolArray, FloatArray, IntArray, NodeNoise
 from ingero.fleet.tick import Outcome, Snapshot, compute, degraded_events, finite, summaries
 from ingero.otlp.health import NODE_STATES, PEER_RATES, NodePush, group_key
 from ingero.otlp.limits import check_lengths, shown
@@ -147,6 +147,10 @@ _SLOT_COLUMNS = (
     _Column("_stall_episode", np.bool_, False),
     _Column("_recent", np.int64, 0),
     _Column("_exits", np.int64, 0),
+    _Column("_last_measured", np.float64, math.nan),
+    _Column("_noise", np.float64, math.nan),
+    _Column("_noise_count", np.int64, 0),
+    _Column("_noise_gid", np.int64, -1),
     _Column("_pending", np.bool_, False),
     _Column("_pending_at", np.float64, 0.0),
     _Column("_fresh", np.bool_, False),
@@ -180,6 +184,13 @@ class FleetState:
     _stall_episode: BoolArray
     _recent: IntArray  # ticks below the threshold lately, a bit each (newest: bit 0)
     _exits: IntArray  # measured ticks in a row at threshold + hysteresis, in the episode
+    # The score of the node's last measurement, the weighted mean of its change from one
+    # to the next, how many changes that holds, and the group it was measured in
+    # (ingero.fleet.threshold.node_noise).
+    _last_measured: FloatArray
+    _noise: FloatArray
+    _noise_count: IntArray
+    _noise_gid: IntArray
     # An episode Fleet opened and has not announced yet: it waits for one push from the
     # node, whose own episode id (if the node opened one meanwhile) it then adopts.
     _pending: BoolArray
@@ -509,6 +520,12 @@ class FleetState:
             fresh=self._take_fresh(idx),
             lagging=lagging,
             lag_episode=lag_episode,
+            noise=NodeNoise(
+                self._last_measured[idx],
+                self._noise[idx],
+                self._noise_count[idx],
+                self._noise_gid[idx],
+            ),
             prev_ema=self._ema[:gn].copy(),
             prev_panic=self._panic[:gn].copy(),
             gkeys=self._gkey[:gn],
@@ -538,6 +555,10 @@ class FleetState:
         self._episode_gid[idx] = np.where(out.straggler, snap.gids, -1)
         self._recent[idx] = out.recent
         self._exits[idx] = out.exits
+        self._last_measured[idx] = out.noise.last
+        self._noise[idx] = out.noise.noise
+        self._noise_count[idx] = out.noise.count
+        self._noise_gid[idx] = out.noise.gid
         self._pending[idx] &= out.straggler
         self._stall_episode[idx] &= out.straggler
         self._ema[live] = out.ema[live]

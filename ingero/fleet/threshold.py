@@ -56,13 +56,75 @@ def group_figures(values: FloatArray, seg: IntArray, n_groups: int) -> GroupFigu
     return GroupFigures(counts=counts, median=median, mad=mad)
 
 
-def raw_thresholds(median: FloatArray, mad: FloatArray, k: float, min_margin: float) -> FloatArray:
-    """``median - max(k·1.4826·MAD, min_margin)``, at least 0: the margin never shrinks below
-    the floor, and a wide spread (half a small group straggling: median 0.6, MAD 0.3) gives 0,
-    not a negative threshold, which the reply contract (a score in [0, 1]) cannot carry and
-    nodes would refuse."""
+def raw_thresholds(
+    median: FloatArray,
+    mad: FloatArray,
+    k: float,
+    min_margin: float,
+    noise: FloatArray | None = None,
+    noise_k: float = 0.0,
+) -> FloatArray:
+    """``median - max(k·1.4826·MAD, min_margin, noise_k·noise)``, at least 0: the margin
+    never shrinks below the floor, and a wide spread (half a small group straggling: median
+    0.6, MAD 0.3) gives 0, not a negative threshold, which the reply contract (a score in
+    [0, 1]) cannot carry and nodes would refuse. ``noise``: each group's
+    :func:`group_noise` (NaN: not known yet, no term)."""
     margin: FloatArray = np.maximum(k * MAD_SCALE * mad, min_margin)
+    if noise is not None and noise_k > 0:
+        margin = np.maximum(margin, np.nan_to_num(noise_k * noise, nan=0.0))
     return np.maximum(median - margin, 0.0)
+
+
+# The least weight of one measurement in a node's noise (the mean of its score's change
+# from one measurement to the next, weighted towards the newest): about the last 20
+# measurements, so one step (a slowdown that starts, a job phase that ends) moves it by a
+# twentieth of the step, and a noisier job is heard within a minute at a 1 s push. The
+# first 20 changes weigh alike (a plain mean), so the first one does not stand for 20.
+NOISE_ALPHA = 0.05
+
+
+@dataclass(frozen=True)
+class NodeNoise:
+    """Per node: the score of its last measurement, its noise (NaN until two), how many
+    changes that holds, and the group all belong to (a node that moves starts afresh:
+    another job's scores are no measure of this one's noise)."""
+
+    last: FloatArray
+    noise: FloatArray
+    count: IntArray
+    gid: IntArray
+
+
+def node_noise(
+    prev: NodeNoise, scores: FloatArray, gids: IntArray, measured: BoolArray
+) -> NodeNoise:
+    """``prev`` updated with this tick's new measurements (``measured``): |score - last|
+    into each node's mean, weighted max(1/count, NOISE_ALPHA)."""
+    moved = gids != prev.gid
+    last = np.where(moved, np.nan, prev.last)
+    noise = np.where(moved, np.nan, prev.noise)
+    count = np.where(moved, 0, prev.count)
+    change = np.abs(scores - last)  # NaN where there is no last measurement
+    counted = measured & ~np.isnan(change)
+    count = np.where(counted, count + 1, count)
+    weight = np.maximum(1.0 / np.maximum(count, 1), NOISE_ALPHA)
+    updated = np.where(count == 1, change, noise + weight * (change - noise))
+    return NodeNoise(
+        last=np.where(measured, scores, last),
+        noise=np.where(counted, updated, noise),
+        count=count,
+        gid=np.where(measured | moved, gids, prev.gid),
+    )
+
+
+def group_noise(noise: FloatArray, seg: IntArray, n_groups: int) -> FloatArray:
+    """The median of the nodes' noise in each group (NaN where no node has one): a node
+    that turns slow (its score, below its peers' median, is never clamped at 1, so it
+    varies more) or one with a single deep interval cannot widen it while fewer than half
+    the group are such nodes."""
+    have = ~np.isnan(noise)
+    median, _ = segment_median(noise[have], seg[have], n_groups)
+    return median
 
 
 def ema(previous: FloatArray, raw: FloatArray, alpha: float) -> FloatArray:

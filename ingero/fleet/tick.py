@@ -54,6 +54,7 @@ class Snapshot:
     # The node's episode was a straggler by peer lag alone at the last tick: once the lag
     # clears, the episode still waits for the exit rule, and its cause is still the lag.
     lag_episode: BoolArray
+    noise: th.NodeNoise  # each node's last measured score and its noise
     prev_ema: FloatArray
     prev_panic: BoolArray
     gkeys: list[str]
@@ -88,6 +89,8 @@ class Outcome:
     # Stragglers by peer_lag alone (their score is not below, nor held), and lag episodes
     # waiting for the exit rule after the lag cleared.
     by_lag: BoolArray
+    noise: th.NodeNoise
+    group_noise: FloatArray  # per group, NaN where no node has a noise yet
 
 
 def finite(value: float | np.floating) -> float | None:
@@ -108,7 +111,17 @@ def compute(snap: Snapshot, config: FleetConfig) -> Outcome:
     act_scores = snap.scores[snap.active]
     figs = th.group_figures(act_scores, act_gids, gn)
     quorum = figs.counts >= config.quorum.statistical_min
-    raw = th.raw_thresholds(figs.median, figs.mad, tcfg.k, tcfg.min_margin)
+    # The enter rule fleet-push applies too: below in enter_intervals of the last
+    # enter_window measurements (one noisy one above does not restart the count). A tick
+    # counts a node's score only when the node pushed a new measurement since the last
+    # tick: a held push (or none) repeats one already counted, and two of one measurement
+    # are not two intervals below. The noise, too, is a change between measurements.
+    measured = snap.active & snap.fresh
+    noise = th.node_noise(snap.noise, snap.scores, snap.gids, measured)
+    group_noise = th.group_noise(noise.noise[snap.active], act_gids, gn)
+    raw = th.raw_thresholds(
+        figs.median, figs.mad, tcfg.k, tcfg.min_margin, group_noise, tcfg.noise_k
+    )
     # The EMA runs only while a group has quorum; losing quorum restarts it.
     ema = np.where(quorum, th.ema(snap.prev_ema, raw, tcfg.ema_alpha), np.nan)
     threshold = np.where(quorum, ema, raw)
@@ -116,12 +129,6 @@ def compute(snap: Snapshot, config: FleetConfig) -> Outcome:
     panic = th.panic_mask(n_below, figs.counts, quorum, tcfg.panic_fraction)
     # An episode belongs to a group: after a move the node starts afresh in its new one.
     was_here = snap.was & (snap.episode_gids == snap.gids)
-    # The enter rule fleet-push applies too: below in enter_intervals of the last
-    # enter_window measurements (one noisy one above does not restart the count). A tick
-    # counts a node's score only when the node pushed a new measurement since the last
-    # tick: a held push (or none) repeats one already counted, and two of one measurement
-    # are not two intervals below.
-    measured = snap.active & snap.fresh
     # The exit rule, fleet-push's too: at threshold + hysteresis in exit_intervals
     # measurements in a row (one noisy one above does not end the episode of a node still
     # slow); a measurement below that level, or a lagging rank, starts the count again.
@@ -181,6 +188,8 @@ def compute(snap: Snapshot, config: FleetConfig) -> Outcome:
         exits=np.where(continuing, exits, 0),
         peer=_peer_medians(snap, config.quorum.statistical_min, gn),
         by_lag=by_lag,
+        noise=noise,
+        group_noise=group_noise,
     )
 
 
@@ -258,6 +267,7 @@ def summaries(
         floats(out.raw[live_groups]),
         floats(out.figs.median[live_groups]),
         floats(out.figs.mad[live_groups]),
+        floats(out.group_noise[live_groups]),
         out.quorum[live_groups].tolist(),
         out.panic[live_groups].tolist(),
         active_l,
@@ -269,7 +279,7 @@ def summaries(
     )
     groups: list[GroupStats] = []
     views: dict[str, ThresholdView] = {}
-    for g, t, r, median, mad, q, p, act, idl, tracked, below, stragglers in columns:
+    for g, t, r, median, mad, noise, q, p, act, idl, tracked, below, stragglers in columns:
         groups.append(
             GroupStats(
                 cluster_id=gcluster[g],
@@ -289,6 +299,7 @@ def summaries(
                 computed_at=now,
                 below_count=below,
                 tracked_nodes=tracked,
+                noise=noise,
             )
         )
         medians = {

@@ -148,6 +148,7 @@ def stats(group: str, threshold: float | None) -> GroupStats:
         straggler_count=2,
         coverage_low=False,
         computed_at=1.0,
+        noise=0.012,
     )
 
 
@@ -191,4 +192,5 @@ def test_group_gauges_parse_back_with_escaped_labels() -> None:
     assert samples[("ingero_fleet_threshold", odd)] == 0.75
     assert samples[("ingero_fleet_active_nodes", odd)] == 6
     assert math.isnan(samples[("ingero_fleet_threshold", "c/b")])
-    assert len(samples) == 2 * 9
+    assert samples[("ingero_fleet_noise", odd)] == 0.012
+    assert len(samples) == 2 * 10

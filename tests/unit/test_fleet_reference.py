@@ -17,6 +17,7 @@ import pytest
 from ingero.fleet.config import FleetConfig, ThresholdConfig
 from ingero.fleet.model import TickResult
 from ingero.fleet.state import FleetState
+from ingero.fleet.threshold import NOISE_ALPHA
 from ingero.otlp.health import NodePush
 from ingero.runtime.clock import ManualClock
 
@@ -41,6 +42,12 @@ class RefNode:
     above: int = 0
     fresh: bool = True  # a push since the last tick that did not hold
     says: bool = True  # the last push said whether it held (else every tick counts)
+    # The score of the last measurement counted, the mean change from one to the next
+    # (exponentially weighted) and the group they were measured in.
+    last: float | None = None
+    noise: float | None = None
+    changes: int = 0
+    noise_group: str | None = None
 
 
 @dataclass
@@ -60,7 +67,9 @@ class Reference:
         ref.fresh = ref.fresh or held is False
         ref.says = held is not None
 
-    def tick(self, now: float, mono: float) -> tuple[dict[str, float | None], set[tuple]]:
+    def tick(
+        self, now: float, mono: float
+    ) -> tuple[dict[str, float | None], dict[str, float | None], set[tuple]]:
         t, q = self.config.threshold, self.config.quorum
         events: set[tuple] = set()
         for name in [n for n, r in self.nodes.items() if mono - r.seen >= self.config.node_ttl]:
@@ -72,19 +81,37 @@ class Reference:
             del self.ema[gone]
         for gone in set(self.panic) - live:
             del self.panic[gone]
+        for r in self.nodes.values():
+            if r.group != r.noise_group:  # another job's scores say nothing of this one's
+                r.last, r.noise, r.changes, r.noise_group = None, None, 0, r.group
+            if r.active and (r.fresh or not r.says):
+                if r.last is not None:
+                    change = abs(r.score - r.last)
+                    r.changes += 1
+                    weight = max(1.0 / r.changes, NOISE_ALPHA)  # a plain mean at first
+                    r.noise = change if r.noise is None else r.noise + weight * (change - r.noise)
+                r.last = r.score
         thresholds: dict[str, float | None] = {}
+        noise_of: dict[str, float | None] = {}
         quorum: dict[str, bool] = {}
         panic: dict[str, bool] = {}
         for group in live:
             members = [r.score for r in self.nodes.values() if r.group == group and r.active]
             quorum[group] = len(members) >= q.statistical_min
             if not members:
-                thresholds[group] = None
+                thresholds[group] = noise_of[group] = None
                 panic[group] = False
                 continue
             med = statistics.median(members)
             mad = statistics.median([abs(v - med) for v in members])
-            raw = max(0.0, med - max(t.k * 1.4826 * mad, t.min_margin))
+            noises = [
+                r.noise
+                for r in self.nodes.values()
+                if r.group == group and r.active and r.noise is not None
+            ]
+            noise_of[group] = statistics.median(noises) if noises else None
+            noise = t.noise_k * statistics.median(noises) if noises else 0.0
+            raw = max(0.0, med - max(t.k * 1.4826 * mad, t.min_margin, noise))
             if quorum[group]:
                 prev = self.ema.get(group)
                 smoothed = raw if prev is None else t.ema_alpha * raw + (1 - t.ema_alpha) * prev
@@ -142,7 +169,7 @@ class Reference:
                 r.recent = []
             r.straggler = now_straggler
             r.episode_group = r.group if now_straggler else None
-        return thresholds, events
+        return thresholds, noise_of, events
 
 
 def observed(result: TickResult) -> set[tuple]:
@@ -167,6 +194,9 @@ def test_random_histories_match_the_reference(seed: int) -> None:
             enter_intervals=rng.choice([1, 2, 3]),
             enter_window=rng.choice([1, 2, 3, 5]),
             exit_intervals=rng.choice([1, 2, 3]),
+            # Random scores vary far more than a job's: 3 (the default) makes the noise
+            # the margin most of the time, 0 never, 0.3 now and then.
+            noise_k=rng.choice([0.0, 0.3, 3.0]),
         )
     )
     clock = ManualClock()
@@ -199,8 +229,9 @@ def test_random_histories_match_the_reference(seed: int) -> None:
             state.ingest(push)
             ref.push(name, score, active, push.group, clock.monotonic(), push.held)
         result = state.tick()
-        thresholds, events = ref.tick(clock.now(), clock.monotonic())
+        thresholds, noise, events = ref.tick(clock.now(), clock.monotonic())
         assert {g.group: g.threshold for g in result.groups} == thresholds
+        assert {g.group: g.noise for g in result.groups} == noise
         assert observed(result) == events
         expected = {n: (r.consec, r.since) for n, r in ref.nodes.items() if r.straggler}
         got = {v.node_id: (v.consecutive_straggler_ticks, v.since) for v in result.verdicts}

@@ -215,7 +215,11 @@ def test_events_as_otlp_logs_on_both_transports(fleet: Fleet) -> None:
 def test_ema_smoothing_matches_an_independent_computation(tmp_path: Path) -> None:
     """Default ema_alpha 0.2: after a step from scores A to B, every published threshold
     is raw_B + 0.8^m (raw_A - raw_B) for a whole number m of ticks since the step."""
-    fleet = start_fleet(tmp_path, {"push_interval": "0.5s", "threshold": {"ema_alpha": 0.2}})
+    # noise_k 0: the step moves every node by 0.2, which the noise term would take for
+    # the job's noise (tests/unit/test_fleet_noise.py has that term's own tests).
+    fleet = start_fleet(
+        tmp_path, {"push_interval": "0.5s", "threshold": {"ema_alpha": 0.2, "noise_k": 0}}
+    )
     try:
         a = [0.90, 0.92, 0.88, 0.91, 0.50, 0.89]
         b = [0.70, 0.75, 0.72, 0.71, 0.74, 0.73]
