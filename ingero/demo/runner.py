@@ -425,6 +425,10 @@ class Demo:
     def _inject(self, workdir: Path) -> None:
         st, opts = self.state, self.options
         control = workdir / st.straggler / "slowdown"
+        # Noted before the write: the workload may read the file at once, and its first
+        # slowed interval must end after this time, or explain's "before" window (up to
+        # this time) would hold it.
+        st.injected_at = time.time()
         if opts.stall is not None:
             # The rank stops working; its process, GPU memory and job go on.
             control.write_text("stall\n")
@@ -435,7 +439,6 @@ class Demo:
         else:
             control.write_text(f"{opts.slowdown:g}\n")
             what = f"a {opts.slowdown:.0%} slowdown"
-        st.injected_at = time.time()
         st.phase = "injected"
         st.note(f"injected {what} on {st.straggler}")
 

@@ -291,11 +291,14 @@ class WorkloadRunner:
                 # one are not what a tracer writes, and fleet-push's window (a push interval
                 # long) measures each of them together with the late one before it.
                 next_tick = time.monotonic() + self.interval_s
-                now = self.clock.now()
                 if self._slow_at is not None and self.clock.monotonic() >= self._slow_at:
                     self._slow_at = None
                     self.toggle()  # once, as a SIGUSR1 would; a SIGUSR1 turns it off again
                 control = self.current()
+                # The interval's end is taken after the control file is read: an interval
+                # that runs slowed ends after whoever wrote the file noted the time it did
+                # (`ingero demo` compares the rows from then on with as long before).
+                now = self.clock.now()
                 if control.stalled != stalled:
                     stalled = control.stalled
                     log.info("%s", "stalled: no work, the job goes on" if stalled else "running")

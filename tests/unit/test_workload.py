@@ -419,3 +419,46 @@ def test_inference_servers_are_read_by_fleet_push_as_an_engine_s_decode_streams(
     assert slow.result.rates[INFERENCE_STEP_RATE] == pytest.approx(40.0, rel=0.05)
     assert slow.slowest_server is not None and slow.slowest_server.server == 500
     assert slow.result.signals["throughput"] == pytest.approx(0.5, abs=0.05)
+
+
+class _WriterClock:
+    """Whole seconds from 1; at the ``at``-th reading of the time a writer (as ``ingero
+    demo``) notes that moment plus half a second, right after the reading, and writes the
+    control file: the workload took its time just before the write."""
+
+    def __init__(self, control: Path, at: int, runner: list[WorkloadRunner]) -> None:
+        self.control, self.at, self.runner = control, at, runner
+        self.calls = 0
+        self.noted: float | None = None
+
+    def now(self) -> float:
+        self.calls += 1
+        if self.calls == self.at:
+            self.noted = self.calls + 0.5
+            self.control.write_text("0.3 net\n")
+        if self.calls >= self.at + 3:
+            self.runner[0].stop_event.set()
+        return float(self.calls)
+
+    def monotonic(self) -> float:
+        return time.monotonic()
+
+
+def test_a_slowed_interval_ends_after_the_writer_noted_its_write(tmp_path: Path) -> None:
+    # `ingero demo` compares the rows from its injection on with as long before (explain
+    # selects them by ts_end): a slowed interval that ended before the time it noted was
+    # a "before" with TCP retransmits in it (test_demo's `net` cause, once under load).
+    control = tmp_path / "slowdown"
+    holder: list[WorkloadRunner] = []
+    clock = _WriterClock(control, at=4, runner=holder)
+    runner = WorkloadRunner(
+        tmp_path / "n.db", WorkloadProfile(), interval_s=0.01, seed=1, control=control, clock=clock
+    )
+    holder.append(runner)
+    runner.run()
+    conn = sqlite3.connect(tmp_path / "n.db")
+    rows = conn.execute("SELECT ts_end, tcp_retransmits FROM host_intervals ORDER BY ts_end")
+    slowed = [end for end, retransmits in rows.fetchall() if retransmits]
+    conn.close()
+    assert clock.noted is not None and slowed
+    assert min(slowed) > clock.noted
