@@ -229,13 +229,15 @@ class WorkloadRunner:
 
     def current(self) -> Control:
         """What this interval runs at: the control file's word, else the toggle and the stall."""
-        if self.control is not None:
-            read = read_control(self.control)
-            if read is not None:
-                from_file, stamp = read
-                if from_file.intervals is not None:
-                    from_file = self._counted(from_file, stamp)
-                return replace(from_file, cause=from_file.cause or self.cause)
+        return self._current(read_control(self.control) if self.control is not None else None)
+
+    def _current(self, read: tuple[Control, Stamp] | None) -> Control:
+        """:meth:`current` with the control file as read (None: absent or not valid)."""
+        if read is not None:
+            from_file, stamp = read
+            if from_file.intervals is not None:
+                from_file = self._counted(from_file, stamp)
+            return replace(from_file, cause=from_file.cause or self.cause)
         stalled = self._stall_at is not None and self.clock.monotonic() >= self._stall_at
         return Control(self.slowdown_value if self.toggled else 0.0, stalled, self.cause)
 
@@ -291,14 +293,15 @@ class WorkloadRunner:
                 # one are not what a tracer writes, and fleet-push's window (a push interval
                 # long) measures each of them together with the late one before it.
                 next_tick = time.monotonic() + self.interval_s
+                # The control file is read before the interval's end is taken: an interval
+                # that runs slowed ends after whoever wrote the file noted the time it did
+                # (`ingero demo` compares the rows from then on with as long before).
+                read = read_control(self.control) if self.control is not None else None
+                now = self.clock.now()
                 if self._slow_at is not None and self.clock.monotonic() >= self._slow_at:
                     self._slow_at = None
                     self.toggle()  # once, as a SIGUSR1 would; a SIGUSR1 turns it off again
-                control = self.current()
-                # The interval's end is taken after the control file is read: an interval
-                # that runs slowed ends after whoever wrote the file noted the time it did
-                # (`ingero demo` compares the rows from then on with as long before).
-                now = self.clock.now()
+                control = self._current(read)
                 if control.stalled != stalled:
                     stalled = control.stalled
                     log.info("%s", "stalled: no work, the job goes on" if stalled else "running")
