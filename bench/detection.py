@@ -645,16 +645,13 @@ def stall(
     return flagged, states, f"{ending(sim.node_events)} / {ending(sim.fleet_events)}", agreement
 
 
-class Steady:
-    group_noise: ClassVar[list[float]] = []  # the steady run's group noise, every tick
-
-
 def false_events(
     shape: str, nodes: int, noise: float, hours: float, warmup: int
-) -> tuple[int, int, int, int, int, list[list[float]]]:
+) -> tuple[int, int, int, int, int, list[float], list[list[float]]]:
     """Episodes the nodes and Fleet started in a steady time, GPU events, pushes that said
-    stalled, samples held for want of new tracer data, and each node's classified
-    intervals' score - threshold in order (how far the healthy nodes sit above it)."""
+    stalled, samples held for want of new tracer data, the group's noise as Fleet saw it
+    at every tick, and each node's classified intervals' score - threshold in order (how
+    far the healthy nodes sit above it)."""
     sim = Sim(shape, nodes, seed=10_000, noise=noise)
     sim.warm(warmup)
     sim.gpu_events = 0
@@ -667,12 +664,12 @@ def false_events(
     sim.group_noise.clear()
     for _ in range(int(hours * 3600 / Timing.push)):
         sim.step()
-    Steady.group_noise = sim.group_noise
     node = len({e.event_id for e in sim.node_events if e.type == "straggler_state"})
     fleet = len({e.event_id for e in sim.fleet_events if e.type == "straggler_state"})
     stalled = sum(sim.stalled_pushes.values())
     held = sum(n.held for n in sim.nodes)
-    return node, fleet, sim.gpu_events, stalled, held, [list(n.gaps) for n in sim.nodes]
+    gaps = [list(n.gaps) for n in sim.nodes]
+    return node, fleet, sim.gpu_events, stalled, held, sim.group_noise, gaps
 
 
 def fmt(values: list[int], missed: int, runs: int) -> str:
@@ -869,7 +866,7 @@ def main() -> None:
             + f"; its states: {' '.join(states[:10])}; its job then ends: "
             + f"{' '.join(states[10:])}, episode ended (node / Fleet): {ended}"
         )
-        node, fleet, gpu, stalled, held, per_node = false_events(
+        node, fleet, gpu, stalled, held, group_noise, per_node = false_events(
             shape, n, noise, args.hours, args.warmup
         )
         gaps = [g for each in per_node for g in each]
@@ -889,10 +886,10 @@ def main() -> None:
             f"({statistics.mean(gaps) / spread:.2f} sd above), min {min(gaps):.4f}; "
             f"{sum(g < 0 for g in gaps)} of {len(gaps)} classified intervals below"
         )
-        if Steady.group_noise:
+        if group_noise:
             # The margin's noise term: where noise_k times it passes min_margin, it is the
             # margin.
-            job = sorted(Steady.group_noise)
+            job = sorted(group_noise)
             print(
                 f"group noise (Fleet, every tick): median {statistics.median(job):.4f}, "
                 f"p5 {percentile(job, 0.05):.4f}, p95 {percentile(job, 0.95):.4f}; "
