@@ -10,6 +10,7 @@ reported with why, never fatal: the caller merges what the other nodes answered.
 from __future__ import annotations
 
 import json
+import math
 import shlex
 import time
 from collections.abc import Sequence
@@ -25,6 +26,10 @@ DEFAULT_REMOTE_INGERO: Final = "ingero"
 # ssh exits 255 for its own errors (connection refused, host key, authentication).
 SSH_ERROR: Final = 255
 COMMAND_NOT_FOUND: Final = 127
+# clock_offsets: the node prints its time this many times, this far apart (s), about 0.2 s
+# in all, so that a short stall of this host or the node's ssh cannot delay every sample.
+CLOCK_SAMPLES: Final = 10
+CLOCK_SAMPLE_GAP_S: Final = 0.02
 
 
 @dataclass(frozen=True)
@@ -94,20 +99,21 @@ def run_on_nodes(
     nodes: Sequence[str],
     argv: Sequence[str],
     options: FanoutOptions,
-    arrivals: dict[str, float] | None = None,
+    arrivals: dict[str, list[tuple[float, bytes]]] | None = None,
 ) -> list[NodeResult]:
     """Run ``argv`` (quoted for the remote shell) on every node; one result per node, in order.
 
-    ``arrivals``, when given, receives the local time each node's first output line arrived.
+    ``arrivals``, when given, receives each node's stdout lines with the local time each
+    arrived.
     """
     from ClusterShell.Event import EventHandler
     from ClusterShell.NodeSet import NodeSet
     from ClusterShell.Task import task_cleanup, task_self
 
-    class FirstLine(EventHandler):  # type: ignore[misc]
+    class Lines(EventHandler):  # type: ignore[misc]
         def ev_read(self, worker: Any, node: str, sname: str, msg: bytes) -> None:
             if arrivals is not None and sname == "stdout":
-                arrivals.setdefault(str(node), time.time())
+                arrivals.setdefault(str(node), []).append((time.time(), bytes(msg)))
 
     task = task_self()
     try:
@@ -119,7 +125,7 @@ def run_on_nodes(
             shlex.join(argv),
             nodes=NodeSet.fromlist(nodes),
             timeout=options.node_timeout_s,
-            handler=FirstLine(),
+            handler=Lines(),
             stderr=True,
             stdin=False,
         )
@@ -207,20 +213,45 @@ def merge_query_results(results: Sequence[NodeResult], timeout_s: float) -> Merg
 
 
 def clock_offsets(nodes: Sequence[str], options: FanoutOptions) -> dict[str, float]:
-    """Each reachable node's clock minus this host's, in seconds (NTP-style, one sample).
+    """Each reachable node's clock minus this host's, in seconds.
 
-    The node prints its time as the command runs; the line arrives here one network delay
-    later, so the error is about that delay (milliseconds), far below the 100 ms at which
-    ``ingero export`` warns that clocks disagree.
+    The node prints its time CLOCK_SAMPLES times, CLOCK_SAMPLE_GAP_S apart, and each line
+    arrives here some delay later; :func:`least_delayed_offset` keeps the sample that took
+    the least. One sample is not enough: on a loaded host a line can wait here (or in the
+    ssh client) for hundreds of milliseconds before it is read, past the 100 ms at which
+    ``ingero export`` warns that clocks disagree, where the least delayed of several waits
+    about one network delay (milliseconds).
     """
-    arrivals: dict[str, float] = {}
-    results = run_on_nodes(nodes, ["date", "+%s.%N"], options, arrivals)
+    arrivals: dict[str, list[tuple[float, bytes]]] = {}
+    rounds = " ".join(str(i) for i in range(CLOCK_SAMPLES))
+    script = f"for i in {rounds}; do date +%s.%N; sleep {CLOCK_SAMPLE_GAP_S}; done"
+    results = run_on_nodes(nodes, ["sh", "-c", script], options, arrivals)
     offsets = {}
     for r in results:
+        if not r.ok:
+            continue
+        offset = least_delayed_offset(arrivals.get(r.node, []))
+        if offset is not None:
+            offsets[r.node] = offset
+    return offsets
+
+
+def least_delayed_offset(samples: Sequence[tuple[float, bytes]]) -> float | None:
+    """The node's clock offset from (local arrival time, the node's time it printed) lines:
+    the largest ``node time - arrival``; None when no line is a time.
+
+    A line arrives after it was printed, so each difference is the true offset less that
+    line's delay; the largest is the one delayed least, the nearest to the truth.
+    """
+    best: float | None = None
+    for arrived, line in samples:
         try:
-            remote = float(r.stdout.strip())
+            remote = float(line.strip())
         except ValueError:
             continue
-        if r.ok and r.node in arrivals:
-            offsets[r.node] = remote - arrivals[r.node]
-    return offsets
+        if not math.isfinite(remote):
+            continue
+        offset = remote - arrived
+        if best is None or offset > best:
+            best = offset
+    return best
