@@ -75,9 +75,11 @@ class SignalEvent(Event):
 
 
 class StopSignals:
-    """SIGTERM and SIGINT set ``event``; which signal came first is kept for the log line
-    the caller writes afterwards (logging from the handler would re-enter the stream lock
-    the main thread may hold)."""
+    """SIGTERM and SIGINT set ``event``; the first one handled is kept for the log line the
+    caller writes afterwards (logging from the handler would re-enter the stream lock the
+    main thread may hold). With both pending at once, as on a loaded machine when a
+    supervisor repeats its signal, CPython handles them in signal-number order, so SIGINT
+    is named even where SIGTERM arrived first."""
 
     def __init__(self, event: SignalEvent, also: Callable[[], None] | None = None) -> None:
         self.event = event
@@ -103,7 +105,7 @@ class StopSignals:
 
     @property
     def name(self) -> str:
-        """The first stop signal's name (SIGTERM), or "" when none came."""
+        """The first handled stop signal's name (SIGTERM), or "" when none came."""
         return signal.Signals(self.received).name if self.received is not None else ""
 
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import re
 import shutil
 import socket
 import subprocess
@@ -123,7 +124,10 @@ def test_notify_ready_status_watchdog_and_clean_sigterm(
         assert proc.wait(timeout=30) == 0
         wait_for(lambda: received("STOPPING=1"), 10, "STOPPING=1")
         text = log.read_text()
-        assert "Traceback" not in text and "signal 15: stopping" in text
+        # The storm's first signal is a SIGTERM, but on a loaded machine a SIGINT can be
+        # pending beside it before the interpreter runs either handler, and CPython runs
+        # pending handlers in signal-number order (SIGINT, 2, first): either may be named.
+        assert "Traceback" not in text and re.search(r"signal (15|2): stopping", text), text
     finally:
         procs.stop_all()
 
