@@ -2,8 +2,8 @@
 
 Three real sshd "nodes" on this host (``tests/integration/cluster/sshd.py``), so every
 true offset is 0 and every measured one is error. Each round runs what
-``fanout.clock_offsets`` runs on the three at once (the node prints its time
-``CLOCK_SAMPLES`` times, ``CLOCK_SAMPLE_GAP_S`` apart) and reads two estimates from the same
+``fanout.clock_offsets`` runs on the three at once (``fanout.CLOCK_ARGV``: the node prints its
+time ``CLOCK_SAMPLES`` times, ``CLOCK_SAMPLE_GAP_S`` apart) and reads two estimates from the same
 lines: the first line alone (the rule before: one ``date``, its line's arrival) and the
 least delayed of all of them (the rule now, ``least_delayed_offset``). Run it beside a load
 (``stress-ng --cpu N``) to see what a busy host does to each.
@@ -49,17 +49,11 @@ def main() -> None:
         path.touch()  # the harness wants a node DB per node; this bench reads none
     first: list[float] = []
     least: list[float] = []
-    script = " ".join(str(i) for i in range(fanout.CLOCK_SAMPLES))
-    argv = [
-        "sh",
-        "-c",
-        f"for i in {script}; do date +%s.%N; sleep {fanout.CLOCK_SAMPLE_GAP_S}; done",
-    ]
     with ssh_nodes(root / "ssh", dbs) as nodes:
         options = fanout.FanoutOptions(ssh_options=nodes.ssh_options)
         for _ in range(args.rounds):
             arrivals: dict[str, list[tuple[float, bytes]]] = {}
-            fanout.run_on_nodes(list(NODES), argv, options, arrivals)
+            fanout.run_on_nodes(list(NODES), fanout.CLOCK_ARGV, options, arrivals)
             for samples in arrivals.values():
                 arrived, line = samples[0]
                 first.append(abs(float(line) - arrived))

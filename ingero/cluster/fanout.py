@@ -30,6 +30,13 @@ COMMAND_NOT_FOUND: Final = 127
 # in all, so that a short stall of this host or the node's ssh cannot delay every sample.
 CLOCK_SAMPLES: Final = 10
 CLOCK_SAMPLE_GAP_S: Final = 0.02
+# What clock_offsets runs on each node (a list, not seq: busybox nodes have no seq).
+CLOCK_ARGV: Final = (
+    "sh",
+    "-c",
+    f"for i in {' '.join(str(i) for i in range(CLOCK_SAMPLES))};"
+    f" do date +%s.%N; sleep {CLOCK_SAMPLE_GAP_S}; done",
+)
 
 
 @dataclass(frozen=True)
@@ -223,9 +230,7 @@ def clock_offsets(nodes: Sequence[str], options: FanoutOptions) -> dict[str, flo
     about one network delay (milliseconds).
     """
     arrivals: dict[str, list[tuple[float, bytes]]] = {}
-    rounds = " ".join(str(i) for i in range(CLOCK_SAMPLES))
-    script = f"for i in {rounds}; do date +%s.%N; sleep {CLOCK_SAMPLE_GAP_S}; done"
-    results = run_on_nodes(nodes, ["sh", "-c", script], options, arrivals)
+    results = run_on_nodes(nodes, CLOCK_ARGV, options, arrivals)
     offsets = {}
     for r in results:
         if not r.ok:
