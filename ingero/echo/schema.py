@@ -118,7 +118,7 @@ def _v2(db: sqlite_utils.Database) -> None:
     # node) there. Led by the timestamp (or by cluster, then timestamp) a batch of current
     # events lands at the right edge. Node filters scan the cluster's time range in the
     # index, which carries node_id. Writer at 0.5-1M events stored: 24.5 -> 8 µs per event
-    # (docs/benchmarks.md, Echo ingest).
+    # (docs/decisions/0010-echo-time-led-keys-and-decode-workers.md).
     for name in ("event_id_type_ts", "node_id_ts", "cluster_id_ts"):
         db.execute(f"DROP INDEX idx_events_{name}")
     db.table("events").create_index(["ts", "event_id", "type"], unique=True)
@@ -163,8 +163,9 @@ def _v3(db: sqlite_utils.Database) -> None:
 def _v4(db: sqlite_utils.Database) -> None:
     # A job's score history (the dashboard's job page, question job_timeline) by index: the
     # cluster's time index walks every job's samples in the window. Covering: a 1,000-rank
-    # job's hour is 60,000 samples, each a table lookup otherwise (docs/benchmarks.md,
-    # "Dashboard"). Samples are downsampled: the writes stay few.
+    # job's hour is 60,000 samples, each a table lookup otherwise
+    # (docs/decisions/0033-dashboard-scores-job-index.md). Samples are downsampled: the
+    # writes stay few.
     db.execute(
         "CREATE INDEX scores_job ON scores (job_id, cluster_id, bucket, node_id, n, sum, min)"
     )

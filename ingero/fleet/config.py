@@ -30,7 +30,8 @@ class ThresholdConfig:
     k: float = field(default=2.0, metadata=positive())
     # The margin when the peers agree (MAD near 0, as on real nodes): a 10% slowdown takes
     # 0.05-0.06 off the score, so the margin must sit below that; the enter rule, not the
-    # margin, keeps one noisy interval from being an episode (docs/benchmarks.md).
+    # margin, keeps one noisy interval from being an episode
+    # (docs/decisions/0034-min-margin-004-three-of-five.md).
     min_margin: float = field(default=0.04, metadata=in_range(0.0, 1.0))
     # The margin also at least noise_k times the group's noise: the median over its nodes of
     # how much each one's score changes from one measurement to the next. A job whose

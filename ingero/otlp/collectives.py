@@ -74,8 +74,8 @@ _HASH = re.compile(r"[0-9a-f]{16}")
 # seq, entered_unix_nano, returned_unix_nano (0: in flight) and bytes as int64 (>= 0), then
 # the op as uint8, an index into ``ingero.nccl.packed_ops`` (the distinct op names). One
 # bytes value, unpacked in one struct call, instead of five arrays of n ``AnyValue``
-# objects, each read through the protobuf object model: Fleet's receiver takes about 0.7 of
-# the time for a push of 16 calls (docs/benchmarks.md).
+# objects, each read through the protobuf object model: Fleet's receiver takes about 0.8 of
+# the time for a push of 16 calls (docs/benchmarks.md#where-a-full-pushs-time-goes).
 PACKED_CALL_BYTES = 4 * 8 + 1
 _PACKED = tuple(struct.Struct(f"<{4 * n}q{n}B") for n in range(MAX_CALLS + 1))
 

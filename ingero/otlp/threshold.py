@@ -32,7 +32,8 @@ API_PATH = "/api/v1/threshold"
 # intervals (ticks). At a 1 s push interval a node 10% slower sits about one interval's
 # noise below the threshold: in a group of 8, two of three took 7 to 8 intervals at p95;
 # three of five take 5 to 6 with min_margin 0.04, and a healthy node, below in one interval
-# of 400 to 800, collects three far more rarely than two (docs/benchmarks.md).
+# of 400 to 800, collects three far more rarely than two
+# (docs/decisions/0034-min-margin-004-three-of-five.md).
 ENTER_INTERVALS = 3
 ENTER_WINDOW = 5
 # Fleet keeps the window (and the count, in a row) as bits of one integer per node.
@@ -40,8 +41,9 @@ MAX_ENTER_WINDOW = 32
 # The exit rule both apply: an episode ends by measurement once the score was at or above
 # threshold + hysteresis in EXIT_INTERVALS classified intervals in a row. A node 10% slow
 # sits about one interval's noise below the threshold, so one noisy interval above it
-# ended the episode and the next three below opened another (docs/benchmarks.md). Ends
-# that are not measurements (job ended, node inactive, quorum lost) stay immediate.
+# ended the episode and the next three below opened another
+# (docs/decisions/0045-exit-intervals-two.md). Ends that are not measurements (job ended,
+# node inactive, quorum lost) stay immediate.
 EXIT_INTERVALS = 2
 # An episode waits at most this long for its end: as long as the enter window.
 MAX_EXIT_INTERVALS = MAX_ENTER_WINDOW

@@ -359,8 +359,8 @@ class NodeSampler:
         # job holds 90-98% of an H100), an inference engine takes a set share at start
         # (vLLM's gpu_memory_utilization, 0.9). Scored, it pulled a healthy node with 76
         # GiB of 80 used to 0.43 and hid a 10% slowdown in 10 of 10 runs
-        # (docs/benchmarks.md); GPU memory pressure shows where it hurts, as allocator
-        # retries that slow the work the throughput signal measures.
+        # (docs/decisions/0041-memory-signal-host.md); GPU memory pressure shows where it
+        # hurts, as allocator retries that slow the work the throughput signal measures.
         result = compute_score(
             ScoreInputs(
                 throughput_rate=throughput,
@@ -382,7 +382,8 @@ class NodeSampler:
         )
         # A straggler's samples are not its normal: learnt (even at ema_alpha_down per
         # sample) they lift its score back to the threshold within a minute at a 1 s push
-        # and the episode flaps while the node is as slow as ever (docs/benchmarks.md).
+        # and the episode flaps while the node is as slow as ever
+        # (docs/decisions/0042-straggler-learns-no-baseline.md).
         learning = self.state.state in ("calibrating", "active") and not straggling
         if has_work and launch_rate is not None and learning:
             self._learn(

@@ -2,11 +2,12 @@
 slowdown knob and a stall.
 
 The shapes imitate what ``ingero trace`` recorded of real PyTorch training loops on an H100
-(PyTorch 2.11 built against CUDA 13; see docs/benchmarks.md): kernels launched through the
-driver API (``cuda_driver``/``cuLaunchKernel``, never ``cudaLaunchKernel``), rare
-synchronisations, no step rows (nothing writes them on a real node), per-process off-CPU rows,
-and one ``gpu_intervals`` row per GPU per interval exactly as the NVML sampler writes it
-(through the same ``reading_rows``), with the process listed in ``gpu_processes``.
+(PyTorch 2.11 built against CUDA 13; docs/benchmarks.md#what-ingero-recorded-on-a-real-h100):
+kernels launched through the driver API (``cuda_driver``/``cuLaunchKernel``, never
+``cudaLaunchKernel``), rare synchronisations, no step rows (nothing writes them on a real
+node), per-process off-CPU rows, and one ``gpu_intervals`` row per GPU per interval exactly as
+the NVML sampler writes it (through the same ``reading_rows``), with the process listed in
+``gpu_processes``.
 
 - ``cpu-bound`` (the reference's "mlp": 8 x Linear(512), batch 64, ~390 steps/s): ~19,500
   cuLaunchKernel/s of ~6.5 µs, one cudaDeviceSynchronize per 20 steps (~16/s, ~20 µs),
@@ -15,10 +16,11 @@ and one ``gpu_intervals`` row per GPU per interval exactly as the NVML sampler w
   cuLaunchKernel/s of ~184 µs (the launch queue is full), ~1 cudaDeviceSynchronize/s of
   ~218 ms, ~189 cudaMemcpyAsync/s of ~119 µs, ~32 context switches/s;
 - ``graphs``: the gpu-bound loop replaying CUDA graphs as torch.compile
-  ``mode="reduce-overhead"`` does. What a real H200 recorded (docs/benchmarks.md, "On a real
-  GPU"): replays through the runtime (``cuda_runtime``/``cudaGraphLaunch``, ~4.1 µs each),
-  one ``cudaLaunchKernel`` per replay (~7.3 µs: the input copied into the graph's static
-  buffer), no driver call and no cudaMemcpyAsync. Assumed: ~100 replays/s (a gpu-bound
+  ``mode="reduce-overhead"`` does. What a real H200 recorded
+  (docs/decisions/0026-graph-launches-count-as-work.md): replays through the runtime
+  (``cuda_runtime``/``cudaGraphLaunch``, ~4.1 µs each), one ``cudaLaunchKernel`` per replay
+  (~7.3 µs: the input copied into the graph's static buffer), no driver call and no
+  cudaMemcpyAsync. Assumed: ~100 replays/s (a gpu-bound
   model; the tiny MLP measured replayed ~9,700/s), two graphs captured
   (cudaStreamBeginCapture, cudaStreamEndCapture) and instantiated (cudaGraphInstantiate) in
   the first interval.

@@ -1,6 +1,7 @@
 """Node DBs shaped like the ones ``ingero trace`` records on a real GPU node, with one cause.
 
-What a real H100 node DB holds for a PyTorch training process (measured, docs/benchmarks.md):
+What a real H100 node DB holds for a PyTorch training process (measured,
+docs/benchmarks.md#what-ingero-recorded-on-a-real-h100):
 kernels launched through the driver API (cuda_driver/cuLaunchKernel, ~19k calls/s at ~6.5 µs,
 no cudaLaunchKernel), a rare cudaDeviceSynchronize, cudaMemcpyAsync, a few cuMemAlloc at
 start, off-CPU rows per process (source host, op offcpu: ~600 switches/s, ~2 s off-CPU per s

@@ -119,7 +119,7 @@ def _noisy_job(noise_k: float, ticks: int, slow: float = 0.0) -> tuple[int, set[
 
 def test_a_noisy_jobs_healthy_nodes_are_not_flagged() -> None:
     # As noisy as 5% per second on a node without GPU rows at a 1 s push
-    # (docs/benchmarks.md): the MAD stays small (half the scores sit at the top), the
+    # (docs/benchmarks.md#a-noisier-job): the MAD stays small (half the scores sit at the top), the
     # margin is min_margin (0.04), and healthy nodes straggle.
     alone, _, _ = _noisy_job(0.0, 600)
     assert alone > 5
