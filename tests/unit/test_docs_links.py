@@ -1,7 +1,8 @@
 """Links into docs/benchmarks.md and docs/decisions/ resolve: every `benchmarks.md#anchor` in the
 repository names a heading the file has (as GitHub makes its anchors), every decision record
 named exists and is in the records' index, a code comment that cites benchmarks.md names its
-section, and benchmarks.md stays a reference one reads in minutes (under 800 lines)."""
+section, the README's figures are the table's, and benchmarks.md stays a reference one reads
+in minutes (under 800 lines)."""
 
 from __future__ import annotations
 
@@ -158,6 +159,21 @@ def test_a_code_comment_citing_benchmarks_names_its_section() -> None:
                 if re.search(r"benchmarks\.md(?!#[\w-])", line):
                     bare.append(f"{path.relative_to(ROOT)}:{n}")
     assert not bare, f"cite docs/benchmarks.md#<section>: {bare}"
+
+
+def test_the_readmes_figures_are_benchmarks_figures() -> None:
+    # The README quotes a few of today's figures: each is in benchmarks.md's table.
+    section = (ROOT / "README.md").read_text().split("## Design and figures", 1)[1]
+    section = section.split("\n## ", 1)[0]
+    number = r"\d(?:[\d,]*\d)?(?:\.\d+)?"
+    figure = re.compile(rf"(?<![\w.,]){number}(?:\u2013{number})?(?![\w.,]?\d)")
+    quoted = {f for f in figure.findall(section) if len(f.replace(",", "")) > 1}
+    assert quoted, "the README quotes no figure"
+    text = BENCHMARKS.read_text().split("## Where things stand", 1)[1].split("\n## ", 1)[0]
+    missing = sorted(
+        f for f in quoted if not re.search(rf"(?<![\w.,]){re.escape(f)}(?![\w]|[.,]\d)", text)
+    )
+    assert not missing, f"README figures not in docs/benchmarks.md's table: {missing}"
 
 
 def test_every_decision_record_is_dated_decided_and_indexed() -> None:
