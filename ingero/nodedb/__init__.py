@@ -11,12 +11,16 @@ from __future__ import annotations
 from typing import Any
 
 DEFAULT_PATH = "/var/lib/ingero/ingero.db"
+# The newest node DB version this ingero writes and reads (readers refuse a newer one);
+# here, so a reader that needs only the version check (``ingero check --health``, run by
+# NHC) does not load sqlite-utils, which loads numpy.
+SCHEMA_VERSION = 6
 
 __all__ = ["DEFAULT_PATH", "SCHEMA_VERSION", "connect", "migrate"]
 
 
 def __getattr__(name: str) -> Any:
-    if name in ("SCHEMA_VERSION", "connect", "migrate"):
+    if name in ("connect", "migrate"):
         from ingero.nodedb import schema
 
         return getattr(schema, name)

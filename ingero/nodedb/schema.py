@@ -39,10 +39,9 @@ from typing import Final
 
 import sqlite_utils
 
+from ingero.nodedb import SCHEMA_VERSION as SCHEMA_VERSION  # (defined where it is cheap)
 from ingero.sqlite import sqlitemigrate
 from ingero.sqlite.sqlitemigrate import SchemaError as SchemaError  # re-exported for readers
-
-SCHEMA_VERSION = 6
 
 
 def _v1(db: sqlite_utils.Database) -> None:
