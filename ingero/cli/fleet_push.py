@@ -238,6 +238,7 @@ def run_agent(
         store,
         job_source=job_source,
         engines=engines,
+        health_state=Path(config.health_state) if config.health_state else None,
     )
     if config.snapshot.enabled:
         agent.snapshotter = _snapshotter(config, sampler.pid_alive, agent.emit, clock)

@@ -12,6 +12,7 @@ import random
 import threading
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field, replace
+from pathlib import Path
 from typing import Protocol, TypeVar
 
 from ingero.otlp.collectives import ClockOffset
@@ -30,8 +31,10 @@ from ingero.push.engines import EngineWatcher
 from ingero.push.gpu_health import gpu_events
 from ingero.push.sampler import NodeSample
 from ingero.push.snapshot import Request, Snapshotter
+from ingero.runtime.atomicfile import write_atomic
 from ingero.runtime.clock import Clock
 from ingero.runtime.systemd import Notifier, watchdog_interval
+from ingero.schema import healthstate
 from ingero.schema.events import Event
 from ingero.slurm.jobfile import JobInfo
 
@@ -105,11 +108,14 @@ class Agent:
         rng: random.Random | None = None,
         job_source: Callable[[], JobInfo | None] | None = None,
         engines: EngineWatcher | None = None,
+        health_state: Path | None = None,
     ) -> None:
         """``job_source`` names the Slurm job running here now (the prolog's job file); its
         job id, rank and world size then override the identity's, interval by interval.
         ``engines``: the node's inference servers (the sampler measures them); the service
-        they serve groups the node's push where the identity configures none."""
+        they serve groups the node's push where the identity configures none.
+        ``health_state``: where the node's health state file is rewritten after every
+        iteration (``ingero.schema.healthstate``; None: nowhere)."""
         self.config = config
         self.identity = identity
         # The node id is the push agent's stable service.instance.id (one agent per node).
@@ -149,6 +155,11 @@ class Agent:
         # Fleet's open NCCL episode naming a rank of this node, held like the lag.
         self._named: tuple[_Named | None, float] | None = None
         self._stalled_since: float | None = None  # monotonic, while the node is stalled
+        self.health_state = health_state
+        self._state_error: str | None = None  # the last failure to write it (logged once)
+        # The open straggler episode as its straggler_state events said it: opened at
+        # (Unix s), and the latest of them.
+        self._episode: tuple[float, Event] | None = None
 
     def step(self) -> float:
         """One iteration; returns the seconds to wait before the next one."""
@@ -174,6 +185,7 @@ class Agent:
         status.held = sample.held
         if sample.held and sample.result is None:
             # Nothing measured yet to repeat: pushing a score of 0 would be a false one.
+            self._write_state(push, status.mode)
             return jittered(float(self.config.push_interval), self.config.jitter, self.rng)
         request = encode_health(push, int(self.clock.now() * 1e9), self.service)
         # The round trip on the monotonic clock, placed at the wall time of sending: a
@@ -245,6 +257,7 @@ class Agent:
         ):
             log.warning("%s", event.message())
             self._emit(event)
+        self._write_state(push, decision.mode)
         delay = jittered(float(self.config.push_interval), self.config.jitter, self.rng)
         if result.retry_after is not None:
             delay = max(delay, min(result.retry_after, 60 * float(self.config.push_interval)))
@@ -422,7 +435,54 @@ class Agent:
             extra={"previous_mode": previous},
         )
 
+    def _write_state(self, push: NodePush, mode: str | None) -> None:
+        """Rewrite the health state file: what local readers (``ingero check --health``,
+        NHC) learn of the node without asking Fleet. A failure is logged once per cause."""
+        if self.health_state is None:
+            return
+        straggler = None
+        if self._episode is not None:
+            since, last = self._episode
+            reason = last.extra.get("reason")
+            straggler = healthstate.Straggler(
+                episode_id=last.event_id,
+                since=since,
+                reason=reason if reason in ("stall", "peer_lag") else "score",
+                job_id=last.job_id,
+                score=last.score,
+                threshold=last.threshold,
+                dominant_signal=last.dominant_signal,
+            )
+        state = healthstate.HealthState(
+            node_id=push.node_id,
+            cluster_id=push.cluster_id,
+            written_at=self.clock.now(),
+            interval_s=float(self.config.push_interval),
+            state=push.state,
+            mode=mode,
+            straggler=straggler,
+        )
+        try:
+            # Readable by every user (NHC runs as root, a site's own checks as anyone); on
+            # tmpfs, and rewritten every interval: no fsyncs.
+            write_atomic(self.health_state, healthstate.encode(state), mode=0o644, durable=False)
+        except OSError as exc:
+            error = f"{exc.strerror or exc}"
+            if error != self._state_error:
+                log.warning("cannot write the health state file %s: %s", self.health_state, error)
+            self._state_error = error
+            return
+        if self._state_error is not None:
+            log.info("health state file %s written again", self.health_state)
+            self._state_error = None
+
     def _emit(self, event: Event) -> None:
+        if event.type == "straggler_state":
+            same = self._episode is not None and self._episode[1].event_id == event.event_id
+            opened = self._episode[0] if same and self._episode else event.timestamp
+            self._episode = (opened, event)
+        elif event.type == "straggler_resolved":
+            self._episode = None
         self.status.events[event.type] = self.status.events.get(event.type, 0) + 1
         for channel in self.channels:
             channel.send(event)

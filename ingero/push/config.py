@@ -22,6 +22,7 @@ from ingero.push.score import ScoreConfig
 from ingero.runtime.config import Duration, check, in_range, positive
 from ingero.runtime.systemd import JOURNAL_SOCKET
 from ingero.schema.events import EVENT_SOCKET
+from ingero.schema.healthstate import STATE_PATH
 from ingero.slurm.jobfile import JOBS_DIR, JOBS_DIR_ENV
 
 DAEMON = "fleet-push"
@@ -166,6 +167,9 @@ class PushConfig:
     service: str | None = None
     node_db: str = nodedb.DEFAULT_PATH
     state_dir: str = "/var/lib/ingero/state"
+    # The node's health state file, rewritten after every iteration for local readers
+    # (``ingero check --health``, NHC's check_ingero); null: not written.
+    health_state: str | None = STATE_PATH
     auth_token_file: str | None = None
     ca_file: str | None = None
     detection: DetectionConfig = field(default_factory=DetectionConfig)

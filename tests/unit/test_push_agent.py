@@ -619,3 +619,53 @@ def test_an_episode_against_the_nodes_own_score_leaves_its_baselines_learning() 
     assert rec.events[-1].type == "straggler_state"
     assert agent.status.straggling
     assert not any(sampler.straggling)
+
+
+def test_health_state_file_says_the_open_episode_and_since_when(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """What ``ingero check --health`` (NHC) reads: rewritten every iteration, the episode
+    with the time it opened (not the time of its latest re-emit), gone once it ends."""
+    from ingero.schema import healthstate
+
+    path = tmp_path / "push" / "health.json"
+    path.parent.mkdir()
+    config = PushConfig(
+        classifier=ClassifierConfig(enter_intervals=1, exit_intervals=1, reemit_intervals=1)
+    )
+    agent, clock, sampler, _client, rec = make(config=config)
+    agent.health_state = path
+    agent.step()
+    first = healthstate.read(path)
+    assert first is not None and first.straggler is None and first.node_id == "n1"
+    sampler.score, sampler.stalled = 0.5, True
+    clock.advance(5)
+    opened = clock.now()
+    agent.step()
+    clock.advance(5)
+    agent.step()  # a re-emit of the same episode
+    assert [e.type for e in rec.events][-2:] == ["straggler_state", "straggler_state"]
+    held = healthstate.read(path)
+    assert held is not None and held.straggler is not None
+    assert held.written_at == clock.now() and held.interval_s == 5.0
+    assert (held.straggler.since, held.straggler.reason, held.straggler.job_id) == (
+        opened,
+        "stall",
+        "42",
+    )
+    assert held.straggler.episode_id == rec.events[-1].event_id
+    sampler.score, sampler.stalled = 0.9, False
+    clock.advance(5)
+    agent.step()
+    assert rec.events[-1].type == "straggler_resolved"
+    ended = healthstate.read(path)
+    assert ended is not None and ended.straggler is None
+    # Its directory gone (fleet-push's RuntimeDirectory removed): logged once, pushes go on.
+    path.unlink()
+    path.parent.rmdir()
+    with caplog.at_level(logging.WARNING):
+        for _ in range(3):
+            clock.advance(5)
+            agent.step()
+    assert sum("cannot write the health state file" in r.message for r in caplog.records) == 1
+    assert agent.status.pushes_ok == 7
