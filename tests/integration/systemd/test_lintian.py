@@ -64,6 +64,7 @@ def test_no_bytecode_and_every_command_documented(artefacts: Artefacts, tmp_path
         "/usr/share/doc/ingero/changelog.gz",
         "/usr/share/ingero/prometheus/ingero.rules.yml",
         "/usr/share/ingero/grafana/ingero.json",
+        "/usr/share/ingero/nhc/ingero.nhc",
     ):
         assert path in files, path
     # every page renders without a groff warning

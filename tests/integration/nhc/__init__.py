@@ -1,0 +1,1 @@
+"""LBNL NHC running ingero's check_ingero (contrib/nhc/ingero.nhc)."""
