@@ -38,6 +38,10 @@ MESSAGE_IDS: dict[str, str] = {
     # code: one snapshot of the job's Python stacks on the node (extra.stacks), raised by
     # the node under the episode's event_id.
     "stack_snapshot": "6f3c2a1e9b8d4c7a8e5f0a1b2c3d4e72",
+    # GPUs a job holds and does not use (no process on them, or NVML 0% busy and no
+    # launches) for fleet-push's gpu_idle.idle_after: an episode (extra.state start|end,
+    # one event_id) naming the job, its user, extra.gpus and since when, raised by the node.
+    "gpu_idle": "6f3c2a1e9b8d4c7a8e5f0a1b2c3d4e73",
 }
 EVENT_TYPES = frozenset(MESSAGE_IDS)
 
@@ -195,6 +199,8 @@ class Event:
         tail = f" ({reason})" if reason else ""
         if self.type == "stack_snapshot":
             return f"ingero {self.type}: {where}{_stack_words(self.extra)}"
+        if self.type == "gpu_idle":
+            return f"ingero {self.type}: {where}{_idle_words(self.extra)}"
         return f"ingero {self.type}: {where}{figures}{_nccl_words(self.extra)}{tail}"
 
 
@@ -246,6 +252,22 @@ def _nccl_words(extra: dict[str, Any]) -> str:
         )
         if "inside_for_s" in extra:
             words += f" inside_for_s={extra['inside_for_s']}"
+    return words
+
+
+def _idle_words(extra: dict[str, Any]) -> str:
+    """What a gpu_idle says in its one line: which GPUs, whose, why and for how long."""
+    words = f" {extra['state']}" if isinstance(extra.get("state"), str) else ""
+    gpus = extra.get("gpus")
+    if isinstance(gpus, list):
+        words += " GPUs " + ",".join(str(g) for g in gpus)
+    if isinstance(extra.get("user"), str):
+        words += f" of {extra['user']}"
+    if isinstance(extra.get("reason"), str):
+        words += f" ({extra['reason']})"
+    idle_s = extra.get("idle_s")
+    if isinstance(idle_s, int | float) and not isinstance(idle_s, bool):
+        words += f" idle for {idle_s:.0f} s"
     return words
 
 
