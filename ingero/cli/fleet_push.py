@@ -150,6 +150,27 @@ def _snapshotter(
     )
 
 
+def _gpu_idle(config: PushConfig) -> dict[str, Any]:
+    """The gpu_idle detector and where it learns which jobs hold which GPUs: the prolog's
+    job files, less the jobs whose Slurm cgroup is there and empty (ended)."""
+    from ingero.push.gpu_idle import GpuIdleDetector, HeldJob, held_jobs
+    from ingero.slurm.jobcgroup import job_cgroups
+    from ingero.slurm.jobfile import current_jobs, jobs_dir
+
+    cfg = config.gpu_idle
+    if not cfg.enabled:
+        return {}
+    root = Path(cfg.cgroup_root)
+
+    def held() -> list[HeldJob]:
+        return held_jobs(current_jobs(jobs_dir()), job_cgroups(root))
+
+    return {
+        "gpu_idle": GpuIdleDetector(float(cfg.idle_after), cfg.busy_below),
+        "held_jobs": held,
+    }
+
+
 def run_agent(
     config: PushConfig,
     job_id: str | None,
@@ -239,6 +260,7 @@ def run_agent(
         job_source=job_source,
         engines=engines,
         health_state=Path(config.health_state) if config.health_state else None,
+        **_gpu_idle(config),
     )
     if config.snapshot.enabled:
         agent.snapshotter = _snapshotter(config, sampler.pid_alive, agent.emit, clock)

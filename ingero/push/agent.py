@@ -29,6 +29,7 @@ from ingero.push.detection import FLEET_MODES, Decision, DetectionSelector
 from ingero.push.detection_store import DetectionStore
 from ingero.push.engines import EngineWatcher
 from ingero.push.gpu_health import gpu_events
+from ingero.push.gpu_idle import GpuIdleDetector, HeldJob, gpu_uses, idle_events
 from ingero.push.sampler import NodeSample
 from ingero.push.snapshot import Request, Snapshotter
 from ingero.runtime.atomicfile import write_atomic
@@ -109,13 +110,17 @@ class Agent:
         job_source: Callable[[], JobInfo | None] | None = None,
         engines: EngineWatcher | None = None,
         health_state: Path | None = None,
+        gpu_idle: GpuIdleDetector | None = None,
+        held_jobs: Callable[[], list[HeldJob]] | None = None,
     ) -> None:
         """``job_source`` names the Slurm job running here now (the prolog's job file); its
         job id, rank and world size then override the identity's, interval by interval.
         ``engines``: the node's inference servers (the sampler measures them); the service
         they serve groups the node's push where the identity configures none.
         ``health_state``: where the node's health state file is rewritten after every
-        iteration (``ingero.schema.healthstate``; None: nowhere)."""
+        iteration (``ingero.schema.healthstate``; None: nowhere). ``gpu_idle`` with
+        ``held_jobs`` (the jobs on the node and the GPUs each holds, read every interval):
+        the ``gpu_idle`` episodes (None: none looked for)."""
         self.config = config
         self.identity = identity
         # The node id is the push agent's stable service.instance.id (one agent per node).
@@ -156,6 +161,8 @@ class Agent:
         self._named: tuple[_Named | None, float] | None = None
         self._stalled_since: float | None = None  # monotonic, while the node is stalled
         self.health_state = health_state
+        self.gpu_idle = gpu_idle
+        self.held_jobs = held_jobs
         self._state_error: str | None = None  # the last failure to write it (logged once)
         # The open straggler episode as its straggler_state events said it: opened at
         # (Unix s), and the latest of them.
@@ -257,6 +264,7 @@ class Agent:
         ):
             log.warning("%s", event.message())
             self._emit(event)
+        self._idle_gpus(sample, push)
         self._write_state(push, decision.mode)
         delay = jittered(float(self.config.push_interval), self.config.jitter, self.rng)
         if result.retry_after is not None:
@@ -435,6 +443,26 @@ class Agent:
             extra={"previous_mode": previous},
         )
 
+    def _idle_gpus(self, sample: NodeSample, push: NodePush) -> None:
+        """The jobs' GPUs held and unused, judged on the window's new tracer data."""
+        window = sample.window
+        if self.gpu_idle is None or self.held_jobs is None:
+            return
+        if window is None or window.new_intervals == 0:
+            return
+        try:
+            jobs = self.held_jobs()
+        except (OSError, ValueError) as exc:
+            log.warning("cannot read the jobs' GPUs: %s", exc)
+            return
+        uses = gpu_uses(window.gpus, window.launch_pids)
+        changes = self.gpu_idle.observe(jobs, uses, window.start, window.end)
+        for event in idle_events(
+            changes, node_id=push.node_id, cluster_id=push.cluster_id, timestamp=self.clock.now()
+        ):
+            log.info("%s", event.message())
+            self._emit(event)
+
     def _write_state(self, push: NodePush, mode: str | None) -> None:
         """Rewrite the health state file: what local readers (``ingero check --health``,
         NHC) learn of the node without asking Fleet. A failure is logged once per cause."""
@@ -461,6 +489,10 @@ class Agent:
             state=push.state,
             mode=mode,
             straggler=straggler,
+            gpu_idle=tuple(
+                healthstate.IdleGpus(c.event_id, c.job.job_id, c.gpus, c.since, c.reason)
+                for c in (self.gpu_idle.open() if self.gpu_idle is not None else ())
+            ),
         )
         try:
             # Readable by every user (NHC runs as root, a site's own checks as anyone); on

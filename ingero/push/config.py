@@ -23,6 +23,7 @@ from ingero.runtime.config import Duration, check, in_range, positive
 from ingero.runtime.systemd import JOURNAL_SOCKET
 from ingero.schema.events import EVENT_SOCKET
 from ingero.schema.healthstate import STATE_PATH
+from ingero.slurm.jobcgroup import CGROUP_ROOT
 from ingero.slurm.jobfile import JOBS_DIR, JOBS_DIR_ENV
 
 DAEMON = "fleet-push"
@@ -144,6 +145,20 @@ class InferenceConfig:
 
 
 @dataclass(frozen=True)
+class GpuIdleConfig:
+    """GPUs a Slurm job holds and does not use: the ``gpu_idle`` episodes
+    (``ingero.push.gpu_idle``)."""
+
+    enabled: bool = True
+    # A held GPU without use this long starts an episode.
+    idle_after: Duration = field(default=Duration(1800.0), metadata=positive())
+    # NVML's 0%: a GPU busy less than this share of a window did nothing in it.
+    busy_below: float = field(default=0.01, metadata=in_range(0.0001, 1.0))
+    # Where Slurm's job cgroups are read (an empty one is an ended job's: it holds no GPU).
+    cgroup_root: str = str(CGROUP_ROOT)
+
+
+@dataclass(frozen=True)
 class PushConfig:
     # One endpoint, or several (a list, or one string with commas) to fail over between
     # where no balancer is in front of Fleet's replicas (ingero.otlp.exporter.Failover).
@@ -179,6 +194,7 @@ class PushConfig:
     clock: ClockConfig = field(default_factory=ClockConfig)
     snapshot: SnapshotConfig = field(default_factory=SnapshotConfig)
     inference: InferenceConfig = field(default_factory=InferenceConfig)
+    gpu_idle: GpuIdleConfig = field(default_factory=GpuIdleConfig)
     score: ScoreConfig = field(default_factory=ScoreConfig)
 
     def validate(self) -> None:

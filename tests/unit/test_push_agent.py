@@ -15,6 +15,7 @@ from opentelemetry.proto.collector.metrics.v1.metrics_service_pb2 import (
     ExportMetricsServiceRequest,
 )
 
+from ingero.collectors.nodedb import GpuWindow, WindowAggregates
 from ingero.otlp.health import decode_health
 from ingero.otlp.threshold import ENTER_INTERVALS, EXIT_INTERVALS, ThresholdView
 from ingero.push.agent import Agent, Identity
@@ -37,6 +38,7 @@ class Sampler:
         self.state = "active"
         self.stalled = False
         self.held = False
+        self.window: WindowAggregates | None = None
         self.calls: list[tuple[dict[str, float] | None, bool]] = []  # (peer_rates, job_file)
         self.straggling: list[bool] = []  # what each call said of the node's episode
 
@@ -62,7 +64,7 @@ class Sampler:
             self.clock.now(),
             self.state,  # type: ignore[arg-type]
             result,
-            None,
+            self.window,
             None,
             stalled=self.stalled,
             job_running=True if self.stalled else None,
@@ -669,3 +671,39 @@ def test_health_state_file_says_the_open_episode_and_since_when(
             agent.step()
     assert sum("cannot write the health state file" in r.message for r in caplog.records) == 1
     assert agent.status.pushes_ok == 7
+
+
+def test_gpus_held_and_unused_are_an_episode_in_events_and_the_state_file(tmp_path: Path) -> None:
+    from ingero.push.gpu_idle import GpuIdleDetector, HeldJob
+    from ingero.schema import healthstate
+
+    agent, clock, sampler, _client, rec = make()
+    agent.health_state = tmp_path / "health.json"
+    agent.gpu_idle = GpuIdleDetector(idle_after=10.0, busy_below=0.01)
+    jobs = [HeldJob("42", (0, 1), "alice", "gpu", 1, clock.now())]
+    agent.held_jobs = lambda: jobs
+    for _ in range(4):
+        end = clock.now()
+        sampler.window = WindowAggregates(
+            start=end - 5, end=end, covered_s=5, kernel_launches=900, steps=0,
+            gpus={0: GpuWindow(0, busy=0.95, pids=(7,)), 1: GpuWindow(1, busy=0.0)},
+            launch_pids=(7,), tracer_intervals=1, new_intervals=1, new_launches=900,
+        )  # fmt: skip
+        agent.step()
+        clock.advance(5)
+    (start,) = [e for e in rec.events if e.type == "gpu_idle"]
+    assert (start.extra["state"], start.extra["gpus"], start.extra["reason"]) == (
+        "start",
+        [1],
+        "no_process",
+    )
+    state = healthstate.read(tmp_path / "health.json")
+    assert state is not None
+    assert [(g.event_id, g.job_id, g.gpus) for g in state.gpu_idle] == [
+        (start.event_id, "42", (1,))
+    ]
+    jobs.clear()  # the job ends
+    agent.step()
+    assert rec.events[-1].type == "gpu_idle" and rec.events[-1].extra["end"] == "job_ended"
+    state = healthstate.read(tmp_path / "health.json")
+    assert state is not None and state.gpu_idle == ()
