@@ -130,6 +130,8 @@ class MetricsConfig:
     node_series: bool = False
     # At most this many nodes get series (three each); stragglers first, then lowest scores.
     node_series_limit: int = field(default=1000, metadata=positive())
+    # At most this many (cluster, partition, user) series of idle GPU time, the most idle first.
+    idle_gpu_series_limit: int = field(default=1000, metadata=positive())
 
 
 @dataclass(frozen=True)

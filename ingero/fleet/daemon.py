@@ -27,6 +27,7 @@ from ingero.fleet.events import EventQueue, EventSink, JournalSink
 from ingero.fleet.forwarder import Forwarder
 from ingero.fleet.grpc_server import OtlpGrpcServer
 from ingero.fleet.httpserver import HttpServer
+from ingero.fleet.idle_gpus import IdleGpuLedger
 from ingero.fleet.metrics import FleetMetrics
 from ingero.fleet.model import TickResult
 from ingero.fleet.otlp_http import OtlpHttpHandler
@@ -124,6 +125,12 @@ class FleetDaemon:
         self.events = EventQueue(self.metrics)
         self.journal = JournalSink()
         self.events.add_sink(self.journal, "journal")
+        # The nodes' gpu_idle events, summed into the idle GPU time gauges of /metrics.
+        self.idle_gpus = IdleGpuLedger(
+            clock, 8 * config.limits.max_nodes, config.metrics.idle_gpu_series_limit
+        )
+        self.events.add_sink(self.idle_gpus, "idle-gpus")
+        self.metrics.read_idle_gpus(self.idle_gpus.render)
         # Events go on to Echo when configured; the forwarder never blocks the tick thread.
         self.echo_forwarder = echo_forwarder(config)
         if self.echo_forwarder is not None:
@@ -138,6 +145,7 @@ class FleetDaemon:
         self._started = False
         if self.score_history is not None:
             self.add_tick_listener(self._forward_scores, "echo-score-history")
+        self.add_tick_listener(lambda r: self.idle_gpus.expire(r.expired_nodes), "idle-gpus")
 
         self._reload_requested = False
         self._wake = SignalEvent()

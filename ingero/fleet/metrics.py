@@ -207,10 +207,16 @@ class FleetMetrics:
         self.node_series_limit = node_series_limit
         self._nodes: tuple[tuple[NodeRow, bool], ...] = ()
         self._nodes_omitted = 0
+        # The idle GPU time gauges (ingero.fleet.idle_gpus), rendered at scrape time.
+        self._idle_gpus: Callable[[frozenset[str] | None], bytes] = lambda _clusters: b""
 
     def read_drain_failures(self, read: Callable[[], int]) -> None:
         """Where ``ingero_fleet_drain_failures_total`` comes from (0 while drain is off)."""
         self._drain_failures.read = read
+
+    def read_idle_gpus(self, render: Callable[[frozenset[str] | None], bytes]) -> None:
+        """Where the ``ingero_fleet_idle_gpu*`` series come from."""
+        self._idle_gpus = render
 
     def read_echo_forwarding(self, read: Callable[[], EchoForwarding]) -> None:
         """Where the ``ingero_fleet_echo_*`` series come from (none without an Echo)."""
@@ -281,7 +287,7 @@ class FleetMetrics:
         text += render_clock_offsets(self._clock_offsets)
         if self.node_series_limit is not None:
             text += render_nodes(self._nodes, self._nodes_omitted)
-        return text
+        return text + self._idle_gpus(None)
 
     def render_clusters(self, clusters: frozenset[str]) -> bytes:
         """``/metrics`` for a token scoped to ``clusters``: only the series labelled with one
@@ -293,7 +299,7 @@ class FleetMetrics:
         text += render_clock_offsets([o for o in self._clock_offsets if o[0] in clusters])
         if self.node_series_limit is not None:
             text += render_nodes([n for n in self._nodes if n[0].cluster_id in clusters], None)
-        return text
+        return text + self._idle_gpus(clusters)
 
 
 def _number(value: float | None) -> str:
