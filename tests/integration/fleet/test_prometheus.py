@@ -196,7 +196,7 @@ def test_a_real_prometheus_scrapes_fleet_and_runs_the_contrib_rules(
         margins = prom.query('node:ingero_score_margin:diff{node_id="n3"}')
         assert float(margins[0]["value"][1]) < 0  # below its group's threshold
         rules = [r for g in prom.get("/api/v1/rules")["groups"] for r in g["rules"]]
-        assert len(rules) == 17 and {r["health"] for r in rules} == {"ok"}, rules
+        assert len(rules) == 18 and {r["health"] for r in rules} == {"ok"}, rules
         # the straggler alert is pending (it fires after 10 minutes)
         alerts = wait_for(
             lambda: [a for a in prom.get("/api/v1/alerts")["alerts"] if a["state"] == "pending"],
