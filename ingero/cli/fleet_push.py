@@ -40,6 +40,7 @@ if TYPE_CHECKING:  # imported where used, so `--help` stays fast
 @click.option("--cluster-id", help="Cluster name (Slurm ClusterName).")
 @click.option("--node-db", help="Node DB path written by ingero trace.")
 @click.option("--state-dir", help="Where baselines and the cached threshold persist.")
+@click.option("--health-state", help="The node's health state file (health_state; '' for none).")
 @click.option("--event-socket", help="Unix socket that receives NDJSON events.")
 @click.option("--journal-socket", help="journald native socket path.")
 @click.option("--push-interval", help="Push cadence, e.g. 5s.")
@@ -63,6 +64,7 @@ def command(
     cluster_id: str | None,
     node_db: str | None,
     state_dir: str | None,
+    health_state: str | None,
     event_socket: str | None,
     journal_socket: str | None,
     push_interval: str | None,
@@ -89,6 +91,7 @@ def command(
         "cluster_id": cluster_id,
         "node_db": node_db,
         "state_dir": state_dir,
+        "health_state": health_state,
         "channels.event_socket": event_socket,
         "channels.journal_socket": journal_socket,
         "push_interval": push_interval,

@@ -319,6 +319,10 @@ class Demo:
                         "score": {"warmup_samples": 5, "proc_root": str(node_dir / "proc")},
                         # The inference shape's servers are in that synthetic /proc.
                         "inference": {"proc_root": str(node_dir / "proc")},
+                        # Its own files, not the host's: no /run/ingero/push, and no GPUs
+                        # of the host's Slurm jobs.
+                        "health_state": str(node_dir / "health.json"),
+                        "gpu_idle": {"enabled": False},
                     }
                 )
             )

@@ -210,6 +210,9 @@ class Cluster:
             "cluster_id": self.cluster_id,
             "node_db": str(self.tmp / f"{node}.db"),
             "state_dir": str(self.tmp / f"{node}.state"),
+            # Not the host's /run/ingero/push, nor the host's Slurm cgroups.
+            "health_state": str(self.tmp / f"{node}.health.json"),
+            "gpu_idle": {"cgroup_root": str(self.tmp / "no-cgroups")},
             "detection": {
                 "fleet_max_age": f"{3 * self.interval}s",
                 "fleet_cached_max_age": f"{8 * self.interval}s",

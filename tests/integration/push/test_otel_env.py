@@ -51,6 +51,7 @@ def test_fleet_push_configured_only_by_otel_env_reaches_fleet(
                 "cluster_id": "otel",
                 "node_db": str(tmp_path / "none.db"),
                 "state_dir": str(tmp_path / "state"),
+                "health_state": str(tmp_path / "health.json"),
                 "channels": {"journald": False, "uds": False},
             }
         )
