@@ -257,6 +257,7 @@ async def _mcp_session(client: Client) -> dict[str, Any]:
         prompt = await c.get_prompt("investigate", {"cluster_id": "A", "job_id": "7"})
         out["prompt"] = prompt.messages[0].content.text  # type: ignore[union-attr]
         out["stragglers"] = (await c.call_tool("stragglers", {"since": 0})).structured_content
+        out["idle_gpus"] = (await c.call_tool("idle_gpus", {"since": 0})).structured_content
         out["sql"] = (
             await c.call_tool("sql", {"query": "SELECT node_id FROM events"})
         ).structured_content
@@ -277,11 +278,13 @@ def _check_mcp(out: dict[str, Any]) -> None:
         "collective_lag",
         "jobs",
         "job_timeline",
+        "idle_gpus",
         "drains",
         "cost",
         "sql",
     ]
     assert out["prompts"] == ["investigate"] and "ingero explain --job 7" in out["prompt"]
+    assert out["idle_gpus"]["episodes"] == [] and out["idle_gpus"]["truncated"] is False
     nodes = {r["node_id"] for r in out["stragglers"]["stragglers"]}
     assert nodes and not any(n.startswith("bravo") for n in nodes)
     assert out["sql"]["rows"] and all(not r[0].startswith("bravo") for r in out["sql"]["rows"])
