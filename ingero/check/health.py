@@ -14,8 +14,8 @@ Two node-local sources, no network call and no Slurm RPC (NHC gives all its chec
   ``expect_gpus``. No GPU rows within the window tell nothing (said, and passed).
 
 ``judge`` is pure (rows and state in, verdict out); ``read_gpu_rows`` is the one read of the
-node DB. The check takes about a quarter of a second (docs/benchmarks.md, "NHC's
-check_ingero"), most of it Python's start and click.
+node DB. The check takes about a tenth of a second
+(docs/benchmarks.md#nhcs-check_ingero), most of it Python's start and click.
 """
 
 from __future__ import annotations
