@@ -13,6 +13,10 @@ A mark line is one JSON object and a newline::
 ``labels`` (an object of short keys to strings, numbers or booleans) may ride on any kind;
 ``ts`` (Unix seconds, the job's clock) is optional and checked against the server's clock.
 A refusal is ``{"error": REASON, "detail": TEXT}``: one line per refused line or connection.
+
+The decoder returns only what the node DB can store: every string valid Unicode (a lone
+surrogate, which JSON's ``\\ud800`` can spell, is refused), every number finite and within
+64 bits, so no accepted line can fail a write later.
 """
 
 from __future__ import annotations
@@ -95,14 +99,24 @@ def encode_mark(mark: Mark) -> bytes:
     return json.dumps(body, separators=(",", ":"), ensure_ascii=False).encode() + b"\n"
 
 
-def _size(text: str) -> int:
-    return len(text.encode("utf-8", errors="surrogatepass"))
+# A label integer or a step fits SQLite's 64-bit INTEGER; a ts is a float far from overflow.
+MAX_INT: Final = 2**63 - 1
+MIN_INT: Final = -(2**63)
+
+
+def _size(text: str, what: str) -> int:
+    """UTF-8 bytes of ``text``; LineError when it holds a lone surrogate (not Unicode text,
+    so SQLite could not store it)."""
+    try:
+        return len(text.encode("utf-8"))
+    except UnicodeEncodeError:
+        raise LineError("bad_line", f"{what} is not valid Unicode (a lone surrogate)") from None
 
 
 def _check_name(value: object, what: str, limit: int) -> str:
     if not isinstance(value, str) or not value:
         raise LineError("bad_line", f"{what} must be a non-empty string")
-    if _size(value) > limit:
+    if _size(value, what) > limit:
         raise LineError("too_big", f"{what} is longer than {limit} bytes")
     return value
 
@@ -118,7 +132,7 @@ def _labels(value: object, limits: Limits) -> dict[str, LabelValue]:
     for key, item in value.items():
         _check_name(key, "a label key", limits.max_key_bytes)
         if isinstance(item, str):
-            if _size(item) > limits.max_value_bytes:
+            if _size(item, f"label {key!r}") > limits.max_value_bytes:
                 raise LineError(
                     "too_big", f"label {key!r} is longer than {limits.max_value_bytes} bytes"
                 )
@@ -127,6 +141,8 @@ def _labels(value: object, limits: Limits) -> dict[str, LabelValue]:
                 raise LineError("bad_line", f"label {key!r} is not a finite number")
         elif not isinstance(item, int):  # bool is an int
             raise LineError("bad_line", f"label {key!r} must be a string, number or boolean")
+        elif not MIN_INT <= item <= MAX_INT:
+            raise LineError("bad_line", f"label {key!r} is beyond a 64-bit integer")
         labels[key] = item
     return labels
 
@@ -156,7 +172,7 @@ def decode_line(line: bytes, limits: Limits = DEFAULT_LIMITS) -> Mark:
     step = body.get("step")
     if step is not None and (isinstance(step, bool) or not isinstance(step, int) or step < 0):
         raise LineError("bad_line", "step must be a non-negative integer")
-    if step is not None and step >= 2**63:
+    if step is not None and step > MAX_INT:
         raise LineError("bad_line", "step is too large")
     if kind == "step":
         name = _check_name(body.get("name", "step"), "name", limits.max_name_bytes)
@@ -168,17 +184,31 @@ def decode_line(line: bytes, limits: Limits = DEFAULT_LIMITS) -> Mark:
             raise LineError("bad_line", "a phase's state must be begin or end")
     elif state is not None:
         raise LineError("bad_line", "only a phase has a state")
-    ts = body.get("ts")
-    if ts is not None:
-        if isinstance(ts, bool) or not isinstance(ts, int | float) or not math.isfinite(ts):
-            raise LineError("bad_line", "ts must be Unix seconds")
-        ts = float(ts)
-    return Mark(kind, name, step, state, _labels(body.get("labels"), limits), ts)
+    return Mark(kind, name, step, state, _labels(body.get("labels"), limits), _ts(body.get("ts")))
+
+
+def _ts(value: object) -> float | None:
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        raise LineError("bad_line", "ts must be Unix seconds")
+    try:
+        # An integer of 400 digits is valid JSON: float() overflows on it (and isfinite
+        # on the int itself raises OverflowError rather than answering).
+        ts = float(value)
+    except OverflowError:
+        raise LineError("bad_line", "ts must be Unix seconds (finite)") from None
+    if not math.isfinite(ts):
+        raise LineError("bad_line", "ts must be Unix seconds (finite)")
+    return ts
 
 
 def encode_refusal(reason: str, detail: str) -> bytes:
     """The server's one-line answer to a refused line or connection."""
-    return json.dumps({"error": reason, "detail": detail}, ensure_ascii=False).encode() + b"\n"
+    text = json.dumps({"error": reason, "detail": detail}, ensure_ascii=False)
+    # A lone surrogate (from a refused line's own text) is written as JSON's \udxxx escape,
+    # which decodes back to it: encoding it as UTF-8 would raise instead.
+    return text.encode("utf-8", "backslashreplace") + b"\n"
 
 
 def decode_refusal(line: bytes) -> tuple[str, str]:

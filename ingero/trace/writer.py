@@ -11,8 +11,8 @@ import queue
 import sqlite3
 import sys
 import threading
-from collections.abc import Sequence
-from dataclasses import dataclass
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass, fields
 from pathlib import Path
 
 import sqlite_utils
@@ -30,6 +30,8 @@ _INSERTED = ("intervals", "raw_events", "host_intervals", "gpu_intervals", "gpu_
 PRUNE_FRACTION = 0.1
 # Batches kept for retry after a failed write (locked or full DB) before the oldest is dropped.
 MAX_RETRY = 100
+# An error line names the row's fault, never the whole row (a hostile one may be long).
+MAX_ERROR_CHARS = 300
 
 
 @dataclass
@@ -61,7 +63,17 @@ class WriterStats:
     rows: int = 0
     pruned_rows: int = 0
     errors: int = 0
+    bad_rows: int = 0  # rows no write could store, dropped (their batch's others written)
     last_error: str | None = None
+
+
+def _merged(batches: Sequence[Batch]) -> dict[str, list[dict[str, object]]]:
+    """The rows of ``batches`` as one Batch's fields."""
+    out: dict[str, list[dict[str, object]]] = {}
+    for batch in batches:
+        for f in fields(Batch):
+            out.setdefault(f.name, []).extend(getattr(batch, f.name))
+    return out
 
 
 def used_bytes(db: sqlite_utils.Database) -> int:
@@ -75,7 +87,10 @@ def used_bytes(db: sqlite_utils.Database) -> int:
 def write_batch(db: sqlite_utils.Database, batch: Batch) -> int:
     """Insert one batch in one transaction; returns the number of rows written."""
     n = 0
-    with db.conn:
+    # atomic(), not ``with db.conn``: sqlite-utils' insert_all commits its own transaction
+    # when none is open, so a batch failing half-way kept its first tables (and a retry
+    # wrote them twice). Inside atomic() its inserts are savepoints of this one.
+    with db.atomic():
         for table in _INSERTED:
             rows = list(getattr(batch, table))
             if rows:
@@ -142,6 +157,14 @@ def prune(db: sqlite_utils.Database, max_bytes: int) -> int:
     return deleted
 
 
+def single_rows(batch: Batch) -> Iterator[Batch]:
+    """``batch`` as batches of one row each, in the order ``write_batch`` writes them (marks
+    before the phase ends that update them, collectives before their returns)."""
+    for f in fields(Batch):
+        for row in getattr(batch, f.name):
+            yield Batch(**{f.name: [row]})
+
+
 class NodeDbWriter:
     """Owns the node DB connection on a thread; ``submit`` never blocks the tracer."""
 
@@ -184,6 +207,23 @@ class NodeDbWriter:
             self._drain()
         self._db.conn.close()
 
+    def _write_rows(self, batch: Batch, first: Exception) -> None:
+        """Write ``batch`` a row at a time, dropping (and counting) the rows that fail; a
+        row that meets a busy or full DB is kept, with those after it, for the next write."""
+        rows = list(single_rows(batch))
+        bad = 0
+        for i, row in enumerate(rows):
+            try:
+                self.stats.rows += write_batch(self._db, row)
+            except sqlite3.OperationalError:
+                self._retry.append(Batch(**_merged(rows[i:])))
+                break
+            except Exception:
+                bad += 1
+        self.stats.batches += 1
+        self.stats.bad_rows += bad
+        self._failed(f"node DB: {bad} row(s) dropped: {type(first).__name__}: {first}")
+
     def _drain(self) -> None:
         while True:
             try:
@@ -199,7 +239,15 @@ class NodeDbWriter:
             if item is None:
                 self._drain()
                 return
-            self._write(item)
+            try:
+                self._write(item)
+            except Exception as exc:  # the thread must outlive anything one batch raises
+                self._failed(f"node DB write failed ({type(exc).__name__}): {exc}")
+
+    def _failed(self, message: str) -> None:
+        self.stats.errors += 1
+        self.stats.last_error = f"{self.path}: {message}"[:MAX_ERROR_CHARS]
+        print(f"{self.command}: {message}"[:MAX_ERROR_CHARS], file=sys.stderr)
 
     def _write(self, batch: Batch) -> None:
         pending, self._retry = [*self._retry, batch], []
@@ -207,14 +255,17 @@ class NodeDbWriter:
             try:
                 self.stats.rows += write_batch(self._db, item)
                 self.stats.batches += 1
-            except sqlite3.Error as exc:
+            except sqlite3.OperationalError as exc:
                 # A full disk or a locked DB must not stop tracing: keep the batches for the
                 # next write, dropping the oldest only past MAX_RETRY.
-                self.stats.errors += 1
-                self.stats.last_error = f"{self.path}: {exc}"
-                print(f"{self.command}: node DB write failed: {exc}", file=sys.stderr)
-                self._retry = pending[i:][-MAX_RETRY:]
+                self._failed(f"node DB write failed: {exc}")
+                self._retry = [*self._retry, *pending[i:]][-MAX_RETRY:]
                 return
+            except Exception as exc:
+                # A row the DB cannot take (a string SQLite cannot encode, an integer past 64
+                # bits, a required column missing) fails its whole transaction, now and on
+                # every retry: the batch's other rows are written one by one instead.
+                self._write_rows(item, exc)
         if self.max_bytes is not None:
             try:
                 self.stats.pruned_rows += prune(self._db, self.max_bytes)

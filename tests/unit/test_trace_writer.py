@@ -228,3 +228,56 @@ def test_a_collective_written_in_flight_is_completed_in_place() -> None:
     assert write_batch(db, Batch(nccl_returns=[{**done, "ts_return": 1004.5, "ret": 0}])) == 1
     rows = db.execute("SELECT pid, seq, ts_enter, ts_return, ret FROM nccl_calls ORDER BY pid")
     assert rows.fetchall() == [(1, 1000, 1000.0, 1004.5, 0), (2, 1000, 1000.0, None, None)]
+
+
+def test_a_row_the_db_cannot_store_is_dropped_and_every_other_row_written(
+    tmp_path: Path,
+) -> None:
+    """Only sqlite3.Error was caught: a lone surrogate (UnicodeEncodeError), an integer past
+    64 bits (OverflowError) or a value SQLite cannot bind killed the writer's thread, and no
+    later batch of any writer was written."""
+    writer = NodeDbWriter(tmp_path / "node.db")
+    writer.start()
+
+    def mark(name: object, step: object = None, **extra: object) -> dict[str, object]:
+        return {"ts_start": 1.0, "ts_end": None, "pid": 3, "uid": 0, "job_id": None,
+                "rank": None, "kind": "label", "name": name, "step": step, "labels": None,
+                **extra}  # fmt: skip
+
+    bad = Batch(
+        intervals=[_interval(1.0)],
+        marks=[mark("ok"), mark("\ud800"), mark("big", 2**70), mark(object()),
+               mark("no pid", pid=None), mark("ok too")],
+    )  # fmt: skip
+    assert writer.submit(bad)
+    assert writer.submit(Batch(marks=[mark("later")]))
+    writer.close()
+    assert not writer._thread.is_alive()
+    db = connect(tmp_path / "node.db", readonly=True)
+    names = [r[0] for r in db.execute("SELECT name FROM marks ORDER BY rowid")]
+    assert names == ["ok", "ok too", "later"]
+    assert db.execute("SELECT COUNT(*) FROM intervals").fetchone()[0] == 1
+    assert writer.stats.bad_rows == 4 and writer.stats.batches == 2
+    assert writer.stats.last_error is not None and "4 row(s) dropped" in writer.stats.last_error
+    db.conn.close()
+
+
+def test_a_busy_db_mid_row_by_row_keeps_the_rest_for_the_next_write(tmp_path: Path) -> None:
+    path = tmp_path / "node.db"
+    writer = NodeDbWriter(path)
+    rows = [_interval(1.0), {**_interval(2.0), "pid": 2**70}, _interval(3.0)]
+    holder = sqlite3.connect(path, timeout=0)
+    writer._db.conn.execute("PRAGMA busy_timeout = 0")
+    try:
+        holder.execute("BEGIN IMMEDIATE")  # every write is busy now
+        writer._write(Batch(rows))
+        assert writer.stats.rows == 0 and len(writer._retry) == 1
+    finally:
+        holder.rollback()
+        holder.close()
+    writer._write(Batch([_interval(4.0)]))
+    writer.close()
+    db = connect(path, readonly=True)
+    ends = [r[0] for r in db.execute("SELECT ts_end FROM intervals ORDER BY ts_end")]
+    assert ends == [1.0, 3.0, 4.0] and writer.stats.bad_rows == 1
+    db.conn.close()
