@@ -43,6 +43,8 @@ REASONS: Final = (
     "phase",  # an end without its begin, a begin already open, too many open
     "rate",  # over the writer's lines per second
     "clients",  # over the server's client count
+    "idle",  # a connection silent, or inside one line, for too long (then closed)
+    "internal",  # the server failed on a line it should have taken (a bug; it serves on)
 )
 
 

@@ -3,8 +3,11 @@
 ``Annotations`` is the pure core (clock injected): it takes each connection's bytes with
 the writer's identity from SO_PEERCRED (the kernel's word, never a pid in the line), splits
 lines, decodes and bounds them, and hands back node DB rows at each ``take``. Everything it
-holds is bounded: clients, the partial line per client, the refusals waiting to be written
-back, the open phases per writer. ``serve`` is the thin socket loop around it.
+holds is bounded by ``ServerLimits``: clients (in all and per uid), the partial line per
+client, the refusals waiting to be written back, the open phases per writer, and the rate
+buckets, one per pid and one per uid, kept past the connection (a writer that reconnects,
+or forks a new pid, draws on the same buckets) and forgotten least recently used first.
+``serve`` is the thin socket loop around it.
 
 Marked steps become ``intervals`` rows with ``op`` "step" (source "annotate"): one per
 writer and flush, its count the steps marked, which is the step row detection reads.
@@ -22,34 +25,22 @@ import stat
 import struct
 import sys
 import threading
-from collections import Counter
+from collections import Counter, OrderedDict
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Final
+from typing import Final, Generic, TypeVar
 
-from ingero.annotate.codec import (
-    DEFAULT_LIMITS,
-    Limits,
-    LineError,
-    Mark,
-    decode_line,
-    encode_refusal,
-)
+from ingero.annotate.codec import LineError, Mark, decode_line, encode_refusal
+from ingero.annotate.limits import DRAIN_S, ServerLimits
 from ingero.nodedb.schema import ANNOTATE_SOURCE
 from ingero.runtime.clock import Clock
 
 # Refusal bytes held for a client that does not read them; beyond, refusals are only counted.
 MAX_REPLY_BYTES: Final = 16 * 1024
-
-
-@dataclass(frozen=True)
-class ServerLimits:
-    lines_per_s: float = 100.0  # per writer (pid), a token bucket ...
-    burst: int = 200  # ... holding this many lines
-    max_clients: int = 64
-    max_open_phases: int = 16  # per writer
-    line: Limits = DEFAULT_LIMITS
+# Bytes read from one connection at a time: with the partial line, what a client's buffer
+# holds at most (max_line_bytes + READ_BYTES).
+READ_BYTES: Final = 65536
 
 
 @dataclass(frozen=True)
@@ -67,10 +58,14 @@ class TokenBucket:
         self.tokens = float(burst)
         self.at = now
 
-    def take(self, now: float) -> bool:
+    def ready(self, now: float) -> bool:
+        """Refill to ``now``; whether a line may be taken."""
         self.tokens = min(self.burst, self.tokens + max(0.0, now - self.at) * self.rate)
-        self.at = now
-        if self.tokens >= 1.0:
+        self.at = max(self.at, now)
+        return self.tokens >= 1.0
+
+    def take(self, now: float) -> bool:
+        if self.ready(now):
             self.tokens -= 1.0
             return True
         return False
@@ -88,27 +83,58 @@ class Take:
 @dataclass
 class _Conn:
     writer: Writer
+    active_at: float  # monotonic: the last bytes read
     buf: bytes = b""
+    line_since: float | None = None  # monotonic: when the partial line in buf began
     discarding: bool = False  # inside a line already refused as too long
     replies: bytes = b""
 
 
 @dataclass
 class _WriterState:
+    """One pid's bucket and open phases; kept after its connections close (bounded)."""
+
     bucket: TokenBucket
-    conns: int = 0
     open_phases: dict[str, float] = field(default_factory=dict)  # name -> ts_start
 
 
+K = TypeVar("K")
+V = TypeVar("V")
+
+
+class _Lru(Generic[K, V]):
+    """At most ``size`` entries; the least recently used goes first."""
+
+    def __init__(self, size: int) -> None:
+        self.size = size
+        self._items: OrderedDict[K, V] = OrderedDict()
+
+    def get(self, key: K, make: Callable[[], V]) -> V:
+        item = self._items.get(key)
+        if item is None:
+            item = self._items[key] = make()
+            while len(self._items) > self.size:
+                self._items.popitem(last=False)
+        else:
+            self._items.move_to_end(key)
+        return item
+
+    def __len__(self) -> int:
+        return len(self._items)
+
+
 class Annotations:
-    def __init__(self, clock: Clock, limits: ServerLimits = ServerLimits()) -> None:
+    def __init__(self, clock: Clock, limits: ServerLimits | None = None) -> None:
         self.clock = clock
-        self.limits = limits
+        self.limits = limits = limits or ServerLimits()
         self.accepted = 0
         self.refused: Counter[str] = Counter()
         self.replies_dropped = 0
+        self.last_refusal = b""  # the answer to the last connection ``open`` turned away
         self._conns: dict[int, _Conn] = {}
-        self._writers: dict[int, _WriterState] = {}
+        self._per_uid: Counter[int] = Counter()
+        self._writers: _Lru[int, _WriterState] = _Lru(limits.max_writers)
+        self._uids: _Lru[int, TokenBucket] = _Lru(limits.max_writers)
         self._take = Take()
         self._pending: dict[tuple[int, str], dict[str, object]] = {}  # open phase rows unwritten
         self._steps: dict[int, tuple[Writer, int]] = {}
@@ -118,37 +144,45 @@ class Annotations:
     def clients(self) -> int:
         return len(self._conns)
 
-    def open(self, conn: int, writer: Writer) -> bool:
-        """A new connection; False (a refusal queued, counted) when over the client count."""
-        if len(self._conns) >= self.limits.max_clients:
-            self.refused["clients"] += 1
-            return False
-        self._conns[conn] = _Conn(writer)
-        state = self._writers.get(writer.pid)
-        if state is None:
-            bucket = TokenBucket(self.limits.lines_per_s, self.limits.burst, self.clock.monotonic())
-            state = self._writers[writer.pid] = _WriterState(bucket)
-        state.conns += 1
-        return True
+    @property
+    def writers(self) -> int:
+        """Pids whose bucket is remembered (at most ``max_writers``)."""
+        return len(self._writers)
 
-    def refusal_for_clients(self) -> bytes:
-        return encode_refusal("clients", f"at most {self.limits.max_clients} clients")
+    def open(self, conn: int, writer: Writer) -> bool:
+        """A new connection; False when over the client count, in all or for the writer's
+        uid (counted; ``last_refusal`` is then the line to answer)."""
+        limits = self.limits
+        if len(self._conns) >= limits.max_clients:
+            detail = f"at most {limits.max_clients} clients"
+        elif self._per_uid[writer.uid] >= limits.max_clients_per_uid:
+            detail = f"at most {limits.max_clients_per_uid} clients per uid (uid {writer.uid})"
+        else:
+            self._conns[conn] = _Conn(writer, self.clock.monotonic())
+            self._per_uid[writer.uid] += 1
+            self._writer(writer.pid)
+            return True
+        self.refused["clients"] += 1
+        self.last_refusal = encode_refusal("clients", detail)
+        return False
 
     def close(self, conn: int) -> None:
         """The connection ended; a partial last line is dropped. A writer's phases still open
-        stay open in the node DB (``ts_end`` NULL): the job ended or died inside them."""
+        stay open in the node DB (``ts_end`` NULL): the job ended or died inside them. Its
+        buckets stay, so a writer that reconnects finds them as it left them."""
         state = self._conns.pop(conn, None)
         if state is None:
             return
-        writer = self._writers.get(state.writer.pid)
-        if writer is not None:
-            writer.conns -= 1
-            if writer.conns <= 0:
-                del self._writers[state.writer.pid]
+        uid = state.writer.uid
+        self._per_uid[uid] -= 1
+        if self._per_uid[uid] <= 0:
+            del self._per_uid[uid]
 
     def feed(self, conn: int, data: bytes) -> None:
         """Bytes read from ``conn``; refusals queue for ``replies``."""
         state = self._conns[conn]
+        now = self.clock.monotonic()
+        state.active_at = now
         max_line = self.limits.line.max_line_bytes
         state.buf += data
         while True:
@@ -160,13 +194,41 @@ class Annotations:
                         self._refuse(state, "too_long", f"line longer than {max_line} bytes")
                     state.discarding = True
                     state.buf = b""
+                if state.buf or state.discarding:
+                    if state.line_since is None:
+                        state.line_since = now
+                else:
+                    state.line_since = None
                 return
             state.buf = rest
+            state.line_since = None
             if state.discarding:
                 state.discarding = False
                 continue
             if line.strip():
-                self._line(state, line)
+                try:
+                    self._line(state, line)
+                except Exception as exc:  # one line never stops the server: answered, counted
+                    self._refuse(
+                        state, "internal", f"the server failed on this line: {exc!r}"[:200]
+                    )
+
+    def expire(self) -> list[int]:
+        """Connections silent for ``idle_s`` or inside one line for ``line_timeout_s``: each
+        gets an ``idle`` refusal (counted) and is to be closed by the caller."""
+        now = self.clock.monotonic()
+        limits = self.limits
+        out = []
+        for conn, state in self._conns.items():
+            if state.line_since is not None and now - state.line_since >= limits.line_timeout_s:
+                detail = f"inside one line for over {limits.line_timeout_s:g} s"
+            elif now - state.active_at >= limits.idle_s:
+                detail = f"silent for over {limits.idle_s:g} s"
+            else:
+                continue
+            self._refuse(state, "idle", detail)
+            out.append(conn)
+        return out
 
     def replies(self, conn: int) -> bytes:
         """Refusal lines waiting to be written to ``conn`` (taken)."""
@@ -205,6 +267,15 @@ class Annotations:
         self._since = now
         return out
 
+    def _writer(self, pid: int) -> _WriterState:
+        limits = self.limits
+        return self._writers.get(
+            pid,
+            lambda: _WriterState(
+                TokenBucket(limits.lines_per_s, limits.burst, self.clock.monotonic())
+            ),
+        )
+
     def _refuse(self, state: _Conn, reason: str, detail: str) -> None:
         self.refused[reason] += 1
         line = encode_refusal(reason, detail)
@@ -213,12 +284,31 @@ class Annotations:
             return
         state.replies += line
 
+    def _rate(self, state: _Conn, ws: _WriterState) -> bool:
+        """Take a line from the pid's and the uid's buckets; False (refused) when either is
+        empty (neither is then charged)."""
+        writer, limits = state.writer, self.limits
+        now = self.clock.monotonic()
+        uid = self._uids.get(
+            writer.uid, lambda: TokenBucket(limits.uid_lines_per_s, limits.uid_burst, now)
+        )
+        if not ws.bucket.ready(now):
+            self._refuse(
+                state, "rate", f"over {limits.lines_per_s:g} lines per second for pid {writer.pid}"
+            )
+            return False
+        if not uid.ready(now):
+            rate = limits.uid_lines_per_s
+            self._refuse(state, "rate", f"over {rate:g} lines per second for uid {writer.uid}")
+            return False
+        ws.bucket.take(now)
+        uid.take(now)
+        return True
+
     def _line(self, state: _Conn, line: bytes) -> None:
         writer = state.writer
-        ws = self._writers[writer.pid]
-        if not ws.bucket.take(self.clock.monotonic()):
-            rate = self.limits.lines_per_s
-            self._refuse(state, "rate", f"over {rate:g} lines per second for pid {writer.pid}")
+        ws = self._writer(writer.pid)
+        if not self._rate(state, ws):
             return
         try:
             mark = decode_line(line, self.limits.line)
@@ -337,12 +427,15 @@ def serve(
     stop: threading.Event,
     flush_s: float = 1.0,
     identify: Callable[[int, int], Writer] = lambda pid, uid: Writer(pid, uid),
+    drain_s: float = DRAIN_S,
 ) -> None:
-    """Accept, read and flush until ``stop``; one thread, non-blocking sockets."""
+    """Accept, read and flush until ``stop``; one thread, non-blocking sockets. Once asked
+    to stop, what writers sent is read for at most ``drain_s`` more, then flushed."""
     sel = selectors.DefaultSelector()
     sel.register(sock, selectors.EVENT_READ)
     conns: dict[int, socket.socket] = {}
-    next_flush = core.clock.monotonic() + flush_s
+    clock = core.clock
+    next_flush = clock.monotonic() + flush_s
 
     def drop(fd: int) -> None:
         conn = conns.pop(fd)
@@ -369,6 +462,8 @@ def serve(
             conn, _ = sock.accept()
         except BlockingIOError:
             return False
+        except OSError:  # out of descriptors (EMFILE), say: the connection waits its turn
+            return False
         try:
             pid, uid, _gid = peer_credentials(conn)
             writer = identify(pid, uid)
@@ -377,7 +472,8 @@ def serve(
             return True
         if not core.open(conn.fileno(), writer):
             with contextlib.suppress(OSError):
-                conn.send(core.refusal_for_clients())
+                conn.setblocking(False)
+                conn.send(core.last_refusal)
             conn.close()
             return True
         conn.setblocking(False)
@@ -388,7 +484,7 @@ def serve(
     def read(fd: int) -> bool:
         """Read what one connection sent; False when nothing was waiting or it closed."""
         try:
-            data = conns[fd].recv(65536)
+            data = conns[fd].recv(READ_BYTES)
         except BlockingIOError:
             return False
         except OSError:
@@ -401,24 +497,36 @@ def serve(
         write_back(fd)
         return True
 
+    def expire() -> None:
+        for fd in core.expire():
+            if fd in conns:
+                write_back(fd)
+                drop(fd)
+
     try:
         while not stop.is_set():
-            timeout = max(0.0, min(0.1, next_flush - core.clock.monotonic()))
+            timeout = max(0.0, min(0.1, next_flush - clock.monotonic()))
             for key, _ in sel.select(timeout):
                 if key.fileobj is sock:
                     accept()
                 elif key.fd in conns:
                     read(key.fd)
-            if core.clock.monotonic() >= next_flush:
-                next_flush = core.clock.monotonic() + flush_s
+            expire()
+            if clock.monotonic() >= next_flush:
+                next_flush = clock.monotonic() + flush_s
                 sink(core.take())
         # Asked to stop: what writers sent before it (a connection not yet accepted, bytes
-        # not yet read) is read first, so no mark sent before the stop is lost.
-        while accept():
+        # not yet read) is read first, one read per connection in turn, until none has more
+        # or the deadline passes; what was read by then is flushed below.
+        deadline = clock.monotonic() + drain_s
+        while clock.monotonic() < deadline and accept():
             pass
-        for fd in list(conns):
-            while fd in conns and read(fd):
-                pass
+        busy = True
+        while busy and clock.monotonic() < deadline:
+            busy = False
+            for fd in list(conns):
+                if fd in conns and read(fd):
+                    busy = True
     finally:
         sink(core.take())
         for fd in list(conns):
@@ -426,7 +534,10 @@ def serve(
         sel.close()
 
 
-def log_refusals(core: Annotations) -> None:
+def log_counts(core: Annotations) -> None:
+    """What the server took and refused, on stderr as it stops."""
+    line = f"ingero annotate: accepted {core.accepted} marks"
     if core.refused:
         counts = ", ".join(f"{n} {reason}" for reason, n in sorted(core.refused.items()))
-        print(f"ingero annotate: refused {counts}", file=sys.stderr)
+        line += f"; refused {counts}"
+    print(line, file=sys.stderr)

@@ -9,11 +9,14 @@ from __future__ import annotations
 import contextlib
 import socket
 import sys
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import click
 
 from ingero.annotate.codec import DEFAULT_SOCKET, SOCKET_ENV, decode_refusal
+from ingero.annotate.limits import DRAIN_S, ServerLimits
 from ingero.cli.options import DEFAULT_DB
 from ingero.runtime.errors import EXIT_DATAERR, UnavailableError, UsageError
 from ingero.runtime.hangup import ignore_hangups
@@ -30,6 +33,33 @@ def annotate() -> None:
     """Marks from the job: steps, phases and labels on a local socket."""
 
 
+# ServerLimits fields the command line sets: (option, field, click type, what it bounds).
+_LIMIT_OPTIONS = (
+    ("--lines-per-s", "lines_per_s", click.FloatRange(min=0.1), "Lines per second per writer pid"),
+    ("--burst", "burst", click.IntRange(min=1), "Lines a writer pid may send at once"),
+    ("--uid-lines-per-s", "uid_lines_per_s", click.FloatRange(min=0.1),
+     "Lines per second per uid, all its processes together"),
+    ("--uid-burst", "uid_burst", click.IntRange(min=1), "Lines a uid may send at once"),
+    ("--max-clients", "max_clients", click.IntRange(min=1), "Connections at once"),
+    ("--max-clients-per-uid", "max_clients_per_uid", click.IntRange(min=1),
+     "Connections at once per uid"),
+    ("--max-writers", "max_writers", click.IntRange(min=1),
+     "Pids and uids whose rate buckets are remembered"),
+    ("--idle-s", "idle_s", click.FloatRange(min=0.05),
+     "Close a connection silent this long (seconds)"),
+    ("--line-timeout-s", "line_timeout_s", click.FloatRange(min=0.05),
+     "Close a connection inside one line this long (seconds)"),
+)  # fmt: skip
+
+
+def _limit_options(command: Callable[..., int]) -> Callable[..., int]:
+    defaults = ServerLimits()
+    for option, name, kind, what in reversed(_LIMIT_OPTIONS):
+        text = f"{what} [default: ServerLimits, {getattr(defaults, name):g}]."
+        command = click.option(option, name, type=kind, default=None, help=text)(command)
+    return command
+
+
 @annotate.command("serve")
 @_SOCKET_OPTION
 @click.option("--db", "db_path", type=click.Path(path_type=Path), default=DEFAULT_DB,
@@ -39,27 +69,23 @@ def annotate() -> None:
 @click.option("--max-db", default=None, help="Prune oldest rows beyond this size (e.g. 1G).")
 @click.option("--flush", "flush_s", type=click.FloatRange(min=0.05), default=1.0,
               show_default=True, help="Seconds between node DB writes.")  # fmt: skip
-@click.option("--lines-per-s", type=click.FloatRange(min=0.1), default=None,
-              help="Lines per second per writer [default: ServerLimits, 100].")  # fmt: skip
-@click.option("--burst", type=click.IntRange(min=1), default=None,
-              help="Lines a writer may send at once [default: ServerLimits, 200].")  # fmt: skip
-@click.option("--max-clients", type=click.IntRange(min=1), default=None,
-              help="Connections at once [default: ServerLimits, 64].")  # fmt: skip
+@click.option("--drain", "drain_s", type=click.FloatRange(min=0.0), default=None,
+              help=f"Seconds a stop goes on reading what writers sent [default: {DRAIN_S:g}].")  # fmt: skip
+@_limit_options
 def serve(
     socket_path: Path,
     db_path: Path,
     group: str | None,
     max_db: str | None,
     flush_s: float,
-    lines_per_s: float | None,
-    burst: int | None,
-    max_clients: int | None,
+    drain_s: float | None,
+    **limit_values: float | int | None,
 ) -> int:
     """Serve the annotate socket and write marks to the node DB (no root needed)."""
     import dataclasses
     import grp
 
-    from ingero.annotate.server import Annotations, ServerLimits, Writer, listen, log_refusals
+    from ingero.annotate.server import Annotations, Take, Writer, listen, log_counts
     from ingero.annotate.server import serve as serve_socket
     from ingero.cli.trace import parse_size
     from ingero.runtime.clock import SystemClock
@@ -67,13 +93,8 @@ def serve(
     from ingero.trace.writer import Batch, NodeDbWriter
 
     ignore_hangups("annotate", "nothing to reload")
-    limits = ServerLimits()
-    if lines_per_s is not None:
-        limits = dataclasses.replace(limits, lines_per_s=lines_per_s)
-    if burst is not None:
-        limits = dataclasses.replace(limits, burst=burst)
-    if max_clients is not None:
-        limits = dataclasses.replace(limits, max_clients=max_clients)
+    given: dict[str, Any] = {k: v for k, v in limit_values.items() if v is not None}
+    limits = dataclasses.replace(ServerLimits(), **given)
     if group is not None:
         try:
             grp.getgrnam(group)
@@ -90,6 +111,7 @@ def serve(
     except OSError as exc:
         writer.close()
         raise UnavailableError(f"{socket_path}: cannot listen: {exc}") from exc
+
     tags = TagCache()
 
     def identify(pid: int, uid: int) -> Writer:
@@ -101,22 +123,21 @@ def serve(
     stop, _ = stop_on_signals()
     core = Annotations(SystemClock(), limits)
 
-    def sink(take: object) -> None:
-        from ingero.annotate.server import Take
-
-        assert isinstance(take, Take)
+    def sink(take: Take) -> None:
         if take.marks or take.mark_ends or take.steps:
             writer.submit(Batch(intervals=take.steps, marks=take.marks, mark_ends=take.mark_ends))
 
     writer.start()
     print(f"ingero annotate: listening on {socket_path}", file=sys.stderr, flush=True)
     try:
-        serve_socket(sock, core, sink, stop, flush_s, identify)
+        serve_socket(
+            sock, core, sink, stop, flush_s, identify, DRAIN_S if drain_s is None else drain_s
+        )
     finally:
         sock.close()
         socket_path.unlink(missing_ok=True)
         writer.close()
-        log_refusals(core)
+        log_counts(core)
     return 0
 
 

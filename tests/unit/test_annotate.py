@@ -209,7 +209,7 @@ def test_clients_bounded_and_writers_forgotten() -> None:
 
 
 def test_replies_bounded_for_a_client_that_never_reads() -> None:
-    c, _ = core(lines_per_s=1e9, burst=10**6)
+    c, _ = core(lines_per_s=1e9, burst=10**6, uid_lines_per_s=1e9, uid_burst=10**6)
     c.open(1, Writer(5, 0))
     c.feed(1, b"bad\n" * 5000)
     assert len(c.replies(1)) <= 16 * 1024

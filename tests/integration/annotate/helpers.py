@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import importlib.util
+import os
 import signal
 import sqlite3
 import subprocess
@@ -59,13 +60,16 @@ class Server:
 
 
 @contextmanager
-def annotate_server(tmp: Path, *extra: str) -> Iterator[Server]:
-    """``ingero annotate serve`` on tmp/annotate.sock writing tmp/node.db; stopped after."""
+def annotate_server(tmp: Path, *extra: str, env: dict[str, str] | None = None) -> Iterator[Server]:
+    """``ingero annotate serve`` on tmp/annotate.sock writing tmp/node.db; stopped after.
+    ``env`` is laid over this process's environment (INGERO_JOBS_DIR, say)."""
     sock, db, log = tmp / "annotate.sock", tmp / "node.db", tmp / "annotate.log"
     argv = [sys.executable, "-m", "ingero.cli.main", "annotate", "serve"]
     argv += ["--socket", str(sock), "--db", str(db), "--flush", "0.1", *extra]
     with log.open("ab") as out:
-        proc = subprocess.Popen(argv, cwd=ROOT, stdout=out, stderr=subprocess.STDOUT)
+        proc = subprocess.Popen(
+            argv, cwd=ROOT, stdout=out, stderr=subprocess.STDOUT, env={**os.environ, **(env or {})}
+        )
     server = Server(sock, db, proc, log)
     try:
         deadline = time.monotonic() + 60

@@ -1,0 +1,121 @@
+"""Hostile writers on the annotate server's pure core: buckets that outlive the connection,
+per-uid caps, timeouts, a line the server fails on."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from ingero.annotate import server as server_module
+from ingero.annotate.codec import decode_refusal
+from ingero.annotate.server import Annotations, ServerLimits, Writer
+from ingero.runtime.clock import ManualClock
+
+
+def core(**limits: Any) -> tuple[Annotations, ManualClock]:
+    clock = ManualClock()
+    return Annotations(clock, ServerLimits(**limits)), clock
+
+
+def reasons(c: Annotations, conn: int) -> list[str]:
+    return [decode_refusal(line)[0] for line in c.replies(conn).splitlines()]
+
+
+STEP = b'{"kind":"step"}\n'
+
+
+def test_a_pid_s_bucket_outlives_its_connection() -> None:
+    c, clock = core(lines_per_s=1.0, burst=3)
+    for conn in range(1, 4):  # connect, write, close: three times
+        assert c.open(conn, Writer(5, 0))
+        c.feed(conn, STEP * 2)
+        c.close(conn)
+    assert c.accepted == 3 and c.refused == {"rate": 3}
+    clock.advance(2.0)
+    c.open(9, Writer(5, 0))
+    c.feed(9, STEP * 3)
+    assert c.accepted == 5  # two more tokens in two seconds
+
+
+def test_a_uid_s_bucket_is_shared_by_its_pids() -> None:
+    c, _ = core(uid_lines_per_s=1.0, uid_burst=4)
+    for pid in range(10, 15):
+        c.open(pid, Writer(pid, 1000))
+        c.feed(pid, STEP * 2)
+    assert c.accepted == 4
+    assert c.refused == {"rate": 6}
+    c.open(99, Writer(99, 1001))  # another user is not charged
+    c.feed(99, STEP)
+    assert reasons(c, 99) == [] and c.accepted == 5
+
+
+def test_remembered_writers_are_bounded_least_recently_used_first() -> None:
+    c, _ = core(max_writers=2, lines_per_s=0.1, burst=1)
+    for pid in (1, 2, 1, 3):  # 2 is the least recently used when 3 comes
+        c.open(pid, Writer(pid, pid))
+        c.feed(pid, STEP)
+        c.close(pid)
+    assert c.writers == 2
+    assert c.accepted == 3  # 1's second line met its empty bucket
+    c.open(20, Writer(1, 1))
+    c.feed(20, STEP)
+    assert reasons(c, 20) == ["rate"]  # 1 was remembered
+    c.open(21, Writer(2, 2))
+    c.feed(21, STEP)
+    assert reasons(c, 21) == []  # 2 was forgotten: a full bucket again
+
+
+def test_one_uid_holds_at_most_its_share_of_the_clients() -> None:
+    c, _ = core(max_clients=4, max_clients_per_uid=2)
+    assert c.open(1, Writer(10, 7)) and c.open(2, Writer(11, 7))
+    assert not c.open(3, Writer(12, 7))
+    assert decode_refusal(c.last_refusal) == (
+        "clients",
+        "at most 2 clients per uid (uid 7)",
+    )
+    assert c.open(4, Writer(20, 8))
+    c.close(1)
+    assert c.open(5, Writer(12, 7)) and c.clients == 3
+
+
+def test_a_half_line_and_a_silent_connection_expire() -> None:
+    c, clock = core(idle_s=10.0, line_timeout_s=1.0)
+    for conn in (1, 2, 3):
+        c.open(conn, Writer(conn, 0))
+    c.feed(1, b'{"kind":"st')
+    clock.advance(0.9)
+    c.feed(1, b"ep")  # still inside the line: its timer runs from the line's first byte
+    c.feed(3, STEP + b'{"kind"')  # a whole line, then a new one begun
+    clock.advance(0.2)
+    assert c.expire() == [1]
+    assert reasons(c, 1) == ["idle"]
+    c.close(1)
+    clock.advance(0.8)
+    assert c.expire() == [3]
+    c.close(3)
+    clock.advance(8.0)
+    assert c.expire() == []
+    c.feed(2, STEP)  # a whole line keeps it alive
+    clock.advance(9.9)
+    assert c.expire() == []
+    clock.advance(0.2)
+    assert c.expire() == [2] and reasons(c, 2) == ["idle"]
+    assert c.refused["idle"] == 3 and c.accepted == 2
+
+
+def test_a_line_the_server_fails_on_is_answered_and_the_next_one_taken(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    real = server_module.decode_line
+
+    def flaky(line: bytes, limits: Any) -> Any:
+        if b"boom" in line:
+            raise RuntimeError("a bug")
+        return real(line, limits)
+
+    monkeypatch.setattr(server_module, "decode_line", flaky)
+    c, _ = core()
+    c.open(1, Writer(5, 0))
+    c.feed(1, b'{"kind":"label","name":"boom"}\n' + STEP)
+    assert reasons(c, 1) == ["internal"] and c.accepted == 1
