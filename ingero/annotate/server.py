@@ -254,6 +254,7 @@ class Annotations:
                     "ts_start": self._since,
                     "ts_end": max(now, self._since),
                     "pid": writer.pid,
+                    "uid": writer.uid,
                     "job_id": writer.job_id,
                     "rank": writer.rank,
                     "source": ANNOTATE_SOURCE,

@@ -85,11 +85,11 @@ def serve(
     import dataclasses
     import grp
 
-    from ingero.annotate.server import Annotations, Take, Writer, listen, log_counts
+    from ingero.annotate.identity import Identify
+    from ingero.annotate.server import Annotations, Take, listen, log_counts
     from ingero.annotate.server import serve as serve_socket
     from ingero.cli.trace import parse_size
     from ingero.runtime.clock import SystemClock
-    from ingero.trace.tags import TagCache
     from ingero.trace.writer import Batch, NodeDbWriter
 
     ignore_hangups("annotate", "nothing to reload")
@@ -112,14 +112,6 @@ def serve(
         writer.close()
         raise UnavailableError(f"{socket_path}: cannot listen: {exc}") from exc
 
-    tags = TagCache()
-
-    def identify(pid: int, uid: int) -> Writer:
-        # Read at each connect and not kept: a long-lived server sees many short-lived pids.
-        found = tags.get(pid)
-        tags.forget(pid)
-        return Writer(pid, uid, found.job_id, found.rank)
-
     stop, _ = stop_on_signals()
     core = Annotations(SystemClock(), limits)
 
@@ -131,7 +123,7 @@ def serve(
     print(f"ingero annotate: listening on {socket_path}", file=sys.stderr, flush=True)
     try:
         serve_socket(
-            sock, core, sink, stop, flush_s, identify, DRAIN_S if drain_s is None else drain_s
+            sock, core, sink, stop, flush_s, Identify(), DRAIN_S if drain_s is None else drain_s
         )
     finally:
         sock.close()

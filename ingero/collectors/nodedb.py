@@ -328,6 +328,7 @@ def aggregate_window(
     after: float | None = None,
     latest_end: float | None = None,
     stream_rows: Iterable[Mapping[str, Any]] = (),
+    job_id: str | None = None,
 ) -> WindowAggregates:
     """The aggregates of ``(start, end]`` from its rows (pure).
 
@@ -336,7 +337,9 @@ def aggregate_window(
     tracer's ``host_intervals`` rows, one per tracer interval (they make a window without
     kernel or graph launches a measurement of none); ``after``: where the previous window ended
     (the intervals ending later are this window's new ones; None: all are new).
-    ``stream_rows``: ``stream_intervals`` rows, summed per (pid, stream).
+    ``stream_rows``: ``stream_intervals`` rows, summed per (pid, stream). ``job_id``: the job
+    whose marked steps count (fleet-push's pushed job): another job's writer, or one outside
+    any job, marks steps of its own, not this job's; None counts every writer's.
     """
     first: float | None = None
     last: float | None = None
@@ -369,7 +372,7 @@ def aggregate_window(
         if row.get("source") == ANNOTATE_SOURCE:
             # The job's own step marks, written on the annotate server's flush: steps of the
             # window, not a tracer interval (the tracer's rows measure the time).
-            if op in STEP_OPS:
+            if op in STEP_OPS and (job_id is None or row.get("job_id") == job_id):
                 steps += int(row["count"])
             continue
         count = int(row["count"]) if op in WORK_OPS else 0
@@ -512,11 +515,17 @@ def read_window(
 
 
 def read_latest(
-    path: Path, now: float, window_s: float, after: float | None, timeout_s: float = 0.5
+    path: Path,
+    now: float,
+    window_s: float,
+    after: float | None,
+    timeout_s: float = 0.5,
+    job_id: str | None = None,
 ) -> WindowAggregates:
     """fleet-push's window: the one ending at the newest tracer interval written by ``now``
     (``window_start``), new where it ends after ``after``; a window with no new interval
-    (``new_intervals`` 0) holds no rows. Raises NodeDbUnavailable with the reason."""
+    (``new_intervals`` 0) holds no rows; its marked steps only ``job_id``'s (where given).
+    Raises NodeDbUnavailable with the reason."""
     if window_s <= 0:
         raise ValueError("window_s must be > 0")
     with _open(path, timeout_s) as db:
@@ -537,7 +546,7 @@ def read_latest(
             return nothing_new(now, window_s, after, None if latest is None else float(latest))
         latest = float(latest)
         start = window_start(latest, window_s, after)
-        return _read(db, path, start, latest, window_s, after=after, host=True)
+        return _read(db, path, start, latest, window_s, after=after, host=True, job_id=job_id)
 
 
 @contextmanager
@@ -565,12 +574,13 @@ def _read(
     *,
     after: float | None = None,
     host: bool = False,
+    job_id: str | None = None,
 ) -> WindowAggregates:
     conn = db.conn
     try:
         intervals = _rows(
             conn.execute(
-                "SELECT ts_start, ts_end, op, count, total_ns, pid, source FROM intervals"
+                "SELECT ts_start, ts_end, op, count, total_ns, pid, source, job_id FROM intervals"
                 " WHERE ts_end > ? AND ts_end <= ?",
                 (start, end),
             )
@@ -622,4 +632,5 @@ def _read(
         after=after,
         latest_end=end if host else None,
         stream_rows=streams,
+        job_id=job_id,
     )

@@ -14,7 +14,7 @@ DEFAULT_PATH = "/var/lib/ingero/ingero.db"
 # The newest node DB version this ingero writes and reads (readers refuse a newer one);
 # here, so a reader that needs only the version check (``ingero check --health``, run by
 # NHC) does not load sqlite-utils, which loads numpy.
-SCHEMA_VERSION = 6
+SCHEMA_VERSION = 7
 
 __all__ = ["DEFAULT_PATH", "SCHEMA_VERSION", "connect", "migrate"]
 

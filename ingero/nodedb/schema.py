@@ -28,6 +28,8 @@ Tables (all timestamps are Unix seconds, durations nanoseconds):
 - ``stream_intervals`` (version 6): per interval, per (pid, CUDA stream): stream syncs,
   kernel launches naming the stream, and the steps between syncs (count, total, p50/p90 and
   the interval's log-linear histogram of step times as JSON).
+- ``intervals.uid`` (version 7): the writer's uid (SO_PEERCRED) on the step rows ``ingero
+  annotate`` writes; NULL on the tracer's rows.
 """
 
 from __future__ import annotations
@@ -297,8 +299,13 @@ def _v6(db: sqlite_utils.Database) -> None:
     db.table("stream_intervals").create_index(["ts_end"])
 
 
+def _v7(db: sqlite_utils.Database) -> None:
+    # Plain DDL: this runs inside the migration's own transaction.
+    db.execute("ALTER TABLE intervals ADD COLUMN uid INTEGER")
+
+
 # Index i holds the migration from version i to i + 1. Append only.
-MIGRATIONS: list[Callable[[sqlite_utils.Database], None]] = [_v1, _v2, _v3, _v4, _v5, _v6]
+MIGRATIONS: list[Callable[[sqlite_utils.Database], None]] = [_v1, _v2, _v3, _v4, _v5, _v6, _v7]
 assert len(MIGRATIONS) == SCHEMA_VERSION
 
 

@@ -50,6 +50,7 @@ class Sampler(Protocol):
         job_file: bool = False,
         *,
         straggling: bool = False,
+        job_id: str | None = None,
     ) -> NodeSample: ...
 
 
@@ -183,6 +184,7 @@ class Agent:
             self._fresh(self._peers),
             job_file,
             straggling=self.classifier.straggling and status.mode in FLEET_MODES,
+            job_id=ident.job_id,
         )
         if sample.transition is not None:
             t = sample.transition

@@ -185,14 +185,16 @@ class NodeSampler:
         job_file: bool = False,
         *,
         straggling: bool = False,
+        job_id: str | None = None,
     ) -> NodeSample:
         """One sample. ``peer_rates``: Fleet's fresh peer medians of the raw rates (the node's
         throughput is then measured against them); ``job_file``: the prolog's job file for
         this node is present; ``straggling``: the node is in a straggler episode (its
-        baselines then hold still)."""
+        baselines then hold still); ``job_id``: the job pushed, whose marked steps alone
+        are the node's steps (None: every writer's)."""
         now = self.clock.now()
         try:
-            window = read_latest(self.db_path, now, self.window_s, self.anchor)
+            window = read_latest(self.db_path, now, self.window_s, self.anchor, job_id=job_id)
         except NodeDbUnavailable as exc:
             transition = self.state.observe(readable=False)
             return NodeSample(now, self.state.state, None, None, transition, stale_reason=str(exc))

@@ -1,16 +1,20 @@
 """Hostile writers on the annotate server's pure core: buckets that outlive the connection,
-per-uid caps, timeouts, a line the server fails on."""
+per-uid caps, timeouts, a line the server fails on; and who a writer is (its Slurm cgroup,
+confirmed by the job file)."""
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
 import pytest
 
 from ingero.annotate import server as server_module
 from ingero.annotate.codec import decode_refusal
+from ingero.annotate.identity import Identify, slurm_job
 from ingero.annotate.server import Annotations, ServerLimits, Writer
 from ingero.runtime.clock import ManualClock
+from ingero.slurm.jobfile import JobInfo, write_job
 
 
 def core(**limits: Any) -> tuple[Annotations, ManualClock]:
@@ -119,3 +123,65 @@ def test_a_line_the_server_fails_on_is_answered_and_the_next_one_taken(
     c.open(1, Writer(5, 0))
     c.feed(1, b'{"kind":"label","name":"boom"}\n' + STEP)
     assert reasons(c, 1) == ["internal"] and c.accepted == 1
+
+
+# ---- who a writer is -----------------------------------------------------------------
+
+
+V2 = "0::/system.slice/slurmstepd.scope/job_42/step_0/user/task_0\n"
+V1 = "12:freezer:/slurm/uid_1000/job_42/step_batch/task_0\n11:pids:/\n"
+
+
+@pytest.mark.parametrize(
+    ("cgroup", "uid", "job"),
+    [
+        (V2, 1000, "42"),
+        ("0::/system.slice/node7_slurmstepd.scope/job_9/step_extern\n", 5, "9"),  # multi-slurmd
+        (V1, 1000, "42"),
+        ("4:memory:/slurm_node7/uid_1000/job_42/step_0\n", 1000, "42"),
+        (V1, 1001, None),  # a v1 path of another uid's job
+        ("0::/user.slice/user-1000.slice/user@1000.service/app.slice/job_42\n", 1000, None),
+        (
+            "0::/user.slice/user-1000.slice/user@1000.service/system.slice/slurmstepd.scope/"
+            "job_42\n",
+            1000,
+            None,
+        ),  # a user's delegated subtree can name anything
+        ("0::/system.slice/slurmd.service\n", 0, None),
+        ("0::/\n", 1000, None),
+        (V2 + "12:freezer:/slurm/uid_1000/job_43/step_0\n", 1000, None),  # they disagree
+        (V2 + V1, 1000, "42"),
+        ("garbage\n::\n", 1000, None),
+    ],
+)
+def test_the_job_of_a_cgroup(cgroup: str, uid: int, job: str | None) -> None:
+    assert slurm_job(cgroup, uid) == job
+
+
+def fake_proc(root: Path, pid: int, cgroup: str | None, env: dict[str, str] | None) -> None:
+    base = root / str(pid)
+    base.mkdir(parents=True)
+    if cgroup is not None:
+        (base / "cgroup").write_text(cgroup)
+    if env is not None:
+        (base / "environ").write_bytes(b"\0".join(f"{k}={v}".encode() for k, v in env.items()))
+
+
+def test_a_writer_s_job_is_its_cgroup_s_confirmed_by_the_job_file(tmp_path: Path) -> None:
+    proc, jobs = tmp_path / "proc", tmp_path / "jobs"
+    write_job(jobs, JobInfo("42", "c", "n1", 1, 2, ["n0", "n1"], "alice", 1000))
+    claim = {"SLURM_JOB_ID": "42", "SLURM_PROCID": "5"}
+    fake_proc(proc, 1, V2, claim)  # alice in her job
+    fake_proc(proc, 2, V2, {"SLURM_JOB_ID": "7", "SLURM_PROCID": "5"})  # says another job
+    fake_proc(proc, 3, "0::/system.slice/slurmstepd.scope/job_42/step_0\n", claim)
+    fake_proc(proc, 4, "0::/\n", claim)  # outside Slurm, claiming the job
+    fake_proc(proc, 5, "0::/\n", claim)  # the same, as the server's own user
+    fake_proc(proc, 6, "0::/system.slice/slurmstepd.scope/job_77/step_0\n", None)  # no file
+    identify = Identify(proc, jobs, trusted=frozenset({0, 500}))
+    assert identify(1, 1000) == Writer(1, 1000, "42", 5)
+    assert identify(2, 1000) == Writer(2, 1000, "42", 1)  # the job file's rank
+    assert identify(3, 2000) == Writer(3, 2000)  # the job file names another owner
+    assert identify(4, 1000) == Writer(4, 1000)
+    assert identify(5, 500) == Writer(5, 500, "42", 5)
+    assert identify(6, 1000) == Writer(6, 1000, "77", None)
+    assert identify(404, 1000) == Writer(404, 1000)  # gone before it could be read

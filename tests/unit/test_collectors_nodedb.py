@@ -265,6 +265,24 @@ def test_version_1_db_is_read_without_the_health_columns(tmp_path: Path) -> None
     assert not w.gpus[0].health_measured and w.gpu_pids == ()
 
 
+def test_only_the_pushed_job_s_marked_steps_count(tmp_path: Path) -> None:
+    """Every writer's step rows were summed into the node's step rate: 4,200 where the
+    pushed job marked 200. Another job's writer, or one outside any job, now counts for no
+    job but its own; with no job named every writer's count, as before."""
+    rows = [interval(T0 + i, T0 + i + 1, "cudaLaunchKernel", 1000) for i in range(4)]
+
+    def steps(job: str | None, count: int, pid: int) -> dict[str, Any]:
+        row = {**interval(T0 + 3.5, T0 + 3.9, "step", count), "source": "annotate"}
+        return {**row, "pid": pid, "job_id": job}
+
+    marked = [steps("7", 200, 9), steps("8", 3000, 10), steps(None, 1000, 11)]
+    db = make_db(tmp_path / "n.db", rows + marked)
+    assert read_latest(db, T0 + 100, 4, None, job_id="7").steps == 200
+    assert read_latest(db, T0 + 100, 4, None, job_id="8").steps == 3000
+    assert read_latest(db, T0 + 100, 4, None, job_id="99").steps == 0
+    assert read_latest(db, T0 + 100, 4, None).steps == 4200
+
+
 def test_marked_steps_are_steps_not_tracer_intervals(tmp_path: Path) -> None:
     """The annotate server's step rows (its own flush times) give the job's step rate over
     the tracer's intervals; they neither add an interval nor keep a silent tracer alive."""

@@ -41,6 +41,7 @@ class Sampler:
         self.window: WindowAggregates | None = None
         self.calls: list[tuple[dict[str, float] | None, bool]] = []  # (peer_rates, job_file)
         self.straggling: list[bool] = []  # what each call said of the node's episode
+        self.jobs: list[str | None] = []  # the job whose marked steps each call counted
 
     def sample(
         self,
@@ -48,9 +49,11 @@ class Sampler:
         job_file: bool = False,
         *,
         straggling: bool = False,
+        job_id: str | None = None,
     ) -> NodeSample:
         self.calls.append((dict(peer_rates) if peer_rates is not None else None, job_file))
         self.straggling.append(straggling)
+        self.jobs.append(job_id)
         result = ScoreResult(
             score=self.score,
             signals=MappingProxyType({"throughput": self.score}),
@@ -301,7 +304,7 @@ def test_stalled_event_consumer_does_not_hold_the_loop(tmp_path: Path) -> None:
 
 
 def test_job_file_sets_the_peer_group_each_interval() -> None:
-    agent, _clock, _sampler, client, _rec = make()
+    agent, _clock, sampler, client, _rec = make()
     jobs: list[object] = [
         JobInfo(job_id="7", cluster_id="c1", node_id="n1", rank=2, world_size=8),
         None,
@@ -323,6 +326,8 @@ def test_job_file_sets_the_peer_group_each_interval() -> None:
         ("42", 1, None),
         ("42", 1, None),
     ]
+    # the pushed job's marked steps alone are the node's steps (no other writer's)
+    assert sampler.jobs == ["7", "42", "42"]
 
 
 def test_each_mode_change_is_logged_once(caplog: pytest.LogCaptureFixture) -> None:

@@ -5,6 +5,8 @@ from __future__ import annotations
 import sqlite3
 from pathlib import Path
 
+import sqlite_utils
+
 from ingero.nodedb.schema import SCHEMA_VERSION, connect
 from ingero.trace.writer import Batch, NodeDbWriter, prune, used_bytes, write_batch
 
@@ -112,8 +114,6 @@ def test_writer_thread_writes_everything_before_close(tmp_path: Path) -> None:
 
 
 def test_a_version_1_node_db_is_migrated_keeping_its_rows(tmp_path: Path) -> None:
-    import sqlite_utils
-
     from ingero.nodedb.schema import GPU_HEALTH_COLUMNS, MIGRATIONS
 
     path = tmp_path / "v1.db"
@@ -128,7 +128,7 @@ def test_a_version_1_node_db_is_migrated_keeping_its_rows(tmp_path: Path) -> Non
     writer = NodeDbWriter(path)
     writer.close()
     db = connect(path, readonly=True)
-    assert db.execute("PRAGMA user_version").fetchone()[0] == SCHEMA_VERSION == 6
+    assert db.execute("PRAGMA user_version").fetchone()[0] == SCHEMA_VERSION == 7
     columns = {c.name for c in db.table("gpu_intervals").columns}
     assert set(GPU_HEALTH_COLUMNS) <= columns
     # The old row is there; what version 1 never measured reads as NULL, not 0.
@@ -149,19 +149,23 @@ def _stream(ts: float, stream: str = "00007f00c0de0000") -> dict[str, object]:
             "step_p50_ns": 10**6, "step_p90_ns": 10**6, "step_hist": '{"79": 10}'}  # fmt: skip
 
 
+def _old_db(path: Path, version: int) -> sqlite_utils.Database:
+    """A node DB as ``version`` made it, by the schema's own migrations."""
+    from ingero.nodedb.schema import MIGRATIONS
+
+    old = sqlite_utils.Database(path)
+    for step in MIGRATIONS[:version]:
+        step(old)
+    old.execute(f"PRAGMA user_version = {version}")
+    return old
+
+
 def test_a_version_5_node_db_is_upgraded_in_place_keeping_every_row(tmp_path: Path) -> None:
     """Version 6 adds ``stream_intervals`` and nothing else: a version 5 DB's rows (its
     engines and marks included) are all there after the writer opens it, and stream rows
     are written and pruned by age like the others."""
-    import sqlite_utils
-
-    from ingero.nodedb.schema import MIGRATIONS
-
     path = tmp_path / "v5.db"
-    old = sqlite_utils.Database(path)
-    for step in MIGRATIONS[:5]:
-        step(old)
-    old.execute("PRAGMA user_version = 5")
+    old = _old_db(path, 5)
     old.table("intervals").insert(_interval(1.0))
     old.table("engines").insert({"pid": 40, "engine": "vllm", "first_seen": 1.0,
                                  "last_seen": 2.0})  # fmt: skip
@@ -173,11 +177,12 @@ def test_a_version_5_node_db_is_upgraded_in_place_keeping_every_row(tmp_path: Pa
     writer._write(Batch([_interval(2.0)], stream_intervals=[_stream(2.0), _stream(3.0)]))
     writer.close()
     db = connect(path, readonly=True)
-    assert db.execute("PRAGMA user_version").fetchone()[0] == 6
+    assert db.execute("PRAGMA user_version").fetchone()[0] == SCHEMA_VERSION
     assert set(db.table_names()) == set(before) | {"stream_intervals"}
     for table, rows in before.items():
         now = db.execute(f"SELECT * FROM {table}").fetchall()
-        assert now[: len(rows)] == rows, table
+        # each old row as it was (version 7 adds intervals.uid after its columns)
+        assert [r[: len(old)] for r, old in zip(now, rows, strict=False)] == rows, table
     assert db.execute("SELECT ts_end, stream, syncs FROM stream_intervals").fetchall() == [
         (2.0, "00007f00c0de0000", 10),
         (3.0, "00007f00c0de0000", 10),
@@ -228,6 +233,25 @@ def test_a_collective_written_in_flight_is_completed_in_place() -> None:
     assert write_batch(db, Batch(nccl_returns=[{**done, "ts_return": 1004.5, "ret": 0}])) == 1
     rows = db.execute("SELECT pid, seq, ts_enter, ts_return, ret FROM nccl_calls ORDER BY pid")
     assert rows.fetchall() == [(1, 1000, 1000.0, 1004.5, 0), (2, 1000, 1000.0, None, None)]
+
+
+def test_a_version_6_node_db_gets_the_step_rows_uid_keeping_every_row(tmp_path: Path) -> None:
+    """Version 7 adds ``intervals.uid`` (the annotate writer's, on its step rows) and
+    nothing else: the tracer's rows read it as NULL."""
+    path = tmp_path / "v6.db"
+    old = _old_db(path, 6)
+    old.table("intervals").insert(_interval(1.0))
+    old.conn.commit()
+    old.conn.close()
+    writer = NodeDbWriter(path)
+    step_row = {**_interval(2.0), "source": "annotate", "op": "step", "uid": 1000}
+    writer._write(Batch([step_row]))
+    writer.close()
+    db = connect(path, readonly=True)
+    assert db.execute("PRAGMA user_version").fetchone()[0] == 7
+    rows = db.execute("SELECT ts_end, op, uid FROM intervals ORDER BY ts_end").fetchall()
+    assert rows == [(1.0, "cudaMalloc", None), (2.0, "step", 1000)]
+    db.conn.close()
 
 
 def test_a_row_the_db_cannot_store_is_dropped_and_every_other_row_written(

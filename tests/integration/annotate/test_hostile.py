@@ -1,10 +1,12 @@
 """Hostile writers on a real ``ingero annotate serve``: lines that once killed the server or
-its node DB writer, a writer flooding or hogging the socket, and a stop while a client
-keeps writing. Other users are real throwaway users in a real group."""
+its node DB writer, a writer flooding or hogging the socket, a writer claiming another
+user's job, and a stop while a client keeps writing. Other users are real throwaway users
+in a real group; their jobs are real cgroups laid out as slurmstepd lays out a job's."""
 
 from __future__ import annotations
 
 import json
+import os
 import signal
 import socket
 import subprocess
@@ -14,11 +16,15 @@ from pathlib import Path
 import pytest
 
 from ingero.annotate.codec import decode_refusal
+from ingero.collectors.nodedb import read_latest
+from ingero.slurm.jobfile import JobInfo, write_job
+from ingero.trace.writer import Batch, NodeDbWriter
 from tests.integration.annotate.helpers import ROOT, Server, annotate_server
 from tests.integration.annotate.hostile import (
     PYTHON,
     WRITE,
     public_env,
+    slurm_cgroups,
     throwaway_users,
 )
 from tests.integration.push.cluster import wait_for
@@ -186,6 +192,70 @@ def test_a_half_line_or_a_silent_connection_is_closed_after_its_timeout(
     assert [r for r, _ in answers["silent"]] == ["idle"]
     assert steps(server) == [3]
     assert "2 idle" in log
+
+
+def job_id(n: int) -> str:
+    """A job id no real job on this host holds (its cgroup is made here)."""
+    return str(9_000_000 + (os.getpid() % 100_000) * 10 + n)
+
+
+def test_with_group_a_writer_cannot_write_as_another_users_job(
+    tmp_path: Path, public_dir: Path
+) -> None:
+    """The job and rank came from the writer's own environment, which it sets itself. The
+    job now comes from the writer's Slurm cgroup (root's, not the writer's) checked against
+    the prolog's job file; the environment is believed only for the server's own user."""
+    with throwaway_users(3) as users, slurm_cgroups() as cgroups:
+        a, b, c = users.names
+        mine, theirs = job_id(1), job_id(2)
+        jobs = tmp_path / "jobs"
+        for job, user, rank in ((mine, a, 0), (theirs, b, 1)):
+            write_job(jobs, JobInfo(job, "c", "n1", rank, 2, ["n0", "n1"], user,
+                                    users.uids[user]))  # fmt: skip
+        sock = public_dir / "a.sock"
+        env = {"INGERO_JOBS_DIR": str(jobs)}
+        argv = ("--socket", str(sock), "--group", users.group)
+        with annotate_server(tmp_path, *argv, env=env) as server:
+
+            def write(user: str, leaf: Path | None, claim: str, rank: str, n: int) -> None:
+                lines = [json.dumps({"kind": "step", "step": i}) for i in range(n)]
+                command = users.argv(user, "env", f"SLURM_JOB_ID={claim}",
+                                     f"SLURM_PROCID={rank}", PYTHON, "-c", WRITE, str(sock),
+                                     *lines)  # fmt: skip
+                if leaf is not None:
+                    command = cgroups.argv(leaf, *command)
+                done = subprocess.run(command, env=public_env(), capture_output=True,
+                                      text=True, timeout=60, check=False)  # fmt: skip
+                assert done.returncode == 0 and done.stdout == "", done.stdout + done.stderr
+
+            # a: its own job, in its job's cgroup (v2), its rank from its own environment
+            write(a, cgroups.leaf(2, mine, users.uids[a]), mine, "3", 4)
+            # b: in its own job's cgroup (v1), claiming a's job and rank 0
+            write(b, cgroups.leaf(1, theirs, users.uids[b]), mine, "0", 5)
+            # c: outside Slurm, claiming a's job
+            write(c, None, mine, "0", 6)
+            server.stop()
+    tags = {(m["uid"], m["job_id"], m["rank"]) for m in server.marks()}
+    assert tags == {
+        (users.uids[a], mine, 3),
+        (users.uids[b], theirs, 1),  # its job's, and the job file's rank (its claim ignored)
+        (users.uids[c], None, None),
+    }
+    rows = server.rows("SELECT uid, job_id, SUM(count) AS n FROM intervals GROUP BY uid")
+    assert {(r["uid"], r["job_id"], r["n"]) for r in rows} == {
+        (users.uids[a], mine, 4),
+        (users.uids[b], theirs, 5),
+        (users.uids[c], None, 6),
+    }
+    # fleet-push pushing a's job counts a's steps only (it summed all three: 15). The
+    # tracer's interval over the same time is what the window is measured on.
+    end = max(r["ts_end"] for r in server.rows("SELECT ts_end FROM intervals"))
+    tracer = NodeDbWriter(server.db)
+    tracer.submit(Batch(host_intervals=[{"ts_start": end - 60, "ts_end": end + 1}]))
+    tracer.start()
+    tracer.close()
+    assert read_latest(server.db, end + 2, 120, None, job_id=mine).steps == 4
+    assert read_latest(server.db, end + 2, 120, None, job_id=theirs).steps == 5
 
 
 FLOOD = """

@@ -60,8 +60,10 @@ def test_marked_steps_flag_the_node_whose_job_steps_slower(cluster: Cluster) -> 
         )  # fmt: skip
         wait_for(lambda log=log: "listening on" in log.read_text(), 60, f"{node} annotate")
         rate = "5" if i == 0 else "10"
+        # The job's process, as Slurm starts it: its marks are the pushed job's steps
+        # (the server's own user, so its environment names its job).
         c.procs.start([ingero()[0], "-c", JOB_LOOP, str(sock), rate],
-                      c.tmp / f"{node}.job.log")  # fmt: skip
+                      c.tmp / f"{node}.job.log", env={"SLURM_JOB_ID": JOB})  # fmt: skip
         c.start_push(i)
     nodes = [c.node(i) for i in range(NODES)]
     wait_for(lambda: all("fleet" in c.modes(n) for n in nodes), 120, "every node in fleet mode")
