@@ -27,6 +27,7 @@ COMMAND = {
     "ingero-echo.service": "echo --config /etc/ingero/echo.yaml",
     "ingero-push.service": "fleet-push --config /etc/ingero/fleet-push.yaml",
     "ingero-sink.service": "sink",
+    "ingero-annotate.service": "annotate serve",
     "ingero-trace.service": "trace --record",
     "ingero-gpu-sample.service": "gpu-sample",
 }
@@ -119,6 +120,18 @@ def test_gpu_sample_sees_the_nvidia_devices_and_runs_before_push() -> None:
     assert "StateDirectory" not in unit["Service"]
 
 
+def test_annotate_restarts_on_failure_and_writes_only_its_socket_and_the_node_db() -> None:
+    """A dead annotate server leaves every job's marks unwritten (a hostile line once killed
+    it with exit 70): systemd brings it back; it listens only on a local socket."""
+    unit = parse((UNITS / "ingero-annotate.service").read_text())
+    svc = unit["Service"]
+    assert svc["Restart"] == "on-failure" and svc["RestartSec"]
+    assert svc["RestrictAddressFamilies"] == "AF_UNIX" and svc["PrivateNetwork"] == "yes"
+    assert svc["ReadWritePaths"].split() == ["-/run/ingero", "-/var/lib/ingero"]
+    assert "StateDirectory" not in svc and "RuntimeDirectory" not in svc
+    assert "ingero-trace.service" in unit["Unit"]["After"].split()
+
+
 def test_nondirectory_paths_are_declared_by_systemd() -> None:
     text = (UNITS / "tmpfiles.d/ingero.conf").read_text()
     assert "d /var/lib/ingero 0770 root ingero -" in text
@@ -156,7 +169,8 @@ def test_drop_in_example_verifies_with_empty_stderr(drop_in: Path, tmp_path: Pat
     binary = str(Path(sys.executable).with_name("ingero"))
     unit = tmp_path / name
     # a drop-in's keys apply as if appended to the unit: verify the combination
-    unit.write_text(render((UNITS / name).read_text(), binary) + "\n" + drop_in.read_text())
+    # (an ExecStart= in the drop-in is rendered as the unit's is)
+    unit.write_text(render((UNITS / name).read_text() + "\n" + drop_in.read_text(), binary))
     result = _verify(unit)
     assert result.returncode == 0 and result.stderr == "", result.stderr
 

@@ -17,7 +17,8 @@ from tests.integration.systemd.sysdns import SystemdContainer, wait_for
 pytestmark = pytest.mark.integration
 
 Boot = Callable[[str], SystemdContainer]
-UNITS = ["ingero-trace", "ingero-push", "ingero-sink", "ingero-fleet", "ingero-echo"]
+UNITS = ["ingero-trace", "ingero-push", "ingero-sink", "ingero-annotate", "ingero-fleet",
+         "ingero-echo"]  # fmt: skip
 
 
 def install(boot: Boot, artefacts: Artefacts, tag: str) -> SystemdContainer:
@@ -183,6 +184,36 @@ def test_hardened_echo_decodes_in_its_worker_and_stores(boot: Boot, artefacts: A
     assert out == ["200", "50"], box.journal("-u", "ingero-echo", "-o", "cat")
     box.run("systemctl", "stop", "ingero-echo.service")
     assert box.run("pgrep", "-f", "spawn_main", check=False).stdout.strip() == ""
+
+
+def test_annotate_serves_marks_and_is_restarted_when_it_dies(
+    boot: Boot, artefacts: Artefacts
+) -> None:
+    """A hostile line once killed the annotate server (exit 70) and nothing restarted it."""
+    box = install(boot, artefacts, "ann")
+    drop_in(box, "ingero-annotate", "[Service]\nRestartSec=200ms\n")
+    box.run("systemctl", "start", "ingero-annotate.service")
+    assert wait_for(lambda: box.run("test", "-S", "/run/ingero/annotate.sock",
+                                    check=False).returncode == 0, timeout=30)  # fmt: skip
+    assert box.run("stat", "-c", "%U %a", "/run/ingero/annotate.sock").stdout.split() == [
+        "ingero",
+        "600",
+    ]
+    first = int(box.prop("ingero-annotate", "MainPID"))
+    box.run("kill", "-SEGV", str(first))  # dies as by a crash: a failure, not a stop
+    assert wait_for(lambda: box.prop("ingero-annotate", "NRestarts") == "1", timeout=30)
+    assert wait_for(lambda: box.prop("ingero-annotate", "ActiveState") == "active", timeout=30)
+    assert int(box.prop("ingero-annotate", "MainPID")) != first
+    # the new server listens, as the ingero user, and writes the node DB
+    send = (
+        "import socket; s = socket.socket(socket.AF_UNIX);"
+        " s.connect('/run/ingero/annotate.sock'); s.sendall(b'{\"kind\":\"step\"}\\n')"
+    )
+    assert wait_for(lambda: box.run("runuser", "-u", "ingero", "--", "/opt/ingero/venv/bin/python",
+                                    "-c", send, check=False).returncode == 0, timeout=30)  # fmt: skip
+    box.run("systemctl", "stop", "ingero-annotate.service")
+    log = box.journal("-u", "ingero-annotate", "-o", "cat")
+    assert "accepted 1 marks" in log, log
 
 
 def test_trace_loads_bpf_and_push_reads_its_node_db(boot: Boot, artefacts: Artefacts) -> None:
