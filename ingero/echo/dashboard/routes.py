@@ -13,7 +13,7 @@ import json
 from collections.abc import Awaitable, Callable
 from importlib import resources
 from typing import Any
-from urllib.parse import parse_qs, quote, unquote
+from urllib.parse import parse_qs, quote, unquote, urlsplit
 
 from starlette.concurrency import run_in_threadpool
 from starlette.requests import Request
@@ -54,6 +54,33 @@ HEADERS = {
     "Referrer-Policy": "no-referrer",
     "Cache-Control": "no-store",
 }
+
+
+# What a browser says of a request's origin (Fetch Metadata): only a page of the dashboard
+# itself ("same-origin"), or the user's own navigation ("none"), may sign in or out.
+SAME_ORIGIN = frozenset({"same-origin", "none"})
+
+
+def cross_site(request: Request) -> str | None:
+    """Why a sign-in or sign-out POST is refused as coming from another site, or None.
+
+    A page on any other origin can post a form here, and SameSite=Strict does not stop it
+    where that origin is the same site (another port of the host, a sibling subdomain): it
+    signed the victim in with the poster's token (login CSRF) or out. Browsers say where a
+    request comes from in ``Sec-Fetch-Site``; one that does not sends ``Origin`` with a
+    cross-origin POST, checked against the request's own host. A request with neither is
+    no browser's cross-site form (curl, a script holding its own token) and is let through.
+    A token bound to the form would not do: a same-site page can set the cookie it is
+    compared with (cookies do not keep ports apart)."""
+    site = request.headers.get("sec-fetch-site")
+    if site is not None:
+        return None if site.lower() in SAME_ORIGIN else f"the form came from a {site} page"
+    origin = request.headers.get("origin")
+    if origin is None:
+        return None
+    if origin == "null" or urlsplit(origin).netloc != request.headers.get("host", ""):
+        return "the form came from another origin"
+    return None
 
 
 class NotFound(Exception):
@@ -175,7 +202,15 @@ def dashboard_routes(service: Service, gate: Gate[ClusterScope]) -> list[BaseRou
     async def login_page(request: Request) -> Response:
         return html(view.page("Sign in", view.login_form()))
 
+    def refused_cross_site(request: Request, what: str) -> Response | None:
+        why = cross_site(request)
+        if why is None:
+            return None
+        return html(view.error_page(403, f"{what} refused: {why}"), 403)
+
     async def login(request: Request) -> Response:
+        if (refused := refused_cross_site(request, "sign-in")) is not None:
+            return refused
         try:
             body = await read_body(request, MAX_LOGIN_BODY)
         except BodyTooLarge as exc:
@@ -198,6 +233,8 @@ def dashboard_routes(service: Service, gate: Gate[ClusterScope]) -> list[BaseRou
         return response
 
     async def logout(request: Request) -> Response:
+        if (refused := refused_cross_site(request, "sign-out")) is not None:
+            return refused
         response = RedirectResponse("/dashboard/login", status_code=303, headers=HEADERS)
         response.delete_cookie(COOKIE, path="/dashboard", httponly=True, samesite="strict")
         return response

@@ -11,6 +11,7 @@ the heatmap's ranks grouped by the question (``job_timeline``), the series its l
 from __future__ import annotations
 
 import json
+import shlex
 import time
 from collections.abc import Iterable, Mapping, Sequence
 from html import escape
@@ -75,6 +76,23 @@ def cluster_url(cluster_id: str) -> str:
 
 def job_url(cluster_id: str, job_id: str) -> str:
     return f"{cluster_url(cluster_id)}/jobs/{quote(job_id, safe='')}"
+
+
+def embed_json(data: object) -> str:
+    """``data`` as JSON that is inert inside an HTML ``<script>`` element: ``<``, ``>`` and
+    ``&`` written as JSON escapes (``\\u003c`` …), so no id can open a comment (``<!--``),
+    close the element (``</script>``) or start the "double escaped" state (``<!--<script>``)
+    that swallowed the rest of the page; ASCII only, so U+2028/2029 are escaped too. The
+    text parses back to ``data`` with any JSON parser."""
+    text = json.dumps(data, separators=(",", ":"), ensure_ascii=True)
+    return text.replace("<", "\\u003c").replace(">", "\\u003e").replace("&", "\\u0026")
+
+
+def shell_command(*argv: str) -> str:
+    """A command a reader copies into a shell, as HTML: each word quoted for the shell
+    (``shlex``), then the whole escaped for HTML, so an id such as ``n$(touch x)`` is one
+    inert word in the shell and text in the page."""
+    return escape(shlex.join(argv))
 
 
 def link(url: str, text: str) -> str:
@@ -319,7 +337,7 @@ def job_page(
         "<h2>Perfetto</h2><p>"
         + link(trace, "this job's episodes, drains and hangs as a trace")
         + " (Trace Event Format: open it in ui.perfetto.dev or chrome://tracing). The nodes'"
-        f" own calls: <code>ingero export --job-nodes {escape(job)}</code>.</p>"
+        f" own calls: <code>{shell_command('ingero', 'export', '--job-nodes', job)}</code>.</p>"
     )
     return page(
         f"Job {job}",
@@ -378,8 +396,11 @@ def _chains(report: Mapping[str, Any], timeline: Mapping[str, Any]) -> str:
         hint = HINTS.get(signal, HINTS["throughput"])
         steps.append(
             f'<li class="hint">fix hint: {escape(hint)}. The full causal chain:'
-            f" <code>ingero explain --nodes {escape(s['node_id'])} --job"
-            f" {escape(str(report['job_id']))}</code></li>"
+            " <code>"
+            + shell_command(
+                "ingero", "explain", "--nodes", s["node_id"], "--job", str(report["job_id"])
+            )
+            + "</code></li>"
         )
         out.append(f'<ol class="chain">{"".join(steps)}</ol>')
     for answer in report.get("answers", [])[:5]:
@@ -396,12 +417,10 @@ def _score_chart(timeline: Mapping[str, Any]) -> str:
     }
     if not data["band"] and not data["thresholds"]:
         return '<p class="empty">no score samples for this job</p>'
-    # "</" cannot end the block early: JSON escapes it
-    text = json.dumps(data, separators=(",", ":")).replace("</", "<\\/")
     return (
         '<div id="scores" class="chart"><noscript>The chart needs JavaScript; the nodes'
         " table below has each node's score and threshold.</noscript></div>"
-        f'<script type="application/json" id="scores-data">{text}</script>'
+        f'<script type="application/json" id="scores-data">{embed_json(data)}</script>'
     )
 
 

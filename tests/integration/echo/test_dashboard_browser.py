@@ -13,15 +13,10 @@ compresses to almost nothing).
 
 from __future__ import annotations
 
-import http.server as httpserver
 import os
 import shutil
 import struct
-import subprocess
-import threading
-import urllib.error
 import urllib.parse
-import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -29,80 +24,15 @@ import pytest
 
 from tests.integration.push.cluster import Cluster, Procs, wait_for
 
+from .browser import CHROMIUM, HEIGHT, WIDTH, Proxy, chromium
 from .helpers import TOKEN_B, TOKEN_OPS, EchoProcess, http
 
 pytestmark = pytest.mark.integration
 
-CHROMIUM = shutil.which("chromium")
 NODES = 6
 INTERVAL = 0.5
 JOB = "77"
 SLOW = 2
-WIDTH, HEIGHT = 1100, 1400
-
-
-class Proxy(httpserver.ThreadingHTTPServer):
-    """Forwards GETs to Echo with ``Authorization: Bearer <token>`` added."""
-
-    def __init__(self, upstream: str, token: str) -> None:
-        self.upstream, self.token = upstream, token
-        super().__init__(("127.0.0.1", 0), ProxyHandler)
-        self.thread = threading.Thread(target=self.serve_forever, daemon=True)
-        self.thread.start()
-
-    @property
-    def url(self) -> str:
-        return f"http://127.0.0.1:{self.server_address[1]}"
-
-    def close(self) -> None:
-        self.shutdown()
-        self.server_close()
-        self.thread.join()
-
-
-class ProxyHandler(httpserver.BaseHTTPRequestHandler):
-    server: Proxy
-
-    def do_GET(self) -> None:
-        request = urllib.request.Request(self.server.upstream + self.path)
-        request.add_header("Authorization", f"Bearer {self.server.token}")
-        try:
-            with urllib.request.urlopen(request, timeout=30) as resp:
-                status, headers, body = resp.status, resp.headers, resp.read()
-        except urllib.error.HTTPError as exc:
-            status, headers, body = exc.code, exc.headers, exc.read()
-        self.send_response(status)
-        for name in ("Content-Type", "Content-Security-Policy"):
-            if headers.get(name):
-                self.send_header(name, headers[name])
-        self.send_header("Content-Length", str(len(body)))
-        self.end_headers()
-        self.wfile.write(body)
-
-    def log_message(self, format: str, *args: object) -> None:
-        pass
-
-
-def chromium(tmp: Path, url: str, shot: Path | None = None) -> str:
-    """The page's DOM after its scripts ran (and its screenshot to ``shot``)."""
-    assert CHROMIUM is not None
-    argv = [
-        CHROMIUM,
-        "--headless",
-        "--no-sandbox",  # root in the test container; the page is our own
-        "--disable-gpu",
-        f"--user-data-dir={tmp / 'chromium-profile'}",
-        f"--window-size={WIDTH},{HEIGHT}",
-        "--hide-scrollbars",
-        "--force-device-scale-factor=1",
-        # less than the page's refresh, enough for its scripts
-        "--virtual-time-budget=3000",
-        f"--screenshot={shot}" if shot else "--dump-dom",
-        url,
-    ]
-    done = subprocess.run(argv, capture_output=True, timeout=120, cwd=tmp, check=False)
-    assert done.returncode == 0, done.stderr.decode(errors="replace")[-2000:]
-    return done.stdout.decode()
 
 
 def png_size(path: Path) -> tuple[int, int]:
