@@ -15,16 +15,24 @@ and decoders walk those declarations, so a later field (added, never renamed) is
 there, and a decoder returns everything its encoder wrote. Decoders refuse what is not
 sane (a threshold that is not a finite number in [0, 1], a flag that is not
 ``true|false``, a count that is negative, …) with ValueError: such a value is never used.
-Unknown JSON keys and unknown headers are ignored, so an older node reads a newer Fleet.
+The text fields are bounded too: an episode id is an event id (hex digits and '-', at most
+64), an NCCL episode's type one this node knows, its op a short NCCL name. The fields of
+an episode (a ``part``) are taken together: one that fails leaves the episode out and the
+rest of the reply stands, said in the decoder's ``rejected`` list; encoders never write a
+value their decoder refuses. Unknown JSON keys and unknown headers are ignored, so an older
+node reads a newer Fleet; a refusal quotes at most ``MAX_QUOTED`` characters of a value.
 """
 
 from __future__ import annotations
 
 import math
+import re
 from abc import ABC, abstractmethod
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import MISSING, Field, dataclass, field, fields
 from typing import Any
+
+from ingero.otlp.collectives import MAX_OP_CHARS
 
 API_PATH = "/api/v1/threshold"
 # The enter rule Fleet and fleet-push both apply, so they agree on who straggles: an episode
@@ -47,6 +55,18 @@ MAX_ENTER_WINDOW = 32
 EXIT_INTERVALS = 2
 # An episode waits at most this long for its end: as long as the enter window.
 MAX_EXIT_INTERVALS = MAX_ENTER_WINDOW
+
+
+# At most this much of a refused value is quoted in its error: a spoofed reply's 60,000
+# characters must not become a 110 KB journal line.
+MAX_QUOTED = 40
+
+
+def _short(value: object) -> str:
+    text = repr(value)
+    if len(text) <= MAX_QUOTED:
+        return text
+    return f"{text[:MAX_QUOTED]}... ({len(text)} characters)"
 
 
 class _Kind(ABC):
@@ -75,16 +95,16 @@ class _Number(_Kind):
         if value is None:
             return None
         if isinstance(value, bool) or not isinstance(value, int | float):
-            raise ValueError(f"{label} {value!r} is not a number")
+            raise ValueError(f"{label} {_short(value)} is not a number")
         if not math.isfinite(value):
-            raise ValueError(f"{label} {value!r} is not finite")
+            raise ValueError(f"{label} {_short(value)} is not finite")
         return float(value)
 
     def parse(self, text: str, label: str) -> float:
         try:
             return float(text)
         except ValueError:
-            raise ValueError(f"{label} {text!r} is not a number") from None
+            raise ValueError(f"{label} {_short(text)} is not a number") from None
 
     def to_text(self, value: Any) -> str:
         return "" if value is None else repr(float(value))
@@ -96,7 +116,7 @@ class _Unit(_Number):
     def check(self, value: object, label: str) -> float | None:
         number = super().check(value, label)
         if number is not None and not 0.0 <= number <= 1.0:
-            raise ValueError(f"{label} {value!r} is outside [0, 1]")
+            raise ValueError(f"{label} {_short(value)} is outside [0, 1]")
         return number
 
 
@@ -105,7 +125,7 @@ class _Flag(_Kind):
 
     def check(self, value: object, label: str) -> bool:
         if not isinstance(value, bool):
-            raise ValueError(f"{label} {value!r} is not true or false")
+            raise ValueError(f"{label} {_short(value)} is not true or false")
         return value
 
     def parse(self, text: str, label: str) -> object:
@@ -123,7 +143,7 @@ class _Count(_Kind):
         if value is None:
             return None
         if isinstance(value, bool) or not isinstance(value, int) or value < 0:
-            raise ValueError(f"{label} {value!r} is not a count")
+            raise ValueError(f"{label} {_short(value)} is not a count")
         return value
 
     def parse(self, text: str, label: str) -> object:
@@ -145,12 +165,12 @@ class _RateMap(_Kind):
         out: dict[str, float] = {}
         for name, number in value.items():
             if not isinstance(name, str) or not 0 < len(name) <= self.MAX_NAME:
-                raise ValueError(f"{label}: rate name {name!r} is not a short string")
+                raise ValueError(f"{label}: rate name {_short(name)} is not a short string")
             if "=" in name or "," in name:
-                raise ValueError(f"{label}: rate name {name!r} holds '=' or ','")
-            checked = NUMBER.check(number, f"{label}.{name}")
+                raise ValueError(f"{label}: rate name {_short(name)} holds '=' or ','")
+            checked = NUMBER.check(number, f"{label}.{_short(name)}")
             if checked is None or checked < 0:
-                raise ValueError(f"{label}.{name} {number!r} is not a number >= 0")
+                raise ValueError(f"{label}.{_short(name)} {_short(number)} is not a number >= 0")
             out[name] = checked
         return out
 
@@ -159,7 +179,7 @@ class _RateMap(_Kind):
         for item in text.split(","):
             name, sep, number = item.strip().partition("=")
             if not sep:
-                raise ValueError(f"{label} item {item!r} is not name=value")
+                raise ValueError(f"{label} item {_short(item)} is not name=value")
             out[name] = NUMBER.parse(number, f"{label}.{name}")
         return out
 
@@ -175,18 +195,47 @@ class _Text(_Kind):
     def check(self, value: object, label: str) -> str | None:
         if value is None or isinstance(value, str):
             return value
-        raise ValueError(f"{label} {value!r} is not a string")
+        raise ValueError(f"{label} {_short(value)} is not a string")
+
+
+class _Word(_Text):
+    """A string of ``pattern`` (which bounds its alphabet and length), or none."""
+
+    def __init__(self, pattern: str, what: str) -> None:
+        self.pattern = re.compile(pattern)
+        self.what = what
+
+    def check(self, value: object, label: str) -> str | None:
+        text = super().check(value, label)
+        if text is not None and not self.pattern.fullmatch(text):
+            raise ValueError(f"{label} {_short(text)} is not {self.what}")
+        return text
 
 
 UNIT, FLAG, NUMBER, COUNT, TEXT = _Unit(), _Flag(), _Number(), _Count(), _Text()
 RATES = _RateMap()
+# Fleet's event ids are UUIDs (ingero.schema.events.new_event_id): 36 of these characters.
+EVENT_ID = _Word(r"[0-9A-Fa-f-]{1,64}", "an event id (hex digits and '-', at most 64)")
+# The NCCL episodes Fleet names a node in, and the op of the collective they are about
+# (an NCCL function name, at most MAX_OP_CHARS as its collectives codec bounds it).
+NCCL_EPISODE_TYPES = ("collective_hang", "peer_lag")
+NCCL_EPISODE_TYPE = _Word("|".join(NCCL_EPISODE_TYPES), "an NCCL episode type")
+NCCL_OP = _Word(rf"[A-Za-z0-9_.:-]{{1,{MAX_OP_CHARS}}}", "a collective's op name")
 
 
-def _wire(kind: _Kind, push_key: str | None = None, *, optional: bool = False) -> dict[str, Any]:
+def _wire(
+    kind: _Kind, push_key: str | None = None, *, optional: bool = False, part: str | None = None
+) -> dict[str, Any]:
     """Field metadata: the value's kind, and its gRPC metadata key if push replies carry it;
     ``optional`` push fields are left out of a reply while they have no value (fields added
-    after the first three: an older node never sees them, a newer one reads none)."""
-    return {"kind": kind, "push_key": push_key, "optional": optional}
+    after the first three: an older node never sees them, a newer one reads none). Fields
+    of one ``part`` (an episode the reply names) are taken together or not at all: one
+    that fails its check leaves the part out and the rest of the reply stands (a later
+    Fleet's new episode type costs an older node the episode, not its threshold)."""
+    return {"kind": kind, "push_key": push_key, "optional": optional, "part": part}
+
+
+NCCL = "nccl_episode"
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -219,7 +268,7 @@ class ThresholdView:
     )
     # Per node: Fleet's open straggler episode of the node, which the node adopts.
     episode_id: str | None = field(
-        default=None, metadata=_wire(TEXT, "ingero-episode-id", optional=True)
+        default=None, metadata=_wire(EVENT_ID, "ingero-episode-id", optional=True, part="episode")
     )
     # Fleet's Unix time (s) as it answered the push, from which the node
     # estimates its clock offset to Fleet (half the round trip bounds the error).
@@ -236,20 +285,21 @@ class ThresholdView:
     # that waits for it, else its peer_lag): its event id, its type and when it began
     # (Fleet's Unix time). fleet-push takes one stack snapshot under that id.
     nccl_episode_id: str | None = field(
-        default=None, metadata=_wire(TEXT, "ingero-nccl-episode-id", optional=True)
+        default=None, metadata=_wire(EVENT_ID, "ingero-nccl-episode-id", optional=True, part=NCCL)
     )
     nccl_episode_type: str | None = field(
-        default=None, metadata=_wire(TEXT, "ingero-nccl-episode-type", optional=True)
+        default=None,
+        metadata=_wire(NCCL_EPISODE_TYPE, "ingero-nccl-episode-type", optional=True, part=NCCL),
     )
     nccl_episode_since: float | None = field(
-        default=None, metadata=_wire(NUMBER, "ingero-nccl-episode-since", optional=True)
+        default=None, metadata=_wire(NUMBER, "ingero-nccl-episode-since", optional=True, part=NCCL)
     )
     # The collective it is about: a hang's op and sequence number (a lag's op, no seq).
     nccl_episode_op: str | None = field(
-        default=None, metadata=_wire(TEXT, "ingero-nccl-episode-op", optional=True)
+        default=None, metadata=_wire(NCCL_OP, "ingero-nccl-episode-op", optional=True, part=NCCL)
     )
     nccl_episode_seq: int | None = field(
-        default=None, metadata=_wire(COUNT, "ingero-nccl-episode-seq", optional=True)
+        default=None, metadata=_wire(COUNT, "ingero-nccl-episode-seq", optional=True, part=NCCL)
     )
 
 
@@ -277,16 +327,29 @@ _PUSH: tuple[tuple[str, str, str, _Kind], ...] = tuple(
     if f.metadata["push_key"]
 )
 _OPTIONAL: frozenset[str] = frozenset(f.name for f in _FIELDS if f.metadata["optional"])
+# attribute -> the part (an episode the reply names) it belongs to, for the fields of one.
+_PART: dict[str, str] = {f.name: f.metadata["part"] for f in _FIELDS if f.metadata["part"]}
 HEADERS: tuple[str, ...] = tuple(header for _, _, header, _ in _PUSH)
 METADATA_KEYS: tuple[str, ...] = tuple(key for _, key, _, _ in _PUSH)
 
 
+def _sane(kind: _Kind, value: object, label: str) -> bool:
+    try:
+        kind.check(value, label)
+    except ValueError:
+        return False
+    return True
+
+
 def _sent(view: ThresholdView) -> list[tuple[str, str, str, _Kind, Any]]:
-    """The push fields a reply carries: every one, less optional ones with no value."""
+    """The push fields a reply carries: every one, less optional ones with no value, and
+    less a part's field its decoder would refuse (an op a node reported, say)."""
     out = []
     for attr, key, header, kind in _PUSH:
         value = getattr(view, attr)
         if attr in _OPTIONAL and (value is None or value == {} or value == ""):
+            continue
+        if attr in _PART and not _sane(kind, value, attr):
             continue
         out.append((attr, key, header, kind, value))
     return out
@@ -295,6 +358,29 @@ def _sent(view: ThresholdView) -> list[tuple[str, str, str, _Kind, Any]]:
 def _default(f: Field[Any]) -> Any:
     assert f.default is not MISSING  # every field has one: a reply may leave any out
     return f.default
+
+
+def _checked(
+    pairs: Iterable[tuple[str, Callable[[], Any]]], rejected: list[str] | None
+) -> dict[str, Any]:
+    """Each field's value from its reader (which raises ValueError when it is not sane); a
+    part with a field that is not sane is left out whole (said in ``rejected``), any
+    other field that is not sane raises."""
+    values: dict[str, Any] = {}
+    failed: set[str] = set()
+    for attr, read in pairs:
+        try:
+            values[attr] = read()
+        except ValueError as exc:
+            part = _PART.get(attr)
+            if part is None:
+                raise
+            if rejected is not None and part not in failed:  # its first bad field says why
+                rejected.append(f"{part} ignored: {exc}")
+            failed.add(part)
+    for attr in [a for a in values if _PART.get(a) in failed]:
+        del values[attr]
+    return values
 
 
 # ---- push replies: HTTP headers and gRPC metadata --------------------------------------
@@ -314,49 +400,65 @@ def encode_metadata(view: ThresholdView | None) -> tuple[tuple[str, str], ...]:
     return tuple((key, kind.to_text(value)) for _, key, _, kind, value in _sent(view))
 
 
-def _from_push(found: Mapping[str, tuple[str, str]]) -> ThresholdView | None:
+def _from_push(
+    found: Mapping[str, tuple[str, str]], rejected: list[str] | None
+) -> ThresholdView | None:
     """``found``: attribute -> (text, the name it came under), for the fields present."""
     if not found:
         return None
-    values: dict[str, Any] = {}
-    for attr, _, _, kind in _PUSH:
-        if attr in found:
-            text, label = found[attr]
-            values[attr] = kind.from_text(text, label)
-    return ThresholdView(**values)
+
+    def reader(kind: _Kind, text: str, label: str) -> Callable[[], Any]:
+        return lambda: kind.from_text(text, label)
+
+    pairs = [(attr, reader(kind, *found[attr])) for attr, _, _, kind in _PUSH if attr in found]
+    return ThresholdView(**_checked(pairs, rejected))
 
 
-def decode_headers(headers: Mapping[str, str]) -> ThresholdView | None:
+def decode_headers(
+    headers: Mapping[str, str], rejected: list[str] | None = None
+) -> ThresholdView | None:
     """The threshold in a push reply's headers (names case-insensitive); None when absent.
 
-    Raises ValueError when present but not sane.
+    Raises ValueError when present but not sane; a part (an episode) that is not sane is
+    left out instead, and why appended to ``rejected``.
     """
     lower = {name.lower(): value for name, value in headers.items()}
     return _from_push(
-        {attr: (lower[h.lower()], h) for attr, _, h, _ in _PUSH if h.lower() in lower}
+        {attr: (lower[h.lower()], h) for attr, _, h, _ in _PUSH if h.lower() in lower}, rejected
     )
 
 
-def decode_metadata(metadata: Iterable[tuple[str, str | bytes]]) -> ThresholdView | None:
+def decode_metadata(
+    metadata: Iterable[tuple[str, str | bytes]], rejected: list[str] | None = None
+) -> ThresholdView | None:
     """The threshold in a gRPC reply's metadata (initial, or trailing from an older Fleet;
-    a later value wins); None when absent. Raises ValueError when present but not sane."""
+    a later value wins); None when absent. Raises ValueError when present but not sane;
+    a part that is not sane is left out, as in ``decode_headers``."""
     got = {key: value for key, value in metadata if isinstance(value, str)}
-    return _from_push({attr: (got[key], key) for attr, key, _, _ in _PUSH if key in got})
+    return _from_push({attr: (got[key], key) for attr, key, _, _ in _PUSH if key in got}, rejected)
 
 
 # ---- the API: GET /api/v1/threshold ----------------------------------------------------
 
 
 def encode_json(view: ThresholdView) -> dict[str, object]:
-    """The API's answer: every field, none left out (absent values as null)."""
-    return {f.name: getattr(view, f.name) for f in _FIELDS}
+    """The API's answer: every field, none left out (absent values as null; a part's field
+    its decoder would refuse as null too)."""
+    out: dict[str, object] = {}
+    for f in _FIELDS:
+        value = getattr(view, f.name)
+        sane = f.name not in _PART or _sane(f.metadata["kind"], value, f.name)
+        out[f.name] = value if sane else None
+    return out
 
 
-def decode_json(body: object) -> ThresholdView:
-    """The API's answer; a field left out takes its default. ValueError when not sane."""
+def decode_json(body: object, rejected: list[str] | None = None) -> ThresholdView:
+    """The API's answer; a field left out takes its default. ValueError when not sane (a
+    part that is not sane is left out, as in ``decode_headers``)."""
     if not isinstance(body, dict):
         raise ValueError("threshold API answer is not a JSON object")
-    values: dict[str, Any] = {}
-    for f in _FIELDS:
-        values[f.name] = f.metadata["kind"].check(body.get(f.name, _default(f)), f.name)
-    return ThresholdView(**values)
+
+    def reader(f: Field[Any]) -> Callable[[], Any]:
+        return lambda: f.metadata["kind"].check(body.get(f.name, _default(f)), f.name)
+
+    return ThresholdView(**_checked([(f.name, reader(f)) for f in _FIELDS], rejected))

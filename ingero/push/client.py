@@ -166,6 +166,16 @@ class _FleetClient(Generic[X]):
             lambda: endpoint_backoff(config),
         )
         self._api = _ThresholdApi(config, token)
+        self._ignored: tuple[str, ...] = ()
+
+    def _say_ignored(self, rejected: list[str]) -> None:
+        """One warning each time what Fleet's replies had ignored changes (a reply a push
+        interval would otherwise log the same line every second); its text is bounded by
+        the codec's messages."""
+        said = tuple(rejected)
+        if said and said != self._ignored:
+            log.warning("ignored in Fleet's reply: %s", "; ".join(said))
+        self._ignored = said
 
     def poll_threshold(
         self, cluster_id: str, job_id: str | None, service: str | None = None
@@ -220,8 +230,10 @@ class HttpPushClient(_FleetClient[HttpExporter]):
         if not answer.ok:  # what Fleet said, so the one line logged says why (403: scope)
             said = refusal_message(answer.body, answer.headers.get("content-type", ""))
             error = f"HTTP {answer.status}" + (f": {said}" if said else "")
+        rejected: list[str] = []
         try:
-            reading = decode_headers(answer.headers)
+            reading = decode_headers(answer.headers, rejected)
+            self._say_ignored(rejected)
         except ValueError as exc:
             log.warning("rejected threshold from Fleet: %s", exc)
             error = error or f"rejected: {exc}"
@@ -253,9 +265,12 @@ class GrpcPushClient(_FleetClient[GrpcExporter]):
             call = self._otlp.call(lambda exporter: exporter.send(request))
         except ExportError as exc:
             return PushResult(ok=False, retry_after=exc.retry_after, error=str(exc))
+        rejected: list[str] = []
         try:
             metadata = [*call.initial_metadata(), *call.trailing_metadata()]
-            return PushResult(True, decode_metadata(metadata))
+            reading = decode_metadata(metadata, rejected)
+            self._say_ignored(rejected)
+            return PushResult(True, reading)
         except ValueError as exc:
             log.warning("rejected threshold from Fleet: %s", exc)
             return PushResult(True, None, error=f"rejected: {exc}")

@@ -5,10 +5,16 @@ from __future__ import annotations
 
 import dataclasses
 import json
+from dataclasses import replace
+from typing import Any
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from ingero.otlp.threshold import (
+    HEADERS,
+    NCCL_EPISODE_TYPES,
     ThresholdView,
     decode_headers,
     decode_json,
@@ -316,3 +322,128 @@ def test_api_answer() -> None:
 def test_insane_api_answers_rejected(body: object) -> None:
     with pytest.raises(ValueError):
         decode_json(body)
+
+
+# ---- the reply's text fields: bounded, from their alphabet; a bad episode is ignored ------
+
+HOSTILE = "9" * 60_000
+EPISODE = {
+    "X-Ingero-Nccl-Episode-Id": "9d1c2b3a-0d7b-4f4e-9b7e-1c2d3e4f5a6b",
+    "X-Ingero-Nccl-Episode-Type": "collective_hang",
+    "X-Ingero-Nccl-Episode-Since": "1700000000.25",
+    "X-Ingero-Nccl-Episode-Op": "ncclAllReduce",
+    "X-Ingero-Nccl-Episode-Seq": "9001",
+}
+BASE = {"X-Ingero-Threshold": "0.8", "X-Ingero-Quorum-Met": "true"}
+
+
+@pytest.mark.parametrize(
+    ("name", "value"),
+    [
+        ("X-Ingero-Nccl-Episode-Id", HOSTILE),  # too long
+        ("X-Ingero-Nccl-Episode-Id", "9d1c2b3a/../../etc"),  # not the UUID alphabet
+        ("X-Ingero-Nccl-Episode-Type", "new_kind"),  # not a type this node knows
+        ("X-Ingero-Nccl-Episode-Type", HOSTILE),
+        ("X-Ingero-Nccl-Episode-Op", "ncclAllReduce<script>"),
+        ("X-Ingero-Nccl-Episode-Op", "x" * 65),
+        ("X-Ingero-Nccl-Episode-Since", "soon"),
+        ("X-Ingero-Nccl-Episode-Seq", "-3"),
+    ],
+)
+def test_a_bad_field_of_the_nccl_episode_ignores_the_episode_not_the_reply(
+    name: str, value: str
+) -> None:
+    """A spoofed reply with a 60,000-character episode id, type and op made fleet-push take
+    a snapshot under that id, log 110 KB lines and send 161 KB events Fleet then refused."""
+    for decode in (
+        lambda h, r: decode_headers(h, r),
+        lambda h, r: decode_metadata([(k.lower()[2:], v) for k, v in h.items()], r),
+    ):
+        rejected: list[str] = []
+        got = decode({**BASE, **EPISODE, name: value}, rejected)
+        assert got == ThresholdView(threshold=0.8, quorum_met=True)  # no part of the episode
+        assert len(rejected) == 1 and rejected[0].startswith("nccl_episode ignored: ")
+        assert len(rejected[0]) < 200  # the value is quoted bounded, never whole
+
+
+def test_a_bad_episode_id_is_ignored_and_a_bad_threshold_still_refuses_the_reply() -> None:
+    rejected: list[str] = []
+    got = decode_headers({**BASE, "X-Ingero-Episode-Id": HOSTILE}, rejected)
+    assert got == ThresholdView(threshold=0.8, quorum_met=True) and len(rejected) == 1
+    with pytest.raises(ValueError) as refused:
+        decode_headers({"X-Ingero-Threshold": HOSTILE, "X-Ingero-Quorum-Met": "true"})
+    assert len(str(refused.value)) < 200
+
+
+def test_fleet_never_writes_a_part_s_field_its_decoder_would_refuse() -> None:
+    # an op as some node reported it: the reply leaves it out, the episode stands
+    view = ThresholdView(threshold=0.8, quorum_met=True, nccl_episode_id=EPISODE[
+        "X-Ingero-Nccl-Episode-Id"], nccl_episode_type="peer_lag", nccl_episode_since=5.0,
+        nccl_episode_op="all reduce <b>")  # fmt: skip
+    headers = dict(encode_headers(view))
+    assert "X-Ingero-Nccl-Episode-Op" not in headers
+    rejected: list[str] = []
+    assert decode_headers(headers, rejected) == replace(push_part(view), nccl_episode_op=None)
+    assert rejected == []
+    assert encode_json(view)["nccl_episode_op"] is None
+    assert decode_json(json.loads(json.dumps(encode_json(view)))) == replace(
+        view, nccl_episode_op=None
+    )
+
+
+WORDS = ["0.5", "true", "false", "1e9", "nan", "-1", "peer_lag", "collective_hang",
+         "9d1c2b3a-0d7b", HOSTILE, "a=1,b=2", "ncclAllReduce", ""]  # fmt: skip
+header_values = st.one_of(st.text(max_size=80), st.sampled_from(WORDS))
+header_names = st.sampled_from(HEADERS).flatmap(
+    lambda h: st.sampled_from([h, h.lower(), h.upper()])
+)
+
+
+@settings(deadline=None, max_examples=300)
+@given(st.dictionaries(header_names | st.text(max_size=20), header_values, max_size=12))
+def test_any_reply_decodes_to_what_its_encoder_writes_or_one_bounded_refusal(
+    headers: dict[str, str],
+) -> None:
+    for decode, encode in (
+        (lambda h, r: decode_headers(h, r), lambda v: dict(encode_headers(v))),
+        (
+            lambda h, r: decode_metadata(
+                [(k.lower().removeprefix("x-"), v) for k, v in h.items()], r
+            ),
+            lambda v: {f"x-{k}": val for k, val in encode_metadata(v)},
+        ),
+    ):
+        rejected: list[str] = []
+        try:
+            view = decode(headers, rejected)
+        except ValueError as exc:
+            assert len(str(exc)) < 400 and "\n" not in str(exc)
+            continue
+        assert all(len(r) < 400 for r in rejected)
+        if view is None:
+            continue
+        for text in (view.episode_id, view.nccl_episode_id, view.nccl_episode_op):
+            assert text is None or 0 < len(text) <= 64
+        assert view.nccl_episode_type in (None, *NCCL_EPISODE_TYPES)
+        again: list[str] = []
+        assert decode(encode(view), again) == view and again == []
+
+
+json_values = st.recursive(
+    st.none() | st.booleans() | st.integers() | st.floats() | st.text(max_size=70),
+    lambda kids: st.lists(kids, max_size=3) | st.dictionaries(st.text(max_size=8), kids),
+    max_leaves=6,
+)
+
+
+@settings(deadline=None, max_examples=200)
+@given(st.dictionaries(st.sampled_from([f.name for f in dataclasses.fields(ThresholdView)]),
+                       json_values))  # fmt: skip
+def test_any_api_answer_decodes_to_what_its_encoder_writes_or_a_refusal(
+    body: dict[str, Any],
+) -> None:
+    try:
+        view = decode_json(body, [])
+    except ValueError:
+        return
+    assert decode_json(json.loads(json.dumps(encode_json(view)))) == view

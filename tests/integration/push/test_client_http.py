@@ -8,6 +8,7 @@ the real Fleet in test_cluster.py.
 from __future__ import annotations
 
 import json
+import logging
 import threading
 import time
 from collections.abc import Iterator
@@ -144,6 +145,31 @@ def test_insane_threshold_rejected_and_not_polled(server: Served) -> None:
     result = client(srv).push(request())
     assert result.ok and result.reading is None
     assert result.error is not None and "rejected" in result.error
+
+
+def test_a_spoofed_reply_s_unbounded_episode_is_ignored_and_logged_bounded(
+    server: Served, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A reply with a 60,000-character NCCL episode id, type and op: fleet-push took a
+    snapshot under that id, logged 110 KB lines and sent 161 KB events Fleet refused. The
+    episode is ignored, the reply's threshold kept, and the one warning is short."""
+    srv, script = server
+    hostile = "f" * 60_000
+    script.headers = {
+        "X-Ingero-Threshold": "0.8",
+        "X-Ingero-Quorum-Met": "true",
+        "X-Ingero-Nccl-Episode-Id": hostile,
+        "X-Ingero-Nccl-Episode-Type": "x" + hostile,
+        "X-Ingero-Nccl-Episode-Since": "1700000000.0",
+        "X-Ingero-Nccl-Episode-Op": "op" + hostile,
+    }
+    caplog.set_level(logging.WARNING, logger="ingero.push.client")
+    c = client(srv)
+    results = [c.push(request()) for _ in range(3)]
+    assert [r.reading for r in results] == [ThresholdView(threshold=0.8, quorum_met=True)] * 3
+    assert all(r.ok and r.error is None for r in results)
+    said = [r.getMessage() for r in caplog.records]
+    assert len(said) == 1 and "ignored" in said[0] and len(said[0]) < 400, said
 
 
 def test_poll_api_and_reject_insane_answer(server: Served) -> None:
