@@ -58,6 +58,7 @@ def main() -> None:
         sock, db, log = Path(tmp) / "a.sock", Path(tmp) / "n.db", Path(tmp) / "serve.log"
         argv = [sys.executable, "-m", "ingero.cli.main", "annotate", "serve", "--socket",
                 str(sock), "--db", str(db), "--lines-per-s", "1000000", "--burst", "1000000",
+                "--uid-lines-per-s", "1000000", "--uid-burst", "1000000",
                 "--flush", "0.5"]  # fmt: skip
         with log.open("w") as out:
             server = subprocess.Popen(argv, stderr=out)
