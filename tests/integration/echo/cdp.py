@@ -80,12 +80,16 @@ class Browser:
     def wait_for(self, lands_on: str | Callable[[str], bool], timeout: float = 60) -> str:
         at = (lambda href: href == lands_on) if isinstance(lands_on, str) else lands_on
         deadline = time.monotonic() + timeout
+        state: list[str] = ["", ""]
         while True:
-            state = self.evaluate("[location.href, document.readyState]") or ["", ""]
-            if at(state[0]) and state[1] == "complete":
-                page = self.evaluate("document.documentElement.outerHTML")
-                if page is not None:  # None: the document went away meanwhile
-                    return str(page)
+            try:
+                state = self.evaluate("[location.href, document.readyState]") or ["", ""]
+                if at(state[0]) and state[1] == "complete":
+                    page = self.evaluate("document.documentElement.outerHTML")
+                    if page is not None:  # None: the document went away meanwhile
+                        return str(page)
+            except RuntimeError:  # the page navigated under the call: ask the next one
+                pass
             if time.monotonic() > deadline:
                 raise AssertionError(f"the tab never loaded {lands_on}: it is at {state}")
             time.sleep(0.1)
