@@ -65,11 +65,10 @@ class Identify:
             job = slurm_job((base / "cgroup").read_text(), uid)
         except (OSError, UnicodeDecodeError):
             job = None
-        env = self._environ(base)
         if job is None:
             if uid not in self.trusted:
                 return Writer(pid, uid)
-            tags = tags_from_environ(env, self.jobs)
+            tags = tags_from_environ(self._environ(base), self.jobs)
             return Writer(pid, uid, tags.job_id, tags.rank)
         try:
             info: JobInfo | None = read_job(self.jobs, job)
@@ -78,6 +77,7 @@ class Identify:
         if info is not None and info.uid is not None and info.uid != uid:
             return Writer(pid, uid)  # the job file says the job is another user's
         rank = None
+        env = self._environ(base)
         if env.get("SLURM_JOB_ID", "").strip() == job:
             rank = tags_from_environ(env).rank
         if rank is None and info is not None:
