@@ -18,7 +18,7 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
-from ingero.slurm.backend import make_backend
+from ingero.slurm.factory import make_backend
 from ingero.slurm.jobnodes import make_job_nodes
 from ingero.slurm.pyslurm_backend import PyslurmBackend
 from tests.integration.slurm import slurm25

@@ -7,7 +7,8 @@ import json
 import click
 
 from ingero.runtime.errors import UsageError
-from ingero.slurm.backend import DEFAULT_TIMEOUT, make_backend
+from ingero.slurm.backend import DEFAULT_TIMEOUT
+from ingero.slurm.factory import make_backend
 
 _BACKEND = click.option(
     "--backend",

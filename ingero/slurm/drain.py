@@ -19,8 +19,9 @@ from typing import Any, Protocol
 
 from ingero.runtime.clock import Clock, SystemClock
 from ingero.schema.events import Event
-from ingero.slurm.backend import NodeInfo, SlurmBackend, SlurmError, make_backend
+from ingero.slurm.backend import NodeInfo, SlurmBackend, SlurmError
 from ingero.slurm.drain_policy import Decision, DrainConfig, DrainMemory, Verdict, decide
+from ingero.slurm.factory import make_backend
 
 log = logging.getLogger(__name__)
 

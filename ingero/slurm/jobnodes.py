@@ -12,18 +12,11 @@ from __future__ import annotations
 
 import re
 import shutil
-from typing import TYPE_CHECKING, Protocol
+from typing import Protocol
 
-from ingero.slurm.backend import (
-    DEFAULT_TIMEOUT,
-    Runner,
-    SlurmError,
-    make_backend,
-    run_command,
-)
-
-if TYPE_CHECKING:
-    from ingero.slurm.pyslurm_backend import PyslurmBackend
+from ingero.slurm.backend import DEFAULT_TIMEOUT, Runner, SlurmError, run_command
+from ingero.slurm.factory import make_backend
+from ingero.slurm.pyslurm_backend import PyslurmBackend
 
 _JOB_ID = re.compile(r"^[0-9]+(_[0-9]+)?(\+[0-9]+)?$")  # 123, array 123_4, het 123+1
 _NODELIST = re.compile(r"(?:^|\s)NodeList=(\S+)")
@@ -111,8 +104,6 @@ class PyslurmJobNodes:
 
 def make_job_nodes(kind: str = "auto", timeout: float = DEFAULT_TIMEOUT) -> JobNodes:
     """Job lookups through the backend ``make_backend`` picks for ``kind``."""
-    from ingero.slurm.pyslurm_backend import PyslurmBackend
-
     backend = make_backend(kind, timeout)
     if isinstance(backend, PyslurmBackend):
         return PyslurmJobNodes(backend)

@@ -161,19 +161,124 @@ def part_cycles(root: Path = PACKAGE) -> list[str]:
     )
 
 
+def write_package(tmp_path: Path, files: dict[str, str]) -> Path:
+    """A small ``ingero`` package of ``files`` (path: text) under ``tmp_path``; its root."""
+    root = tmp_path / "ingero"
+    for name, text in files.items():
+        (root / name).parent.mkdir(parents=True, exist_ok=True)
+        (root / name).write_text(text)
+    return root
+
+
 def test_no_two_parts_import_each_other() -> None:
     assert part_cycles() == []
 
 
 def test_a_cycle_between_parts_is_found(tmp_path: Path) -> None:
-    root = tmp_path / "ingero"
-    for name, text in {
-        "__init__.py": "",
-        "trace/__init__.py": "",
-        "trace/tracer.py": "from ingero.collectors.gpusampler import GpuRows\n",
-        "collectors/__init__.py": "",
-        "collectors/gpusampler.py": "def f() -> None:\n    from ingero.trace import tags\n",
-    }.items():
-        (root / name).parent.mkdir(parents=True, exist_ok=True)
-        (root / name).write_text(text)
+    root = write_package(
+        tmp_path,
+        {
+            "__init__.py": "",
+            "trace/__init__.py": "",
+            "trace/tracer.py": "from ingero.collectors.gpusampler import GpuRows\n",
+            "collectors/__init__.py": "",
+            "collectors/gpusampler.py": "def f() -> None:\n    from ingero.trace import tags\n",
+        },
+    )
     assert part_cycles(root) == ["collectors <-> trace"]
+
+
+def imported_modules(path: Path, root: Path, known: set[str]) -> Iterator[str]:
+    """Every module of ``known`` the file imports: ``from ingero.slurm import backend``
+    names the module ``ingero.slurm.backend``, ``from ingero.slurm.backend import X`` a
+    member of that module."""
+    module = module_name(path, root)
+    package = module if path.name == "__init__.py" else module.rpartition(".")[0]
+    for node in ast.walk(ast.parse(path.read_text(), str(path))):
+        if isinstance(node, ast.Import):
+            yield from (alias.name for alias in node.names)
+        elif isinstance(node, ast.ImportFrom):
+            base = node.module or ""
+            if node.level:
+                anchor = package.split(".")[: len(package.split(".")) - node.level + 1]
+                base = ".".join([*anchor, base] if base else anchor)
+            for alias in node.names:
+                yield f"{base}.{alias.name}" if f"{base}.{alias.name}" in known else base
+
+
+def module_cycles(root: Path = PACKAGE) -> list[str]:
+    """Modules that import each other, directly or round a longer circle (every import
+    counts, a function's lazy one too): each circle as its modules, sorted, joined by
+    ``<->``. A circle means neither module can be read, tested or moved without the other;
+    the lazy import that hides one from Python's import machinery does not make it one
+    module less."""
+    paths = {module_name(path, root): path for path in root.rglob("*.py")}
+    # A package's __init__ is not a module of the circles: Python imports it before any of
+    # its modules, and an __init__ that imports its own modules is no circle anyone reads.
+    modules = {name for name, path in paths.items() if path.name != "__init__.py"}
+    uses: dict[str, set[str]] = {}
+    for name in sorted(modules):
+        for target in imported_modules(paths[name], root, set(paths)):
+            if target in modules and target != name:
+                uses.setdefault(name, set()).add(target)
+    # Tarjan's strongly connected components, iterative (no recursion limit to meet).
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    on_stack: set[str] = set()
+    circles: list[str] = []
+    for start in sorted(modules):
+        if start in index:
+            continue
+        work = [(start, iter(sorted(uses.get(start, ()))))]
+        index[start] = low[start] = len(index)
+        stack.append(start)
+        on_stack.add(start)
+        while work:
+            node, edges = work[-1]
+            for nxt in edges:
+                if nxt not in index:
+                    index[nxt] = low[nxt] = len(index)
+                    stack.append(nxt)
+                    on_stack.add(nxt)
+                    work.append((nxt, iter(sorted(uses.get(nxt, ())))))
+                    break
+                if nxt in on_stack:
+                    low[node] = min(low[node], index[nxt])
+            else:
+                work.pop()
+                if work:
+                    low[work[-1][0]] = min(low[work[-1][0]], low[node])
+                if low[node] == index[node]:
+                    members = []
+                    while True:
+                        member = stack.pop()
+                        on_stack.discard(member)
+                        members.append(member)
+                        if member == node:
+                            break
+                    if len(members) > 1:
+                        circles.append(" <-> ".join(sorted(members)))
+    return sorted(circles)
+
+
+def test_no_import_circle_between_modules() -> None:
+    assert module_cycles() == []
+
+
+def test_an_import_circle_between_modules_is_found(tmp_path: Path) -> None:
+    """A lazy import closing a circle of three counts, a package's __init__ does not."""
+    root = write_package(
+        tmp_path,
+        {
+            "__init__.py": "",
+            "slurm/__init__.py": "from ingero.slurm import backend\n",
+            "slurm/backend.py": "def make() -> None:\n    from ingero.slurm.pyslurm_backend import P\n",
+            "slurm/pyslurm_backend.py": "from ingero.slurm import worker\n",
+            "slurm/worker.py": "from ingero.slurm.backend import SlurmError\n",
+            "slurm/drain.py": "from ingero.slurm.backend import make\n",
+        },
+    )
+    assert module_cycles(root) == [
+        "ingero.slurm.backend <-> ingero.slurm.pyslurm_backend <-> ingero.slurm.worker"
+    ]

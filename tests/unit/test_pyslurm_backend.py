@@ -15,7 +15,8 @@ from pathlib import Path
 import pytest
 
 from ingero.runtime.errors import EXIT_UNAVAILABLE, UnavailableError
-from ingero.slurm.backend import SlurmError, make_backend
+from ingero.slurm.backend import SlurmError
+from ingero.slurm.factory import make_backend
 from ingero.slurm.jobnodes import PyslurmJobNodes, make_job_nodes
 from ingero.slurm.pyslurm_backend import PyslurmBackend, release
 

@@ -10,11 +10,10 @@ from pathlib import Path
 import pytest
 
 from ingero.runtime.errors import ConfigError, UnavailableError
-from ingero.slurm.backend import (
-    NodeInfo,
+from ingero.slurm.backend import NodeInfo, SlurmError
+from ingero.slurm.factory import make_backend
+from ingero.slurm.scontrol_backend import (
     ScontrolBackend,
-    SlurmError,
-    make_backend,
     parse_cluster_name,
     parse_scontrol_nodes,
     parse_sinfo_json,

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from ingero.slurm.backend import ScontrolBackend
+from ingero.slurm.scontrol_backend import ScontrolBackend
 from tests.integration.slurm.cluster import SlurmCluster, missing_reason, slurm_cluster
 
 REPO = Path(__file__).resolve().parents[3]

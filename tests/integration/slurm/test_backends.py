@@ -22,9 +22,10 @@ import pytest
 
 from ingero.runtime.errors import EXIT_UNAVAILABLE
 from ingero.schema.events import Event
-from ingero.slurm.backend import NodeInfo, SlurmBackend, SlurmError, make_backend
+from ingero.slurm.backend import NodeInfo, SlurmBackend, SlurmError
 from ingero.slurm.drain import DrainController
 from ingero.slurm.drain_policy import DrainConfig
+from ingero.slurm.factory import make_backend
 from ingero.slurm.jobnodes import make_job_nodes
 from ingero.slurm.pyslurm_backend import PyslurmBackend
 from tests.integration.slurm import slurm25

@@ -19,9 +19,10 @@ import pytest
 from ingero.fleet.model import NodeVerdict, PeerLagCause, TickResult
 from ingero.otlp.health import NodePush
 from ingero.schema.events import Event
-from ingero.slurm.backend import NodeInfo, ScontrolBackend
+from ingero.slurm.backend import NodeInfo
 from ingero.slurm.drain import DrainController
 from ingero.slurm.drain_policy import DrainConfig
+from ingero.slurm.scontrol_backend import ScontrolBackend
 from tests.integration.fleet.helpers import Fleet, start_fleet, wait_for
 from tests.integration.slurm.cluster import SlurmCluster
 
