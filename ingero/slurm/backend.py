@@ -96,6 +96,62 @@ class SlurmBackend(Protocol):
         ...
 
 
+# Job states of a job that runs or may run again: its accounting record is not final.
+_NOT_ENDED = frozenset(
+    {"PENDING", "RUNNING", "SUSPENDED", "REQUEUED", "REQUEUE_HOLD", "REQUEUE_FED", "RESIZING"}
+)
+
+
+@dataclass(frozen=True)
+class JobRecord:
+    """A job as Slurm's accounting (slurmdbd) holds it: ``state`` its base state in upper
+    case (``COMPLETED``, ``FAILED``, ``CANCELLED``, ``RUNNING``, ...), ``start``/``end`` Unix
+    seconds (None: not yet), ``nodes`` its node count, ``admin_comment`` its AdminComment."""
+
+    job_id: str
+    state: str
+    start: float | None = None
+    end: float | None = None
+    nodes: int | None = None
+    admin_comment: str | None = None
+
+    @property
+    def ended(self) -> bool:
+        """The job is over and its record final (it has an end and will not run again)."""
+        return self.end is not None and self.state not in _NOT_ENDED
+
+
+class AccountingBackend(SlurmBackend, Protocol):
+    """A backend that also reads and annotates jobs in Slurm's accounting, where the job's
+    verdict is kept (``AdminComment``: docs/slurm.md, "The job's verdict in sacct")."""
+
+    @property
+    def admin_comment_lowercased(self) -> bool:
+        """Whether an AdminComment set through this backend is stored in lower case
+        (sacctmgr before Slurm 23.02 lowercases it); raises SlurmError."""
+        ...
+
+    def job_record(self, job_id: str) -> JobRecord | None:
+        """The job's accounting record; None where accounting has none; raises SlurmError."""
+        ...
+
+    def ended_jobs(self, since: float, until: float) -> list[JobRecord]:
+        """The jobs of this cluster that ended between ``since`` and ``until`` (Unix s), by
+        their accounting records; raises SlurmError."""
+        ...
+
+    def set_admin_comment(self, job_id: str, text: str) -> None:
+        """Set the job's AdminComment to ``text`` in accounting (the job has ended: Slurm
+        refuses to update a finished job through slurmctld); raises SlurmError."""
+        ...
+
+
+def check_admin_comment(text: str) -> None:
+    # One line: sacct prints one row per job; quotes: sacctmgr strips the text at one.
+    if "\n" in text or "\r" in text or '"' in text or "'" in text:
+        raise ValueError("an AdminComment must be one line without quotes")
+
+
 def run_command(args: Sequence[str], timeout: float) -> str:
     """Run a Slurm command; SlurmError with its stderr when it fails or times out."""
     try:

@@ -10,7 +10,7 @@ import sys
 from ingero.runtime.errors import ConfigError, UnavailableError
 from ingero.slurm.backend import (
     DEFAULT_TIMEOUT,
-    SlurmBackend,
+    AccountingBackend,
     SlurmError,
     installed_slurm_version,
 )
@@ -20,7 +20,7 @@ from ingero.slurm.scontrol_backend import ScontrolBackend
 log = logging.getLogger(__name__)
 
 
-def make_backend(kind: str = "auto", timeout: float = DEFAULT_TIMEOUT) -> SlurmBackend:
+def make_backend(kind: str = "auto", timeout: float = DEFAULT_TIMEOUT) -> AccountingBackend:
     """The backend ``drain.backend`` names (docs/slurm.md "Backends").
 
     ``pyslurm`` needs pyslurm importable by this interpreter; whether it loads and matches

@@ -27,12 +27,15 @@ from typing import IO, Any
 
 from ingero.slurm.backend import (
     DEFAULT_TIMEOUT,
+    JobRecord,
     NodeInfo,
     SlurmError,
+    check_admin_comment,
     check_node_name,
     check_reason,
     node_from_state,
 )
+from ingero.slurm.jobfile import check_job_id
 
 # Lines of the worker's stderr kept for the error message when it dies (libslurm's "fatal:").
 _STDERR_LINES = 20
@@ -276,6 +279,52 @@ class PyslurmBackend:
         if not isinstance(nodes, list) or not all(isinstance(n, str) for n in nodes):
             raise SlurmError(f"pyslurm show job {job_id}: unreadable node list")
         return [str(n) for n in nodes]
+
+    # -- accounting (slurmdbd, through libslurm's slurmdb API) ---------------------------
+
+    @property
+    def admin_comment_lowercased(self) -> bool:
+        return False  # slurmdb_job_modify stores the text as given
+
+    def job_record(self, job_id: str) -> JobRecord | None:
+        check_job_id(job_id)
+        records = [
+            r
+            for r in _records(self._call(f"sacct -j {job_id}", {"op": "job_record", "job": job_id}))
+            if r.job_id == job_id
+        ]
+        return records[-1] if records else None
+
+    def ended_jobs(self, since: float, until: float) -> list[JobRecord]:
+        rows = self._call("sacct", {"op": "ended_jobs", "since": since, "until": until})
+        return [r for r in _records(rows) if r.ended]
+
+    def set_admin_comment(self, job_id: str, text: str) -> None:
+        check_job_id(job_id)
+        check_admin_comment(text)
+        self._call(f"modify job {job_id}", {"op": "set_admin_comment", "job": job_id, "text": text})
+
+
+def _records(rows: object) -> list[JobRecord]:
+    if not isinstance(rows, list):
+        raise SlurmError("pyslurm sacct: unreadable job list")
+    out = []
+    for row in rows:
+        if not isinstance(row, dict) or not isinstance(row.get("job_id"), str):
+            raise SlurmError("pyslurm sacct: a job entry has no id")
+        start, end, nodes = row.get("start"), row.get("end"), row.get("nodes")
+        comment = row.get("admin_comment")
+        out.append(
+            JobRecord(
+                job_id=row["job_id"],
+                state=str(row.get("state") or "UNKNOWN").split()[0].upper(),
+                start=float(start) if isinstance(start, int | float) and start else None,
+                end=float(end) if isinstance(end, int | float) and end else None,
+                nodes=nodes if isinstance(nodes, int) else None,
+                admin_comment=comment if isinstance(comment, str) and comment else None,
+            )
+        )
+    return out
 
 
 def _decode(line: bytes) -> dict[str, Any] | None:

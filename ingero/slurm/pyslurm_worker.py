@@ -53,6 +53,23 @@ def _job(slurm: Any, job_id: str) -> str | None:
     raise LookupError("Invalid job id specified")
 
 
+def _record(job: Any) -> dict[str, Any]:
+    """A job of Slurm's accounting (pyslurm.db.Job) as the backend reads it."""
+    return {
+        "job_id": str(job.id),
+        "state": job.state,
+        "start": job.start_time,
+        "end": job.end_time,
+        "nodes": job.num_nodes,
+        "admin_comment": job.admin_comment,
+    }
+
+
+def _db_jobs(slurm: Any, **conditions: Any) -> list[dict[str, Any]]:
+    jobs = slurm.db.Jobs.load(slurm.db.JobFilter(**conditions))
+    return [_record(job) for job in jobs.values()]
+
+
 def _handle(slurm: Any, request: dict[str, Any]) -> object:
     op = request.get("op")
     if op == "nodes":
@@ -74,6 +91,14 @@ def _handle(slurm: Any, request: dict[str, Any]) -> object:
             return None
         # Expanded by libslurm's own hostlist code, in node-rank order (SLURM_NODEID).
         return list(slurm.utils.nodelist_from_range_str(nodelist))
+    if op == "job_record":
+        return _db_jobs(slurm, ids=[int(request["job"])])
+    if op == "ended_jobs":
+        return _db_jobs(slurm, start_time=int(request["since"]), end_time=int(request["until"]))
+    if op == "set_admin_comment":
+        change = slurm.db.Job(admin_comment=str(request["text"]))
+        slurm.db.Job(int(request["job"])).modify(change)
+        return None
     raise ValueError(f"unknown request {op!r}")
 
 

@@ -2,27 +2,33 @@
 
 It works on every Slurm version: it reads nodes with ``sinfo --json`` (22.05 to 23.11) and
 falls back to ``scontrol show node --oneliner`` when JSON output is not available or, from
-24.05 on, groups nodes; it changes nodes with ``scontrol update``. One process per command,
-each with a timeout (``ingero.slurm.backend.run_command``).
+24.05 on, groups nodes; it changes nodes with ``scontrol update``. Jobs' accounting records
+come from ``sacct`` and their AdminComment is set with ``sacctmgr modify job`` (slurmctld
+refuses to update a finished job). One process per command, each with a timeout
+(``ingero.slurm.backend.run_command``).
 """
 
 from __future__ import annotations
 
 import json
 import re
+import time
 from datetime import UTC, datetime
 from typing import Any
 
 from ingero.slurm.backend import (
     DEFAULT_TIMEOUT,
+    JobRecord,
     NodeInfo,
     Runner,
     SlurmError,
+    check_admin_comment,
     check_node_name,
     check_reason,
     node_from_state,
     run_command,
 )
+from ingero.slurm.jobfile import check_job_id
 
 
 def parse_sinfo_json(text: str) -> list[NodeInfo]:
@@ -139,6 +145,50 @@ def parse_cluster_name(text: str) -> str:
     return match[1]
 
 
+# The fields sacct prints per job, AdminComment last: it is the one that may hold "|".
+SACCT_FIELDS = "JobIDRaw,State,Start,End,NNodes,AdminComment"
+# Every state of a job that is over (sacct -s): completed, cancelled, failed, timeout, node
+# fail, out of memory, preempted, deadline, boot fail.
+ENDED_STATES = "CD,CA,F,TO,NF,OOM,PR,DL,BF"
+_VERSION = re.compile(r"\b(\d+)\.(\d+)")
+
+
+def _sacct_time(text: str) -> float | None:
+    """sacct's local time (``2026-12-06T19:43:11``); None for ``Unknown``/``None``."""
+    try:
+        return datetime.fromisoformat(text.strip()).timestamp()  # naive: local, as sacct
+    except ValueError:
+        return None
+
+
+def parse_sacct(text: str) -> list[JobRecord]:
+    """Jobs from ``sacct -X -n -P -o {SACCT_FIELDS}``, one per line."""
+    jobs = []
+    for line in text.splitlines():
+        if not line.strip():
+            continue
+        parts = line.split("|", 5)
+        if len(parts) != 6 or not parts[0]:
+            raise SlurmError(f"sacct: unexpected line {line[:60]!r}")
+        job_id, state, start, end, nodes, comment = parts
+        jobs.append(
+            JobRecord(
+                job_id=job_id,
+                # "CANCELLED by 0": the base state is the first word
+                state=(state.split() or ["UNKNOWN"])[0].upper(),
+                start=_sacct_time(start),
+                end=_sacct_time(end),
+                nodes=int(nodes) if nodes.isdigit() else None,
+                admin_comment=comment or None,
+            )
+        )
+    return jobs
+
+
+def _local(epoch: float) -> str:
+    return time.strftime("%Y-%m-%dT%H:%M:%S", time.localtime(epoch))
+
+
 class ScontrolBackend:
     """Slurm through its command-line tools (``SLURM_CONF`` in the environment picks the cluster)."""
 
@@ -149,6 +199,7 @@ class ScontrolBackend:
         self._run = runner
         self._json: bool | None = None  # unknown until the first read
         self._cluster: str | None = None
+        self._lowercased: bool | None = None
 
     def cluster_name(self) -> str:
         if self._cluster is None:  # fixed for the life of slurmctld: read once
@@ -184,3 +235,41 @@ class ScontrolBackend:
     def resume(self, node: str) -> None:
         check_node_name(node)
         self._run(["scontrol", "update", f"nodename={node}", "state=resume"], self._timeout)
+
+    # -- accounting ---------------------------------------------------------------------
+
+    @property
+    def admin_comment_lowercased(self) -> bool:
+        # sacctmgr lowercased AdminComment, Comment and SystemComment before 23.02.
+        if self._lowercased is None:
+            version = _VERSION.search(self._run(["sacctmgr", "--version"], self._timeout))
+            if version is None:
+                raise SlurmError("sacctmgr --version: no version number")
+            self._lowercased = (int(version[1]), int(version[2])) < (23, 2)
+        return self._lowercased
+
+    def job_record(self, job_id: str) -> JobRecord | None:
+        check_job_id(job_id)
+        text = self._run(
+            ["sacct", "-X", "-n", "-P", "-j", job_id, "-o", SACCT_FIELDS], self._timeout
+        )
+        # A requeued job has a record per run: the last is the one that counts.
+        records = [r for r in parse_sacct(text) if r.job_id == job_id]
+        return records[-1] if records else None
+
+    def ended_jobs(self, since: float, until: float) -> list[JobRecord]:
+        text = self._run(
+            ["sacct", "-X", "-n", "-P", "-a", "-S", _local(since), "-E", _local(until),
+             "-s", ENDED_STATES, "-o", SACCT_FIELDS],
+            self._timeout,
+        )  # fmt: skip
+        return [r for r in parse_sacct(text) if r.ended]
+
+    def set_admin_comment(self, job_id: str, text: str) -> None:
+        check_job_id(job_id)
+        check_admin_comment(text)
+        self._run(
+            ["sacctmgr", "-i", "modify", "job", "where", f"jobid={job_id}", "set",
+             f"AdminComment={text}"],
+            self._timeout,
+        )  # fmt: skip

@@ -8,6 +8,10 @@ and slurm.conf points munge at the private socket with ``AuthInfo``.
 Slurm comes from Debian's packages (22.05) or, with ``prefix``, from a build under that
 prefix (tests/slurm25/build.sh): its bin/ and sbin/ lead ``PATH`` in the cluster's
 environment, so two clusters of different releases run side by side on their own ports.
+
+With ``accounting`` (a MariaDB server, :func:`mariadb_server`, one per test session) the
+cluster also runs its own slurmdbd, of its own release, on its own database of that server,
+so ``sacct`` and ``sacctmgr`` read and change the jobs' accounting records.
 """
 
 from __future__ import annotations
@@ -65,6 +69,66 @@ def free_ports(count: int) -> list[int]:
     return ports
 
 
+@dataclass(frozen=True)
+class MariaDb:
+    """A MariaDB server on loopback (no grant tables: any user, no password)."""
+
+    host: str
+    port: int
+
+
+def mariadb_missing_reason() -> str | None:
+    """Why no MariaDB server can be started here (tests/apt-packages.txt), or None."""
+    absent = [b for b in ("mariadbd", "mariadb-install-db") if shutil.which(b) is None]
+    return f"MariaDB not installed (missing {', '.join(absent)})" if absent else None
+
+
+@contextmanager
+def mariadb_server(root: Path) -> Iterator[MariaDb]:
+    """A MariaDB server with its data under ``root``, stopped by its PID on exit.
+
+    Grant tables are skipped: it listens on 127.0.0.1 only and holds nothing but the test
+    clusters' accounting, so slurmdbd connects as any user without a password.
+    """
+    data = root / "data"
+    root.mkdir(parents=True, exist_ok=True)
+    subprocess.run(
+        ["mariadb-install-db", "--no-defaults", "--user=root", f"--datadir={data}",
+         "--auth-root-authentication-method=normal", "--skip-test-db"],
+        check=True, capture_output=True, timeout=120,
+    )  # fmt: skip
+    port = free_ports(1)[0]
+    log = open(root / "mariadbd.log", "ab")  # noqa: SIM115 - owned by the child
+    proc = subprocess.Popen(
+        ["mariadbd", "--no-defaults", "--user=root", f"--datadir={data}",
+         f"--socket={root / 'mariadb.sock'}", f"--port={port}", "--bind-address=127.0.0.1",
+         "--skip-grant-tables", "--skip-log-bin", "--innodb-buffer-pool-size=32M",
+         f"--pid-file={root / 'mariadbd.pid'}"],
+        stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
+    )  # fmt: skip
+    log.close()
+    try:
+        deadline = time.monotonic() + 60
+        while True:
+            try:
+                socket.create_connection(("127.0.0.1", port), timeout=1).close()
+                break
+            except OSError:
+                if proc.poll() is not None or time.monotonic() > deadline:
+                    raise RuntimeError(
+                        f"mariadbd did not start; log in {root / 'mariadbd.log'}"
+                    ) from None
+                time.sleep(0.1)
+        yield MariaDb("127.0.0.1", port)
+    finally:
+        proc.terminate()
+        try:
+            proc.wait(30)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait(10)
+
+
 @dataclass
 class SlurmCluster:
     root: Path
@@ -90,8 +154,21 @@ class SlurmCluster:
         log.close()
 
     def start_controller(self) -> None:
+        if (self.conf.parent / "slurmdbd.conf").exists() and "slurmdbd" not in self.procs:
+            self.start_dbd()
         self._spawn("slurmctld", ["slurmctld", "-D", "-f", str(self.conf)])
         self.wait(lambda: "is UP" in self.run(["scontrol", "ping"], check=False).stdout, 20)
+
+    def start_dbd(self) -> None:
+        """slurmdbd (it reads slurmdbd.conf beside SLURM_CONF), then this cluster in its
+        database, which slurmctld registers with when it starts."""
+        self._spawn("slurmdbd", ["slurmdbd", "-D"])
+        self.wait(
+            lambda: self.run(["sacctmgr", "-n", "list", "cluster"], check=False).returncode == 0,
+            60,
+            "slurmdbd to answer",
+        )
+        self.run(["sacctmgr", "-i", "add", "cluster", self.cluster_name], check=False)
 
     def stop_process(self, name: str) -> None:
         proc = self.procs.pop(name, None)
@@ -128,6 +205,7 @@ class SlurmCluster:
         for name in [n for n in self.procs if n.startswith("slurmd-")]:
             self.stop_process(name)
         self.stop_process("slurmctld")
+        self.stop_process("slurmdbd")
         self.stop_process("munged")
 
 
@@ -165,8 +243,19 @@ def _write_conf(
     hooks: dict[str, Path],
     gpus: int,
     extra_conf: Sequence[str],
+    dbd_port: int | None = None,
 ) -> Path:
     host = socket.gethostname().split(".")[0]
+    settings = list(PLAIN_SETTINGS)
+    if dbd_port is not None:
+        settings = [s for s in settings if not s.startswith("AccountingStorageType=")]
+        settings += [
+            "AccountingStorageType=accounting_storage/slurmdbd",
+            "AccountingStorageHost=127.0.0.1",
+            f"AccountingStoragePort={dbd_port}",
+            # The munge socket of slurmdbd's connections (AuthInfo's is not used for them).
+            f"AccountingStoragePass={root}/munge/munge.socket",
+        ]
     lines = [
         f"ClusterName={cluster_name}",
         f"SlurmctldHost={host}(127.0.0.1)",
@@ -182,7 +271,7 @@ def _write_conf(
         f"SlurmdPidFile={root}/run/slurmd-%n.pid",
         f"SlurmctldLogFile={root}/log/slurmctld.log",
         f"SlurmdLogFile={root}/log/slurmd-%n.log",
-        *PLAIN_SETTINGS,
+        *settings,
         "PrologFlags=Alloc",
     ]
     for key, path in hooks.items():
@@ -217,8 +306,10 @@ def slurm_cluster(
     cluster_name: str = "ingerotest",
     extra_conf: Sequence[str] = (),
     prefix: Path | None = None,
+    accounting: MariaDb | None = None,
 ) -> Iterator[SlurmCluster]:
-    """Start munged + slurmctld + ``nodes`` slurmd under ``root``; stop them all on exit."""
+    """Start munged (+ slurmdbd on ``accounting``) + slurmctld + ``nodes`` slurmd under
+    ``root``; stop them all on exit."""
     root.mkdir(parents=True, exist_ok=True)
     root.chmod(0o755)
     for sub in ("etc", "state", "run", "log", "munge"):
@@ -234,10 +325,36 @@ def slurm_cluster(
     shutil.chown(key, "munge", "munge")
     munge_dir.chmod(0o755)
     key.chmod(0o600)
-    ports = free_ports(nodes + 1)
+    ports = free_ports(nodes + (2 if accounting else 1))
+    dbd_port = ports.pop() if accounting else None
     conf = _write_conf(
-        root, names, cluster_name, ports[0], ports[1:], hooks or {}, gpus, extra_conf
+        root, names, cluster_name, ports[0], ports[1:], hooks or {}, gpus, extra_conf, dbd_port
     )
+    if accounting is not None:
+        dbd_conf = root / "etc" / "slurmdbd.conf"
+        dbd_conf.write_text(
+            "\n".join(
+                [
+                    "AuthType=auth/munge",
+                    f"AuthInfo=socket={munge_dir}/munge.socket",
+                    "DbdHost=localhost",
+                    "DbdAddr=127.0.0.1",
+                    f"DbdPort={dbd_port}",
+                    "SlurmUser=root",
+                    "DebugLevel=info",
+                    f"LogFile={root}/log/slurmdbd.log",
+                    f"PidFile={root}/run/slurmdbd.pid",
+                    "StorageType=accounting_storage/mysql",
+                    f"StorageHost={accounting.host}",
+                    f"StoragePort={accounting.port}",
+                    "StorageUser=slurm",
+                    # One database per cluster: two releases' schemas never meet.
+                    f"StorageLoc=acct_{cluster_name}_{dbd_port}",
+                ]
+            )
+            + "\n"
+        )
+        dbd_conf.chmod(0o600)  # slurmdbd refuses a config others can read
     if prefix:
         # The build has no cgroup plugin (nor needs one: proctrack/linuxproc, task/none);
         # without this line slurmd looks for one and fails. 22.05 knows no "disabled".

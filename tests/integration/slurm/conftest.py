@@ -1,5 +1,6 @@
 """One real Slurm cluster (munged + slurmctld + 4 slurmd) per test module, with ingero's
-hooks installed from slurm/; each test starts with every node idle and undrained."""
+hooks installed from slurm/; each test starts with every node idle and undrained. One
+MariaDB server per session for the clusters that run slurmdbd (``mariadb``)."""
 
 from __future__ import annotations
 
@@ -12,10 +13,32 @@ from pathlib import Path
 import pytest
 
 from ingero.slurm.scontrol_backend import ScontrolBackend
-from tests.integration.slurm.cluster import SlurmCluster, missing_reason, slurm_cluster
+from tests.integration.slurm.cluster import (
+    MariaDb,
+    SlurmCluster,
+    mariadb_missing_reason,
+    mariadb_server,
+    missing_reason,
+    slurm_cluster,
+)
 
 REPO = Path(__file__).resolve().parents[3]
 NODES = 4
+
+
+@pytest.fixture(scope="session")
+def mariadb() -> Iterator[MariaDb]:
+    """One MariaDB server for the session: each cluster with accounting has its own
+    database in it (a server start per test would cost seconds each)."""
+    reason = mariadb_missing_reason()
+    if reason:
+        pytest.skip(reason)
+    root = Path(tempfile.mkdtemp(prefix="ingero-mariadb-"))
+    try:
+        with mariadb_server(root) as server:
+            yield server
+    finally:
+        shutil.rmtree(root, ignore_errors=True)
 
 
 @pytest.fixture(scope="module")
