@@ -74,6 +74,13 @@ def command(
 
         controller = drain = attach(daemon, config.drain)
         daemon.metrics.read_drain_failures(lambda: controller.failures)
+    verdicts = None
+    if config.verdict.enabled:  # opt-in: each ended job's verdict into its AdminComment
+        from ingero.slurm.verdict_writer import attach as attach_verdicts
+
+        writer = verdicts = attach_verdicts(daemon, config.verdict)
+        daemon.metrics.slurm_counts.verdicts = lambda: dict(writer.outcomes)
+        daemon.metrics.slurm_counts.verdict_failures = lambda: writer.failures
     try:
         try:
             bound = daemon.start()
@@ -89,3 +96,5 @@ def command(
     finally:
         if drain is not None:  # let a Slurm call in flight finish before exiting
             drain.stop()
+        if verdicts is not None:
+            verdicts.stop()

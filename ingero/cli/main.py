@@ -25,6 +25,7 @@ COMMANDS: dict[str, str] = {
     "sink": "ingero.cli.sink:command",
     "events": "ingero.cli.events:events",
     "drain": "ingero.cli.drain:drain",
+    "verdict": "ingero.cli.verdict:verdict",
     "slurm-conf": "ingero.cli.slurm_conf:command",
     "workload": "ingero.cli.workload:workload",
     "demo": "ingero.cli.demo:demo",

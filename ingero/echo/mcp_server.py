@@ -74,9 +74,10 @@ class RemoteBackend:
     async def ask(
         self, name: str, args: dict[str, Any], headers: Mapping[str, str] | None
     ) -> dict[str, Any]:
-        return await asyncio.to_thread(self._call, name, args)
+        return await asyncio.to_thread(self.call, name, args)
 
-    def _call(self, name: str, args: dict[str, Any]) -> dict[str, Any]:
+    def call(self, name: str, args: dict[str, Any]) -> dict[str, Any]:
+        """One question (or SQL) answered by Echo over HTTP; ToolFailure when it is not."""
         url = f"{self.base_url}/api/v1/{urllib.parse.quote(name)}"
         data = None
         if name == SQL_QUESTION:

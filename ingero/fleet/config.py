@@ -16,6 +16,7 @@ from ingero.runtime.config import HOSTPORT, Duration, check, formerly, in_range,
 from ingero.security.ratelimit import RateLimitConfig
 from ingero.security.tls import check_pair
 from ingero.slurm.drain_policy import DrainConfig
+from ingero.slurm.verdict import VerdictConfig
 
 
 @dataclass(frozen=True)
@@ -170,6 +171,7 @@ class FleetConfig:
     quorum: QuorumConfig = field(default_factory=QuorumConfig)
     auth: AuthConfig = field(default_factory=AuthConfig)
     drain: DrainConfig = field(default_factory=DrainConfig)
+    verdict: VerdictConfig = field(default_factory=VerdictConfig)
     echo: EchoConfig = field(default_factory=EchoConfig)
     limits: LimitsConfig = field(default_factory=LimitsConfig)
     metrics: MetricsConfig = field(default_factory=MetricsConfig)

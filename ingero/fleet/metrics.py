@@ -47,6 +47,42 @@ class _DrainFailures(Collector):
         )
 
 
+class _SlurmCounts(Collector):
+    """Counters of the Slurm parts Fleet runs (the verdict writer, the idle-node resumes),
+    read at scrape time from the part that keeps them; none while the part is off."""
+
+    def __init__(self) -> None:
+        self.verdicts: Callable[[], Mapping[str, int]] | None = None
+        self.verdict_failures: Callable[[], int] | None = None
+        self.resumes: Callable[[], Mapping[tuple[str, str], int]] | None = None
+
+    def collect(self) -> Iterator[CounterMetricFamily]:
+        if self.verdicts is not None:
+            family = CounterMetricFamily(
+                "ingero_fleet_verdicts",
+                "Jobs whose sacct verdict (AdminComment) was settled, by outcome.",
+                labels=["outcome"],
+            )
+            for outcome, n in sorted(self.verdicts().items()):
+                family.add_metric([outcome], n)
+            yield family
+        if self.verdict_failures is not None:
+            yield CounterMetricFamily(
+                "ingero_fleet_verdict_failures",
+                "Slurm calls of the verdict writer that failed (each is retried).",
+                value=self.verdict_failures(),
+            )
+        if self.resumes is not None:
+            family = CounterMetricFamily(
+                "ingero_fleet_idle_resumes",
+                "Idle drained nodes ingero resumed, or refused to, by outcome and reason.",
+                labels=["outcome", "reason"],
+            )
+            for (outcome, reason), n in sorted(self.resumes().items()):
+                family.add_metric([outcome, reason], n)
+            yield family
+
+
 @dataclass(frozen=True)
 class EchoForwarding:
     """What the Echo forwarder has done and holds, by kind (``events``, ``scores``)."""
@@ -200,6 +236,8 @@ class FleetMetrics:
         self._clock_offsets: tuple[tuple[str, str, float], ...] = ()
         self._drain_failures = _DrainFailures(lambda: 0)
         r.register(self._drain_failures)
+        self.slurm_counts = _SlurmCounts()
+        r.register(self.slurm_counts)
         self._echo = _EchoForwarding()
         r.register(self._echo)
         self._children: dict[tuple[str, ...], MetricWrapperBase] = {}
