@@ -172,6 +172,9 @@ class WindowAggregates:
     # has been silent; None where nothing was ever written or not asked.
     latest_end: float | None = None
     graph_launches: int = 0  # CUDA graph replays (GRAPH_LAUNCH_OPS)
+    # TCP retransmits the tracer counted node-wide in the window's host intervals (the
+    # network cause class of a straggler: ingero.push.cause).
+    tcp_retransmits: int = 0
     # Synchronize calls by pid (where recorded): an inference server's steps, one host
     # wait for the sampled tokens a forward step.
     syncs: Mapping[int, int] = field(default_factory=dict)
@@ -360,10 +363,12 @@ def aggregate_window(
             count + (known[1] if known else 0),
         )
 
+    retransmits = 0
     for row in host_rows:
         ts_end = float(row["ts_end"])
         if start < ts_end <= end:
             cover(float(row["ts_start"]), ts_end, 0)
+            retransmits += int(row.get("tcp_retransmits") or 0)
     for row in intervals:
         ts_end = float(row["ts_end"])
         if not start < ts_end <= end:
@@ -440,6 +445,7 @@ def aggregate_window(
         new_covered_s=sum(max(0.0, ts_end - ts_start) for ts_end, ts_start, _ in new),
         latest_end=latest_end,
         graph_launches=graphs,
+        tcp_retransmits=retransmits,
     )
 
 
@@ -588,7 +594,8 @@ def _read(
         host_rows = (
             _rows(
                 conn.execute(
-                    "SELECT ts_start, ts_end FROM host_intervals WHERE ts_end > ? AND ts_end <= ?",
+                    "SELECT ts_start, ts_end, tcp_retransmits FROM host_intervals"
+                    " WHERE ts_end > ? AND ts_end <= ?",
                     (start, end),
                 )
             )

@@ -70,11 +70,15 @@ def started_event(
     now: float,
     stall: bool = False,
     peer_lag: bool = False,
+    cause_class: str | None = None,
 ) -> Event:
     """The ``straggler_state`` that opens an episode; its id is the episode's. A node whose
     job runs but which launches nothing is a straggler with ``reason: stall``; one whose
-    score is not below but whose NCCL rank enters collectives late, ``reason: peer_lag``."""
+    score is not below but whose NCCL rank enters collectives late, ``reason: peer_lag``;
+    ``cause_class``, what to do about it (``ingero.schema.causes``)."""
     extra: dict[str, object] = {"group": group, "panic": panic}
+    if cause_class is not None:
+        extra["cause_class"] = cause_class
     if stall:
         extra["reason"] = "stall"
     elif peer_lag:

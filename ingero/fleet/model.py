@@ -111,6 +111,9 @@ class NodeVerdict:
     drain_owner: bool = True
     reason: str = "score"
     peer_lag: PeerLagCause | None = None
+    # The remediation class of the node's slowness (ingero.schema.causes): the one its
+    # agent pushes, else what its dominant signal tells, else "unknown".
+    cause_class: str = "unknown"
 
 
 @dataclass(frozen=True)

@@ -51,6 +51,7 @@ from ingero.otlp.health import NODE_STATES, PEER_RATES, NodePush, group_key
 from ingero.otlp.limits import check_lengths, shown
 from ingero.otlp.threshold import ThresholdView, with_fields
 from ingero.runtime.clock import Clock
+from ingero.schema.causes import class_from_signal
 from ingero.schema.events import Event, new_event_id
 
 _INITIAL_CAPACITY = 1024
@@ -159,6 +160,7 @@ _SLOT_COLUMNS = (
     _Column("_key", None, ("", "")),
     _Column("_rank", None, None),
     _Column("_signal", None, None),
+    _Column("_cause", None, None),
     _Column("_episode_id", None, ""),
     _Column("_meta", None, None),
 )
@@ -204,6 +206,7 @@ class FleetState:
     _key: list[NodeKey]
     _rank: list[int | None]
     _signal: list[str | None]
+    _cause: list[str | None]  # the node's cause class, last push (None: it says none)
     _episode_id: list[str]
     _meta: list[_Meta | None]
 
@@ -283,6 +286,7 @@ class FleetState:
             self._owners.pushed(push.cluster_id, mono)
             self._rank[slot] = push.rank
             self._signal[slot] = push.dominant_signal
+            self._cause[slot] = push.cause_class
             self._meta[slot] = (push.host_name, push.gpu_model, push.gpu_count, push.provider)
             pushed = push.rates
             if pushed:
@@ -669,6 +673,7 @@ class FleetState:
             strict=True,
         )
         for slot, g, score, enters, ticks, began, lag in rows:
+            cause = self._cause[slot] or class_from_signal(self._signal[slot])
             if self._announce(slot, enters, snap.mono):
                 events.append(
                     started_event(
@@ -685,6 +690,7 @@ class FleetState:
                         now=snap.now,
                         stall=bool(self._stall_episode[slot]),
                         peer_lag=lag,
+                        cause_class=cause,
                     )
                 )
             verdicts.append(
@@ -708,6 +714,7 @@ class FleetState:
                     peer_lag=(causes.get(self._key[slot]) or self._lag_cause.get(self._key[slot]))
                     if lag
                     else None,
+                    cause_class=cause,
                 )
             )
         self._lag_cause = {

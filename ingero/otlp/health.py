@@ -6,7 +6,7 @@ Names are the public contract of DESIGN.md: resource attributes ``ingero.node.id
 ``ingero.provider``, ``ingero.inference.service``; gauge ``ingero.node.health_score`` with point attributes
 ``ingero.node.state``, ``ingero.workload_type``, ``slurm.job.id``, ``ingero.rank``,
 ``ingero.world_size``, ``ingero.dominant_signal``, ``ingero.node.stalled``,
-``ingero.episode.id``, ``ingero.node.held``; gauge ``ingero.node.signal`` (attribute ``ingero.signal``) and gauge
+``ingero.episode.id``, ``ingero.node.held``, ``ingero.node.cause_class``; gauge ``ingero.node.signal`` (attribute ``ingero.signal``) and gauge
 ``ingero.node.rate`` (attribute ``ingero.rate``).
 
 OpenTelemetry conventions: the sender's ``service.*`` and the semantic-convention
@@ -41,6 +41,7 @@ from ingero.otlp.collectives import (
 from ingero.otlp.limits import MAX_ID_CHARS, TOO_LONG, ValueTooLong, check_length, shown
 from ingero.otlp.resource import CLOUD_PROVIDER, HW_MODEL
 from ingero.otlp.values import add_attributes, any_to_python
+from ingero.schema.causes import CAUSE_CLASSES
 
 SCORE_METRIC = "ingero.node.health_score"
 SIGNAL_METRIC = "ingero.node.signal"
@@ -67,6 +68,9 @@ ATTR_EPISODE = "ingero.episode.id"
 # every push of an agent that says so: Fleet then counts the node's score once per new
 # measurement. Absent from an agent that does not say (Fleet counts it at every tick).
 ATTR_HELD = "ingero.node.held"
+# Added: the remediation class of the node's slowness as the node sees it
+# (ingero.schema.causes: hardware|node|network|job), on every push of an agent that says.
+ATTR_CAUSE = "ingero.node.cause_class"
 # Added (resource): the inference service the node's replica serves; groups nodes without
 # a Slurm job (replicas of one model are peers).
 ATTR_SERVICE = "ingero.inference.service"
@@ -179,6 +183,9 @@ class NodePush:
     # The push repeats the node's last measurement (nothing new measured since); None:
     # the agent does not say.
     held: bool | None = None
+    # The remediation class of what slows the node (ingero.schema.causes); None: the
+    # agent does not say.
+    cause_class: str | None = None
 
     @property
     def group(self) -> str:
@@ -271,6 +278,7 @@ def encode_health(
             ATTR_STALLED: True if push.stalled else None,
             ATTR_EPISODE: push.episode_id,
             ATTR_HELD: push.held,
+            ATTR_CAUSE: push.cause_class,
         },
     )
     for name, attr, values in (
@@ -373,6 +381,13 @@ def _flag(source: dict[str, Any], name: str) -> bool:
         return False
     if not isinstance(value, bool):
         raise ValueError(f"{name} must be a bool, got {shown(value)}")
+    return value
+
+
+def _cause(source: dict[str, Any]) -> str | None:
+    value = _text(source, ATTR_CAUSE)
+    if value is not None and value not in CAUSE_CLASSES:
+        raise ValueError(f"{ATTR_CAUSE} {shown(value)} is not one of {list(CAUSE_CLASSES)}")
     return value
 
 
@@ -595,6 +610,7 @@ def _decode_scores(
                 clock=collectives.clock if collectives else None,
                 service=service,
                 held=_flag(attrs, ATTR_HELD) if ATTR_HELD in attrs else None,
+                cause_class=_cause(attrs),
             )
         except ValueTooLong as exc:
             result.reject(TOO_LONG, f"node {node_id}: {exc}")

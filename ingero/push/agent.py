@@ -20,6 +20,7 @@ from ingero.otlp.exporter import jittered
 from ingero.otlp.health import NodePush, encode_health
 from ingero.otlp.resource import PUSH_SERVICE, service_attributes
 from ingero.otlp.threshold import ThresholdView
+from ingero.push.cause import sample_cause_class
 from ingero.push.channels import Channel
 from ingero.push.classifier import Classifier, Observation
 from ingero.push.client import PushClient
@@ -427,6 +428,7 @@ class Agent:
             clock=self.clock_offset.estimate(self.clock.monotonic()),
             service=ident.service or (self.engines.service if self.engines else None),
             held=sample.held,
+            cause_class=sample_cause_class(sample),
         )
 
     def _mode_event(self, decision: Decision, push: NodePush) -> Event:

@@ -11,6 +11,8 @@ controller to carry out. Rules, in order, for a node in its straggler state:
    ``min_intervals`` ticks since the replica took the cluster over): skip ``not_owner``;
 2. its group is in panic (a shared cause is likelier): skip ``panic``;
 3. its group has no quorum (the threshold is not trustworthy): skip ``no_quorum``;
+3a. its cause class is ``job`` (``ingero.schema.causes``: no GPU, host or network cause
+   on the node, the application's own): skip ``job_cause``;
 4. Slurm does not know the node: skip ``unknown_node``;
 5. already drained by ingero: nothing to do;
 6. DOWN, reboot pending, or carrying a reason ingero did not write (drained by someone
@@ -19,9 +21,11 @@ controller to carry out. Rules, in order, for a node in its straggler state:
 8. draining it would put more than ``max_fraction`` of the cluster's nodes in ingero's
    hands (rounded down, so small clusters may allow none): skip ``max_fraction``;
 9. ``dry_run``: skip ``dry_run`` (the event says what would have been done);
-10. otherwise drain, with the reason ``ingero: straggler score=… threshold=… job=… since=…``,
-    or, for a node Fleet flags by NCCL peer lag alone (its score is not below the threshold,
-    so the score would mislead), ``ingero: peer_lag rank R of comm H N ms late (job J)``.
+10. otherwise drain, with the reason ``ingero: straggler score=… threshold=… job=… since=…
+    class=…``, or, for a node Fleet flags by NCCL peer lag alone (its score is not below the
+    threshold, so the score would mislead), ``ingero: peer_lag rank R of comm H N ms late
+    (job J) class=…``; ``class=`` is the remediation class (hardware|node|network, or
+    unknown from an agent that does not say), last, for a script to parse.
 
 With ``auto_resume``, a node ingero drained is resumed only on positive evidence: Fleet
 ended its straggler episode with reason ``recovered`` (which Fleet reports only with quorum;
@@ -43,6 +47,7 @@ from datetime import UTC, datetime
 from typing import Literal, Protocol
 
 from ingero.runtime.config import Duration, in_range, positive
+from ingero.schema.causes import JOB
 from ingero.slurm.backend import INGERO_REASON_PREFIX, NodeInfo
 
 Action = Literal["drain", "resume", "skip"]
@@ -103,6 +108,8 @@ class Verdict(Protocol):
     def reason(self) -> str: ...  # "score" or "peer_lag": why the node is a straggler
     @property
     def peer_lag(self) -> LagCause | None: ...  # the lagging rank when reason is peer_lag
+    @property
+    def cause_class(self) -> str: ...  # ingero.schema.causes, or "unknown"
 
 
 @dataclass(frozen=True)
@@ -146,15 +153,16 @@ def drain_reason(verdict: Verdict) -> str:
     node a straggler, so ``scontrol show node`` does not show a score above its threshold
     as the cause of a drain for peer lag."""
     lag = verdict.peer_lag
+    cause = f"class={verdict.cause_class}"
     if verdict.reason == "peer_lag" and lag is not None:
         return (
             f"{INGERO_REASON_PREFIX} peer_lag rank {lag.comm_rank} of comm {lag.comm_hash} "
-            f"{lag.lag_s * 1e3:.0f} ms late (job {verdict.job_id or 'none'})"
+            f"{lag.lag_s * 1e3:.0f} ms late (job {verdict.job_id or 'none'}) {cause}"
         )
     return (
         f"{INGERO_REASON_PREFIX} straggler score={verdict.score:.2f} "
         f"threshold={verdict.threshold:.2f} job={verdict.job_id or 'none'} "
-        f"since={iso_time(verdict.since)}"
+        f"since={iso_time(verdict.since)} {cause}"
     )
 
 
@@ -238,6 +246,12 @@ def _blocker(
         return "panic", "the node's group is degraded as a whole (panic): nothing is drained"
     if not verdict.quorum_met:
         return "no_quorum", "the node's group has no quorum: its threshold is not trusted"
+    if verdict.cause_class == JOB:
+        return (
+            "job_cause",
+            "no GPU, host or network cause on the node (class job): the application's own, "
+            "which draining the node does not fix",
+        )
     if info is None:
         return "unknown_node", "Slurm has no node of this name"
     if info.down:

@@ -40,6 +40,7 @@ from dataclasses import dataclass, field
 from typing import Any, Literal
 
 from ingero.runtime.config import Duration, in_range, positive
+from ingero.schema.causes import CAUSE_CLASSES, gravest
 from ingero.schema.events import Event
 
 VERSION = 1
@@ -55,8 +56,6 @@ MAX_MAX_BYTES = 16384
 MAX_NODES = 4096
 MAX_EPISODES = 65536
 MAX_LISTED = 16  # stragglers and idle-GPU nodes listed in the JSON before it is cut to fit
-
-CAUSE_CLASSES = ("hardware", "node", "network", "job")
 
 _PART = re.compile(
     r"(?:(?<=\s)" + re.escape(GLUE) + r" )?" + re.escape(PART_PREFIX) + r" [^\n]*?"
@@ -185,7 +184,7 @@ class JobTally:
             tally.signal = event.dominant_signal
         cause = event.extra.get("cause_class")
         if isinstance(cause, str) and cause in CAUSE_CLASSES:
-            tally.cause_class = _graver(tally.cause_class, cause)
+            tally.cause_class = gravest(tally.cause_class, cause)
 
     def _peer_lag(self, event: Event) -> None:
         rank, lag = event.extra.get("comm_rank"), _number(event.extra.get("lag_p50_ms"))
@@ -308,14 +307,6 @@ class JobTally:
         if self.dropped:
             out["dropped_events"] = self.dropped
         return out
-
-
-_GRAVITY = {c: i for i, c in enumerate(CAUSE_CLASSES)}
-
-
-def _graver(old: str | None, new: str) -> str:
-    """Of two cause classes the one to act on first (hardware, node, network, job)."""
-    return new if old is None or _GRAVITY[new] < _GRAVITY[old] else old
 
 
 def _number(value: object) -> float | None:

@@ -43,6 +43,7 @@ class V:
     drain_owner: bool = True
     reason: str = "score"
     peer_lag: Lag | None = None
+    cause_class: str = "hardware"
 
 
 def idle(name: str, **kw: object) -> NodeInfo:
@@ -76,6 +77,7 @@ def test_drains_a_persistent_straggler_with_the_documented_reason() -> None:
     assert d.action == "drain" and d.node == "n3" and d.job_id == "1234"
     assert d.reason == (
         "ingero: straggler score=0.41 threshold=0.87 job=1234 since=2026-11-18T11:06:40Z"
+        " class=hardware"
     )
     assert d.reason == drain_reason(V("n3"))
 
@@ -86,25 +88,27 @@ def test_drains_a_persistent_straggler_with_the_documented_reason() -> None:
         # A score straggler keeps its score in the reason.
         (
             V("n3"),
-            "ingero: straggler score=0.41 threshold=0.87 job=1234 since=2026-11-18T11:06:40Z",
+            "ingero: straggler score=0.41 threshold=0.87 job=1234 since=2026-11-18T11:06:40Z"
+            " class=hardware",
         ),
         # Peer lag alone: the score is above the threshold, so the reason names the rank.
         (
             V("n3", score=0.95, reason="peer_lag", peer_lag=Lag(), job_id="77"),
-            "ingero: peer_lag rank 3 of comm 0123456789abcdef 200 ms late (job 77)",
+            "ingero: peer_lag rank 3 of comm 0123456789abcdef 200 ms late (job 77) class=hardware",
         ),
         (
             V("n3", score=0.95, reason="peer_lag", peer_lag=Lag("fedcba9876543210", 0, 1.5)),
-            "ingero: peer_lag rank 0 of comm fedcba9876543210 1500 ms late (job 1234)",
+            "ingero: peer_lag rank 0 of comm fedcba9876543210 1500 ms late (job 1234) class=hardware",
         ),
         (
             V("n3", reason="peer_lag", peer_lag=Lag(lag_s=0.0004), job_id=None),
-            "ingero: peer_lag rank 3 of comm 0123456789abcdef 0 ms late (job none)",
+            "ingero: peer_lag rank 3 of comm 0123456789abcdef 0 ms late (job none) class=hardware",
         ),
         # A peer_lag verdict that lost its rank (cannot happen in Fleet): the score format.
         (
             V("n3", reason="peer_lag"),
-            "ingero: straggler score=0.41 threshold=0.87 job=1234 since=2026-11-18T11:06:40Z",
+            "ingero: straggler score=0.41 threshold=0.87 job=1234 since=2026-11-18T11:06:40Z"
+            " class=hardware",
         ),
     ],
 )
@@ -137,6 +141,8 @@ def test_non_stragglers_are_ignored() -> None:
         (V("n3", drain_owner=False), NODES, "not_owner"),
         (V("n3", drain_owner=False, panic=True), NODES, "not_owner"),
         (V("n3", quorum_met=False), NODES, "no_quorum"),
+        (V("n3", cause_class="job"), NODES, "job_cause"),
+        (V("n3", cause_class="job", reason="peer_lag", peer_lag=Lag()), NODES, "job_cause"),
         (V("zz"), NODES, "unknown_node"),
         (V("n3"), [idle("n3", state="down", reason="hw fault"), *NODES[3:]], "down"),
         (
@@ -157,6 +163,12 @@ def test_skips_say_why(verdict: V, nodes: list[NodeInfo], code: str) -> None:
     (d,) = run([verdict], nodes)
     assert (d.action, d.code) == ("skip", code)
     assert d.reason
+
+
+@pytest.mark.parametrize("cause", ["hardware", "node", "network", "unknown"])
+def test_every_other_class_drains_and_the_reason_ends_with_it(cause: str) -> None:
+    (d,) = run([V("n3", cause_class=cause)])
+    assert d.action == "drain" and d.reason.endswith(f" class={cause}")
 
 
 def test_a_skip_is_reported_once_per_reason() -> None:

@@ -577,6 +577,7 @@ def test_peer_lag_makes_a_fleet_straggler_and_reaches_the_replies() -> None:
     ms = f"{verdict.peer_lag.lag_s * 1e3:.0f}"
     assert drain_reason(verdict) == (
         f"ingero: peer_lag rank 5 of comm {lag.extra['comm_hash']} {ms} ms late (job 1234)"
+        " class=unknown"
     )
     # Recovers: the lag episode ends, and with it the straggler episode.
     sim.delay = {}

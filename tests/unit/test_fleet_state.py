@@ -99,6 +99,29 @@ def test_one_straggler_among_eight() -> None:
     assert verdict.reason == "score" and verdict.peer_lag is None
 
 
+@pytest.mark.parametrize(
+    ("pushed", "signal", "expected"),
+    [
+        ("network", "throughput", "network"),  # what the node says of itself wins
+        ("job", "gpu_health", "job"),
+        (None, "gpu_health", "hardware"),  # an agent that says nothing: its signal tells
+        (None, "cpu", "node"),
+        (None, "throughput", "unknown"),
+    ],
+)
+def test_a_straggler_carries_its_cause_class(
+    pushed: str | None, signal: str, expected: str
+) -> None:
+    state, _, _ = make()
+    feed(state, {f"n{i}": 0.90 + 0.002 * i for i in range(8)})
+    state.ingest(push("n3", 0.40, rank=3, dominant_signal=signal, cause_class=pushed))
+    result = state.tick()
+    (event,) = of_type(result, "straggler_state")
+    assert event.extra["cause_class"] == expected
+    (verdict,) = result.verdicts
+    assert verdict.cause_class == expected
+
+
 def test_default_config_flags_a_node_that_slows_down_mid_job() -> None:
     state = FleetState(FleetConfig(), clock := ManualClock())
     base = {f"n{i}": 0.90 + 0.004 * (i % 3) for i in range(8)}

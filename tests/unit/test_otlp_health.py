@@ -29,6 +29,7 @@ FULL = NodePush(
     gpu_model="H100",
     gpu_count=8,
     provider="onprem",
+    cause_class="network",
 )
 
 
@@ -138,6 +139,19 @@ def test_a_push_says_whether_it_holds_and_an_older_agents_says_nothing() -> None
     result = health.decode_health(older)
     assert result.reasons == {health.BAD_ATTRIBUTE: 1}
     assert "ingero.node.held" in result.error_message
+
+
+def test_a_push_says_its_cause_class_and_an_unknown_one_is_refused() -> None:
+    for cause in ("hardware", "node", "network", "job"):
+        push = NodePush(node_id="n", cluster_id="c", score=0.5, cause_class=cause)
+        assert roundtrip(push).pushes == [push]
+    assert roundtrip(NodePush(node_id="n", cluster_id="c", score=0.5)).pushes[0].cause_class is None
+    request = health.encode_health(NodePush(node_id="n", cluster_id="c", score=0.5), 1)
+    point = request.resource_metrics[0].scope_metrics[0].metrics[0].gauge.data_points[0]
+    point.attributes.add(key=health.ATTR_CAUSE).value.string_value = "cosmic_rays"
+    result = health.decode_health(request)
+    assert result.reasons == {health.BAD_ATTRIBUTE: 1} and not result.pushes
+    assert "ingero.node.cause_class 'cosmic_rays' is not one of" in result.error_message
 
 
 def test_bad_state_and_rank_rejected() -> None:

@@ -35,7 +35,9 @@ from tests.integration.slurm.test_drain import tick, verdict
 pytestmark = pytest.mark.integration
 
 NODES = 3
-REASON = "ingero: straggler score=0.30 threshold=0.86 job=41 since=2026-11-18T11:06:40Z"
+REASON = (
+    "ingero: straggler score=0.30 threshold=0.86 job=41 since=2026-11-18T11:06:40Z class=hardware"
+)
 # 3 nodes: max_fraction 0.34 lets ingero hold one drained node.
 CONFIG = DrainConfig(enabled=True, max_fraction=0.34, min_intervals=2, cooldown=0)
 

@@ -49,6 +49,7 @@ def verdict(node: str, score: float = 0.30, **kw: object) -> NodeVerdict:
         "panic": False,
         "quorum_met": True,
         "dominant_signal": "compute",
+        "cause_class": "hardware",
     }
     fields.update(kw)
     return NodeVerdict(**fields)  # type: ignore[arg-type]
@@ -117,7 +118,10 @@ def test_drains_exactly_the_straggler_with_an_ingero_reason(
     r.tick(verdict("n2"))
     state = nodes(slurm)
     assert [name for name, n in state.items() if n.drained] == ["n2"]
-    reason = "ingero: straggler score=0.30 threshold=0.86 job=41 since=2026-11-18T11:06:40Z"
+    reason = (
+        "ingero: straggler score=0.30 threshold=0.86 job=41 since=2026-11-18T11:06:40Z"
+        " class=hardware"
+    )
     assert state["n2"].reason == reason
     assert r.of("node_drained") == [("n2", "")]
     (event,) = [e for e in r.events if e.type == "node_drained"]
@@ -140,7 +144,7 @@ def test_a_peer_lag_drain_names_the_rank_and_stays_ingeros(
     lag = PeerLagCause(comm_hash="0123456789abcdef", comm_rank=2, lag_s=0.19997)
     r = run(CONFIG)
     r.tick(verdict("n3", score=0.95, reason="peer_lag", peer_lag=lag))
-    reason = "ingero: peer_lag rank 2 of comm 0123456789abcdef 200 ms late (job 41)"
+    reason = "ingero: peer_lag rank 2 of comm 0123456789abcdef 200 ms late (job 41) class=hardware"
     show = slurm.run(["scontrol", "show", "node", "n3"]).stdout
     assert f"Reason={reason} [" in show and "DRAIN" in show
     (event,) = [e for e in r.events if e.type == "node_drained"]
