@@ -74,6 +74,8 @@ def command(
 
         controller = drain = attach(daemon, config.drain)
         daemon.metrics.read_drain_failures(lambda: controller.failures)
+        if config.drain.resume_idle.enabled:
+            daemon.metrics.slurm_counts.resumes = lambda: dict(controller.idle_outcomes)
     verdicts = None
     if config.verdict.enabled:  # opt-in: each ended job's verdict into its AdminComment
         from ingero.slurm.verdict_writer import attach as attach_verdicts

@@ -70,6 +70,15 @@ class ClusterStats:
 
 
 @dataclass(frozen=True)
+class NodeReport:
+    """What a node's last push said, for the drain controller's idle resumes: its state
+    (calibrating|active|idle|stale) and its cause class (None: its agent says none)."""
+
+    state: str
+    cause_class: str | None
+
+
+@dataclass(frozen=True)
 class PeerLagCause:
     """The NCCL rank that made a node a straggler by peer lag alone: its communicator, its
     rank in it and how late it enters collectives (median lag behind the median entry, s)."""

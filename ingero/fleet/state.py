@@ -40,6 +40,7 @@ from ingero.fleet.model import (
     ClusterStats,
     GroupStats,
     NodeKey,
+    NodeReport,
     NodeVerdict,
     PeerLagCause,
     TickResult,
@@ -342,6 +343,17 @@ class FleetState:
             lag = self._peer_lag.get(node)
             named = self._named.get(node)
         return _node_view(view, rates, episode, lag, named)
+
+    def node_report(self, cluster_id: str, node_id: str) -> NodeReport | None:
+        """The node's last push as the drain controller asks for it; None: not tracked
+        (never pushed, or expired)."""
+        with self._lock:
+            slot = self._slot_of.get((cluster_id, node_id))
+            if slot is None:
+                return None
+            active, idle = bool(self._active[slot]), bool(self._idle[slot])
+            state = "active" if active else "idle" if idle else "stale"
+            return NodeReport(state, self._cause[slot])
 
     def node_count(self) -> int:
         with self._lock:

@@ -7,25 +7,57 @@ stalled slurmctld never holds up the tick or the pushes. The worker reads the no
 call with a timeout), and emits every decision as an event (``node_drained``,
 ``node_resumed``, ``drain_skipped``). A failed Slurm call is logged and retried with
 exponential backoff on the newest tick.
+
+With ``drain.resume_idle`` it also follows the health of the idle nodes it drained (the
+node's last push through ``report``, its GPU fault events through :meth:`on_events`),
+verifies each one the policy hands it (a fresh read of the node, then the site's command
+with a timeout) and resumes it, or refuses; both are events with the verification's
+result (``extra.verification``), logged, and counted in :attr:`idle_outcomes`.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import logging
+import os
+import shlex
+import subprocess
 import threading
+import time
 from collections.abc import Callable, Iterable, Sequence
 from typing import Any, Protocol
 
 from ingero.runtime.clock import Clock, SystemClock
 from ingero.schema.events import Event
 from ingero.slurm.backend import NodeInfo, SlurmBackend, SlurmError
-from ingero.slurm.drain_policy import Decision, DrainConfig, DrainMemory, Verdict, decide
+from ingero.slurm.drain_policy import (
+    GPU_UNHEALTHY,
+    NO_HEALTH_EVIDENCE,
+    RESUME_BUDGET,
+    VERIFY,
+    VERIFY_FAILED,
+    Decision,
+    DrainConfig,
+    DrainMemory,
+    NodeReport,
+    Verdict,
+    decide,
+    gpu_fault,
+    idle_drained,
+    idle_resumes,
+    observe_health,
+)
 from ingero.slurm.factory import make_backend
 
 log = logging.getLogger(__name__)
 
 _EVENT_TYPES = {"drain": "node_drained", "resume": "node_resumed", "skip": "drain_skipped"}
+# A node's GPU fault events, which restart its clean time for an idle resume.
+GPU_FAULTS = frozenset({"gpu_xid", "gpu_ecc", "gpu_throttle"})
+IDLE_REFUSALS = frozenset({NO_HEALTH_EVIDENCE, GPU_UNHEALTHY, RESUME_BUDGET})
+OUTPUT_TAIL = 400  # characters of the verify command's output kept in the event
+
+Reporter = Callable[[str, str], "NodeReport | None"]  # (cluster_id, node_id) -> last push
 
 
 class Tick(Protocol):
@@ -54,11 +86,17 @@ class DrainController:
         clock: Clock | None = None,
         backoff_initial: float = 1.0,
         backoff_max: float = 60.0,
+        report: Reporter | None = None,
     ) -> None:
         self.config = config
         self._backend = backend
         self._emit = emit
         self._clock = clock or SystemClock()
+        self._report = report
+        # GPU fault events not yet handled, as (cluster_id, node_id)
+        self._faults: list[tuple[str, str]] = []
+        # (outcome, code) -> count: ("resumed", "verified"), ("refused", <code>)
+        self.idle_outcomes: dict[tuple[str, str], int] = {}
         self._backoff_initial = backoff_initial
         self._backoff_max = backoff_max
         self._memory = DrainMemory()
@@ -103,6 +141,17 @@ class DrainController:
             self._note_endings(tick)
             self._submitted += 1
             self._cond.notify_all()
+
+    def on_events(self, events: Sequence[Event]) -> None:
+        """Every event Fleet publishes: a node's GPU faults restart its clean time."""
+        faults = [
+            (e.cluster_id, e.node_id)
+            for e in events
+            if e.type in GPU_FAULTS and (e.type != "gpu_throttle" or e.extra.get("state") != "end")
+        ]
+        if faults:
+            with self._cond:
+                self._faults.extend(faults)
 
     def wait_idle(self, timeout: float) -> bool:
         """Wait until every tick handed in so far has been handled (for tests and shutdown)."""
@@ -170,7 +219,8 @@ class DrainController:
             v.straggler and v.consecutive_straggler_ticks >= self.config.min_intervals
             for v in tick.verdicts
         )
-        if not ready and not self.config.auto_resume:
+        idle_on = self.config.resume_idle.enabled
+        if not ready and not self.config.auto_resume and not idle_on:
             nodes: list[NodeInfo] = []
             verdicts: Sequence[Verdict] = ()
             gone: list[str] = []
@@ -192,12 +242,17 @@ class DrainController:
             gone,
             mine,
         )
+        if idle_on and self.config.enabled:
+            decisions += self._idle(nodes)
         if any(d.action == "drain" for d in decisions):
             # Read again right before acting: someone may have drained or annotated a node
             # since the first read, and their reason must not be overwritten.
             fresh = {n.name: n for n in self._backend.nodes()}
             decisions = [self._recheck(d, fresh.get(d.node)) for d in decisions]
         for decision in decisions:
+            if decision.code == VERIFY:
+                self._verify_and_resume(decision)
+                continue
             if decision.action == "drain":
                 self._backend.drain(decision.node, decision.reason)
                 self._memory.last_action[decision.node] = self._clock.monotonic()
@@ -206,9 +261,104 @@ class DrainController:
                 self._backend.resume(decision.node)
                 self._memory.last_action[decision.node] = self._clock.monotonic()
                 log.warning("resumed %s: %s", decision.node, decision.reason)
+            elif decision.code in IDLE_REFUSALS:
+                log.warning("not resuming idle %s: %s", decision.node, decision.reason)
             else:
                 log.info("not draining %s: %s", decision.node, decision.reason)
             self._send(decision)
+
+    def _idle(self, nodes: Sequence[NodeInfo]) -> list[Decision]:
+        """This tick's look at the idle nodes ingero drained (their health, then the policy)."""
+        cluster = self._backend.cluster_name()
+        with self._cond:
+            faults, self._faults = self._faults, []
+        mono = self._clock.monotonic()
+        for c, node in faults:
+            if c == cluster:
+                gpu_fault(self._memory, node)
+        for info in nodes:
+            if idle_drained(info):
+                report = self._report(cluster, info.name) if self._report else None
+                observe_health(self._memory, info.name, report, mono)
+        decisions = idle_resumes(nodes, self.config, self._memory, mono, cluster)
+        for d in decisions:
+            if d.code != VERIFY and d.action == "skip" and d.code != "dry_run":
+                self._count("refused", d.code)
+        return decisions
+
+    def _count(self, outcome: str, code: str) -> None:
+        key = (outcome, code)
+        self.idle_outcomes[key] = self.idle_outcomes.get(key, 0) + 1
+
+    def verify(self, node: str) -> tuple[bool, dict[str, object]]:
+        """ingero's own checks of an idle drained node, then the site's command: (passed,
+        what was checked and found)."""
+        mono = self._clock.monotonic()
+        since = self._memory.clean_since.get(node)
+        found = {n.name: n for n in self._backend.nodes()}.get(node)
+        result: dict[str, object] = {
+            "idle_drained_by_ingero": found is not None and idle_drained(found),
+            "gpu_clean_s": round(mono - since, 1) if since is not None else None,
+        }
+        if not result["idle_drained_by_ingero"]:
+            state = "gone from Slurm" if found is None else f"{found.state.upper()}"
+            result["why"] = f"the node changed: {state} ({found.reason if found else ''})"
+            return False, result
+        command = self.config.resume_idle.command
+        if not command:
+            return True, result
+        argv = [*shlex.split(command), node]
+        env = {**os.environ, "INGERO_NODE": node, "INGERO_CLUSTER": self._backend.cluster_name()}
+        timeout = float(self.config.resume_idle.timeout)
+        started = time.monotonic()
+        ran: dict[str, object] = {"command": argv}
+        try:
+            proc = subprocess.run(
+                argv,
+                capture_output=True,
+                text=True,
+                errors="replace",
+                timeout=timeout,
+                stdin=subprocess.DEVNULL,
+                env=env,
+            )
+            ran["exit"] = proc.returncode
+            ran["output"] = (proc.stdout + proc.stderr).strip()[-OUTPUT_TAIL:]
+        except subprocess.TimeoutExpired:
+            ran["exit"] = None
+            ran["output"] = f"no answer within {timeout:g}s"
+        except OSError as exc:
+            ran["exit"] = None
+            ran["output"] = f"cannot run: {exc.strerror or exc}"
+        ran["seconds"] = round(time.monotonic() - started, 3)
+        result["site_check"] = ran
+        return ran["exit"] == 0, result
+
+    def _verify_and_resume(self, decision: Decision) -> None:
+        node = decision.node
+        passed, result = self.verify(node)
+        if not passed:
+            # It stays drained; its clean time starts again, so it is tried again after
+            # resume_idle.clean_for at the soonest.
+            self._memory.clean_since[node] = self._clock.monotonic()
+            refusal = dataclasses.replace(
+                decision,
+                action="skip",
+                code=VERIFY_FAILED,
+                reason=f"verification failed: {_said(result)}",
+            )
+            log.warning("not resuming idle %s: %s", node, refusal.reason)
+            self._count("refused", VERIFY_FAILED)
+            self._send(refusal, {"verification": result})
+            return
+        self._backend.resume(node)
+        self._memory.last_action[node] = self._clock.monotonic()
+        resumed = dataclasses.replace(
+            decision, action="resume", reason=f"{decision.reason}; verified: {_said(result)}"
+        )
+        log.warning("resumed idle %s: %s", node, resumed.reason)
+        self._count("resumed", "verified")
+        self._send(resumed, {"verification": result})
 
     @staticmethod
     def _recheck(decision: Decision, info: NodeInfo | None) -> Decision:
@@ -223,8 +373,9 @@ class DrainController:
         )
         return dataclasses.replace(decision, action="skip", code="foreign_reason", reason=why)
 
-    def _send(self, decision: Decision) -> None:
+    def _send(self, decision: Decision, more: dict[str, object] | None = None) -> None:
         extra: dict[str, object] = {"reason": decision.reason, "backend": self._backend.name}
+        extra.update(more or {})
         if decision.action == "skip":
             extra["skip"] = decision.code
         if self.config.dry_run:
@@ -247,6 +398,23 @@ class DrainController:
             log.exception("drain controller: cannot emit %s event", event.type)
 
 
+def _said(result: dict[str, object]) -> str:
+    """A verification's result in a few words (the event carries all of it)."""
+    if "why" in result:
+        return str(result["why"])
+    words = [f"GPU health clean for {result.get('gpu_clean_s')}s"]
+    ran = result.get("site_check")
+    if isinstance(ran, dict):
+        words.append(f"site check exit {ran.get('exit')}")
+        if ran.get("exit") != 0 and ran.get("output"):
+            words.append(str(ran["output"]).splitlines()[-1][:120])
+    return ", ".join(words)
+
+
+class _State(Protocol):
+    def node_report(self, cluster_id: str, node_id: str) -> NodeReport | None: ...
+
+
 class _FleetDaemon(Protocol):
     """What :func:`attach` needs of ``ingero.fleet.daemon.FleetDaemon``."""
 
@@ -254,8 +422,15 @@ class _FleetDaemon(Protocol):
         self, listener: Callable[[Any], None], name: str | None = None
     ) -> None: ...
 
+    def add_event_sink(
+        self, sink: Callable[[Sequence[Event]], None], name: str | None = None
+    ) -> None: ...
+
     @property
     def events(self) -> _EventExit: ...
+
+    @property
+    def state(self) -> _State: ...
 
 
 class _EventExit(Protocol):
@@ -267,9 +442,14 @@ def attach(daemon: _FleetDaemon, config: DrainConfig) -> DrainController:
     publish decisions through Fleet's event exit point, and start the worker."""
     backend = make_backend(config.backend)
     controller = DrainController(
-        config, backend, lambda event: daemon.events.submit([event], source="drain")
+        config,
+        backend,
+        lambda event: daemon.events.submit([event], source="drain"),
+        report=daemon.state.node_report,
     )
     daemon.add_tick_listener(controller.on_tick, "drain")
+    if config.resume_idle.enabled:
+        daemon.add_event_sink(controller.on_events, "drain-gpu-faults")
     controller.start()
     log.warning(
         "drain controller enabled (backend %s%s, max_fraction %g, min_intervals %d)",

@@ -36,6 +36,17 @@ nothing: Fleet lists only stragglers, and an episode also ends when the node goe
 such ending, an expiry, or a new straggler verdict takes the eligibility away; a node with
 no recovery evidence (e.g. after a Fleet restart) stays drained for a person to resume. A
 skip is reported once per reason change, not every tick.
+
+With ``resume_idle.enabled`` a node ingero drained whose job has ended (IDLE+DRAIN: no job
+left on it, so no episode can end ``recovered``) comes back once it is proven safe
+(:func:`idle_resumes`): its reason is still ingero's (never an admin's or NHC's), it is
+not DOWN, failing or rebooting, its GPU health has been clean for ``resume_idle.clean_for``
+(:func:`observe_health`: the node pushed all along, its agent said no ``hardware`` cause,
+no GPU fault event came from it), and fewer than ``resume_idle.budget`` idle nodes were
+resumed in the last hour. Such a node is handed to the controller to verify (a fresh read
+of the node, then the site's ``resume_idle.command``, with a timeout) and resume; the
+refusals (``no_health_evidence``, ``gpu_unhealthy``, ``resume_budget``, and the
+controller's ``verify_failed``) are reported once per change.
 """
 
 from __future__ import annotations
@@ -47,10 +58,22 @@ from datetime import UTC, datetime
 from typing import Literal, Protocol
 
 from ingero.runtime.config import Duration, in_range, positive
-from ingero.schema.causes import JOB
+from ingero.schema.causes import HARDWARE, JOB
 from ingero.slurm.backend import INGERO_REASON_PREFIX, NodeInfo
 
 Action = Literal["drain", "resume", "skip"]
+
+
+@dataclass(frozen=True)
+class IdleResumeConfig:
+    """``drain.resume_idle``: resume a drained node whose job ended, once proven safe."""
+
+    enabled: bool = False
+    clean_for: Duration = Duration(600.0)  # noqa: RUF009 - an immutable float
+    budget: int = field(default=2, metadata=positive())  # idle resumes per hour, at most
+    # The site's own check: run as COMMAND... NODE (shell words, no shell), exit 0 passes.
+    command: str | None = None
+    timeout: Duration = field(default=Duration(60.0), metadata=in_range(1.0, 3600.0))
 
 
 @dataclass(frozen=True)
@@ -64,6 +87,7 @@ class DrainConfig:
     min_intervals: int = field(default=6, metadata=positive())
     cooldown: Duration = Duration(1800.0)  # noqa: RUF009 - an immutable float
     auto_resume: bool = False
+    resume_idle: IdleResumeConfig = field(default_factory=IdleResumeConfig)
 
 
 class LagCause(Protocol):
@@ -142,6 +166,14 @@ class DrainMemory:
     healthy_ticks: dict[str, int] = field(default_factory=dict)
     # node -> the cluster its verdicts named (resume decisions carry it)
     clusters: dict[str, str] = field(default_factory=dict)
+    # node -> monotonic time since which its GPU health has been clean (observe_health)
+    clean_since: dict[str, float] = field(default_factory=dict)
+    # node -> why its health is not clean now (no_health_evidence, gpu_unhealthy)
+    unclean: dict[str, str] = field(default_factory=dict)
+    # monotonic times of the idle resumes of the last hour (the budget)
+    idle_resumes: list[float] = field(default_factory=list)
+    # node -> the idle-resume refusal code last reported
+    idle_refusal: dict[str, str] = field(default_factory=dict)
 
 
 def iso_time(epoch: float) -> str:
@@ -327,3 +359,130 @@ def _decision(action: Action, verdict: Verdict, reason: str, code: str = "") -> 
         score=verdict.score,
         threshold=verdict.threshold,
     )
+
+
+# -- idle drained nodes that come back when proven safe --------------------------------------
+
+NO_HEALTH_EVIDENCE = "no_health_evidence"
+GPU_UNHEALTHY = "gpu_unhealthy"
+RESUME_BUDGET = "resume_budget"
+VERIFY_FAILED = "verify_failed"
+VERIFY = "verify"  # Decision.code of a node handed to the controller to verify and resume
+HOUR = 3600.0
+
+
+class NodeReport(Protocol):
+    """What the node's last push said (Fleet's ``NodeReport`` has it)."""
+
+    @property
+    def state(self) -> str: ...  # calibrating|active|idle|stale
+    @property
+    def cause_class(self) -> str | None: ...  # None: its agent says no class
+
+
+def observe_health(
+    memory: DrainMemory, node: str, report: NodeReport | None, monotonic_now: float
+) -> None:
+    """Fold one tick's look at a drained node into its clean time: clean while Fleet hears
+    from it (active or idle, not stale) and its agent names a cause class that is not
+    ``hardware`` (an agent that names none proves nothing); anything else restarts it."""
+    if report is None or report.state not in ("active", "idle") or report.cause_class is None:
+        memory.clean_since.pop(node, None)
+        memory.unclean[node] = NO_HEALTH_EVIDENCE
+    elif report.cause_class == HARDWARE:
+        memory.clean_since.pop(node, None)
+        memory.unclean[node] = GPU_UNHEALTHY
+    else:
+        memory.clean_since.setdefault(node, monotonic_now)
+        memory.unclean.pop(node, None)
+
+
+def gpu_fault(memory: DrainMemory, node: str) -> None:
+    """A GPU fault event of the node (gpu_xid, gpu_ecc, a gpu_throttle that starts)."""
+    memory.clean_since.pop(node, None)
+    memory.unclean[node] = GPU_UNHEALTHY
+
+
+def idle_drained(info: NodeInfo) -> bool:
+    """Drained by ingero with no job left on it (IDLE+DRAIN), and nothing else wrong."""
+    return (
+        info.ingero_reason
+        and info.drained
+        and info.state == "idle"
+        and not (info.down or info.reboot_pending or "FAIL" in info.flags)
+    )
+
+
+def idle_resumes(
+    nodes: Iterable[NodeInfo],
+    config: DrainConfig,
+    memory: DrainMemory,
+    monotonic_now: float,
+    cluster_id: str = "",
+) -> list[Decision]:
+    """This tick's idle drained nodes to verify (``skip`` with ``code`` VERIFY: the
+    controller verifies and resumes them, or refuses) and the refusals to report."""
+    idle = config.resume_idle
+    if not (config.enabled and idle.enabled):
+        return []
+    memory.idle_resumes = [t for t in memory.idle_resumes if monotonic_now - t < HOUR]
+    out: list[Decision] = []
+    waiting = {n.name for n in nodes if idle_drained(n)}
+    for name in sorted(waiting):
+        since = memory.clean_since.get(name)
+        if since is None:
+            code = memory.unclean.get(name, NO_HEALTH_EVIDENCE)
+            why = (
+                "Fleet hears nothing from the node, or its agent names no cause class"
+                if code == NO_HEALTH_EVIDENCE
+                else "its GPU health is not clean (a GPU fault, or its agent says hardware)"
+            )
+            out += _refusal(memory, name, cluster_id, code, why)
+            continue
+        clean = monotonic_now - since
+        if clean < idle.clean_for:
+            continue  # not yet: no decision, nothing to report
+        if len(memory.idle_resumes) >= idle.budget:
+            out += _refusal(
+                memory,
+                name,
+                cluster_id,
+                RESUME_BUDGET,
+                f"{len(memory.idle_resumes)} idle nodes resumed in the last hour "
+                f"(budget {idle.budget})",
+            )
+            continue
+        last = memory.last_action.get(name)
+        if last is not None and monotonic_now - last < config.cooldown:
+            continue
+        if config.dry_run:
+            why = f"dry run: would verify and resume (idle, GPU health clean for {clean:.0f}s)"
+            out += _refusal(memory, name, cluster_id, "dry_run", why)
+            continue
+        memory.idle_refusal.pop(name, None)
+        out.append(
+            Decision(
+                "resume",
+                name,
+                memory.clusters.get(name, cluster_id),
+                f"idle with GPU health clean for {clean:.0f}s",
+                VERIFY,
+            )
+        )
+        memory.idle_resumes.append(monotonic_now)  # the budget counts attempts
+    for name in list(memory.clean_since):
+        if name not in waiting:
+            memory.clean_since.pop(name, None)
+    for table in (memory.unclean, memory.idle_refusal):
+        for name in [n for n in table if n not in waiting]:
+            del table[name]
+    return out
+
+
+def _refusal(
+    memory: DrainMemory, node: str, cluster_id: str, code: str, why: str
+) -> list[Decision]:
+    if memory.idle_refusal.get(node) == code:
+        return []
+    memory.idle_refusal[node] = code
+    return [Decision("skip", node, memory.clusters.get(node, cluster_id), why, code)]

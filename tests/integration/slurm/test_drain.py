@@ -13,15 +13,16 @@ import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
-from ingero.fleet.model import NodeVerdict, PeerLagCause, TickResult
+from ingero.fleet.model import NodeReport, NodeVerdict, PeerLagCause, TickResult
 from ingero.otlp.health import NodePush
 from ingero.schema.events import Event
 from ingero.slurm.backend import NodeInfo
 from ingero.slurm.drain import DrainController
-from ingero.slurm.drain_policy import DrainConfig
+from ingero.slurm.drain_policy import DrainConfig, IdleResumeConfig
 from ingero.slurm.scontrol_backend import ScontrolBackend
 from tests.integration.fleet.helpers import Fleet, start_fleet, wait_for
 from tests.integration.slurm.cluster import SlurmCluster
@@ -79,11 +80,16 @@ def nodes(slurm: SlurmCluster) -> dict[str, NodeInfo]:
 class Run:
     """A started controller with a real backend, collecting its events."""
 
-    def __init__(self, config: DrainConfig, timeout: float = 10) -> None:
+    def __init__(self, config: DrainConfig, timeout: float = 10, report: Any = None) -> None:
         self.events: list[Event] = []
         self.backend = ScontrolBackend(timeout=timeout)
         self.controller = DrainController(
-            config, self.backend, self.events.append, backoff_initial=0.2, backoff_max=1.0
+            config,
+            self.backend,
+            self.events.append,
+            backoff_initial=0.2,
+            backoff_max=1.0,
+            report=report,
         )
         self.controller.start()
 
@@ -100,8 +106,8 @@ def run(slurm: SlurmCluster) -> Iterator[type[Run]]:
     started: list[Run] = []
 
     class Tracked(Run):
-        def __init__(self, config: DrainConfig, timeout: float = 10) -> None:
-            super().__init__(config, timeout)
+        def __init__(self, config: DrainConfig, timeout: float = 10, report: Any = None) -> None:
+            super().__init__(config, timeout, report)
             started.append(self)
 
     yield Tracked
@@ -288,6 +294,90 @@ def test_no_auto_resume_when_the_episode_ended_idle(slurm: SlurmCluster, run: ty
     assert state["n2"].drained and state["n2"].reason is not None
     assert state["n2"].reason.startswith("ingero: straggler")
     assert r.of("node_resumed") == []
+
+
+def verify_script(tmp_path: Path, exit_code: int) -> Path:
+    """The site's check: records which node it was asked about, exits ``exit_code``."""
+    path = tmp_path / f"verify-{exit_code}"
+    path.write_text(
+        f'#!/bin/sh\necho "$1" >> {tmp_path}/verified\necho "burn-in: $1"\nexit {exit_code}\n'
+    )
+    path.chmod(0o755)
+    return path
+
+
+def idle_config(command: Path, budget: int = 1) -> DrainConfig:
+    idle = IdleResumeConfig(enabled=True, clean_for=1.0, budget=budget, command=str(command))
+    return dataclasses.replace(CONFIG, max_fraction=0.5, resume_idle=idle)
+
+
+def quiet_node(cluster: str, node: str) -> NodeReport:
+    """Fleet's word on every node here: it pushes, idle, its agent finds no hardware cause."""
+    return NodeReport("idle", "job")
+
+
+def tick_for(r: Run, seconds: float) -> None:
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline:
+        r.tick()
+        time.sleep(0.2)
+
+
+def test_an_idle_drained_node_comes_back_once_verified_within_the_budget(
+    slurm: SlurmCluster, run: type[Run], tmp_path: Path
+) -> None:
+    slurm.run(["scontrol", "update", "nodename=n3", "state=drain", f"reason={ADMIN}"])
+    flag = slurm.root / "out" / "n2-job-done"
+    slurm.run(
+        ["sbatch", "--parsable", "-w", "n2", "-o", "/dev/null",
+         "--wrap", f"while [ ! -e {flag} ]; do sleep 0.2; done"],
+    )  # fmt: skip
+    try:
+        slurm.wait(lambda: "n2" not in slurm.idle_nodes(), 30, "the job on n2")
+        r = run(idle_config(verify_script(tmp_path, 0)), report=quiet_node)
+        r.tick(verdict("n2"))
+        assert nodes(slurm)["n2"].drained and nodes(slurm)["n2"].state != "idle"  # DRAINING
+        tick_for(r, 2.5)  # clean for longer than clean_for, but its job still runs
+        assert nodes(slurm)["n2"].drained and r.of("node_resumed") == []
+    finally:
+        flag.touch()
+    slurm.wait(lambda: nodes(slurm)["n2"].state == "idle", 60, "n2 IDLE+DRAIN")
+    assert nodes(slurm)["n2"].drained
+    wait_for(lambda: tick_for(r, 0.5) or r.of("node_resumed"), 30, "the verified resume")
+    state = nodes(slurm)
+    assert not state["n2"].drained and not state["n2"].held_reason
+    assert (tmp_path / "verified").read_text().split() == ["n2"]
+    (resumed,) = [e for e in r.events if e.type == "node_resumed"]
+    site = resumed.extra["verification"]["site_check"]
+    assert site["exit"] == 0 and site["output"] == "burn-in: n2" and site["command"][-1] == "n2"
+    assert "verified: GPU health clean for " in resumed.extra["reason"]
+    # an admin's reason: never, however long it has been idle
+    assert state["n3"].reason == ADMIN and state["n3"].drained
+    # the budget (1 an hour) is spent: the next idle node ingero drained stays so, said once
+    r.tick(verdict("n1"))
+    assert nodes(slurm)["n1"].drained
+    tick_for(r, 2.0)
+    assert r.of("drain_skipped") == [("n1", "resume_budget")]
+    assert nodes(slurm)["n1"].drained and r.controller.idle_outcomes == {
+        ("resumed", "verified"): 1,
+        ("refused", "resume_budget"): 1,
+    }
+    slurm.run(["scontrol", "update", "nodename=n3", "state=resume"])
+
+
+def test_an_idle_drained_node_whose_check_fails_stays_drained(
+    slurm: SlurmCluster, run: type[Run], tmp_path: Path
+) -> None:
+    r = run(idle_config(verify_script(tmp_path, 1), budget=5), report=quiet_node)
+    r.tick(verdict("n4"))
+    assert nodes(slurm)["n4"].drained
+    wait_for(lambda: tick_for(r, 0.5) or r.of("drain_skipped"), 30, "the failed check")
+    assert r.of("drain_skipped") == [("n4", "verify_failed")]
+    (refused,) = [e for e in r.events if e.type == "drain_skipped"]
+    assert refused.extra["verification"]["site_check"]["exit"] == 1
+    assert "burn-in: n4" in refused.extra["reason"]
+    state = nodes(slurm)["n4"]
+    assert state.drained and state.reason is not None and state.reason.startswith("ingero:")
 
 
 # ---- the real ingero fleet daemon -------------------------------------------------
