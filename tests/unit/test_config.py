@@ -40,6 +40,9 @@ def test_defaults_match_design(monkeypatch: pytest.MonkeyPatch) -> None:
     assert config.drain.cooldown == 1800.0 and config.drain.min_intervals == 6
     assert config.echo.endpoint is None
     assert config.node_ttl == 25.0
+    idle = config.drain.resume_idle
+    assert (idle.enabled, idle.clean_for, idle.budget, idle.command) == (False, 600.0, 2, None)
+    assert (config.verdict.enabled, config.verdict.max_bytes) == (False, 1024)
 
 
 def test_file_values_and_cli_overrides(tmp_path: Path) -> None:
@@ -73,6 +76,9 @@ def test_env_variable_is_second_choice(tmp_path: Path, monkeypatch: pytest.Monke
         ),
         ("quorum: {statistical_min: 2}\n", "quorum.statistical_min: must be at least 3"),
         ("threshold: {kk: 1}\n", "unknown key 'threshold.kk'"),
+        ("verdict: {max_bytes: 100}\n", "verdict.max_bytes: must be"),
+        ("drain: {resume_idle: {budget: 0}}\n", "drain.resume_idle.budget: must be"),
+        ("drain: {resume_idle: {timeout: 0s}}\n", "drain.resume_idle.timeout: must be"),
         ("listen: {api: 8080}\n", "listen.api: expected a string"),
         ("listen: {api: 'nope'}\n", "listen.api: must be HOST:PORT"),
         ("auth: {tls_cert: /x.pem}\n", "auth.tls_cert and auth.tls_key must be set together"),

@@ -114,3 +114,28 @@ def test_nccl_figures() -> None:
     assert found["ingero_fleet_nccl_refused"] == [({}, 5.0)]
     episodes = {s["type"]: v for s, v in found["ingero_fleet_nccl_episodes"]}
     assert episodes == {"peer_lag": 2.0, "collective_hang": 1.0}
+
+
+def test_verdict_and_idle_resume_counters_only_while_their_part_runs() -> None:
+    metrics = FleetMetrics()
+    names = set(samples(metrics))
+    assert not {"ingero_fleet_verdicts", "ingero_fleet_idle_resumes"} & names
+    metrics.slurm_counts.verdicts = lambda: {"written": 3, "refused": 1}
+    metrics.slurm_counts.verdict_failures = lambda: 2
+    metrics.slurm_counts.resumes = lambda: {
+        ("resumed", "verified"): 1,
+        ("refused", "resume_budget"): 4,
+    }
+    found = samples(metrics)
+    assert sorted(found["ingero_fleet_verdicts"], key=str) == [
+        ({"outcome": "refused"}, 1.0),
+        ({"outcome": "written"}, 3.0),
+    ]
+    assert found["ingero_fleet_verdict_failures"] == [({}, 2.0)]
+    assert sorted(found["ingero_fleet_idle_resumes"], key=str) == sorted(
+        [
+            ({"outcome": "resumed", "reason": "verified"}, 1.0),
+            ({"outcome": "refused", "reason": "resume_budget"}, 4.0),
+        ],
+        key=str,
+    )
