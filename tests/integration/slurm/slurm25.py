@@ -48,10 +48,10 @@ def wait_for_build() -> None:
         failed = os.waitstatus_to_exitcode(status) != 0
     except ChildProcessError:
         # run.sh's own child (it runs the suite in two parts): wait until it is gone; its
-        # result is what PREFIX holds (slurmctld is installed last).
+        # result is what PREFIX holds (slurmdbd is installed last).
         while _running(int(pid)):
             time.sleep(2)
-        failed = not (PREFIX / "sbin" / "slurmctld").exists()
+        failed = not (PREFIX / "sbin" / "slurmdbd").exists()
     if failed:
         _build_failed.append(f"the Slurm 25.11 build failed (see {log})")
     wheels = sorted((PREFIX / "wheels").glob("pyslurm-*.whl"))
