@@ -22,6 +22,7 @@ events are not here), as is every job Fleet missed while it was away.
 
 from __future__ import annotations
 
+import copy
 import logging
 import threading
 import time
@@ -219,9 +220,9 @@ class VerdictWriter:
                     f"({self.started_at:.0f}): left to the backfill",
                 )
             start = time.perf_counter()
-            outcome, words = write_verdict(
-                self._backend, followed.tally, record, self.config.max_bytes
-            )
+            with self._cond:  # the tick thread may fold a late event into it meanwhile
+                tally = copy.deepcopy(followed.tally)
+            outcome, words = write_verdict(self._backend, tally, record, self.config.max_bytes)
             self.last_write_s = time.perf_counter() - start
             return self._done(key, outcome, words)
         except SlurmError as exc:
