@@ -109,6 +109,37 @@ class slurmctld:
             return _Obj(cluster_name="fake", version="25.11.7")
 
 
+class db:
+    # pyslurm.db's jobs, as slurmdbd holds them (ids and a time window as filters)
+
+    class JobFilter:
+        def __init__(self, **kw):
+            self.__dict__.update(kw)
+
+    class Job:
+        def __init__(self, job_id=0, admin_comment=None):
+            self.id, self.admin_comment = job_id, admin_comment
+
+        def modify(self, change):
+            data = _load()
+            if str(self.id) not in data["db"]:
+                raise RPCError("Nothing was modified")
+            data["db"][str(self.id)]["admin_comment"] = change.admin_comment
+            _save(data)
+
+    class Jobs:
+        @staticmethod
+        def load(cond):
+            out = {}
+            for job_id, row in _load()["db"].items():
+                if getattr(cond, "ids", None) and int(job_id) not in cond.ids:
+                    continue
+                if getattr(cond, "start_time", None) and (row["end_time"] or 0) < cond.start_time:
+                    continue
+                out[int(job_id)] = _Obj(id=int(job_id), **row)
+            return out
+
+
 class utils:
     @staticmethod
     def nodelist_from_range_str(nodelist):
@@ -130,7 +161,13 @@ def fake(tmp_path: Path) -> Iterator[dict[str, str]]:
         for i in (1, 2, 3)
     ]  # fmt: skip
     nodes[2].update(state="DOWN*+DRAIN", reason="hw fault", reason_user="root")
-    state.write_text(json.dumps({"nodes": nodes, "jobs": {"7": "n[1-2]", "8": None}}))
+    db = {
+        "7": {"state": "COMPLETED", "start_time": 1795000000, "end_time": 1795003600,
+              "num_nodes": 2, "admin_comment": "JS1:H4sIAAAA"},
+        "8": {"state": "RUNNING", "start_time": 1795000000, "end_time": None,
+              "num_nodes": 1, "admin_comment": None},
+    }  # fmt: skip
+    state.write_text(json.dumps({"nodes": nodes, "jobs": {"7": "n[1-2]", "8": None}, "db": db}))
     yield {
         **os.environ,
         "PYTHONPATH": os.pathsep.join([str(tmp_path / "pkg"), *sys.path]),
@@ -155,6 +192,32 @@ def test_reads_drains_and_resumes_through_one_worker(fake: dict[str, str]) -> No
         assert not {n.name: n for n in backend.nodes()}["n2"].drained
         assert backend.cluster_name() == "fake"
         assert backend._worker is not None and backend._worker.proc.pid == pid  # no new process
+    finally:
+        backend.close()
+
+
+def test_accounting_records_and_admin_comments_through_the_worker(fake: dict[str, str]) -> None:
+    backend = PyslurmBackend(timeout=20, env=fake)
+    try:
+        assert not backend.admin_comment_lowercased
+        seven = backend.job_record("7")
+        assert seven is not None and seven.ended and seven.nodes == 2
+        assert (seven.start, seven.end, seven.admin_comment) == (
+            1795000000.0,
+            1795003600.0,
+            "JS1:H4sIAAAA",
+        )
+        eight = backend.job_record("8")
+        assert eight is not None and eight.state == "RUNNING" and not eight.ended
+        assert backend.job_record("9") is None
+        assert [r.job_id for r in backend.ended_jobs(1795000000, 1795009999)] == ["7"]
+        backend.set_admin_comment("7", "JS1:H4sIAAAA ingero: x INGERO1:AAAA")
+        after = backend.job_record("7")
+        assert after is not None and after.admin_comment == "JS1:H4sIAAAA ingero: x INGERO1:AAAA"
+        with pytest.raises(SlurmError, match=r"^pyslurm modify job 9: Nothing was modified"):
+            backend.set_admin_comment("9", "x")
+        with pytest.raises(ValueError, match="invalid Slurm job id"):
+            backend.job_record("7 or 1=1")
     finally:
         backend.close()
 
