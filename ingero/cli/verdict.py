@@ -50,7 +50,7 @@ def verdict() -> None:
 def _show(text: str | None, as_json: bool, what: str) -> None:
     site, part = split_admin_comment(text)
     if part is None:
-        raise UsageError(f"{what}: no ingero verdict in its AdminComment")
+        raise UsageError(f"{what}: no ingero verdict (no INGERO1: part in the AdminComment)")
     try:
         data = decode_part(part)
     except VerdictError as exc:

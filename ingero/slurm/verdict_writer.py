@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import copy
 import logging
+import math
 import threading
 import time
 from collections import OrderedDict
@@ -212,7 +213,9 @@ class VerdictWriter:
                     return self._done(key, GIVEN_UP, f"accounting shows no end ({state})")
                 self._retry(followed, mono, float(self.config.retry))
                 return None
-            if record.start is not None and record.start < self.started_at:
+            # Slurm keeps whole seconds: a job that started in Fleet's own first second
+            # is not one Fleet missed the start of.
+            if record.start is not None and record.start < math.floor(self.started_at):
                 return self._done(
                     key,
                     PARTIAL,

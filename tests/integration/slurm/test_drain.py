@@ -435,6 +435,38 @@ def test_fleet_drains_the_straggler_of_a_job(slurm: SlurmCluster, tmp_path: Path
         assert fleet.stop() == 0
 
 
+def test_fleet_resumes_an_idle_node_it_drained_once_verified(
+    slurm: SlurmCluster, tmp_path: Path
+) -> None:
+    """The wiring of drain.resume_idle in the real daemon: Fleet's own node reports (the
+    idle pushes' cause class) prove the node clean, the site's check runs, n3 comes back."""
+    idle = {"enabled": True, "clean_for": "1s", "command": str(verify_script(tmp_path, 0))}
+    fleet = start_drain_fleet(
+        tmp_path, slurm, {"drain": {**FLEET_DRAIN["drain"], "resume_idle": idle}}
+    )
+    try:
+        wait_for(lambda: push_all(fleet, SCORES) or nodes(slurm)["n3"].drained, 60, "n3 drained")
+
+        def resumed() -> bool:
+            # the job ended: every node pushes idle, its agent finds no hardware cause
+            reply = fleet.push(
+                NodePush(node_id=n, cluster_id="ingerotest", score=0.9, state="idle",
+                         cause_class="job")
+                for n in SCORES
+            )  # fmt: skip
+            assert reply.status == 200, reply
+            return not nodes(slurm)["n3"].drained
+
+        wait_for(resumed, 60, "n3 resumed")
+        assert (tmp_path / "verified").read_text().split() == ["n3"]
+        wait_for(
+            lambda: "resumed idle n3: idle with GPU health clean for" in fleet.log(), 20, "log"
+        )
+        assert fleet.metric("ingero_fleet_idle_resumes_total", outcome="resumed") == 1
+    finally:
+        assert fleet.stop() == 0
+
+
 def test_fleet_in_panic_drains_nothing(slurm: SlurmCluster, tmp_path: Path) -> None:
     # 8 nodes push (n5-n8 are not Slurm nodes), 2 of them low: 2/8 > panic_fraction 0.2
     fleet = start_drain_fleet(

@@ -207,7 +207,11 @@ def test_fleet_writes_the_verdict_of_each_job_it_followed(
             push(fleet, slurm.cluster_name, None)
             return job.accounted()[1] if "ingero:" in job.accounted()[1] else ""
 
-        comment = wait_for(written, 60, "the verdict in sacct")
+        try:
+            comment = wait_for(written, 60, "the verdict in sacct")
+        except AssertionError:
+            print("\n".join(ln for ln in fleet.log().splitlines() if "verdict" in ln))
+            raise
         site_back, part = split_admin_comment(comment)
         assert site_back == site  # the site's text, kept as it was
         verdict = decode_part(part or "")
