@@ -10,14 +10,14 @@ from ingero.runtime.errors import UsageError
 from ingero.slurm.backend import DEFAULT_TIMEOUT
 from ingero.slurm.factory import make_backend
 
-_BACKEND = click.option(
+BACKEND_OPTION = click.option(
     "--backend",
     type=click.Choice(["auto", "scontrol", "pyslurm"]),
     default="auto",
     show_default=True,
     help="How to talk to Slurm.",
 )
-_TIMEOUT = click.option(
+TIMEOUT_OPTION = click.option(
     "--timeout",
     type=click.FloatRange(min=0.1),
     default=DEFAULT_TIMEOUT,
@@ -32,8 +32,8 @@ def drain() -> None:
 
 
 @drain.command("list")
-@_BACKEND
-@_TIMEOUT
+@BACKEND_OPTION
+@TIMEOUT_OPTION
 @click.option("--all", "show_all", is_flag=True, help="Also show nodes drained by others.")
 @click.option(
     "--json", "as_json", is_flag=True, help="One JSON array of nodes (for scripts); [] if none."
@@ -70,8 +70,8 @@ def list_cmd(backend: str, timeout: float, show_all: bool, as_json: bool) -> Non
 
 @drain.command("resume")
 @click.argument("node")
-@_BACKEND
-@_TIMEOUT
+@BACKEND_OPTION
+@TIMEOUT_OPTION
 def resume_cmd(node: str, backend: str, timeout: float) -> None:
     """Resume NODE, which must carry a reason ingero wrote."""
     slurm = make_backend(backend, timeout)

@@ -4,16 +4,15 @@ one, and fill in those Fleet missed, from Echo (docs/slurm.md, "The job's verdic
 from __future__ import annotations
 
 import json
-import os
 import sys
 import time
-from pathlib import Path
 
 import click
 
+from ingero.cli.drain import BACKEND_OPTION, TIMEOUT_OPTION
+from ingero.cli.mcp import ECHO_OPTION, TOKEN_FILE_OPTION, echo_token
 from ingero.runtime.config import parse_duration
-from ingero.runtime.errors import ConfigError, UnavailableError, UsageError
-from ingero.slurm.backend import DEFAULT_TIMEOUT
+from ingero.runtime.errors import UnavailableError, UsageError
 from ingero.slurm.factory import make_backend
 from ingero.slurm.verdict import (
     DEFAULT_MAX_BYTES,
@@ -23,22 +22,6 @@ from ingero.slurm.verdict import (
     decode_part,
     human_line,
     split_admin_comment,
-)
-
-TOKEN_ENV = "INGERO_ECHO_TOKEN"
-_BACKEND = click.option(
-    "--backend",
-    type=click.Choice(["auto", "scontrol", "pyslurm"]),
-    default="auto",
-    show_default=True,
-    help="How to talk to Slurm.",
-)
-_TIMEOUT = click.option(
-    "--timeout",
-    type=click.FloatRange(min=0.1),
-    default=DEFAULT_TIMEOUT,
-    show_default=True,
-    help="Seconds to wait for each Slurm command.",
 )
 
 
@@ -63,8 +46,8 @@ def _show(text: str | None, as_json: bool, what: str) -> None:
 
 @verdict.command("show")
 @click.argument("job_id")
-@_BACKEND
-@_TIMEOUT
+@BACKEND_OPTION
+@TIMEOUT_OPTION
 @click.option("--json", "as_json", is_flag=True, help="The verdict's JSON (and the site's text).")
 def show_cmd(job_id: str, backend: str, timeout: float, as_json: bool) -> None:
     """JOB_ID's verdict, from Slurm's accounting (exit 2 when it has none)."""
@@ -87,14 +70,8 @@ def decode_cmd(text: str, as_json: bool) -> None:
 
 
 @verdict.command("backfill")
-@click.option(
-    "--echo", "echo_url", required=True, help="Echo's API base URL, e.g. http://echo:8081"
-)
-@click.option(
-    "--token-file",
-    type=click.Path(dir_okay=False),
-    help=f"file holding Echo's bearer token (else ${TOKEN_ENV})",
-)
+@ECHO_OPTION
+@TOKEN_FILE_OPTION
 @click.option(
     "--since",
     "since_text",
@@ -114,8 +91,8 @@ def decode_cmd(text: str, as_json: bool) -> None:
 )
 @click.option("--replace", is_flag=True, help="Also rewrite jobs that hold a verdict already.")
 @click.option("--dry-run", is_flag=True, help="Say what would be written, write nothing.")
-@_BACKEND
-@_TIMEOUT
+@BACKEND_OPTION
+@TIMEOUT_OPTION
 def backfill_cmd(
     echo_url: str,
     token_file: str | None,
@@ -138,13 +115,7 @@ def backfill_cmd(
         window = float(parse_duration(since_text))
     except ValueError as exc:
         raise UsageError(f"--since: {exc}") from None
-    token = os.environ.get(TOKEN_ENV)
-    if token_file:
-        try:
-            token = Path(token_file).read_text().strip()
-        except OSError as exc:
-            raise ConfigError(f"{token_file}: cannot read token: {exc}") from None
-    echo = RemoteBackend(echo_url, token)
+    echo = RemoteBackend(echo_url, echo_token(token_file))
     end = until if until is not None else time.time()
     counts: dict[str, int] = {}
     try:

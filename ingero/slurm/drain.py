@@ -415,8 +415,9 @@ class _State(Protocol):
     def node_report(self, cluster_id: str, node_id: str) -> NodeReport | None: ...
 
 
-class _FleetDaemon(Protocol):
-    """What :func:`attach` needs of ``ingero.fleet.daemon.FleetDaemon``."""
+class FleetDaemonHooks(Protocol):
+    """What the Slurm parts' ``attach`` need of ``ingero.fleet.daemon.FleetDaemon`` (the
+    drain controller here, the verdict writer too)."""
 
     def add_tick_listener(
         self, listener: Callable[[Any], None], name: str | None = None
@@ -437,7 +438,7 @@ class _EventExit(Protocol):
     def submit(self, events: Iterable[Event], source: str) -> None: ...
 
 
-def attach(daemon: _FleetDaemon, config: DrainConfig) -> DrainController:
+def attach(daemon: FleetDaemonHooks, config: DrainConfig) -> DrainController:
     """Build the controller for ``ingero fleet`` (``drain.enabled``), listen to its ticks,
     publish decisions through Fleet's event exit point, and start the worker."""
     backend = make_backend(config.backend)

@@ -28,13 +28,14 @@ import math
 import threading
 import time
 from collections import OrderedDict
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
 
 from ingero.runtime.clock import Clock, SystemClock
 from ingero.schema.events import Event
 from ingero.slurm.backend import AccountingBackend, JobRecord, SlurmError
+from ingero.slurm.drain import FleetDaemonHooks
 from ingero.slurm.factory import make_backend
 from ingero.slurm.verdict import (
     JobTally,
@@ -257,19 +258,7 @@ class VerdictWriter:
         return outcome
 
 
-class _FleetDaemon(Protocol):
-    """What :func:`attach` needs of ``ingero.fleet.daemon.FleetDaemon``."""
-
-    def add_tick_listener(
-        self, listener: Callable[[Any], None], name: str | None = None
-    ) -> None: ...
-
-    def add_event_sink(
-        self, sink: Callable[[Sequence[Event]], None], name: str | None = None
-    ) -> None: ...
-
-
-def attach(daemon: _FleetDaemon, config: VerdictConfig) -> VerdictWriter:
+def attach(daemon: FleetDaemonHooks, config: VerdictConfig) -> VerdictWriter:
     """Build the writer for ``ingero fleet`` (``verdict.enabled``): every event Fleet
     publishes is folded, every tick says which jobs are still live; start the worker."""
     writer = VerdictWriter(config, make_backend(config.backend))

@@ -95,6 +95,15 @@ def case(request: pytest.FixtureRequest) -> Case:
     return request.param  # type: ignore[no-any-return]
 
 
+def use_env(cluster: SlurmCluster, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The cluster's Slurm environment in this process's (and its children's)."""
+    for key in ("SLURM_CONF", "PATH", "LD_LIBRARY_PATH"):
+        if key in cluster.env:
+            monkeypatch.setenv(key, cluster.env[key])
+        else:
+            monkeypatch.delenv(key, raising=False)
+
+
 @pytest.fixture
 def slurm(
     case: Case, clusters: dict[str, SlurmCluster], monkeypatch: pytest.MonkeyPatch
@@ -102,11 +111,7 @@ def slurm(
     """The case's cluster, every node idle and undrained, its environment in this process's
     (the backends run Slurm's commands, or pyslurm's worker, with it)."""
     cluster = clusters[case.release]
-    for key in ("SLURM_CONF", "PATH", "LD_LIBRARY_PATH"):
-        if key in cluster.env:
-            monkeypatch.setenv(key, cluster.env[key])
-        else:
-            monkeypatch.delenv(key, raising=False)
+    use_env(cluster, monkeypatch)
     if "slurmctld" not in cluster.procs or cluster.procs["slurmctld"].poll() is not None:
         cluster.start_controller()
     for node in cluster.node_names:

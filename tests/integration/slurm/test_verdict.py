@@ -36,7 +36,7 @@ from tests.integration.echo.helpers import EchoProcess
 from tests.integration.fleet.helpers import Fleet, start_fleet, wait_for
 from tests.integration.slurm import slurm25
 from tests.integration.slurm.cluster import MariaDb, SlurmCluster, slurm_cluster
-from tests.integration.slurm.test_backends import CASES, Case, _skip_reason
+from tests.integration.slurm.test_backends import CASES, Case, _skip_reason, use_env
 
 pytestmark = pytest.mark.integration
 
@@ -90,11 +90,7 @@ def slurm(
     """The case's cluster, its environment in this process's (Fleet and the commands the
     test runs inherit it)."""
     cluster = clusters[case.release]
-    for key in ("SLURM_CONF", "PATH", "LD_LIBRARY_PATH"):
-        if key in cluster.env:
-            monkeypatch.setenv(key, cluster.env[key])
-        else:
-            monkeypatch.delenv(key, raising=False)
+    use_env(cluster, monkeypatch)
     cluster.wait_idle()
     return cluster
 
