@@ -20,8 +20,8 @@ from ingero.cli.options import (
     seconds,
 )
 from ingero.cluster.fanout import Fanout, MergedRows
-from ingero.nodedb import snapshot as snapshot_file
-from ingero.nodedb.snapshot import describe
+from ingero.nodedb import sidefile
+from ingero.nodedb.sidefile import describe
 from ingero.runtime.errors import EXIT_OK, UsageError
 
 if TYPE_CHECKING:
@@ -129,7 +129,7 @@ def explain(ctx: click.Context, db_path: Path, window: str, job_id: str | None,
     in_phases = [phases_of(_signals(c), phases, end) for c in chains]
     sites = call_sites(site_data, limit=_TOP_SITES)
     # fleet-push's newest stack snapshot, if taken in the window or the one before it
-    stacks = snapshot_file.recent(db_path, end - 2 * window_s, job_id)
+    stacks = sidefile.recent(db_path, end - 2 * window_s, job_id)
     # Host and GPU rows are node-wide: with --job, a window without that job's calls is empty.
     empty = recent.empty or (job_id is not None and not recent.ops)
     if as_json:

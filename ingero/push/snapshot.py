@@ -41,7 +41,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
-from ingero.nodedb import snapshot as snapshot_file
+from ingero.nodedb import sidefile
 from ingero.nodedb.schema import SchemaError, connect
 from ingero.runtime.clock import Clock
 from ingero.schema.events import Event
@@ -454,7 +454,7 @@ class Snapshotter:
             self.emit(event)
             if self.keep is not None:
                 try:
-                    snapshot_file.write(self.keep, event.to_dict())
+                    sidefile.write(self.keep, event.to_dict())
                 except OSError as exc:
                     log.warning("cannot keep the stack snapshot beside %s: %s", self.keep, exc)
         except Exception:  # the thread's bug is logged; the agent goes on

@@ -1,4 +1,5 @@
-"""The node's newest stack snapshot, kept beside the node DB for ``ingero explain``.
+"""The node DB's side file: the node's newest stack snapshot, kept beside the DB for
+``ingero explain``.
 
 fleet-push sends each ``stack_snapshot`` event on its channels and also writes it, whole,
 to ``<node DB>-snapshot.json`` (the way SQLite names its own ``-wal`` beside the DB), so
