@@ -26,8 +26,8 @@ import time
 from pathlib import Path
 
 from ingero.nodedb.schema import connect
+from ingero.nodedb.writer import Batch, write_batch
 from ingero.schema.stacks import Frame, Stack
-from ingero.trace.writer import Batch, write_batch
 from tests.unit.stack_dbs import downgrade_to_v3
 
 T0 = 1_700_000_000.0

@@ -21,9 +21,9 @@ import time
 from pathlib import Path
 
 from ingero.nodedb.schema import connect
+from ingero.nodedb.writer import Batch, write_batch
 from ingero.trace.aggregate import Tags
 from ingero.trace.collectives import Collectives
-from ingero.trace.writer import Batch, write_batch
 
 CALL_S = 20e-6
 

@@ -24,9 +24,9 @@ from pathlib import Path
 
 from ingero.collectors.nvml import GpuReading, NvmlReading
 from ingero.nodedb.schema import connect
+from ingero.nodedb.writer import Batch, write_batch
 from ingero.schema import healthstate
 from ingero.trace.gpusampler import reading_rows
-from ingero.trace.writer import Batch, write_batch
 
 REPO = Path(__file__).resolve().parents[1]
 INGERO = Path(sys.executable).with_name("ingero")

@@ -89,8 +89,8 @@ def serve(
     from ingero.annotate.server import Annotations, Take, listen, log_counts
     from ingero.annotate.server import serve as serve_socket
     from ingero.cli.trace import parse_size
+    from ingero.nodedb.writer import Batch, NodeDbWriter
     from ingero.runtime.clock import SystemClock
-    from ingero.trace.writer import Batch, NodeDbWriter
 
     ignore_hangups("annotate", "nothing to reload")
     given: dict[str, Any] = {k: v for k, v in limit_values.items() if v is not None}

@@ -15,12 +15,12 @@ from typing import Protocol
 
 import click
 
+from ingero.nodedb.writer import Batch
 from ingero.runtime.clock import Clock, SystemClock
 from ingero.runtime.errors import UnavailableError
 from ingero.runtime.hangup import ignore_hangups
 from ingero.runtime.signals import stop_on_signals
 from ingero.trace.gpusampler import GpuRows
-from ingero.trace.writer import Batch
 
 
 class RowSource(Protocol):
@@ -81,8 +81,8 @@ def gpu_sample(db_path: Path, interval: float, max_db: str | None) -> int:
     import sdnotify
 
     from ingero.cli.trace import parse_size
+    from ingero.nodedb.writer import NodeDbWriter
     from ingero.trace.gpusampler import default_sampler
-    from ingero.trace.writer import NodeDbWriter
 
     max_bytes = parse_size(max_db) if max_db else None
     clock = SystemClock()

@@ -76,6 +76,7 @@ def trace(
 ) -> int:
     """Trace CUDA, NCCL and host events into the node DB (needs root or CAP_BPF+CAP_PERFMON)."""
     ignore_hangups("trace", "nothing to reload; restart to change probes or options")
+    from ingero.nodedb.writer import NodeDbWriter
     from ingero.trace.bccload import BccUnavailable
     from ingero.trace.collectives import Collectives
     from ingero.trace.gpusampler import default_sampler
@@ -83,7 +84,6 @@ def trace(
     from ingero.trace.stacks import StackResolver
     from ingero.trace.tags import TagCache
     from ingero.trace.tracer import Tracer, system_libraries
-    from ingero.trace.writer import NodeDbWriter
 
     max_bytes = parse_size(max_db) if max_db else None
     if pid is not None and not Path(f"/proc/{pid}").exists():

@@ -17,13 +17,12 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from ingero.collectors import engines as ce
+from ingero.nodedb.writer import ENGINES_SCHEMA, NoEnginesTable, record_engines
 from ingero.otlp.health import INFERENCE_STEP_RATE, INFERENCE_TOKEN_RATE
 from ingero.runtime.clock import Clock
 
 log = logging.getLogger(__name__)
 
-# The node DB's schema version that has the ``engines`` table (ingero.nodedb.schema).
-ENGINES_SCHEMA = 5
 # Per-process state is kept for at most this many servers (a node runs a handful).
 MAX_ENGINES = 64
 # The node DB keeps the rows of this many servers, the most recently seen (servers that
@@ -170,40 +169,14 @@ class EngineWatcher:
             for pid, s in self.seen.items()
         ]
         try:
-            # Never created or migrated from here: the tracer owns the node DB's schema.
-            conn = sqlite3.connect(f"file:{self.db_path}?mode=rw", uri=True, timeout=0.5)
+            record_engines(self.db_path, rows, MAX_ENGINE_ROWS)
+        except NoEnginesTable as exc:
+            self._once(
+                f"{self.db_path}: node DB version {exc.version} has no engines table "
+                f"(version {ENGINES_SCHEMA}); inference servers are not recorded"
+            )
         except sqlite3.Error as exc:
             self._once(f"cannot record inference servers in {self.db_path}: {exc}")
-            return
-        try:
-            version = int(conn.execute("PRAGMA user_version").fetchone()[0])
-            if version < ENGINES_SCHEMA:
-                self._once(
-                    f"{self.db_path}: node DB version {version} has no engines table "
-                    f"(version {ENGINES_SCHEMA}); inference servers are not recorded"
-                )
-                return
-            with conn:
-                conn.executemany(
-                    "INSERT INTO engines (pid, engine, model, role, service, metrics_url,"
-                    " job_id, rank, first_seen, last_seen) VALUES (?,?,?,?,?,?,?,?,?,?)"
-                    " ON CONFLICT(pid) DO UPDATE SET engine=excluded.engine,"
-                    " model=excluded.model, role=excluded.role, service=excluded.service,"
-                    " metrics_url=excluded.metrics_url, job_id=excluded.job_id,"
-                    " rank=excluded.rank, last_seen=excluded.last_seen,"
-                    " first_seen=CASE WHEN engines.engine = excluded.engine"
-                    " THEN engines.first_seen ELSE excluded.first_seen END",
-                    rows,
-                )
-                conn.execute(
-                    "DELETE FROM engines WHERE pid NOT IN"
-                    " (SELECT pid FROM engines ORDER BY last_seen DESC LIMIT ?)",
-                    (MAX_ENGINE_ROWS,),
-                )
-        except sqlite3.Error as exc:
-            self._once(f"cannot record inference servers in {self.db_path}: {exc}")
-        finally:
-            conn.close()
 
     def _once(self, message: str) -> None:
         if message not in self.logged and len(self.logged) < 256:

@@ -9,6 +9,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
 
+from ingero.nodedb.writer import Batch
 from ingero.runtime.clock import Clock
 from ingero.schema.stacks import Stack
 from ingero.trace.aggregate import Snapshot, diff_hist, host_row, interval_rows, stream_rows
@@ -19,7 +20,6 @@ from ingero.trace.ops import CUDA, CUDART, NCCL
 from ingero.trace.procmaps import DEFAULT_PROC, LibraryFile, scan, unique_libraries
 from ingero.trace.stacks import StackResolver
 from ingero.trace.tags import TagCache
-from ingero.trace.writer import Batch
 
 EMPTY = Snapshot({}, {}, {})
 # The samples a tick reads before it closes the interval: bounded, so a flood of samples

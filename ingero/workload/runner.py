@@ -26,13 +26,13 @@ import os
 import random
 import signal
 import socket
-import sqlite3
 import time
 from dataclasses import dataclass, replace
 from pathlib import Path
 from types import FrameType
 
 from ingero.nodedb.schema import connect
+from ingero.nodedb.writer import Batch, delete_before, insert_batch, replace_process
 from ingero.runtime.clock import Clock, SystemClock
 from ingero.runtime.signals import SignalEvent, StopSignals
 from ingero.slurm.jobfile import JobInfo, check_job_id, remove_job, write_job
@@ -41,6 +41,7 @@ from ingero.workload.generator import CAUSES, WorkloadGenerator, WorkloadProfile
 log = logging.getLogger(__name__)
 
 RETAIN_S = 600.0  # rows older than this are deleted so a long demo keeps a small DB
+RETAINED = ("intervals", "gpu_intervals", "gpu_processes", "host_intervals", "stream_intervals")
 # What the synthetic inference servers serve.
 SERVED_MODEL = "llama-3.1-8b"
 
@@ -272,7 +273,8 @@ class WorkloadRunner:
         stalled = False
         try:
             last = self.clock.now()
-            db.table("processes").upsert(
+            replace_process(
+                db,
                 {
                     "pid": profile.pid,
                     "comm": "ingero-workload",
@@ -282,7 +284,6 @@ class WorkloadRunner:
                     "first_seen": last,
                     "last_seen": last,
                 },
-                pk="pid",
             )
             deadline = None if duration_s is None else time.monotonic() + duration_s
             next_tick = time.monotonic() + self.interval_s
@@ -314,13 +315,18 @@ class WorkloadRunner:
                 if self.late and self.stop_event.wait(self._late_rng.uniform(0, self.late)):
                     break
                 with db.conn:
-                    db.table("intervals").insert_all(rows.intervals)
-                    db.table("gpu_intervals").insert_all(rows.gpu_intervals)
-                    db.table("gpu_processes").insert_all(rows.gpu_processes)
-                    db.table("host_intervals").insert_all(rows.host_intervals)
-                    db.table("stream_intervals").insert_all(rows.stream_intervals)
+                    insert_batch(
+                        db,
+                        Batch(
+                            intervals=rows.intervals,
+                            gpu_intervals=rows.gpu_intervals,
+                            gpu_processes=rows.gpu_processes,
+                            host_intervals=rows.host_intervals,
+                            stream_intervals=rows.stream_intervals,
+                        ),
+                    )
                     if ticks % 20 == 0:
-                        self._retain(db.conn, now - RETAIN_S)
+                        delete_before(db, now - RETAIN_S, RETAINED)
                 ticks += 1
                 if deadline is not None and time.monotonic() >= deadline:
                     break
@@ -329,17 +335,6 @@ class WorkloadRunner:
             if self.jobs_dir is not None and self.job is not None:
                 remove_job(self.jobs_dir, self.job.job_id)
         return ticks
-
-    @staticmethod
-    def _retain(conn: sqlite3.Connection, cutoff: float) -> None:
-        for table in (
-            "intervals",
-            "gpu_intervals",
-            "gpu_processes",
-            "host_intervals",
-            "stream_intervals",
-        ):
-            conn.execute(f"DELETE FROM {table} WHERE ts_end < ?", (cutoff,))
 
     def install_signals(self) -> None:
         signal.signal(signal.SIGUSR1, self.toggle)

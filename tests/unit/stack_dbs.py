@@ -13,8 +13,8 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from ingero.nodedb.schema import connect
+from ingero.nodedb.writer import Batch, write_batch
 from ingero.schema.stacks import Frame, Stack
-from ingero.trace.writer import Batch, write_batch
 
 
 def py(function: str, file: str, line: int) -> Frame:

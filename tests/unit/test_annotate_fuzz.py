@@ -28,8 +28,8 @@ from ingero.annotate.codec import (
 )
 from ingero.annotate.server import Annotations, ServerLimits, Writer
 from ingero.nodedb.schema import connect
+from ingero.nodedb.writer import Batch, write_batch
 from ingero.runtime.clock import ManualClock
-from ingero.trace.writer import Batch, write_batch
 
 # Text as JSON can spell it: any code point, lone surrogates (\ud800) often.
 chars = st.one_of(

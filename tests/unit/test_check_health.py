@@ -17,10 +17,10 @@ from ingero.check.health import HealthConfig, judge
 from ingero.cli.main import main
 from ingero.collectors.nvml import GpuReading, NvmlReading
 from ingero.nodedb.schema import connect
+from ingero.nodedb.writer import Batch, write_batch
 from ingero.schema import healthstate
 from ingero.schema.healthstate import HealthState, IdleGpus, StateError, Straggler
 from ingero.trace.gpusampler import reading_rows
-from ingero.trace.writer import Batch, write_batch
 
 NOW = 1_800_000_000.0
 CFG = HealthConfig()  # episode_age 10 m, gpu_window 15 m, XIDs 13,31,43,45 ignored

@@ -270,7 +270,7 @@ def test_an_nccl_op_without_stacked_raw_events_takes_its_sites_from_nccl_calls(
 ) -> None:
     from ingero.explain import reader
     from ingero.nodedb.schema import connect
-    from ingero.trace.writer import Batch, write_batch
+    from ingero.nodedb.writer import Batch, write_batch
 
     hung = Stack((py("step", MODEL, 200),))
     db = real_db(tmp_path / "n.db")

@@ -11,8 +11,8 @@ from ingero.explain.analysis import explain
 from ingero.explain.hung import HUNG_MIN_S, hung_findings
 from ingero.explain.reader import read_in_flight, read_window_data
 from ingero.nodedb.schema import connect
+from ingero.nodedb.writer import Batch, write_batch
 from ingero.schema.stacks import Frame, Stack
-from ingero.trace.writer import Batch, write_batch
 
 COMM = "00000000000000ab"
 LINE = Stack((Frame("py", function="all_reduce", file="/job/train.py", line=88),))

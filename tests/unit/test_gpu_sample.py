@@ -14,10 +14,10 @@ from ingero.cli.gpu_sample import run_loop
 from ingero.cli.main import main
 from ingero.collectors.nvml import NvmlReader
 from ingero.nodedb.schema import connect
+from ingero.nodedb.writer import NodeDbWriter
 from ingero.runtime.clock import ManualClock
 from ingero.trace.gpusampler import GpuSampler
 from ingero.trace.tags import TagCache
-from ingero.trace.writer import NodeDbWriter
 from tests.unit.fake_pynvml import Fail, FakeNvml, healthy_h100
 
 

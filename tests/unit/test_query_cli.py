@@ -70,7 +70,7 @@ def test_table_since_limit_as_csv(node_db: Path, capsys: pytest.CaptureFixture[s
 
 def test_nccl_tables_are_queryable(node_db: Path, capsys: pytest.CaptureFixture[str]) -> None:
     from ingero.nodedb.schema import connect
-    from ingero.trace.writer import Batch, write_batch
+    from ingero.nodedb.writer import Batch, write_batch
 
     db = connect(node_db)
     row = {"ts": time.time(), "pid": 1, "job_id": "7", "rank": 0, "comm_hash": "00000000000000ab",
@@ -90,7 +90,7 @@ def test_nccl_tables_are_queryable(node_db: Path, capsys: pytest.CaptureFixture[
 
 def test_stream_rows_are_queryable(node_db: Path, capsys: pytest.CaptureFixture[str]) -> None:
     from ingero.nodedb.schema import connect
-    from ingero.trace.writer import Batch, write_batch
+    from ingero.nodedb.writer import Batch, write_batch
 
     db = connect(node_db)
     row = {"ts_start": time.time() - 1, "ts_end": time.time(), "pid": 1, "job_id": None,

@@ -6,6 +6,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from ingero.nodedb.writer import Batch
 from ingero.runtime.clock import ManualClock
 from ingero.trace.aggregate import Snapshot, StatVal, slot_of
 from ingero.trace.decode import (
@@ -20,7 +21,6 @@ from ingero.trace.ops import OP_IDS
 from ingero.trace.procmaps import LibraryFile
 from ingero.trace.tags import TagCache
 from ingero.trace.tracer import Tracer, system_libraries
-from ingero.trace.writer import Batch
 
 OP = OP_IDS["cudaLaunchKernel"]
 
@@ -183,8 +183,8 @@ def test_every_tick_writes_a_gpu_row_per_gpu_with_its_processes_job(tmp_path: Pa
 
     from ingero.collectors.nvml import NvmlReader
     from ingero.nodedb.schema import connect
+    from ingero.nodedb.writer import write_batch
     from ingero.trace.gpusampler import GpuSampler
-    from ingero.trace.writer import write_batch
     from tests.unit.fake_pynvml import FakeNvml, healthy_h100
 
     (tmp_path / "proc" / "4242").mkdir(parents=True)

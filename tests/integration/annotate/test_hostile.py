@@ -14,11 +14,11 @@ import sys
 from pathlib import Path
 
 import pytest
+from ingero.collectors.nodedb import read_latest
 
 from ingero.annotate.codec import decode_refusal
-from ingero.collectors.nodedb import read_latest
+from ingero.nodedb.writer import Batch, NodeDbWriter
 from ingero.slurm.jobfile import JobInfo, write_job
-from ingero.trace.writer import Batch, NodeDbWriter
 from tests.integration.annotate.helpers import ROOT, Server, annotate_server
 from tests.integration.annotate.hostile import (
     PYTHON,

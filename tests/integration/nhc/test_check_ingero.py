@@ -18,8 +18,8 @@ from pathlib import Path
 import pytest
 
 from ingero.collectors.nvml import GpuReading, NvmlReading
+from ingero.nodedb.writer import Batch, NodeDbWriter
 from ingero.trace.gpusampler import reading_rows
-from ingero.trace.writer import Batch, NodeDbWriter
 from tests.integration.nhc.nhc import Nhc, install, missing_reason
 from tests.integration.push.cluster import Cluster, Procs, free_port, wait_for
 

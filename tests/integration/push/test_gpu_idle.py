@@ -18,9 +18,9 @@ from typing import Any
 import pytest
 
 from ingero.collectors.nvml import GpuProcess, GpuReading, NvmlReading
+from ingero.nodedb.writer import Batch, NodeDbWriter
 from ingero.slurm.jobfile import JobInfo, write_job
 from ingero.trace.gpusampler import reading_rows
-from ingero.trace.writer import Batch, NodeDbWriter
 from tests.integration.echo.helpers import EchoProcess, http
 from tests.integration.fleet.test_prometheus import promtool_check
 from tests.integration.push.cluster import Cluster, Procs, wait_for, with_echo

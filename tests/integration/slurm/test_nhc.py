@@ -21,11 +21,11 @@ import pytest
 
 from ingero.collectors.nvml import GpuReading, NvmlReading
 from ingero.nodedb.schema import connect
+from ingero.nodedb.writer import Batch, write_batch
 from ingero.slurm.backend import NodeInfo
 from ingero.slurm.drain_policy import DrainConfig
 from ingero.slurm.scontrol_backend import ScontrolBackend
 from ingero.trace.gpusampler import reading_rows
-from ingero.trace.writer import Batch, write_batch
 from tests.integration.nhc.nhc import install
 from tests.integration.nhc.nhc import missing_reason as nhc_missing
 from tests.integration.slurm.cluster import SlurmCluster, missing_reason, slurm_cluster

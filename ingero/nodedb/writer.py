@@ -1,8 +1,15 @@
-"""The node DB writer: one thread owns the connection (WAL), writes batches, bounds the size.
+"""The node DB's one writer: every row ingero writes to a node DB is written here.
 
-Everything the tracer produces in one interval is one batch, written in one transaction.
-When the live data (pages in use, not the file length: freed pages are reused) exceeds
-``max_bytes``, the oldest rows of every table are deleted until it fits again.
+:class:`NodeDbWriter` (``ingero trace``, ``ingero annotate``, ``ingero gpu-sample``): one
+thread owns the connection (WAL), writes batches, bounds the size. Everything the tracer
+produces in one interval is one batch, written in one transaction. When the live data
+(pages in use, not the file length: freed pages are reused) exceeds ``max_bytes``, the
+oldest rows of every table are deleted until it fits again.
+
+:func:`record_engines` (``ingero fleet-push``): the node's inference servers, into a node
+DB the tracer made (it never creates or migrates one). :func:`insert_batch`,
+:func:`replace_process` and :func:`delete_before`: the synthetic workload's writes
+(``ingero workload``), in its own transactions.
 """
 
 from __future__ import annotations
@@ -86,51 +93,56 @@ def used_bytes(db: sqlite_utils.Database) -> int:
 
 def write_batch(db: sqlite_utils.Database, batch: Batch) -> int:
     """Insert one batch in one transaction; returns the number of rows written."""
-    n = 0
     # atomic(), not ``with db.conn``: sqlite-utils' insert_all commits its own transaction
     # when none is open, so a batch failing half-way kept its first tables (and a retry
     # wrote them twice). Inside atomic() its inserts are savepoints of this one.
     with db.atomic():
-        for table in _INSERTED:
-            rows = list(getattr(batch, table))
-            if rows:
-                db.table(table).insert_all(rows)
-                n += len(rows)
-        if batch.processes:
-            db.conn.executemany(
-                "INSERT INTO processes (pid, comm, exe, job_id, rank, first_seen, last_seen) "
-                "VALUES (:pid, :comm, :exe, :job_id, :rank, :first_seen, :last_seen) "
-                "ON CONFLICT(pid) DO UPDATE SET last_seen = excluded.last_seen, "
-                "job_id = COALESCE(excluded.job_id, job_id), "
-                "rank = COALESCE(excluded.rank, rank)",
-                list(batch.processes),
-            )
-            n += len(batch.processes)
-        if batch.stacks:
-            db.conn.executemany(
-                "INSERT INTO stacks (stack_key, frames, first_seen, last_seen) "
-                "VALUES (:stack_key, :frames, :first_seen, :last_seen) "
-                "ON CONFLICT(stack_key) DO UPDATE SET "
-                "last_seen = MAX(last_seen, excluded.last_seen)",
-                list(batch.stacks),
-            )
-            n += len(batch.stacks)
-        if batch.mark_ends:
-            db.conn.executemany(
-                "UPDATE marks SET ts_end = :ts_end WHERE pid = :pid AND kind = 'phase' "
-                "AND name = :name AND ts_start = :ts_start AND ts_end IS NULL",
-                list(batch.mark_ends),
-            )
-            n += len(batch.mark_ends)
-        if batch.nccl_returns:
-            # (comm_hash, seq) is indexed; pid and the arrival time pin the one row.
-            db.conn.executemany(
-                "UPDATE nccl_calls SET ts_return = :ts_return, ret = :ret "
-                "WHERE comm_hash = :comm_hash AND seq = :seq AND pid = :pid "
-                "AND ts_enter = :ts_enter AND ts_return IS NULL",
-                list(batch.nccl_returns),
-            )
-            n += len(batch.nccl_returns)
+        return insert_batch(db, batch)
+
+
+def insert_batch(db: sqlite_utils.Database, batch: Batch) -> int:
+    """Insert one batch in the caller's transaction; returns the number of rows written."""
+    n = 0
+    for table in _INSERTED:
+        rows = list(getattr(batch, table))
+        if rows:
+            db.table(table).insert_all(rows)
+            n += len(rows)
+    if batch.processes:
+        db.conn.executemany(
+            "INSERT INTO processes (pid, comm, exe, job_id, rank, first_seen, last_seen) "
+            "VALUES (:pid, :comm, :exe, :job_id, :rank, :first_seen, :last_seen) "
+            "ON CONFLICT(pid) DO UPDATE SET last_seen = excluded.last_seen, "
+            "job_id = COALESCE(excluded.job_id, job_id), "
+            "rank = COALESCE(excluded.rank, rank)",
+            list(batch.processes),
+        )
+        n += len(batch.processes)
+    if batch.stacks:
+        db.conn.executemany(
+            "INSERT INTO stacks (stack_key, frames, first_seen, last_seen) "
+            "VALUES (:stack_key, :frames, :first_seen, :last_seen) "
+            "ON CONFLICT(stack_key) DO UPDATE SET "
+            "last_seen = MAX(last_seen, excluded.last_seen)",
+            list(batch.stacks),
+        )
+        n += len(batch.stacks)
+    if batch.mark_ends:
+        db.conn.executemany(
+            "UPDATE marks SET ts_end = :ts_end WHERE pid = :pid AND kind = 'phase' "
+            "AND name = :name AND ts_start = :ts_start AND ts_end IS NULL",
+            list(batch.mark_ends),
+        )
+        n += len(batch.mark_ends)
+    if batch.nccl_returns:
+        # (comm_hash, seq) is indexed; pid and the arrival time pin the one row.
+        db.conn.executemany(
+            "UPDATE nccl_calls SET ts_return = :ts_return, ret = :ret "
+            "WHERE comm_hash = :comm_hash AND seq = :seq AND pid = :pid "
+            "AND ts_enter = :ts_enter AND ts_return IS NULL",
+            list(batch.nccl_returns),
+        )
+        n += len(batch.nccl_returns)
     return n
 
 
@@ -272,3 +284,59 @@ class NodeDbWriter:
             except sqlite3.Error as exc:
                 self.stats.errors += 1
                 self.stats.last_error = f"{self.path}: prune: {exc}"
+
+
+def replace_process(db: sqlite_utils.Database, row: dict[str, object]) -> None:
+    """Write one ``processes`` row whole (keyed by pid): the synthetic workload's process,
+    which a run on the same DB starts afresh."""
+    db.table("processes").upsert(row, pk="pid")
+
+
+def delete_before(db: sqlite_utils.Database, cutoff: float, tables: Sequence[str]) -> None:
+    """Delete the rows of ``tables`` (interval tables: placed by ``ts_end``) that end before
+    ``cutoff``, in the caller's transaction."""
+    for table in tables:
+        db.conn.execute(f"DELETE FROM {table} WHERE ts_end < ?", (cutoff,))
+
+
+# The node DB's schema version that has the ``engines`` table (ingero.nodedb.schema).
+ENGINES_SCHEMA = 5
+
+
+class NoEnginesTable(Exception):
+    """The node DB predates the ``engines`` table (its schema ``version``)."""
+
+    def __init__(self, version: int) -> None:
+        super().__init__(version)
+        self.version = version
+
+
+def record_engines(db_path: Path, rows: Sequence[tuple[object, ...]], keep: int) -> None:
+    """Refresh one ``engines`` row per server (pid, engine, model, role, service,
+    metrics_url, job_id, rank, first_seen, last_seen) and keep the ``keep`` most recently
+    seen. The node DB is opened to write, never created or migrated: the tracer owns its
+    schema. Raises sqlite3.Error, or NoEnginesTable below ENGINES_SCHEMA."""
+    conn = sqlite3.connect(f"file:{db_path}?mode=rw", uri=True, timeout=0.5)
+    try:
+        version = int(conn.execute("PRAGMA user_version").fetchone()[0])
+        if version < ENGINES_SCHEMA:
+            raise NoEnginesTable(version)
+        with conn:
+            conn.executemany(
+                "INSERT INTO engines (pid, engine, model, role, service, metrics_url,"
+                " job_id, rank, first_seen, last_seen) VALUES (?,?,?,?,?,?,?,?,?,?)"
+                " ON CONFLICT(pid) DO UPDATE SET engine=excluded.engine,"
+                " model=excluded.model, role=excluded.role, service=excluded.service,"
+                " metrics_url=excluded.metrics_url, job_id=excluded.job_id,"
+                " rank=excluded.rank, last_seen=excluded.last_seen,"
+                " first_seen=CASE WHEN engines.engine = excluded.engine"
+                " THEN engines.first_seen ELSE excluded.first_seen END",
+                rows,
+            )
+            conn.execute(
+                "DELETE FROM engines WHERE pid NOT IN"
+                " (SELECT pid FROM engines ORDER BY last_seen DESC LIMIT ?)",
+                (keep,),
+            )
+    finally:
+        conn.close()

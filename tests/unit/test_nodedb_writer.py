@@ -8,7 +8,7 @@ from pathlib import Path
 import sqlite_utils
 
 from ingero.nodedb.schema import SCHEMA_VERSION, connect
-from ingero.trace.writer import Batch, NodeDbWriter, prune, used_bytes, write_batch
+from ingero.nodedb.writer import Batch, NodeDbWriter, prune, used_bytes, write_batch
 
 
 def _interval(ts: float, pid: int = 1) -> dict[str, object]:
