@@ -14,7 +14,7 @@ noise on every rate, each interval's rows written a random 0..``--late`` s after
 Each node's tracer and agent
 start at their own moment, and the agent pushes every ``--push-interval`` x (1 ±
 ``--push-jitter``). At each push the node's window is placed and interpreted by the same
-code as fleet-push (``ingero.collectors.nodedb``: ``window_start``, ``nothing_new``,
+code as fleet-push (``ingero.nodedb.window``: ``window_start``, ``nothing_new``,
 ``aggregate_window``) over the rows written by then, and scored by fleet-push's own sampler (``NodeSampler.evaluate``: node state, stall,
 baselines, GPU health, score); the pushes go to Fleet's threshold engine (``FleetState``),
 and each node classifies itself with its detection selector and hysteresis classifier
@@ -75,15 +75,15 @@ from functools import cache
 from pathlib import Path
 from typing import ClassVar
 
-from ingero.collectors.nodedb import (
+from ingero.fleet.config import FleetConfig, ThresholdConfig
+from ingero.fleet.state import FleetState
+from ingero.nodedb.window import (
     LOOKBACK_WINDOWS,
     WindowAggregates,
     aggregate_window,
     nothing_new,
     window_start,
 )
-from ingero.fleet.config import FleetConfig, ThresholdConfig
-from ingero.fleet.state import FleetState
 from ingero.otlp.health import NodePush
 from ingero.otlp.threshold import ThresholdView
 from ingero.push.classifier import Classifier, Observation

@@ -13,8 +13,8 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
-from ingero.collectors.nodedb import read_window
 from ingero.nodedb.schema import connect
+from ingero.nodedb.window import read_window
 from ingero.push.sampler import NodeSampler
 from ingero.push.score import ScoreConfig, ScoreInputs, compute_score
 from ingero.runtime.clock import ManualClock

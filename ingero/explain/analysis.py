@@ -13,7 +13,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any, Final
 
-from ingero.collectors.nodedb import GRAPH_LAUNCH_OPS, LAUNCH_OPS, STEP_OPS, SYNC_OPS
+from ingero.nodedb.ops import GRAPH_LAUNCH_OPS, LAUNCH_OPS, STEP_OPS, SYNC_OPS
 
 # Below this many calls a percentile says little; such ops are listed but not compared.
 MIN_CALLS: Final = 10

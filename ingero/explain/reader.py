@@ -1,7 +1,7 @@
 """Read one window of the node DB into plain values for the analysis (read-only connection).
 
 A window holds the rows whose ``ts_end`` lies in ``(end - window, end]``, as in
-``ingero.collectors.nodedb``; GPU busy fractions come from that module's ``read_window`` so
+``ingero.nodedb.window``; GPU busy fractions come from that module's ``read_window`` so
 ``explain`` and ``fleet-push`` measure the GPU the same way.
 """
 
@@ -16,7 +16,6 @@ from pathlib import Path
 import sqlite_utils
 
 from ingero import nodedb
-from ingero.collectors.nodedb import NodeDbUnavailable, read_window
 from ingero.collectors.nvml import DEGRADING_THROTTLE, throttle_names
 from ingero.explain.analysis import GpuStats, HostStats, OpStats, ProcessInfo, WindowData
 from ingero.explain.callsites import OpTotal, SampledTotal, SiteData, SiteSample
@@ -32,6 +31,7 @@ from ingero.explain.hung import MAX_HUNG, InFlight, RankState
 from ingero.explain.phases import MAX_PHASES, Phase
 from ingero.nodedb.schema import ANNOTATE_SOURCE, SCHEMA_VERSION, SchemaError, connect
 from ingero.nodedb.schema import version as schema_version
+from ingero.nodedb.window import NodeDbUnavailable, read_window
 from ingero.runtime.errors import EXIT_DATAERR, IngeroError, UnavailableError
 from ingero.schema.stacks import Stack, StackError, loads
 

@@ -25,8 +25,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any, Final
 
-from ingero.collectors.nodedb import GpuWindow
 from ingero.collectors.nvml import DEGRADING_THROTTLE, throttle_names
+from ingero.nodedb.window import GpuWindow
 from ingero.push.score import GpuHealthConfig
 from ingero.schema.events import Event, new_event_id
 

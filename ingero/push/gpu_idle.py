@@ -31,7 +31,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Final, Literal
 
-from ingero.collectors.nodedb import GpuWindow
+from ingero.nodedb.window import GpuWindow
 from ingero.schema.events import Event, new_event_id
 from ingero.slurm.jobfile import JobInfo
 
@@ -115,7 +115,7 @@ def held_jobs(jobs: Sequence[JobInfo], cgroups: Mapping[str, bool] | None) -> li
 
 
 def gpu_uses(gpus: Mapping[int, GpuWindow], launch_pids: Iterable[int]) -> dict[int, GpuUse]:
-    """What one node DB window says of each GPU's use (``ingero.collectors.nodedb``)."""
+    """What one node DB window says of each GPU's use (``ingero.nodedb.window``)."""
     launched = set(launch_pids)
     return {
         index: GpuUse(g.busy, len(g.pids), any(p in launched for p in g.pids))

@@ -4,7 +4,7 @@ The thin I/O shell around the pure score, baseline and state logic; the push age
 ``NodeSampler.sample()`` once per push interval.
 
 Each sample judges the tracer intervals written since the last one
-(``ingero.collectors.nodedb.read_latest``), not the wall-clock time since the last push.
+(``ingero.nodedb.window.read_latest``), not the wall-clock time since the last push.
 Where the tracer wrote nothing new the sample holds: the node keeps its state and pushes its
 last measurement again (``held``), logged once; silent past ``score.stale_after`` (and 3 of
 its own intervals) the node is ``stale``. A node whose job runs but launches nothing is held
@@ -21,8 +21,8 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 
 from ingero.collectors.gpu import GpuQuery, GpuStatus, NoGpu
-from ingero.collectors.nodedb import NodeDbUnavailable, WindowAggregates, read_latest
 from ingero.collectors.procfs import ProcfsError, ProcReader
+from ingero.nodedb.window import NodeDbUnavailable, WindowAggregates, read_latest
 from ingero.otlp.collectives import CommReport
 from ingero.otlp.health import (
     GRAPH_LAUNCH_RATE,

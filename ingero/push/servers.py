@@ -29,7 +29,7 @@ from __future__ import annotations
 from collections.abc import Collection, Mapping
 from dataclasses import dataclass
 
-from ingero.collectors.nodedb import StreamWindow
+from ingero.nodedb.window import StreamWindow
 from ingero.push.baseline import EmaBaseline
 from ingero.push.engines import MAX_ENGINES
 from ingero.push.streams import decode_steps

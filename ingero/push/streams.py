@@ -20,7 +20,7 @@ import math
 from collections.abc import Collection, Mapping
 from dataclasses import dataclass
 
-from ingero.collectors.nodedb import StreamWindow
+from ingero.nodedb.window import StreamWindow
 from ingero.trace.aggregate import NSLOTS, slot_bounds
 
 # Two modes whose mean step times are at least this far apart are prefill and decode; closer

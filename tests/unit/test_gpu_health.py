@@ -6,7 +6,7 @@ from typing import Any
 
 import pytest
 
-from ingero.collectors.nodedb import GpuWindow
+from ingero.nodedb.window import GpuWindow
 from ingero.push.gpu_health import GpuHealthTracker, gpu_events
 from ingero.push.score import GpuHealthConfig
 from ingero.schema.events import MESSAGE_IDS, Event

@@ -9,8 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from ingero.collectors.nodedb import aggregate_window
 from ingero.collectors.nvml import GpuProcess, GpuReading, NvmlReading
+from ingero.nodedb.window import aggregate_window
 from ingero.push.gpu_idle import GpuIdleDetector, HeldJob, gpu_uses, held_jobs, idle_events
 from ingero.schema.events import MESSAGE_IDS, Event
 from ingero.slurm.jobcgroup import job_cgroups

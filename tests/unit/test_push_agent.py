@@ -15,7 +15,7 @@ from opentelemetry.proto.collector.metrics.v1.metrics_service_pb2 import (
     ExportMetricsServiceRequest,
 )
 
-from ingero.collectors.nodedb import GpuWindow, WindowAggregates
+from ingero.nodedb.window import GpuWindow, WindowAggregates
 from ingero.otlp.health import decode_health
 from ingero.otlp.threshold import ENTER_INTERVALS, EXIT_INTERVALS, ThresholdView
 from ingero.push.agent import Agent, Identity

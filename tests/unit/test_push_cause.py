@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from ingero.collectors.nodedb import read_latest
+from ingero.nodedb.window import read_latest
 from ingero.push.cause import RETRANSMITS_PER_S, node_cause_class
 from ingero.push.gpu_health import GpuHealthTracker
 from ingero.push.score import GpuHealthConfig

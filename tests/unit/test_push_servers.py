@@ -221,7 +221,7 @@ def test_many_short_lived_servers_and_streams_stay_bounded() -> None:
 
 
 def test_measure_takes_the_decode_stream_else_the_syncs() -> None:
-    from ingero.collectors.nodedb import StreamWindow
+    from ingero.nodedb.window import StreamWindow
 
     streams = {(11, "a"): StreamWindow(100, 300, 100, 100 * 10 * MS, {slot_of(10 * MS): 100})}
     got = measure(streams, {11: 100, 21: 50, 31: 0}, 2.0, {1: {1, 11}, 2: {2, 21}, 3: {3, 31}})
@@ -427,7 +427,7 @@ def test_a_decode_stream_holds_its_lead_against_a_close_second() -> None:
     """Two streams of one server with close sync counts that trade the lead window by
     window: the server keeps its first decode stream, so its baseline warms and judges;
     a stream with clearly more syncs (past SWITCH_MARGIN) takes over."""
-    from ingero.collectors.nodedb import StreamWindow
+    from ingero.nodedb.window import StreamWindow
 
     def window(a: int, b: int) -> dict[tuple[int, str], StreamWindow]:
         return {

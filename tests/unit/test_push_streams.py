@@ -12,7 +12,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from ingero.collectors.nodedb import StreamWindow, aggregate_window, read_latest
+from ingero.nodedb.window import StreamWindow, aggregate_window, read_latest
 from ingero.otlp.health import INFERENCE_STEP_RATE
 from ingero.push.sampler import NodeSample
 from ingero.push.streams import SPLIT_RATIO, decode_step_rate, decode_stream, split_steps

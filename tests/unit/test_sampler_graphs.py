@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from ingero.collectors.nodedb import aggregate_window
+from ingero.nodedb.window import aggregate_window
 from ingero.push.sampler import NodeSample, NodeSampler
 from ingero.runtime.clock import ManualClock
 from tests.unit.test_sampler import Node, sampler

@@ -10,9 +10,9 @@ from pathlib import Path
 
 import pytest
 
-from ingero.collectors.nodedb import read_window
 from ingero.collectors.procfs import ProcReader
 from ingero.nodedb.schema import connect
+from ingero.nodedb.window import read_window
 from ingero.otlp.health import INFERENCE_STEP_RATE
 from ingero.push.engines import EngineWatcher
 from ingero.push.sampler import NodeSample, NodeSampler

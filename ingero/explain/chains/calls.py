@@ -6,13 +6,6 @@ import math
 from collections import defaultdict
 from typing import Final
 
-from ingero.collectors.nodedb import (
-    GRAPH_BUILD_OPS,
-    GRAPH_LAUNCH_OPS,
-    LAUNCH_OPS,
-    STEP_OPS,
-    SYNC_OPS,
-)
 from ingero.explain.analysis import (
     LATENCY_RATIO,
     MIN_CALLS,
@@ -36,6 +29,13 @@ from ingero.explain.chains.signal import (
     windows,
 )
 from ingero.explain.chains.timeline import OpPoint, Timeline
+from ingero.nodedb.ops import (
+    GRAPH_BUILD_OPS,
+    GRAPH_LAUNCH_OPS,
+    LAUNCH_OPS,
+    STEP_OPS,
+    SYNC_OPS,
+)
 
 ALLOC_OPS: Final = ("cudaMalloc", "cudaFree", "cudaMallocManaged", "cuMemAlloc")
 ALLOC_GROWTH: Final = 3.0  # allocator calls: a burst, not a few more

@@ -5,7 +5,6 @@ from __future__ import annotations
 from collections.abc import Iterable
 from typing import Final
 
-from ingero.collectors.nodedb import GRAPH_BUILD_OPS
 from ingero.explain.analysis import fmt_ns, fmt_pct, fmt_rate
 from ingero.explain.chains.signal import (
     Signal,
@@ -19,6 +18,7 @@ from ingero.explain.chains.signal import (
     windows,
 )
 from ingero.explain.chains.timeline import OpPoint, Timeline
+from ingero.nodedb.ops import GRAPH_BUILD_OPS
 
 # The calls that end one graph build: an instantiation, or a capture's end where the job
 # captures into graphs it updates (cuGraphExecUpdate) instead of instantiating them again.

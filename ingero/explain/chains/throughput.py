@@ -5,7 +5,6 @@ from __future__ import annotations
 import math
 from typing import Final
 
-from ingero.collectors.nodedb import GRAPH_LAUNCH_OPS, LAUNCH_OPS, STEP_OPS
 from ingero.explain.analysis import RATE_DROP, fmt_pct, fmt_rate
 from ingero.explain.chains.signal import (
     Signal,
@@ -18,6 +17,7 @@ from ingero.explain.chains.signal import (
     windows,
 )
 from ingero.explain.chains.timeline import GpuPoint, Timeline
+from ingero.nodedb.ops import GRAPH_LAUNCH_OPS, LAUNCH_OPS, STEP_OPS
 
 GPU_BUSY_DROP: Final = 0.10
 

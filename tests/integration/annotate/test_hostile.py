@@ -14,9 +14,9 @@ import sys
 from pathlib import Path
 
 import pytest
-from ingero.collectors.nodedb import read_latest
 
 from ingero.annotate.codec import decode_refusal
+from ingero.nodedb.window import read_latest
 from ingero.nodedb.writer import Batch, NodeDbWriter
 from ingero.slurm.jobfile import JobInfo, write_job
 from tests.integration.annotate.helpers import ROOT, Server, annotate_server

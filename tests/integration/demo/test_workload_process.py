@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from ingero.collectors.nodedb import NodeDbUnavailable, read_window
+from ingero.nodedb.window import NodeDbUnavailable, read_window
 
 pytestmark = pytest.mark.integration
 

@@ -25,7 +25,7 @@ from typing import Any
 
 import pytest
 
-from ingero.collectors.nodedb import read_window
+from ingero.nodedb.window import read_window
 from ingero.push.streams import decode_stream, split_steps
 from ingero.trace.probes import bpf_source_path
 from tests.integration.trace.conftest import finish, wait_rows

@@ -9,8 +9,8 @@ from typing import Any
 
 import pytest
 
-from ingero.collectors.nodedb import NodeDbUnavailable, read_latest, read_window
 from ingero.nodedb.schema import connect
+from ingero.nodedb.window import NodeDbUnavailable, read_latest, read_window
 
 T0 = 1_700_000_000.0
 
