@@ -34,6 +34,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol
 
+from ingero.nodedb import nccl
 from ingero.nodedb.schema import SchemaError, connect
 from ingero.otlp.collectives import (
     MAX_CALLS,
@@ -45,44 +46,6 @@ from ingero.otlp.collectives import (
 )
 
 log = logging.getLogger(__name__)
-
-CALLS_TABLE = "nccl_calls"
-COMMS_TABLE = "nccl_comms"
-
-# Newest row per rank of a communicator (SQLite takes the bare columns from the max(ts)
-# row), with the interval counts summed over the rows written since the previous push.
-_COMMS_SQL = f"""
-SELECT pid, comm_hash, comm_rank, max(ts) AS ts, nranks, entered_seq, returned_seq,
-       last_enter_ts, inflight_seq, inflight_op, inflight_since,
-       sum(CASE WHEN rowid > :cursor THEN calls ELSE 0 END) AS calls,
-       sum(CASE WHEN rowid > :cursor THEN wait_ns ELSE 0 END) AS wait_ns,
-       sum(CASE WHEN rowid > :cursor THEN dropped ELSE 0 END) AS dropped
-FROM {COMMS_TABLE} WHERE ts > :since
-GROUP BY pid, comm_hash, comm_rank
-ORDER BY ts DESC LIMIT :limit
-"""
-# The calls read this push: written since the previous one, the newest ``limit``.
-_READ_SQL = f"""
-SELECT rowid, pid, comm_hash, comm_rank, seq, op, ts_enter, ts_return, bytes
-FROM {CALLS_TABLE} WHERE rowid > ? AND ts_enter > ? ORDER BY rowid DESC LIMIT ?
-"""
-# Per rank of the calls read: their seqs, so they are sampled before the calls are read.
-_SEQS_SQL = f"""
-SELECT pid, comm_hash, comm_rank, count(*) AS n, min(rowid) AS first, group_concat(seq) AS seqs
-FROM ({_READ_SQL}) GROUP BY pid, comm_hash, comm_rank
-"""
-# The highest seq each rank wrote before the first push (which reads no calls).
-_REACHED_SQL = f"""
-SELECT pid, comm_hash, comm_rank, max(seq) AS seq FROM {CALLS_TABLE}
-WHERE rowid <= ? AND ts_enter > ? GROUP BY pid, comm_hash, comm_rank
-"""
-# The picked calls of one communicator (its ranks share the picked seqs), through
-# the tracer's (comm_hash, seq) index.
-_PICKED_SQL = f"""
-SELECT pid, comm_hash, comm_rank, seq, op, ts_enter, ts_return, bytes FROM {CALLS_TABLE}
-WHERE comm_hash = ? AND rowid >= ? AND seq IN (SELECT value FROM json_each(?))
-"""
-
 
 Key = tuple[int, str, int]  # (pid, comm_hash, comm_rank)
 
@@ -115,10 +78,11 @@ def build_reports(
     pid_alive: Callable[[int], bool],
     unsent: Mapping[Key, int] | None = None,
 ) -> list[CommReport]:
-    """CommReports from ``nccl_comms`` rows (newest per rank, as :data:`_COMMS_SQL` picks
-    them) and ``nccl_calls`` rows. A rank whose process is gone is kept only while its row
-    is younger than ``fresh_s``; calls of a rank with no kept row are left out (its
-    communicator's size is unknown); ``unsent`` adds the calls left out to ``dropped``."""
+    """CommReports from ``nccl_comms`` rows (newest per rank, as
+    :func:`ingero.nodedb.nccl.newest_comms` picks them) and ``nccl_calls`` rows. A rank
+    whose process is gone is kept only while its row is younger than ``fresh_s``; calls of
+    a rank with no kept row are left out (its communicator's size is unknown); ``unsent``
+    adds the calls left out to ``dropped``."""
     by_rank: dict[Key, dict[int, CollectiveCall]] = {}
     for row in calls:
         # A seq written twice (a rewritten row) is sent once; the decoder wants them unique.
@@ -261,19 +225,10 @@ class CollectivesReader:
         db = connect(self.db_path, readonly=True, timeout=self.timeout_s)
         conn = db.conn
         try:
-            tables = {
-                name
-                for (name,) in conn.execute(
-                    "SELECT name FROM sqlite_master WHERE type = 'table' AND name IN (?, ?)",
-                    (CALLS_TABLE, COMMS_TABLE),
-                )
-            }
-            if tables != {CALLS_TABLE, COMMS_TABLE}:
+            if not nccl.has_tables(conn):
                 return ()
             conn.row_factory = sqlite3.Row
-            calls_top = conn.execute(f"SELECT coalesce(max(rowid), 0) FROM {CALLS_TABLE}")
-            comms_top = conn.execute(f"SELECT coalesce(max(rowid), 0) FROM {COMMS_TABLE}")
-            top = _Cursor(int(calls_top.fetchone()[0]), int(comms_top.fetchone()[0]))
+            top = _Cursor(*nccl.top_rowids(conn))
             cursor = self._cursor
             # First push, or a node DB replaced under us (rowids went back): there is no
             # previous push to count from, so this one carries the ranks' state only, and
@@ -284,27 +239,17 @@ class CollectivesReader:
                 self._held = {}
                 self._reached = {
                     _key(row): int(row["seq"])
-                    for row in conn.execute(_REACHED_SQL, (cursor.calls, now - self.recent_s))
+                    for row in nccl.reached(conn, cursor.calls, now - self.recent_s)
                 }
             assert cursor is not None
-            comms = conn.execute(
-                _COMMS_SQL,
-                {"cursor": cursor.comms, "since": now - self.recent_s, "limit": 4 * MAX_COMMS},
-            ).fetchall()
+            comms = nccl.newest_comms(conn, cursor.comms, now - self.recent_s, 4 * MAX_COMMS)
             ranks = {
                 _key(row) for row in comms if _fresh(row, now, self.interval_s, self.pid_alive)
             }
             read = (cursor.calls, now - self.recent_s, self.max_calls_read)
             calls, unsent, total = self._sampled_calls(conn, read, ranks)
             if total == self.max_calls_read:  # the read was cut: the older rows go unsent
-                first_read = conn.execute(f"SELECT min(rowid) FROM ({_READ_SQL})", read).fetchone()[
-                    0
-                ]
-                for row in conn.execute(
-                    f"SELECT pid, comm_hash, comm_rank, count(*) AS n FROM {CALLS_TABLE}"
-                    " WHERE rowid > ? AND rowid < ? GROUP BY pid, comm_hash, comm_rank",
-                    (cursor.calls, first_read),
-                ):
+                for row in nccl.unsent(conn, read):
                     unsent[_key(row)] = unsent.get(_key(row), 0) + int(row["n"])
         finally:
             conn.close()
@@ -322,7 +267,7 @@ class CollectivesReader:
     def _sampled_calls(
         self,
         conn: sqlite3.Connection,
-        read: tuple[int, float, int],
+        read: nccl.Read,
         ranks: set[Key],
     ) -> tuple[list[sqlite3.Row], dict[Key, int], int]:
         """The calls of ``ranks`` this push sends, as :func:`plan_samples` aligns and samples
@@ -333,7 +278,7 @@ class CollectivesReader:
         seqs: dict[Key, list[int]] = {}
         firsts: dict[Key, int] = {}
         total = 0
-        for row in conn.execute(_SEQS_SQL, read):
+        for row in nccl.call_seqs(conn, read):
             key = _key(row)
             total += int(row["n"])
             if key in ranks:
@@ -357,7 +302,7 @@ class CollectivesReader:
         rows: list[sqlite3.Row] = []
         sent: dict[Key, set[int]] = {}
         for comm_hash, (first, wanted) in by_comm.items():
-            for row in conn.execute(_PICKED_SQL, (comm_hash, first, json.dumps(sorted(wanted)))):
+            for row in nccl.picked(conn, comm_hash, first, json.dumps(sorted(wanted))):
                 key = _key(row)
                 if int(row["seq"]) in picked.get(key, ()):
                     rows.append(row)

@@ -41,7 +41,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
-from ingero.nodedb import sidefile
+from ingero.nodedb import processes, sidefile
 from ingero.nodedb.schema import SchemaError, connect
 from ingero.runtime.clock import Clock
 from ingero.schema.events import Event
@@ -273,11 +273,7 @@ def job_targets(
         log.warning("%s: cannot read processes for a stack snapshot: %s", db_path, exc)
         return []
     try:
-        rows = db.conn.execute(
-            "SELECT pid, rank FROM processes WHERE (? IS NULL OR job_id = ?)"
-            " ORDER BY last_seen DESC LIMIT ?",
-            (job_id, job_id, 4 * limit),
-        ).fetchall()
+        rows = processes.job_ranks(db, job_id, 4 * limit)
     except sqlite3.Error as exc:
         log.warning("%s: cannot read processes for a stack snapshot: %s", db_path, exc)
         return []
