@@ -87,8 +87,6 @@ def explain(ctx: click.Context, db_path: Path, window: str, job_id: str | None,
     from ingero.explain.hung import hung_findings
     from ingero.explain.phases import phases_of
     from ingero.explain.reader import (
-        latest_ts,
-        open_node_db,
         read_call_sites,
         read_in_flight,
         read_phases,
@@ -96,6 +94,8 @@ def explain(ctx: click.Context, db_path: Path, window: str, job_id: str | None,
         read_timeline,
         read_window_data,
     )
+    from ingero.nodedb.intervals import latest_ts
+    from ingero.nodedb.schema import open_node_db
 
     window_s = seconds("--window", window, positive=True)
     db = open_node_db(db_path)
@@ -160,8 +160,6 @@ def explain(ctx: click.Context, db_path: Path, window: str, job_id: str | None,
 def _across(spread: Fanout, args: list[str], as_json: bool) -> int:
     from ingero.cluster.across import (
         cross_node_peer_lag,
-        nccl_calls_sql,
-        nccl_sql,
         recent_window,
         signal_dict,
         top_line,
@@ -172,6 +170,7 @@ def _across(spread: Fanout, args: list[str], as_json: bool) -> int:
         remote_json,
         run_on_nodes,
     )
+    from ingero.nodedb.nccl import nccl_calls_sql, nccl_sql
 
     options = spread.options
     results = run_on_nodes(spread.nodes, [options.remote_ingero, *args], options)

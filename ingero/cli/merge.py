@@ -47,7 +47,7 @@ def merge(ctx: click.Context, out: Path, inputs: tuple[str, ...], db_path: Path,
     is not a node DB or merged DB this ingero can read (written by a newer one, say), 69
     when an input is missing or no node answered.
     """
-    from ingero.cluster.merge import check_node_db, merge_node_db, open_output, parse_inputs
+    from ingero.nodedb.merged import check_node_db, merge_node_db, open_output, parse_inputs
 
     spread = fanout_from(nodes, job_nodes, fanout, node_timeout, ssh_options, remote_ingero)
     if spread is None and not inputs:
@@ -80,7 +80,7 @@ def merge(ctx: click.Context, out: Path, inputs: tuple[str, ...], db_path: Path,
 
 
 def _write(out: Path, fetched: Fetched) -> None:
-    from ingero.cluster.merge import merge_rows, open_output
+    from ingero.nodedb.merged import merge_rows, open_output
 
     db = open_output(out)
     try:

@@ -18,39 +18,13 @@ from ingero.cli.options import (
     seconds,
 )
 from ingero.cluster.fanout import Fanout
-from ingero.explain.reader import QUERY_TABLES, SITE_ROWS, TIME_COLUMNS
+from ingero.nodedb.stacks import SITE_ROWS, SITES_SQL
+from ingero.nodedb.tables import QUERY_TABLES, TIME_COLUMNS, newest_sql
 from ingero.runtime.errors import EXIT_DATAERR, EXIT_OK, IngeroError, UsageError
 
-# `--sites`: call sites per op, from each op's sampled calls (raw_events: the newest
-# SITE_ROWS, as explain reads them, so the answer comes within --timeout on any node DB)
-# and the stacks they refer to (node DB v4). ``share`` is of the op's sampled calls, with a
-# stack or not; ops with the most sampled time first.
+# `--sites`: call sites per op (``ingero.nodedb.stacks.SITES_SQL``), from the stacks the
+# sampled calls refer to (node DB v4).
 SITES_PER_OP = 5
-SITES_SQL = """
-WITH calls AS (
-  SELECT source, op, stack_key, duration_ns FROM raw_events WHERE ts > ?
-  ORDER BY ts DESC LIMIT ?
-), per AS (
-  SELECT source, op, stack_key, COUNT(*) AS samples,
-         SUM(COALESCE(duration_ns, 0)) AS sampled_ns
-  FROM calls GROUP BY source, op, stack_key
-), ranked AS (
-  SELECT source, op, stack_key, samples, sampled_ns,
-         samples * 1.0 / SUM(samples) OVER (PARTITION BY source, op) AS share,
-         SUM(sampled_ns) OVER (PARTITION BY source, op) AS op_ns,
-         ROW_NUMBER() OVER (PARTITION BY source, op
-                            ORDER BY stack_key IS NULL, sampled_ns DESC, samples DESC,
-                                     stack_key) AS site
-  FROM per
-)
-SELECT r.source, r.op, r.site, r.samples, r.sampled_ns, ROUND(r.share, 4) AS share,
-       s.frames AS "where", r.stack_key
-FROM ranked r JOIN (SELECT stack_key, MIN(frames) AS frames FROM stacks GROUP BY stack_key) s
-  ON s.stack_key = r.stack_key
-WHERE r.site <= ?
-ORDER BY r.op_ns DESC, r.source, r.op, r.site
-LIMIT ?
-"""
 
 
 class QueryError(IngeroError):
@@ -110,7 +84,8 @@ def query(ctx: click.Context, sql: str | None, db_path: Path, table: str | None,
     nodes that fail are listed on stderr. Exit 0, 65 for a refused or failed query, 69 when
     the node DB is missing (with --nodes: only when no node answered).
     """
-    from ingero.explain.reader import open_node_db
+    from ingero.nodedb.schema import open_node_db
+    from ingero.nodedb.schema import version as schema_version
     from ingero.sqlite.sqlguard import SqlError, read_only_authorizer, run_bounded
 
     if as_json and as_csv:
@@ -132,12 +107,9 @@ def query(ctx: click.Context, sql: str | None, db_path: Path, table: str | None,
                        as_json=as_json, as_csv=as_csv)  # fmt: skip
     params: tuple[float | int, ...] = ()
     if table is not None:
-        column = TIME_COLUMNS[table]
-        where = ""
         if since is not None:
-            where = f" WHERE {column} > ?"
             params = (time.time() - seconds("--since", since),)
-        sql = f"SELECT * FROM {table}{where} ORDER BY {column} DESC LIMIT ?"
+        sql = newest_sql(table, since is not None)
         params = (*params, limit)
     elif sites:
         start = time.time() - seconds("--since", since) if since is not None else float("-inf")
@@ -148,7 +120,7 @@ def query(ctx: click.Context, sql: str | None, db_path: Path, table: str | None,
         if sites and "stacks" not in db.table_names():
             raise QueryError(
                 f"{db_path}: no call stacks in this node DB (schema version"
-                f" {db.execute('PRAGMA user_version').fetchone()[0]}; stacks are recorded"
+                f" {schema_version(db)}; stacks are recorded"
                 " from version 4 by `ingero trace`)"
             )
         result = run_bounded(

@@ -15,26 +15,7 @@ from typing import Any
 
 from ingero.cluster.fanout import MergedRows
 from ingero.explain.chains import CollectiveCall, Signal, Timeline, peer_lag_signal
-from ingero.explain.reader import NCCL_CALL_COLUMNS
-
-# The columns the NCCL query reads from every node (see ``nccl_sql``).
-NCCL_COLUMNS = ("ts", "duration_ns", "pid", "rank", "op", "detail")
-
-
-def nccl_sql(start: float, end: float) -> str:
-    """The sampled NCCL calls of ``(start, end]`` (both are numbers: no quoting involved)."""
-    return (
-        f"SELECT {', '.join(NCCL_COLUMNS)} FROM raw_events WHERE source = 'nccl'"
-        f" AND ts > {float(start)!r} AND ts <= {float(end)!r} ORDER BY ts"
-    )
-
-
-def nccl_calls_sql(start: float, end: float) -> str:
-    """The numbered collectives (``nccl_calls``, node DB v3) that arrived in ``(start, end]``."""
-    return (
-        f"SELECT {', '.join(NCCL_CALL_COLUMNS)} FROM nccl_calls"
-        f" WHERE ts_enter > {float(start)!r} AND ts_enter <= {float(end)!r} ORDER BY ts_enter"
-    )
+from ingero.nodedb.nccl import NCCL_CALL_COLUMNS, NCCL_COLUMNS
 
 
 def recent_window(reports: Mapping[str, Mapping[str, Any]]) -> tuple[float, float] | None:
@@ -54,8 +35,8 @@ def cross_node_peer_lag(
 ) -> Signal | None:
     """The rank (and node) that reaches a communicator's collectives last, from all nodes.
 
-    ``rows``: the nodes' NCCL raw events (``nccl_sql``); ``numbered``: their ``nccl_calls``
-    (``nccl_calls_sql``; nodes whose DB predates it simply have none).
+    ``rows``: the nodes' NCCL raw events (``ingero.nodedb.nccl.nccl_sql``); ``numbered``:
+    their ``nccl_calls`` (``nccl_calls_sql``; nodes whose DB predates it simply have none).
     """
     from ingero.explain.reader import collective, numbered_collective, sampled_collectives
 

@@ -22,7 +22,7 @@ from ingero.cluster.fanout import (
     remote_json,
     run_on_nodes,
 )
-from ingero.explain.reader import CARRIED_TABLES, OPTIONAL_TABLES
+from ingero.nodedb.tables import CARRIED_TABLES, OPTIONAL_TABLES
 
 # Rows come over SSH as JSON held in memory: bounded by time and count (merge, export).
 DEFAULT_SINCE: Final = "15m"

@@ -8,14 +8,11 @@ from pathlib import Path
 from typing import Any
 
 from ingero.cluster.export import NodeData
-from ingero.cluster.merge import MERGED_TABLE
-from ingero.explain.reader import (
-    CARRIED_TABLES,
-    TIME_COLUMNS,
-    latest_ts,
-    open_node_db,
-    stack_rows,
-)
+from ingero.nodedb import merged as merged_db
+from ingero.nodedb.intervals import latest_ts
+from ingero.nodedb.schema import open_node_db
+from ingero.nodedb.stacks import stack_rows
+from ingero.nodedb.tables import CARRIED_TABLES, window_rows
 
 
 def read_db(
@@ -30,39 +27,19 @@ def read_db(
     db = open_node_db(path)
     conn = db.conn
     try:
-        merged = MERGED_TABLE in db.table_names()
+        merged = merged_db.MERGED_TABLE in db.table_names()
         end = until if until is not None else latest_ts(db)
         if end is None:
             return [], None
         start = end - since_s
-        names = (
-            [str(r[0]) for r in conn.execute(f"SELECT node FROM {MERGED_TABLE} ORDER BY node")]
-            if merged
-            else [node]
-        )
-        offsets = (
-            dict(conn.execute(f"SELECT node, clock_offset_s FROM {MERGED_TABLE}").fetchall())
-            if merged
-            else {}
-        )
+        names = merged_db.node_names(conn) if merged else [node]
+        offsets = merged_db.clock_offsets(conn) if merged else {}
         present = set(db.table_names())  # no NCCL tables in a node DB before v3
         out = []
         for name in names:
             data = NodeData(name, clock_offset_s=offsets.get(name))
             for table in (t for t in CARRIED_TABLES if t in present and t != "stacks"):
-                col = TIME_COLUMNS[table]
-                where = "node = ? AND " if merged else ""
-                args: list[Any] = [name] if merged else []
-                if table == "processes":
-                    cur = conn.execute(
-                        f"SELECT * FROM processes {'WHERE node = ?' if merged else ''}", args
-                    )
-                else:
-                    cur = conn.execute(
-                        f"SELECT * FROM {table} WHERE {where}{col} > ? AND {col} <= ?"
-                        f" ORDER BY {col} DESC LIMIT ?",
-                        [*args, start, end, limit],
-                    )
+                cur = window_rows(conn, table, name if merged else None, start, end, limit)
                 data.tables[table] = ([d[0] for d in cur.description], cur.fetchall())
             if "stacks" in present:  # node DB v4: the stacks the rows read refer to
                 data.tables["stacks"] = _stacks(conn, data, name if merged else None)

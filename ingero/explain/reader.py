@@ -2,13 +2,14 @@
 
 A window holds the rows whose ``ts_end`` lies in ``(end - window, end]``, as in
 ``ingero.nodedb.window``; GPU busy fractions come from that module's ``read_window`` so
-``explain`` and ``fleet-push`` measure the GPU the same way.
+``explain`` and ``fleet-push`` measure the GPU the same way. The rows come from the node
+DB's readers (``ingero.nodedb``: intervals, processes, marks, nccl, stacks); this module
+turns them into the analysis' values.
 """
 
 from __future__ import annotations
 
 import json
-import sqlite3
 from collections.abc import Iterable, Mapping
 from dataclasses import replace
 from pathlib import Path
@@ -29,94 +30,18 @@ from ingero.explain.chains import (
 )
 from ingero.explain.hung import MAX_HUNG, InFlight, RankState
 from ingero.explain.phases import MAX_PHASES, Phase
-from ingero.nodedb.schema import ANNOTATE_SOURCE, SCHEMA_VERSION, SchemaError, connect
-from ingero.nodedb.schema import version as schema_version
+from ingero.nodedb import intervals, marks, nccl, processes, stacks
+from ingero.nodedb.ops import NON_COLLECTIVE_OPS
+from ingero.nodedb.schema import NodeDbError
 from ingero.nodedb.window import NodeDbUnavailable, read_window
-from ingero.runtime.errors import EXIT_DATAERR, IngeroError, UnavailableError
-from ingero.schema.stacks import Stack, StackError, loads
 
 DEFAULT_DB = Path(nodedb.DEFAULT_PATH)
-# NCCL calls that are not one collective of a communicator (no alignment across ranks).
-NON_COLLECTIVE_OPS = ("ncclGroupEnd", "ncclCommInitRank", "ncclCommDestroy")
-NODE_TABLES = (
-    "intervals",
-    "raw_events",
-    "host_intervals",
-    "gpu_intervals",
-    "gpu_processes",
-    "processes",
-)
-# Node DB v3: NCCL collectives per communicator (ingero trace). Older node DBs lack them:
-# merge, export and the fan-out carry them where a node DB has them (``OPTIONAL_TABLES``).
-NCCL_TABLES = ("nccl_calls", "nccl_comms")
-# Node DB v4: one row per distinct call stack; raw_events/nccl_calls.stack_key refer to it.
-STACK_TABLES = ("stacks",)
-# Node DB v5: what the job marked through ``ingero annotate`` (steps, phases, labels).
-MARK_TABLES = ("marks",)
-# Node DB v6: per (pid, CUDA stream) syncs, launches and sync-to-sync steps.
-STREAM_TABLES = ("stream_intervals",)
-QUERY_TABLES = (*NODE_TABLES, *NCCL_TABLES, *STACK_TABLES, *MARK_TABLES, *STREAM_TABLES)
-# The tables merge/export/fan-out carry: every node DB has NODE_TABLES; the others only
-# from the schema version that added them, so a DB without one gives no rows of it.
-CARRIED_TABLES = QUERY_TABLES
-OPTIONAL_TABLES = frozenset((*NCCL_TABLES, *STACK_TABLES, *MARK_TABLES, *STREAM_TABLES))
-# The nccl_calls columns a collective is read from (``numbered_collective``).
-NCCL_CALL_COLUMNS = ("ts_enter", "ts_return", "pid", "comm_rank", "rank", "op", "comm_hash", "seq")
-# The column each table's rows are placed in time by (query --since, merge, export).
-TIME_COLUMNS = {
-    "intervals": "ts_end",
-    "raw_events": "ts",
-    "host_intervals": "ts_end",
-    "gpu_intervals": "ts_end",
-    "gpu_processes": "ts_end",
-    "processes": "last_seen",
-    "nccl_calls": "ts_enter",
-    "nccl_comms": "ts",
-    "stacks": "last_seen",
-    "marks": "ts_start",
-    "stream_intervals": "ts_end",
-}
-
-
-class NodeDbError(IngeroError):
-    """The file is not a node DB this ingero can read."""
-
-    exit_code = EXIT_DATAERR
-
-
-def open_node_db(path: Path, timeout: float = 5.0) -> sqlite_utils.Database:
-    """A read-only connection to a node DB, or a one-line error naming the path and the fix."""
-    if not path.exists():
-        raise UnavailableError(
-            f"{path}: no node DB here; record one with `ingero trace --record`"
-            " or point --db at an existing one"
-        )
-    if path.is_dir():
-        raise NodeDbError(f"{path}: is a directory, not a node DB")
-    try:
-        db = connect(path, readonly=True, timeout=timeout)
-    except SchemaError as exc:
-        raise NodeDbError(f"{exc}: written by a newer ingero; upgrade ingero here") from None
-    except sqlite3.Error as exc:
-        raise NodeDbError(f"{path}: not a readable SQLite node DB ({exc})") from None
-    found = schema_version(db)
-    if found < 1:
-        # Older versions are read as they are (a v1 DB lacks only the GPU health columns).
-        db.conn.close()
-        raise NodeDbError(
-            f"{path}: not a node DB (schema version {found}, expected 1 to {SCHEMA_VERSION})"
-        )
-    return db
-
-
-def latest_ts(db: sqlite_utils.Database) -> float | None:
-    """The newest ``ts_end`` recorded in any interval table."""
-    row = db.execute(
-        "SELECT MAX(t) FROM (SELECT MAX(ts_end) AS t FROM intervals"
-        " UNION ALL SELECT MAX(ts_end) FROM host_intervals"
-        " UNION ALL SELECT MAX(ts_end) FROM gpu_intervals)"
-    ).fetchone()
-    return None if row[0] is None else float(row[0])
+# Distinct stacks kept per (source, op, pid) when reading call sites: the rest still count
+# in their op's sampled total, so the kept ones' estimates do not move; memory stays bounded
+# whatever the number of distinct stacks.
+SITES_PER_OP = 50
+# Ranks (process and communicator) read for hung collectives: the newest in the window.
+MAX_RANK_STATES = 1000
 
 
 def read_window_data(
@@ -124,18 +49,9 @@ def read_window_data(
 ) -> WindowData:
     """Everything the analysis needs about ``(end - window_s, end]``; ``job_id`` filters calls."""
     start = end - window_s
-    job_sql, job_args = ("AND job_id = ?", (job_id,)) if job_id else ("", ())
     conn = db.conn
-    # The time measured is the tracer's: the job's marked-step rows (``ingero annotate``)
-    # are written on that server's own flush.
-    first, last, pids = conn.execute(
-        f"SELECT MIN(ts_start), MAX(ts_end), COUNT(DISTINCT pid) FROM intervals"
-        f" WHERE ts_end > ? AND ts_end <= ? AND source != ? {job_sql}",
-        (start, end, ANNOTATE_SOURCE, *job_args),
-    ).fetchone()
+    first, last, pids = intervals.coverage(conn, start, end, job_id)
     covered = max(0.0, float(last) - float(first)) if first is not None else 0.0
-    # Per-interval percentiles cannot be merged exactly; a count-weighted mean is close for
-    # steady intervals and keeps one slow interval visible.
     ops = tuple(
         OpStats(
             source=str(src),
@@ -147,22 +63,11 @@ def read_window_data(
             p99_ns=float(p99 or 0.0),
             errors=int(errors or 0),
         )
-        for src, op, count, total, p50, p95, p99, errors in conn.execute(
-            f"SELECT source, op, SUM(count), SUM(total_ns),"
-            f" SUM(p50_ns * count) * 1.0 / NULLIF(SUM(count), 0),"
-            f" SUM(p95_ns * count) * 1.0 / NULLIF(SUM(count), 0),"
-            f" SUM(p99_ns * count) * 1.0 / NULLIF(SUM(count), 0), SUM(errors)"
-            f" FROM intervals WHERE ts_end > ? AND ts_end <= ? {job_sql}"
-            f" GROUP BY source, op",
-            (start, end, *job_args),
+        for src, op, count, total, p50, p95, p99, errors in intervals.op_totals(
+            conn, start, end, job_id
         )
     )
-    host_row = conn.execute(
-        "SELECT COUNT(*), MIN(ts_start), MAX(ts_end), SUM(offcpu_ns), SUM(page_allocs),"
-        " SUM(block_io_count), MAX(block_io_p99_ns), SUM(tcp_retransmits), SUM(dropped_events)"
-        " FROM host_intervals WHERE ts_end > ? AND ts_end <= ?",
-        (start, end),
-    ).fetchone()
+    host_row = intervals.host_totals(conn, start, end)
     host = None
     if host_row[0]:
         host = HostStats(
@@ -213,15 +118,7 @@ def read_phases(
 ) -> list[Phase]:
     """The job's marked phases (node DB v5) that overlap ``(start, end]``; at most
     MAX_PHASES, the latest first. A node DB before v5 has none."""
-    if "marks" not in db.table_names():
-        return []
-    job_sql, job_args = ("AND job_id = ?", (job_id,)) if job_id else ("", ())
-    rows = db.execute(
-        "SELECT name, pid, rank, ts_start, ts_end FROM marks WHERE kind = 'phase'"
-        f" AND ts_start <= ? AND (ts_end IS NULL OR ts_end > ?) {job_sql}"
-        " ORDER BY ts_start DESC LIMIT ?",
-        (end, start, *job_args, MAX_PHASES),
-    ).fetchall()
+    rows = marks.phases(db, start, end, job_id, MAX_PHASES)
     return [
         Phase(
             name=str(name),
@@ -236,12 +133,7 @@ def read_phases(
 
 def read_processes(db: sqlite_utils.Database, job_id: str | None) -> list[ProcessInfo]:
     """Traced processes (of ``job_id`` when given), most recently seen first, at most 50."""
-    job_sql, job_args = ("WHERE job_id = ?", (job_id,)) if job_id else ("", ())
-    rows = db.execute(
-        f"SELECT pid, comm, job_id, rank, last_seen FROM processes {job_sql}"
-        " ORDER BY last_seen DESC, pid LIMIT 50",
-        job_args,
-    ).fetchall()
+    rows = processes.recent(db, job_id)
     return [
         ProcessInfo(
             pid=int(pid),
@@ -254,20 +146,10 @@ def read_processes(db: sqlite_utils.Database, job_id: str | None) -> list[Proces
     ]
 
 
-# gpu_intervals columns of node DB schema 2 (NVML): read only where present, so a version-1
-# DB still explains. ``throttle_reasons`` is NVML's clocks-event bitmask; only its hardware
+# Of NVML's clocks-event bitmask (``gpu_intervals.throttle_reasons``) only the hardware
 # slowdown reasons (``DEGRADING_THROTTLE``: thermal, power brake, the slowdown line) are
 # throttling, as in fleet-push's GPU health: a GPU-bound job meets the software power cap on
-# healthy GPUs every day. ``xids`` is the JSON list of the interval's critical XID numbers.
-_THROTTLE_COLUMNS = ("throttle_reasons",)
-_XID_COLUMNS = ("xids",)
-
-
-def _gpu_extra_columns(conn: sqlite3.Connection) -> tuple[list[str], list[str]]:
-    names = {str(row[1]) for row in conn.execute("PRAGMA table_info(gpu_intervals)")}
-    return [n for n in _THROTTLE_COLUMNS if n in names], [n for n in _XID_COLUMNS if n in names]
-
-
+# healthy GPUs every day.
 def _throttle_detail(column: str, value: object) -> str | None:
     """``throttle_reasons=0x24 (sw_power_cap, sw_thermal_slowdown)`` when the mask holds a
     hardware slowdown, else None."""
@@ -296,7 +178,6 @@ def read_timeline(
     """Per-interval rows of ``(end - window_s, end]`` and the window before it, for chains."""
     start, split = end - 2 * window_s, end - window_s
     conn = db.conn
-    job_sql, job_args = ("AND job_id = ?", (job_id,)) if job_id else ("", ())
     ops = tuple(
         OpPoint(
             float(a),
@@ -310,10 +191,8 @@ def read_timeline(
             int(err or 0),
             int(nbytes or 0),
         )
-        for a, b, pid, src, op, n, tot, p95, err, nbytes in conn.execute(
-            "SELECT ts_start, ts_end, pid, source, op, count, total_ns, p95_ns, errors, bytes"
-            f" FROM intervals WHERE ts_end > ? AND ts_end <= ? {job_sql} ORDER BY ts_end",
-            (start, end, *job_args),
+        for a, b, pid, src, op, n, tot, p95, err, nbytes in intervals.op_rows(
+            conn, start, end, job_id
         )
     )
     host = tuple(
@@ -326,21 +205,11 @@ def read_timeline(
             None if p99 is None else int(p99),
             int(retx or 0),
         )
-        for a, b, off, pages, n, p99, retx in conn.execute(
-            "SELECT ts_start, ts_end, offcpu_ns, page_allocs, block_io_count, block_io_p99_ns,"
-            " tcp_retransmits FROM host_intervals WHERE ts_end > ? AND ts_end <= ?"
-            " ORDER BY ts_end",
-            (start, end),
-        )
+        for a, b, off, pages, n, p99, retx in intervals.host_rows(conn, start, end)
     )
-    throttle_cols, xid_cols = _gpu_extra_columns(conn)
-    extra = "".join(f', "{c}"' for c in (*throttle_cols, *xid_cols))
+    throttle_cols, gpu_rows = intervals.gpu_rows(conn, start, end)
     gpus = []
-    for row in conn.execute(
-        f"SELECT ts_start, ts_end, gpu, busy_ns{extra} FROM gpu_intervals"
-        " WHERE ts_end > ? AND ts_end <= ? ORDER BY ts_end",
-        (start, end),
-    ):
+    for row in gpu_rows:
         t_vals = dict(zip(throttle_cols, row[4 : 4 + len(throttle_cols)], strict=True))
         x_vals = [_xid(v) for v in row[4 + len(throttle_cols) :]]
         hot = [d for c, v in t_vals.items() if (d := _throttle_detail(c, v)) is not None]
@@ -357,25 +226,15 @@ def read_timeline(
             )
         )
     raw = []
-    for ts, dur, pid, rank, op, detail in conn.execute(
-        "SELECT ts, duration_ns, pid, rank, op, detail FROM raw_events"
-        f" WHERE source = 'nccl' AND ts > ? AND ts <= ? {job_sql} ORDER BY ts",
-        (start, end, *job_args),
-    ):
+    for ts, dur, pid, rank, op, detail in nccl.raw_calls(conn, start, end, job_id):
         call = collective(ts, dur, pid, rank, op, detail)
         if call is not None:
             raw.append(call)
     numbered = []
-    if "nccl_calls" in db.table_names():  # node DB v3
-        cols = ", ".join(NCCL_CALL_COLUMNS)
-        for row in conn.execute(
-            f"SELECT {cols} FROM nccl_calls WHERE ts_enter > ? AND ts_enter <= ? {job_sql}"
-            " ORDER BY ts_enter",
-            (start, end, *job_args),
-        ):
-            call = numbered_collective(dict(zip(NCCL_CALL_COLUMNS, row, strict=True)))
-            if call is not None:
-                numbered.append(call)
+    for row in nccl.numbered_calls(db, start, end, job_id):  # none before node DB v3
+        call = numbered_collective(dict(zip(nccl.NCCL_CALL_COLUMNS, row, strict=True)))
+        if call is not None:
+            numbered.append(call)
     collectives = sampled_collectives(numbered, raw)
     processes = {
         p.pid: Process(p.pid, p.comm, p.job_id, p.rank) for p in read_processes(db, job_id)
@@ -454,22 +313,6 @@ def sampled_collectives(
     return out
 
 
-# Distinct stacks kept per (source, op, pid) when reading call sites: the rest still count
-# in their op's sampled total, so the kept ones' estimates do not move; memory stays bounded
-# whatever the number of distinct stacks.
-SITES_PER_OP = 50
-# Sampled calls read for call sites: the window's newest. Shares are estimated from them;
-# the bound keeps explain's time flat however many calls a window holds.
-SITE_ROWS = 200_000
-_KEYS_PER_QUERY = 500  # SQLite's bound on host parameters is 32766 (999 before 3.32)
-
-
-def has_stacks(db: sqlite_utils.Database) -> bool:
-    """Node DB v4 (or a merged DB of one): a ``stacks`` table and ``raw_events.stack_key``."""
-    names = {str(r[1]) for r in db.conn.execute("PRAGMA table_info(raw_events)")}
-    return "stack_key" in names and "stacks" in db.table_names()
-
-
 def read_call_sites(
     db: sqlite_utils.Database,
     end: float,
@@ -483,31 +326,16 @@ def read_call_sites(
     stacked raw event there come from ``nccl_calls`` (their entry in the window, as many).
     Empty for a node DB without stacks (v1-v3).
     """
-    if not has_stacks(db):
+    if not stacks.has_stacks(db):
         return SiteData()
     start = end - window_s
-    job_sql, job_args = ("AND job_id = ?", (job_id,)) if job_id else ("", ())
     conn = db.conn
     by_op: dict[tuple[str, str, int], list[SiteSample]] = {}
     sampled: dict[tuple[str, str, int], list[int]] = {}
-    rows = conn.execute(
-        "SELECT source, op, pid, stack_key, COUNT(*), SUM(COALESCE(duration_ns, 0)) FROM"
-        " (SELECT source, op, pid, stack_key, duration_ns FROM raw_events"
-        f" WHERE ts > ? AND ts <= ? {job_sql} ORDER BY ts DESC LIMIT ?)"
-        " GROUP BY source, op, pid, stack_key",
-        (start, end, *job_args, SITE_ROWS),
-    )
-    _collect(rows, by_op, sampled)
+    _collect(stacks.raw_sites(conn, start, end, job_id), by_op, sampled)
     stacked_nccl = {k[1:] for k, v in by_op.items() if k[0] == "nccl" and v}
-    if "stack_key" in {str(r[1]) for r in conn.execute("PRAGMA table_info(nccl_calls)")}:
-        rows = conn.execute(
-            "SELECT 'nccl', op, pid, stack_key, COUNT(*),"
-            " SUM(CAST(COALESCE(ts_return - ts_enter, 0) * 1e9 AS INTEGER)) FROM"
-            " (SELECT op, pid, stack_key, ts_enter, ts_return FROM nccl_calls"
-            f" WHERE ts_enter > ? AND ts_enter <= ? {job_sql} ORDER BY ts_enter DESC LIMIT ?)"
-            " GROUP BY op, pid, stack_key",
-            (start, end, *job_args, SITE_ROWS),
-        )
+    rows = stacks.nccl_sites(conn, start, end, job_id)
+    if rows is not None:
         extra_by: dict[tuple[str, str, int], list[SiteSample]] = {}
         extra_sampled: dict[tuple[str, str, int], list[int]] = {}
         _collect(rows, extra_by, extra_sampled)
@@ -520,11 +348,7 @@ def read_call_sites(
         return SiteData()
     totals = tuple(
         OpTotal(str(src), str(op), int(pid), int(n or 0), int(tot or 0))
-        for src, op, pid, n, tot in conn.execute(
-            "SELECT source, op, pid, SUM(count), SUM(total_ns) FROM intervals"
-            f" WHERE ts_end > ? AND ts_end <= ? {job_sql} GROUP BY source, op, pid",
-            (start, end, *job_args),
-        )
+        for src, op, pid, n, tot in intervals.op_pid_totals(conn, start, end, job_id)
     )
     return SiteData(
         samples=samples,
@@ -532,7 +356,7 @@ def read_call_sites(
             SampledTotal(src, op, pid, n, ns) for (src, op, pid), (n, ns) in sampled.items()
         ),
         totals=totals,
-        stacks=read_stacks(db, {s.stack_key for s in samples}),
+        stacks=stacks.read_stacks(db, {s.stack_key for s in samples}),
         wall_ns=wall_ns,
     )
 
@@ -563,75 +387,25 @@ def _collect(
         del kept[SITES_PER_OP:]
 
 
-def read_stacks(db: sqlite_utils.Database, keys: Iterable[str]) -> dict[str, Stack]:
-    """The stacks of ``keys`` that the node DB holds and can decode (a damaged row is left
-    out: its calls are counted without a site)."""
-    out: dict[str, Stack] = {}
-    columns, rows = stack_rows(db.conn, keys)
-    for row in rows:
-        r = dict(zip(columns, row, strict=True))
-        try:
-            out[str(r["stack_key"])] = loads(str(r["frames"]))
-        except StackError:
-            continue
-    return out
-
-
-def stack_rows(
-    conn: sqlite3.Connection, keys: Iterable[str], node: str | None = None
-) -> tuple[list[str], list[tuple[object, ...]]]:
-    """The ``stacks`` rows of ``keys`` (of ``node`` in a merged DB), in bounded queries."""
-    wanted = sorted(set(keys))
-    columns: list[str] = []
-    rows: list[tuple[object, ...]] = []
-    for i in range(0, len(wanted), _KEYS_PER_QUERY):
-        chunk: list[object] = list(wanted[i : i + _KEYS_PER_QUERY])
-        where = f"stack_key IN ({', '.join('?' * len(chunk))})"
-        if node is not None:
-            where, chunk = f"node = ? AND {where}", [node, *chunk]
-        cur = conn.execute(f"SELECT * FROM stacks WHERE {where}", chunk)
-        columns = [d[0] for d in cur.description]
-        rows += cur.fetchall()
-    return columns, rows
-
-
-# Ranks (process and communicator) read for hung collectives: the newest in the window.
-MAX_RANK_STATES = 1000
-
-
 def read_in_flight(
     db: sqlite_utils.Database, end: float, window_s: float, job_id: str | None
 ) -> tuple[list[InFlight], list[RankState]]:
     """Each rank's newest ``nccl_comms`` row of ``(end - window_s, end]``, and per rank
     in flight there the ``nccl_calls`` rows not returned from its oldest collective in
     flight on, with their stacks (``hung.hung_findings``). Empty before node DB v3."""
-    if not {"nccl_calls", "nccl_comms"} <= set(db.table_names()):
+    found = nccl.in_flight(db, end - window_s, end, job_id, MAX_RANK_STATES, MAX_HUNG)
+    if found is None:
         return [], []
-    job_sql, job_args = ("AND job_id = ?", (job_id,)) if job_id else ("", ())
-    conn = db.conn
-    # SQLite takes the bare columns from the max(ts) row of each group.
-    newest = conn.execute(
-        "SELECT pid, rank, comm_hash, comm_rank, nranks, max(ts), entered_seq, inflight_seq"
-        f" FROM nccl_comms WHERE ts > ? AND ts <= ? {job_sql} GROUP BY pid, comm_hash"
-        " ORDER BY max(ts) DESC LIMIT ?",
-        (end - window_s, end, *job_args, MAX_RANK_STATES),
-    ).fetchall()
+    keyed, ranks = found
     states, calls = [], []
-    keyed = "stack_key" in {str(r[1]) for r in conn.execute("PRAGMA table_info(nccl_calls)")}
-    for pid, rank, comm, comm_rank, nranks, ts, entered, inflight in newest:
+    for (pid, rank, comm, comm_rank, nranks, ts, entered, _), rows in ranks:
         state = RankState(int(pid), None if rank is None else int(rank), str(comm),
                           int(comm_rank), int(nranks), float(ts), int(entered))  # fmt: skip
         states.append(state)
-        if inflight is None:
-            continue
-        rows = conn.execute(
-            f"SELECT seq, op, ts_enter, {'stack_key' if keyed else 'NULL'} FROM nccl_calls"
-            " WHERE comm_hash = ? AND seq >= ? AND seq <= ? AND pid = ? AND ts_return IS NULL"
-            " AND ts_enter <= ? ORDER BY seq LIMIT ?",
-            (comm, inflight, entered, pid, ts, MAX_HUNG),
-        )
         calls += [InFlight(state, int(seq), str(op), float(enter), None if key is None
                            else str(key)) for seq, op, enter, key in rows]  # fmt: skip
-    stacks = read_stacks(db, {c.stack_key for c in calls if c.stack_key}) if keyed else {}
-    calls = [replace(c, stack=stacks.get(c.stack_key or "")) for c in calls]
+    found_stacks = (
+        stacks.read_stacks(db, {c.stack_key for c in calls if c.stack_key}) if keyed else {}
+    )
+    calls = [replace(c, stack=found_stacks.get(c.stack_key or "")) for c in calls]
     return calls, states

@@ -1,7 +1,8 @@
-"""The CUDA op vocabulary of the node DB: which ``intervals.op`` names are kernel launches,
-graph replays, graph builds, host waits and steps. The tracer writes the ops it probes
-(``ingero.trace.ops``); every reader that counts them (fleet-push's window, ``explain``'s
-chains) groups them by these tuples, so a new launch API is one line here.
+"""The op vocabulary of the node DB: which ``op`` names (``intervals``, ``raw_events``) are
+kernel launches, graph replays, graph builds, host waits, steps and NCCL calls that are no
+collective. The tracer writes the ops it probes (``ingero.trace.ops``); every reader that
+counts them (fleet-push's window, ``explain``'s chains) groups them by these tuples, so a
+new launch API is one line here.
 """
 
 from __future__ import annotations
@@ -48,3 +49,5 @@ SYNC_OPS: Final = (
 # Step rows: the steps the job marked through ``ingero annotate`` (source "annotate", one
 # row per writer and flush) or the synthetic workload writes.
 STEP_OPS: Final = ("step",)
+# NCCL calls that are not one collective of a communicator (no alignment across ranks).
+NON_COLLECTIVE_OPS: Final = ("ncclGroupEnd", "ncclCommInitRank", "ncclCommDestroy")

@@ -42,6 +42,7 @@ from typing import Final
 import sqlite_utils
 
 from ingero.nodedb import SCHEMA_VERSION as SCHEMA_VERSION  # (defined where it is cheap)
+from ingero.runtime.errors import EXIT_DATAERR, IngeroError, UnavailableError
 from ingero.sqlite import sqlitemigrate
 from ingero.sqlite.sqlitemigrate import SchemaError as SchemaError  # re-exported for readers
 
@@ -337,3 +338,34 @@ def version(db: sqlite_utils.Database) -> int:
 def migrate(db: sqlite_utils.Database) -> int:
     """Apply the node DB's pending migrations; returns the resulting version."""
     return sqlitemigrate.migrate(db, MIGRATIONS)
+
+
+class NodeDbError(IngeroError):
+    """The file is not a node DB this ingero can read."""
+
+    exit_code = EXIT_DATAERR
+
+
+def open_node_db(path: Path, timeout: float = 5.0) -> sqlite_utils.Database:
+    """A read-only connection to a node DB, or a one-line error naming the path and the fix."""
+    if not path.exists():
+        raise UnavailableError(
+            f"{path}: no node DB here; record one with `ingero trace --record`"
+            " or point --db at an existing one"
+        )
+    if path.is_dir():
+        raise NodeDbError(f"{path}: is a directory, not a node DB")
+    try:
+        db = connect(path, readonly=True, timeout=timeout)
+    except SchemaError as exc:
+        raise NodeDbError(f"{exc}: written by a newer ingero; upgrade ingero here") from None
+    except sqlite3.Error as exc:
+        raise NodeDbError(f"{path}: not a readable SQLite node DB ({exc})") from None
+    found = version(db)
+    if found < 1:
+        # Older versions are read as they are (a v1 DB lacks only the GPU health columns).
+        db.conn.close()
+        raise NodeDbError(
+            f"{path}: not a node DB (schema version {found}, expected 1 to {SCHEMA_VERSION})"
+        )
+    return db

@@ -17,7 +17,8 @@ from ingero.explain.analysis import (
     fmt_ns,
     fmt_window,
 )
-from ingero.explain.reader import open_node_db, read_processes, read_window_data
+from ingero.explain.reader import read_processes, read_window_data
+from ingero.nodedb.schema import open_node_db
 from tests.unit.explain_dbs import T0, TICK_S, op_interval, workload_db
 
 W = 300.0

@@ -239,12 +239,14 @@ def test_call_sites_are_read_from_the_windows_newest_calls(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     from ingero.explain import reader
+    from ingero.nodedb import stacks
+    from ingero.nodedb.schema import open_node_db
 
     db = real_db(tmp_path / "n.db")
     add_stacks(db, RECENT, RECENT + 100, [("cuda_driver", "cuMemAlloc", ALLOC, 20, 1000)])
     add_stacks(db, END - 50, END, [("cuda_driver", "cuMemAlloc", LAUNCH, 5, 1000)])
-    monkeypatch.setattr(reader, "SITE_ROWS", 5)
-    conn = reader.open_node_db(db)
+    monkeypatch.setattr(stacks, "SITE_ROWS", 5)
+    conn = open_node_db(db)
     try:
         data = reader.read_call_sites(conn, END, 300.0, None)
     finally:
@@ -269,7 +271,7 @@ def test_an_nccl_op_without_stacked_raw_events_takes_its_sites_from_nccl_calls(
     tmp_path: Path,
 ) -> None:
     from ingero.explain import reader
-    from ingero.nodedb.schema import connect
+    from ingero.nodedb.schema import connect, open_node_db
     from ingero.nodedb.writer import Batch, write_batch
 
     hung = Stack((py("step", MODEL, 200),))
@@ -281,7 +283,7 @@ def test_an_nccl_op_without_stacked_raw_events_takes_its_sites_from_nccl_calls(
                  "last_seen": END}  # fmt: skip
     write_batch(conn, Batch(nccl_calls=calls, stacks=[stack_row]))
     conn.conn.close()
-    ro = reader.open_node_db(db)
+    ro = open_node_db(db)
     try:
         data = reader.read_call_sites(ro, END, 300.0, None)
     finally:

@@ -19,7 +19,8 @@ from ingero.explain.chains import (
     parse_rules,
     signals,
 )
-from ingero.explain.reader import open_node_db, read_timeline
+from ingero.explain.reader import read_timeline
+from ingero.nodedb.schema import open_node_db
 from ingero.runtime.errors import ConfigError
 from tests.unit.chain_dbs import END, TICK_S, Proc, real_db
 

@@ -10,8 +10,8 @@ from pathlib import Path
 import pytest
 
 from ingero.cli.main import main
-from ingero.explain.reader import NODE_TABLES
 from ingero.nodedb.schema import SCHEMA_VERSION
+from ingero.nodedb.tables import NODE_TABLES
 from tests.unit.chain_dbs import Proc, real_db
 
 

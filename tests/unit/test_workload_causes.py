@@ -11,7 +11,8 @@ import pytest
 
 from ingero.demo.runner import CAUSE_RULES
 from ingero.explain.chains import Chain, explain_chains, load_rules
-from ingero.explain.reader import open_node_db, read_timeline
+from ingero.explain.reader import read_timeline
+from ingero.nodedb.schema import open_node_db
 from ingero.workload.generator import CAUSES, IO_P99_NS, SM_CLOCK_MHZ, WorkloadProfile
 from ingero.workload.runner import WorkloadRunner
 

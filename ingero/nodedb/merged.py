@@ -1,4 +1,5 @@
-"""``ingero merge``: many node DBs in one queryable database, with node, job and rank on every row.
+"""The merged DB (``ingero merge``): many node DBs in one queryable database, with node, job
+and rank on every row. This module is its writer, and the reader of its own table.
 
 The merged database has the node DB's tables (``intervals``, ``raw_events``,
 ``host_intervals``, ``gpu_intervals``, ``gpu_processes``, ``processes``, and from node DB v3
@@ -24,8 +25,8 @@ from typing import Any, Final
 
 import sqlite_utils
 
-from ingero.explain.reader import CARRIED_TABLES
-from ingero.nodedb.schema import SCHEMA_VERSION
+from ingero.nodedb.schema import SCHEMA_VERSION, open_node_db
+from ingero.nodedb.tables import CARRIED_TABLES
 from ingero.runtime.errors import EXIT_DATAERR, IngeroError
 
 MERGED_TABLE: Final = "merged_nodes"
@@ -186,8 +187,6 @@ def merge_rows(
 
 def merge_node_db(out: sqlite_utils.Database, node: str, path: Path) -> int:
     """Merge one node DB file (read-only, streamed in batches) as ``node``."""
-    from ingero.explain.reader import open_node_db
-
     src = open_node_db(path)
     try:
         version = int(src.execute("PRAGMA user_version").fetchone()[0])
@@ -208,8 +207,16 @@ def _batches(cur: sqlite3.Cursor, size: int = 5000) -> Iterable[tuple[Any, ...]]
         yield from rows
 
 
+def node_names(conn: sqlite3.Connection) -> list[str]:
+    """The nodes a merged DB holds, by name."""
+    return [str(r[0]) for r in conn.execute(f"SELECT node FROM {MERGED_TABLE} ORDER BY node")]
+
+
+def clock_offsets(conn: sqlite3.Connection) -> dict[Any, Any]:
+    """Each merged node's measured clock offset (None where none was measured)."""
+    return dict(conn.execute(f"SELECT node, clock_offset_s FROM {MERGED_TABLE}").fetchall())
+
+
 def check_node_db(path: Path) -> None:
     """Open (and close) a node DB: a missing or newer one fails before anything is written."""
-    from ingero.explain.reader import open_node_db
-
     open_node_db(path).conn.close()
