@@ -13,8 +13,8 @@ Two node-local sources, no network call and no Slurm RPC (NHC gives all its chec
   is not the application's own (``xid_ignore``), and fewer GPUs reporting than
   ``expect_gpus``. No GPU rows within the window tell nothing (said, and passed).
 
-``judge`` is pure (rows and state in, verdict out); ``read_gpu_rows`` is the one read of the
-node DB. The check takes about a tenth of a second
+``judge`` is pure (rows and state in, verdict out); ``read_gpu_rows``
+(``ingero.nodedb.gpu_rows``) is the one read of the node DB. The check takes about a tenth of a second
 (docs/benchmarks.md#nhcs-check_ingero), most of it Python's start and click.
 """
 
@@ -27,7 +27,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Final
 
-from ingero.nodedb import SCHEMA_VERSION
+from ingero.nodedb.gpu_rows import NodeDbTooNew, read_gpu_rows
 from ingero.schema.healthstate import HealthState
 
 # XIDs a job's own code raises (NVIDIA's XID catalog: 13 graphics engine exception, 31 GPU
@@ -194,29 +194,6 @@ def judge(
     stragglers, s_notes, age = _straggler(state, now, config)
     gpus, g_notes, seen = _gpu_findings(gpu_rows, now, config)
     return Verdict(tuple(gpus + stragglers), tuple([*notes, *s_notes, *g_notes]), seen, age)
-
-
-class NodeDbTooNew(Exception):
-    """The node DB is from a newer ingero (readers refuse a newer version)."""
-
-
-def read_gpu_rows(path: Path, since: float, timeout_s: float = 2.0) -> list[dict[str, Any]]:
-    """``gpu_intervals`` rows ending after ``since``, read-only, the busy wait bounded.
-
-    Plain sqlite3, not the node DB module (sqlite-utils loads numpy: 150 ms of NHC's 30 s
-    for nothing). Raises OSError, sqlite3.Error or NodeDbTooNew; the caller notes them."""
-    if not path.exists():
-        raise FileNotFoundError(f"{path}: node DB does not exist")
-    conn = sqlite3.connect(f"file:{path}?mode=ro", uri=True, timeout=timeout_s)
-    try:
-        version = int(conn.execute("PRAGMA user_version").fetchone()[0])
-        if version > SCHEMA_VERSION:
-            raise NodeDbTooNew(f"{path}: schema version {version} is newer than {SCHEMA_VERSION}")
-        cursor = conn.execute("SELECT * FROM gpu_intervals WHERE ts_end > ?", (since,))
-        names = [d[0] for d in cursor.description]
-        return [dict(zip(names, row, strict=True)) for row in cursor]
-    finally:
-        conn.close()
 
 
 @dataclass
