@@ -9,13 +9,21 @@
 
 Every import counts: module level, inside functions (the CLI's lazy ones) and under
 TYPE_CHECKING.
+
+- The node DB is the node's contract, as otlp/ is the wire's: no SQL on a node-DB table
+  (a merged DB's too: the same tables with node, job_id and rank) outside ingero/nodedb/.
+  ``ingero query --sql`` runs the user's SQL; what ingero writes itself lives there.
 """
 
 from __future__ import annotations
 
 import ast
-from collections.abc import Iterator
+import re
+from collections.abc import Collection, Iterator
 from pathlib import Path
+
+from ingero.nodedb.merged import MERGED_TABLE
+from ingero.nodedb.schema import connect
 
 PACKAGE = Path(__file__).resolve().parents[2] / "ingero"
 
@@ -282,3 +290,146 @@ def test_an_import_circle_between_modules_is_found(tmp_path: Path) -> None:
     assert module_cycles(root) == [
         "ingero.slurm.backend <-> ingero.slurm.pyslurm_backend <-> ingero.slurm.worker"
     ]
+
+
+# SQL: a statement's keyword, then a table after FROM, INTO, JOIN, UPDATE, TABLE or
+# table_info( (quoted or not); or a table named at run time there (an f-string's field).
+_SQL_KEYWORD = re.compile(r"\b(SELECT|INSERT|UPDATE|DELETE|CREATE|ALTER|DROP|PRAGMA|WITH)\b")
+_TABLE_AT = r"(?i)\b(?:from|into|join|update|table|table_info\()\s*[\"'`]?"
+NODE_DB_PACKAGE = "nodedb"
+
+
+def node_db_tables(tmp: Path) -> frozenset[str]:
+    """The tables of a node DB as the schema makes it, and the merged DB's own."""
+    db = connect(tmp / "schema.db")
+    try:
+        names = set(db.table_names())
+    finally:
+        db.conn.close()
+    return frozenset({*names, MERGED_TABLE})
+
+
+def _strings(tree: ast.AST) -> Iterator[tuple[int, str]]:
+    """(line, text) of every string but docstrings; an f-string with ``{}`` for its fields."""
+    docs: set[int] = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Module | ast.ClassDef | ast.FunctionDef | ast.AsyncFunctionDef):
+            first = node.body[0] if node.body else None
+            if isinstance(first, ast.Expr) and isinstance(first.value, ast.Constant):
+                docs.add(id(first.value))
+    parts: set[int] = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.JoinedStr):
+            parts.update(id(v) for v in node.values)
+            text = "".join(
+                str(v.value) if isinstance(v, ast.Constant) else "{}" for v in node.values
+            )
+            yield node.lineno, str(text)
+        elif (
+            isinstance(node, ast.Constant)
+            and isinstance(node.value, str)
+            and id(node) not in docs | parts
+        ):
+            yield node.lineno, node.value
+
+
+def _named(node: ast.expr) -> str:
+    return node.id if isinstance(node, ast.Name) else getattr(node, "attr", "")
+
+
+def sql_outside_nodedb(root: Path, tables: Collection[str]) -> list[str]:
+    """Where a module outside ``nodedb/`` runs SQL on a node-DB table: in a string (SQL by
+    its keywords), through sqlite-utils (``db.table("t")``, ``db["t"]``), or on a table it
+    names at run time. The daemons (fleet, echo) never import the node side's nodedb, so
+    the tables they name at run time are their own stores'."""
+    names = "|".join(sorted(tables))
+    literal = re.compile(rf"{_TABLE_AT}({names})\b")
+    dynamic = re.compile(rf"{_TABLE_AT}\{{")
+    found = []
+    for path in sorted(root.rglob("*.py")):
+        part = part_of(module_name(path, root))
+        if part == NODE_DB_PACKAGE:
+            continue
+        where = path.relative_to(root.parent)
+        tree = ast.parse(path.read_text(), str(path))
+        hits = set()
+        for line, text in _strings(tree):
+            if not _SQL_KEYWORD.search(text):
+                continue
+            if m := literal.search(text):
+                hits.add((line, f"SQL on {m.group(1)}"))
+            elif part not in DAEMONS and dynamic.search(text):
+                hits.add((line, "SQL on a table named at run time"))
+        for node in ast.walk(tree):
+            if (
+                isinstance(node, ast.Call)
+                and isinstance(node.func, ast.Attribute)
+                and node.func.attr == "table"
+                and node.args
+                and isinstance(node.args[0], ast.Constant)
+                and node.args[0].value in tables
+            ):
+                hits.add((node.lineno, f"sqlite-utils on {node.args[0].value!s}"))
+            elif (
+                isinstance(node, ast.Subscript)
+                and _named(node.value).endswith("db")
+                and isinstance(node.slice, ast.Constant)
+                and node.slice.value in tables
+            ):
+                hits.add((node.lineno, f"sqlite-utils on {node.slice.value!s}"))
+        found += [f"{where}:{line}: {what}" for line, what in sorted(hits)]
+    return found
+
+
+def test_no_sql_on_the_node_db_outside_its_package(tmp_path: Path) -> None:
+    assert sql_outside_nodedb(PACKAGE, node_db_tables(tmp_path)) == []
+
+
+def test_sql_on_the_node_db_is_found_in_every_form(tmp_path: Path) -> None:
+    """The checker itself: plain, f-string, multi-line and sqlite-utils forms are found;
+    docstrings, prose, nodedb/ itself and the daemons' own tables are not."""
+    root = tmp_path / "ingero"
+    files = {
+        "__init__.py": "",
+        "nodedb/__init__.py": "",
+        "nodedb/window.py": 'Q = "SELECT * FROM intervals"\n',
+        "push/__init__.py": "",
+        "push/reader.py": (
+            '"""Reads SELECT ts FROM intervals (a docstring)."""\n'
+            'A = "SELECT max(ts) FROM host_intervals"\n'
+            'def f(t: str) -> str:\n    return f"DELETE FROM {t} WHERE ts < ?"\n'
+            'B = """\nSELECT pid\nFROM\n  nccl_comms\n"""\n'
+            "C = f\"SELECT {A} FROM 'marks' WHERE x\"\n"
+            'D = "the rows come from intervals"\n'
+            'E = "PRAGMA table_info(gpu_intervals)"\n'
+        ),
+        "workload/__init__.py": "",
+        "workload/runner.py": (
+            "def g(db, self) -> None:\n"
+            '    db.table("processes").upsert({}, pk="pid")\n'
+            '    self._db["stacks"].insert({})\n'
+            '    event = {}\n    event["stacks"]\n'
+        ),
+        "echo/__init__.py": "",
+        "echo/sql.py": 'def h(t: str) -> str:\n    return f"SELECT * FROM {t}"\n',
+    }
+    for name, text in files.items():
+        (root / name).parent.mkdir(parents=True, exist_ok=True)
+        (root / name).write_text(text)
+    tables = {"intervals", "host_intervals", "nccl_comms", "marks", "gpu_intervals",
+              "processes", "stacks"}  # fmt: skip
+    assert sql_outside_nodedb(root, tables) == [
+        "ingero/push/reader.py:2: SQL on host_intervals",
+        "ingero/push/reader.py:4: SQL on a table named at run time",
+        "ingero/push/reader.py:5: SQL on nccl_comms",
+        "ingero/push/reader.py:10: SQL on marks",
+        "ingero/push/reader.py:12: SQL on gpu_intervals",
+        "ingero/workload/runner.py:2: sqlite-utils on processes",
+        "ingero/workload/runner.py:3: sqlite-utils on stacks",
+    ]
+
+
+def test_the_node_db_tables_checked_are_the_schemas(tmp_path: Path) -> None:
+    """A table a new schema version adds is checked without a line here."""
+    assert {"intervals", "nccl_comms", "stacks", "marks", "engines", "stream_intervals",
+            MERGED_TABLE} <= node_db_tables(tmp_path)  # fmt: skip
