@@ -14,16 +14,13 @@ from typing import Any
 import sqlite_utils
 
 from ingero.nodedb.schema import ANNOTATE_SOURCE
+from ingero.nodedb.tables import job_filter
 
 # gpu_intervals columns of node DB schema 2 (NVML): read only where present, so a version-1
 # DB still explains. ``throttle_reasons`` is NVML's clocks-event bitmask; ``xids`` is the
 # JSON list of the interval's critical XID numbers.
 _THROTTLE_COLUMNS = ("throttle_reasons",)
 _XID_COLUMNS = ("xids",)
-
-
-def _job(job_id: str | None) -> tuple[str, tuple[str, ...]]:
-    return ("AND job_id = ?", (job_id,)) if job_id else ("", ())
 
 
 def latest_ts(db: sqlite_utils.Database) -> float | None:
@@ -42,7 +39,7 @@ def coverage(
     """(first ``ts_start``, last ``ts_end``, distinct pids) of the window's tracer rows: the
     time measured is the tracer's, so the job's marked-step rows (``ingero annotate``,
     written on that server's own flush) are left out."""
-    job_sql, job_args = _job(job_id)
+    job_sql, job_args = job_filter(job_id)
     first, last, pids = conn.execute(
         f"SELECT MIN(ts_start), MAX(ts_end), COUNT(DISTINCT pid) FROM intervals"
         f" WHERE ts_end > ? AND ts_end <= ? AND source != ? {job_sql}",
@@ -57,7 +54,7 @@ def op_totals(
     """Per (source, op): count, total ns, p50/p95/p99 ns and errors over the window.
     Per-interval percentiles cannot be merged exactly; a count-weighted mean is close for
     steady intervals and keeps one slow interval visible."""
-    job_sql, job_args = _job(job_id)
+    job_sql, job_args = job_filter(job_id)
     return conn.execute(
         f"SELECT source, op, SUM(count), SUM(total_ns),"
         f" SUM(p50_ns * count) * 1.0 / NULLIF(SUM(count), 0),"
@@ -73,7 +70,7 @@ def op_pid_totals(
     conn: sqlite3.Connection, start: float, end: float, job_id: str | None
 ) -> sqlite3.Cursor:
     """Per (source, op, pid): count and total ns over the window."""
-    job_sql, job_args = _job(job_id)
+    job_sql, job_args = job_filter(job_id)
     return conn.execute(
         "SELECT source, op, pid, SUM(count), SUM(total_ns) FROM intervals"
         f" WHERE ts_end > ? AND ts_end <= ? {job_sql} GROUP BY source, op, pid",
@@ -98,7 +95,7 @@ def op_rows(
 ) -> sqlite3.Cursor:
     """The window's ``intervals`` rows in time order: ts_start, ts_end, pid, source, op,
     count, total_ns, p95_ns, errors, bytes."""
-    job_sql, job_args = _job(job_id)
+    job_sql, job_args = job_filter(job_id)
     return conn.execute(
         "SELECT ts_start, ts_end, pid, source, op, count, total_ns, p95_ns, errors, bytes"
         f" FROM intervals WHERE ts_end > ? AND ts_end <= ? {job_sql} ORDER BY ts_end",

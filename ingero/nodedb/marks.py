@@ -7,6 +7,8 @@ from typing import Any
 
 import sqlite_utils
 
+from ingero.nodedb.tables import job_filter
+
 
 def phases(
     db: sqlite_utils.Database, start: float, end: float, job_id: str | None, limit: int
@@ -15,7 +17,7 @@ def phases(
     (``ts_end`` NULL: still open), the latest first, at most ``limit``; none before v5."""
     if "marks" not in db.table_names():
         return []
-    job_sql, job_args = ("AND job_id = ?", (job_id,)) if job_id else ("", ())
+    job_sql, job_args = job_filter(job_id)
     return db.execute(
         "SELECT name, pid, rank, ts_start, ts_end FROM marks WHERE kind = 'phase'"
         f" AND ts_start <= ? AND (ts_end IS NULL OR ts_end > ?) {job_sql}"

@@ -19,16 +19,14 @@ from typing import Any
 
 import sqlite_utils
 
+from ingero.nodedb.tables import job_filter
+
 CALLS_TABLE = "nccl_calls"
 COMMS_TABLE = "nccl_comms"
 # The nccl_calls columns a collective is read from (explain's ``numbered_collective``).
 NCCL_CALL_COLUMNS = ("ts_enter", "ts_return", "pid", "comm_rank", "rank", "op", "comm_hash", "seq")
 # The raw_events columns an NCCL call is read from, on every node (see ``nccl_sql``).
 NCCL_COLUMNS = ("ts", "duration_ns", "pid", "rank", "op", "detail")
-
-
-def _job(job_id: str | None) -> tuple[str, tuple[str, ...]]:
-    return ("AND job_id = ?", (job_id,)) if job_id else ("", ())
 
 
 def nccl_sql(start: float, end: float) -> str:
@@ -51,7 +49,7 @@ def raw_calls(
     conn: sqlite3.Connection, start: float, end: float, job_id: str | None
 ) -> sqlite3.Cursor:
     """The NCCL ``raw_events`` of ``(start, end]`` in time order, ``NCCL_COLUMNS``."""
-    job_sql, job_args = _job(job_id)
+    job_sql, job_args = job_filter(job_id)
     return conn.execute(
         "SELECT ts, duration_ns, pid, rank, op, detail FROM raw_events"
         f" WHERE source = 'nccl' AND ts > ? AND ts <= ? {job_sql} ORDER BY ts",
@@ -66,7 +64,7 @@ def numbered_calls(
     ``NCCL_CALL_COLUMNS``; none before node DB v3."""
     if "nccl_calls" not in db.table_names():
         return []
-    job_sql, job_args = _job(job_id)
+    job_sql, job_args = job_filter(job_id)
     cols = ", ".join(NCCL_CALL_COLUMNS)
     return db.conn.execute(
         f"SELECT {cols} FROM nccl_calls WHERE ts_enter > ? AND ts_enter <= ? {job_sql}"
@@ -90,7 +88,7 @@ def in_flight(
     None before node DB v3."""
     if not {"nccl_calls", "nccl_comms"} <= set(db.table_names()):
         return None
-    job_sql, job_args = _job(job_id)
+    job_sql, job_args = job_filter(job_id)
     conn = db.conn
     # SQLite takes the bare columns from the max(ts) row of each group.
     newest = conn.execute(

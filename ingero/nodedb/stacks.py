@@ -10,6 +10,7 @@ from collections.abc import Iterable
 
 import sqlite_utils
 
+from ingero.nodedb.tables import job_filter
 from ingero.schema.stacks import Stack, StackError, loads
 
 # Sampled calls read for call sites: the window's newest. Shares are estimated from them;
@@ -49,10 +50,6 @@ LIMIT ?
 """
 
 
-def _job(job_id: str | None) -> tuple[str, tuple[str, ...]]:
-    return ("AND job_id = ?", (job_id,)) if job_id else ("", ())
-
-
 def has_stacks(db: sqlite_utils.Database) -> bool:
     """Node DB v4 (or a merged DB of one): a ``stacks`` table and ``raw_events.stack_key``."""
     names = {str(r[1]) for r in db.conn.execute("PRAGMA table_info(raw_events)")}
@@ -64,7 +61,7 @@ def raw_sites(
 ) -> sqlite3.Cursor:
     """(source, op, pid, stack_key, samples, sampled ns) of the ``raw_events`` of
     ``(start, end]``, the newest SITE_ROWS of them."""
-    job_sql, job_args = _job(job_id)
+    job_sql, job_args = job_filter(job_id)
     return conn.execute(
         "SELECT source, op, pid, stack_key, COUNT(*), SUM(COALESCE(duration_ns, 0)) FROM"
         " (SELECT source, op, pid, stack_key, duration_ns FROM raw_events"
@@ -81,7 +78,7 @@ def nccl_sites(
     call's time is its return minus its arrival); None where they carry no stacks."""
     if "stack_key" not in {str(r[1]) for r in conn.execute("PRAGMA table_info(nccl_calls)")}:
         return None
-    job_sql, job_args = _job(job_id)
+    job_sql, job_args = job_filter(job_id)
     return conn.execute(
         "SELECT 'nccl', op, pid, stack_key, COUNT(*),"
         " SUM(CAST(COALESCE(ts_return - ts_enter, 0) * 1e9 AS INTEGER)) FROM"

@@ -49,6 +49,12 @@ TIME_COLUMNS = {
 }
 
 
+def job_filter(job_id: str | None) -> tuple[str, tuple[str, ...]]:
+    """The ``AND job_id = ?`` clause and its parameter that keep one Slurm job's rows
+    (none when ``job_id`` is None or empty)."""
+    return ("AND job_id = ?", (job_id,)) if job_id else ("", ())
+
+
 def newest_sql(table: str, since: bool) -> str:
     """``ingero query --table``'s statement: the newest rows of ``table`` (one of
     TIME_COLUMNS), parameters (since,) limit when ``since``, else (limit,)."""
