@@ -73,6 +73,8 @@ install -D -m 644 -t "$stage/usr/share/ingero/bpf" bpf/*.c
 install -D -m 644 -t "$stage/usr/share/ingero/prometheus" contrib/prometheus/*.yml
 install -D -m 644 -t "$stage/usr/share/ingero/prometheus/tests" contrib/prometheus/tests/*.yml
 install -D -m 644 -t "$stage/usr/share/ingero/grafana" contrib/grafana/ingero.json
+# NHC sites link it into /etc/nhc/scripts (docs/slurm.md); NHC then owns the drains
+install -D -m 644 -t "$stage/usr/share/ingero/nhc" contrib/nhc/ingero.nhc
 doc=$stage/usr/share/doc/ingero
 install -D -m 644 -t "$doc" packaging/README.md
 gzip -9n < "$changelog" > "$doc/changelog.gz"
