@@ -24,7 +24,7 @@ Boot = Callable[[str], SystemdContainer]
 ANSIBLE = ROOT / "ansible"
 BIN = Path(sys.executable).parent
 CENTRAL = ["ingero-fleet", "ingero-echo"]
-AGENT = ["ingero-push", "ingero-sink"]
+AGENT = ["ingero-annotate", "ingero-push", "ingero-sink"]
 INVENTORY = """[gpu_nodes]
 localhost ansible_connection=local
 [fleet_host]
