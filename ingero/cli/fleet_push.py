@@ -231,7 +231,7 @@ def run_agent(
         clock=clock,
         baseline_path=state_dir / "baselines.json",
         gpu=gpu,
-        collectives=config.collectives,
+        collectives=config.nccl,
         engines=engines,
     )
     client = make_client(config)

@@ -19,7 +19,7 @@ from ingero.otlp.threshold import (
     MAX_EXIT_INTERVALS,
 )
 from ingero.push.score import ScoreConfig
-from ingero.runtime.config import Duration, check, in_range, positive
+from ingero.runtime.config import Duration, check, formerly, in_range, positive
 from ingero.runtime.systemd import JOURNAL_SOCKET
 from ingero.schema.events import EVENT_SOCKET
 from ingero.schema.healthstate import STATE_PATH
@@ -80,8 +80,9 @@ class ChannelsConfig:
 
 
 @dataclass(frozen=True)
-class CollectivesConfig:
-    """What of the node DB's NCCL tables goes with each push."""
+class NcclConfig:
+    """What of the node DB's NCCL tables goes with each push (``nccl:``, as Fleet's section
+    of what it does with them; ``collectives:`` is its earlier name)."""
 
     enabled: bool = True
     # A communicator is pushed while the tracer wrote a row for it within this many push
@@ -190,7 +191,7 @@ class PushConfig:
     detection: DetectionConfig = field(default_factory=DetectionConfig)
     classifier: ClassifierConfig = field(default_factory=ClassifierConfig)
     channels: ChannelsConfig = field(default_factory=ChannelsConfig)
-    collectives: CollectivesConfig = field(default_factory=CollectivesConfig)
+    nccl: NcclConfig = field(default_factory=NcclConfig, metadata=formerly("collectives"))
     clock: ClockConfig = field(default_factory=ClockConfig)
     snapshot: SnapshotConfig = field(default_factory=SnapshotConfig)
     inference: InferenceConfig = field(default_factory=InferenceConfig)

@@ -35,7 +35,7 @@ from ingero.otlp.health import (
 )
 from ingero.push.baseline import BaselineSet, BaselineStore, EmaBaseline
 from ingero.push.collectives import CollectivesReader
-from ingero.push.config import CollectivesConfig
+from ingero.push.config import NcclConfig
 from ingero.push.engines import EngineWatcher
 from ingero.push.gpu_health import GpuFinding, GpuHealth, GpuHealthTracker
 from ingero.push.nodestate import NodeStateMachine, Transition
@@ -93,7 +93,7 @@ class NodeSampler:
         proc: ProcReader | None = None,
         gpu: GpuQuery | None = None,
         pid_alive: Callable[[int], bool] | None = None,
-        collectives: CollectivesConfig | None = None,
+        collectives: NcclConfig | None = None,
         engines: EngineWatcher | None = None,
     ) -> None:
         """``engines``: the node's inference servers, measured each sample (None: none

@@ -210,3 +210,29 @@ def test_a_flag_wins_over_the_earlier_name_of_its_key(tmp_path: Path) -> None:
     path = write(tmp_path, "auth: {tokens_file: /from/file}\n")
     config = load_config(EchoConfig, "echo", path, {"auth.token_table": "/from/flag"})
     assert config.auth.token_table == "/from/flag"
+
+
+@pytest.mark.parametrize("section", ["nccl", "collectives"])
+def test_fleet_push_reads_its_nccl_section_by_both_names(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture, section: str
+) -> None:
+    """fleet-push's NCCL section is ``nccl:``, as Fleet's; a site's file with its earlier
+    name ``collectives:`` keeps working, told once that the name is deprecated."""
+    from ingero.push.config import PushConfig
+
+    path = write(tmp_path, f"{section}: {{enabled: false, recent_intervals: 7}}\n")
+    with caplog.at_level("WARNING", logger="ingero.runtime.config"):
+        config = load_config(PushConfig, "fleet-push", path)
+    assert (config.nccl.enabled, config.nccl.recent_intervals) == (False, 7)
+    lines = [r.getMessage() for r in caplog.records]
+    assert lines == (
+        [] if section == "nccl" else [f"{path}: collectives is deprecated; it is nccl now"]
+    )
+
+
+def test_fleet_push_refuses_a_file_setting_both_nccl_section_names(tmp_path: Path) -> None:
+    from ingero.push.config import PushConfig
+
+    both = write(tmp_path, "collectives: {enabled: false}\nnccl: {enabled: true}\n")
+    with pytest.raises(ConfigError, match=r"collectives and nccl are one setting; keep nccl"):
+        load_config(PushConfig, "fleet-push", both)
