@@ -1,8 +1,8 @@
 """How far ``merge --nodes`` / ``export --nodes`` measure a node's clock from the truth.
 
-Three real sshd "nodes" on this host (``tests/integration/cluster/sshd.py``), so every
+Three real sshd "nodes" on this host (``tests/integration/fanout/sshd.py``), so every
 true offset is 0 and every measured one is error. Each round runs what
-``fanout.clock_offsets`` runs on the three at once (``fanout.CLOCK_ARGV``: the node prints its
+``ssh.clock_offsets`` runs on the three at once (``ssh.CLOCK_ARGV``: the node prints its
 time ``CLOCK_SAMPLES`` times, ``CLOCK_SAMPLE_GAP_S`` apart) and reads two estimates from the same
 lines: the first line alone (the rule before: one ``date``, its line's arrival) and the
 least delayed of all of them (the rule now, ``least_delayed_offset``). Run it beside a load
@@ -20,8 +20,8 @@ import statistics
 import tempfile
 from pathlib import Path
 
-from ingero.cluster import fanout
-from tests.integration.cluster.sshd import missing_reason, ssh_nodes
+from ingero.fanout import ssh
+from tests.integration.fanout.sshd import missing_reason, ssh_nodes
 
 NODES = ("gpu1", "gpu2", "gpu3")
 
@@ -50,14 +50,14 @@ def main() -> None:
     first: list[float] = []
     least: list[float] = []
     with ssh_nodes(root / "ssh", dbs) as nodes:
-        options = fanout.FanoutOptions(ssh_options=nodes.ssh_options)
+        options = ssh.FanoutOptions(ssh_options=nodes.ssh_options)
         for _ in range(args.rounds):
             arrivals: dict[str, list[tuple[float, bytes]]] = {}
-            fanout.run_on_nodes(list(NODES), fanout.CLOCK_ARGV, options, arrivals)
+            ssh.run_on_nodes(list(NODES), ssh.CLOCK_ARGV, options, arrivals)
             for samples in arrivals.values():
                 arrived, line = samples[0]
                 first.append(abs(float(line) - arrived))
-                offset = fanout.least_delayed_offset(samples)
+                offset = ssh.least_delayed_offset(samples)
                 assert offset is not None
                 least.append(abs(offset))
     print(
@@ -65,7 +65,7 @@ def main() -> None:
         f"{os.cpu_count()} CPUs, load average {os.getloadavg()[0]:.1f}"
     )
     _show("first line (before)", first)
-    _show(f"least delayed of {fanout.CLOCK_SAMPLES} (now)", least)
+    _show(f"least delayed of {ssh.CLOCK_SAMPLES} (now)", least)
 
 
 if __name__ == "__main__":

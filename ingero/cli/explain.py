@@ -19,7 +19,7 @@ from ingero.cli.options import (
     node_db_option,
     seconds,
 )
-from ingero.cluster.fanout import Fanout, MergedRows
+from ingero.fanout.ssh import Fanout, MergedRows
 from ingero.nodedb import sidefile
 from ingero.nodedb.sidefile import describe
 from ingero.runtime.errors import EXIT_OK, UsageError
@@ -158,13 +158,13 @@ def explain(ctx: click.Context, db_path: Path, window: str, job_id: str | None,
 
 
 def _across(spread: Fanout, args: list[str], as_json: bool) -> int:
-    from ingero.cluster.across import (
+    from ingero.fanout.across import (
         cross_node_peer_lag,
         recent_window,
         signal_dict,
         top_line,
     )
-    from ingero.cluster.fanout import (
+    from ingero.fanout.ssh import (
         merge_query_results,
         no_node_answered,
         remote_json,

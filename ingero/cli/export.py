@@ -11,12 +11,12 @@ from typing import TYPE_CHECKING
 import click
 
 from ingero.cli.options import explicit, fanout_from, fanout_options, node_db_option, seconds
-from ingero.cluster.fanout import no_node_answered
-from ingero.cluster.remote import DEFAULT_LIMIT, DEFAULT_SINCE
+from ingero.fanout.remote import DEFAULT_LIMIT, DEFAULT_SINCE
+from ingero.fanout.ssh import no_node_answered
 from ingero.runtime.errors import EXIT_OK, UsageError
 
 if TYPE_CHECKING:
-    from ingero.cluster.export import Slice
+    from ingero.fanout.timeline import Slice
 
 
 @click.command("export")
@@ -98,7 +98,7 @@ def export(
     clocks disagree by more than 100 ms. Exit 0, 65/69 for a bad or missing DB, 69 when no
     node answered.
     """
-    from ingero.cluster.export import build_trace
+    from ingero.fanout.timeline import build_trace
 
     since_s = seconds("--since", since, positive=True)
     end: float | None = None
@@ -109,12 +109,12 @@ def export(
             raise UsageError(f"--until: expected Unix seconds, got {until!r}") from None
     spread = fanout_from(nodes, job_nodes, fanout, node_timeout, ssh_options, remote_ingero)
     if spread is None:
-        from ingero.cluster.sources import read_db
+        from ingero.fanout.sources import read_db
 
         data, end = read_db(db_path, node_name or socket.gethostname(), since_s, end, limit)
     else:
-        from ingero.cluster.export import NodeData
-        from ingero.cluster.remote import fetch_tables
+        from ingero.fanout.remote import fetch_tables
+        from ingero.fanout.timeline import NodeData
 
         if until is not None:
             raise UsageError("--until goes with --db; with --nodes the export ends now")
@@ -152,7 +152,7 @@ def export(
 def _slices(
     events_file: str | None, journal: bool, end: float | None, since_s: float
 ) -> list[Slice]:
-    from ingero.cluster.export import slices_from_rows
+    from ingero.fanout.timeline import slices_from_rows
     from ingero.journal.episodes import EVENT_TYPES, group
     from ingero.journal.journalctl import Journalctl, Query
     from ingero.journal.view import parse_lines

@@ -8,12 +8,12 @@ from typing import TYPE_CHECKING
 import click
 
 from ingero.cli.options import explicit, fanout_from, fanout_options, node_db_option, seconds
-from ingero.cluster.fanout import no_node_answered
-from ingero.cluster.remote import DEFAULT_LIMIT, DEFAULT_SINCE
+from ingero.fanout.remote import DEFAULT_LIMIT, DEFAULT_SINCE
+from ingero.fanout.ssh import no_node_answered
 from ingero.runtime.errors import EXIT_OK, UsageError
 
 if TYPE_CHECKING:
-    from ingero.cluster.remote import Fetched
+    from ingero.fanout.remote import Fetched
 
 
 @click.command("merge")
@@ -66,7 +66,7 @@ def merge(ctx: click.Context, out: Path, inputs: tuple[str, ...], db_path: Path,
         finally:
             db.conn.close()
         return EXIT_OK
-    from ingero.cluster.remote import fetch_tables
+    from ingero.fanout.remote import fetch_tables
 
     window = seconds("--since", since, positive=True)
     remote_db = str(db_path) if explicit(ctx, "db_path") else None

@@ -9,8 +9,8 @@ from typing import Any, TypeVar
 import click
 
 from ingero import nodedb
-from ingero.cluster import fanout as f
-from ingero.cluster.fanout import Fanout, FanoutOptions
+from ingero.fanout import ssh as f
+from ingero.fanout.ssh import Fanout, FanoutOptions
 from ingero.runtime.config import parse_duration
 from ingero.runtime.errors import UsageError
 
@@ -44,7 +44,7 @@ def seconds(option: str, value: str, *, positive: bool = False) -> float:
 
 
 def fanout_options(func: F) -> F:
-    """``--nodes``/``--job-nodes`` and the SSH fan-out settings (ingero.cluster.fanout)."""
+    """``--nodes``/``--job-nodes`` and the SSH fan-out settings (ingero.fanout.ssh)."""
     for option in reversed(
         [
             click.option(
@@ -102,7 +102,7 @@ def fanout_from(
     remote_ingero: str,
 ) -> Fanout | None:
     """The nodes to run on and how, or None to run here; UsageError for a bad combination."""
-    from ingero.cluster.fanout import expand_nodes
+    from ingero.fanout.ssh import expand_nodes
 
     if nodes is not None and job_nodes is not None:
         raise UsageError("--nodes and --job-nodes: pick one")

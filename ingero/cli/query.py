@@ -17,7 +17,7 @@ from ingero.cli.options import (
     node_db_option,
     seconds,
 )
-from ingero.cluster.fanout import Fanout
+from ingero.fanout.ssh import Fanout
 from ingero.nodedb.stacks import SITE_ROWS, SITES_SQL
 from ingero.nodedb.tables import QUERY_TABLES, TIME_COLUMNS, newest_sql
 from ingero.runtime.errors import EXIT_DATAERR, EXIT_OK, IngeroError, UsageError
@@ -156,7 +156,7 @@ def _named(row: tuple[object, ...]) -> tuple[object, ...]:
 
 
 def _across(spread: Fanout, args: list[str], limit: int, *, as_json: bool, as_csv: bool) -> int:
-    from ingero.cluster.fanout import merge_query_results, no_node_answered, run_on_nodes
+    from ingero.fanout.ssh import merge_query_results, no_node_answered, run_on_nodes
 
     options = spread.options
     results = run_on_nodes(spread.nodes, [options.remote_ingero, *args], options)

@@ -7,7 +7,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from ingero.cluster.fanout import least_delayed_offset
+from ingero.fanout.ssh import least_delayed_offset
 
 CASES = [
     # (samples as (arrival, line), expected offset), the node 2.0 s ahead of this host

@@ -12,10 +12,10 @@ from typing import Any
 import pytest
 
 from ingero.cli.main import main
-from ingero.cluster.across import cross_node_peer_lag
-from ingero.cluster.fanout import MergedRows
 from ingero.explain.chains import CollectiveCall, Timeline, join_collectives, peer_lag_signal
 from ingero.explain.reader import sampled_collectives
+from ingero.fanout.across import cross_node_peer_lag
+from ingero.fanout.ssh import MergedRows
 from ingero.nodedb.nccl import NCCL_COLUMNS, nccl_calls_sql, nccl_sql
 from tests.unit.collective_dbs import COLLECTIVES, COMM, LATE_S, PERIOD_S, T0, job
 from tests.unit.tef import problems

@@ -259,7 +259,7 @@ def test_across_nodes_the_top_line_carries_the_call_site(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     # explain --nodes prints each node's top line from the JSON its ingero answered
-    from ingero.cluster.across import top_line
+    from ingero.fanout.across import top_line
 
     _, out, _ = run(capsys, "--db", str(alloc_db(tmp_path / "node.db")), "--json")
     line = top_line("gpu03", json.loads(out))

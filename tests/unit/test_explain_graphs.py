@@ -3,9 +3,9 @@ cause, a build at start-up is not, and the work that drops is the graph launch r
 
 from __future__ import annotations
 
-from ingero.cluster.across import top_line
 from ingero.explain.analysis import OpStats, WindowData, explain
 from ingero.explain.chains import OpPoint, Timeline, explain_chains, signals
+from ingero.fanout.across import top_line
 
 SPLIT = 60.0
 

@@ -101,6 +101,20 @@ def test_no_module_lies_loose_at_the_root() -> None:
     assert all((PACKAGE / name / "__init__.py").is_file() for name in LEAF_PACKAGES)
 
 
+def where_things_live(design: Path = PACKAGE.parent / "docs" / "design.md") -> str:
+    """The map of design.md's "Where things live": its first code block."""
+    section = design.read_text().split("\n## Where things live\n", 1)[1]
+    return section.split("```", 2)[1]
+
+
+def test_the_map_of_where_things_live_names_every_package() -> None:
+    """A newcomer finds each part on the map: a package missing from it (as ingero/cluster/
+    once was) or one renamed without it fails here. Names are spelled ``fanout/``."""
+    mapped = set(re.findall(r"([a-z_]+)/", where_things_live()))
+    packages = {p.parent.name for p in PACKAGE.glob("*/__init__.py")}
+    assert sorted(packages - mapped) == []
+
+
 def test_both_daemons_receive_and_both_senders_export_through_the_otlp_cores() -> None:
     """One receiver core (Fleet and Echo) and one exporter core (fleet-push and Fleet's
     forwarder to Echo): a second copy of either would show as a part that stopped using it."""

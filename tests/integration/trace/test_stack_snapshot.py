@@ -31,8 +31,8 @@ from typing import Any
 import pytest
 
 from ingero.push.snapshot import Target, dump, find_py_spy
-from tests.integration.cluster.sshd import missing_reason, ssh_nodes
 from tests.integration.echo.helpers import EchoProcess
+from tests.integration.fanout.sshd import missing_reason, ssh_nodes
 from tests.integration.push.cluster import Cluster, Procs, wait_for, with_echo
 from tests.integration.trace.ranks import (
     JOB,

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.integration.cluster.sshd import Nodes, missing_reason, silent_listener, ssh_nodes
+from tests.integration.fanout.sshd import Nodes, missing_reason, silent_listener, ssh_nodes
 from tests.unit.chain_dbs import Proc, real_db
 from tests.unit.tef import problems
 

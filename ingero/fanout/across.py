@@ -13,8 +13,8 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from ingero.cluster.fanout import MergedRows
 from ingero.explain.chains import CollectiveCall, Signal, Timeline, peer_lag_signal
+from ingero.fanout.ssh import MergedRows
 from ingero.nodedb.nccl import NCCL_CALL_COLUMNS, NCCL_COLUMNS
 
 

@@ -5,7 +5,7 @@ Each table's newest rows of the last ``since`` seconds (at most ``limit``) come 
 a node that fails any table is left out whole (a node is merged completely or not at all),
 except that a node whose ingero refuses an optional table (``nccl_calls``/``nccl_comms``:
 its node DB is older than v3, or its ingero is) gives no rows of it.
-Clock offsets are measured in the same run (``fanout.clock_offsets``).
+Clock offsets are measured in the same run (``ssh.clock_offsets``).
 """
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ import math
 from dataclasses import dataclass, field
 from typing import Any, Final
 
-from ingero.cluster.fanout import (
+from ingero.fanout.ssh import (
     COMMAND_NOT_FOUND,
     Fanout,
     NodeResult,

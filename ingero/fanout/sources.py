@@ -7,7 +7,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from ingero.cluster.export import NodeData
+from ingero.fanout.timeline import NodeData
 from ingero.nodedb import merged as merged_db
 from ingero.nodedb.intervals import latest_ts
 from ingero.nodedb.schema import open_node_db

@@ -1,1 +1,0 @@
-"""Commands across nodes: fan-out over SSH (ClusterShell), merged node DBs, timeline export."""
