@@ -1,7 +1,7 @@
 """Cost of fleet-push's stack snapshot: one py-spy dump of a CPython process with N threads.
 
 Starts a process whose threads each sleep a few calls deep (a DataLoader-like pool), then
-times ``ingero.push.snapshot.dump`` of it (py-spy --nonblocking, the default; --native with
+times ``ingero.push.stack_snapshot.dump`` of it (py-spy --nonblocking, the default; --native with
 ``--native``), frozen with SIGSTOP too, and the whole event (dump, fit into max_bytes, JSON).
 Prints the median and p95 in milliseconds per thread count, and the event's size.
 """
@@ -17,7 +17,7 @@ import subprocess
 import sys
 import time
 
-from ingero.push.snapshot import Target, dump, find_py_spy, fit
+from ingero.push.stack_snapshot import Target, dump, find_py_spy, fit
 
 WORKER = """
 import sys, threading, time

@@ -8,7 +8,7 @@ import sys
 import time
 from pathlib import Path
 
-from ingero.push.snapshot import Target, dump, find_py_spy
+from ingero.push.stack_snapshot import Target, dump, find_py_spy
 
 LOADER = Path(__file__).parent / "fixtures" / "pyspy" / "loader.py"
 # Where loader.py's main thread waits: read_batch's sleep (its def is line 10), called from

@@ -22,7 +22,7 @@ from ingero.runtime.hangup import ignore_hangups
 from ingero.runtime.signals import stop_on_signals
 
 if TYPE_CHECKING:  # imported where used, so `--help` stays fast
-    from ingero.push.snapshot import Snapshotter, ThreadStack
+    from ingero.push.stack_snapshot import Snapshotter, ThreadStack
     from ingero.schema.events import Event
 
 
@@ -119,7 +119,7 @@ def _snapshotter(
     clock: SystemClock,
 ) -> Snapshotter:
     """The stack snapshot of the job's processes, from the node DB's processes table."""
-    from ingero.push.snapshot import Snapshotter, Target, dump, find_py_spy, job_targets
+    from ingero.push.stack_snapshot import Snapshotter, Target, dump, find_py_spy, job_targets
 
     cfg = config.snapshot
     py_spy = find_py_spy(cfg.py_spy)

@@ -12,7 +12,7 @@ import sqlite3
 import statistics
 from typing import Any
 
-from ingero.echo import collectives, snapshots
+from ingero.echo import collectives, stack_snapshots
 from ingero.echo.questions import (
     INT,
     INT_N,
@@ -196,7 +196,7 @@ HANG_STACK = obj(
         "node_id": STR,
         "role": {
             "type": "string",
-            "enum": [snapshots.MISSING, snapshots.WAITING],
+            "enum": [stack_snapshots.MISSING, stack_snapshots.WAITING],
             "description": "missing: a rank the collective waits for (the answer);"
             " waiting: context",
         },
@@ -622,8 +622,8 @@ def _collective_lag(conn: sqlite3.Connection, ctx: Context, args: dict[str, Any]
         )
     )[:limit]
     # Each hang with the stack snapshots sent under its id: the missing ranks' are the answer.
-    snaps = snapshots.read(conn, job_where, job_params, (since, until), limit)
-    hangs = [{**h, **snapshots.explain_hang(h, snaps)} for h in hangs]
+    snaps = stack_snapshots.read(conn, job_where, job_params, (since, until), limit)
+    hangs = [{**h, **stack_snapshots.explain_hang(h, snaps)} for h in hangs]
     return {
         "job_id": job,
         "window": {"since": since, "until": until},

@@ -32,7 +32,7 @@ from ingero.push.engines import EngineWatcher
 from ingero.push.gpu_health import gpu_events
 from ingero.push.gpu_idle import GpuIdleDetector, HeldJob, gpu_uses, idle_events
 from ingero.push.sampler import NodeSample
-from ingero.push.snapshot import Request, Snapshotter
+from ingero.push.stack_snapshot import Request, Snapshotter
 from ingero.runtime.atomicfile import write_atomic
 from ingero.runtime.clock import Clock
 from ingero.runtime.systemd import Notifier, watchdog_interval

@@ -473,7 +473,7 @@ def job_process(tmp_path: Path):  # type: ignore[no-untyped-def]
 
 def with_snapshots(agent: Agent, db: Path, py_spy: str | None) -> None:
     from ingero.push.sampler import _pid_alive
-    from ingero.push.snapshot import Snapshotter, dump, job_targets
+    from ingero.push.stack_snapshot import Snapshotter, dump, job_targets
 
     agent.snapshotter = Snapshotter(
         targets=lambda job: job_targets(db, job, limit=8, pid_alive=_pid_alive),
@@ -507,7 +507,7 @@ def snapshots(agent: Agent, rec: Recorder) -> list[Event]:
 
 
 def test_a_hang_that_waits_for_the_node_gets_one_snapshot_under_its_id(job_process) -> None:  # type: ignore[no-untyped-def]
-    from ingero.push.snapshot import find_py_spy
+    from ingero.push.stack_snapshot import find_py_spy
 
     proc, db = job_process
     agent, clock, _, client, rec = make()
@@ -566,7 +566,7 @@ def test_no_snapshot_while_nothing_names_the_node(job_process) -> None:  # type:
 
 def test_the_snapshot_waits_until_the_node_db_lists_a_process_of_the_job(job_process) -> None:  # type: ignore[no-untyped-def]
     from ingero.nodedb.schema import connect
-    from ingero.push.snapshot import find_py_spy
+    from ingero.push.stack_snapshot import find_py_spy
 
     proc, db = job_process
     conn = connect(db).conn
@@ -587,7 +587,7 @@ def test_the_snapshot_waits_until_the_node_db_lists_a_process_of_the_job(job_pro
 
 
 def test_a_peer_lag_that_names_the_node_gets_its_snapshot(job_process) -> None:  # type: ignore[no-untyped-def]
-    from ingero.push.snapshot import find_py_spy
+    from ingero.push.stack_snapshot import find_py_spy
 
     _, db = job_process
     agent, clock, _, client, rec = make()

@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from ingero.push.snapshot import PERMISSION_DENIED, find_py_spy
+from ingero.push.stack_snapshot import PERMISSION_DENIED, find_py_spy
 from tests.integration.systemd.sysdns import SystemdContainer
 
 pytestmark = pytest.mark.integration
@@ -42,7 +42,7 @@ JOB_LINE = 5  # time.sleep in wait_for_batch
 SNAP = """import json
 import sys
 
-from ingero.push.snapshot import Target, dump
+from ingero.push.stack_snapshot import Target, dump
 
 for thread in dump(Target(int(sys.argv[1])), py_spy=sys.argv[2]):
     print("SNAPSHOT " + json.dumps(thread.to_json()), flush=True)

@@ -30,7 +30,7 @@ from typing import Any
 
 import pytest
 
-from ingero.push.snapshot import Target, dump, find_py_spy
+from ingero.push.stack_snapshot import Target, dump, find_py_spy
 from tests.integration.echo.helpers import EchoProcess
 from tests.integration.fanout.sshd import missing_reason, ssh_nodes
 from tests.integration.push.cluster import Cluster, Procs, wait_for, with_echo

@@ -16,7 +16,7 @@ import pytest
 from ingero.nodedb.schema import connect
 from ingero.otlp.limits import MAX_EVENT_BYTES
 from ingero.otlp.logs import decode_events, encode_events
-from ingero.push.snapshot import (
+from ingero.push.stack_snapshot import (
     PERMISSION_DENIED,
     SnapshotPlan,
     Target,
