@@ -34,9 +34,10 @@ from opentelemetry.proto.collector.metrics.v1.metrics_service_pb2 import (
 )
 
 from ingero.fleet.metrics import EchoForwarding
-from ingero.fleet.score_history import ScoreSample, encode_scores
+from ingero.fleet.score_history import ScoreSample
 from ingero.fleet.spool import EventSpool
 from ingero.otlp.exporter import Backoff, ExportError, GrpcExporter, HttpExporter
+from ingero.otlp.health import encode_score_history
 from ingero.otlp.logs import encode_events
 from ingero.schema.events import Event
 from ingero.security.bearer import TokenSource
@@ -143,7 +144,7 @@ class Forwarder:
             "events", "", capacity, lambda events: encode_events(events, service), spool=spool
         )
         self._scores: _Lane[ScoreSample] = _Lane(
-            "score samples", "scores_", score_capacity, lambda s: encode_scores(s, service)
+            "score samples", "scores_", score_capacity, lambda s: encode_score_history(s, service)
         )
         self._cond = threading.Condition()
         self._closing = False

@@ -4,9 +4,9 @@ Fleet holds only each node's latest score. Every ``interval`` seconds :class:`Sc
 takes one sample of each active or idle node that pushed since the previous sample (a
 silent node's old score is not repeated until it expires), stamped with the sampling time.
 Pure: it takes the rows and an injected clock; the daemon hands the samples to the Echo
-forwarder (``ingero.fleet.forwarder``), which encodes them with :func:`encode_scores` and
-sends them off the tick thread. On the wire a sample is a health push
-(``ingero.otlp.health``), so Echo decodes it like any other.
+forwarder (``ingero.fleet.forwarder``), which encodes them with
+:func:`ingero.otlp.health.encode_score_history` and sends them off the tick thread. On the
+wire a sample is a health push's resource and score point, so Echo decodes it like any other.
 """
 
 from __future__ import annotations
@@ -14,17 +14,13 @@ from __future__ import annotations
 from collections.abc import Iterable
 from typing import NamedTuple
 
-from opentelemetry.proto.collector.metrics.v1.metrics_service_pb2 import (
-    ExportMetricsServiceRequest,
-)
-
 from ingero.fleet.state import NodeScore
-from ingero.otlp.health import NodePush, encode_health_batch
 from ingero.runtime.clock import Clock
 
 
 class ScoreSample(NamedTuple):
-    """One node's score at one moment; :func:`to_push` makes it the push Echo receives."""
+    """One node's score at one moment: a point of its history, as
+    :func:`ingero.otlp.health.encode_score_history` sends it to Echo."""
 
     node: NodeScore
     time_unix_nano: int
@@ -55,32 +51,3 @@ class ScoreHistory:
         nxt = (self._next or mono) + self.interval
         self._next = nxt if nxt > mono else mono + self.interval
         return samples
-
-
-def to_push(node: NodeScore) -> NodePush:
-    """The sample as a health push (``ingero.otlp.health.encode_health``'s input); built on
-    the forwarder's thread, not the tick's."""
-    return NodePush(
-        node_id=node.node_id,
-        cluster_id=node.cluster_id,
-        score=node.score,
-        state=node.state,
-        host_name=node.host_name,
-        job_id=node.job_id,
-        rank=node.rank,
-        workload_type=node.workload_type,
-        dominant_signal=node.dominant_signal,
-        gpu_model=node.gpu_model,
-        gpu_count=node.gpu_count,
-        provider=node.provider,
-    )
-
-
-def encode_scores(
-    samples: Iterable[ScoreSample], service: dict[str, object] | None = None
-) -> ExportMetricsServiceRequest:
-    """Many nodes' samples in one OTLP metrics request, each as its node's health push;
-    ``service``: the sender's (Fleet's) ``service.*`` resource attributes."""
-    return encode_health_batch(
-        ((to_push(node), time_unix_nano) for node, time_unix_nano in samples), service
-    )

@@ -20,13 +20,13 @@ from __future__ import annotations
 import math
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
-from typing import Any, Literal, cast
+from typing import Any, Literal, Protocol, cast
 
 from opentelemetry.proto.collector.metrics.v1.metrics_service_pb2 import (
     ExportMetricsServiceRequest,
 )
 from opentelemetry.proto.common.v1.common_pb2 import KeyValue
-from opentelemetry.proto.metrics.v1.metrics_pb2 import Metric, NumberDataPoint
+from opentelemetry.proto.metrics.v1.metrics_pb2 import Metric, NumberDataPoint, ScopeMetrics
 from opentelemetry.proto.resource.v1.resource_pb2 import Resource
 
 from ingero.otlp.build import build
@@ -224,8 +224,38 @@ class HealthDecode:
         return "; ".join(self.messages)
 
     def timed(self) -> Iterator[tuple[NodePush, int]]:
-        """(push, time_unix_nano) pairs, as :func:`encode_health_batch` takes them."""
+        """(push, time_unix_nano) pairs, as :func:`encode_score_history` takes them."""
         return zip(self.pushes, self.times, strict=True)
+
+
+class ScoredNode(Protocol):
+    """A node's score as Fleet keeps it and forwards it as score history (``NodePush`` has
+    these fields too): the push's identity, hardware and score point, none of its details."""
+
+    @property
+    def node_id(self) -> str: ...
+    @property
+    def cluster_id(self) -> str: ...
+    @property
+    def score(self) -> float: ...
+    @property
+    def state(self) -> str: ...
+    @property
+    def host_name(self) -> str | None: ...
+    @property
+    def job_id(self) -> str | None: ...
+    @property
+    def rank(self) -> int | None: ...
+    @property
+    def workload_type(self) -> str | None: ...
+    @property
+    def dominant_signal(self) -> str | None: ...
+    @property
+    def gpu_model(self) -> str | None: ...
+    @property
+    def gpu_count(self) -> int | None: ...
+    @property
+    def provider(self) -> str | None: ...
 
 
 def encode_health(
@@ -242,39 +272,14 @@ def encode_health(
     calls as parallel arrays, the form of older nodes (:mod:`ingero.otlp.collectives`).
     """
     request = ExportMetricsServiceRequest()
-    rm = request.resource_metrics.add()
-    add_attributes(
-        rm.resource.attributes,
-        {
-            **(service or {}),
-            ATTR_NODE_ID: push.node_id,
-            ATTR_CLUSTER_ID: push.cluster_id,
-            ATTR_HOST_NAME: push.host_name,
-            ATTR_GPU_MODEL: push.gpu_model,
-            HW_MODEL: push.gpu_model,
-            ATTR_GPU_COUNT: push.gpu_count,
-            ATTR_PROVIDER: push.provider,
-            CLOUD_PROVIDER: push.provider,
-            ATTR_SERVICE: push.service,
-        },
-    )
-    sm = rm.scope_metrics.add()
-    sm.scope.name = SCOPE_NAME
-    score = sm.metrics.add()
-    score.name = SCORE_METRIC
-    score.unit = "1"
-    point = score.gauge.data_points.add()
-    point.time_unix_nano = time_unix_nano
-    point.as_double = push.score
-    add_attributes(
-        point.attributes,
-        {
-            ATTR_STATE: push.state,
-            ATTR_WORKLOAD: push.workload_type,
-            ATTR_JOB_ID: push.job_id,
-            ATTR_RANK: push.rank,
-            ATTR_WORLD_SIZE: push.world_size,
-            ATTR_DOMINANT: push.dominant_signal,
+    sm = _score_gauge(
+        request,
+        push,
+        time_unix_nano,
+        service,
+        inference_service=push.service,
+        world_size=push.world_size,
+        details={
             ATTR_STALLED: True if push.stalled else None,
             ATTR_EPISODE: push.episode_id,
             ATTR_HELD: push.held,
@@ -306,18 +311,69 @@ def encode_health(
     return request
 
 
-def encode_health_batch(
-    pushes: Iterable[tuple[NodePush, int]], service: dict[str, object] | None = None
+def encode_score_history(
+    samples: Iterable[tuple[ScoredNode, int]], service: dict[str, object] | None = None
 ) -> ExportMetricsServiceRequest:
-    """Many nodes' pushes in one request (Fleet's score history to Echo): each node's
-    :func:`encode_health` resource, with its own time, merged; decoded by
-    :func:`decode_health` like single pushes."""
+    """Many nodes' scores in one request, each with its own time (Fleet's score history to
+    Echo, from the scores Fleet keeps): per node the resource and score point of its health
+    push (:func:`encode_health`) without the push's details; decoded by
+    :func:`decode_health` as single pushes are."""
     request = ExportMetricsServiceRequest()
-    for push, time_unix_nano in pushes:
-        request.resource_metrics.extend(
-            encode_health(push, time_unix_nano, service).resource_metrics
-        )
+    for node, time_unix_nano in samples:
+        _score_gauge(request, node, time_unix_nano, service)
     return request
+
+
+def _score_gauge(
+    request: ExportMetricsServiceRequest,
+    node: ScoredNode,
+    time_unix_nano: int,
+    service: dict[str, object] | None,
+    *,
+    inference_service: str | None = None,
+    world_size: int | None = None,
+    details: dict[str, object] | None = None,
+) -> ScopeMetrics:
+    """Add the node's resource and its score gauge to ``request``, the attributes in the
+    wire's order: the score's own, then a push's ``details``. Returns the scope the push's
+    other metrics go in."""
+    rm = request.resource_metrics.add()
+    add_attributes(
+        rm.resource.attributes,
+        {
+            **(service or {}),
+            ATTR_NODE_ID: node.node_id,
+            ATTR_CLUSTER_ID: node.cluster_id,
+            ATTR_HOST_NAME: node.host_name,
+            ATTR_GPU_MODEL: node.gpu_model,
+            HW_MODEL: node.gpu_model,
+            ATTR_GPU_COUNT: node.gpu_count,
+            ATTR_PROVIDER: node.provider,
+            CLOUD_PROVIDER: node.provider,
+            ATTR_SERVICE: inference_service,
+        },
+    )
+    sm = rm.scope_metrics.add()
+    sm.scope.name = SCOPE_NAME
+    score = sm.metrics.add()
+    score.name = SCORE_METRIC
+    score.unit = "1"
+    point = score.gauge.data_points.add()
+    point.time_unix_nano = time_unix_nano
+    point.as_double = node.score
+    add_attributes(
+        point.attributes,
+        {
+            ATTR_STATE: node.state,
+            ATTR_WORKLOAD: node.workload_type,
+            ATTR_JOB_ID: node.job_id,
+            ATTR_RANK: node.rank,
+            ATTR_WORLD_SIZE: world_size,
+            ATTR_DOMINANT: node.dominant_signal,
+            **(details or {}),
+        },
+    )
+    return sm
 
 
 def _number(point: NumberDataPoint) -> float:

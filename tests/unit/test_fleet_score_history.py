@@ -3,12 +3,17 @@
 from __future__ import annotations
 
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+from opentelemetry.proto.collector.metrics.v1.metrics_service_pb2 import (
+    ExportMetricsServiceRequest,
+)
 
 from ingero.echo.decoding import metrics_to_scores
 from ingero.fleet.config import FleetConfig
-from ingero.fleet.score_history import ScoreHistory, encode_scores
+from ingero.fleet.score_history import ScoreHistory, ScoreSample
 from ingero.fleet.state import FleetState, NodeScore
-from ingero.otlp.health import NodePush
+from ingero.otlp.health import NodePush, encode_health, encode_score_history
 from ingero.runtime.clock import ManualClock
 from ingero.runtime.config import load_config
 from ingero.runtime.errors import ConfigError
@@ -154,7 +159,7 @@ def test_samples_encode_as_the_health_pushes_echo_stores() -> None:
     clock = ManualClock()
     history = ScoreHistory(30, clock)
     nodes = [node(f"n{i}", 0.0, 0.5 + i / 100) for i in range(5)]
-    request = encode_scores(history.take(nodes))
+    request = encode_score_history(history.take(nodes))
     assert len(request.resource_metrics) == 5  # one request, many nodes
     points = metrics_to_scores(request, max_points=100, now=0.0)
     assert [(p.node_id, p.score, p.ts, p.gpu_model, p.job_id) for p in points] == [
@@ -169,3 +174,59 @@ def test_the_interval_key_defaults_to_30s_and_refuses_bad_values_by_name() -> No
     for bad in ("-1s", "soon", True):
         with pytest.raises(ConfigError, match=r"echo\.score_history_interval"):
             load_config(FleetConfig, "fleet", None, {"echo": {"score_history_interval": bad}})
+
+
+def as_push(node: NodeScore) -> NodePush:
+    """A stored score as the health push Fleet once rebuilt from it to forward it: the
+    round trip encode_score_history cut, kept here as the reference of its bytes."""
+    return NodePush(
+        node_id=node.node_id,
+        cluster_id=node.cluster_id,
+        score=node.score,
+        state=node.state,
+        host_name=node.host_name,
+        job_id=node.job_id,
+        rank=node.rank,
+        workload_type=node.workload_type,
+        dominant_signal=node.dominant_signal,
+        gpu_model=node.gpu_model,
+        gpu_count=node.gpu_count,
+        provider=node.provider,
+    )
+
+
+IDS = st.text(min_size=1, max_size=12)
+STORED = st.builds(
+    NodeScore,
+    node_id=IDS,
+    cluster_id=IDS,
+    group=IDS,
+    job_id=st.none() | IDS,
+    workload_type=st.none() | IDS,
+    rank=st.none() | st.integers(-(2**31), 2**31),
+    score=st.floats(0.0, 1.0),
+    state=st.sampled_from(["active", "idle"]),
+    dominant_signal=st.none() | IDS,
+    seen=st.floats(0.0, 1e6),
+    host_name=st.none() | IDS,
+    gpu_model=st.none() | IDS,
+    gpu_count=st.none() | st.integers(0, 64),
+    provider=st.none() | IDS,
+)
+
+
+@given(
+    samples=st.lists(st.tuples(STORED, st.integers(0, 2**63 - 1)), max_size=8),
+    service=st.none() | st.just({"service.name": "ingero-fleet", "service.instance.id": "f1"}),
+)
+def test_score_history_encodes_the_stored_scores_as_the_pushes_rebuilt_from_them(
+    samples: list[tuple[NodeScore, int]], service: dict[str, object] | None
+) -> None:
+    """Byte for byte what Fleet sent when it turned each stored score back into a push and
+    encoded that push: Echo, and any collector between, sees the same requests."""
+    rebuilt = ExportMetricsServiceRequest()
+    for node, time_unix_nano in samples:
+        one = encode_health(as_push(node), time_unix_nano, service)
+        rebuilt.resource_metrics.extend(one.resource_metrics)
+    direct = encode_score_history([ScoreSample(n, t) for n, t in samples], service)
+    assert direct.SerializeToString() == rebuilt.SerializeToString()

@@ -44,11 +44,27 @@ def test_roundtrip_keeps_every_field() -> None:
     assert result.pushes == [FULL]
 
 
+# What a score history point carries of a push (encode_score_history): no details.
+HISTORY = NodePush(
+    node_id="gpu-007",
+    cluster_id="hpc",
+    score=0.83,
+    host_name="gpu-007.example",
+    job_id="4242",
+    rank=3,
+    workload_type="training",
+    dominant_signal="compute",
+    gpu_model="H100",
+    gpu_count=8,
+    provider="onprem",
+)
+
+
 def test_batch_of_nodes_decodes_to_each_push_with_its_own_time() -> None:
     other = NodePush(node_id="gpu-008", cluster_id="hpc", score=0.4, state="idle", job_id="9")
-    request = health.encode_health_batch([(FULL, 1_000), (other, 2_000)])
+    request = health.encode_score_history([(HISTORY, 1_000), (other, 2_000)])
     wire = parse_protobuf(request.SerializeToString(), ExportMetricsServiceRequest)
-    assert health.decode_health(wire).pushes == [FULL, other]
+    assert health.decode_health(wire).pushes == [HISTORY, other]
     times = [
         rm.scope_metrics[0].metrics[0].gauge.data_points[0].time_unix_nano
         for rm in wire.resource_metrics
@@ -56,10 +72,24 @@ def test_batch_of_nodes_decodes_to_each_push_with_its_own_time() -> None:
     assert times == [1_000, 2_000]
 
 
+def test_a_score_history_point_is_its_push_without_the_details() -> None:
+    """The history form writes a push's resource and score point as encode_health does,
+    and nothing of the push's signals, rates, NCCL report or flags."""
+    (only,) = health.decode_health(health.encode_score_history([(FULL, 1_000)])).pushes
+    assert only == HISTORY
+    whole = health.encode_health(FULL, 1_000)
+    point = whole.resource_metrics[0].scope_metrics[0].metrics[0].gauge.data_points[0]
+    details = {health.ATTR_WORLD_SIZE, health.ATTR_CAUSE}
+    for kv in [kv for kv in point.attributes if kv.key in details]:
+        point.attributes.remove(kv)
+    del whole.resource_metrics[0].scope_metrics[0].metrics[1:]
+    assert health.encode_score_history([(FULL, 1_000)]) == whole
+
+
 def test_the_decoder_returns_every_push_with_the_time_its_encoder_wrote() -> None:
     other = NodePush(node_id="gpu-008", cluster_id="hpc", score=0.4)
     bad = NodePush(node_id="gpu-009", cluster_id="hpc", score=0.5)
-    request = health.encode_health_batch([(FULL, 1_000), (bad, 1_500), (other, 2_000)])
+    request = health.encode_score_history([(HISTORY, 1_000), (bad, 1_500), (other, 2_000)])
     # the middle node's score is refused: the times stay with their own pushes
     request.resource_metrics[1].scope_metrics[0].metrics[0].gauge.data_points[0].as_double = 7.0
     for body, parse in (
@@ -68,12 +98,11 @@ def test_the_decoder_returns_every_push_with_the_time_its_encoder_wrote() -> Non
     ):
         result = health.decode_health(parse(body, ExportMetricsServiceRequest))
         assert result.times == [1_000, 2_000] and result.rejected == 1
-        assert list(result.timed()) == [(FULL, 1_000), (other, 2_000)]
+        assert list(result.timed()) == [(HISTORY, 1_000), (other, 2_000)]
         # what it returns is what the encoder takes: the round trip is whole
-        again = health.encode_health_batch(result.timed()).SerializeToString()
-        assert (
-            again == health.encode_health_batch([(FULL, 1_000), (other, 2_000)]).SerializeToString()
-        )
+        again = health.encode_score_history(result.timed()).SerializeToString()
+        expected = health.encode_score_history([(HISTORY, 1_000), (other, 2_000)])
+        assert again == expected.SerializeToString()
 
 
 def test_minimal_push_defaults_to_active() -> None:
