@@ -4,7 +4,8 @@ A :class:`Question` is its parameters (each a :class:`Param`, validated here, so
 API and MCP refuse the same bad input with the same message), a JSON Schema of its answer
 (for the OpenAPI document and the MCP tool descriptions) and a function over a read-only
 SQLite connection, given a :class:`Context` (the caller's principal, the clock, the GPU
-rates, the answer's limits). The questions themselves are ``ingero.echo.answers``.
+rates, the answer's limits). A :class:`Registry` collects the questions, each registered
+beside its function; the questions themselves are ``ingero.echo.answers``.
 """
 
 from __future__ import annotations
@@ -12,7 +13,7 @@ from __future__ import annotations
 import math
 import re
 import sqlite3
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
@@ -114,13 +115,16 @@ class Context:
         return self.budget.take(items)
 
 
+Answer = Callable[[sqlite3.Connection, Context, dict[str, Any]], dict[str, Any]]
+
+
 @dataclass(frozen=True)
 class Question:
     name: str
     summary: str
     params: tuple[Param, ...]
     output: dict[str, Any]
-    run: Callable[[sqlite3.Connection, Context, dict[str, Any]], dict[str, Any]]
+    run: Answer
 
     def parse(self, raw: Mapping[str, Any]) -> dict[str, Any]:
         known = {p.name: p for p in self.params}
@@ -152,6 +156,36 @@ class Question:
             "required": [p.name for p in self.params if p.required],
             "additionalProperties": False,
         }
+
+
+class Registry:
+    """The questions, each registered by :meth:`question` where its function is defined (its
+    parameters and answer schema beside its code), listed by :meth:`ordered`."""
+
+    def __init__(self) -> None:
+        self._questions: dict[str, Question] = {}
+
+    def question(
+        self, name: str, summary: str, params: tuple[Param, ...], output: dict[str, Any]
+    ) -> Callable[[Answer], Answer]:
+        """A decorator registering the function below it as the question ``name``."""
+
+        def register(run: Answer) -> Answer:
+            if name in self._questions:
+                raise ValueError(f"question {name!r} is registered twice")
+            self._questions[name] = Question(name, summary, params, output, run)
+            return run
+
+        return register
+
+    def ordered(self, names: Sequence[str]) -> dict[str, Question]:
+        """The registered questions in the order ``names`` gives (the order every surface
+        lists them in), which must name each exactly once."""
+        if sorted(names) != sorted(self._questions):
+            missing = sorted(set(self._questions) - set(names))
+            unknown = sorted(set(names) - set(self._questions))
+            raise ValueError(f"question order: missing {missing}, unknown or twice {unknown}")
+        return {name: self._questions[name] for name in names}
 
 
 # -- the JSON Schema vocabulary of answers ----------------------------------------------------

@@ -11,10 +11,28 @@ from ingero.echo.answers import QUESTIONS
 from ingero.echo.api import openapi_document
 from ingero.echo.config import EchoConfig
 from ingero.echo.mcp_server import investigate_text, tools
-from ingero.echo.questions import BadRequest
+from ingero.echo.questions import BadRequest, Param, Registry, answer_schema
 from ingero.echo.rates import GpuRates
 from ingero.runtime.config import build
 from ingero.runtime.errors import ConfigError
+
+
+def test_each_question_is_registered_beside_its_function_once() -> None:
+    # The answers package registers every question where its function is defined, in the
+    # module of its topic; the order names each registered question once.
+    for q in QUESTIONS.values():
+        assert q.run.__module__.startswith("ingero.echo.answers."), q.name
+        assert q.run.__name__ == q.name
+    registry = Registry()
+    ask = registry.question("a", "A question", (Param("x", "string", "An x"),), answer_schema({}))
+    ask(lambda conn, ctx, args: {})
+    with pytest.raises(ValueError, match="'a' is registered twice"):
+        ask(lambda conn, ctx, args: {})
+    with pytest.raises(ValueError, match=r"missing \['a'\]"):
+        registry.ordered(())
+    with pytest.raises(ValueError, match=r"unknown or twice \['b'\]"):
+        registry.ordered(("a", "b"))
+    assert list(registry.ordered(("a",))) == ["a"]
 
 
 def test_parameters_are_validated_with_clear_messages() -> None:
