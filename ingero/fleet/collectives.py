@@ -136,7 +136,6 @@ class _Comm:
     quorum_tick: dict[int, int] = field(default_factory=dict)
     joined_seq: int = 0
     rows: deque[_Row] = field(default_factory=deque)
-    joined_total: int = 0
     lagging: dict[int, _LagEpisode] = field(default_factory=dict)
     hang: _Hang | None = None
 
@@ -412,7 +411,6 @@ class CollectiveJoin:
                 batch.append((seq, entries))
         comm.rows.extend(self._rows(batch))
         comm.joined_seq = top
-        comm.joined_total += len(ready)
         return len(ready)
 
     def _rows(self, batch: list[tuple[int, dict[int, tuple[float, int, str]]]]) -> list[_Row]:

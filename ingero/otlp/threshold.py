@@ -330,7 +330,6 @@ _OPTIONAL: frozenset[str] = frozenset(f.name for f in _FIELDS if f.metadata["opt
 # attribute -> the part (an episode the reply names) it belongs to, for the fields of one.
 _PART: dict[str, str] = {f.name: f.metadata["part"] for f in _FIELDS if f.metadata["part"]}
 HEADERS: tuple[str, ...] = tuple(header for _, _, header, _ in _PUSH)
-METADATA_KEYS: tuple[str, ...] = tuple(key for _, key, _, _ in _PUSH)
 
 
 def _sane(kind: _Kind, value: object, label: str) -> bool:

@@ -24,7 +24,6 @@ from ingero.push.config import DetectionConfig
 from ingero.runtime.clock import Clock
 
 Mode = Literal["fleet", "fleet-cached", "local-cached", "local-baseline", "none"]
-MODES: tuple[Mode, ...] = ("fleet", "fleet-cached", "local-cached", "local-baseline", "none")
 # The modes whose threshold Fleet drew from the node's peers (fresh or kept in memory).
 FLEET_MODES: tuple[Mode, ...] = ("fleet", "fleet-cached")
 

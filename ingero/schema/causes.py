@@ -28,14 +28,6 @@ UNKNOWN: Final = "unknown"
 # Gravest first: the class to act on when a node shows several.
 CAUSE_CLASSES: Final = (HARDWARE, NODE, NETWORK, JOB)
 
-REMEDIATION: Final = {
-    HARDWARE: "inspect or reboot: a GPU reports a fault or a hardware slowdown",
-    NODE: "find the competing work: the host's CPU or memory holds the GPUs back",
-    NETWORK: "check the NIC, cable and switch port: TCP retransmits are up",
-    JOB: "the application's own: tell the job's user",
-    UNKNOWN: "look at the node (its agent does not say a class)",
-}
-
 
 def gravest(old: str | None, new: str) -> str:
     """Of two classes the one to act on first (hardware, node, network, job)."""

@@ -19,7 +19,7 @@ from typing import Any
 
 from ingero.schema.events import Event
 from ingero.slurm.backend import AccountingBackend, JobRecord, SlurmError
-from ingero.slurm.verdict import JobTally, split_admin_comment
+from ingero.slurm.verdict import split_admin_comment, tally_events
 from ingero.slurm.verdict_writer import write_verdict
 
 log = logging.getLogger(__name__)
@@ -93,10 +93,7 @@ def backfill(
         if not events and not known_to_echo(ask, cluster, record):
             yield BackfillResult(record.job_id, "unknown", "Echo knows nothing of the job")
             continue
-        tally = JobTally(cluster, record.job_id)
-        for event in events:
-            if event.job_id == record.job_id and event.cluster_id == cluster:
-                tally.add(event)
+        tally = tally_events(cluster, record.job_id, events)
         note = f" (Echo cut its answer at {len(events)} events)" if cut else ""
         if dry_run:
             yield BackfillResult(record.job_id, "dry_run", f"{tally.events} events{note}")

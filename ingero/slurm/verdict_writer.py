@@ -26,9 +26,8 @@ import copy
 import logging
 import math
 import threading
-import time
 from collections import OrderedDict
-from collections.abc import Iterable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
 
@@ -117,7 +116,6 @@ class VerdictWriter:
         self.outcomes: dict[str, int] = dict.fromkeys(OUTCOMES, 0)
         self.failures = 0
         self.dropped = 0  # jobs not followed: verdict.max_jobs reached
-        self.last_write_s: float | None = None
 
     # -- Fleet's tick thread: O(events + groups), never waits on Slurm --------------------
 
@@ -223,11 +221,9 @@ class VerdictWriter:
                     f"it began at {record.start:.0f}, before this Fleet started "
                     f"({self.started_at:.0f}): left to the backfill",
                 )
-            start = time.perf_counter()
             with self._cond:  # the tick thread may fold a late event into it meanwhile
                 tally = copy.deepcopy(followed.tally)
             outcome, words = write_verdict(self._backend, tally, record, self.config.max_bytes)
-            self.last_write_s = time.perf_counter() - start
             return self._done(key, outcome, words)
         except SlurmError as exc:
             self.failures += 1
@@ -269,13 +265,3 @@ def attach(daemon: FleetDaemonHooks, config: VerdictConfig) -> VerdictWriter:
         "job verdicts enabled (backend %s, max_bytes %d)", writer._backend.name, config.max_bytes
     )
     return writer
-
-
-def tallies(events: Iterable[Event]) -> dict[JobKey, JobTally]:
-    """Each job's tally from a batch of events (the backfill's, from Echo)."""
-    out: dict[JobKey, JobTally] = {}
-    for event in events:
-        if event.job_id:
-            key = (event.cluster_id, event.job_id)
-            out.setdefault(key, JobTally(*key)).add(event)
-    return out
