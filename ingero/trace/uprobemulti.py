@@ -35,11 +35,18 @@ _syscall.restype = ctypes.c_long
 
 
 def link_create(
-    prog_fd: int, path: bytes, offsets: Sequence[int], retprobe: bool, pid: int = 0
+    prog_fd: int,
+    path: bytes,
+    offsets: Sequence[int],
+    retprobe: bool,
+    pid: int = 0,
+    attach_type: int = BPF_TRACE_UPROBE_MULTI,
 ) -> int:
     """A link attaching ``prog_fd`` at each file offset of ``path`` (their returns with
     ``retprobe``), in process ``pid`` only (0: every process). Returns the link's fd;
-    closing it detaches every offset. Raises OSError with the kernel's errno."""
+    closing it detaches every offset. Raises OSError with the kernel's errno.
+    ``attach_type``: the program's (``BPF_TRACE_UPROBE_SESSION`` for a session link,
+    ingero/trace/sessions.py: entry and return in one link, no ``retprobe``)."""
     if not offsets:
         raise ValueError("a uprobe_multi link needs at least one offset")
     c_path = ctypes.create_string_buffer(path)
@@ -48,7 +55,7 @@ def link_create(
         _ATTR.pack(
             prog_fd,
             0,
-            BPF_TRACE_UPROBE_MULTI,
+            attach_type,
             0,
             ctypes.addressof(c_path),
             ctypes.addressof(c_offsets),
