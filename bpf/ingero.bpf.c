@@ -276,6 +276,10 @@ struct call_stack {
     u32 depth;
     u32 pad;
     struct call_t c[CALL_DEPTH];
+    // The last runtime launch counted at entry (LAUNCH_PROBE): its stack pointer at entry
+    // and the return address there, so a driver launch it makes is not counted again.
+    u64 rt_sp;
+    u64 rt_ret;
 };
 
 // CALL_DEPTH is a power of two: the masks below are what the verifier reads as bounds.
@@ -553,6 +557,8 @@ BPF_PROG_ARRAY(stack_progs, 1);
 // probe loaded for a uprobe_multi link calls a uprobe_multi copy of stack_sample, kept
 // here (ingero/trace/tailcall.py points its tail call at this map when it loads it).
 BPF_PROG_ARRAY(stack_progs_multi, 1);
+// And the probes of uprobe session links (the launches counted at entry) a session copy.
+BPF_PROG_ARRAY(stack_progs_session, 1);
 
 int stack_sample(struct pt_regs *ctx) {
     u32 z = 0;
@@ -607,23 +613,30 @@ static __always_inline void mark_traced(u64 id) {
     emit(&ev);
 }
 
+// The (process, op) entry of the stats map, created on first use (``*created``).
+static __always_inline struct stat_val *stat_entry(u64 id, u32 op, int *created) {
+    struct stat_key sk = {.tgid = id >> 32, .op = op};
+    struct stat_val *sv = stats.lookup(&sk);
+    if (sv)
+        return sv;
+    u32 z = 0;
+    struct stat_val *zero = zero_stat.lookup(&z);
+    if (!zero)
+        return 0;
+    stats.insert(&sk, zero);
+    *created = 1;
+    return stats.lookup(&sk);
+}
+
 // Count one call or off-CPU period. The first of a (process, op) creates the entry,
 // and the first call of a process marks it traced: the hot path is a single lookup.
 static __always_inline void record(u64 id, u32 op, u64 dur, u64 bytes, int err) {
-    struct stat_key sk = {.tgid = id >> 32, .op = op};
-    struct stat_val *sv = stats.lookup(&sk);
-    if (!sv) {
-        u32 z = 0;
-        struct stat_val *zero = zero_stat.lookup(&z);
-        if (!zero)
-            return;
-        stats.insert(&sk, zero);
-        sv = stats.lookup(&sk);
-        if (!sv)
-            return;
-        if (op != OP_OFFCPU)
-            mark_traced(id);
-    }
+    int created = 0;
+    struct stat_val *sv = stat_entry(id, op, &created);
+    if (!sv)
+        return;
+    if (created && op != OP_OFFCPU)
+        mark_traced(id);
     __sync_fetch_and_add(&sv->count, 1);
     __sync_fetch_and_add(&sv->total_ns, dur);
     if (bytes)
@@ -795,6 +808,294 @@ static __always_inline int call_leave(struct pt_regs *ctx, int always) {
     return 0;
 }
 
+#if defined(LAUNCH_SESSIONS) && defined(USE_TASK_STORAGE)
+#define LAUNCH_FRAMES 1
+// Launches counted at entry (the launch-class ops in sampled mode: LAUNCH_PROBE lines from
+// probes.py). One program per op, attached through a uprobe session link
+// (BPF_TRACE_UPROBE_SESSION, 6.13+): it runs at the entry, and its return value says
+// whether the call's return runs it again (0) or not at all (1): a declined return costs
+// no more than an entry-only uprobe. At entry it counts the launch in ``launches``, per
+// (process, op, stream) and per CPU, one lookup: the per-op count and the per-stream
+// launches are both sums of it (user space adds them up). 1 in 2^shift launches takes its
+// return and is timed; the shift follows the key's launch rate on this CPU, checked every
+// LAUNCH_CHECK_EVERY launches, so that about 1e9 / LAUNCH_GAP_NS launches a second are
+// timed whatever the rate: all of them below that rate, 1 in 4096 at most. A timed launch
+// is recorded with its weight 2^shift (Horvitz-Thompson: its count, time, errors and
+// histogram slot count 2^shift calls), so the durations stay an unbiased estimate while
+// the shift moves. The session cookie (8 bytes the kernel keeps from entry to return)
+// holds the entry time and the shift.
+//
+// bpf_session_is_return() and bpf_session_cookie() are kfuncs, which BCC (0.26) cannot
+// call: the program calls two placeholder helper ids, and ingero/trace/sessions.py turns
+// those calls into kfunc calls by the BTF ids of the running kernel before loading it.
+static long (*const session_is_return)(void *ctx) = (void *)KFUNC_SESSION_IS_RETURN;
+static u64 *(*const session_cookie)(void *ctx) = (void *)KFUNC_SESSION_COOKIE;
+
+#define LAUNCH_NAMED (1U << 16)    // launch_key.op: the launch names a stream
+#define OP_TIMED (1U << 15)        // stat_key.op: the timed launches of an op (weighted)
+#define LAUNCH_CHECK_EVERY 64      // launches between two rate checks (a power of two)
+#define LAUNCH_MAX_SHIFT 12
+#define COOKIE_SHIFT_AT 58         // ktime ns stay below 2^58 (9 years of uptime)
+
+struct launch_key {
+    u64 stream;
+    u32 tgid;
+    u32 op;  // the op id, | LAUNCH_NAMED where the launch names a stream
+};
+
+struct launch_val {
+    u64 count;    // launches entered (this CPU)
+    u64 checked;  // ktime of the last rate check
+    u32 shift;    // 1 in 2^shift launches is timed
+    u32 pad;
+};
+
+BPF_PERCPU_HASH(launches, struct launch_key, struct launch_val, 16384);
+
+// A driver launch the runtime makes inside its own launch is the runtime's work: the runtime
+// call is counted, not this one (as runtime_internal does for calls with returns). A runtime
+// launch counted at entry leaves its frame, the stack pointer at its entry and the return
+// address there, in rt_frames: one per CPU, the frame of the thread running there. The
+// thread's next driver launch is the runtime's own while that launch is in flight: its stack
+// pointer is below the frame's, and the frame's return address is still in its slot (the
+// runtime's return pops it, the next call at that depth overwrites it). A timed runtime
+// launch's return address is the kernel's return trampoline until it returns: its frame is
+// ``armed``, live while the stack pointer test holds, and cleared at its return. A frame is
+// consumed by the first driver launch that looks at it. A thread switched out with its
+// frame there takes it along (sched_switch parks it in the thread's task storage, counted
+// in rt_parked), so that a thread moved to another CPU is still recognised there: the
+// per-CPU frame costs a launch a few ns where task storage on every launch cost ~50 here.
+struct rt_frame {
+    u32 tid;
+    u32 armed;  // its return is armed (timed): no return address to compare
+    u64 sp;
+    u64 ret;
+};
+#define RT_ARMED 1ULL  // call_stack.rt_ret of a parked armed frame
+BPF_PERCPU_ARRAY(rt_frames, struct rt_frame, 1);
+BPF_ARRAY(rt_parked, u64, 1);  // frames parked in task storage now
+
+static __always_inline u64 *parked_count(void) {
+    u32 z = 0;
+    return rt_parked.lookup(&z);
+}
+
+// Whether the frame (sp, ret) is a runtime launch still in flight above stack pointer ``sp``
+// (``ret`` RT_ARMED: an armed frame). A return address is never 1.
+static __always_inline int frame_live(u64 frame_sp, u64 frame_ret, u64 sp) {
+    if (!frame_sp || sp >= frame_sp)
+        return 0;
+    if (frame_ret == RT_ARMED)
+        return 1;
+    u64 slot = 0;
+    return bpf_probe_read_user(&slot, sizeof(slot), (void *)frame_sp) == 0 && slot == frame_ret;
+}
+
+// This thread's parked frame, taken out of its task storage (0: none).
+static __always_inline u64 unpark(u64 *ret) {
+    u64 *parked = parked_count();
+    if (!parked || !*parked)
+        return 0;
+    struct task_struct *t = (struct task_struct *)bpf_get_current_task_btf();
+    struct call_stack *s = calls.task_storage_get(t, 0, 0);
+    if (!s || !s->rt_sp)
+        return 0;
+    u64 sp = s->rt_sp;
+    *ret = s->rt_ret;
+    s->rt_sp = 0;
+    __sync_fetch_and_add(parked, -1);
+    return sp;
+}
+
+// The runtime launch on this thread left its frame here (an older parked one is stale).
+static __always_inline void frame_put(u32 tid, u64 sp, u64 ret, int armed) {
+    u64 old_ret = 0;
+    unpark(&old_ret);
+    u32 z = 0;
+    struct rt_frame *f = rt_frames.lookup(&z);
+    if (f) {
+        f->tid = tid;
+        f->armed = armed;
+        f->sp = sp;
+        f->ret = armed ? RT_ARMED : ret;
+    }
+}
+
+// A timed runtime launch returned: its frame, if no driver launch consumed it, goes.
+static __always_inline void frame_clear(u32 tid) {
+    u32 z = 0;
+    struct rt_frame *f = rt_frames.lookup(&z);
+    if (f && f->tid == tid)
+        f->sp = 0;
+    u64 ret = 0;
+    unpark(&ret);
+}
+
+// Whether this driver launch is the runtime's own (its frame consumed).
+static __always_inline int launch_internal(u32 tid, u64 sp) {
+    u32 z = 0;
+    struct rt_frame *f = rt_frames.lookup(&z);
+    if (f && f->sp && f->tid == tid) {
+        int live = frame_live(f->sp, f->ret, sp);
+        f->sp = 0;
+        return live;
+    }
+    u64 ret = 0;
+    u64 frame_sp = unpark(&ret);
+    return frame_live(frame_sp, ret, sp);
+}
+
+// sched_switch, in the thread switched out: its frame goes with it.
+static __always_inline void frame_park(u32 tid) {
+    u32 z = 0;
+    struct rt_frame *f = rt_frames.lookup(&z);
+    if (!f || !f->sp)
+        return;
+    u64 sp = f->sp, ret = f->ret;
+    f->sp = 0;
+    if (f->tid != tid)
+        return;
+    struct task_struct *t = (struct task_struct *)bpf_get_current_task_btf();
+    struct call_stack *s = calls.task_storage_get(t, 0, BPF_LOCAL_STORAGE_GET_F_CREATE);
+    u64 *parked = parked_count();
+    if (!s || !parked)
+        return;
+    if (!s->rt_sp)
+        __sync_fetch_and_add(parked, 1);
+    s->rt_sp = sp;
+    s->rt_ret = ret;
+}
+
+// The timed launches of an op: weighted by the 2^shift launches each stands for. ``bytes``
+// counts the timed calls themselves (a launch moves no bytes).
+static __always_inline void record_timed(u64 id, u32 op, u64 dur, int err, u64 w) {
+    int created = 0;
+    struct stat_val *sv = stat_entry(id, op | OP_TIMED, &created);
+    if (!sv)
+        return;
+    __sync_fetch_and_add(&sv->count, w);
+    __sync_fetch_and_add(&sv->total_ns, dur * w);
+    __sync_fetch_and_add(&sv->bytes, 1);
+    if (err)
+        __sync_fetch_and_add(&sv->errors, w);
+    u32 slot = slot_of(dur);
+    if (slot < NSLOTS)
+        __sync_fetch_and_add(&sv->slots[slot], w);
+}
+
+static __always_inline int launch_enter(struct pt_regs *ctx, u32 op, int stream_arg,
+                                        int stream_off, int runtime) {
+    u64 id = bpf_get_current_pid_tgid();
+    u64 sp = PT_REGS_SP(ctx);
+    u64 ret = 0, stream = 0;
+    u32 named = 0;
+    if (runtime && stream_arg >= 7 && stream_arg <= 9) {
+        // The return address and the stack slots up to the stream's, in one read (a read
+        // of user memory costs ~100 ns here, whatever its size).
+        u64 f[4] = {};
+        if (bpf_probe_read_user(f, 8 * (stream_arg - 5), (void *)sp) == 0) {
+            ret = f[0];
+            stream = f[(stream_arg - 6) & 3];
+            named = 1;
+        }
+    } else {
+        if (runtime && bpf_probe_read_user(&ret, sizeof(ret), (void *)sp) != 0)
+            ret = 0;
+        if (stream_arg) {
+            stream = arg_n(ctx, stream_arg);
+            named = 1;
+        }
+    }
+    if (named && stream_off >= 0) {
+        // The stream inside a config struct (user memory), as call_enter reads it.
+        u64 config = stream;
+        stream = 0;
+        if (!config ||
+            bpf_probe_read_user(&stream, sizeof(stream), (void *)(config + stream_off)))
+            named = 0;
+    }
+    if (!runtime && launch_internal((u32)id, sp))
+        return 1;
+    struct launch_key k = {.stream = named ? stream : 0, .tgid = id >> 32,
+                           .op = op | (named ? LAUNCH_NAMED : 0)};
+    struct launch_val *v = launches.lookup(&k);
+    if (!v) {
+        struct launch_val z = {};
+        launches.insert(&k, &z);
+        v = launches.lookup(&k);
+        if (!v)
+            return 1;
+        mark_traced(id);
+    }
+    u64 n = v->count;
+    __sync_fetch_and_add(&v->count, 1);
+    if ((n & (LAUNCH_CHECK_EVERY - 1)) == LAUNCH_CHECK_EVERY - 1) {
+        u64 now = bpf_ktime_get_ns();
+        u64 last = v->checked;
+        if (last && now > last) {
+            // Launches a wanted gap holds at the rate of the last LAUNCH_CHECK_EVERY.
+            u64 want = (u64)LAUNCH_CHECK_EVERY * LAUNCH_GAP_NS / (now - last);
+            u32 shift = want > 1 ? bpf_log2l(want) - 1 : 0;
+            v->shift = shift < LAUNCH_MAX_SHIFT ? shift : LAUNCH_MAX_SHIFT;
+        }
+        v->checked = now;
+    }
+    // 1 in 2^shift launches is timed: those whose count's Fibonacci hash has its top shift
+    // bits clear. The hash spreads the picks evenly over any period of the workload (a step
+    // of a fixed number of launches is not sampled at one place of it) and costs a multiply,
+    // where bpf_get_prandom_u32() cost ~25 ns a launch here.
+    u32 shift = v->shift & 15;
+    int timed = !shift || (n * 0x9E3779B97F4A7C15ULL) >> (64 - shift) == 0;
+    if (runtime && ret)
+        frame_put((u32)id, sp, ret, timed);
+    if (!timed)
+        return 1;
+    u64 *cookie = session_cookie(ctx);
+    *cookie = bpf_ktime_get_ns() | ((u64)shift << COOKIE_SHIFT_AT);
+    return 0;
+}
+
+// A timed launch returns: its duration, weighted; a raw sample (with its stack) for 1 in
+// SAMPLE_EVERY launches, as near as the shift allows, and for a slow one.
+static __always_inline int launch_leave(struct pt_regs *ctx, u32 op, int runtime) {
+    if (runtime)
+        frame_clear((u32)bpf_get_current_pid_tgid());
+    u64 *cookie = session_cookie(ctx);
+    u64 c = *cookie;
+    u64 now = bpf_ktime_get_ns();
+    u64 start = c & ((1ULL << COOKIE_SHIFT_AT) - 1);
+    u32 shift = (c >> COOKIE_SHIFT_AT) & 15;
+    if (!start || now < start)
+        return 0;
+    u64 dur = now - start;
+    u64 id = bpf_get_current_pid_tgid();
+    s32 ret = (s32)PT_REGS_RC(ctx);
+    record_timed(id, op, dur, ret != 0, 1ULL << shift);
+    u32 every = SAMPLE_EVERY >> shift;
+    int sampled = every <= 1 || bpf_get_prandom_u32() % every == 0;
+    if (sampled || (STACKS && dur >= STACK_SLOW_NS)) {
+        struct event_t ev = {};
+        ev.ts = now;
+        ev.duration_ns = dur;
+        ev.tgid = id >> 32;
+        ev.tid = (u32)id;
+        ev.op = op;
+        ev.ret = ret;
+        ev.rank = -1;
+        ev.nranks = -1;
+        sample_with_stack(ctx, &ev, 0);
+    }
+    return 0;
+}
+
+#define LAUNCH_PROBE(OP, STREAM_ARG, STREAM_OFF, RUNTIME)                              \
+    int launch_##OP(struct pt_regs *ctx) {                                             \
+        if (session_is_return(ctx))                                                    \
+            return launch_leave(ctx, OP, RUNTIME);                                     \
+        return launch_enter(ctx, OP, STREAM_ARG, STREAM_OFF, RUNTIME);                 \
+    }
+#endif
+
 // An entry probe per op: what it reads at entry depends on the op. The return probes are
 // two programs shared by every generic op (the op is in the call's entry, read back at the
 // return): leave_always for ops sampled at every call, leave_sampled for the others.
@@ -889,6 +1190,9 @@ int leave_comm_destroy(struct pt_regs *ctx) {
 
 // Off-CPU time of traced threads: prev is the current task, next is only a pid.
 TRACEPOINT_PROBE(sched, sched_switch) {
+#ifdef LAUNCH_FRAMES
+    frame_park(args->prev_pid);
+#endif
     u64 now = bpf_ktime_get_ns();
     u32 tgid = bpf_get_current_pid_tgid() >> 32;
     if (traced.lookup(&tgid)) {
@@ -912,6 +1216,10 @@ TRACEPOINT_PROBE(sched, sched_process_exit) {
     u32 tgid = id >> 32;
     u32 tid = (u32)id;
     offstart.delete(&tid);
+#ifdef LAUNCH_FRAMES
+    u64 parked_ret = 0;
+    unpark(&parked_ret);  // its parked frame, if any, goes with it
+#endif
     if (tgid != tid || !traced.lookup(&tgid))
         return 0;
     struct event_t ev = {};

@@ -7,6 +7,15 @@ difference of two snapshots. Percentiles use the nearest-rank method on the inte
 histogram, interpolated linearly inside the chosen bucket, so the error is bounded by
 the bucket width (at most 25% of the value, typically under 12.5%). Durations of 2^40 ns
 (about 18 minutes) and more share the last bucket.
+
+Launches in sampled mode (bpf/ingero.bpf.c, LAUNCH_PROBE) come in two parts: their count
+per (pid, op, stream) at entry, exact, and the timed sample of them, each timed launch
+weighted by the 2^shift launches it stands for (its count, total, errors and histogram
+slot). A row's count is the exact one; its total and errors are the sample's, scaled by
+the exact count over the sample's weighted count (a ratio estimate: unbiased, its error
+that of a sample of the timed launches' size); its percentiles are the weighted sample's.
+A launch attached with a return (``--launch-returns all``, or an offset a session link
+could not take) is timed every call, as every other op is, and joins the same row.
 """
 
 from __future__ import annotations
@@ -20,6 +29,7 @@ from ingero.trace.ops import OPS, op_name
 
 Key = tuple[int, int]  # (pid, op id)
 StreamKey = tuple[int, int]  # (pid, stream handle)
+LaunchKey = tuple[int, int, int | None]  # (pid, op id, stream handle; None: names none)
 Histogram = Mapping[int, int]  # slot → count
 
 
@@ -51,6 +61,16 @@ class Snapshot:
     hist: Mapping[Key, Histogram]
     host: Mapping[str, int]
     streams: Mapping[StreamKey, StreamVal] = field(default_factory=dict)
+    # Sampled launches: the timed ones per (pid, op), weighted (count, total_ns, errors and
+    # histogram in launches they stand for; ``bytes``: how many were timed), and every
+    # launch counted at entry per (pid, op, stream).
+    timed: Mapping[Key, StatVal] = field(default_factory=dict)
+    timed_hist: Mapping[Key, Histogram] = field(default_factory=dict)
+    entries: Mapping[LaunchKey, int] = field(default_factory=dict)
+
+    def pids(self) -> set[int]:
+        """The processes with calls in this snapshot."""
+        return {pid for pid, _ in self.stats} | {pid for pid, _, _ in self.entries}
 
 
 NSLOTS = 160  # as in bpf/ingero.bpf.c: the last slot also holds everything from 2^40 ns
@@ -130,6 +150,64 @@ class Tags:
     rank: int | None = None
 
 
+def _entry_deltas(prev: Snapshot, cur: Snapshot) -> dict[LaunchKey, int]:
+    """Launches counted at entry in the interval, per (pid, op, stream)."""
+    out = {}
+    for key, c in cur.entries.items():
+        d = _minus(c, prev.entries.get(key, 0))
+        if d:
+            out[key] = d
+    return out
+
+
+@dataclass(frozen=True)
+class OpInterval:
+    """One (pid, op) over an interval: the exact count, the estimated total and errors,
+    the histogram the percentiles come from, and how many calls were timed."""
+
+    stat: StatVal
+    hist: Histogram
+    timed: int
+
+
+def op_intervals(prev: Snapshot, cur: Snapshot) -> dict[Key, OpInterval]:
+    """Each (pid, op) with calls in the interval, its timed and entry-counted parts joined
+    (the module's docstring says how)."""
+    pairs = diff_stats(prev.stats, cur.stats)
+    timed = diff_stats(prev.timed, cur.timed)
+    entered: dict[Key, int] = {}
+    for (pid, op_id, _), d in _entry_deltas(prev, cur).items():
+        entered[(pid, op_id)] = entered.get((pid, op_id), 0) + d
+    out = {}
+    for key in sorted(set(pairs) | set(entered)):
+        p, e = pairs.get(key, StatVal()), entered.get(key, 0)
+        h = diff_hist(prev.hist.get(key, {}), cur.hist.get(key, {}))
+        t = timed.get(key)
+        if not e or t is None or t.count <= 0:
+            # No launch counted at entry, or none of them timed in the interval: the timed
+            # calls (with returns) are all there is; an untimed count adds no time.
+            out[key] = OpInterval(StatVal(p.count + e, p.total_ns, p.errors, p.bytes), h, p.count)
+            continue
+        th = diff_hist(prev.timed_hist.get(key, {}), cur.timed_hist.get(key, {}))
+        # The timed sample stands for t.count launches, e were counted: scaled by e / t.count.
+        # In the histogram the calls with returns weigh t.count each and the sample's e each
+        # (integers: the proportions of e / t.count, exactly).
+        merged = {s: n * t.count for s, n in h.items()}
+        for slot, n in th.items():
+            merged[slot] = merged.get(slot, 0) + n * e
+        out[key] = OpInterval(
+            StatVal(
+                p.count + e,
+                p.total_ns + round(t.total_ns * e / t.count),
+                p.errors + round(t.errors * e / t.count),
+                p.bytes,
+            ),
+            merged,
+            p.count + t.bytes,
+        )
+    return out
+
+
 def interval_rows(
     prev: Snapshot,
     cur: Snapshot,
@@ -139,8 +217,8 @@ def interval_rows(
 ) -> list[dict[str, object]]:
     """Rows for the ``intervals`` table: one per (pid, op) that had calls in the interval."""
     rows: list[dict[str, object]] = []
-    for (pid, op_id), d in sorted(diff_stats(prev.stats, cur.stats).items()):
-        h = diff_hist(prev.hist.get((pid, op_id), {}), cur.hist.get((pid, op_id), {}))
+    for (pid, op_id), o in op_intervals(prev, cur).items():
+        d, h = o.stat, o.hist
         tag = tags.get(pid, Tags())
         rows.append(
             {
@@ -180,11 +258,18 @@ def stream_rows(
     interval; step percentiles from the interval's histogram, which the row keeps too
     (slot → count, JSON) for readers that split prefill from decode steps."""
     rows: list[dict[str, object]] = []
-    for (pid, handle), c in sorted(cur.streams.items()):
+    # Launches counted at entry (sampled mode) that name a stream: that stream's launches.
+    entered: dict[StreamKey, int] = {}
+    for (pid, _, handle), d in _entry_deltas(prev, cur).items():
+        if handle is not None:
+            entered[(pid, handle)] = entered.get((pid, handle), 0) + d
+    for pid, handle in sorted(set(cur.streams) | set(entered)):
+        c = cur.streams.get((pid, handle), StreamVal())
         p = prev.streams.get((pid, handle), StreamVal())
         if c.syncs < p.syncs or c.launches < p.launches:
             p = StreamVal()  # the entry was deleted and re-created: it counts from zero
-        syncs, launches = c.syncs - p.syncs, c.launches - p.launches
+        syncs = c.syncs - p.syncs
+        launches = c.launches - p.launches + entered.get((pid, handle), 0)
         if not syncs and not launches:
             continue
         h = diff_hist(p.hist, c.hist)

@@ -57,6 +57,29 @@ class Op:
     def source(self) -> str:
         return LIB_SOURCES.get(self.lib, "host")
 
+    @property
+    def launch(self) -> bool:
+        """A launch-class op: counted at entry, a sample timed (``LAUNCH_OP_NAMES``)."""
+        return self.name in LAUNCH_OP_NAMES
+
+
+# The launch-class ops: kernel and graph launches, many thousand a second in a launch-bound
+# job, whose count (the node's throughput) and stream are what the score reads. Where the
+# kernel has uprobe sessions they are counted at entry, and only a sample of them takes the
+# return probe that times it (bpf/ingero.bpf.c, LAUNCH_PROBE; docs/trace.md "Launches").
+# Every other op (syncs, event records and syncs, copies, the allocator, graph builds, NCCL)
+# keeps entry and return: its duration is the signal.
+LAUNCH_OP_NAMES = frozenset(
+    (
+        "cudaLaunchKernel",
+        "cudaLaunchKernelExC",
+        "cudaGraphLaunch",
+        "cuLaunchKernel",
+        "cuLaunchKernelEx",
+        "cuLaunchCooperativeKernel",
+        "cuGraphLaunch",
+    )
+)
 
 STREAM_SYNC = "sync"
 STREAM_LAUNCH = "launch"

@@ -12,9 +12,19 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from ingero.trace import tailcall
-from ingero.trace.aggregate import HOST_COUNTERS, Key, Snapshot, StatVal, StreamKey, StreamVal
+from ingero.trace import sessions, tailcall
+from ingero.trace.aggregate import (
+    HOST_COUNTERS,
+    Key,
+    LaunchKey,
+    Snapshot,
+    StatVal,
+    StreamKey,
+    StreamVal,
+)
 from ingero.trace.bccload import load_bcc
+from ingero.trace.facilities import LAUNCH_ALL, LAUNCH_AUTO, LAUNCH_SAMPLED, Facilities
+from ingero.trace.facilities import probe as probe_facilities
 from ingero.trace.nativesyms import NativeSymbols
 from ingero.trace.ops import (
     CUDA,
@@ -41,6 +51,12 @@ BPF_SOURCE = "ingero.bpf.c"
 DEFAULT_SAMPLE_EVERY = 64
 # A call at least this long is sampled with its stack whatever the sampling counter says.
 DEFAULT_STACK_SLOW_MS = 10.0
+# Sampled launches: about this many launches a second are timed per (process, op, stream)
+# and CPU, whatever the launch rate (bpf/ingero.bpf.c, LAUNCH_PROBE).
+DEFAULT_LAUNCH_TIMED_PER_S = 256
+# As in bpf/ingero.bpf.c: the flags in the keys of the timed launches and of the launches.
+OP_TIMED = 1 << 15
+LAUNCH_NAMED = 1 << 16
 
 
 class ProbeError(RuntimeError):
@@ -75,12 +91,18 @@ def program_text(
     sample_every: int = DEFAULT_SAMPLE_EVERY,
     stacks: bool = True,
     stack_slow_ms: float = DEFAULT_STACK_SLOW_MS,
+    launch_sessions: bool = False,
+    launch_timed_per_s: int = DEFAULT_LAUNCH_TIMED_PER_S,
 ) -> str:
-    """The C source plus one PROBE_ENTRY per generic op (special ops are hand-written)."""
+    """The C source plus one PROBE_ENTRY per generic op (special ops are hand-written) and,
+    with ``launch_sessions``, one LAUNCH_PROBE per launch-class op (a uprobe session
+    program: needs the task-storage variant, ``-DUSE_TASK_STORAGE``)."""
     if sample_every < 1:
         raise ValueError("sample_every must be at least 1")
     if stack_slow_ms < 0:
         raise ValueError("stack_slow_ms must not be negative")
+    if launch_timed_per_s < 1:
+        raise ValueError("launch_timed_per_s must be at least 1")
     head = (
         f"#define SAMPLE_EVERY {sample_every}\n#define OP_OFFCPU {OP_OFFCPU}\n"
         f"#define STACKS {int(stacks)}\n#define STACK_SLOW_NS {int(stack_slow_ms * 1e6)}ULL\n"
@@ -94,15 +116,30 @@ def program_text(
         for i, op in enumerate(OPS)
         if op.symbols and not op.special
     ]
+    if launch_sessions:
+        placeholders = sessions.KFUNC_PLACEHOLDERS
+        head += (
+            f"#define LAUNCH_SESSIONS 1\n#define LAUNCH_GAP_NS {10**9 // launch_timed_per_s}ULL\n"
+            f"#define KFUNC_SESSION_IS_RETURN {placeholders[sessions.IS_RETURN]:#x}\n"
+            f"#define KFUNC_SESSION_COOKIE {placeholders[sessions.COOKIE]:#x}\n"
+        )
+        pairs += [
+            f"LAUNCH_PROBE({i}, {op.stream_arg}, {op.stream_offset}, {int(op.lib == CUDART)})"
+            for i, op in enumerate(OPS)
+            if op.launch
+        ]
     return head + source + "\n" + "\n".join(pairs) + "\n"
 
 
-def probe_names(att: Attachment) -> tuple[str, str]:
-    """Entry and return BPF function names of an attachment."""
+def probe_names(att: Attachment, sampled: bool = False) -> tuple[str, str]:
+    """Entry and return BPF function names of an attachment; with ``sampled`` (launches in
+    sampled mode) a launch's session program and no return program ("")."""
     if att.op.special == "comm_init":
         return "enter_comm_init", "leave_comm_init"
     if att.op.special == "comm_destroy":
         return "enter_comm_destroy", "leave_comm_destroy"
+    if sampled and att.op.launch:
+        return f"launch_{att.op_id}", ""
     # One return program for all generic ops (bpf/ingero.bpf.c, PROBE_ENTRY).
     return f"enter_{att.op_id}", "leave_always" if att.op.always_sample else "leave_sampled"
 
@@ -134,6 +171,16 @@ class Probes:
     stacks: bool = False
     _multi_sampler: int | None = None
     _until: float = math.inf  # monotonic time the current poll stops reading at
+    # How launches are probed (facilities.py: sampled | all) and why; in sampled mode the
+    # kernel's session attach type and kfunc ids, and the session copy of the stack walk.
+    launch_mode: str = LAUNCH_ALL
+    launch_why: str = ""
+    kfuncs: sessions.SessionKfuncs | None = None
+    _session_sampler: int | None = None
+
+    @property
+    def sampled(self) -> bool:
+        return self.launch_mode == LAUNCH_SAMPLED and self.kfuncs is not None
 
     def attach_library(self, lib: LibraryFile) -> list[Attachment]:
         """Attach every op of ``lib`` once (by path: later processes are caught too)."""
@@ -160,9 +207,16 @@ class Probes:
             except Exception as exc:  # BCC raises bare Exception when it cannot resolve
                 self._refused(path, att, exc)
                 continue
-            offsets.setdefault(probe_names(att), []).append((att, int(offset)))
+            offsets.setdefault(probe_names(att, self.sampled), []).append((att, int(offset)))
         done: set[int] = set()
         for (enter, leave), where in offsets.items():
+            if not leave:  # a launch's session program: entry and return in one link
+                if self._link_session(path, enter, where):
+                    done.update(id(att) for att, _ in where)
+                    continue
+                # Refused (another tool's perf-event uprobe at an offset, 6.18): this op of
+                # this file is timed at every call, as in --launch-returns all.
+                enter, leave = probe_names(where[0][0])
             linked = {retprobe for name, retprobe in ((enter, False), (leave, True))
                       if self._link(path, name, where, retprobe)}  # fmt: skip
             for att, _ in where:
@@ -211,6 +265,45 @@ class Probes:
                         os.close(self.bpf.funcs.pop(key).fd)
             return False
         return True
+
+    def _link_session(self, path: str, name: str, where: list[tuple[Attachment, int]]) -> bool:
+        """One uprobe session link for launch program ``name`` at every offset of
+        ``where``; False where the program does not load or the kernel refuses the link."""
+        assert self.kfuncs is not None
+        if not self.multi:
+            return False
+        try:
+            fn = self._load_session(name.encode())
+            self.links.append(link_create(fn.fd, path.encode(), [o for _, o in where], False,
+                                          0 if self.pid == -1 else self.pid,
+                                          attach_type=self.kfuncs.attach_type))  # fmt: skip
+        except Exception as exc:  # BCC raises bare Exception when a program cannot load
+            print(f"ingero trace: {path}: {name}: no session link ({exc}); its launches are "
+                  "timed at every call", file=sys.stderr)  # fmt: skip
+            return False
+        return True
+
+    def _load_session(self, key: bytes) -> Any:
+        """Launch program ``key`` as a uprobe session program: the session attach type, its
+        kfunc calls patched in (sessions.py), its tail call through the session copy of the
+        stack walk (loaded the first time)."""
+        assert self.kfuncs is not None
+        if key in self.bpf.funcs:
+            return self.bpf.funcs[key]
+        kfuncs, at = self.kfuncs, self.kfuncs.attach_type
+        if self.stacks and self._session_sampler is None:
+            self._session_sampler = tailcall.link_multi_sampler(
+                self.bpf, at, tailcall.STACK_PROGS_SESSION
+            )
+
+        def patch(insns: bytes) -> bytes:
+            out, n = sessions.patch_kfuncs(insns, kfuncs.ids())
+            if n == 0:
+                raise ProbeError(f"{key.decode()}: no session kfunc call to patch")
+            return out
+
+        array = tailcall.STACK_PROGS_SESSION if self.stacks else None
+        return tailcall.load_multi(self.bpf, key, at, array, patch)
 
     def _load_multi(self, key: bytes) -> Any:
         """Program ``key`` with uprobe_multi's attach type (with stacks, its tail call
@@ -263,7 +356,8 @@ class Probes:
         # Every map keyed by process: counters, streams, communicators a process never
         # destroyed, and its events' streams (the LRU would age those out, but a new process
         # given the same pid must not find a dead one's events).
-        for name in (b"stats", b"streams", b"event_streams", b"comms"):
+        for name in (b"stats", b"streams", b"event_streams", b"comms",
+                     *((b"launches",) if self.sampled else ())):  # fmt: skip
             table = self.bpf[name]
             for k in [k for k in table if k.tgid in pids]:
                 with contextlib.suppress(KeyError):
@@ -331,9 +425,20 @@ class Probes:
         """Cumulative stats, histograms and host counters, plus the block I/O histogram."""
         stats: dict[Key, StatVal] = {}
         hist: dict[Key, dict[int, int]] = {}
+        timed: dict[Key, StatVal] = {}
+        timed_hist: dict[Key, dict[int, int]] = {}
         for k, v in self.bpf[b"stats"].items():
-            stats[(k.tgid, k.op)] = StatVal(v.count, v.total_ns, v.errors, v.bytes)
-            hist[(k.tgid, k.op)] = {i: int(n) for i, n in enumerate(v.slots) if n}
+            # The timed launches (sampled mode) are kept under their op with OP_TIMED set:
+            # weighted counts, and ``bytes`` is how many were timed (bpf/ingero.bpf.c).
+            into, into_hist = (timed, timed_hist) if k.op & OP_TIMED else (stats, hist)
+            key = (k.tgid, k.op & ~OP_TIMED)
+            into[key] = StatVal(v.count, v.total_ns, v.errors, v.bytes)
+            into_hist[key] = {i: int(n) for i, n in enumerate(v.slots) if n}
+        entries: dict[LaunchKey, int] = {}
+        if self.sampled:
+            for k, per_cpu in self.bpf[b"launches"].items():
+                stream = k.stream if k.op & LAUNCH_NAMED else None
+                entries[(k.tgid, k.op & 0xFFFF, stream)] = sum(int(c.count) for c in per_cpu)
         streams: dict[StreamKey, StreamVal] = {}
         for k, v in self.bpf[b"streams"].items():
             streams[(k.tgid, k.stream)] = StreamVal(
@@ -345,7 +450,7 @@ class Probes:
             name: int(sum(host_table[host_table.Key(i)])) for i, name in enumerate(HOST_COUNTERS)
         }
         bio = {int(k.value): int(v.value) for k, v in self.bpf[b"bio_hist"].items() if v.value}
-        return Snapshot(stats, hist, host, streams), bio
+        return Snapshot(stats, hist, host, streams, timed, timed_hist, entries), bio
 
     def open_ring(self, callback: Callable[[bytes], None]) -> None:
         import ctypes
@@ -374,10 +479,11 @@ class Probes:
             with contextlib.suppress(OSError):
                 os.close(fn.fd)
         self.perf_copies.clear()
-        if self._multi_sampler is not None and self._multi_sampler >= 0:
-            with contextlib.suppress(OSError):
-                os.close(self._multi_sampler)
-            self._multi_sampler = None
+        for sampler in (self._multi_sampler, self._session_sampler):
+            if sampler is not None and sampler >= 0:
+                with contextlib.suppress(OSError):
+                    os.close(sampler)
+        self._multi_sampler = self._session_sampler = None
 
 
 def load(
@@ -387,19 +493,37 @@ def load(
     stacks: bool = True,
     stack_slow_ms: float = DEFAULT_STACK_SLOW_MS,
     uprobe_multi: bool = True,
+    launch_returns: str = LAUNCH_AUTO,
+    launch_timed_per_s: int = DEFAULT_LAUNCH_TIMED_PER_S,
+    facilities: Facilities | None = None,
 ) -> Probes:
     """Compile and load the program (host tracepoints attach automatically).
 
     Calls in flight live in task-local storage where the kernel allows it (BTF, 5.11+),
     else in a hash map: same results, about 250 ns more per call. Libraries attach through
     uprobe_multi links where the kernel has them (6.6+) and ``uprobe_multi`` is left on,
-    else as BCC's perf-event uprobes: same probes, a slower stop.
+    else as BCC's perf-event uprobes: same probes, a slower stop. Launches
+    (``launch_returns``, facilities.py): ``sampled`` where the kernel has uprobe sessions
+    (6.13+; ``auto`` picks it there), counted at entry with about ``launch_timed_per_s``
+    a second timed; ``all``: every launch takes its return probe, as every other op does.
+    ``facilities``: the kernel's, probed here when not given.
     """
     bcc = load_bcc()
-    text = program_text(bpf_source_path().read_text(), sample_every, stacks, stack_slow_ms)
+    if launch_returns != LAUNCH_ALL and facilities is None:
+        facilities = probe_facilities()
+    source = bpf_source_path().read_text()
     variants = [["-DUSE_TASK_STORAGE"], []] if task_storage else [[]]
     error: Exception | None = None
     for flags in variants:
+        mode, why = LAUNCH_ALL, "asked for (--launch-returns all): every launch is timed"
+        if facilities is not None:
+            try:
+                mode, why = facilities.launch_mode(launch_returns, bool(flags), uprobe_multi)
+            except ValueError as exc:
+                error = exc
+                continue
+        text = program_text(source, sample_every, stacks, stack_slow_ms,
+                            mode == LAUNCH_SAMPLED, launch_timed_per_s)  # fmt: skip
         try:
             bpf = bcc.BPF(text=text.encode(), cflags=["-Wno-macro-redefined", *flags])
         except Exception as exc:  # compile/verifier errors arrive as bare Exception
@@ -412,5 +536,9 @@ def load(
                 bpf.cleanup()
                 error = exc
                 continue
-        return Probes(bpf, pid, task_storage=bool(flags), multi=uprobe_multi, stacks=stacks)
+        return Probes(
+            bpf, pid, task_storage=bool(flags), multi=uprobe_multi, stacks=stacks,
+            launch_mode=mode, launch_why=why,
+            kfuncs=facilities.kfuncs if facilities is not None and mode == LAUNCH_SAMPLED else None,
+        )  # fmt: skip
     raise ProbeError(f"cannot load the BPF program: {error}")

@@ -18,6 +18,7 @@ import ctypes
 import errno
 import os
 import struct
+from collections.abc import Callable
 from typing import Any
 
 from ingero.trace.bccload import load_bcc
@@ -25,6 +26,7 @@ from ingero.trace.bccload import load_bcc
 STACK_SAMPLER = b"stack_sample"
 STACK_PROGS = b"stack_progs"
 STACK_PROGS_MULTI = b"stack_progs_multi"
+STACK_PROGS_SESSION = b"stack_progs_session"
 
 # struct bpf_insn: code, dst_reg:4 src_reg:4, off, imm. A map reference is a 16-byte
 # ld_imm64 (BPF_LD | BPF_IMM | BPF_DW) whose src_reg says the imm is a map fd.
@@ -82,25 +84,34 @@ def link_sampler(bpf: Any) -> None:
     bpf[STACK_PROGS][ctypes.c_int(0)] = ctypes.c_int(fn.fd)
 
 
-def link_multi_sampler(bpf: Any, attach_type: int) -> int:
-    """A copy of ``stack_sample`` with ``attach_type`` in ``stack_progs_multi``; returns
-    its fd (the map holds the program; the caller closes the fd at the end)."""
+def link_multi_sampler(bpf: Any, attach_type: int, prog_array: bytes = STACK_PROGS_MULTI) -> int:
+    """A copy of ``stack_sample`` with ``attach_type`` in ``prog_array``; returns its fd
+    (the map holds the program; the caller closes the fd at the end)."""
     fd = _bcc_load(bpf, STACK_SAMPLER, _insns(bpf, STACK_SAMPLER), attach_type)
     try:
-        bpf[STACK_PROGS_MULTI][ctypes.c_int(0)] = ctypes.c_int(fd)
+        bpf[prog_array][ctypes.c_int(0)] = ctypes.c_int(fd)
     except Exception:
         os.close(fd)
         raise
     return fd
 
 
-def load_multi(bpf: Any, name: bytes, attach_type: int) -> Any:
-    """Program ``name`` with ``attach_type``, its tail call through ``stack_progs_multi``,
-    cached in BCC's table of loaded programs as ``load_func`` caches it (closed by BCC's
-    cleanup)."""
-    insns, _ = retarget_map(
-        _insns(bpf, name), bpf[STACK_PROGS].map_fd, bpf[STACK_PROGS_MULTI].map_fd
-    )
+def load_multi(
+    bpf: Any,
+    name: bytes,
+    attach_type: int,
+    prog_array: bytes | None = STACK_PROGS_MULTI,
+    patch: Callable[[bytes], bytes] | None = None,
+) -> Any:
+    """Program ``name`` with ``attach_type``, its tail call through ``prog_array`` (None:
+    a program without stacks, which makes none), its instructions through ``patch`` (the
+    session kfuncs, sessions.py), cached in BCC's table of loaded programs as ``load_func``
+    caches it (closed by BCC's cleanup)."""
+    insns = _insns(bpf, name)
+    if prog_array is not None:
+        insns, _ = retarget_map(insns, bpf[STACK_PROGS].map_fd, bpf[prog_array].map_fd)
+    if patch is not None:
+        insns = patch(insns)
     fn = type(bpf).Function(bpf, name, _bcc_load(bpf, name, insns, attach_type))
     bpf.funcs[name] = fn
     return fn

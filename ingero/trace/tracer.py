@@ -157,7 +157,7 @@ class Tracer:
         cur, bio = self.probes.snapshot()
         now = self.clock.now()
         mono_ns = int(self.clock.monotonic() * 1e9)
-        self._register(sorted({pid for pid, _ in cur.stats}))
+        self._register(sorted(cur.pids()))
         tags = self.tags.snapshot()
         rows = interval_rows(self._prev, cur, self._last, now, tags)
         streams = stream_rows(self._prev, cur, self._last, now, tags)

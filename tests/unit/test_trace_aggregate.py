@@ -15,6 +15,7 @@ from ingero.trace.aggregate import (
     diff_stats,
     host_row,
     interval_rows,
+    op_intervals,
     percentile,
     slot_bounds,
     slot_of,
@@ -138,3 +139,99 @@ def test_host_row_deltas() -> None:
     assert (row["page_allocs"], row["dropped_events"], row["offcpu_ns"]) == (50, 1, 45)
     assert (row["tcp_retransmits"], row["block_io_count"]) == (4, 2)
     assert 400_000 < int(row["block_io_p99_ns"]) < 600_000  # type: ignore[call-overload]
+
+
+LAUNCH = OP_IDS["cudaLaunchKernel"]
+
+
+def sampled(timed: StatVal, hist: dict[int, int], entries: dict[int | None, int]) -> Snapshot:
+    """A snapshot of pid 7's sampled launches: the timed sample and the entry counts by
+    stream."""
+    return Snapshot({}, {}, {}, timed={(7, LAUNCH): timed}, timed_hist={(7, LAUNCH): hist},
+                    entries={(7, LAUNCH, s): n for s, n in entries.items()})  # fmt: skip
+
+
+def test_sampled_launches_count_exactly_and_scale_their_sample() -> None:
+    """1000 launches counted at entry, 10 timed with weight 100 (1000 launches' worth) in
+    the previous interval; 2000 more, 20 timed (weight 64: 1280 launches' worth) now: the
+    row counts 2000 and scales the sample's time and errors by 2000 / 1280."""
+    fast, slow = slot_of(2_000), slot_of(200_000)
+    prev = sampled(StatVal(1000, 1000 * 2_000, 0, 10), {fast: 1000}, {0: 600, None: 400})
+    now = StatVal(1000 + 1280, 1000 * 2_000 + 1024 * 2_000 + 256 * 200_000, 64, 30)
+    cur = sampled(now, {fast: 1000 + 1024, slow: 256}, {0: 1800, None: 1200})
+    (o,) = op_intervals(prev, cur).values()
+    assert (o.stat.count, o.timed) == (2000, 20)
+    assert o.stat.total_ns == round((1024 * 2_000 + 256 * 200_000) * 2000 / 1280)
+    assert o.stat.errors == 100
+    (row,) = interval_rows(prev, cur, 0.0, 1.0, {})
+    assert (row["count"], row["total_ns"], row["errors"]) == (2000, o.stat.total_ns, 100)
+    # 20% of the weight is slow: the median is a fast launch, the p95 a slow one.
+    assert int(row["p50_ns"]) < 4_000 < 100_000 < int(row["p95_ns"])  # type: ignore[call-overload]
+
+
+def test_untimed_launches_still_count_and_add_no_time() -> None:
+    prev = sampled(StatVal(64, 64_000, 0, 1), {slot_of(1000): 64}, {0: 100})
+    cur = sampled(StatVal(64, 64_000, 0, 1), {slot_of(1000): 64}, {0: 150})
+    (row,) = interval_rows(prev, cur, 0.0, 1.0, {})
+    assert (row["count"], row["total_ns"], row["p50_ns"]) == (50, 0, 0)
+
+
+def test_launches_timed_every_call_join_the_sampled_ones() -> None:
+    """One library file's launches took a return each (a refused session link), another's
+    were sampled: the row counts both, the histogram weighs each part by what it stands
+    for."""
+    fast, slow = slot_of(1_000), slot_of(1_000_000)
+    cur = Snapshot(
+        {(7, LAUNCH): StatVal(100, 100 * 1_000, 0, 0)}, {(7, LAUNCH): {fast: 100}}, {},
+        timed={(7, LAUNCH): StatVal(900, 900 * 1_000_000, 0, 9)},
+        timed_hist={(7, LAUNCH): {slow: 900}},
+        entries={(7, LAUNCH, 0): 900},
+    )  # fmt: skip
+    (o,) = op_intervals(Snapshot({}, {}, {}), cur).values()
+    assert (o.stat.count, o.timed, o.stat.total_ns) == (1000, 109, 100 * 1_000 + 900 * 10**6)
+    assert percentile(o.hist, 0.05) < 2_000 < 900_000 < percentile(o.hist, 0.5)
+
+
+def test_sampled_launches_count_on_their_stream() -> None:
+    """Launches counted at entry that name a stream are that stream's launches, beside what
+    the stream map counted (syncs, and launches that took a return)."""
+    prev = Snapshot({}, {}, {}, {(7, 0x10): StreamVal(1, 10, 5, 0, 0, {})},
+                    entries={(7, LAUNCH, 0x10): 100, (7, LAUNCH, None): 3})  # fmt: skip
+    cur = Snapshot({}, {}, {}, {(7, 0x10): StreamVal(2, 20, 5, 1, 7, {slot_of(7): 1})},
+                   entries={(7, LAUNCH, 0x10): 130, (7, LAUNCH, None): 9,
+                            (7, OP_IDS["cuLaunchKernel"], 0x20): 4})  # fmt: skip
+    got = {r["stream"]: r for r in stream_rows(prev, cur, 0.0, 1.0, {})}
+    assert set(got) == {"0000000000000010", "0000000000000020"}
+    assert (got["0000000000000010"]["launches"], got["0000000000000010"]["syncs"]) == (30, 1)
+    assert (got["0000000000000020"]["launches"], got["0000000000000020"]["syncs"]) == (4, 0)
+    assert cur.pids() == {7}
+
+
+@given(
+    st.lists(st.tuples(st.integers(0, 6), st.booleans(), st.sampled_from([None, 0, 0x10])),
+             min_size=1, max_size=300),
+)  # fmt: skip
+def test_counts_are_exact_whatever_was_timed(launches: list[tuple[int, bool, int | None]]) -> None:
+    """Each launch counted at entry on its stream, some timed with a weight 2^shift: the
+    row's count and the streams' launches are exactly the launches, its time the weighted
+    sample's scaled to them."""
+    entries: dict[tuple[int, int, int | None], int] = {}
+    w_count = w_total = timed = 0
+    hist: dict[int, int] = {}
+    for shift, is_timed, stream in launches:
+        key = (7, LAUNCH, stream)
+        entries[key] = entries.get(key, 0) + 1
+        if is_timed:
+            w = 1 << shift
+            timed, w_count, w_total = timed + 1, w_count + w, w_total + 1000 * w
+            hist[slot_of(1000)] = hist.get(slot_of(1000), 0) + w
+    cur = Snapshot({}, {}, {}, timed={(7, LAUNCH): StatVal(w_count, w_total, 0, timed)} if timed
+                   else {}, timed_hist={(7, LAUNCH): hist}, entries=entries)  # fmt: skip
+    (o,) = op_intervals(Snapshot({}, {}, {}), cur).values()
+    assert o.stat.count == len(launches)
+    assert o.timed == timed
+    assert o.stat.total_ns == (1000 * len(launches) if timed else 0)
+    named = sum(1 for _, _, s in launches if s is not None)
+    assert (
+        sum(int(r["launches"]) for r in stream_rows(Snapshot({}, {}, {}), cur, 0, 1, {})) == named
+    )  # type: ignore[call-overload]

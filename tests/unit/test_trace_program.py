@@ -160,3 +160,47 @@ def test_launch_config_stream_offset_matches_the_cuda_headers(tmp_path: Path) ->
     assert (driver, runtime) == (LAUNCH_CONFIG_STREAM_OFFSET, LAUNCH_CONFIG_STREAM_OFFSET)
     offsets = {op.name: op.stream_offset for op in OPS if op.stream_offset >= 0}
     assert offsets == {"cudaLaunchKernelExC": runtime, "cuLaunchKernelEx": driver}
+
+
+def test_launch_sessions_add_one_session_program_per_launch_op() -> None:
+    """Sampled mode: a LAUNCH_PROBE per launch-class op (its stream argument, config offset
+    and whether it is the runtime's), the placeholders the kfunc patch looks for, and the
+    wanted gap between timed launches; without it, none."""
+    from ingero.trace.sessions import COOKIE, IS_RETURN, KFUNC_PLACEHOLDERS
+
+    source = bpf_source_path().read_text()
+    assert "LAUNCH_PROBE(" not in program_text(source).split("\n#define LAUNCH_PROBE")[-1]
+    text = program_text(source, launch_sessions=True, launch_timed_per_s=250)
+    assert "#define LAUNCH_SESSIONS 1" in text and "#define LAUNCH_GAP_NS 4000000ULL" in text
+    assert f"#define KFUNC_SESSION_IS_RETURN {KFUNC_PLACEHOLDERS[IS_RETURN]:#x}" in text
+    assert f"#define KFUNC_SESSION_COOKIE {KFUNC_PLACEHOLDERS[COOKIE]:#x}" in text
+    found = re.findall(r"^LAUNCH_PROBE\((\d+), (\d), (-1|\d+), ([01])\)$", text, re.M)
+    launches = [i for i, op in enumerate(OPS) if op.launch]
+    assert [int(p[0]) for p in found] == launches
+    assert {OPS[i].name for i in launches} >= {"cudaLaunchKernel", "cuLaunchKernel",
+                                               "cudaGraphLaunch", "cuGraphLaunch"}  # fmt: skip
+    for p in found:
+        op = OPS[int(p[0])]
+        assert (int(p[1]), int(p[2])) == (op.stream_arg, op.stream_offset)
+        assert int(p[3]) == int(op.lib == "cudart")
+    with pytest.raises(ValueError, match="launch_timed_per_s"):
+        program_text(source, launch_sessions=True, launch_timed_per_s=0)
+
+
+def test_a_launch_in_sampled_mode_is_one_session_program() -> None:
+    i = OPS.index(next(op for op in OPS if op.name == "cudaLaunchKernel"))
+    att = Attachment(i, OPS[i], "cudaLaunchKernel", 0x10)
+    assert probe_names(att, sampled=True) == (f"launch_{i}", "")
+    assert probe_names(att) == (f"enter_{i}", "leave_sampled")
+    sync = next(j for j, op in enumerate(OPS) if op.name == "cudaStreamSynchronize")
+    att = Attachment(sync, OPS[sync], "cudaStreamSynchronize", 0x20)
+    assert probe_names(att, sampled=True) == (f"enter_{sync}", "leave_sampled")
+
+
+def test_the_launch_flags_match_the_c_source() -> None:
+    from ingero.trace.probes import LAUNCH_NAMED, OP_TIMED
+
+    source = bpf_source_path().read_text()
+    assert re.search(rf"#define LAUNCH_NAMED \(1U << {LAUNCH_NAMED.bit_length() - 1}\)", source)
+    assert re.search(rf"#define OP_TIMED \(1U << {OP_TIMED.bit_length() - 1}\)", source)
+    assert len(OPS) < OP_TIMED  # an op id never has the flag's bit

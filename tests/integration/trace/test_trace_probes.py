@@ -14,12 +14,13 @@ from pathlib import Path
 
 import pytest
 
-from ingero.trace.aggregate import Snapshot
+from ingero.trace.aggregate import OpInterval, Snapshot, op_intervals
 from ingero.trace.bccload import load_bcc
 from ingero.trace.decode import KIND_CALL, decode
 from ingero.trace.ops import CUDA, CUDART, NCCL, OP_IDS
 from ingero.trace.probes import Probes, load
 from ingero.trace.procmaps import LibraryFile
+from ingero.trace.symbols import Attachment
 from ingero.trace.uprobemulti import BPF_TRACE_UPROBE_MULTI, kernel_has_links
 from tests.integration.trace.conftest import REPO
 
@@ -28,15 +29,33 @@ CUDA_HOME = Path(os.environ.get("CUDA_HOME", "/usr/local/cuda"))
 
 
 @contextmanager
-def loaded(task_storage: bool, uprobe_multi: bool = True, pid: int = -1) -> Iterator[Probes]:
-    """The program in one variant, closed after; skips where task storage cannot load."""
-    probes = load(sample_every=1, pid=pid, task_storage=task_storage, uprobe_multi=uprobe_multi)
+def loaded(
+    task_storage: bool, uprobe_multi: bool = True, pid: int = -1, launch_returns: str = "auto"
+) -> Iterator[Probes]:
+    """The program in one variant, closed after; skips where task storage cannot load. In
+    sampled mode every launch is timed (a gap of 1 ns between timed launches wanted): these
+    tests count calls and samples one by one (test_trace_sampling.py samples)."""
+    probes = load(sample_every=1, pid=pid, task_storage=task_storage, uprobe_multi=uprobe_multi,
+                  launch_returns=launch_returns, launch_timed_per_s=10**9)  # fmt: skip
     try:
         if task_storage and not probes.task_storage:
             pytest.skip("this kernel cannot load task-local storage; the hash variant ran")
         yield probes
     finally:
         probes.close()
+
+
+def calls(snap: Snapshot) -> dict[tuple[int, int], OpInterval]:
+    """Each (pid, op) since the program loaded, as the tracer writes it: launches counted at
+    entry joined with their timed sample (aggregate.op_intervals)."""
+    return op_intervals(Snapshot({}, {}, {}), snap)
+
+
+def programs(probes: Probes, attached: list[Attachment]) -> int:
+    """Programs the attached ops take: a session program per launch in sampled mode, an
+    entry and a return program per other op."""
+    ops = {a.op_id: a.op for a in attached}
+    return sum(1 if probes.sampled and op.launch else 2 for op in ops.values())
 
 
 def bpf_links() -> set[int]:
@@ -92,12 +111,12 @@ def release(probes: Probes, proc: subprocess.Popen[str]) -> tuple[list[bytes], S
 
 
 @pytest.mark.parametrize(
-    ("task_storage", "uprobe_multi"),
-    [(True, True), (False, True), (True, False)],
-    ids=["task-storage", "hash", "perf-uprobes"],
+    ("task_storage", "uprobe_multi", "launch_returns"),
+    [(True, True, "auto"), (True, True, "all"), (False, True, "auto"), (True, False, "auto")],
+    ids=["task-storage", "launch-returns-all", "hash", "perf-uprobes"],
 )
 def test_both_variants_count_every_call(
-    bpf_ready: None, cuda_loop: Path, task_storage: bool, uprobe_multi: bool
+    bpf_ready: None, cuda_loop: Path, task_storage: bool, uprobe_multi: bool, launch_returns: str
 ) -> None:
     before = bpf_links()
     # The workload waits on stdin before its first call; the probes take its pid alone, so
@@ -107,29 +126,36 @@ def test_both_variants_count_every_call(
                             stdout=subprocess.PIPE, text=True)  # fmt: skip
     pid = proc.pid
     try:
-        with loaded(task_storage, uprobe_multi, pid) as probes:
+        with loaded(task_storage, uprobe_multi, pid, launch_returns) as probes:
+            # Launches are counted at entry (uprobe sessions, 6.13+) with task storage and
+            # links, unless every launch is asked to take its return.
+            sampled = task_storage and uprobe_multi and launch_returns == "auto"
+            assert probes.sampled == sampled
             path = os.path.realpath(CUDA_HOME / "lib64" / "libcudart.so")
             st = os.stat(path)
             attached = probes.attach_library(LibraryFile(CUDART, path, st.st_dev, st.st_ino))
             assert {a.op.name for a in attached} >= {"cudaMalloc", "cudaLaunchKernel"}
-            # This kernel (6.6+) has uprobe_multi: one link per program, entry and return,
-            # but for programs whose offset another tool's perf-event uprobe holds (a tracer
-            # beside this test), which attach the BCC way from a copy.
+            # This kernel (6.6+) has uprobe_multi: one link per program, entry and return
+            # (a session program for a launch in sampled mode), but for programs whose
+            # offset another tool's perf-event uprobe holds (a tracer beside this test),
+            # which attach the BCC way from a copy.
             links = bpf_links() - before
             if uprobe_multi:
                 assert len(links) == len(probes.links) > 0
-                programs = 2 * len({a.op_id for a in attached})
-                assert len(probes.links) + len(probes.perf_copies) == programs
+                assert len(probes.links) + len(probes.perf_copies) == programs(probes, attached)
             else:
                 assert not links and not probes.links and not probes.perf_copies
             # Attaching the same file again is a no-op (no double probes).
             assert probes.attach_library(LibraryFile(CUDART, path, st.st_dev, st.st_ino)) == []
             # the ring is read once, after the run, so the run's samples must fit it
             samples, snap = release(probes, proc)
+            got = calls(snap)
             for op in ("cudaMalloc", "cudaFree", "cudaLaunchKernel", "cudaGraphLaunch"):
-                stat = snap.stats[(pid, OP_IDS[op])]
-                assert stat.count == 200 and stat.errors == 200, op
-                assert sum(snap.hist[(pid, OP_IDS[op])].values()) == 200, op
+                o = got[(pid, OP_IDS[op])]
+                assert o.stat.count == 200 and o.stat.errors == 200 and o.timed == 200, op
+            for op in ("cudaLaunchKernel", "cudaGraphLaunch"):  # counted at entry
+                assert ((pid, OP_IDS[op]) in snap.timed) == sampled
+                assert ((pid, OP_IDS[op]) in snap.stats) != sampled
             assert snap.stats[(pid, OP_IDS["cudaMalloc"])].bytes == 200 * 4096
             # sample_every=1: every call and the process start/exit arrive on the ring buffer.
             mine = [d for d in samples if decode(d).pid == pid]
@@ -163,8 +189,9 @@ def test_nested_calls_each_return(
         probes.poll()
         snap, _ = probes.snapshot()
         # the inner launches (failed by the stand-in driver) and the outer collectives
-        assert snap.stats[(pid, OP_IDS["cuLaunchKernel"])].count == iters
-        assert snap.stats[(pid, OP_IDS["ncclAllReduce"])].count == iters
+        got = calls(snap)
+        assert got[(pid, OP_IDS["cuLaunchKernel"])].stat.count == iters
+        assert got[(pid, OP_IDS["ncclAllReduce"])].stat.count == iters
         events = [e for e in map(decode, samples) if e.pid == pid]
         returns = sorted(e.seq for e in events if e.kind == KIND_CALL and e.op == "ncclAllReduce")
         assert returns == list(range(1, iters + 1))
@@ -176,16 +203,21 @@ def test_nested_calls_each_return(
         )
 
 
-@pytest.mark.parametrize("task_storage", [True, False], ids=["task-storage", "hash"])
+@pytest.mark.parametrize(
+    ("task_storage", "launch_returns"),
+    [(True, "auto"), (True, "all"), (False, "auto")],
+    ids=["task-storage", "launch-returns-all", "hash"],
+)
 def test_a_driver_call_the_runtime_makes_is_counted_once(
-    bpf_ready: None, runtime_loop: Path, task_storage: bool
+    bpf_ready: None, runtime_loop: Path, task_storage: bool, launch_returns: str
 ) -> None:
     """The runtime calls the driver inside its own calls (cudaLaunchKernel through
     cuLaunchKernel, cudaGraphLaunch through cuGraphLaunch): one launch, counted once, as
     the runtime call; launches the application makes through the driver itself are
-    counted as driver calls."""
+    counted as driver calls. Counted at entry (sampled mode), the runtime launch leaves its
+    frame for the driver launch it makes."""
     n = 50
-    with loaded(task_storage) as probes:
+    with loaded(task_storage, launch_returns=launch_returns) as probes:
         lib_dir = runtime_loop.parent
         attach(probes, (CUDART, lib_dir / "libcudart.so.13"), (CUDA, lib_dir / "libcuda.so.1"))
         probes.open_ring(lambda _: None)
@@ -193,7 +225,8 @@ def test_a_driver_call_the_runtime_makes_is_counted_once(
         assert "done" in out
         probes.poll()
         snap, _ = probes.snapshot()
-        counts = {op: snap.stats[(pid, OP_IDS[op])].count
+        got = calls(snap)
+        counts = {op: got[(pid, OP_IDS[op])].stat.count
                   for op in ("cudaLaunchKernel", "cudaStreamSynchronize", "cuLaunchKernel",
                              "cudaGraphLaunch", "cudaStreamBeginCapture",
                              "cudaStreamEndCapture", "cudaGraphInstantiate")}  # fmt: skip
@@ -202,7 +235,7 @@ def test_a_driver_call_the_runtime_makes_is_counted_once(
                           "cudaStreamEndCapture": 1, "cudaGraphInstantiate": 1}  # fmt: skip
         for inner in ("cuStreamSynchronize", "cuGraphLaunch", "cuStreamBeginCapture",
                       "cuStreamEndCapture", "cuGraphInstantiate"):  # fmt: skip
-            assert (pid, OP_IDS[inner]) not in snap.stats, inner
+            assert (pid, OP_IDS[inner]) not in got, inner
 
 
 HOLDER = """
@@ -210,20 +243,22 @@ import sys, time
 from ingero.trace.aggregate import Snapshot
 from ingero.trace.bccload import load_bcc
 bpf = load_bcc().BPF(text=b"int hit(struct pt_regs *ctx) { return 0; }")
-bpf.attach_uprobe(name=sys.argv[1].encode(), sym=b"cudaMalloc", fn_name=b"hit")
+bpf.attach_uprobe(name=sys.argv[1].encode(), sym=sys.argv[2].encode(), fn_name=b"hit")
 print("held", flush=True)
 sys.stdin.read()
 """
 
 
+@pytest.mark.parametrize("held", ["cudaMalloc", "cudaLaunchKernel"])
 def test_an_op_another_tools_uprobe_holds_attaches_the_perf_way_and_counts(
-    bpf_ready: None, cuda_loop: Path
+    bpf_ready: None, cuda_loop: Path, held: str
 ) -> None:
-    """Another tool's perf-event uprobe on cudaMalloc, and a process that maps libcudart:
-    the kernel refuses a uprobe_multi link there (EINVAL). That op alone attaches as a
-    perf-event uprobe, from a second copy of its program; every call is still counted."""
+    """Another tool's perf-event uprobe on an op, and a process that maps libcudart: the
+    kernel refuses a uprobe_multi link there (EINVAL), a session link too. That op alone
+    attaches as a perf-event uprobe pair, from a second copy of its programs (a launch:
+    timed at every call, as with --launch-returns all); every call is still counted."""
     path = os.path.realpath(CUDA_HOME / "lib64" / "libcudart.so")
-    holder = subprocess.Popen([sys.executable, "-c", HOLDER, path], stdin=subprocess.PIPE,
+    holder = subprocess.Popen([sys.executable, "-c", HOLDER, path, held], stdin=subprocess.PIPE,
                               stdout=subprocess.PIPE, text=True, cwd=REPO)  # fmt: skip
     mapper = subprocess.Popen([str(cuda_loop), "200", "0"], stdin=subprocess.PIPE,
                               stdout=subprocess.PIPE, text=True)  # fmt: skip
@@ -238,20 +273,27 @@ def test_an_op_another_tools_uprobe_holds_attaches_the_perf_way_and_counts(
             attached = probes.attach_library(LibraryFile(CUDART, path, st.st_dev, st.st_ino))
             names = {a.op.name for a in attached}
             assert {"cudaMalloc", "cudaFree", "cudaLaunchKernel"} <= names
-            programs = 2 * len({a.op_id for a in attached})
-            assert len(probes.links) + len(probes.perf_copies) == programs
             assert probes.links  # linked where the kernel let them
             assert probes.perf_copies  # the refused ones, the BCC way
-            malloc = f"enter_{OP_IDS['cudaMalloc']}".encode()
+            refused = f"enter_{OP_IDS[held]}".encode()
             # Which offsets the kernel refuses depends on every uprobe on the file: a tracer
-            # beside this test whose links came before the holder's uprobe lets cudaMalloc
+            # beside this test whose links came before the holder's uprobe lets the op
             # link and has others refused instead.
-            assert malloc in probes.perf_copies or foreign_bpf_links(holder.pid, mapper.pid)
+            foreign = foreign_bpf_links(holder.pid, mapper.pid)
+            assert refused in probes.perf_copies or foreign
+            if not foreign:
+                # The held op took a pair (entry and return copies), every other op its
+                # program(s) through links.
+                assert (
+                    len(probes.links) + len(probes.perf_copies)
+                    == programs(probes, [a for a in attached if a.op.name != held]) + 2
+                )
             out, _ = mapper.communicate("go\n", timeout=60)
             assert "cudaMalloc=" in out
             snap, _ = probes.snapshot()
+            got = calls(snap)
             for op in ("cudaMalloc", "cudaFree", "cudaLaunchKernel"):
-                assert snap.stats[(mapper.pid, OP_IDS[op])].count == 200, op
+                assert got[(mapper.pid, OP_IDS[op])].stat.count == 200, op
     finally:
         for proc in (mapper, holder):
             if proc.poll() is None:
@@ -288,12 +330,13 @@ def test_a_stack_sample_with_no_stack_program_is_a_drop_and_the_calls_count(
             path = os.path.realpath(CUDA_HOME / "lib64" / "libcudart.so")
             st = os.stat(path)
             assert probes.attach_library(LibraryFile(CUDART, path, st.st_dev, st.st_ino))
-            for table in (b"stack_progs", b"stack_progs_multi"):
-                with contextlib.suppress(KeyError):  # the links' copy: only where one loaded
+            for table in (b"stack_progs", b"stack_progs_multi", b"stack_progs_session"):
+                with contextlib.suppress(KeyError):  # the links' copies: where they loaded
                     del probes.bpf[table][ctypes.c_int(0)]
             samples, snap = release(probes, proc)
+            got = calls(snap)
             for op in ("cudaMalloc", "cudaFree", "cudaLaunchKernel", "cudaGraphLaunch"):
-                assert snap.stats[(proc.pid, OP_IDS[op])].count == 50, op
+                assert got[(proc.pid, OP_IDS[op])].stat.count == 50, op
             mine = [e for e in map(decode, samples) if e.pid == proc.pid]
             assert [e.native for e in mine] == [None, None]
             assert snap.host["dropped_events"] == 11 * 50
