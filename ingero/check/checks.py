@@ -15,7 +15,9 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from ingero.trace import facilities
 from ingero.trace.bccload import BccUnavailable, find_bcc_dir, load_bcc
+from ingero.trace.facilities import Facilities
 from ingero.trace.ops import LIB_STEMS
 from ingero.trace.procmaps import scan, unique_libraries
 
@@ -83,6 +85,45 @@ def check_kernel(host: Host) -> list[Result]:
             "build the kernel with CONFIG_DEBUG_INFO_BTF=y for other BPF tools",
         )
     )  # fmt: skip
+    return out
+
+
+def check_uprobes(
+    host: Host, probe: Callable[[str], Facilities] = facilities.probe
+) -> list[Result]:
+    """The kernel's uprobe facilities (links, sessions, the uretprobe syscall), the seccomp
+    hazard, and the launch mode ``ingero trace`` runs in, with why."""
+    fac = probe(host.release)
+    out = [
+        Result("uprobe_multi links", OK if fac.uprobe_multi else INFO, fac.uprobe_multi_why,
+               "" if fac.uprobe_multi else "Linux 6.6+: a stop in about a second, not 0.1 s "
+               "a probe"),
+        Result("uprobe sessions", OK if fac.sessions else INFO, fac.sessions_why,
+               "" if fac.sessions else "Linux 6.13+: launches counted at entry, a sample "
+               "timed (until then every launch takes a return probe)"),
+    ]  # fmt: skip
+    if fac.uretprobe_syscall is None:
+        out.append(Result("uretprobe syscall", INFO, "unknown (no kernel BTF to tell)"))
+    elif not fac.uretprobe_syscall:
+        out.append(Result("uretprobe syscall", OK, "absent: return probes trap as before 6.11"))
+    elif fac.seccomp_hazard:
+        out.append(
+            Result(
+                "uretprobe syscall", WARN,
+                f"present, and {host.release} predates the fix that lets it through seccomp "
+                f"filters ({facilities.SECCOMP_FIX}: 6.12.14, 6.13.3, 6.14): a traced process "
+                "under a seccomp filter that does not allow it (containers) is killed at a "
+                "traced call's return",
+                "upgrade the kernel (or check that the distribution kernel carries "
+                f"{facilities.SECCOMP_FIX}), or allow the uretprobe syscall (335) in the "
+                "job's seccomp profile",
+            )
+        )  # fmt: skip
+    else:
+        out.append(Result("uretprobe syscall", OK,
+                          "present; seccomp filters let it through (6.12.14, 6.13.3, 6.14+)"))  # fmt: skip
+    mode, why = fac.launch_mode()
+    out.append(Result("launch mode", INFO, f"{mode}: {why}"))
     return out
 
 
@@ -217,6 +258,7 @@ def run_all(host: Host, db_path: Path) -> list[Result]:
     results = check_kernel(host)
     results += [
         check_permissions(host),
+        *check_uprobes(host),
         check_tracefs(host),
         check_bcc(host),
         check_headers(host),

@@ -62,6 +62,15 @@ def parse_size(text: str) -> int:
 @click.option("--stack-slow-ms", type=click.FloatRange(min=0), default=None,
               help="A call at least this long is sampled with its stack [default: "
                    "ingero.trace.probes.DEFAULT_STACK_SLOW_MS, 10].")  # fmt: skip
+@click.option("--launch-returns", type=click.Choice(["auto", "sampled", "all"]), default="auto",
+              show_default=True,
+              help="Kernel and graph launches: counted at entry with a sample timed (sampled: "
+                   "uprobe sessions, 6.13+; auto picks it where it can run), or every launch "
+                   "timed by a return probe (all).")  # fmt: skip
+@click.option("--launch-timed-per-s", type=click.IntRange(min=1), default=None,
+              help="Sampled launches: about this many a second are timed per process, op, "
+                   "stream and CPU [default: ingero.trace.probes.DEFAULT_LAUNCH_TIMED_PER_S, "
+                   "256].")  # fmt: skip
 def trace(
     pid: int | None,
     record: bool,
@@ -73,6 +82,8 @@ def trace(
     gpu: bool,
     stacks: bool,
     stack_slow_ms: float | None,
+    launch_returns: str,
+    launch_timed_per_s: int | None,
 ) -> int:
     """Trace CUDA, NCCL and host events into the node DB (needs root or CAP_BPF+CAP_PERFMON)."""
     ignore_hangups("trace", "nothing to reload; restart to change probes or options")
@@ -80,7 +91,12 @@ def trace(
     from ingero.trace.bccload import BccUnavailable
     from ingero.trace.collectives import Collectives
     from ingero.trace.gpusampler import default_sampler
-    from ingero.trace.probes import DEFAULT_STACK_SLOW_MS, ProbeError, load
+    from ingero.trace.probes import (
+        DEFAULT_LAUNCH_TIMED_PER_S,
+        DEFAULT_STACK_SLOW_MS,
+        ProbeError,
+        load,
+    )
     from ingero.trace.stacks import StackResolver
     from ingero.trace.tags import TagCache
     from ingero.trace.tracer import Tracer, system_libraries
@@ -98,7 +114,9 @@ def trace(
         raise UnavailableError(f"{db_path}: cannot open the node DB: {exc}") from exc
     try:
         slow = DEFAULT_STACK_SLOW_MS if stack_slow_ms is None else stack_slow_ms
-        probes = load(sample_every, -1 if pid is None else pid, stacks=stacks, stack_slow_ms=slow)
+        timed = DEFAULT_LAUNCH_TIMED_PER_S if launch_timed_per_s is None else launch_timed_per_s
+        probes = load(sample_every, -1 if pid is None else pid, stacks=stacks, stack_slow_ms=slow,
+                      launch_returns=launch_returns, launch_timed_per_s=timed)  # fmt: skip
     except (BccUnavailable, ProbeError) as exc:
         writer.close()
         raise UnavailableError(f"{exc} (run 'ingero check')") from exc
@@ -106,6 +124,7 @@ def trace(
         probes.close()
         writer.close()
         return 0
+    print(f"ingero trace: launches: {probes.launch_mode} ({probes.launch_why})", file=sys.stderr)
     find = type(probes.bpf).find_library
 
     def find_lib(name: str) -> str | None:

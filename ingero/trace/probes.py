@@ -541,4 +541,6 @@ def load(
             launch_mode=mode, launch_why=why,
             kfuncs=facilities.kfuncs if facilities is not None and mode == LAUNCH_SAMPLED else None,
         )  # fmt: skip
+    if isinstance(error, ValueError):  # the launch mode asked for cannot run here
+        raise ProbeError(str(error))
     raise ProbeError(f"cannot load the BPF program: {error}")

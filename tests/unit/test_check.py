@@ -12,6 +12,7 @@ from ingero.check.checks import (
     OK,
     WARN,
     Host,
+    Result,
     check_gpu,
     check_headers,
     check_kernel,
@@ -19,9 +20,11 @@ from ingero.check.checks import (
     check_permissions,
     check_slurm,
     check_tracefs,
+    check_uprobes,
     effective_caps,
     library_version,
 )
+from ingero.trace.facilities import Facilities
 
 
 def _host(tmp_path: Path, **kw: object) -> Host:
@@ -97,3 +100,46 @@ def test_cli_exit_code_says_whether_tracing_can_run(capsys: pytest.CaptureFixtur
     assert exc.value.code == 69
     out = capsys.readouterr().out
     assert '"can_trace": false' in out and "node DB" in out
+
+
+def _facilities(release: str, **kw: object) -> Facilities:
+    base: dict[str, object] = dict(release=release, uprobe_multi=True, uprobe_multi_why="links ok",
+                                   sessions=True, sessions_why="sessions ok",
+                                   uretprobe_syscall=True)  # fmt: skip
+    base.update(kw)
+    return Facilities(**base)  # type: ignore[arg-type]
+
+
+def _uprobes(tmp_path: Path, release: str, **kw: object) -> dict[str, Result]:
+    host = _host(tmp_path, release=release)
+    results = check_uprobes(host, lambda rel: _facilities(rel, **kw))
+    return {r.name: r for r in results}
+
+
+def test_uprobes_on_a_kernel_with_sessions_and_the_seccomp_fix(tmp_path: Path) -> None:
+    got = _uprobes(tmp_path, "6.18.44")
+    assert [got[n].status for n in ("uprobe_multi links", "uprobe sessions",
+                                    "uretprobe syscall")] == [OK, OK, OK]  # fmt: skip
+    assert got["launch mode"].detail.startswith("sampled: uprobe sessions")
+    assert not any(r.blocks_tracing for r in got.values())
+
+
+def test_the_seccomp_hazard_is_a_warning_with_the_fix(tmp_path: Path) -> None:
+    """6.12.13: the uretprobe syscall without the seccomp pass-through, no sessions."""
+    got = _uprobes(tmp_path, "6.12.13-amd64", sessions=False, sessions_why="no session type")
+    hazard = got["uretprobe syscall"]
+    assert hazard.status == WARN and "cf6cb56ef244" in hazard.detail and "seccomp" in hazard.fix
+    assert got["uprobe sessions"].status == INFO and "6.13" in got["uprobe sessions"].fix
+    assert got["launch mode"].detail == (
+        "all: no uprobe sessions: no session type: every launch takes its return probe"
+    )
+    assert not any(r.blocks_tracing for r in got.values())
+
+
+@pytest.mark.parametrize(("syscall", "status"), [(False, OK), (None, INFO)])
+def test_no_uretprobe_syscall_or_no_btf_to_tell(
+    tmp_path: Path, syscall: bool | None, status: str
+) -> None:
+    assert _uprobes(tmp_path, "6.12.1", uretprobe_syscall=syscall)["uretprobe syscall"].status == (
+        status
+    )
