@@ -1,34 +1,39 @@
-"""Overhead of ``ingero trace`` on a CUDA-calling workload, beside the uprobe floor.
+"""Overhead of ``ingero trace`` on a CUDA-calling workload, beside the uprobe floors.
 
-For a target rate (10,000 and 50,000 calls/s per process) the workload spins CPU work
-between cudaLaunchKernel calls, calibrated so that one untraced iteration lasts
-1/rate seconds. Three configurations run interleaved, round after round, each as a fresh
+For a target rate (10,000, 50,000 and 200,000 calls/s per process) the workload spins CPU
+work between cudaLaunchKernel calls, calibrated so that one untraced iteration lasts
+1/rate seconds. The configurations run interleaved, round after round, each as a fresh
 process (uprobes attach by library path, so every new process is caught):
 
 - ``none``: no probes;
+- ``entry``: an empty entry uprobe alone on the same function: the floor of any design
+  that counts calls (the least a launch counted at entry can cost);
 - ``floor``: an empty entry + return uprobe pair on the same function: the cost of any
-  uprobe design that measures durations;
-- ``ingero``: ingero's full BPF program (every CUDA probe, host tracepoints, ring buffer),
-  with call stacks on sampled and slow calls (the default), attached through uprobe_multi
-  links as the tracer does where the kernel has them;
-- ``perf-uprobes``: the same, attached as BCC's perf-event uprobes (the tracer's way on a
-  kernel before 6.6);
-- ``no-stacks``: the same program loaded with ``--no-stacks``;
-- ``no-samples``: the default program with no call sampled (``--sample-every`` 2^40; the
-  calls here are never slow): the per-call bookkeeping without the samples and stacks.
+  uprobe design that times every call;
+- ``before``: ingero's full BPF program (every CUDA probe, host tracepoints, ring buffer)
+  with every launch timed (``--launch-returns all``: the program before launches were
+  counted at entry, and the tracer's way on a kernel without uprobe sessions), call stacks
+  on sampled and slow calls (the default), attached through uprobe_multi links as the
+  tracer does where the kernel has them;
+- ``ingero``: the same program as the tracer runs it by default: launches counted at entry
+  through uprobe session links (6.13+), about 256 a second timed at their return;
+- with ``--more``: ``perf-uprobes`` (``ingero`` attached as BCC's perf-event uprobes, the
+  tracer's way on a kernel before 6.6: every launch timed), ``no-stacks`` (``ingero``
+  with ``--no-stacks``) and ``no-samples`` (``ingero`` with no call sampled to the ring
+  buffer, ``--sample-every`` 2^40: the per-call bookkeeping alone).
 
 Times are the workload thread's CPU time (uprobe handlers run in its context; waiting for
 a CPU on a shared machine does not count). First, back-to-back calls (no work between)
-give the ns each configuration adds per call and the ratio of ingero to the floor. Then,
-per rate: median ns per iteration of each configuration and the slowdown of ``ingero``
-in percent (throughput with and without tracing). Needs root, BCC and the
-CUDA toolkit (gcc against its libcudart). Usage: ``python bench/trace_overhead.py [--rounds 7]``.
+give the ns each configuration adds per call, beside the pair (``floor``) and the entry
+uprobe. Then, per rate: median ns per iteration of each configuration and its slowdown in
+percent (throughput with and without tracing). Needs root, BCC and the CUDA toolkit (gcc
+against its libcudart). Usage: ``python bench/trace_overhead.py [--rounds 7]``.
 
 ``--call`` picks the workload's call: ``launch`` (cudaLaunchKernel, the stream in an
 argument slot), ``launch-ex`` (cudaLaunchKernelExC, the stream read from its config in user
 memory) or ``event`` (cudaEventRecord then cudaEventSynchronize of that event: the event's
 stream kept at the record and looked up at the sync; figures are per pair of calls, and
-the floor probes both functions).
+the floors probe both functions).
 """
 
 from __future__ import annotations
@@ -45,6 +50,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from ingero.trace.facilities import LAUNCH_ALL, LAUNCH_AUTO
 from ingero.trace.ops import CUDART
 from ingero.trace.probes import DEFAULT_SAMPLE_EVERY, load, probe_names
 from ingero.trace.procmaps import LibraryFile
@@ -113,23 +119,33 @@ class Config:
 
 
 class Floor(Config):
+    """Empty uprobes (BCC's perf-event uprobes) on the workload's functions: an entry and a
+    return (``floor``), or the entry alone (``entry``)."""
+
     def __init__(
-        self, bcc_bpf: type, path: str, symbols: tuple[bytes, ...] = CALLS["launch"]
+        self,
+        bcc_bpf: type,
+        path: str,
+        symbols: tuple[bytes, ...] = CALLS["launch"],
+        returns: bool = True,
     ) -> None:
-        super().__init__("floor")
+        super().__init__("floor" if returns else "entry")
         self.bpf = bcc_bpf(text=FLOOR_PROGRAM.encode())
         self.path = path.encode()
         self.symbols = symbols
+        self.returns = returns
 
     def on(self) -> None:
         for sym in self.symbols:
             self.bpf.attach_uprobe(name=self.path, sym=sym, fn_name=b"enter")
-            self.bpf.attach_uretprobe(name=self.path, sym=sym, fn_name=b"leave")
+            if self.returns:
+                self.bpf.attach_uretprobe(name=self.path, sym=sym, fn_name=b"leave")
 
     def off(self) -> None:
         for sym in self.symbols:
             self.bpf.detach_uprobe(name=self.path, sym=sym)
-            self.bpf.detach_uretprobe(name=self.path, sym=sym)
+            if self.returns:
+                self.bpf.detach_uretprobe(name=self.path, sym=sym)
 
 
 class Ingero(Config):
@@ -144,9 +160,11 @@ class Ingero(Config):
         name: str | None = None,
         sample_every: int = DEFAULT_SAMPLE_EVERY,
         multi: bool = True,
+        launch_returns: str = LAUNCH_AUTO,
     ) -> None:
         super().__init__(name or ("ingero" if stacks else "no-stacks"))
-        self.probes = load(stacks=stacks, sample_every=sample_every, uprobe_multi=multi)
+        self.probes = load(stacks=stacks, sample_every=sample_every, uprobe_multi=multi,
+                           launch_returns=launch_returns)  # fmt: skip
         self.lib = lib or library()
         self.attachments = self.probes.attach_library(self.lib)
         self.probes.open_ring(lambda data: None)
@@ -162,7 +180,7 @@ class Ingero(Config):
             self.probes.attach_library(self.lib)
         for att in [] if self.probes.multi else self.attachments:
             sym = att.symbol.encode()
-            enter, leave = probe_names(att)
+            enter, leave = probe_names(att, self.probes.sampled)
             bpf.attach_uprobe(name=path, sym=sym, fn_name=enter.encode())
             bpf.attach_uretprobe(name=path, sym=sym, fn_name=leave.encode())
         for tp, fn in TRACEPOINTS.items():
@@ -216,59 +234,80 @@ def measure(
     return {k: statistics.median(v) for k, v in results.items()}
 
 
+def _added(med: dict[str, float], name: str) -> float:
+    return med[name] - med["none"]
+
+
+def _ratios(med: dict[str, float], name: str) -> str:
+    """ns a configuration adds, and that beside the pair's and the entry uprobe's."""
+    added, pair, entry = _added(med, name), _added(med, "floor"), _added(med, "entry")
+    nan = float("nan")
+    return (f"adds {added:.0f} ns ({added / pair if pair > 0 else nan:.2f}x the pair, "
+            f"{added / entry if entry > 0 else nan:.2f}x the entry)")  # fmt: skip
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--rounds", type=int, default=7)
     parser.add_argument("--seconds", type=float, default=0.4, help="length of one run")
-    parser.add_argument("--rates", default="10000,50000", help="'': back to back only")
+    parser.add_argument("--rates", default="10000,50000,200000", help="'': back to back only")
     parser.add_argument("--calls", type=int, default=200000, help="back-to-back calls per run")
     parser.add_argument("--call", choices=sorted(CALLS), default="launch",
                         help="the workload's call (event: a record and a sync per iteration)")  # fmt: skip
+    parser.add_argument("--more", action="store_true",
+                        help="also perf-uprobes, no-stacks and no-samples")  # fmt: skip
     args = parser.parse_args()
     with tempfile.TemporaryDirectory() as tmp:
         exe = build(Path(tmp))
         ingero = Ingero()
-        plain = Ingero(stacks=False)
-        # No call sampled (and none slow): the per-call bookkeeping alone, without the
-        # ring buffer samples and their stacks.
-        quiet = Ingero(name="no-samples", sample_every=1 << 40)
-        perf = Ingero(name="perf-uprobes", multi=False)
-        floor = Floor(type(ingero.probes.bpf), ingero.lib.path, CALLS[args.call])
-        configs = [Config("none"), floor, ingero, perf, plain, quiet]
-        traced = ("ingero", "perf-uprobes", "no-stacks", "no-samples")
+        before = Ingero(name="before", launch_returns=LAUNCH_ALL)
+        bcc_bpf = type(ingero.probes.bpf)
+        floor = Floor(bcc_bpf, ingero.lib.path, CALLS[args.call])
+        entry = Floor(bcc_bpf, ingero.lib.path, CALLS[args.call], returns=False)
+        traced: list[Ingero] = [before, ingero]
+        if args.more:
+            traced += [
+                Ingero(name="perf-uprobes", multi=False),
+                Ingero(stacks=False),
+                # No call sampled (and none slow): the per-call bookkeeping alone, without
+                # the ring buffer samples and their stacks.
+                Ingero(name="no-samples", sample_every=1 << 40),
+            ]
+        configs: list[Config] = [Config("none"), entry, floor, *traced]
+        names = [t.name for t in traced]
         print(
             f"# {time.strftime('%Y-%m-%d %H:%M:%S')} host={os.uname().nodename} "
-            f"cpus={os.cpu_count()} load={os.getloadavg()[0]:.1f} rounds={args.rounds} "
+            f"kernel={os.uname().release} cpus={os.cpu_count()} "
+            f"load={' '.join(f'{x:.2f}' for x in os.getloadavg())} rounds={args.rounds} "
             f"call={args.call} "
-            f"calls-in-flight={'task storage' if ingero.probes.task_storage else 'hash'}"
+            f"calls-in-flight={'task storage' if ingero.probes.task_storage else 'hash'} "
+            f"launches: ingero={ingero.probes.launch_mode} before={before.probes.launch_mode}"
         )
         per_call = measure(exe, configs, 0, args.calls, args.rounds, args.call)
-        floor_added = per_call["floor"] - per_call["none"]
-        parts = "  ".join(
-            f"{n}: adds {per_call[n] - per_call['none']:.0f} ns, "
-            f"ratio={(per_call[n] - per_call['none']) / floor_added:.2f}x"
-            for n in traced
-        )
+        parts = "  ".join(f"{n}: {_ratios(per_call, n)}" for n in names)
         print(
             f"per call (back to back, {args.calls} calls): none={per_call['none']:.0f} ns "
-            f"floor adds {floor_added:.0f} ns  {parts}"
+            f"entry adds {_added(per_call, 'entry'):.0f} ns, floor (the pair) adds "
+            f"{_added(per_call, 'floor'):.0f} ns  {parts}"
         )
         for rate in (int(r) for r in args.rates.split(",") if r):
             spin = calibrate(exe, rate, args.call)
             med = measure(exe, configs, spin, int(rate * args.seconds), args.rounds, args.call)
-            floor_added = med["floor"] - med["none"]
             parts = "  ".join(
-                f"{n}: slowdown={100 * (med[n] - med['none']) / med['none']:.2f}% "
-                f"ratio={(med[n] - med['none']) / floor_added if floor_added > 0 else float('nan'):.2f}x"
-                for n in traced
+                f"{n}: slowdown={100 * _added(med, n) / med['none']:.2f}% ({_ratios(med, n)})"
+                for n in names
             )
             print(
-                f"rate={rate}/s  ns/iter: none={med['none']:.0f} floor={med['floor']:.0f} "
-                f"(floor adds {floor_added:.0f} ns)  {parts}"
+                f"rate={rate}/s  ns/iter: none={med['none']:.0f} "
+                f"entry={100 * _added(med, 'entry') / med['none']:.2f}% "
+                f"floor={100 * _added(med, 'floor') / med['none']:.2f}%  {parts}"
             )
-        for traced_config in (ingero, perf, plain, quiet):
-            traced_config.probes.close()
+        print(f"# done {time.strftime('%H:%M:%S')} "
+              f"load={' '.join(f'{x:.2f}' for x in os.getloadavg())}")  # fmt: skip
+        for t in traced:
+            t.probes.close()
         floor.bpf.cleanup()
+        entry.bpf.cleanup()
 
 
 if __name__ == "__main__":
