@@ -296,6 +296,12 @@ def launch_ex(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 @pytest.fixture(scope="session")
+def launch_mix(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """launch_mix.c against the stand-in libcudart and libcuda (runtime_loop's build)."""
+    return _against_stand_ins(tmp_path_factory.mktemp("launch_mix"), "launch_mix")
+
+
+@pytest.fixture(scope="session")
 def stream_engine(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """stream_engine.c against the stand-in libcudart and libcuda (runtime_loop's build)."""
     return _against_stand_ins(tmp_path_factory.mktemp("streams"), "stream_engine")

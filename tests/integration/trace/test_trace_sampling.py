@@ -1,0 +1,141 @@
+"""Launches counted at entry with a sample timed (uprobe sessions), on the real program.
+
+Counts are exact with sampling on, on each stream, and a driver launch the runtime makes
+inside its launch is not counted again; the timed sample's duration distribution is the
+launches': ``launch_mix.c`` makes a known share of slow launches (the stand-in driver spins:
+a launch that waits for a full queue), and the sample's weighted share of slow ones agrees
+with it within five standard errors of a sample of its size. Fast and slow are told apart by
+30 times the sample's p25 (a ratio within the run, no timing asserted). The real
+libcudart's launches (the CUDA 13 toolkit's; without a driver they fail after their probes
+fired) count exactly too.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from ingero.trace.aggregate import Snapshot, op_intervals, percentile, slot_bounds, stream_rows
+from ingero.trace.decode import KIND_CALL, decode
+from ingero.trace.ops import CUDA, CUDART, OP_IDS
+from ingero.trace.probes import Probes, load
+from ingero.trace.procmaps import LibraryFile
+
+pytestmark = pytest.mark.integration
+CUDA_HOME = Path(os.environ.get("CUDA_HOME", "/usr/local/cuda"))
+N = 20_000
+SLOW_PERCENT = 20
+SPIN = 300_000
+
+
+def sampled(pid: int, stacks: bool = True, timed_per_s: int = 2000) -> Probes:
+    probes = load(sample_every=64, pid=pid, stacks=stacks, launch_timed_per_s=timed_per_s)
+    if not probes.sampled:
+        probes.close()
+        pytest.skip(f"launches are not sampled here: {probes.launch_why}")
+    return probes
+
+
+def attach(probes: Probes, kind: str, path: Path) -> None:
+    st = os.stat(path)
+    assert probes.attach_library(LibraryFile(kind, str(path), st.st_dev, st.st_ino))
+
+
+def said(out: str) -> dict[str, str]:
+    return dict(kv.split("=", 1) for kv in out.split())
+
+
+def slow_share(hist: dict[int, int]) -> tuple[float, int]:
+    """The weight at or above 30 times the p25 (a fast launch: 80% are), and that bound. A
+    slow launch spins ~100 us, ~60 times a fast one here: a fast launch delayed up to 30
+    times counts fast, a slow one preempted (a busy host) still slow."""
+    bound = 30 * percentile(hist, 0.25)
+    total = sum(hist.values())
+    return sum(n for s, n in hist.items() if slot_bounds(s)[0] >= bound) / total, bound
+
+
+def test_counts_are_exact_and_the_sample_is_the_launches(bpf_ready: None, launch_mix: Path) -> None:
+    lib = launch_mix.parent
+    proc = subprocess.Popen([str(launch_mix), str(N), str(SLOW_PERCENT), str(SPIN)],
+                            stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)  # fmt: skip
+    try:
+        probes = sampled(proc.pid)
+        try:
+            attach(probes, CUDART, lib / "libcudart.so.13")
+            attach(probes, CUDA, lib / "libcuda.so.1")
+            samples: list[bytes] = []
+            probes.open_ring(samples.append)
+            out, _ = proc.communicate("go\n", timeout=120)
+            probes.poll()
+            snap, _ = probes.snapshot()
+        finally:
+            probes.close()
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+        proc.wait()
+    got = said(out)
+    pid, empty = proc.pid, Snapshot({}, {}, {})
+    launches = int(got["launches_a"]) + int(got["launches_b"])
+    slow = int(got["slow_a"]) + int(got["slow_b"])
+    ops = op_intervals(empty, snap)
+    runtime = ops[(pid, OP_IDS["cudaLaunchKernel"])]
+    # Exact: every launch, none of the runtime's own driver launches, each on its stream.
+    assert runtime.stat.count == launches == N
+    assert ops[(pid, OP_IDS["cuLaunchKernel"])].stat.count == int(got["launches_c"])
+    streams = {r["stream"]: r["launches"] for r in stream_rows(empty, snap, 0.0, 1.0, {})
+               if r["pid"] == pid}  # fmt: skip
+    assert streams == {got["stream_a"]: int(got["launches_a"]),
+                       got["stream_b"]: int(got["launches_b"]),
+                       got["stream_c"]: int(got["launches_c"])}  # fmt: skip
+    # A sample was timed, not every launch; every launch failed (the stand-in driver's
+    # error), and the scaled errors say so.
+    n = runtime.timed
+    assert 100 <= n < launches
+    assert runtime.stat.errors == launches
+    # The sample's weighted share of slow launches is the launches' share, within five
+    # standard errors of a sample of n (and 1% for fast launches preempted on a busy host).
+    share, bound = slow_share(dict(runtime.hist))
+    truth = slow / launches
+    error = 5 * math.sqrt(truth * (1 - truth) / n) + 0.01
+    assert abs(share - truth) <= error, (share, truth, n)
+    # 20% slow: the median launch is a fast one, the p95 a slow one.
+    assert percentile(runtime.hist, 0.5) < bound <= percentile(runtime.hist, 0.95)
+    # Timed launches keep their stacks: the raw samples carry the caller's frames.
+    timed = [e for e in map(decode, samples)
+             if e.pid == pid and e.kind == KIND_CALL and e.op == "cudaLaunchKernel"]  # fmt: skip
+    assert timed and all(e.duration_ns > 0 for e in timed)
+    assert any(e.native for e in timed)
+
+
+def test_the_real_runtime_counts_exactly_with_sampling_on(bpf_ready: None, cuda_loop: Path) -> None:
+    iterations = 3000
+    proc = subprocess.Popen([str(cuda_loop), str(iterations), "0"], stdin=subprocess.PIPE,
+                            stdout=subprocess.PIPE, text=True)  # fmt: skip
+    try:
+        probes = sampled(proc.pid, stacks=False, timed_per_s=256)
+        try:
+            attach(probes, CUDART, Path(os.path.realpath(CUDA_HOME / "lib64" / "libcudart.so")))
+            probes.open_ring(lambda _: None)
+            out, _ = proc.communicate("go\n", timeout=120)
+            assert "cudaLaunchKernel=" in out
+            probes.poll()
+            snap, _ = probes.snapshot()
+        finally:
+            probes.close()
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+        proc.wait()
+    ops = op_intervals(Snapshot({}, {}, {}), snap)
+    for op in ("cudaLaunchKernel", "cudaGraphLaunch"):
+        o = ops[(proc.pid, OP_IDS[op])]
+        assert o.stat.count == o.stat.errors == iterations, op
+        assert 0 < o.timed < iterations, op
+    # The other ops keep entry and return: every call timed.
+    sync = ops[(proc.pid, OP_IDS["cudaStreamSynchronize"])]
+    assert sync.stat.count == sync.timed == iterations
