@@ -16,7 +16,7 @@ process (uprobes attach by library path, so every new process is caught):
   on sampled and slow calls (the default), attached through uprobe_multi links as the
   tracer does where the kernel has them;
 - ``ingero``: the same program as the tracer runs it by default: launches counted at entry
-  through uprobe session links (6.13+), about 256 a second timed at their return;
+  through uprobe session links (6.13+), about 1,024 a second timed at their return;
 - with ``--more``: ``perf-uprobes`` (``ingero`` attached as BCC's perf-event uprobes, the
   tracer's way on a kernel before 6.6: every launch timed), ``no-stacks`` (``ingero``
   with ``--no-stacks``) and ``no-samples`` (``ingero`` with no call sampled to the ring

@@ -70,7 +70,7 @@ def parse_size(text: str) -> int:
 @click.option("--launch-timed-per-s", type=click.IntRange(min=1), default=None,
               help="Sampled launches: about this many a second are timed per process, op, "
                    "stream and CPU [default: ingero.trace.probes.DEFAULT_LAUNCH_TIMED_PER_S, "
-                   "256].")  # fmt: skip
+                   "1024].")  # fmt: skip
 def trace(
     pid: int | None,
     record: bool,

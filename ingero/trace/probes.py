@@ -52,8 +52,11 @@ DEFAULT_SAMPLE_EVERY = 64
 # A call at least this long is sampled with its stack whatever the sampling counter says.
 DEFAULT_STACK_SLOW_MS = 10.0
 # Sampled launches: about this many launches a second are timed per (process, op, stream)
-# and CPU, whatever the launch rate (bpf/ingero.bpf.c, LAUNCH_PROBE).
-DEFAULT_LAUNCH_TIMED_PER_S = 256
+# and CPU, whatever the launch rate (bpf/ingero.bpf.c, LAUNCH_PROBE): a thousand timed
+# launches an interval give its launch percentiles the error of a thousand-call sample
+# (bench/launch_sampling.py), and below 64 x this many launches a second a launch is sampled
+# to the ring (--sample-every 64) as often as with every launch timed.
+DEFAULT_LAUNCH_TIMED_PER_S = 1024
 # As in bpf/ingero.bpf.c: the flags in the keys of the timed launches and of the launches.
 OP_TIMED = 1 << 15
 LAUNCH_NAMED = 1 << 16
