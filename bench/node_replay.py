@@ -31,8 +31,9 @@ class UnrecordedCpu(ProcReader):
         return None
 
 
-def replay(db: Path, push: float) -> list[NodeSample]:
-    """One sample per push interval over the DB's rows, in order."""
+def replay(db: Path, push: float, proc: ProcReader | None = None) -> list[NodeSample]:
+    """One sample per push interval over the DB's rows, in order (``proc``: the host's
+    readings, this machine's memory and no CPU unless given)."""
     with sqlite3.connect(f"file:{db}?mode=ro", uri=True) as con:
         first, last = con.execute(
             "SELECT min(ts_start), max(ts_end) FROM host_intervals"
@@ -47,7 +48,7 @@ def replay(db: Path, push: float) -> list[NodeSample]:
         config=PushConfig().score,
         window_s=push,
         clock=clock,
-        proc=UnrecordedCpu(),
+        proc=proc if proc is not None else UnrecordedCpu(),
         pid_alive=lambda pid: True,  # the recorded processes ran until the DB's end
     )
     samples = []
