@@ -234,6 +234,27 @@ def measure(
     return {k: statistics.median(v) for k, v in results.items()}
 
 
+def other_tracers() -> int:
+    """Processes besides this one holding BPF links or perf events (another tracer's uprobes
+    on the same library would add their cost to every configuration, ``none`` included)."""
+    found = 0
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit() or int(entry.name) == os.getpid():
+            continue
+        try:
+            fds = list((entry / "fd").iterdir())
+        except OSError:
+            continue
+        for fd in fds:
+            try:
+                if os.readlink(fd) in ("anon_inode:bpf_link", "anon_inode:[perf_event]"):
+                    found += 1
+                    break
+            except OSError:
+                continue
+    return found
+
+
 def _added(med: dict[str, float], name: str) -> float:
     return med[name] - med["none"]
 
@@ -281,7 +302,8 @@ def main() -> None:
             f"load={' '.join(f'{x:.2f}' for x in os.getloadavg())} rounds={args.rounds} "
             f"call={args.call} "
             f"calls-in-flight={'task storage' if ingero.probes.task_storage else 'hash'} "
-            f"launches: ingero={ingero.probes.launch_mode} before={before.probes.launch_mode}"
+            f"launches: ingero={ingero.probes.launch_mode} before={before.probes.launch_mode} "
+            f"other-tracers={other_tracers()}"
         )
         per_call = measure(exe, configs, 0, args.calls, args.rounds, args.call)
         parts = "  ".join(f"{n}: {_ratios(per_call, n)}" for n in names)
@@ -303,7 +325,8 @@ def main() -> None:
                 f"floor={100 * _added(med, 'floor') / med['none']:.2f}%  {parts}"
             )
         print(f"# done {time.strftime('%H:%M:%S')} "
-              f"load={' '.join(f'{x:.2f}' for x in os.getloadavg())}")  # fmt: skip
+              f"load={' '.join(f'{x:.2f}' for x in os.getloadavg())} "
+              f"other-tracers={other_tracers()}")  # fmt: skip
         for t in traced:
             t.probes.close()
         floor.bpf.cleanup()
