@@ -19,8 +19,10 @@ process (uprobes attach by library path, so every new process is caught):
   through uprobe session links (6.13+), about 1,024 a second timed at their return;
 - with ``--more``: ``perf-uprobes`` (``ingero`` attached as BCC's perf-event uprobes, the
   tracer's way on a kernel before 6.6: every launch timed), ``no-stacks`` (``ingero``
-  with ``--no-stacks``) and ``no-samples`` (``ingero`` with no call sampled to the ring
-  buffer, ``--sample-every`` 2^40: the per-call bookkeeping alone).
+  with ``--no-stacks``), ``no-samples`` (``ingero`` with no call sampled to the ring
+  buffer, ``--sample-every`` 2^40: the per-call bookkeeping alone) and ``no-reads``
+  (``ingero`` without its reads of user memory at a launch's entry, the stream and the
+  return address: what they cost; launches then name no stream).
 
 Times are the workload thread's CPU time (uprobe handlers run in its context; waiting for
 a CPU on a shared machine does not count). First, back-to-back calls (no work between)
@@ -161,10 +163,11 @@ class Ingero(Config):
         sample_every: int = DEFAULT_SAMPLE_EVERY,
         multi: bool = True,
         launch_returns: str = LAUNCH_AUTO,
+        launch_reads: bool = True,
     ) -> None:
         super().__init__(name or ("ingero" if stacks else "no-stacks"))
         self.probes = load(stacks=stacks, sample_every=sample_every, uprobe_multi=multi,
-                           launch_returns=launch_returns)  # fmt: skip
+                           launch_returns=launch_returns, launch_reads=launch_reads)  # fmt: skip
         self.lib = lib or library()
         self.attachments = self.probes.attach_library(self.lib)
         self.probes.open_ring(lambda data: None)
@@ -276,7 +279,7 @@ def main() -> None:
     parser.add_argument("--call", choices=sorted(CALLS), default="launch",
                         help="the workload's call (event: a record and a sync per iteration)")  # fmt: skip
     parser.add_argument("--more", action="store_true",
-                        help="also perf-uprobes, no-stacks and no-samples")  # fmt: skip
+                        help="also perf-uprobes, no-stacks, no-samples and no-reads")  # fmt: skip
     args = parser.parse_args()
     with tempfile.TemporaryDirectory() as tmp:
         exe = build(Path(tmp))
@@ -293,6 +296,9 @@ def main() -> None:
                 # No call sampled (and none slow): the per-call bookkeeping alone, without
                 # the ring buffer samples and their stacks.
                 Ingero(name="no-samples", sample_every=1 << 40),
+                # What reading the launch's stream and return address from user memory
+                # costs: launches counted at entry without it (no stream, no frame).
+                Ingero(name="no-reads", launch_reads=False),
             ]
         configs: list[Config] = [Config("none"), entry, floor, *traced]
         names = [t.name for t in traced]

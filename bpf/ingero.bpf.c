@@ -989,6 +989,12 @@ static __always_inline int launch_enter(struct pt_regs *ctx, u32 op, int stream_
     u64 sp = PT_REGS_SP(ctx);
     u64 ret = 0, stream = 0;
     u32 named = 0;
+#ifdef LAUNCH_NO_READS
+    // bench/trace_overhead.py's no-reads: what the reads of user memory cost (no stream,
+    // no frame: the runtime's own driver launches count again). Never the tracer's.
+    stream_arg = 0;
+    runtime = 0;
+#endif
     if (runtime && stream_arg >= 7 && stream_arg <= 9) {
         // The return address and the stack slots up to the stream's, in one read (a read
         // of user memory costs ~100 ns here, whatever its size).

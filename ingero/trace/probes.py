@@ -96,6 +96,7 @@ def program_text(
     stack_slow_ms: float = DEFAULT_STACK_SLOW_MS,
     launch_sessions: bool = False,
     launch_timed_per_s: int = DEFAULT_LAUNCH_TIMED_PER_S,
+    launch_reads: bool = True,
 ) -> str:
     """The C source plus one PROBE_ENTRY per generic op (special ops are hand-written) and,
     with ``launch_sessions``, one LAUNCH_PROBE per launch-class op (a uprobe session
@@ -126,6 +127,8 @@ def program_text(
             f"#define KFUNC_SESSION_IS_RETURN {placeholders[sessions.IS_RETURN]:#x}\n"
             f"#define KFUNC_SESSION_COOKIE {placeholders[sessions.COOKIE]:#x}\n"
         )
+        if not launch_reads:  # a benchmark's diagnosis only (bench/trace_overhead.py)
+            head += "#define LAUNCH_NO_READS 1\n"
         pairs += [
             f"LAUNCH_PROBE({i}, {op.stream_arg}, {op.stream_offset}, {int(op.lib == CUDART)})"
             for i, op in enumerate(OPS)
@@ -499,6 +502,7 @@ def load(
     launch_returns: str = LAUNCH_AUTO,
     launch_timed_per_s: int = DEFAULT_LAUNCH_TIMED_PER_S,
     facilities: Facilities | None = None,
+    launch_reads: bool = True,
 ) -> Probes:
     """Compile and load the program (host tracepoints attach automatically).
 
@@ -509,7 +513,9 @@ def load(
     (``launch_returns``, facilities.py): ``sampled`` where the kernel has uprobe sessions
     (6.13+; ``auto`` picks it there), counted at entry with about ``launch_timed_per_s``
     a second timed; ``all``: every launch takes its return probe, as every other op does.
-    ``facilities``: the kernel's, probed here when not given.
+    ``facilities``: the kernel's, probed here when not given. ``launch_reads`` off (a
+    benchmark's diagnosis: what reading the stream and the return address costs) reads
+    neither, so launches name no stream and the runtime's own driver launches count again.
     """
     bcc = load_bcc()
     if launch_returns != LAUNCH_ALL and facilities is None:
@@ -526,7 +532,7 @@ def load(
                 error = exc
                 continue
         text = program_text(source, sample_every, stacks, stack_slow_ms,
-                            mode == LAUNCH_SAMPLED, launch_timed_per_s)  # fmt: skip
+                            mode == LAUNCH_SAMPLED, launch_timed_per_s, launch_reads)  # fmt: skip
         try:
             bpf = bcc.BPF(text=text.encode(), cflags=["-Wno-macro-redefined", *flags])
         except Exception as exc:  # compile/verifier errors arrive as bare Exception
