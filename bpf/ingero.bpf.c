@@ -817,9 +817,10 @@ static __always_inline int call_leave(struct pt_regs *ctx, int always) {
 // no more than an entry-only uprobe. At entry it counts the launch in ``launches``, per
 // (process, op, stream) and per CPU, one lookup: the per-op count and the per-stream
 // launches are both sums of it (user space adds them up). 1 in 2^shift launches takes its
-// return and is timed; the shift follows the key's launch rate on this CPU, checked every
-// LAUNCH_CHECK_EVERY launches, so that about 1e9 / LAUNCH_GAP_NS launches a second are
-// timed whatever the rate: all of them below that rate, 1 in 4096 at most. A timed launch
+// return and is timed; the shift follows the key's launch rate (launch_shift), checked
+// every LAUNCH_CHECK_EVERY launches on a CPU, so that about 1e9 / LAUNCH_GAP_NS of the
+// key's launches a second are timed whatever the rate: all of them below that rate, 1 in
+// 4096 at most. A timed launch
 // is recorded with its weight 2^shift (Horvitz-Thompson: its count, time, errors and
 // histogram slot count 2^shift calls), so the durations stay an unbiased estimate while
 // the shift moves. The session cookie (8 bytes the kernel keeps from entry to return)
@@ -844,13 +845,48 @@ struct launch_key {
 };
 
 struct launch_val {
-    u64 count;    // launches entered (this CPU)
-    u64 checked;  // ktime of the last rate check
-    u32 shift;    // 1 in 2^shift launches is timed
+    u64 count;  // launches entered (this CPU)
+    u32 shift;  // 1 in 2^shift launches is timed (the key's, as of this CPU's last check)
     u32 pad;
 };
 
 BPF_PERCPU_HASH(launches, struct launch_key, struct launch_val, 16384);
+
+// The key's launch rate over all CPUs (a thread moves between them; each CPU's share of it
+// would time the key's target on every CPU), measured from the launches the CPUs report
+// at their checks: once a window holds LAUNCH_RATE_LAUNCHES of them or LAUNCH_RATE_NS
+// passed, the shift is set from its rate and a new window starts.
+#define LAUNCH_RATE_LAUNCHES 256
+#define LAUNCH_RATE_NS 10000000ULL
+struct launch_rate {
+    u64 since;  // the window's start (ktime)
+    u64 count;  // launches reported in it
+    u32 shift;
+    u32 pad;
+};
+BPF_HASH(launch_rates, struct launch_key, struct launch_rate, 16384);
+
+static __always_inline u32 launch_shift(struct launch_key *k) {
+    struct launch_rate *r = launch_rates.lookup(k);
+    u64 now = bpf_ktime_get_ns();
+    if (!r) {
+        struct launch_rate fresh = {.since = now};
+        launch_rates.insert(k, &fresh);
+        return 0;
+    }
+    u64 count = __sync_fetch_and_add(&r->count, LAUNCH_CHECK_EVERY) + LAUNCH_CHECK_EVERY;
+    u64 since = r->since;
+    if (now > since && (count >= LAUNCH_RATE_LAUNCHES || now - since >= LAUNCH_RATE_NS)) {
+        // Launches a wanted gap holds at the window's rate. Two CPUs closing one window at
+        // once both set a shift from it: the same one, near enough.
+        u64 want = count * LAUNCH_GAP_NS / (now - since);
+        u32 shift = want > 1 ? bpf_log2l(want) - 1 : 0;
+        r->shift = shift < LAUNCH_MAX_SHIFT ? shift : LAUNCH_MAX_SHIFT;
+        r->since = now;
+        r->count = 0;
+    }
+    return r->shift;
+}
 
 // A driver launch the runtime makes inside its own launch is the runtime's work: the runtime
 // call is counted, not this one (as runtime_internal does for calls with returns). A runtime
@@ -1035,17 +1071,8 @@ static __always_inline int launch_enter(struct pt_regs *ctx, u32 op, int stream_
     }
     u64 n = v->count;
     __sync_fetch_and_add(&v->count, 1);
-    if ((n & (LAUNCH_CHECK_EVERY - 1)) == LAUNCH_CHECK_EVERY - 1) {
-        u64 now = bpf_ktime_get_ns();
-        u64 last = v->checked;
-        if (last && now > last) {
-            // Launches a wanted gap holds at the rate of the last LAUNCH_CHECK_EVERY.
-            u64 want = (u64)LAUNCH_CHECK_EVERY * LAUNCH_GAP_NS / (now - last);
-            u32 shift = want > 1 ? bpf_log2l(want) - 1 : 0;
-            v->shift = shift < LAUNCH_MAX_SHIFT ? shift : LAUNCH_MAX_SHIFT;
-        }
-        v->checked = now;
-    }
+    if ((n & (LAUNCH_CHECK_EVERY - 1)) == LAUNCH_CHECK_EVERY - 1)
+        v->shift = launch_shift(&k);
     // 1 in 2^shift launches is timed: those whose count's Fibonacci hash has its top shift
     // bits clear. The hash spreads the picks evenly over any period of the workload (a step
     // of a fixed number of launches is not sampled at one place of it) and costs a multiply,

@@ -68,8 +68,8 @@ def parse_size(text: str) -> int:
                    "uprobe sessions, 6.13+; auto picks it where it can run), or every launch "
                    "timed by a return probe (all).")  # fmt: skip
 @click.option("--launch-timed-per-s", type=click.IntRange(min=1), default=None,
-              help="Sampled launches: about this many a second are timed per process, op, "
-                   "stream and CPU [default: ingero.trace.probes.DEFAULT_LAUNCH_TIMED_PER_S, "
+              help="Sampled launches: about this many a second are timed per process, op "
+                   "and stream [default: ingero.trace.probes.DEFAULT_LAUNCH_TIMED_PER_S, "
                    "1024].")  # fmt: skip
 def trace(
     pid: int | None,

@@ -51,8 +51,8 @@ BPF_SOURCE = "ingero.bpf.c"
 DEFAULT_SAMPLE_EVERY = 64
 # A call at least this long is sampled with its stack whatever the sampling counter says.
 DEFAULT_STACK_SLOW_MS = 10.0
-# Sampled launches: about this many launches a second are timed per (process, op, stream)
-# and CPU, whatever the launch rate (bpf/ingero.bpf.c, LAUNCH_PROBE): a thousand timed
+# Sampled launches: about this many launches a second are timed per (process, op, stream),
+# whatever the launch rate (bpf/ingero.bpf.c, LAUNCH_PROBE): a thousand timed
 # launches an interval give its launch percentiles the error of a thousand-call sample
 # (bench/launch_sampling.py), and below 64 x this many launches a second a launch is sampled
 # to the ring (--sample-every 64) as often as with every launch timed.
@@ -363,7 +363,7 @@ class Probes:
         # destroyed, and its events' streams (the LRU would age those out, but a new process
         # given the same pid must not find a dead one's events).
         for name in (b"stats", b"streams", b"event_streams", b"comms",
-                     *((b"launches",) if self.sampled else ())):  # fmt: skip
+                     *((b"launches", b"launch_rates") if self.sampled else ())):  # fmt: skip
             table = self.bpf[name]
             for k in [k for k in table if k.tgid in pids]:
                 with contextlib.suppress(KeyError):
