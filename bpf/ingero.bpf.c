@@ -809,7 +809,6 @@ static __always_inline int call_leave(struct pt_regs *ctx, int always) {
 }
 
 #if defined(LAUNCH_SESSIONS) && defined(USE_TASK_STORAGE)
-#define LAUNCH_FRAMES 1
 // Launches counted at entry (the launch-class ops in sampled mode: LAUNCH_PROBE lines from
 // probes.py). One program per op, attached through a uprobe session link
 // (BPF_TRACE_UPROBE_SESSION, 6.13+): it runs at the entry, and its return value says
@@ -891,115 +890,51 @@ static __always_inline u32 launch_shift(struct launch_key *k) {
 // A driver launch the runtime makes inside its own launch is the runtime's work: the runtime
 // call is counted, not this one (as runtime_internal does for calls with returns). A runtime
 // launch counted at entry leaves its frame, the stack pointer at its entry and the return
-// address there, in rt_frames: one per CPU, the frame of the thread running there. The
-// thread's next driver launch is the runtime's own while that launch is in flight: its stack
-// pointer is below the frame's, and the frame's return address is still in its slot (the
-// runtime's return pops it, the next call at that depth overwrites it). A timed runtime
-// launch's return address is the kernel's return trampoline until it returns: its frame is
-// ``armed``, live while the stack pointer test holds, and cleared at its return. A frame is
-// consumed by the first driver launch that looks at it. A thread switched out with its
-// frame there takes it along (sched_switch parks it in the thread's task storage, counted
-// in rt_parked), so that a thread moved to another CPU is still recognised there: the
-// per-CPU frame costs a launch a few ns where task storage on every launch cost ~50 here.
-struct rt_frame {
-    u32 tid;
-    u32 armed;  // its return is armed (timed): no return address to compare
-    u64 sp;
-    u64 ret;
-};
-#define RT_ARMED 1ULL  // call_stack.rt_ret of a parked armed frame
-BPF_PERCPU_ARRAY(rt_frames, struct rt_frame, 1);
-BPF_ARRAY(rt_parked, u64, 1);  // frames parked in task storage now
+// address there, in its thread's task storage (rt_sp, rt_ret). The thread's next driver
+// launch is the runtime's own while that launch is in flight: its stack pointer is below
+// the frame's, and the frame's return address is still in its slot (the runtime's return
+// pops it, the next call at that depth overwrites it). A timed runtime launch's return
+// address is the kernel's return trampoline until it returns: its frame is armed (RT_ARMED
+// in place of the address), live while the stack pointer test holds, and cleared at its
+// return. A frame is consumed by the first driver launch that looks at it. (A per-CPU frame,
+// parked in task storage when its thread was switched out, cost the same here: within the
+// noise of the bench, 955-986 against 960 ns a launch.)
+#define RT_ARMED 1ULL  // a return address is never 1
 
-static __always_inline u64 *parked_count(void) {
-    u32 z = 0;
-    return rt_parked.lookup(&z);
+static __always_inline struct call_stack *frame_of(int create) {
+    struct task_struct *t = (struct task_struct *)bpf_get_current_task_btf();
+    return calls.task_storage_get(t, 0, create ? BPF_LOCAL_STORAGE_GET_F_CREATE : 0);
 }
 
-// Whether the frame (sp, ret) is a runtime launch still in flight above stack pointer ``sp``
-// (``ret`` RT_ARMED: an armed frame). A return address is never 1.
-static __always_inline int frame_live(u64 frame_sp, u64 frame_ret, u64 sp) {
-    if (!frame_sp || sp >= frame_sp)
+// The runtime launch on this thread left its frame.
+static __always_inline void frame_put(u64 sp, u64 ret, int armed) {
+    struct call_stack *s = frame_of(1);
+    if (s) {
+        s->rt_sp = sp;
+        s->rt_ret = armed ? RT_ARMED : ret;
+    }
+}
+
+// A timed runtime launch returned: its frame, if no driver launch consumed it, goes.
+static __always_inline void frame_clear(void) {
+    struct call_stack *s = frame_of(0);
+    if (s)
+        s->rt_sp = 0;
+}
+
+// Whether this driver launch is the runtime's own (the frame consumed either way).
+static __always_inline int launch_internal(u64 sp) {
+    struct call_stack *s = frame_of(0);
+    if (!s || !s->rt_sp)
+        return 0;
+    u64 frame_sp = s->rt_sp, frame_ret = s->rt_ret;
+    s->rt_sp = 0;
+    if (sp >= frame_sp)
         return 0;
     if (frame_ret == RT_ARMED)
         return 1;
     u64 slot = 0;
     return bpf_probe_read_user(&slot, sizeof(slot), (void *)frame_sp) == 0 && slot == frame_ret;
-}
-
-// This thread's parked frame, taken out of its task storage (0: none).
-static __always_inline u64 unpark(u64 *ret) {
-    u64 *parked = parked_count();
-    if (!parked || !*parked)
-        return 0;
-    struct task_struct *t = (struct task_struct *)bpf_get_current_task_btf();
-    struct call_stack *s = calls.task_storage_get(t, 0, 0);
-    if (!s || !s->rt_sp)
-        return 0;
-    u64 sp = s->rt_sp;
-    *ret = s->rt_ret;
-    s->rt_sp = 0;
-    __sync_fetch_and_add(parked, -1);
-    return sp;
-}
-
-// The runtime launch on this thread left its frame here (an older parked one is stale).
-static __always_inline void frame_put(u32 tid, u64 sp, u64 ret, int armed) {
-    u64 old_ret = 0;
-    unpark(&old_ret);
-    u32 z = 0;
-    struct rt_frame *f = rt_frames.lookup(&z);
-    if (f) {
-        f->tid = tid;
-        f->armed = armed;
-        f->sp = sp;
-        f->ret = armed ? RT_ARMED : ret;
-    }
-}
-
-// A timed runtime launch returned: its frame, if no driver launch consumed it, goes.
-static __always_inline void frame_clear(u32 tid) {
-    u32 z = 0;
-    struct rt_frame *f = rt_frames.lookup(&z);
-    if (f && f->tid == tid)
-        f->sp = 0;
-    u64 ret = 0;
-    unpark(&ret);
-}
-
-// Whether this driver launch is the runtime's own (its frame consumed).
-static __always_inline int launch_internal(u32 tid, u64 sp) {
-    u32 z = 0;
-    struct rt_frame *f = rt_frames.lookup(&z);
-    if (f && f->sp && f->tid == tid) {
-        int live = frame_live(f->sp, f->ret, sp);
-        f->sp = 0;
-        return live;
-    }
-    u64 ret = 0;
-    u64 frame_sp = unpark(&ret);
-    return frame_live(frame_sp, ret, sp);
-}
-
-// sched_switch, in the thread switched out: its frame goes with it.
-static __always_inline void frame_park(u32 tid) {
-    u32 z = 0;
-    struct rt_frame *f = rt_frames.lookup(&z);
-    if (!f || !f->sp)
-        return;
-    u64 sp = f->sp, ret = f->ret;
-    f->sp = 0;
-    if (f->tid != tid)
-        return;
-    struct task_struct *t = (struct task_struct *)bpf_get_current_task_btf();
-    struct call_stack *s = calls.task_storage_get(t, 0, BPF_LOCAL_STORAGE_GET_F_CREATE);
-    u64 *parked = parked_count();
-    if (!s || !parked)
-        return;
-    if (!s->rt_sp)
-        __sync_fetch_and_add(parked, 1);
-    s->rt_sp = sp;
-    s->rt_ret = ret;
 }
 
 // The timed launches of an op: weighted by the 2^shift launches each stands for. ``bytes``
@@ -1056,7 +991,7 @@ static __always_inline int launch_enter(struct pt_regs *ctx, u32 op, int stream_
             bpf_probe_read_user(&stream, sizeof(stream), (void *)(config + stream_off)))
             named = 0;
     }
-    if (!runtime && launch_internal((u32)id, sp))
+    if (!runtime && launch_internal(sp))
         return 1;
     struct launch_key k = {.stream = named ? stream : 0, .tgid = id >> 32,
                            .op = op | (named ? LAUNCH_NAMED : 0)};
@@ -1080,7 +1015,7 @@ static __always_inline int launch_enter(struct pt_regs *ctx, u32 op, int stream_
     u32 shift = v->shift & 15;
     int timed = !shift || (n * 0x9E3779B97F4A7C15ULL) >> (64 - shift) == 0;
     if (runtime && ret)
-        frame_put((u32)id, sp, ret, timed);
+        frame_put(sp, ret, timed);
     if (!timed)
         return 1;
     u64 *cookie = session_cookie(ctx);
@@ -1092,7 +1027,7 @@ static __always_inline int launch_enter(struct pt_regs *ctx, u32 op, int stream_
 // SAMPLE_EVERY launches, as near as the shift allows, and for a slow one.
 static __always_inline int launch_leave(struct pt_regs *ctx, u32 op, int runtime) {
     if (runtime)
-        frame_clear((u32)bpf_get_current_pid_tgid());
+        frame_clear();
     u64 *cookie = session_cookie(ctx);
     u64 c = *cookie;
     u64 now = bpf_ktime_get_ns();
@@ -1223,9 +1158,6 @@ int leave_comm_destroy(struct pt_regs *ctx) {
 
 // Off-CPU time of traced threads: prev is the current task, next is only a pid.
 TRACEPOINT_PROBE(sched, sched_switch) {
-#ifdef LAUNCH_FRAMES
-    frame_park(args->prev_pid);
-#endif
     u64 now = bpf_ktime_get_ns();
     u32 tgid = bpf_get_current_pid_tgid() >> 32;
     if (traced.lookup(&tgid)) {
@@ -1249,10 +1181,6 @@ TRACEPOINT_PROBE(sched, sched_process_exit) {
     u32 tgid = id >> 32;
     u32 tid = (u32)id;
     offstart.delete(&tid);
-#ifdef LAUNCH_FRAMES
-    u64 parked_ret = 0;
-    unpark(&parked_ret);  // its parked frame, if any, goes with it
-#endif
     if (tgid != tid || !traced.lookup(&tgid))
         return 0;
     struct event_t ev = {};
