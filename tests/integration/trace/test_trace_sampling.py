@@ -32,12 +32,33 @@ SLOW_PERCENT = 20
 SPIN = 300_000
 
 
-def sampled(pid: int, stacks: bool = True, timed_per_s: int = 2000) -> Probes:
-    probes = load(sample_every=64, pid=pid, stacks=stacks, launch_timed_per_s=timed_per_s)
-    if not probes.sampled:
-        probes.close()
-        pytest.skip(f"launches are not sampled here: {probes.launch_why}")
-    return probes
+def traced(
+    argv: list[str], libs: list[tuple[str, Path]], stacks: bool = True, timed_per_s: int = 2000
+) -> tuple[int, str, Snapshot, list[bytes]]:
+    """Run a workload waiting on stdin under the sampled program (its pid alone, so another
+    process calling these libraries is not counted): (pid, what it printed, the maps after
+    it ended, its ring samples). Skips where launches are not sampled here."""
+    proc = subprocess.Popen(argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+    try:
+        probes = load(sample_every=64, pid=proc.pid, stacks=stacks,
+                      launch_timed_per_s=timed_per_s)  # fmt: skip
+        try:
+            if not probes.sampled:
+                pytest.skip(f"launches are not sampled here: {probes.launch_why}")
+            for kind, path in libs:
+                attach(probes, kind, path)
+            samples: list[bytes] = []
+            probes.open_ring(samples.append)
+            out, _ = proc.communicate("go\n", timeout=120)
+            probes.poll()
+            snap, _ = probes.snapshot()
+        finally:
+            probes.close()
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+        proc.wait()
+    return proc.pid, out, snap, samples
 
 
 def attach(probes: Probes, kind: str, path: Path) -> None:
@@ -60,26 +81,12 @@ def slow_share(hist: dict[int, int]) -> tuple[float, int]:
 
 def test_counts_are_exact_and_the_sample_is_the_launches(bpf_ready: None, launch_mix: Path) -> None:
     lib = launch_mix.parent
-    proc = subprocess.Popen([str(launch_mix), str(N), str(SLOW_PERCENT), str(SPIN)],
-                            stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)  # fmt: skip
-    try:
-        probes = sampled(proc.pid)
-        try:
-            attach(probes, CUDART, lib / "libcudart.so.13")
-            attach(probes, CUDA, lib / "libcuda.so.1")
-            samples: list[bytes] = []
-            probes.open_ring(samples.append)
-            out, _ = proc.communicate("go\n", timeout=120)
-            probes.poll()
-            snap, _ = probes.snapshot()
-        finally:
-            probes.close()
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-        proc.wait()
+    pid, out, snap, samples = traced(
+        [str(launch_mix), str(N), str(SLOW_PERCENT), str(SPIN)],
+        [(CUDART, lib / "libcudart.so.13"), (CUDA, lib / "libcuda.so.1")],
+    )
     got = said(out)
-    pid, empty = proc.pid, Snapshot({}, {}, {})
+    empty = Snapshot({}, {}, {})
     launches = int(got["launches_a"]) + int(got["launches_b"])
     slow = int(got["slow_a"]) + int(got["slow_b"])
     ops = op_intervals(empty, snap)
@@ -114,28 +121,15 @@ def test_counts_are_exact_and_the_sample_is_the_launches(bpf_ready: None, launch
 
 def test_the_real_runtime_counts_exactly_with_sampling_on(bpf_ready: None, cuda_loop: Path) -> None:
     iterations = 3000
-    proc = subprocess.Popen([str(cuda_loop), str(iterations), "0"], stdin=subprocess.PIPE,
-                            stdout=subprocess.PIPE, text=True)  # fmt: skip
-    try:
-        probes = sampled(proc.pid, stacks=False, timed_per_s=256)
-        try:
-            attach(probes, CUDART, Path(os.path.realpath(CUDA_HOME / "lib64" / "libcudart.so")))
-            probes.open_ring(lambda _: None)
-            out, _ = proc.communicate("go\n", timeout=120)
-            assert "cudaLaunchKernel=" in out
-            probes.poll()
-            snap, _ = probes.snapshot()
-        finally:
-            probes.close()
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-        proc.wait()
+    runtime = Path(os.path.realpath(CUDA_HOME / "lib64" / "libcudart.so"))
+    pid, out, snap, _ = traced([str(cuda_loop), str(iterations), "0"], [(CUDART, runtime)],
+                               stacks=False, timed_per_s=256)  # fmt: skip
+    assert "cudaLaunchKernel=" in out
     ops = op_intervals(Snapshot({}, {}, {}), snap)
     for op in ("cudaLaunchKernel", "cudaGraphLaunch"):
-        o = ops[(proc.pid, OP_IDS[op])]
+        o = ops[(pid, OP_IDS[op])]
         assert o.stat.count == o.stat.errors == iterations, op
         assert 0 < o.timed < iterations, op
     # The other ops keep entry and return: every call timed.
-    sync = ops[(proc.pid, OP_IDS["cudaStreamSynchronize"])]
+    sync = ops[(pid, OP_IDS["cudaStreamSynchronize"])]
     assert sync.stat.count == sync.timed == iterations
