@@ -922,11 +922,35 @@ static __always_inline void frame_clear(void) {
         s->rt_sp = 0;
 }
 
-// Whether this driver launch is the runtime's own (the frame consumed either way).
+// This process's uretprobe trampoline (sessions.TRAMPOLINE: the offsets from the kernel's
+// BTF), 0 where unknown. Another tracer's return probe on a runtime launch (a second ingero
+// timing it, any uretprobe) puts this address in the launch's return slot, after every
+// entry program ran: the launch is in flight all the same.
+static __always_inline u64 uprobe_trampoline(void) {
+#ifdef TRAMPOLINE_2
+    u64 p = bpf_get_current_task(), mm = 0, area = 0, vaddr = 0;
+    if (bpf_probe_read_kernel(&mm, sizeof(mm), (void *)(p + TRAMPOLINE_0)) || !mm ||
+        bpf_probe_read_kernel(&area, sizeof(area), (void *)(mm + TRAMPOLINE_1)) || !area ||
+        bpf_probe_read_kernel(&vaddr, sizeof(vaddr), (void *)(area + TRAMPOLINE_2)))
+        return 0;
+    return vaddr;
+#else
+    return 0;
+#endif
+}
+
+// Whether this driver launch is the runtime's own (the frame consumed either way). A
+// runtime launch whose session link could not be made (another tracer's perf-event uprobe
+// there with another ref_ctr_offset: EINVAL) is timed with entry and return as other ops
+// are: its driver launch is the runtime's own while it is on top of the thread's stack.
 static __always_inline int launch_internal(u64 sp) {
     struct call_stack *s = frame_of(0);
-    if (!s || !s->rt_sp)
+    if (!s)
         return 0;
+    if (!s->rt_sp) {
+        struct call_t *top = stack_top(s);
+        return top && op_in(RUNTIME_OPS, top->op);
+    }
     u64 frame_sp = s->rt_sp, frame_ret = s->rt_ret;
     s->rt_sp = 0;
     if (sp >= frame_sp)
@@ -934,7 +958,9 @@ static __always_inline int launch_internal(u64 sp) {
     if (frame_ret == RT_ARMED)
         return 1;
     u64 slot = 0;
-    return bpf_probe_read_user(&slot, sizeof(slot), (void *)frame_sp) == 0 && slot == frame_ret;
+    if (bpf_probe_read_user(&slot, sizeof(slot), (void *)frame_sp))
+        return 0;
+    return slot == frame_ret || (slot && slot == uprobe_trampoline());
 }
 
 // The timed launches of an op: weighted by the 2^shift launches each stands for. ``bytes``

@@ -1,12 +1,15 @@
-"""What the running kernel's BTF (``/sys/kernel/btf/vmlinux``) says: functions and enums.
+"""What the running kernel's BTF (``/sys/kernel/btf/vmlinux``) says: functions, enums and
+where a struct keeps a member.
 
 The tracer never takes a kernel fact from headers (a node's headers may be another
 kernel's): the uprobe session attach type, the BTF ids of the session kfuncs and whether
-the kernel has the uretprobe syscall are read here, from the kernel itself, through
+the kernel has the uretprobe syscall are read here, from the kernel itself, and so are the
+offsets of the few kernel fields the program reads (BCC compiles against the headers
+installed, which may be another kernel's: a layout from them may be wrong). Through
 libbpf's BTF API (``libbpf.so.1``: Debian's libbpf1, which libbpfcc depends on, so it is
-there wherever BCC is). libbpf parses and checks the blob; this module asks it for a
-function or an enum by name and reads the few fields of the records it returns (the
-``btf_type`` and ``btf_enum`` layouts of ``include/uapi/linux/btf.h``).
+there wherever BCC is): libbpf parses and checks the blob; this module asks it for a
+function, an enum or a struct by name and reads the few fields of the records it returns
+(the ``btf_type``, ``btf_enum`` and ``btf_member`` layouts of ``include/uapi/linux/btf.h``).
 """
 
 from __future__ import annotations
@@ -22,6 +25,10 @@ from typing import Any, Protocol
 VMLINUX = Path("/sys/kernel/btf/vmlinux")
 LIBBPF = "libbpf.so.1"
 KIND_ENUM, KIND_FUNC, KIND_ENUM64 = 6, 12, 19
+KIND_STRUCT, KIND_UNION = 4, 5
+# What a member's type may be wrapped in on the way to its struct: typedef, volatile,
+# const, restrict, type tag.
+_WRAPPERS = frozenset({8, 9, 10, 11, 18})
 
 
 class BtfError(ValueError):
@@ -37,6 +44,11 @@ class BtfFacts(Protocol):
 
     def enum_value(self, enum: str, member: str) -> int | None: ...
 
+    def member_offset(self, struct: str, path: str) -> int | None:
+        """The byte offset of ``path`` (members joined by dots, through anonymous structs
+        and unions) in struct ``struct``; None where there is no such member."""
+        ...
+
 
 @dataclass(frozen=True)
 class StaticBtf:
@@ -44,12 +56,16 @@ class StaticBtf:
 
     funcs: dict[str, tuple[int, int]] = field(default_factory=dict)
     enums: dict[tuple[str, str], int] = field(default_factory=dict)
+    members: dict[tuple[str, str], int] = field(default_factory=dict)
 
     def func(self, name: str) -> tuple[int, int] | None:
         return self.funcs.get(name)
 
     def enum_value(self, enum: str, member: str) -> int | None:
         return self.enums.get((enum, member))
+
+    def member_offset(self, struct: str, path: str) -> int | None:
+        return self.members.get((struct, path))
 
 
 class _Type(ctypes.Structure):
@@ -64,6 +80,12 @@ class _Enum(ctypes.Structure):
 
 class _Enum64(ctypes.Structure):
     _fields_ = [("name_off", ctypes.c_uint32), ("lo", ctypes.c_uint32), ("hi", ctypes.c_uint32)]
+
+
+class _Member(ctypes.Structure):
+    # struct btf_member: offset in bits (kind_flag set: bitfield size in its top 8 bits).
+    _fields_ = [("name_off", ctypes.c_uint32), ("type", ctypes.c_uint32),
+                ("offset", ctypes.c_uint32)]  # fmt: skip
 
 
 _lib: Any = None
@@ -135,6 +157,47 @@ class KernelBtf:
                 m = members[i]
                 if lib.btf__name_by_offset(self._btf, m.name_off) == member.encode():
                     return int(m.val) if kind == KIND_ENUM else int(m.lo | m.hi << 32)
+        return None
+
+    def member_offset(self, struct: str, path: str) -> int | None:
+        tid = self._find(struct, KIND_STRUCT)
+        if tid <= 0:
+            return None
+        total = 0
+        for name in path.split("."):
+            found = self._member(tid, name.encode(), 0)
+            if found is None:
+                return None
+            bits, tid = found
+            if bits % 8:
+                return None  # a bitfield: no byte to read
+            total += bits // 8
+        return total
+
+    def _member(self, tid: int, name: bytes, depth: int) -> tuple[int, int] | None:
+        """(bit offset, type id) of member ``name`` of struct or union ``tid``, looked for
+        in its anonymous members too (mm_struct keeps nearly all of its in one)."""
+        lib = _libbpf()
+        t = lib.btf__type_by_id(self._btf, tid)
+        for _ in range(16):  # the wrappers on the way to the struct
+            if not t or (t[0].info >> 24) & 0x1F not in _WRAPPERS:
+                break
+            tid = t[0].size_or_type
+            t = lib.btf__type_by_id(self._btf, tid)
+        if not t or (t[0].info >> 24) & 0x1F not in (KIND_STRUCT, KIND_UNION) or depth > 8:
+            return None
+        bitfields = t[0].info >> 31
+        members = ctypes.cast(ctypes.addressof(t[0]) + ctypes.sizeof(_Type),
+                              ctypes.POINTER(_Member))  # fmt: skip
+        for i in range(t[0].info & 0xFFFF):
+            m = members[i]
+            at = m.offset & 0xFFFFFF if bitfields else m.offset
+            if m.name_off == 0:
+                inner = self._member(m.type, name, depth + 1)
+                if inner is not None:
+                    return at + inner[0], inner[1]
+            elif lib.btf__name_by_offset(self._btf, m.name_off) == name:
+                return at, m.type
         return None
 
 

@@ -97,6 +97,7 @@ def program_text(
     launch_sessions: bool = False,
     launch_timed_per_s: int = DEFAULT_LAUNCH_TIMED_PER_S,
     launch_reads: bool = True,
+    trampoline: tuple[int, ...] = (),
 ) -> str:
     """The C source plus one PROBE_ENTRY per generic op (special ops are hand-written) and,
     with ``launch_sessions``, one LAUNCH_PROBE per launch-class op (a uprobe session
@@ -127,6 +128,8 @@ def program_text(
             f"#define KFUNC_SESSION_IS_RETURN {placeholders[sessions.IS_RETURN]:#x}\n"
             f"#define KFUNC_SESSION_COOKIE {placeholders[sessions.COOKIE]:#x}\n"
         )
+        if trampoline:  # sessions.TRAMPOLINE's offsets
+            head += "".join(f"#define TRAMPOLINE_{i} {o}\n" for i, o in enumerate(trampoline))
         if not launch_reads:  # a benchmark's diagnosis only (bench/trace_overhead.py)
             head += "#define LAUNCH_NO_READS 1\n"
         pairs += [
@@ -531,8 +534,10 @@ def load(
             except ValueError as exc:
                 error = exc
                 continue
-        text = program_text(source, sample_every, stacks, stack_slow_ms,
-                            mode == LAUNCH_SAMPLED, launch_timed_per_s, launch_reads)  # fmt: skip
+        kfuncs = facilities.kfuncs if facilities is not None and mode == LAUNCH_SAMPLED else None
+        text = program_text(source, sample_every, stacks, stack_slow_ms, kfuncs is not None,
+                            launch_timed_per_s, launch_reads,
+                            kfuncs.trampoline if kfuncs else ())  # fmt: skip
         try:
             bpf = bcc.BPF(text=text.encode(), cflags=["-Wno-macro-redefined", *flags])
         except Exception as exc:  # compile/verifier errors arrive as bare Exception
@@ -547,8 +552,7 @@ def load(
                 continue
         return Probes(
             bpf, pid, task_storage=bool(flags), multi=uprobe_multi, stacks=stacks,
-            launch_mode=mode, launch_why=why,
-            kfuncs=facilities.kfuncs if facilities is not None and mode == LAUNCH_SAMPLED else None,
+            launch_mode=mode, launch_why=why, kfuncs=kfuncs,
         )  # fmt: skip
     if isinstance(error, ValueError):  # the launch mode asked for cannot run here
         raise ProbeError(str(error))

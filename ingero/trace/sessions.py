@@ -15,6 +15,11 @@ BCC (0.26) cannot call kfuncs. bpf/ingero.bpf.c calls two placeholder helper ids
 libbpf's relocation would. The attach type's value and the kfunc ids come from the running
 kernel's BTF (``kbtf``); whether the kernel takes such programs and links is asked by
 loading a three-instruction program and making a link on ``/`` (``probe``).
+
+The kernel's BTF also says where it keeps a process's uretprobe trampoline (``TRAMPOLINE``):
+a launch counted at entry tells the runtime's own driver launch by the runtime's return
+address still in its stack slot, and another tracer's return probe on the runtime's launch
+puts the trampoline's address there instead.
 """
 
 from __future__ import annotations
@@ -36,6 +41,10 @@ IS_RETURN = "bpf_session_is_return"
 COOKIE = "bpf_session_cookie"
 # The helper ids bpf/ingero.bpf.c calls in their place (far above any real helper id).
 KFUNC_PLACEHOLDERS = {IS_RETURN: 0x7FF00001, COOKIE: 0x7FF00002}
+# The uretprobe trampoline's address, read from the current task: task_struct.mm, the mm's
+# xol area (created at the process's first uprobe hit) and that area's address, where the
+# trampoline is (kernel/events/uprobes.c, uprobe_get_trampoline_vaddr).
+TRAMPOLINE = (("task_struct", "mm"), ("mm_struct", "uprobes_state.xol_area"), ("xol_area", "vaddr"))
 
 BPF_PROG_LOAD = 5
 BPF_PROG_TYPE_KPROBE = 2
@@ -57,6 +66,9 @@ class SessionKfuncs:
     attach_type: int
     is_return: int
     cookie: int
+    # The TRAMPOLINE members' byte offsets; () where the kernel's BTF lacks one (a foreign
+    # return probe on a runtime launch then makes its driver launch count again).
+    trampoline: tuple[int, ...] = ()
 
     def ids(self) -> dict[int, int]:
         """Placeholder helper id → kfunc BTF id."""
@@ -79,7 +91,10 @@ def kfuncs_from_btf(btf: BtfFacts) -> SessionKfuncs | str:
         if found[1] > 1:
             return f"kfunc {name} takes {found[1]} arguments (0 or 1 known)"
         ids[name] = found[0]
-    return SessionKfuncs(attach, ids[IS_RETURN], ids[COOKIE])
+    offsets = [btf.member_offset(struct, path) for struct, path in TRAMPOLINE]
+    trampoline = tuple(o for o in offsets if o is not None)
+    return SessionKfuncs(attach, ids[IS_RETURN], ids[COOKIE],
+                         trampoline if len(trampoline) == len(TRAMPOLINE) else ())  # fmt: skip
 
 
 def patch_kfuncs(insns: bytes, ids: Mapping[int, int]) -> tuple[bytes, int]:

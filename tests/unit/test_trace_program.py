@@ -111,9 +111,12 @@ def test_slot_count_matches_the_c_source() -> None:
 
 
 def test_no_kernel_struct_reads() -> None:
-    # Headers may not match the running kernel: only tracepoint args and uprobe registers.
+    # Headers may not match the running kernel: only tracepoint args and uprobe registers,
+    # and kernel fields at the offsets the kernel's own BTF gives (sessions.TRAMPOLINE).
     source = bpf_source_path().read_text()
-    assert "bpf_probe_read_kernel" not in source
+    reads = re.findall(r"bpf_probe_read_kernel\(([^()]*(?:\([^()]*\)[^()]*)*)\)", source)
+    assert len(reads) == source.count("bpf_probe_read_kernel") == 3
+    assert all(re.search(r"\(void \*\)\(\w+ \+ TRAMPOLINE_\d\)$", r) for r in reads), reads
     assert "bpf_core_read" not in source.lower()
     # The task pointer is only a key for task-local storage, never dereferenced.
     for line in source.splitlines():
@@ -185,6 +188,10 @@ def test_launch_sessions_add_one_session_program_per_launch_op() -> None:
         assert int(p[3]) == int(op.lib == "cudart")
     with pytest.raises(ValueError, match="launch_timed_per_s"):
         program_text(source, launch_sessions=True, launch_timed_per_s=0)
+    # The trampoline's offsets (sessions.TRAMPOLINE, from the kernel's BTF) where known.
+    assert "#define TRAMPOLINE_" not in text
+    text = program_text(source, launch_sessions=True, trampoline=(1136, 1368, 40))
+    assert "#define TRAMPOLINE_0 1136\n#define TRAMPOLINE_1 1368\n#define TRAMPOLINE_2 40\n" in text
 
 
 def test_a_launch_in_sampled_mode_is_one_session_program() -> None:

@@ -58,6 +58,16 @@ def test_kfuncs_and_attach_type_come_from_btf() -> None:
     assert sessions.kfuncs_from_btf(btf(is_return=(9, 1))) == sessions.SessionKfuncs(57, 9, 8)
 
 
+def test_the_trampolines_offsets_come_from_btf_all_or_none() -> None:
+    members = {("task_struct", "mm"): 1136, ("mm_struct", "uprobes_state.xol_area"): 1368,
+               ("xol_area", "vaddr"): 40}  # fmt: skip
+    found = sessions.kfuncs_from_btf(StaticBtf(btf().funcs, btf().enums, members))
+    assert found == sessions.SessionKfuncs(57, 9, 8, (1136, 1368, 40))
+    del members[("xol_area", "vaddr")]  # a kernel that keeps it elsewhere: not read at all
+    found = sessions.kfuncs_from_btf(StaticBtf(btf().funcs, btf().enums, members))
+    assert found == sessions.SessionKfuncs(57, 9, 8)
+
+
 @pytest.mark.parametrize(
     ("given", "why"),
     [

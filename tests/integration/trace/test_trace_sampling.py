@@ -7,7 +7,8 @@ a launch that waits for a full queue), and the sample's weighted share of slow o
 with it within five standard errors of a sample of its size. Fast and slow are told apart by
 30 times the sample's p25 (a ratio within the run, no timing asserted). The real
 libcudart's launches (the CUDA 13 toolkit's; without a driver they fail after their probes
-fired) count exactly too.
+fired) count exactly too, and so do the runtime's own driver launches beside another
+tracer's return probe on the runtime's launch.
 """
 
 from __future__ import annotations
@@ -15,11 +16,14 @@ from __future__ import annotations
 import math
 import os
 import subprocess
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
 
 from ingero.trace.aggregate import Snapshot, op_intervals, percentile, slot_bounds, stream_rows
+from ingero.trace.bccload import load_bcc
 from ingero.trace.decode import KIND_CALL, decode
 from ingero.trace.ops import CUDA, CUDART, OP_IDS
 from ingero.trace.probes import Probes, load
@@ -133,3 +137,41 @@ def test_the_real_runtime_counts_exactly_with_sampling_on(bpf_ready: None, cuda_
     # The other ops keep entry and return: every call timed.
     sync = ops[(pid, OP_IDS["cudaStreamSynchronize"])]
     assert sync.stat.count == sync.timed == iterations
+
+
+@contextmanager
+def another_tracer(kind: str, runtime: Path) -> Iterator[None]:
+    """Another tracer's return probe on ``runtime``'s cudaLaunchKernel, every process's:
+    a second ingero timing every launch (its session's return takes the launch's return
+    slot), or a BCC perf-event uretprobe (its ref_ctr_offset differs from a link's: the
+    kernel refuses the first tracer's session link there with EINVAL)."""
+    if kind == "ingero":
+        other = load(sample_every=64, stacks=False, launch_timed_per_s=10**9)
+        try:
+            assert other.sampled, other.launch_why
+            attach(other, CUDART, runtime)
+            yield
+        finally:
+            other.close()
+        return
+    bpf = load_bcc().BPF(text=b"int ret(void *ctx) { return 0; }")
+    try:
+        bpf.attach_uretprobe(name=str(runtime).encode(), sym=b"cudaLaunchKernel", fn_name=b"ret")
+        yield
+    finally:
+        bpf.cleanup()
+
+
+@pytest.mark.parametrize("kind", ["ingero", "perf-uretprobe"])
+def test_beside_another_tracers_return_probe_the_runtimes_driver_launches_count_once(
+    bpf_ready: None, launch_mix: Path, kind: str
+) -> None:
+    lib = launch_mix.parent
+    with another_tracer(kind, lib / "libcudart.so.13"):
+        pid, out, snap, _ = traced([str(launch_mix), "5000", "0", "0"],
+                                   [(CUDART, lib / "libcudart.so.13"), (CUDA, lib / "libcuda.so.1")],
+                                   stacks=False)  # fmt: skip
+    got = said(out)
+    ops = op_intervals(Snapshot({}, {}, {}), snap)
+    assert ops[(pid, OP_IDS["cudaLaunchKernel"])].stat.count == 5000
+    assert ops[(pid, OP_IDS["cuLaunchKernel"])].stat.count == int(got["launches_c"]) == 500
