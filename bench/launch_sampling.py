@@ -157,12 +157,8 @@ def detections(db: Path, until: float, window_s: float) -> list[str]:
     subject) and its chains (their signals), as sorted lines."""
     from ingero.explain.analysis import explain as analyse
     from ingero.explain.chains import explain_chains
-    from ingero.explain.reader import (
-        open_node_db,
-        read_processes,
-        read_timeline,
-        read_window_data,
-    )
+    from ingero.explain.reader import read_processes, read_timeline, read_window_data
+    from ingero.nodedb.schema import open_node_db
 
     handle = open_node_db(db)
     try:

@@ -11,7 +11,8 @@ import pytest
 
 from bench import launch_sampling
 from ingero.explain.analysis import LATENCY_RATIO
-from ingero.explain.reader import open_node_db, read_window_data
+from ingero.explain.reader import read_window_data
+from ingero.nodedb.schema import open_node_db
 
 
 def p95_ratio(db: Path, until: float, window_s: float, op: str) -> float:
