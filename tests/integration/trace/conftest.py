@@ -78,8 +78,24 @@ def cuda_loop(tmp_path_factory: pytest.TempPathFactory) -> Path:
     ):
         pytest.skip(f"no CUDA toolkit with a shared libcudart under {CUDA_HOME}")
     out = tmp_path_factory.mktemp("cuda") / "cuda_loop"
-    return _gcc(HERE / "cuda_loop.c", out, f"-I{CUDA_HOME}/include", f"-L{lib}", "-lcudart",
-                f"-Wl,-rpath,{lib}")  # fmt: skip
+    # A byte-identical copy of the real libcudart, a file of its own: another tracer's uprobes
+    # on the toolkit's file (CI runs the packaged ingero-trace beside these tests) make the
+    # kernel refuse some of this test's attaches there (EINVAL), whatever the code under test
+    # does. The tests that want a foreign probe start their own (the holder).
+    private = out.parent / "lib"
+    private.mkdir()
+    real = Path(os.path.realpath(lib / "libcudart.so"))
+    shutil.copy2(real, private / real.name)
+    for name in ("libcudart.so", "libcudart.so.13"):
+        if name != real.name:
+            (private / name).symlink_to(real.name)
+    return _gcc(HERE / "cuda_loop.c", out, f"-I{CUDA_HOME}/include", f"-L{private}", "-lcudart",
+                f"-Wl,-rpath,{private}")  # fmt: skip
+
+
+def cudart_of(loop: Path) -> str:
+    """The real path of the libcudart ``loop`` (the ``cuda_loop`` fixture) runs on."""
+    return os.path.realpath(loop.parent / "lib" / "libcudart.so")
 
 
 def _nccl_dir() -> Path:

@@ -22,10 +22,9 @@ from ingero.trace.probes import Probes, load
 from ingero.trace.procmaps import LibraryFile
 from ingero.trace.symbols import Attachment
 from ingero.trace.uprobemulti import BPF_TRACE_UPROBE_MULTI, kernel_has_links
-from tests.integration.trace.conftest import REPO
+from tests.integration.trace.conftest import REPO, cudart_of
 
 pytestmark = pytest.mark.integration
-CUDA_HOME = Path(os.environ.get("CUDA_HOME", "/usr/local/cuda"))
 
 
 @contextmanager
@@ -131,7 +130,7 @@ def test_both_variants_count_every_call(
             # links, unless every launch is asked to take its return.
             sampled = task_storage and uprobe_multi and launch_returns == "auto"
             assert probes.sampled == sampled
-            path = os.path.realpath(CUDA_HOME / "lib64" / "libcudart.so")
+            path = cudart_of(cuda_loop)
             st = os.stat(path)
             attached = probes.attach_library(LibraryFile(CUDART, path, st.st_dev, st.st_ino))
             assert {a.op.name for a in attached} >= {"cudaMalloc", "cudaLaunchKernel"}
@@ -257,7 +256,7 @@ def test_an_op_another_tools_uprobe_holds_attaches_the_perf_way_and_counts(
     kernel refuses a uprobe_multi link there (EINVAL), a session link too. That op alone
     attaches as a perf-event uprobe pair, from a second copy of its programs (a launch:
     timed at every call, as with --launch-returns all); every call is still counted."""
-    path = os.path.realpath(CUDA_HOME / "lib64" / "libcudart.so")
+    path = cudart_of(cuda_loop)
     holder = subprocess.Popen([sys.executable, "-c", HOLDER, path, held], stdin=subprocess.PIPE,
                               stdout=subprocess.PIPE, text=True, cwd=REPO)  # fmt: skip
     mapper = subprocess.Popen([str(cuda_loop), "200", "0"], stdin=subprocess.PIPE,
@@ -327,7 +326,7 @@ def test_a_stack_sample_with_no_stack_program_is_a_drop_and_the_calls_count(
                             stdout=subprocess.PIPE, text=True)  # fmt: skip
     try:
         with loaded(True, uprobe_multi, proc.pid) as probes:
-            path = os.path.realpath(CUDA_HOME / "lib64" / "libcudart.so")
+            path = cudart_of(cuda_loop)
             st = os.stat(path)
             assert probes.attach_library(LibraryFile(CUDART, path, st.st_dev, st.st_ino))
             for table in (b"stack_progs", b"stack_progs_multi", b"stack_progs_session"):

@@ -28,9 +28,9 @@ from ingero.trace.decode import KIND_CALL, decode
 from ingero.trace.ops import CUDA, CUDART, OP_IDS
 from ingero.trace.probes import Probes, load
 from ingero.trace.procmaps import LibraryFile
+from tests.integration.trace.conftest import cudart_of
 
 pytestmark = pytest.mark.integration
-CUDA_HOME = Path(os.environ.get("CUDA_HOME", "/usr/local/cuda"))
 N = 20_000
 SLOW_PERCENT = 20
 SPIN = 300_000
@@ -125,7 +125,7 @@ def test_counts_are_exact_and_the_sample_is_the_launches(bpf_ready: None, launch
 
 def test_the_real_runtime_counts_exactly_with_sampling_on(bpf_ready: None, cuda_loop: Path) -> None:
     iterations = 3000
-    runtime = Path(os.path.realpath(CUDA_HOME / "lib64" / "libcudart.so"))
+    runtime = Path(cudart_of(cuda_loop))
     pid, out, snap, _ = traced([str(cuda_loop), str(iterations), "0"], [(CUDART, runtime)],
                                stacks=False, timed_per_s=256)  # fmt: skip
     assert "cudaLaunchKernel=" in out
