@@ -62,13 +62,8 @@ class Host:
         return self.root / p.lstrip("/")
 
 
-def parse_release(release: str) -> tuple[int, int]:
-    m = re.match(r"(\d+)\.(\d+)", release)
-    return (int(m.group(1)), int(m.group(2))) if m else (0, 0)
-
-
 def check_kernel(host: Host) -> list[Result]:
-    version = parse_release(host.release)
+    version = facilities.parse_version(host.release)[:2]
     ok = version >= MIN_KERNEL
     out = [
         Result(

@@ -26,14 +26,13 @@ from __future__ import annotations
 
 import contextlib
 import ctypes
-import errno
 import os
 import struct
 from collections.abc import Mapping
 from dataclasses import dataclass
 
 from ingero.trace.kbtf import BtfFacts
-from ingero.trace.uprobemulti import _NR_BPF, BPF_TRACE_UPROBE_MULTI, link_create
+from ingero.trace.uprobemulti import _NR_BPF, BPF_TRACE_UPROBE_MULTI, kernel_has_links
 
 ATTACH_ENUM = "bpf_attach_type"
 SESSION_ATTACH = "BPF_TRACE_UPROBE_SESSION"
@@ -142,14 +141,18 @@ def _insn(code: int, dst: int = 0, src: int = 0, off: int = 0, imm: int = 0) -> 
 EXIT_0 = _insn(0xB7, 0, imm=0) + _insn(0x95)  # r0 = 0; exit
 
 
-def _links_on_root(fd: int, attach_type: int) -> bool:
-    """Whether the kernel takes a link of ``attach_type`` for program ``fd``: one on ``/``
-    fails with EBADF (a directory is no file to probe) where it does, EINVAL where not."""
+def _refusal(insns: bytes, attach_type: int, name: bytes, what: str, no_links: str) -> str | None:
+    """Why the kernel refuses program ``what`` of ``attach_type`` or its links (``no_links``),
+    None where it takes both."""
     try:
-        os.close(link_create(fd, b"/", [0], retprobe=False, attach_type=attach_type))
+        fd = load_raw(insns, attach_type, name)
     except OSError as exc:
-        return exc.errno == errno.EBADF
-    return False
+        return f"{what} does not load ({exc.strerror})"
+    try:
+        return None if kernel_has_links(fd, attach_type) else no_links
+    finally:
+        with contextlib.suppress(OSError):
+            os.close(fd)
 
 
 def probe(kfuncs: SessionKfuncs | str) -> tuple[bool, str]:
@@ -157,29 +160,17 @@ def probe(kfuncs: SessionKfuncs | str) -> tuple[bool, str]:
     if isinstance(kfuncs, str):
         return False, kfuncs
     prog = _insn(_CALL, src=_PSEUDO_KFUNC_CALL, imm=kfuncs.is_return) + EXIT_0
-    try:
-        fd = load_raw(prog, kfuncs.attach_type, b"ingero_session")
-    except OSError as exc:
-        return False, f"a session program does not load ({exc.strerror})"
-    try:
-        if not _links_on_root(fd, kfuncs.attach_type):
-            return False, "the kernel refuses uprobe session links"
-    finally:
-        with contextlib.suppress(OSError):
-            os.close(fd)
+    why = _refusal(prog, kfuncs.attach_type, b"ingero_session", "a session program",
+                   "the kernel refuses uprobe session links")  # fmt: skip
+    if why is not None:
+        return False, why
     return True, f"{SESSION_ATTACH} ({kfuncs.attach_type}) and its kfuncs load and link"
 
 
 def probe_links() -> tuple[bool, str]:
     """Whether this kernel has uprobe_multi links (6.6+): (yes/no, why)."""
-    try:
-        fd = load_raw(EXIT_0, BPF_TRACE_UPROBE_MULTI, b"ingero_multi")
-    except OSError as exc:
-        return False, f"a uprobe_multi program does not load ({exc.strerror})"
-    try:
-        if not _links_on_root(fd, BPF_TRACE_UPROBE_MULTI):
-            return False, "the kernel refuses uprobe_multi links (6.6+)"
-    finally:
-        with contextlib.suppress(OSError):
-            os.close(fd)
+    why = _refusal(EXIT_0, BPF_TRACE_UPROBE_MULTI, b"ingero_multi", "a uprobe_multi program",
+                   "the kernel refuses uprobe_multi links (6.6+)")  # fmt: skip
+    if why is not None:
+        return False, why
     return True, "uprobe_multi links load and link"

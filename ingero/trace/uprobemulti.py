@@ -75,14 +75,14 @@ def link_create(
     return fd
 
 
-def kernel_has_links(prog_fd: int) -> bool:
-    """Whether this kernel has uprobe_multi links, asked through ``prog_fd`` (a program
-    loaded with uprobe_multi's attach type) as libbpf asks: a link on ``/`` fails with
-    EBADF (a directory is no file to probe) where the kernel has them, and with EINVAL
-    where it does not (before 6.6 it knows neither the attach type nor the attr's
-    uprobe_multi fields)."""
+def kernel_has_links(prog_fd: int, attach_type: int = BPF_TRACE_UPROBE_MULTI) -> bool:
+    """Whether this kernel has uprobe_multi links (or links of ``attach_type``: uprobe
+    sessions), asked through ``prog_fd`` (a program loaded with that attach type) as libbpf
+    asks: a link on ``/`` fails with EBADF (a directory is no file to probe) where the
+    kernel has them, and with EINVAL where it does not (before 6.6 it knows neither the
+    attach type nor the attr's uprobe_multi fields)."""
     try:
-        _close(link_create(prog_fd, b"/", [0], retprobe=False))
+        _close(link_create(prog_fd, b"/", [0], retprobe=False, attach_type=attach_type))
     except OSError as exc:
         return exc.errno == errno.EBADF
     return False  # a link on a directory: nothing this module knows of
