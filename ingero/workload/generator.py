@@ -342,6 +342,29 @@ class WorkloadProfile:
         return tuple(self.pid + i for i in range(self.servers)) if self.rates.decode_ms else ()
 
 
+@dataclass(frozen=True)
+class Activity:
+    """What a process did in one interval, as the rows show it.
+
+    ``speed``: the share of its full-speed work it did (every call rate scales by it);
+    ``effect``: what its slowdown's cause adds (``cause_effect``); ``stalled``: stopped (no
+    calls, no context switches); ``gpu_speed``: what scales NVML's utilization (a GPU
+    spinning in an NCCL kernel is busy while its host waits); ``clock_speed`` and
+    ``power_speed``: what scales a throttled GPU's clock and the power drawn (None:
+    ``speed``); ``syncs``: the interval's synchronize calls as (op, count, total ns)
+    instead of the shape's ``cudaDeviceSynchronize`` rate (a lock-step rank's one stream
+    sync a step, where it waits for its peers).
+    """
+
+    speed: float
+    effect: CauseEffect = field(default_factory=CauseEffect)
+    stalled: bool = False
+    gpu_speed: float = 1.0
+    clock_speed: float | None = None
+    power_speed: float | None = None
+    syncs: tuple[str, int, float] | None = None
+
+
 @dataclass
 class TickRows:
     intervals: list[dict[str, Any]] = field(default_factory=list)
@@ -384,13 +407,32 @@ class WorkloadGenerator:
             raise ValueError(f"slowdown must be in [0, 1), got {slowdown!r}")
         if cause is not None and cause not in CAUSES:
             raise ValueError(f"cause must be one of {', '.join(CAUSES)}, got {cause!r}")
-        p, shape = self.profile, self.profile.rates
         # A stopped process does nothing at all, whatever slowed it before; a cause without a
         # slowdown is not there.
         slowed = slowdown > 0 and not stalled
-        effect = cause_effect(cause if slowed else None, slowdown if slowed else 0.0, shape)
-        dt = ts_end - ts_start
+        effect = cause_effect(
+            cause if slowed else None, slowdown if slowed else 0.0, self.profile.rates
+        )
         speed = 0.0 if stalled else 1.0 - slowdown
+        return self.interval(
+            ts_start,
+            ts_end,
+            Activity(
+                speed=speed,
+                effect=effect,
+                stalled=stalled,
+                gpu_speed=speed if effect.host_waits else (0.0 if stalled else 1.0),
+            ),
+        )
+
+    def interval(self, ts_start: float, ts_end: float, activity: Activity) -> TickRows:
+        """One interval's rows for what the process did in it (``tick`` for a process on
+        its own; ``ingero.workload.lockstep`` for a rank of a lock-step job)."""
+        if ts_end <= ts_start:
+            raise ValueError("an interval must end after it starts")
+        p, shape = self.profile, self.profile.rates
+        effect, stalled, speed = activity.effect, activity.stalled, activity.speed
+        dt = ts_end - ts_start
         stream_rows: list[dict[str, Any]] = []
         if shape.decode_ms:
             # Only the first server is slowed: the node's rows go at the servers' mean speed.
@@ -445,12 +487,23 @@ class WorkloadGenerator:
                 ("cudaGraphInstantiate", INSTANTIATE_NS),
             ):
                 calls("cuda_runtime", op, captures, each_ns, work=1.0)
-        calls(
-            "cuda_runtime",
-            "cudaDeviceSynchronize",
-            shape.sync_rate,
-            shape.sync_ns * effect.gpu_wait,
-        )
+        if activity.syncs is None:
+            calls(
+                "cuda_runtime",
+                "cudaDeviceSynchronize",
+                shape.sync_rate,
+                shape.sync_ns * effect.gpu_wait,
+            )
+        else:
+            op, count, total_ns = activity.syncs
+            if count > 0:
+                mean = total_ns / count
+                rows.intervals.append(
+                    {"ts_start": ts_start, "ts_end": ts_end, **tags, "source": "cuda_runtime",
+                     "op": op, "count": count, "total_ns": int(total_ns),
+                     "p50_ns": int(mean * 0.85), "p95_ns": int(mean * 2.0),
+                     "p99_ns": int(mean * 3.5), "errors": 0, "bytes": 0}
+                )  # fmt: skip
         calls("cuda_runtime", "cudaMemcpyAsync", shape.memcpy_rate, shape.memcpy_ns)
         allocs = effect.allocs + (0.0 if self._started else shape.startup_allocs / dt)
         if allocs and not stalled:
@@ -468,8 +521,19 @@ class WorkloadGenerator:
                      "p50_ns": offcpu_ns // (2 * switches), "p95_ns": offcpu_ns // switches,
                      "p99_ns": 2 * offcpu_ns // switches, "errors": 0, "bytes": 0}
                 )  # fmt: skip
-        gpu_speed = speed if effect.host_waits else (0.0 if stalled else 1.0)
-        gpu_rows = reading_rows(self._nvml(gpu_speed, effect, speed), ts_start, ts_end)
+        gpu_speed = activity.gpu_speed
+        if shape.decode_ms:
+            gpu_speed = speed if effect.host_waits else (0.0 if stalled else 1.0)
+        gpu_rows = reading_rows(
+            self._nvml(
+                gpu_speed,
+                effect,
+                speed if activity.clock_speed is None else activity.clock_speed,
+                speed if activity.power_speed is None else activity.power_speed,
+            ),
+            ts_start,
+            ts_end,
+        )
         rows.gpu_intervals = gpu_rows.intervals
         rows.gpu_processes = gpu_rows.processes
         rows.stream_intervals = stream_rows
@@ -541,9 +605,12 @@ class WorkloadGenerator:
             )  # fmt: skip
         return out
 
-    def _nvml(self, busy_speed: float, effect: CauseEffect, speed: float) -> NvmlReading:
+    def _nvml(
+        self, busy_speed: float, effect: CauseEffect, speed: float, power_speed: float
+    ) -> NvmlReading:
         """What NVML would report of this process's GPUs now (one reading per interval):
-        ``busy_speed`` scales the utilization, ``speed`` the work (clock when throttled)."""
+        ``busy_speed`` scales the utilization, ``speed`` the clock when throttled,
+        ``power_speed`` the power drawn."""
         p, shape = self.profile, self.profile.rates
         util = p.gpu_busy if p.gpu_busy is not None else shape.gpu_util
         gpus = []
@@ -577,7 +644,7 @@ class WorkloadGenerator:
                     sm_clock_max_mhz=SM_CLOCK_MHZ,
                     throttle_reasons=reasons,
                     temperature_c=temperature,
-                    power_w=round(shape.power_w * max(0.15, speed) * self._jitter(), 1),
+                    power_w=round(shape.power_w * max(0.15, power_speed) * self._jitter(), 1),
                     ecc_corrected=0,
                     ecc_uncorrected=0,
                     # An H100 remaps rows; it does not retire pages (NVML: not supported).
