@@ -46,6 +46,8 @@ ATTR_NRANKS = "ingero.nccl.nranks"
 ATTR_RETURNED_SEQ = "ingero.nccl.returned_seq"
 ATTR_CALLS = "ingero.nccl.calls"
 ATTR_LAST_ENTER = "ingero.nccl.last_enter_unix_nano"
+# Added: when the rank's state was true (the end of the tracer interval it was read from).
+ATTR_AS_OF = "ingero.nccl.as_of_unix_nano"
 ATTR_INFLIGHT_SEQ = "ingero.nccl.inflight_seq"
 ATTR_INFLIGHT_OP = "ingero.nccl.inflight_op"
 ATTR_INFLIGHT_SINCE = "ingero.nccl.inflight_since_unix_nano"
@@ -125,6 +127,9 @@ class CommReport:
     wait_ns: int = 0
     dropped: int = 0
     calls: tuple[CollectiveCall, ...] = ()
+    # The node time (ns) the report is as of: the end of the tracer interval its state was
+    # read from (None: an older node; the push's arrival stands in).
+    as_of_ns: int | None = None
 
 
 @dataclass(frozen=True)
@@ -226,6 +231,7 @@ def encode_collectives(
                 ATTR_RETURNED_SEQ: comm.returned_seq,
                 ATTR_CALLS: comm.calls_in_interval,
                 ATTR_LAST_ENTER: comm.last_enter_ns,
+                ATTR_AS_OF: comm.as_of_ns,
                 ATTR_INFLIGHT_SEQ: comm.inflight_seq,
                 ATTR_INFLIGHT_OP: comm.inflight_op,
                 ATTR_INFLIGHT_SINCE: comm.inflight_since_ns,
@@ -421,4 +427,5 @@ def _comm(value: int | float, attrs: dict[str, Any]) -> CommReport:
         wait_ns=_count(attrs, ATTR_WAIT_NS) or 0,
         dropped=_count(attrs, ATTR_DROPPED) or 0,
         calls=calls,
+        as_of_ns=_count(attrs, ATTR_AS_OF, None),
     )

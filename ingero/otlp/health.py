@@ -6,7 +6,8 @@ Names are the public contract of DESIGN.md: resource attributes ``ingero.node.id
 ``ingero.provider``, ``ingero.inference.service``; gauge ``ingero.node.health_score`` with point attributes
 ``ingero.node.state``, ``ingero.workload_type``, ``slurm.job.id``, ``ingero.rank``,
 ``ingero.world_size``, ``ingero.dominant_signal``, ``ingero.node.stalled``,
-``ingero.episode.id``, ``ingero.node.held``, ``ingero.node.cause_class``; gauge ``ingero.node.signal`` (attribute ``ingero.signal``) and gauge
+``ingero.episode.id``, ``ingero.node.held``, ``ingero.node.cause_class``, ``ingero.node.quiet``,
+``ingero.node.waiting``; gauge ``ingero.node.signal`` (attribute ``ingero.signal``) and gauge
 ``ingero.node.rate`` (attribute ``ingero.rate``).
 
 OpenTelemetry conventions: the sender's ``service.*`` and the semantic-convention
@@ -71,6 +72,11 @@ ATTR_HELD = "ingero.node.held"
 # Added: the remediation class of the node's slowness as the node sees it
 # (ingero.schema.causes: hardware|node|network|job), on every push of an agent that says.
 ATTR_CAUSE = "ingero.node.cause_class"
+# Added, sent only when true: the node's newest tracer intervals hold no kernel launch
+# while its job runs (quiet: stalled, waiting, or not yet either), and of such a node that
+# it waits at an NCCL collective for a rank Fleet named (not stalled).
+ATTR_QUIET = "ingero.node.quiet"
+ATTR_WAITING = "ingero.node.waiting"
 # Added (resource): the inference service the node's replica serves; groups nodes without
 # a Slurm job (replicas of one model are peers).
 ATTR_SERVICE = "ingero.inference.service"
@@ -186,6 +192,10 @@ class NodePush:
     # The remediation class of what slows the node (ingero.schema.causes); None: the
     # agent does not say.
     cause_class: str | None = None
+    # Quiet: no kernel launch in the node's newest tracer intervals while its job runs;
+    # waiting: quiet because a rank of it waits at a collective (Fleet's reply said for whom).
+    quiet: bool = False
+    waiting: bool = False
 
     @property
     def group(self) -> str:
@@ -284,6 +294,8 @@ def encode_health(
             ATTR_EPISODE: push.episode_id,
             ATTR_HELD: push.held,
             ATTR_CAUSE: push.cause_class,
+            ATTR_QUIET: True if push.quiet else None,
+            ATTR_WAITING: True if push.waiting else None,
         },
     )
     for name, attr, values in (
@@ -667,6 +679,8 @@ def _decode_scores(
                 service=service,
                 held=_flag(attrs, ATTR_HELD) if ATTR_HELD in attrs else None,
                 cause_class=_cause(attrs),
+                quiet=_flag(attrs, ATTR_QUIET),
+                waiting=_flag(attrs, ATTR_WAITING),
             )
         except ValueTooLong as exc:
             result.reject(TOO_LONG, f"node {node_id}: {exc}")

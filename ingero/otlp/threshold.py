@@ -31,6 +31,7 @@ from abc import ABC, abstractmethod
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import MISSING, Field, dataclass, field, fields
 from typing import Any
+from urllib.parse import quote, unquote
 
 from ingero.otlp.collectives import MAX_OP_CHARS
 
@@ -212,6 +213,76 @@ class _Word(_Text):
         return text
 
 
+class _WaitFor(_Kind):
+    """Whom a node's NCCL rank waits for: ``{"event_id", "comm_hash", "op", "seq", "since",
+    "ranks", "nodes"}`` (the communicator, the collective the node's rank is inside or past,
+    when the wait began on Fleet's clock, and the ranks and nodes that have not entered it,
+    at most :data:`MAX_NAMED` each: empty when none is missing and every rank waits), or
+    none. In a push reply ``event_id=…,comm_hash=…,op=…,seq=…,since=…,ranks=3 5,nodes=a b``
+    (nodes percent-encoded)."""
+
+    MAX_NAMED = 64
+    _TEXT_KEYS = ("event_id", "comm_hash", "op")
+
+    def check(self, value: object, label: str) -> dict[str, Any] | None:
+        if value is None:
+            return None
+        if not isinstance(value, dict):
+            raise ValueError(f"{label} is not an object")
+        out: dict[str, Any] = {}
+        for key in self._TEXT_KEYS:
+            text = value.get(key)
+            if not isinstance(text, str) or not 0 < len(text) <= 256:
+                raise ValueError(f"{label}.{key} {_short(text)} is not a short string")
+            out[key] = text
+        out["seq"] = COUNT.check(value.get("seq"), f"{label}.seq")
+        out["since"] = NUMBER.check(value.get("since"), f"{label}.since")
+        if out["seq"] is None or out["since"] is None:
+            raise ValueError(f"{label} needs seq and since")
+        ranks, nodes = value.get("ranks", []), value.get("nodes", [])
+        if not isinstance(ranks, list) or len(ranks) > self.MAX_NAMED:
+            raise ValueError(f"{label}.ranks is not a list of at most {self.MAX_NAMED}")
+        if not isinstance(nodes, list) or len(nodes) > self.MAX_NAMED:
+            raise ValueError(f"{label}.nodes is not a list of at most {self.MAX_NAMED}")
+        out["ranks"] = [COUNT.check(r, f"{label}.ranks") for r in ranks]
+        if any(r is None for r in out["ranks"]):
+            raise ValueError(f"{label}.ranks holds a null")
+        for node in nodes:
+            if not isinstance(node, str) or not 0 < len(node) <= 256:
+                raise ValueError(f"{label}.nodes: {_short(node)} is not a short string")
+        out["nodes"] = list(nodes)
+        return out
+
+    def parse(self, text: str, label: str) -> object:
+        out: dict[str, object] = {}
+        for item in text.split(","):
+            key, sep, raw = item.strip().partition("=")
+            if not sep:
+                raise ValueError(f"{label} item {_short(item)} is not name=value")
+            if key in ("ranks", "nodes"):
+                words = [unquote(w) for w in raw.split(" ") if w]
+                out[key] = (
+                    [int(w) if w.isdigit() else w for w in words] if key == "ranks" else words
+                )
+            elif key == "seq":
+                out[key] = int(raw) if raw.isdigit() else raw
+            elif key == "since":
+                out[key] = NUMBER.parse(raw, f"{label}.since")
+            else:
+                out[key] = unquote(raw)
+        return out
+
+    def to_text(self, value: Any) -> str:
+        if not value:
+            return ""
+        words = [f"{key}={quote(str(value[key]), safe='')}" for key in self._TEXT_KEYS]
+        words.append(f"seq={int(value['seq'])}")
+        words.append(f"since={float(value['since'])!r}")
+        words.append("ranks=" + " ".join(str(int(r)) for r in value.get("ranks", ())))
+        words.append("nodes=" + " ".join(quote(n, safe="") for n in value.get("nodes", ())))
+        return ",".join(words)
+
+
 UNIT, FLAG, NUMBER, COUNT, TEXT = _Unit(), _Flag(), _Number(), _Count(), _Text()
 RATES = _RateMap()
 # Fleet's event ids are UUIDs (ingero.schema.events.new_event_id): 36 of these characters.
@@ -221,6 +292,7 @@ EVENT_ID = _Word(r"[0-9A-Fa-f-]{1,64}", "an event id (hex digits and '-', at mos
 NCCL_EPISODE_TYPES = ("collective_hang", "peer_lag")
 NCCL_EPISODE_TYPE = _Word("|".join(NCCL_EPISODE_TYPES), "an NCCL episode type")
 NCCL_OP = _Word(rf"[A-Za-z0-9_.:-]{{1,{MAX_OP_CHARS}}}", "a collective's op name")
+WAIT_FOR = _WaitFor()
 
 
 def _wire(
@@ -300,6 +372,14 @@ class ThresholdView:
     )
     nccl_episode_seq: int | None = field(
         default=None, metadata=_wire(COUNT, "ingero-nccl-episode-seq", optional=True, part=NCCL)
+    )
+    # Per node: the NCCL collective a rank of the node waits in (entered and returned at
+    # enqueue, as real NCCL's calls do) for ranks that have not entered it, or, with no rank
+    # named, one every rank of its communicator stopped at. fleet-push then calls its quiet
+    # waiting, not a stall (docs/fleet-threshold.md, "Peer lag and hung collectives").
+    waiting_for: dict[str, Any] | None = field(
+        default=None,
+        metadata=_wire(WAIT_FOR, "ingero-waiting-for", optional=True, part="waiting_for"),
     )
 
 

@@ -114,6 +114,7 @@ def build_reports(
                 wait_ns=int(row["wait_ns"] or 0),
                 dropped=int(row["dropped"] or 0) + (unsent or {}).get(key, 0),
                 calls=tuple(sampled[seq] for seq in sorted(sampled)),
+                as_of_ns=_ns(row["ts"]),
             )
         )
     return out

@@ -141,6 +141,61 @@ VIEWS = [
             ("X-Ingero-Nccl-Episode-Seq", "9001"),
         ],
     ),
+    (
+        "a rank of the node waits in a collective for two ranks",
+        ThresholdView(
+            cluster_id="c",
+            group="c/job/9",
+            threshold=0.85,
+            quorum_met=True,
+            waiting_for={
+                "event_id": "5e1c2b3a-0d7b-4f4e-9b7e-1c2d3e4f5a6b",
+                "comm_hash": "9f1c2e3d4a5b6c7d",
+                "op": "ncclAllReduce",
+                "seq": 8813,
+                "since": 1700000000.5,
+                "ranks": [3, 5],
+                "nodes": ["gpu-03", "rack 2,gpu05"],
+            },
+        ),
+        [
+            ("X-Ingero-Threshold", "0.85"),
+            ("X-Ingero-Quorum-Met", "true"),
+            ("X-Ingero-Panic", "false"),
+            (
+                "X-Ingero-Waiting-For",
+                "event_id=5e1c2b3a-0d7b-4f4e-9b7e-1c2d3e4f5a6b,comm_hash=9f1c2e3d4a5b6c7d,"
+                "op=ncclAllReduce,seq=8813,since=1700000000.5,ranks=3 5,"
+                "nodes=gpu-03 rack%202%2Cgpu05",
+            ),
+        ],
+    ),
+    (
+        "every rank of the communicator stopped at one collective",
+        ThresholdView(
+            cluster_id="c",
+            group="c/job/9",
+            waiting_for={
+                "event_id": "5e1c2b3a-0d7b-4f4e-9b7e-1c2d3e4f5a6b",
+                "comm_hash": "9f1c2e3d4a5b6c7d",
+                "op": "ncclAllReduce",
+                "seq": 8813,
+                "since": 12.0,
+                "ranks": [],
+                "nodes": [],
+            },
+        ),
+        [
+            ("X-Ingero-Threshold", ""),
+            ("X-Ingero-Quorum-Met", "false"),
+            ("X-Ingero-Panic", "false"),
+            (
+                "X-Ingero-Waiting-For",
+                "event_id=5e1c2b3a-0d7b-4f4e-9b7e-1c2d3e4f5a6b,comm_hash=9f1c2e3d4a5b6c7d,"
+                "op=ncclAllReduce,seq=8813,since=12.0,ranks=,nodes=",
+            ),
+        ],
+    ),
 ]
 IDS = [case for case, _, _ in VIEWS]
 
@@ -160,6 +215,7 @@ def push_part(view: ThresholdView) -> ThresholdView:
         nccl_episode_since=view.nccl_episode_since,
         nccl_episode_op=view.nccl_episode_op,
         nccl_episode_seq=view.nccl_episode_seq,
+        waiting_for=view.waiting_for,
     )
 
 
@@ -209,6 +265,7 @@ def test_the_api_json_has_the_documented_keys_in_order() -> None:
         "nccl_episode_since",
         "nccl_episode_op",
         "nccl_episode_seq",
+        "waiting_for",
     ]
     assert encode_json(VIEWS[1][1])["threshold"] is None
     assert encode_json(VIEWS[1][1])["peer_rates"] is None
@@ -364,6 +421,44 @@ def test_a_bad_field_of_the_nccl_episode_ignores_the_episode_not_the_reply(
         assert got == ThresholdView(threshold=0.8, quorum_met=True)  # no part of the episode
         assert len(rejected) == 1 and rejected[0].startswith("nccl_episode ignored: ")
         assert len(rejected[0]) < 200  # the value is quoted bounded, never whole
+
+
+@pytest.mark.parametrize(
+    "value",
+    [
+        "comm_hash=9f1c2e3d4a5b6c7d,op=x,seq=1,since=1",  # no id
+        "event_id=e,comm_hash=h,op=x,seq=-1,since=1",
+        "event_id=e,comm_hash=h,op=x,seq=1,since=nan",
+        "event_id=e,comm_hash=h,op=x,seq=1,since=1,ranks=a",
+        "event_id=e,comm_hash=h,op=x,seq=1",
+        "event_id",
+        "event_id=e,comm_hash=h,op=x,seq=1,since=1,ranks=" + " ".join(map(str, range(65))),
+        f"event_id={HOSTILE},comm_hash=h,op=x,seq=1,since=1",
+    ],
+)
+def test_a_bad_waiting_for_is_ignored_not_the_reply(value: str) -> None:
+    for decode in (
+        lambda h, r: decode_headers(h, r),
+        lambda h, r: decode_metadata([(k.lower()[2:], v) for k, v in h.items()], r),
+    ):
+        rejected: list[str] = []
+        got = decode({**BASE, "X-Ingero-Waiting-For": value}, rejected)
+        assert got == ThresholdView(threshold=0.8, quorum_met=True)
+        assert len(rejected) == 1 and rejected[0].startswith("waiting_for ignored: ")
+        assert len(rejected[0]) < 200
+
+
+@pytest.mark.parametrize(
+    "waiting_for",
+    [
+        "rank 3",
+        {"event_id": "e", "comm_hash": "h", "op": "x", "seq": 1},  # no since
+        {"event_id": "e", "comm_hash": "h", "op": "x", "seq": 1, "since": 1, "nodes": [7]},
+    ],
+)
+def test_a_bad_waiting_for_in_an_api_answer_is_left_out(waiting_for: object) -> None:
+    got = decode_json({"threshold": 0.8, "quorum_met": True, "waiting_for": waiting_for})
+    assert got == ThresholdView(threshold=0.8, quorum_met=True)
 
 
 def test_a_bad_episode_id_is_ignored_and_a_bad_threshold_still_refuses_the_reply() -> None:
