@@ -85,7 +85,12 @@ class _Rank:
     offset_ns: int
     offset_known: bool
     seen: float  # monotonic time of the push that carried it
-    ops: tuple[tuple[int, str], ...] = ()  # (seq, op) of the report's sampled calls
+    # (seq, op, entry on Fleet's clock in ns) of the report's sampled calls
+    ops: tuple[tuple[int, str, int], ...] = ()
+    # Fleet's Unix time (s) the report is as of: its tracer interval's end, on Fleet's
+    # clock (an older node's: the push's arrival).
+    as_of: float = 0.0
+    quiet: bool = False  # the node launches nothing while its job runs (ingero.node.quiet)
 
 
 @dataclass
@@ -122,6 +127,19 @@ class _Hang:
 
 
 @dataclass
+class _Wait:
+    """A communicator stopped at one collective for ``nccl.wait_after``: the ranks behind
+    it (``missing``, the ones the others wait for), or none when every rank stopped at it."""
+
+    event_id: str
+    seq: int
+    op: str
+    since: float  # Fleet's Unix time the wait began (the first arrival at ``seq``)
+    missing: list[int]
+    waiting: list[int]  # the ranks inside or past it
+
+
+@dataclass
 class _Comm:
     cluster_id: str
     group: str
@@ -138,6 +156,7 @@ class _Comm:
     rows: deque[_Row] = field(default_factory=deque)
     lagging: dict[int, _LagEpisode] = field(default_factory=dict)
     hang: _Hang | None = None
+    wait: _Wait | None = None
 
 
 @dataclass(frozen=True)
@@ -178,8 +197,12 @@ class NcclTick:
     refused: int
     # the flagged rank behind a node's ``peer_lag`` (what a drain reason names)
     causes: dict[NodeKey, PeerLagCause] = field(default_factory=dict)
-    # per node: the open episode that names one of its ranks, a hang before a lag
+    # per node: the open episode that names one of its ranks, a hang before a wait before a lag
     named: dict[NodeKey, NcclNamed] = field(default_factory=dict)
+    # per node whose rank waits at a collective for others (or with every rank stopped at
+    # it): what its push replies say (ingero.otlp.threshold, ``waiting_for``)
+    waiting: dict[NodeKey, dict[str, object]] = field(default_factory=dict)
+    waits: int = 0  # communicators stopped at a collective (open collective_wait episodes)
 
 
 def _required(nranks: int, fraction: float) -> int:
@@ -206,12 +229,15 @@ class CollectiveJoin:
 
     # ---- receivers ------------------------------------------------------------------
 
-    def ingest(self, push: NodePush, mono: float) -> None:
-        """File one accepted push's communicators and clock offset (receiver threads)."""
+    def ingest(self, push: NodePush, mono: float, now: float | None = None) -> None:
+        """File one accepted push's communicators and clock offset (receiver threads);
+        ``now``: Fleet's Unix time of its arrival (None: the reports' own times only)."""
         if not push.collectives and push.clock is None:
             return
         clock = push.clock
         offset_ns = round(clock.offset_s * 1e9) if clock is not None else 0
+        # Without the arrival time a report without its own time is as of nothing known.
+        arrived = now if now is not None else -math.inf
         group = push.group
         with self._lock:
             if clock is not None:
@@ -229,7 +255,9 @@ class CollectiveJoin:
                     offset_ns=offset_ns,
                     offset_known=clock is not None,
                     seen=mono,
-                    ops=tuple([(call[0], call[1]) for call in report.calls]),
+                    ops=tuple([(c[0], c[1], c[2] + offset_ns) for c in report.calls]),
+                    as_of=(report.as_of_ns + offset_ns) / 1e9 if report.as_of_ns else arrived,
+                    quiet=push.quiet,
                 )
                 # Up to 1,024 calls a push: what the loop reads is in locals.
                 joined, pending, rank = comm.joined_seq, comm.pending, report.comm_rank
@@ -300,7 +328,8 @@ class CollectiveJoin:
         groups: dict[NodeKey, str] = {}
         causes: dict[NodeKey, PeerLagCause] = {}
         named: dict[NodeKey, NcclNamed] = {}
-        joined = hung = 0
+        waiting: dict[NodeKey, dict[str, object]] = {}
+        joined = hung = waits = 0
         with self._tick_lock:
             with self._lock:
                 self._ticks += 1
@@ -315,7 +344,9 @@ class CollectiveJoin:
                 joined += self._join(comm, pending)
                 events.extend(self._judge_lag(comm, now))
                 events.extend(self._judge_hang(comm, now))
+                events.extend(self._judge_wait(comm, now))
                 hung += comm.hang is not None
+                waits += comm.wait is not None
                 for rank, episode in comm.lagging.items():
                     node = (comm.cluster_id, episode.node_id)
                     if episode.lag_s > peer_lag.get(node, -1.0):
@@ -325,6 +356,8 @@ class CollectiveJoin:
                     if node not in named:
                         op = _window_op_bytes(comm)[0] or None
                         named[node] = NcclNamed("peer_lag", episode.event_id, episode.since, op)
+                if comm.wait is not None:  # before the hang's bound: who holds the job back
+                    self._name_wait(comm, named, waiting)
                 if comm.hang is not None:  # the ranks the others wait for: a hang comes first
                     hang = comm.hang
                     # Those below the hung collective now: a rank that had not reported yet
@@ -350,6 +383,8 @@ class CollectiveJoin:
             refused=refused,
             causes=causes,
             named=named,
+            waiting={node: w for node, w in waiting.items() if node not in named},
+            waits=waits,
         )
 
     def _expire(self, now: float, mono: float) -> list[Event]:
@@ -526,6 +561,148 @@ class CollectiveJoin:
         events.append(_hang_start(comm, comm.hang, arrived, blocked, now))
         return events
 
+    def _judge_wait(self, comm: _Comm, now: float) -> list[Event]:
+        """Open, keep or end the communicator's wait (module docstring, ``collective_wait``)."""
+        found = self._stopped_at(comm)
+        wait = comm.wait
+        events: list[Event] = []
+        if wait is not None and (found is None or (found[0], found[2]) != (wait.seq, wait.missing)):
+            comm.wait = None
+            events.append(_wait_event(comm, wait, now, "end", reason="moved_on"))
+        if found is None or comm.wait is not None:
+            return events
+        seq, since, missing = found
+        waiting = sorted(r for r in comm.view if r not in missing)
+        comm.wait = _Wait(new_event_id(), seq, _op_of(comm, seq), since, missing, waiting)
+        events.append(_wait_event(comm, comm.wait, now, "start"))
+        return events
+
+    def _stopped_at(self, comm: _Comm) -> tuple[int, float, list[int]] | None:
+        """(seq, since, the ranks behind it) when the communicator has stopped at collective
+        ``seq``: ranks that have not entered it, each as of a report taken at least
+        ``nccl.wait_after`` after another rank entered it (they hold the others back), or,
+        none behind, every rank as of a report ``wait_after`` past its last entry and its
+        node quiet (every rank stopped at it). None otherwise (and while a rank of the
+        communicator has not reported)."""
+        view = comm.view
+        if len(view) < comm.nranks:
+            return None
+        after = float(self._cfg.wait_after)
+        entered = {r: st.report.entered_seq for r, st in view.items()}
+        low, high = min(entered.values()), max(entered.values())
+        if high == 0:
+            return None
+        if low < high:
+            seq = low + 1
+            arrivals = [_entry_s(st, seq) for st in view.values() if st.report.entered_seq >= seq]
+            front = min(arrivals)
+            behind = sorted(r for r, e in entered.items() if e == low)
+            if all(view[r].as_of - front >= after for r in behind):
+                return seq, front, behind
+            return None
+        lasts = [_entry_s(st, low) for st in view.values()]
+        if all(
+            st.quiet and st.as_of - last >= after
+            for st, last in zip(view.values(), lasts, strict=True)
+        ):
+            return low, max(lasts), []
+        return None
+
+    def _name_wait(
+        self,
+        comm: _Comm,
+        named: dict[NodeKey, NcclNamed],
+        waiting: dict[NodeKey, dict[str, object]],
+    ) -> None:
+        """The nodes the wait names: those of the ranks behind (their replies name the wait,
+        as a hang's do) and those of the ranks that wait (their replies say for whom)."""
+        wait = comm.wait
+        assert wait is not None
+        missing_nodes = sorted({comm.view[r].node_id for r in wait.missing if r in comm.view})
+        for rank in wait.missing:
+            st = comm.view.get(rank)
+            if st is not None:
+                named[(comm.cluster_id, st.node_id)] = NcclNamed(
+                    "collective_wait", wait.event_id, wait.since, wait.op, wait.seq
+                )
+        said: dict[str, object] = {
+            "event_id": wait.event_id,
+            "comm_hash": comm.comm_hash,
+            "op": wait.op or "collective",
+            "seq": wait.seq,
+            "since": wait.since,
+            "ranks": _named(wait.missing),
+            "nodes": _named(missing_nodes),
+        }
+        for rank in wait.waiting:
+            st = comm.view.get(rank)
+            if st is not None:
+                waiting.setdefault((comm.cluster_id, st.node_id), said)
+
+
+def _entry_s(st: _Rank, seq: int) -> float:
+    """When the rank entered collective ``seq`` on Fleet's clock (s): its sampled call, else
+    its last entry (a later one, when it entered more since)."""
+    for call_seq, _, entered_ns in st.ops:
+        if call_seq == seq:
+            return entered_ns / 1e9
+    last = st.report.last_enter_ns
+    return (last + st.offset_ns) / 1e9 if last else st.as_of
+
+
+def _wait_event(comm: _Comm, wait: _Wait, now: float, state: str, **more: object) -> Event:
+    """A ``collective_wait`` start or end: the collective the communicator stopped at, the
+    ranks (and nodes) it waits for, or none when every rank stopped at it."""
+    missing_nodes = sorted({comm.view[r].node_id for r in wait.missing if r in comm.view})
+    waiting_nodes = sorted({comm.view[r].node_id for r in wait.waiting if r in comm.view})
+    extra: dict[str, object] = {
+        "state": state,
+        "group": comm.group,
+        "comm_hash": comm.comm_hash,
+        "nranks": comm.nranks,
+        "seq": wait.seq,
+        "op": wait.op,
+        "missing_ranks": _named(wait.missing),
+        "missing_count": len(wait.missing),
+        "missing_nodes": _named(missing_nodes),
+        "waiting_ranks": _named(wait.waiting),
+        "waiting_count": len(wait.waiting),
+        "waiting_nodes": _named(waiting_nodes),
+        "since": wait.since,
+        "waiting_for_s": round(now - wait.since, 3),
+    }
+    if state == "start":
+        extra["reason"] = (
+            "missing_ranks"
+            if wait.missing
+            else "all_ranks_waiting: not a rank (network, NVLink or a GPU)"
+        )
+    extra.update(more)
+    if state == "end":
+        extra["duration_s"] = round(now - wait.since, 3)
+    return _comm_event(comm, "collective_wait", wait.event_id, missing_nodes, now, extra)
+
+
+def _comm_event(
+    comm: _Comm,
+    kind: str,
+    event_id: str,
+    missing_nodes: list[str],
+    now: float,
+    extra: dict[str, object],
+) -> Event:
+    """A job-level NCCL event: its node is the first missing one ("" when none is)."""
+    return Event(
+        type=kind,
+        node_id=missing_nodes[0] if missing_nodes else "",
+        cluster_id=comm.cluster_id,
+        timestamp=now,
+        event_id=event_id,
+        job_id=comm.job_id,
+        detection_mode=DETECTION_MODE,
+        extra=extra,
+    )
+
 
 def _inside_since(report: CommReport, top: int) -> int | None:
     """When the rank entered collective ``top`` and is still inside it (node ns), or None."""
@@ -538,7 +715,7 @@ def _inside_since(report: CommReport, top: int) -> int | None:
 
 def _op_of(comm: _Comm, seq: int) -> str:
     for st in comm.view.values():
-        for call_seq, op in st.ops:
+        for call_seq, op, _ in st.ops:
             if call_seq == seq:
                 return op
     return comm.rows[-1].op if comm.rows else ""
@@ -672,15 +849,13 @@ def _hang_event(comm: _Comm, hang: _Hang, now: float, state: str, **more: object
     """A ``collective_hang`` start or end: the communicator, the collective, the wavefront
     (ranks and nodes that never entered it), and ``more`` of the state's own fields."""
     missing_nodes = sorted({comm.view[r].node_id for r in hang.missing if r in comm.view})
-    return Event(
-        type="collective_hang",
-        node_id=missing_nodes[0] if missing_nodes else "",
-        cluster_id=comm.cluster_id,
-        timestamp=now,
-        event_id=hang.event_id,
-        job_id=comm.job_id,
-        detection_mode=DETECTION_MODE,
-        extra={
+    return _comm_event(
+        comm,
+        "collective_hang",
+        hang.event_id,
+        missing_nodes,
+        now,
+        {
             "state": state,
             "group": comm.group,
             "comm_hash": comm.comm_hash,
@@ -729,4 +904,7 @@ def _end_all(comm: _Comm, now: float, reason: str) -> list[Event]:
     if comm.hang is not None:
         events.append(_hang_end(comm, comm.hang, now, reason))
         comm.hang = None
+    if comm.wait is not None:
+        events.append(_wait_event(comm, comm.wait, now, "end", reason=reason))
+        comm.wait = None
     return events

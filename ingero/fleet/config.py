@@ -156,6 +156,10 @@ class NcclConfig:
         default=0.75, metadata=check(lambda v: 0.5 <= v <= 1, "must be in [0.5, 1]")
     )
     hang_after: Duration = field(default=Duration(30.0), metadata=positive())
+    # A communicator stopped at one collective this long (ranks behind it, as of their own
+    # reports; or every rank, their nodes quiet) is a collective_wait: its replies say who
+    # waits for whom, long before hang_after.
+    wait_after: Duration = field(default=Duration(1.0), metadata=positive())
     max_comms: int = field(default=10000, metadata=positive())
     max_comms_per_group: int = field(default=64, metadata=positive())
     # Unjoined sequence numbers kept per communicator (ranks sampling others never join).

@@ -375,8 +375,11 @@ class FleetDaemon:
             (
                 e.type
                 for e in result.events
-                if e.type in ("peer_lag", "collective_hang") and e.extra.get("state") == "start"
+                if e.type in ("peer_lag", "collective_hang", "collective_wait")
+                and e.extra.get("state") == "start"
             ),
+            result.waiting_comms,
+            result.waiting_nodes,
         )
         self.metrics.update_clock_offsets(self.state.clock_offsets())
         self.metrics.owned_clusters.set(result.owned_clusters)

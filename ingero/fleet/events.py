@@ -23,7 +23,14 @@ EventSink = Callable[[Sequence[Event]], None]
 DEFAULT_CAPACITY = 100_000
 # Event types whose stderr line is a warning (the journal entry's PRIORITY is the event's own).
 _WARNINGS = frozenset(
-    {"straggler_state", "group_degraded", "node_drained", "peer_lag", "collective_hang"}
+    {
+        "straggler_state",
+        "group_degraded",
+        "node_drained",
+        "peer_lag",
+        "collective_hang",
+        "collective_wait",
+    }
 )
 
 

@@ -213,7 +213,8 @@ class FleetMetrics:
         self.nccl_episodes = Counter(
             "ingero_fleet_nccl_episodes",
             "NCCL episodes Fleet opened, by type: peer_lag (a rank consistently late into "
-            "collectives) and collective_hang (ranks stuck in one collective).",
+            "collectives), collective_wait (a communicator stopped at one collective) and "
+            "collective_hang (ranks stuck in one collective).",
             ("type",),
             registry=r,
         )
@@ -223,6 +224,18 @@ class FleetMetrics:
         self.nccl_hung = Gauge(
             "ingero_fleet_nccl_hung_communicators",
             "NCCL communicators with ranks inside one collective past nccl.hang_after.",
+            registry=r,
+        )
+        self.nccl_waiting = Gauge(
+            "ingero_fleet_nccl_waiting_communicators",
+            "NCCL communicators stopped at one collective past nccl.wait_after (open "
+            "collective_wait episodes): their ranks wait for the ones named, or for none.",
+            registry=r,
+        )
+        self.nccl_waiting_nodes = Gauge(
+            "ingero_fleet_nccl_waiting_nodes",
+            "Nodes whose NCCL ranks wait at a collective for other ranks (waiting, not "
+            "stragglers).",
             registry=r,
         )
         self.nccl_refused = Counter(
@@ -302,11 +315,22 @@ class FleetMetrics:
         self._nodes = tuple(sorted(marked, key=lambda m: (m[0].cluster_id, m[0].node_id)))
         self._nodes_omitted = max(0, live_nodes - len(marked))
 
-    def update_nccl(self, comms: int, hung: int, refused: int, opened: Iterable[str]) -> None:
+    def update_nccl(
+        self,
+        comms: int,
+        hung: int,
+        refused: int,
+        opened: Iterable[str],
+        waiting: int = 0,
+        waiting_nodes: int = 0,
+    ) -> None:
         """A tick's NCCL figures: ``refused`` is the join's running total, ``opened`` the
-        types of the episodes that began this tick."""
+        types of the episodes that began this tick, ``waiting`` the communicators stopped
+        at a collective and ``waiting_nodes`` the nodes whose ranks wait in one."""
         self.nccl_comms.set(comms)
         self.nccl_hung.set(hung)
+        self.nccl_waiting.set(waiting)
+        self.nccl_waiting_nodes.set(waiting_nodes)
         if refused > self._nccl_refused_seen:
             self.nccl_refused.inc(refused - self._nccl_refused_seen)
         self._nccl_refused_seen = refused

@@ -143,6 +143,10 @@ class TickResult:
     nccl_comms: int = 0
     hung_comms: int = 0
     nccl_refused: int = 0
+    # Communicators stopped at a collective (open collective_wait episodes), and the nodes
+    # whose ranks wait in one (not stragglers: the ones they wait for are named).
+    waiting_comms: int = 0
+    waiting_nodes: int = 0
     # Clusters this replica took over since the previous tick (first push, or first
     # after longer than the node TTL), and how many it owns now.
     taken_over: tuple[str, ...] = ()

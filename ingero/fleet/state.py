@@ -248,6 +248,8 @@ class FleetState:
         # made each one: a lag episode waiting for the exit rule still names it.
         self._lag_cause: dict[NodeKey, PeerLagCause] = {}
         self._named: dict[NodeKey, NcclNamed] = {}
+        # The nodes whose NCCL rank waits at a collective for others, as the last tick saw.
+        self._waiting: dict[NodeKey, dict[str, object]] = {}
         # Which clusters this replica owns for drains (several replicas behind a balancer).
         self._owners = Ownership(
             float(config.push_interval), config.node_ttl, config.drain.min_intervals
@@ -313,10 +315,11 @@ class FleetState:
             episode = self._episode_id[slot] if self._straggler[slot] else ""
             lag = self._peer_lag.get(node)
             named = self._named.get(node)
-        self._nccl.ingest(push, mono)
+            waiting = self._waiting.get(node)
+        self._nccl.ingest(push, mono, self._clock.now())
         if view is None:
             return _empty_view(push.cluster_id, key)
-        return _node_view(view, push.rates, episode, lag, named)
+        return _node_view(view, push.rates, episode, lag, named, waiting)
 
     # ---- reads ----------------------------------------------------------------------
 
@@ -342,7 +345,8 @@ class FleetState:
             episode = self._episode_id[slot] if self._straggler[slot] else ""
             lag = self._peer_lag.get(node)
             named = self._named.get(node)
-        return _node_view(view, rates, episode, lag, named)
+            waiting = self._waiting.get(node)
+        return _node_view(view, rates, episode, lag, named, waiting)
 
     def node_report(self, cluster_id: str, node_id: str) -> NodeReport | None:
         """The node's last push as the drain controller asks for it; None: not tracked
@@ -473,6 +477,7 @@ class FleetState:
             events.extend(nccl.events)
             self._peer_lag = nccl.peer_lag
             self._named = nccl.named
+            self._waiting = nccl.waiting
             self._views = views
             self._groups = groups
             self._clusters = clusters
@@ -485,6 +490,8 @@ class FleetState:
                 clusters=clusters,
                 nccl_comms=nccl.comms,
                 hung_comms=nccl.hung,
+                waiting_comms=nccl.waits,
+                waiting_nodes=len(nccl.waiting),
                 nccl_refused=nccl.refused,
                 taken_over=tuple(taken),
                 owned_clusters=self._owners.owned(snap.mono),
@@ -682,11 +689,12 @@ class FleetState:
             out.consec[sel].tolist(),
             out.since[sel].tolist(),
             out.by_lag[sel].tolist(),
+            out.lag_entry[sel].tolist(),
             strict=True,
         )
-        for slot, g, score, enters, ticks, began, lag in rows:
+        for slot, g, score, enters, ticks, began, lag, at_once in rows:
             cause = self._cause[slot] or class_from_signal(self._signal[slot])
-            if self._announce(slot, enters, snap.mono):
+            if self._announce(slot, enters, snap.mono, at_once):
                 events.append(
                     started_event(
                         node_id=self._key[slot][1],
@@ -734,7 +742,7 @@ class FleetState:
         }
         return verdicts, events
 
-    def _announce(self, slot: int, enters: bool, mono: float) -> bool:
+    def _announce(self, slot: int, enters: bool, mono: float, at_once: bool = False) -> bool:
         """Open or keep a straggler's episode; True when its ``straggler_state`` is due now.
 
         One episode, one id, whichever side saw it first: a node that already reported an
@@ -742,7 +750,9 @@ class FleetState:
         may be opening one this very interval, so Fleet's new id is only offered (in the push
         reply, which the node adopts) and announced after one more push from the node, whose
         own id, if it came meanwhile, replaces Fleet's. An agent that does not report
-        episodes (older) is announced at once.
+        episodes (older) is announced at once, and so is a straggler by peer lag alone
+        whose score is not below the threshold (``at_once``): the node learns of the lag
+        from Fleet's reply and cannot have opened an episode of its own.
         """
         reported = self._reported[slot]
         if enters:
@@ -751,7 +761,7 @@ class FleetState:
                 self._episode_id[slot] = reported
                 return True
             self._episode_id[slot] = new_event_id()
-            if reported == "":
+            if reported == "" and not at_once:
                 self._pending[slot] = True
                 self._pending_at[slot] = mono
                 return False
@@ -871,10 +881,11 @@ def _node_view(
     episode: str,
     lag: float | None = None,
     named: NcclNamed | None = None,
+    waiting: dict[str, object] | None = None,
 ) -> ThresholdView:
     """The group's view plus what is the node's own: its ratio to each peer median (from
-    its pushed rates), Fleet's open episode of it, its flagged NCCL entry lag (s) and the
-    open NCCL episode that names one of its ranks."""
+    its pushed rates), Fleet's open episode of it, its flagged NCCL entry lag (s), the
+    open NCCL episode that names one of its ranks, and whom its rank waits for."""
     peers = view.peer_rates
     ratios = None
     if peers:
@@ -883,7 +894,7 @@ def _node_view(
             rate = rates.get(name)
             if rate is not None and rate == rate and median > 0:  # rate == rate: not NaN
                 ratios[name] = rate / median
-    if not ratios and not episode and lag is None and named is None:
+    if not ratios and not episode and lag is None and named is None and waiting is None:
         return view
     return with_fields(
         view,
@@ -895,6 +906,7 @@ def _node_view(
         nccl_episode_since=named.since if named else None,
         nccl_episode_op=named.op if named else None,
         nccl_episode_seq=named.seq if named else None,
+        waiting_for=waiting,
     )
 
 

@@ -89,6 +89,10 @@ class Outcome:
     # Stragglers by peer_lag alone (their score is not below, nor held), and lag episodes
     # waiting for the exit rule after the lag cleared.
     by_lag: BoolArray
+    # Entering by peer lag alone, its score not below the threshold: the node cannot have
+    # opened an episode of its own (it learns of the lag from Fleet's replies), so Fleet
+    # announces it at once instead of offering its id for one push.
+    lag_entry: BoolArray
     noise: th.NodeNoise
     group_noise: FloatArray  # per group, NaN where no node has a noise yet
 
@@ -188,6 +192,7 @@ def compute(snap: Snapshot, config: FleetConfig) -> Outcome:
         exits=np.where(continuing, exits, 0),
         peer=_peer_medians(snap, config.quorum.statistical_min, gn),
         by_lag=by_lag,
+        lag_entry=entering & lagging & ~under,
         noise=noise,
         group_noise=group_noise,
     )

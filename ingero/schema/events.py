@@ -42,8 +42,14 @@ MESSAGE_IDS: dict[str, str] = {
     # launches) for fleet-push's gpu_idle.idle_after: an episode (extra.state start|end,
     # one event_id) naming the job, its user, extra.gpus and since when, raised by the node.
     "gpu_idle": "6f3c2a1e9b8d4c7a8e5f0a1b2c3d4e73",
+    # NCCL: a communicator stopped at one collective, its ranks waiting for the ones that
+    # have not entered it (extra names them), or for none (every rank stopped at it);
+    # raised by Fleet long before a collective_hang's bound.
+    "collective_wait": "6f3c2a1e9b8d4c7a8e5f0a1b2c3d4e74",
 }
 EVENT_TYPES = frozenset(MESSAGE_IDS)
+# A group's state, and a hang or wait where every rank entered the collective, name no node.
+_NO_NODE = frozenset({"group_degraded", "collective_hang", "collective_wait"})
 
 # The Unix socket fleet-push writes NDJSON events to, where a consumer (``ingero sink``) listens.
 EVENT_SOCKET = "/run/ingero/events.sock"
@@ -61,6 +67,7 @@ _PRIORITY = {
     "collective_hang": 3,
     "clock_skew": 4,
     "stack_snapshot": 4,
+    "collective_wait": 4,
 }
 
 
@@ -88,8 +95,7 @@ class Event:
     def __post_init__(self) -> None:
         if self.type not in EVENT_TYPES:
             raise ValueError(f"unknown event type {self.type!r}")
-        # A group's state, and a hang where every rank entered the collective, name no node.
-        if not self.node_id and self.type not in ("group_degraded", "collective_hang"):
+        if not self.node_id and self.type not in _NO_NODE:
             raise ValueError("an event needs a node_id")
 
     def to_dict(self) -> dict[str, Any]:
@@ -252,6 +258,10 @@ def _nccl_words(extra: dict[str, Any]) -> str:
         )
         if "inside_for_s" in extra:
             words += f" inside_for_s={extra['inside_for_s']}"
+        if "waiting_count" in extra:
+            words += f" waiting_ranks={extra['waiting_count']}"
+        if "waiting_for_s" in extra:
+            words += f" waiting_for_s={extra['waiting_for_s']}"
     return words
 
 
@@ -311,6 +321,8 @@ def snapshot_line(
     collective = op if isinstance(op, str) and op else "a collective"
     if trigger == "collective_hang":
         head = f"the job is hung in {collective}" + (f" #{seq}" if isinstance(seq, int) else "")
+    elif trigger == "collective_wait":
+        head = f"the job waits in {collective}" + (f" #{seq}" if isinstance(seq, int) else "")
     elif trigger == "peer_lag":
         head = f"rank {rank} enters {collective} late behind its peers"
     else:

@@ -61,6 +61,8 @@ class Sim:
     replies: dict[str, ThresholdView] = field(default_factory=dict)
     tick: TickResult | None = None
     cluster: str = "c1"
+    # Nodes whose pushes say they launch nothing (ingero.node.quiet).
+    quiet: set[str] = field(default_factory=set)
 
     def __post_init__(self) -> None:
         self.join = CollectiveJoin(self.config, TTL)
@@ -111,6 +113,7 @@ class Sim:
                         calls_in_interval=len(mine),
                         last_enter_ns=self.enter_ns(rank, entered),
                         calls=tuple(sample_calls(mine, self.limit.get(rank, 64))),
+                        as_of_ns=self.node_time_ns(node, self.clock.now()),
                     )
                 )
             clock = (
@@ -124,11 +127,12 @@ class Sim:
                 rank=int(node[1:]) if node[1:].isdigit() else None,
                 collectives=tuple(reports),
                 clock=clock,
+                quiet=node in self.quiet,
             )
             if self.state is not None:
                 self.replies[node] = self.state.ingest(push)
             else:
-                self.join.ingest(push, self.clock.monotonic())
+                self.join.ingest(push, self.clock.monotonic(), self.clock.now())
         self.ticks += 1
         if self.state is not None:
             self.tick = self.state.tick()
@@ -719,3 +723,106 @@ def test_pushes_are_not_held_up_by_a_tick_and_what_they_bring_is_kept() -> None:
     assert filed == [True]
     (comm,) = join._comms.values()
     assert comm.pending[10_000] == {7: (1.0, 8, "ncclAllReduce")}
+
+
+# ---- collective_wait ------------------------------------------------------------------
+
+
+def block_next(sim: Sim, missing: dict[int, int] | None = None) -> int:
+    """Every rank stops inside the next interval at one collective (returned at enqueue,
+    then waiting in a stream sync); ``missing`` ranks stop that many collectives short."""
+    sim.interval()
+    block = sim.seq + 10  # half an interval into the next one
+    sim.block_at = block
+    sim.stop_before = {r: block + rel for r, rel in (missing or {}).items()}
+    return block
+
+
+def test_the_rank_its_peers_wait_for_is_named_long_before_a_hang() -> None:
+    sim = Sim(8, one_per_node(8), asynchronous=True)  # wait_after 1 s, hang_after 30 s
+    block = block_next(sim, {5: 0})
+    ticks = 0
+    while not sim.of("collective_wait"):
+        result = sim.interval()
+        ticks += 1
+        assert ticks < 5
+    # The others entered #block half an interval in; rank 5's next report, a second after
+    # that, shows it has not: named at the tick after it (two ticks after their arrival).
+    assert ticks == 2
+    (wait,) = sim.of("collective_wait")
+    assert wait.node_id == "n5" and wait.job_id == "1234"
+    extra = wait.extra
+    assert (extra["seq"], extra["op"], extra["comm_hash"]) == (block, "ncclAllReduce", HASH)
+    assert (extra["missing_ranks"], extra["missing_nodes"]) == ([5], ["n5"])
+    assert extra["waiting_ranks"] == [0, 1, 2, 3, 4, 6, 7] and extra["waiting_count"] == 7
+    assert extra["reason"] == "missing_ranks" and extra["waiting_for_s"] >= 1.0
+    assert sim.of("collective_hang") == []
+    # Its node is named (its reply says so, as for a hang); the others wait for it.
+    named = result.named[("c1", "n5")]
+    assert (named.type, named.event_id, named.seq) == ("collective_wait", wait.event_id, block)
+    assert sorted(result.waiting) == [("c1", f"n{r}") for r in range(8) if r != 5]
+    said = result.waiting[("c1", "n0")]
+    assert (said["ranks"], said["nodes"], said["seq"]) == ([5], ["n5"], block)
+    assert said["event_id"] == wait.event_id and result.waits == 1
+    # One event, not one a tick; ended once rank 5 arrives and the job goes on.
+    sim.interval()
+    assert len(sim.of("collective_wait")) == 1
+    sim.block_at, sim.stop_before = None, {}
+    result = sim.interval()
+    (end,) = sim.of("collective_wait", "end")
+    assert end.event_id == wait.event_id and end.extra["reason"] == "moved_on"
+    assert result.waiting == {} and result.waits == 0
+
+
+@pytest.mark.parametrize("delay", [0.2, 0.6])
+def test_a_rank_that_is_late_but_arrives_is_not_waited_for(delay: float) -> None:
+    """A rank late by less than nccl.wait_after into every collective is a peer lag, not a
+    rank its peers are stopped for: its every report shows it has gone on."""
+    sim = Sim(8, one_per_node(8), delay={5: delay}, asynchronous=True)
+    for _ in range(8):
+        result = sim.interval()
+        assert result.waiting == {}
+    assert sim.of("collective_wait") == []
+
+
+def test_every_rank_stopped_at_one_collective_is_one_wait_that_names_no_rank() -> None:
+    sim = Sim(8, one_per_node(8), asynchronous=True)
+    sim.quiet = {f"n{r}" for r in range(8)}  # no node launches anything: they wait on it
+    block = block_next(sim)
+    for _ in range(3):
+        result = sim.interval()
+    (wait,) = sim.of("collective_wait")
+    assert wait.node_id == "" and wait.extra["missing_ranks"] == []
+    assert wait.extra["seq"] == block and wait.extra["waiting_count"] == 8
+    assert wait.extra["reason"].startswith("all_ranks_waiting")
+    assert result.named == {} and len(result.waiting) == 8
+    assert result.waiting[("c1", "n3")]["ranks"] == []
+
+
+def test_every_rank_past_a_collective_while_launching_is_not_a_wait() -> None:
+    """Computing between collectives (an evaluation): every rank entered N and nothing
+    since, but their nodes launch kernels. Nothing is said."""
+    sim = Sim(8, one_per_node(8), asynchronous=True)
+    block_next(sim)
+    for _ in range(5):
+        result = sim.interval()
+    assert sim.of("collective_wait") == [] and result.waiting == {}
+
+
+def test_the_wait_reaches_the_replies_and_no_rank_that_waits_is_a_straggler() -> None:
+    sim = state_sim(8, asynchronous=True)
+    block = block_next(sim, {5: 0})
+    for _ in range(3):
+        sim.interval()
+    (wait,) = sim.of("collective_wait")
+    reply = sim.replies["n2"].waiting_for
+    assert reply is not None and (reply["ranks"], reply["nodes"]) == ([5], ["n5"])
+    assert (reply["seq"], reply["event_id"]) == (block, wait.event_id)
+    missing = sim.replies["n5"]
+    assert missing.waiting_for is None
+    assert (missing.nccl_episode_type, missing.nccl_episode_id) == (
+        "collective_wait",
+        wait.event_id,
+    )
+    assert sim.tick is not None and sim.tick.waiting_nodes == 7 and sim.tick.waiting_comms == 1
+    assert [e for e in sim.events if e.type == "straggler_state"] == []
