@@ -33,6 +33,7 @@ from ingero.push.gpu_health import gpu_events
 from ingero.push.gpu_idle import GpuIdleDetector, HeldJob, gpu_uses, idle_events
 from ingero.push.sampler import NodeSample
 from ingero.push.stack_snapshot import Request, Snapshotter
+from ingero.push.waiting import FleetNccl, waiting_words
 from ingero.runtime.atomicfile import write_atomic
 from ingero.runtime.clock import Clock
 from ingero.runtime.systemd import Notifier, watchdog_interval
@@ -52,6 +53,7 @@ class Sampler(Protocol):
         *,
         straggling: bool = False,
         job_id: str | None = None,
+        nccl: FleetNccl | None = None,
     ) -> NodeSample: ...
 
 
@@ -82,6 +84,8 @@ class Status:
     straggling: bool = False
     stalled: bool = False
     held: bool = False  # the last sample held its measurement (no new tracer data)
+    # Its NCCL rank waits at a collective (Fleet's word of whom for; {} inside the call).
+    waiting_for: dict[str, object] | None = None
     last_error: str | None = None
     events: dict[str, int] = field(default_factory=dict)
 
@@ -161,6 +165,8 @@ class Agent:
         self.snapshotter: Snapshotter | None = None
         # Fleet's open NCCL episode naming a rank of this node, held like the lag.
         self._named: tuple[_Named | None, float] | None = None
+        # What Fleet's last reply said of this node's NCCL ranks' waits, held like the lag.
+        self._nccl: tuple[FleetNccl | None, float] | None = None
         self._stalled_since: float | None = None  # monotonic, while the node is stalled
         self.health_state = health_state
         self.gpu_idle = gpu_idle
@@ -186,6 +192,7 @@ class Agent:
             job_file,
             straggling=self.classifier.straggling and status.mode in FLEET_MODES,
             job_id=ident.job_id,
+            nccl=self._fresh(self._nccl),
         )
         if sample.transition is not None:
             t = sample.transition
@@ -193,6 +200,9 @@ class Agent:
         push = self._node_push(sample, ident)
         status.state, status.score, status.stalled = sample.state, push.score, sample.stalled
         status.held = sample.held
+        status.waiting_for = (
+            dict(sample.waiting_for or {}) if sample.waiting and not sample.stalled else None
+        )
         if sample.held and sample.result is None:
             # Nothing measured yet to repeat: pushing a score of 0 would be a false one.
             self._write_state(push, status.mode)
@@ -229,6 +239,7 @@ class Agent:
         if reading is not None:
             self._lag = (reading.peer_lag, self.clock.monotonic())
             self._named = (self._named_episode(reading), self.clock.monotonic())
+            self._nccl = (FleetNccl.of(reading), self.clock.monotonic())
         fresh = self.selector.on_fleet(reading)
         # A held sample repeats the last measurement: not a new one to learn from or to
         # classify (it counts neither towards an episode nor towards its end).
@@ -312,6 +323,13 @@ class Agent:
         score = "-" if s.score is None else f"{s.score:.3f}"
         threshold = "-" if s.threshold is None else f"{s.threshold:.3f}"
         straggler = " STRAGGLER" if s.straggling else ""
+        if s.waiting_for is not None and s.state == "active":
+            # Waiting at a collective: held, but not for want of data.
+            words = waiting_words(s.waiting_for) if s.waiting_for else "inside a collective"
+            return (
+                f"waiting score={score} mode={s.mode} threshold={threshold}{straggler}"
+                f" WAITING {words}"
+            )
         state = ("stalled" if s.stalled else s.state) + (" (no new data)" if s.held else "")
         return f"{state} score={score} mode={s.mode} threshold={threshold}{straggler}"
 
@@ -429,6 +447,8 @@ class Agent:
             service=ident.service or (self.engines.service if self.engines else None),
             held=sample.held,
             cause_class=sample_cause_class(sample),
+            quiet=sample.quiet,
+            waiting=sample.waiting,
         )
 
     def _mode_event(self, decision: Decision, push: NodePush) -> Event:

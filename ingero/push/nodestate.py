@@ -20,10 +20,16 @@ quiet samples are no measurement of it); only where nothing tells whether a job 
 the old rule hold: idle after ``idle_after`` quiet samples.
 
 Waiting is not stalled either: a node whose NCCL rank is inside a collective (entered, not
-returned) launches nothing because it waits for a peer at the collective's barrier. In a
-job-wide hang every rank but the missing one is such a victim; Fleet's ``collective_hang``
-names the one that never arrived, so the victims stay ``active``, not stalled, and their
-quiet samples do not count towards idle.
+returned) launches nothing because it waits for a peer at the collective's barrier, and so
+does one whose rank entered a collective and returned at enqueue, as real NCCL's calls
+do, to wait in a stream sync: Fleet, comparing the ranks, says so in its reply
+(``fleet_wait``; ``ingero.push.waiting``). In a job-wide hang every rank but the missing
+one is such a victim; Fleet names the one they wait for, so the victims stay ``active``,
+not stalled (``waiting`` set), and their quiet samples count towards neither idle nor a
+stall. A quiet node with a rank in a communicator with peers (``at_collective``) cannot
+tell alone whether it waits or holds the others back: it is pending until Fleet says,
+for at most ``wait_samples`` quiet samples, and a stall at once when Fleet names its rank
+as the one the others wait for (``waited_for``).
 """
 
 from __future__ import annotations
@@ -54,6 +60,7 @@ class NodeStateMachine:
         warm_samples: int = 0,
         stall_intervals: int,
         stall_after: float,
+        wait_samples: int = 5,
     ) -> None:
         if warmup_samples < 1 or idle_after < 1 or stall_intervals < 1:
             raise ValueError("warmup_samples, idle_after and stall_intervals must be >= 1")
@@ -72,6 +79,13 @@ class NodeStateMachine:
         self.quiet_samples = 0
         self.state: NodeState = "active" if self.warmed_up else "calibrating"
         self.stalled = False  # active, the job runs, but no kernel launches
+        self.wait_samples = wait_samples
+        # Quiet while the job runs (stalled, waiting or not yet either), the last sample.
+        self.quiet = False
+        # Quiet because a rank waits at a collective (Fleet said so, or inside the call).
+        self.waiting = False
+        # Quiet samples in a row with a rank at a collective and no word from Fleet.
+        self.unjudged = 0
         self.since = clock.monotonic()
 
     @property
@@ -88,6 +102,9 @@ class NodeStateMachine:
         intervals: int = 1,
         covered_s: float = 0.0,
         reason: str | None = None,
+        at_collective: bool = False,
+        fleet_wait: bool = False,
+        waited_for: bool = False,
     ) -> Transition | None:
         """Feed one sample; returns the transition it caused, if any.
 
@@ -96,10 +113,14 @@ class NodeStateMachine:
         ``waiting``: a rank of this node is inside an NCCL collective (waits for its peers).
         ``intervals``, ``covered_s``: the new tracer intervals the sample covers and their
         seconds (0 intervals: no data); ``reason``: why an unreadable sample is stale.
+        ``at_collective``: a rank of the node is in a communicator with peers; Fleet's last
+        reply said it waits for others (``fleet_wait``) or that others wait for it
+        (``waited_for``).
         """
         self.pending = False
         if not readable:
-            self.stalled = False
+            self.stalled = self.quiet = self.waiting = False
+            self.unjudged = 0
             return self._move("stale", reason or "node DB cannot be read")
         if intervals <= 0:
             # No data: nothing was measured, so nothing changes, unless the job has ended.
@@ -107,23 +128,35 @@ class NodeStateMachine:
                 self.stalled = False
                 return self._move("idle", "the job has ended")
             return None
-        self.stalled = False
+        self.stalled = self.quiet = self.waiting = False
         if kernel_launches > 0:
+            self.unjudged = 0
             self.quiet_samples = 0
             self.quiet_intervals, self.quiet_s = 0, 0.0
             self.work_samples += 1
             if self.warmed_up:
                 return self._move("active", "GPU work seen")
             return self._move("calibrating", f"warm-up {self.work_samples}/{self.warmup_samples}")
-        if waiting and job_running is not False:
+        self.quiet = job_running is not False
+        if (waiting or fleet_wait) and job_running is not False and not waited_for:
             # At a collective's barrier: neither stalled nor quiet towards idle or a stall.
             self.quiet_intervals, self.quiet_s = 0, 0.0
+            self.unjudged = 0
+            self.waiting = True
             return None
         self.quiet_samples += 1
         self.quiet_intervals += intervals
         self.quiet_s += covered_s
         if job_running is True and self.warmed_up and self.state in ("active", "stale"):
-            if self.quiet_intervals >= self.stall_intervals and self.quiet_s >= self.stall_after:
+            if at_collective and not waited_for and self.unjudged < self.wait_samples:
+                # Waiting for a peer or holding them back: Fleet's view of the ranks says.
+                self.unjudged += 1
+                self.pending = True
+                return self._move("active", "node DB readable again")
+            stall = (
+                self.quiet_intervals >= self.stall_intervals and self.quiet_s >= self.stall_after
+            )
+            if stall or waited_for:
                 self.stalled = True
                 return self._move("active", "stalled: the job runs but launches nothing")
             self.pending = True

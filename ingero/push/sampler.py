@@ -19,6 +19,7 @@ import statistics
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, replace
 from pathlib import Path
+from typing import Any
 
 from ingero.collectors.gpu import GpuQuery, GpuStatus, NoGpu
 from ingero.collectors.procfs import ProcfsError, ProcReader
@@ -41,6 +42,7 @@ from ingero.push.gpu_health import GpuFinding, GpuHealth, GpuHealthTracker
 from ingero.push.nodestate import NodeStateMachine, Transition
 from ingero.push.score import ScoreConfig, ScoreInputs, ScoreResult, compute_score
 from ingero.push.servers import ServerBaselines, ServerStep, measure, metered, slowest
+from ingero.push.waiting import FleetNccl, lockstep, waiting_words, with_peers
 from ingero.runtime.clock import Clock
 
 log = logging.getLogger(__name__)
@@ -72,6 +74,12 @@ class NodeSample:
     # by their decode steps or /metrics token rate, ingero.push.servers); None: the node's
     # rate was judged.
     slowest_server: ServerStep | None = None
+    # Quiet: no kernel launch in the new intervals while the job runs (stalled, waiting,
+    # or not yet either). Waiting: quiet because a rank of it waits at a collective;
+    # ``waiting_for`` is Fleet's word of whom for (None: a call still in flight).
+    quiet: bool = False
+    waiting: bool = False
+    waiting_for: Mapping[str, Any] | None = None
 
     @property
     def score(self) -> float:
@@ -167,6 +175,7 @@ class NodeSampler:
             warm_samples=self.baselines.samples,
             stall_intervals=config.stall_intervals,
             stall_after=float(config.stall_after),
+            wait_samples=config.collective_wait_samples,
         )
         # The newest tracer interval end sampled so far (the next window's new rows end
         # later), the length of the tracer's intervals, and the last measurement (a held
@@ -186,12 +195,14 @@ class NodeSampler:
         *,
         straggling: bool = False,
         job_id: str | None = None,
+        nccl: FleetNccl | None = None,
     ) -> NodeSample:
         """One sample. ``peer_rates``: Fleet's fresh peer medians of the raw rates (the node's
         throughput is then measured against them); ``job_file``: the prolog's job file for
         this node is present; ``straggling``: the node is in a straggler episode (its
         baselines then hold still); ``job_id``: the job pushed, whose marked steps alone
-        are the node's steps (None: every writer's)."""
+        are the node's steps (None: every writer's); ``nccl``: what Fleet's last fresh
+        reply said of its NCCL ranks (ingero.push.waiting)."""
         now = self.clock.now()
         try:
             window = read_latest(self.db_path, now, self.window_s, self.anchor, job_id=job_id)
@@ -222,6 +233,9 @@ class NodeSampler:
             waiting=waiting,
             inference=inference,
             straggling=straggling,
+            nccl=nccl,
+            at_collective=with_peers(comms),
+            lockstep=lockstep(comms),
         )
         return replace(sample, collectives=comms) if comms else sample
 
@@ -237,13 +251,20 @@ class NodeSampler:
         waiting: bool = False,
         inference: Mapping[str, float] | None = None,
         straggling: bool = False,
+        nccl: FleetNccl | None = None,
+        at_collective: bool = False,
+        lockstep: bool = False,
     ) -> NodeSample:
         """Score one window read from the node DB, with the host's CPU and memory readings;
         advances the state machine, the baselines and the GPU health state (the benchmark
         drives this directly with generated windows). ``waiting``: a rank of the node is
         inside an NCCL collective (ingero.push.nodestate: waiting is not stalled).
         ``inference``: the node's inference servers' speeds this interval (their /metrics).
-        ``straggling``: the node is in a straggler episode; it learns no baseline then."""
+        ``straggling``: the node is in a straggler episode; it learns no baseline then.
+        ``nccl``: Fleet's word of the node's NCCL ranks (they wait for others, or others
+        for them); ``at_collective``: a rank of the node is in a communicator with peers;
+        ``lockstep``: with ranks on other nodes, which pace its own (ingero.push.waiting:
+        its quiet waits for Fleet's word, its throughput is not judged)."""
         if window.new_intervals == 0:
             return self._no_data(window, now, job_file)
         self.anchor = window.end
@@ -278,14 +299,31 @@ class NodeSampler:
             waiting=waiting,
             intervals=window.new_intervals,
             covered_s=window.new_covered_s,
+            at_collective=at_collective,
+            fleet_wait=nccl is not None and nccl.waiting_for is not None,
+            waited_for=nccl is not None and nccl.waited_for,
         )
         stalled = self.state.stalled
+        waiting_for = nccl.waiting_for if nccl is not None else None
+        if self.state.waiting:
+            if not (self.last is not None and self.last.waiting):
+                log.warning(
+                    "%s",
+                    "waiting "
+                    + (waiting_words(waiting_for) if waiting_for else "inside a collective")
+                    + ": quiet, not stalled",
+                )
+            return self._hold(
+                now, window, transition, "quiet: waiting at a collective", running, waiting_for
+            )
         if self.state.pending:
             return self._hold(
                 now,
                 window,
                 transition,
-                "quiet: no kernel launches, not yet long enough for a stall",
+                "quiet: no kernel launches, not yet long enough for a stall"
+                if not at_collective
+                else "quiet at a collective: waiting for Fleet's view of its communicator",
                 running,
             )
         if stalled != was_stalled:
@@ -356,6 +394,12 @@ class NodeSampler:
             worst = slowest(per_server.get(local, ()))
             if worst is not None:
                 throughput, reference = worst.rate, worst.baseline
+        if lockstep and not stalled:
+            # Every rank of a lock-step job has the job's rate: a peer ratio names no rank,
+            # and a peer median a tick older than the node's rate makes every rank look slow
+            # when the job slows. Its arrivals (Fleet's peer_lag), GPU health and stalls
+            # judge it (ingero.push.waiting).
+            throughput = None
         # The memory signal is the host's. A GPU's memory is full by design wherever the
         # job is big: PyTorch's caching allocator keeps what it reserved (an LLM training
         # job holds 90-98% of an H100), an inference engine takes a set share at start
@@ -410,8 +454,9 @@ class NodeSampler:
             gpu_findings=health.findings,
             stalled=stalled,
             job_running=running,
-            peer_rate=peer_rate,
+            peer_rate=peer_rate if throughput is not None else None,
             slowest_server=worst,
+            quiet=self.state.quiet,
         )
         return self.last
 
@@ -477,13 +522,14 @@ class NodeSampler:
         transition: Transition | None,
         why: str,
         running: bool | None,
+        waiting_for: Mapping[str, Any] | None = None,
     ) -> NodeSample:
         """The last measurement again, in the state the node keeps."""
         if why not in self.held_for:
             self.held_for.add(why)
             log.info("%s; keeping state %s (logged once)", why, self.state.state)
         last = self.last
-        return NodeSample(
+        sample = NodeSample(
             now,
             self.state.state,
             last.result if last is not None else None,
@@ -494,7 +540,14 @@ class NodeSampler:
             peer_rate=last.peer_rate if last is not None else None,
             held=True,
             slowest_server=last.slowest_server if last is not None else None,
+            quiet=self.state.quiet,
+            waiting=self.state.waiting,
+            waiting_for=waiting_for,
         )
+        if self.state.waiting and last is not None:
+            # Remembered as waiting (the log line above comes once a wait), measured as before.
+            self.last = replace(last, waiting=True)
+        return sample
 
     def _job_running(self, window: WindowAggregates, job_file: bool) -> bool | None:
         """Does this node's job still run, in a window without launches? Its processes say

@@ -82,6 +82,10 @@ class ScoreConfig:
     stall_intervals: int = field(default=2, metadata=positive())
     # ...and at least this long (0: the intervals alone decide).
     stall_after: Duration = field(default=Duration(0.0), metadata=in_range(0.0, 86400.0))
+    # A quiet node with a rank in a communicator with peers may be waiting for one of them
+    # (not stalled) or holding them back: it holds its measurement for at most this many
+    # quiet samples until Fleet's reply says which (ingero.push.waiting).
+    collective_wait_samples: int = field(default=5, metadata=in_range(0, 1000))
     # A node DB whose tracer wrote nothing new for this long (and for 3 of its own
     # intervals) is stale: a silent tracer says nothing about the node, not "stalled".
     stale_after: Duration = field(default=Duration(15.0), metadata=positive())

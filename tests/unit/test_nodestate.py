@@ -241,3 +241,61 @@ def test_a_silent_tracer_is_stale_with_its_reason_and_not_stalled() -> None:
     t = m.observe(readable=False, reason="the tracer wrote nothing for 20 s")
     assert m.state == "stale" and not m.stalled
     assert t is not None and t.reason == "the tracer wrote nothing for 20 s"
+
+
+def waiting_machine(wait_samples: int = 3) -> NodeStateMachine:
+    m = NodeStateMachine(
+        warmup_samples=1, idle_after=2, clock=ManualClock(), stall_intervals=2,
+        stall_after=0.0, wait_samples=wait_samples,
+    )  # fmt: skip
+    m.observe(readable=True, kernel_launches=5)
+    return m
+
+
+def quiet(m: NodeStateMachine, **kw: bool) -> None:
+    m.observe(readable=True, job_running=True, at_collective=True, **kw)
+
+
+def test_a_quiet_rank_with_peers_waits_for_fleet_s_view_then_falls_back_to_a_stall() -> None:
+    """Alone, a quiet node with an NCCL rank among peers cannot tell whether it waits for
+    one of them or holds them back: pending (held), not stalled, for ``wait_samples``
+    quiet samples; with no word from Fleet its quiet is then a stall as before."""
+    m = waiting_machine(wait_samples=3)
+    for _ in range(3):
+        quiet(m)
+        assert (m.pending, m.stalled, m.quiet, m.state) == (True, False, True, "active")
+    quiet(m)
+    assert m.stalled and not m.pending
+
+
+def test_fleet_saying_the_rank_waits_keeps_it_waiting_however_long() -> None:
+    m = waiting_machine(wait_samples=2)
+    quiet(m)
+    for _ in range(20):
+        quiet(m, fleet_wait=True)
+        assert (m.waiting, m.stalled, m.pending, m.state) == (True, False, False, "active")
+    # Fleet stops saying so (the others went on, this one did not): its quiet counts again.
+    for _ in range(2):
+        quiet(m)
+        assert m.pending and not m.stalled
+    quiet(m)
+    assert m.stalled
+
+
+def test_fleet_naming_the_rank_the_others_wait_for_makes_its_quiet_a_stall_at_once() -> None:
+    m = waiting_machine(wait_samples=5)
+    quiet(m)
+    assert m.pending
+    quiet(m, waited_for=True)
+    assert m.stalled and not m.waiting
+    # Back at work: neither.
+    m.observe(readable=True, kernel_launches=3)
+    assert not (m.stalled or m.waiting or m.quiet or m.pending)
+
+
+def test_without_peers_a_quiet_node_stalls_as_before() -> None:
+    m = waiting_machine(wait_samples=5)
+    m.observe(readable=True, job_running=True)
+    assert m.pending and not m.stalled
+    m.observe(readable=True, job_running=True)
+    assert m.stalled

@@ -25,6 +25,7 @@ from ingero.push.config import ClassifierConfig, PushConfig
 from ingero.push.detection_store import DetectionStore
 from ingero.push.sampler import NodeSample
 from ingero.push.score import ScoreResult
+from ingero.push.waiting import FleetNccl
 from ingero.runtime.clock import ManualClock
 from ingero.schema.events import Event
 from ingero.slurm.jobfile import JobInfo
@@ -42,6 +43,7 @@ class Sampler:
         self.calls: list[tuple[dict[str, float] | None, bool]] = []  # (peer_rates, job_file)
         self.straggling: list[bool] = []  # what each call said of the node's episode
         self.jobs: list[str | None] = []  # the job whose marked steps each call counted
+        self.nccl: list[FleetNccl | None] = []  # what Fleet said of its NCCL ranks' waits
 
     def sample(
         self,
@@ -50,10 +52,12 @@ class Sampler:
         *,
         straggling: bool = False,
         job_id: str | None = None,
+        nccl: FleetNccl | None = None,
     ) -> NodeSample:
         self.calls.append((dict(peer_rates) if peer_rates is not None else None, job_file))
         self.straggling.append(straggling)
         self.jobs.append(job_id)
+        self.nccl.append(nccl)
         result = ScoreResult(
             score=self.score,
             signals=MappingProxyType({"throughput": self.score}),

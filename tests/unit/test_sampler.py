@@ -568,3 +568,114 @@ def test_a_node_is_judged_on_its_hosts_memory_not_its_full_gpus(tmp_path: Path) 
         assert sample.result.signals["memory"] == pytest.approx(0.9)  # the host's (meminfo)
         assert sample.result.penalty == 1.0
         assert sample.score >= 0.85
+
+
+class RankNode:
+    """One rank of a lock-step job (ingero.workload.lockstep) on its own node, its NCCL rows
+    in the node DB as the tracer writes them, one interval per clock step."""
+
+    def __init__(self, tmp_path: Path, clock: ManualClock, rank: int = 3) -> None:
+        from ingero.workload.lockstep import JobProfile, LockstepJob
+
+        self.path = tmp_path / "node.db"
+        self.db = connect(self.path)
+        self.job = LockstepJob(JobProfile(job_id="7", noise=0.01), start=clock.now(), seed=2)
+        self.clock, self.rank = clock, rank
+
+    def run(self, seconds: float, step: float = 1.0) -> None:
+        for _ in range(round(seconds / step)):
+            start = self.clock.now()
+            self.clock.advance(step)
+            rows = self.job.rows(self.rank, start, self.clock.now())
+            for other in range(self.job.profile.ranks):  # the job goes on on every node
+                if other != self.rank:
+                    self.job.rows(other, start, self.clock.now())
+            with self.db.conn:
+                for table in ("intervals", "host_intervals", "gpu_intervals", "gpu_processes",
+                              "nccl_calls", "nccl_comms"):  # fmt: skip
+                    self.db.table(table).insert_all(getattr(rows, table))
+
+
+def rank_sampler(tmp_path: Path, clock: ManualClock) -> NodeSampler:
+    from ingero.push.config import CollectivesConfig
+
+    return sampler(tmp_path, clock, collectives=CollectivesConfig(), pid_alive=lambda pid: True)
+
+
+def test_a_lock_step_rank_is_not_judged_by_a_rate_the_whole_job_shares(tmp_path: Path) -> None:
+    """Every rank of a lock-step job runs at its pace: when the whole job slows (a phase),
+    a peer median a tick older than the node's rate says it is slow. Its throughput is not
+    judged; an independent node's, against the same median, is."""
+    clock = ManualClock()
+    (tmp_path / "rank").mkdir()
+    rank = RankNode(tmp_path / "rank", clock)
+    s = rank_sampler(tmp_path / "rank", clock)
+    for _ in range(6):
+        rank.run(2.0)
+        healthy = s.sample()
+    assert healthy.state == "active" and healthy.result is not None
+    assert "throughput" not in healthy.result.signals
+    assert healthy.result.rates["kernel_launch_rate"] == pytest.approx(3_484.0, rel=0.1)
+    assert healthy.collectives and healthy.collectives[0].nranks == 8
+    median = {"kernel_launch_rate": healthy.result.rates["kernel_launch_rate"]}
+    rank.job.phase(0.3)
+    rank.run(2.0)
+    phase = s.sample(peer_rates=median)
+    assert phase.result is not None and phase.peer_rate is None
+    assert "throughput" not in phase.result.signals
+    assert phase.score == pytest.approx(healthy.score, abs=0.05)
+    # The same change on a node of its own, against the same older median: slow.
+    alone = Node(tmp_path, clock)
+    lone = sampler(tmp_path, clock)
+    for _ in range(5):
+        alone.run(2.0)
+        lone.sample()
+    alone.run(2.0, slowdown=0.3)
+    judged = lone.sample(peer_rates=median)
+    assert judged.result is not None and judged.result.signals["throughput"] < 0.8
+
+
+def test_a_lock_step_rank_that_waits_is_held_waiting_and_one_named_stalls(
+    tmp_path: Path,
+) -> None:
+    from ingero.push.waiting import FleetNccl
+
+    clock = ManualClock()
+    (tmp_path / "a").mkdir()
+    (tmp_path / "b").mkdir()
+    waiting_node, missing_node = (
+        RankNode(tmp_path / "a", clock, 3),
+        RankNode(tmp_path / "b", clock, 5),
+    )
+    missing_node.job = waiting_node.job  # one job, two of its nodes
+    a, b = rank_sampler(tmp_path / "a", clock), rank_sampler(tmp_path / "b", clock)
+
+    def both(seconds: float = 2.0) -> None:
+        for _ in range(round(seconds)):
+            start = clock.now()
+            clock.advance(1.0)
+            for node in (waiting_node, missing_node):
+                rows = node.job.rows(node.rank, start, clock.now())
+                with node.db.conn:
+                    for table in ("intervals", "host_intervals", "gpu_intervals",
+                                  "gpu_processes", "nccl_calls", "nccl_comms"):  # fmt: skip
+                        node.db.table(table).insert_all(getattr(rows, table))
+
+    for _ in range(6):
+        both()
+        a.sample()
+        b.sample()
+    waiting_node.job.hang(5, clock.now())
+    both(3.0)
+    a.sample(), b.sample()
+    said = {"event_id": "e", "comm_hash": waiting_node.job.comm_hash, "op": "ncclAllReduce",
+            "seq": 9, "since": clock.now(), "ranks": [5], "nodes": ["n5"]}  # fmt: skip
+    for _ in range(10):
+        both()
+        wait = a.sample(nccl=FleetNccl(waiting_for=said))
+        assert (wait.waiting, wait.stalled, wait.held, wait.quiet) == (True, False, True, True)
+        assert wait.waiting_for == said and wait.state == "active"
+    both()
+    stall = b.sample(nccl=FleetNccl(waited_for=True))
+    assert stall.stalled and not stall.waiting and stall.quiet
+    assert stall.result is not None and stall.result.signals["throughput"] == 0.0
