@@ -69,11 +69,12 @@ import logging
 import random
 import shutil
 import statistics
+import sys
 import tempfile
 from collections.abc import Iterable
 from functools import cache
 from pathlib import Path
-from typing import ClassVar
+from typing import Any, ClassVar
 
 from ingero.fleet.config import FleetConfig, ThresholdConfig
 from ingero.fleet.state import FleetState
@@ -250,7 +251,8 @@ class SimNode:
             latest_end=latest,
         )
 
-    def sample(self, peers: bool = True) -> NodeSample:
+    def sample(self, peers: bool = True, **more: Any) -> NodeSample:
+        """fleet-push's sample of the node DB now; ``more``: the sampler's further inputs."""
         now = self.clock.now()
         window = self.window(now)
         new = [w for w in self.written if w.at <= now and w.ts_end > (self.sampler.anchor or 0)]
@@ -265,6 +267,7 @@ class SimNode:
             medians,
             not self.ended,  # the job file goes with the job
             straggling=self.classifier.straggling and self.mode in FLEET_MODES,
+            **more,
         )
         self.held += sample.held
         return sample
@@ -286,8 +289,11 @@ class SimNode:
             held=sample.held,
         )
 
-    def classify(self, push: NodePush, sample: NodeSample, reading: ThresholdView) -> list[Event]:
-        """As the agent does: a held sample is neither learnt from nor classified."""
+    def classify(
+        self, push: NodePush, sample: NodeSample, reading: ThresholdView, lag: bool = False
+    ) -> list[Event]:
+        """As the agent does: a held sample is neither learnt from nor classified; ``lag``:
+        with the reply's NCCL peer lag of the node (lock-step jobs)."""
         self.reply = reading
         self.selector.on_fleet(reading)
         measured = push.state == "active" and not sample.held
@@ -303,6 +309,7 @@ class SimNode:
             self.clock.now(),
             job_ended=sample.job_running is False,
             fleet_episode=reading.episode_id,
+            peer_lag=reading.peer_lag if lag else None,
         )
         return self.classifier.observe(observation)
 
@@ -730,6 +737,13 @@ def explain_runs(slowest: int) -> None:
 
 
 def main() -> None:
+    if "--lockstep" in sys.argv[1:]:
+        # Lock-step training jobs: their own suite (bench/lockstep.py).
+        sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+        from bench import lockstep
+
+        lockstep.main(sys.argv[1:])
+        return
     parser = argparse.ArgumentParser(description=(__doc__ or "").split("\n\n")[0])
     parser.add_argument("--shape", choices=[*SHAPE_NAMES, "all"], default="all")
     parser.add_argument("--nodes", type=int, default=64)
