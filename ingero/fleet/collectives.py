@@ -115,6 +115,11 @@ class _LagEpisode:
     node_id: str
     slurm_rank: int | None
     lag_s: float
+    # Its last start event: the lag it said, the joined collectives then, and how many
+    # re-emits since the first (a start's figures are those of the window it opened in).
+    said_lag_s: float = 0.0
+    said_at: int = 0
+    repeats: int = 0
 
 
 @dataclass
@@ -498,18 +503,44 @@ class CollectiveJoin:
                 episode = _LagEpisode(new_event_id(), now, st.node_id, st.slurm_rank, 0.0)
                 comm.lagging[rank] = episode
                 episode.lag_s = fig.lag_p50_s
-                others = [f.wait_p50_s for r, f in figures.items() if r != rank]
-                wait = sorted(others)[len(others) // 2] if others else 0.0
-                events.append(_lag_event(comm, rank, fig, episode, now, "start", None, st, wait))
+                events.append(self._lag_start(comm, rank, figures, episode, now, st))
             elif episode is not None:
                 episode.lag_s = fig.lag_p50_s
                 if fig.late < enter_at / 2:
                     del comm.lagging[rank]
                     events.append(_lag_event(comm, rank, fig, episode, now, "end", "recovered", st))
+                elif (
+                    st is not None
+                    and comm.joined_total - episode.said_at >= window
+                    and abs(fig.lag_p50_s - episode.said_lag_s) > 0.2 * episode.said_lag_s
+                ):
+                    # The window it opened in held on-time collectives too: once a whole
+                    # window later its lag says otherwise, a start again with the figures
+                    # of now (Echo keeps the newest start's), at most once a window.
+                    episode.repeats += 1
+                    events.append(self._lag_start(comm, rank, figures, episode, now, st))
         for rank in [r for r in comm.lagging if r not in comm.view]:
             episode = comm.lagging.pop(rank)
             events.append(_lag_end(comm, rank, episode, now, "expired"))
         return events
+
+    def _lag_start(
+        self,
+        comm: _Comm,
+        rank: int,
+        figures: dict[int, RankLag],
+        episode: _LagEpisode,
+        now: float,
+        st: _Rank,
+    ) -> Event:
+        """A lag episode's start event (or a re-emit of it, ``repeat`` > 0)."""
+        fig = figures[rank]
+        others = [f.wait_p50_s for r, f in figures.items() if r != rank]
+        wait = sorted(others)[len(others) // 2] if others else 0.0
+        episode.said_lag_s, episode.said_at = fig.lag_p50_s, comm.joined_total
+        event = _lag_event(comm, rank, fig, episode, now, "start", None, st, wait)
+        event.extra["repeat"] = episode.repeats
+        return event
 
     def _judge_hang(self, comm: _Comm, now: float) -> list[Event]:
         top = max(st.report.entered_seq for st in comm.view.values())

@@ -377,6 +377,7 @@ class FleetDaemon:
                 for e in result.events
                 if e.type in ("peer_lag", "collective_hang", "collective_wait")
                 and e.extra.get("state") == "start"
+                and not e.extra.get("repeat")
             ),
             result.waiting_comms,
             result.waiting_nodes,

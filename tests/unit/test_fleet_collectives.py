@@ -826,3 +826,25 @@ def test_the_wait_reaches_the_replies_and_no_rank_that_waits_is_a_straggler() ->
     )
     assert sim.tick is not None and sim.tick.waiting_nodes == 7 and sim.tick.waiting_comms == 1
     assert [e for e in sim.events if e.type == "straggler_state"] == []
+
+
+def test_a_lag_episode_restarts_with_the_figures_of_now_once_a_window_later() -> None:
+    """The window a lag episode opens in still holds collectives from before the rank fell
+    behind: its start says a smaller lag than the rank has. Once a whole window later the
+    lag says otherwise, the start comes again (same id, ``repeat`` counts) with the figures
+    of now, at most once a window; a steady lag is not repeated."""
+    sim = Sim(8, one_per_node(8), delay={5: 0.05}, config=NcclConfig(window=20))
+    for _ in range(4):
+        sim.interval()
+    (first,) = sim.of("peer_lag")
+    assert first.extra["repeat"] == 0
+    sim.delay = {5: 0.25}
+    for _ in range(4):
+        sim.interval()
+    starts = sim.of("peer_lag")
+    assert [e.extra["repeat"] for e in starts] == [0, 1]
+    assert starts[1].event_id == first.event_id
+    assert starts[1].extra["lag_p50_ms"] == pytest.approx(250, rel=0.2)
+    for _ in range(4):
+        sim.interval()
+    assert len(sim.of("peer_lag")) == 2
