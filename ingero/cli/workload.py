@@ -11,6 +11,7 @@ import click
 
 from ingero.runtime.errors import UsageError
 from ingero.workload.generator import CAUSES, DEFAULT_SHAPE, SHAPE_NAMES
+from ingero.workload.lockstep import LOCKSTEP_CAUSES
 
 
 @click.command("workload")
@@ -78,10 +79,11 @@ from ingero.workload.generator import CAUSES, DEFAULT_SHAPE, SHAPE_NAMES
 )
 @click.option(
     "--cause",
-    type=click.Choice(CAUSES),
+    type=click.Choice(LOCKSTEP_CAUSES),
     default=None,
     help="What the slowdown comes from, written as a real node records it (default: the"
-    " process sleeps). A control file can name its own: '0.3 io'.",
+    " process sleeps). A control file can name its own: '0.3 io'. 'gpu' (a GPU slower with"
+    " NVML silent) is for a lock-step job's rank.",
 )
 @click.option(
     "--slow-after",
@@ -119,6 +121,34 @@ from ingero.workload.generator import CAUSES, DEFAULT_SHAPE, SHAPE_NAMES
 @click.option("--seed", type=int, default=None, help="Random seed (reproducible noise).")
 @click.option("--duration", type=float, default=None, help="Stop after this many seconds.")
 @click.option(
+    "--job-ranks",
+    type=int,
+    default=None,
+    help="A lock-step training job of this many ranks, one simulated node each, in this one"
+    " process: --db (and --proc-dir, --jobs-dir) then hold {rank} or {node}; the control"
+    " file takes 'rank R S [cause]', 'rank R hang', 'stuck', 'phase S' (docs/demo.md).",
+)
+@click.option(
+    "--slow-rank",
+    type=int,
+    default=0,
+    show_default=True,
+    help="With --job-ranks: the rank --slow-after slows and --hang-after hangs.",
+)
+@click.option(
+    "--hang-after",
+    type=float,
+    default=None,
+    help="With --job-ranks: --slow-rank stops before its next collective after this many"
+    " seconds (its peers wait in it).",
+)
+@click.option(
+    "--step",
+    type=float,
+    default=None,
+    help="With --job-ranks: a healthy rank's step in seconds (default 1).",
+)
+@click.option(
     "--late",
     type=float,
     default=0.0,
@@ -147,6 +177,10 @@ def workload(
     rank: int | None,
     seed: int | None,
     duration: float | None,
+    job_ranks: int | None,
+    slow_rank: int,
+    hang_after: float | None,
+    step: float | None,
     late: float,
 ) -> None:
     """Write what `ingero trace` records of a training process on a real GPU node: driver
@@ -163,6 +197,15 @@ def workload(
     from ingero.workload.runner import WorkloadRunner
 
     logging.basicConfig(level=logging.INFO, format="ingero workload: %(message)s")
+    if job_ranks is not None:
+        _job(
+            db_path, job_ranks, shape, interval, noise, slowdown, cause, slow_after, control,
+            stall_after, hang_after, slow_rank, step, jobs_dir, proc_dir, job_id, seed, duration,
+            gpus, gpu_mem_used, late,
+        )  # fmt: skip
+        return
+    if cause is not None and cause not in CAUSES:
+        raise UsageError(f"--cause {cause} is for a lock-step job's rank (--job-ranks)")
     profile = WorkloadProfile(
         # Its own pid, as the tracer would record it: whoever reads the node DB can see
         # whether the "training process" is still alive.
@@ -193,6 +236,66 @@ def workload(
             cause=cause,
             slow_after=slow_after,
             late=late,
+        )
+    except ValueError as exc:
+        raise UsageError(str(exc)) from None
+    runner.install_signals()
+    runner.run(duration)
+
+
+def _job(
+    db_path: Path,
+    ranks: int,
+    shape: str,
+    interval: float,
+    noise: float,
+    slowdown: float,
+    cause: str | None,
+    slow_after: float | None,
+    control: Path | None,
+    stall_after: float | None,
+    hang_after: float | None,
+    slow_rank: int,
+    step: float | None,
+    jobs_dir: Path | None,
+    proc_dir: Path | None,
+    job_id: str | None,
+    seed: int | None,
+    duration: float | None,
+    gpus: int,
+    gpu_mem_used: float | None,
+    late: float,
+) -> None:
+    """A lock-step job of ``ranks`` ranks (ingero.workload.jobrunner)."""
+    from ingero.workload.jobrunner import JobRunner
+    from ingero.workload.lockstep import STEP_S, JobProfile
+
+    if late:
+        raise UsageError("--late is for a process on its own, not --job-ranks")
+    try:
+        profile = JobProfile(
+            ranks=ranks,
+            shape=shape,
+            step_s=STEP_S if step is None else step,
+            noise=noise,
+            job_id=job_id,
+            gpus=gpus,
+            gpu_mem_used=gpu_mem_used,
+        )
+        profile.validate()
+        runner = JobRunner(
+            db_path,
+            profile,
+            interval_s=interval,
+            control=control,
+            seed=seed,
+            proc_template=proc_dir,
+            jobs_template=jobs_dir,
+            slowdown=slowdown,
+            cause=cause,
+            slow_rank=slow_rank,
+            slow_after=slow_after,
+            hang_after=hang_after if hang_after is not None else stall_after,
         )
     except ValueError as exc:
         raise UsageError(str(exc)) from None

@@ -4,12 +4,14 @@ NCCL rows as the tracer writes them, hangs, a collective that never completes, a
 from __future__ import annotations
 
 import math
+import os
 import statistics
 from pathlib import Path
 
 import pytest
 
 from ingero.nodedb.schema import connect
+from ingero.workload.jobrunner import JobControl, JobRunner, parse_job_control
 from ingero.workload.lockstep import (
     BUCKET_BYTES,
     COLLECTIVE_OP,
@@ -201,3 +203,50 @@ def test_same_seed_same_rows_and_bad_controls_are_refused() -> None:
     with pytest.raises(ValueError, match="held"):
         a.stuck(T0 + 6)
     assert math.isinf(a.steps[-1].end)
+
+
+@pytest.mark.parametrize(
+    ("text", "expected"),
+    [
+        ("", JobControl()),
+        ("0\n", JobControl()),
+        ("rank 3 0.2 cpu\n", JobControl(slow={3: (0.2, "cpu")})),
+        ("rank 3 0.1 gpu\nphase 0.3\n", JobControl(slow={3: (0.1, "gpu")}, phase=0.3)),
+        ("rank 5 hang", JobControl(hang=5)),
+        ("stuck", JobControl(stuck=True)),
+        # bad lines are skipped, the others apply
+        ("rank 9 0.2\nrank 2 0.2\n", JobControl(slow={2: (0.2, None)})),
+        ("rank 2 1.5\nrank x 0.1\nrank 2 0.1 disk\nfly\n", JobControl()),
+    ],
+)
+def test_the_job_control_file(text: str, expected: JobControl) -> None:
+    assert parse_job_control(text, 8) == expected
+
+
+def test_the_runner_writes_every_rank_s_node_db_and_applies_the_control_file(
+    tmp_path: Path,
+) -> None:
+    control = tmp_path / "control"
+    control.write_text("rank 1 hang\n")
+    runner = JobRunner(
+        tmp_path / "{node}" / "ingero.db",
+        JobProfile(ranks=4, job_id="12", step_s=0.2),
+        interval_s=0.05,
+        control=control,
+        seed=1,
+        proc_template=tmp_path / "{node}" / "proc",
+        jobs_template=tmp_path / "{node}" / "jobs",
+    )
+    assert runner.run(duration_s=1.0) >= 5
+    entered = {}
+    for rank in range(4):
+        node = tmp_path / f"node-{rank + 1:02d}"
+        db = connect(node / "ingero.db")
+        (pid,) = {p for (p,) in db.execute("SELECT DISTINCT pid FROM nccl_comms")}
+        assert pid == os.getpid()  # every rank's rows under the job's live process
+        entered[rank] = db.execute("SELECT max(entered_seq) FROM nccl_comms").fetchone()[0]
+        assert (node / "proc" / "stat").exists()
+        assert not (node / "jobs" / "12.json").exists()  # removed at the end, as the epilog does
+    assert entered[1] < min(e for r, e in entered.items() if r != 1)
+    with pytest.raises(ValueError, match="rank"):
+        JobRunner(tmp_path / "one.db", JobProfile(ranks=4))
