@@ -9,7 +9,8 @@ import click
 
 from ingero.runtime.errors import EXIT_FAILURE, UsageError
 from ingero.runtime.signals import StopSignals
-from ingero.workload.generator import CAUSES, DEFAULT_SHAPE, SHAPE_NAMES
+from ingero.workload.generator import DEFAULT_SHAPE, SHAPE_NAMES
+from ingero.workload.lockstep import LOCKSTEP_CAUSES
 
 
 @click.command("demo")
@@ -47,10 +48,17 @@ from ingero.workload.generator import CAUSES, DEFAULT_SHAPE, SHAPE_NAMES
 )
 @click.option(
     "--cause",
-    type=click.Choice(CAUSES),
+    type=click.Choice(LOCKSTEP_CAUSES),
     default=None,
     help="What slows the straggler down, written as a real node records it; at the end"
-    " `ingero explain` on that node must name it as its top causal chain.",
+    " `ingero explain` on that node must name it as its top causal chain ('gpu', a GPU"
+    " slower with NVML silent, only in a lock-step job, and explained by nothing).",
+)
+@click.option(
+    "--independent",
+    is_flag=True,
+    help="Each node its own process (as inference replicas), not the ranks of one lock-step"
+    " training job (the default; --shape inference is always independent).",
 )
 @click.option(
     "--stall",
@@ -93,6 +101,7 @@ def demo(
     straggler: str | None,
     slowdown: float,
     shape: str,
+    independent: bool,
     stall: str | None,
     cause: str | None,
     warmup: float,
@@ -102,8 +111,9 @@ def demo(
     seed: int | None,
     hold: bool,
 ) -> int:
-    """Run a real Fleet and NODES real fleet-push agents on synthetic workloads, slow one
-    node down and show the moment it is detected. Exits 0 when it was (and, with --cause,
+    """Run a real Fleet and NODES real fleet-push agents on a synthetic lock-step training
+    job (one rank a node; --independent: a workload a node), slow one node down (or hang
+    its rank) and show the moment it is detected, and that its waiting peers are not. Exits 0 when it was (and, with --cause,
     when `ingero explain` on it names that cause first)."""
     from ingero.demo.runner import Demo, DemoOptions, DemoResult
     from ingero.demo.view import LiveView, PlainView, summary
@@ -117,6 +127,7 @@ def demo(
         shape=shape,
         stall=stall,
         cause=cause,
+        independent=independent,
         warmup=warmup,
         duration=duration,
         workdir=workdir,

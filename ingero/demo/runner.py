@@ -29,14 +29,18 @@ from pathlib import Path
 from types import MappingProxyType
 from typing import IO, Any, Final, Protocol
 
+from ingero.demo.job import control_line, story
 from ingero.demo.procs import Children
 from ingero.demo.status import NodeStatus, NotifyListener
 from ingero.runtime.signals import SignalEvent
 from ingero.runtime.systemd import JOURNAL_SOCKET
 from ingero.workload.generator import CAUSES, DEFAULT_SHAPE, SHAPE_NAMES
+from ingero.workload.lockstep import LOCKSTEP_CAUSES
 
 EXPLAIN_MIN_INTERVALS = 5  # push intervals between the injection and explain, at least
 EXPLAIN_TIMEOUT_S = 60.0
+# Push intervals after the detection before a lock-step job's story is asked of Echo.
+STORY_INTERVALS = 6
 # The causal chain (a rule of ingero/explain/rules.yaml) that names each injectable cause.
 CAUSE_RULES: Final = MappingProxyType(
     {
@@ -69,6 +73,14 @@ class DemoOptions:
     shape: str = DEFAULT_SHAPE  # the workloads' reference loop (ingero workload --shape)
     stall: str | None = None  # node whose rank stops working instead of slowing down
     cause: str | None = None  # what the slowdown comes from (CAUSES); None: a sleep
+    # Each node its own process (inference replicas), not the ranks of one lock-step job.
+    independent: bool = False
+
+    @property
+    def lockstep(self) -> bool:
+        """The nodes are the ranks of one lock-step training job (the default); an
+        inference server is a replica of its own."""
+        return not self.independent and self.shape != "inference"
 
     def node_names(self) -> list[str]:
         return [f"node-{i:02d}" for i in range(1, self.nodes + 1)]
@@ -92,8 +104,9 @@ class DemoOptions:
                 )
         if self.stall is not None and self.straggler not in (None, self.stall):
             raise ValueError("--stall names the straggler: leave --straggler out or make it equal")
-        if self.cause is not None and self.cause not in CAUSES:
-            raise ValueError(f"--cause must be one of {', '.join(CAUSES)}, got {self.cause!r}")
+        causes = LOCKSTEP_CAUSES if self.lockstep else CAUSES
+        if self.cause is not None and self.cause not in causes:
+            raise ValueError(f"--cause must be one of {', '.join(causes)}, got {self.cause!r}")
         if self.cause is not None and self.stall is not None:
             raise ValueError("--cause slows a node down; a --stall has no cause to explain")
         if self.shape not in SHAPE_NAMES:
@@ -126,6 +139,8 @@ class DemoState:
     log: list[str] = field(default_factory=list)
     api_url: str = ""
     sink_metrics_url: str = ""
+    echo_url: str = ""  # the lock-step job's Echo (Fleet forwards its events there)
+    story: list[str] = field(default_factory=list)  # what Echo said of the job
     journald: bool = False
     workdir: Path = Path()
 
@@ -245,10 +260,18 @@ class Demo:
         st.started_at = time.time()
         interval = f"{opts.push_interval:g}s"
         ready_file = workdir / "fleet-ready.json"
+        fleet_config: list[str] = []
+        if opts.lockstep:
+            # Fleet forwards its NCCL events to a real Echo, which the summary asks.
+            echo = self._start_echo(workdir, children)
+            config = workdir / "fleet.yaml"
+            config.write_text(json.dumps({"echo": {"endpoint": echo}}))
+            fleet_config = ["--config", str(config)]
         children.start(
             "fleet",
             [
                 "fleet",
+                *fleet_config,
                 "--otlp-grpc", "127.0.0.1:0",
                 "--otlp-http", "127.0.0.1:0",
                 "--api", "127.0.0.1:0",
@@ -289,25 +312,44 @@ class Demo:
 
         st.journald = Path(JOURNAL_SOCKET).is_socket()
         workload_interval = opts.tracer_interval or max(0.05, opts.push_interval / 4)
+        if opts.lockstep:
+            # One process holds the job's ranks: the slowest rank paces every one of them.
+            (workdir / "job-control").write_text("0\n")
+            children.start(
+                "workload-job",
+                [
+                    "workload",
+                    "--job-ranks", str(opts.nodes),
+                    "--db", str(workdir / "{node}" / "ingero.db"),
+                    "--interval", f"{workload_interval:g}",
+                    "--control", str(workdir / "job-control"),
+                    "--shape", opts.shape,
+                    "--proc-dir", str(workdir / "{node}" / "proc"),
+                    "--job-id", opts.job_id,
+                    *(["--seed", str(opts.seed)] if opts.seed is not None else []),
+                ],
+                env={"NOTIFY_SOCKET": ""},
+            )  # fmt: skip
         for rank, node in enumerate(opts.node_names()):
             node_dir = workdir / node
             node_dir.mkdir(exist_ok=True)
             (node_dir / "slowdown").write_text("0\n")
-            children.start(
-                f"workload-{node}",
-                [
-                    "workload",
-                    "--db", str(node_dir / "ingero.db"),
-                    "--interval", f"{workload_interval:g}",
-                    "--control", str(node_dir / "slowdown"),
-                    "--shape", opts.shape,
-                    "--proc-dir", str(node_dir / "proc"),
-                    "--job-id", opts.job_id,
-                    "--rank", str(rank),
-                    "--seed", str(rank if opts.seed is None else opts.seed * 1000 + rank),
-                ],
-                env={"NOTIFY_SOCKET": ""},
-            )  # fmt: skip
+            if not opts.lockstep:
+                children.start(
+                    f"workload-{node}",
+                    [
+                        "workload",
+                        "--db", str(node_dir / "ingero.db"),
+                        "--interval", f"{workload_interval:g}",
+                        "--control", str(node_dir / "slowdown"),
+                        "--shape", opts.shape,
+                        "--proc-dir", str(node_dir / "proc"),
+                        "--job-id", opts.job_id,
+                        "--rank", str(rank),
+                        "--seed", str(rank if opts.seed is None else opts.seed * 1000 + rank),
+                    ],
+                    env={"NOTIFY_SOCKET": ""},
+                )  # fmt: skip
             config = node_dir / "fleet-push.yaml"
             config.write_text(
                 json.dumps(
@@ -345,7 +387,11 @@ class Demo:
                 ],
                 env={"NOTIFY_SOCKET": str(listener.paths[node])},
             )  # fmt: skip
-        st.note(f"started {opts.nodes} workloads and {opts.nodes} fleet-push agents")
+        st.note(
+            f"started a lock-step job of {opts.nodes} ranks and {opts.nodes} fleet-push agents"
+            if opts.lockstep
+            else f"started {opts.nodes} workloads and {opts.nodes} fleet-push agents"
+        )
         st.phase = "warm-up"
         return self._loop(workdir, children, listener, events)
 
@@ -385,7 +431,11 @@ class Demo:
                 if st.detected_at is not None:
                     st.phase = "detected"
                     end_at = now + 2 * opts.push_interval  # let the table show it
-                    if opts.cause is not None and st.injected_at is not None:
+                    if opts.lockstep:
+                        # Fleet's lag episode opens on a window that still holds collectives
+                        # from before; it says the lag of now a window later (Echo's story).
+                        end_at = now + STORY_INTERVALS * opts.push_interval
+                    if opts.cause in CAUSE_RULES and st.injected_at is not None:
                         # explain compares the time since the injection with as long before
                         # it: give that window a few push intervals' worth of rows.
                         end_at = max(
@@ -400,8 +450,13 @@ class Demo:
                     )
             elif st.phase == "detected" and end_at is not None and now >= end_at:
                 st.phase = "done"
+                if st.echo_url:
+                    st.story = story(
+                        st.echo_url, opts.cluster_id, opts.job_id, opts.nodes,
+                        opts.stall is not None,
+                    )  # fmt: skip
                 self.view.update(st)
-                if opts.cause is None:
+                if opts.cause not in CAUSE_RULES:  # none, or one no chain explains ('gpu')
                     return self._result(True, "straggler detected")
                 outcome = self._explain(workdir)
                 if outcome.named:
@@ -433,7 +488,19 @@ class Demo:
         # slowed interval must end after this time, or explain's "before" window (up to
         # this time) would hold it.
         st.injected_at = time.time()
-        if opts.stall is not None:
+        if opts.lockstep:
+            rank = opts.node_names().index(st.straggler)
+            (workdir / "job-control").write_text(
+                control_line(rank, opts.slowdown, opts.cause, opts.stall is not None)
+            )
+            what = (
+                f"a hang of rank {rank} (before its next collective)"
+                if opts.stall is not None
+                else f"a {opts.slowdown:.0%} slowdown"
+                + (f" from {opts.cause}" if opts.cause else "")
+                + f" of rank {rank}"
+            )
+        elif opts.stall is not None:
             # The rank stops working; its process, GPU memory and job go on.
             control.write_text("stall\n")
             what = "a stall"
@@ -445,6 +512,31 @@ class Demo:
             what = f"a {opts.slowdown:.0%} slowdown"
         st.phase = "injected"
         st.note(f"injected {what} on {st.straggler}")
+
+    def _start_echo(self, workdir: Path, children: Children) -> str:
+        """A real ``ingero echo`` on loopback for Fleet's events; its OTLP/HTTP endpoint. The
+        demo goes on without its story when it does not come up."""
+        st = self.state
+        api, otlp_http, otlp_grpc = (f"127.0.0.1:{_free_port()}" for _ in range(3))
+        children.start(
+            "echo",
+            ["echo", "--db", str(workdir / "echo.db"), "--api", api, "--otlp-http", otlp_http,
+             "--otlp-grpc", otlp_grpc, "--log-level", "warning"],
+            env={"NOTIFY_SOCKET": ""},
+        )  # fmt: skip
+        deadline = time.monotonic() + 30.0
+        while time.monotonic() < deadline and not self.stop.is_set():
+            try:
+                with urllib.request.urlopen(f"http://{api}/readyz", timeout=1.0) as response:
+                    if response.status == 200:
+                        st.echo_url = f"http://{api}"
+                        st.note(f"Echo up: API {st.echo_url}")
+                        break
+            except (OSError, urllib.error.URLError):
+                time.sleep(0.1)
+        else:
+            st.note("Echo did not come up: no story at the end")
+        return f"http://{otlp_http}"
 
     def _explain(self, workdir: Path) -> ExplainOutcome:
         """``ingero explain --json`` on the injected node's DB: the time since the injection

@@ -15,8 +15,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 _STATUS_RE = re.compile(
-    r"^(?P<state>\w+) score=(?P<score>[-\d.]+) mode=(?P<mode>[\w-]+|None)"
-    r" threshold=(?P<threshold>[-\d.]+)(?P<straggler> STRAGGLER)?"
+    r"^(?P<state>\w+)(?: \((?P<held>[^)]*)\))? score=(?P<score>[-\d.]+) mode=(?P<mode>[\w-]+|None)"
+    r" threshold=(?P<threshold>[-\d.]+)(?P<straggler> STRAGGLER)?(?: WAITING (?P<waiting>.+))?"
 )
 
 
@@ -28,6 +28,7 @@ class NodeStatus:
     threshold: float | None
     straggling: bool
     raw: str
+    waiting: str | None = None  # whom its NCCL rank waits for ("for rank 5 (…) in … #N")
 
 
 def _float(text: str) -> float | None:
@@ -50,6 +51,7 @@ def parse_status(line: str) -> NodeStatus:
         threshold=_float(match["threshold"]),
         straggling=match["straggler"] is not None,
         raw=line.strip(),
+        waiting=match["waiting"],
     )
 
 

@@ -73,6 +73,8 @@ class LiveView:
                 marker, style = "STRAGGLER", "bold white on red"
             elif node == state.straggler and state.injected_at is not None:
                 marker, style = _injected(opts), "yellow"
+            elif status is not None and status.waiting:
+                marker, style = f"waiting {status.waiting}", "cyan"
             table.add_row(
                 node,
                 status.state if status else "starting",
@@ -101,7 +103,7 @@ class PlainView:
     def __init__(self, out: TextIO) -> None:
         self.out = out
         self._logged = 0
-        self._seen: dict[str, tuple[str, str | None, bool]] = {}
+        self._seen: dict[str, tuple[str, str | None, bool, str | None]] = {}
         self._last_table = 0.0
 
     def update(self, state: DemoState) -> None:
@@ -109,12 +111,14 @@ class PlainView:
             self.out.write(line + "\n")
         self._logged = len(state.log)
         for node, status in sorted(state.nodes.items()):
-            key = (status.state, status.mode, status.straggling)
+            key = (status.state, status.mode, status.straggling, status.waiting)
             if self._seen.get(node) != key:
                 self._seen[node] = key
+                waiting = f" WAITING {status.waiting}" if status.waiting else ""
                 self.out.write(
                     f"  {node}: {status.state} score={_fmt(status.score)} mode={status.mode} "
-                    f"threshold={_fmt(status.threshold)}{' STRAGGLER' if status.straggling else ''}\n"
+                    f"threshold={_fmt(status.threshold)}{' STRAGGLER' if status.straggling else ''}"
+                    f"{waiting}\n"
                 )
         now = time.time()
         if now - self._last_table >= 5 * state.options.push_interval and state.nodes:
@@ -134,7 +138,7 @@ class PlainView:
 
 def _injected(opts: DemoOptions) -> str:
     if opts.stall is not None:
-        return "stalled"
+        return "hung before a collective" if opts.lockstep else "stalled"
     return f"slowed {opts.slowdown:.0%}" + (f" ({opts.cause})" if opts.cause else "")
 
 
@@ -172,7 +176,16 @@ def summary(state: DemoState, result: DemoResult) -> str:
     cause = f", cause {opts.cause}" if opts.cause else ""
     lines = [
         f"straggler injected: {result.straggler} "
-        + ("(stalled)" if opts.stall is not None else f"({opts.slowdown:.0%} slower{cause})"),
+        + (
+            f"({_injected(opts)})"
+            if opts.stall is not None
+            else f"({opts.slowdown:.0%} slower{cause})"
+        )
+        + (
+            f", rank {opts.node_names().index(result.straggler)} of a lock-step job of {opts.nodes}"
+            if opts.lockstep
+            else ""
+        ),
     ]
     if result.detection_s is not None and result.detection_intervals is not None:
         lines.append(
@@ -185,6 +198,7 @@ def summary(state: DemoState, result: DemoResult) -> str:
         lines.append(f"also flagged (false positives): {', '.join(result.false_positives)}")
     if result.explain is not None:
         lines += explain_lines(result.explain, opts.workdir is not None)
+    lines += state.story
     events = ", ".join(f"{k}={v}" for k, v in sorted(result.events.items())) or "none"
     lines.append(f"events written (UDS sink; also OTLP logs to Fleet): {events}")
     lines.append("where to look:")
@@ -202,6 +216,11 @@ def summary(state: DemoState, result: DemoResult) -> str:
         f"&job_id={opts.job_id}"
     )
     lines.append(f"  sink /metrics: {state.sink_metrics_url} (ingero_sink_events_total)")
+    if state.echo_url:
+        lines.append(
+            f"  Echo: {state.echo_url}/api/v1/collective_lag?cluster_id={opts.cluster_id}"
+            f"&job_id={opts.job_id}&since=0, dashboard {state.echo_url}/dashboard/"
+        )
     if opts.workdir is not None:
         lines.append(f"  files and logs: {state.workdir}")
     return "\n".join(lines)

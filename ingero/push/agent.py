@@ -84,6 +84,7 @@ class Status:
     straggling: bool = False
     stalled: bool = False
     held: bool = False  # the last sample held its measurement (no new tracer data)
+    quiet: bool = False  # no kernel launch in the last sample's intervals, the job running
     # Its NCCL rank waits at a collective (Fleet's word of whom for; {} inside the call).
     waiting_for: dict[str, object] | None = None
     last_error: str | None = None
@@ -199,7 +200,7 @@ class Agent:
             log.info("node state %s -> %s (%s)", t.previous, t.current, t.reason)
         push = self._node_push(sample, ident)
         status.state, status.score, status.stalled = sample.state, push.score, sample.stalled
-        status.held = sample.held
+        status.held, status.quiet = sample.held, sample.quiet
         status.waiting_for = (
             dict(sample.waiting_for or {}) if sample.waiting and not sample.stalled else None
         )
@@ -330,7 +331,8 @@ class Agent:
                 f"waiting score={score} mode={s.mode} threshold={threshold}{straggler}"
                 f" WAITING {words}"
             )
-        state = ("stalled" if s.stalled else s.state) + (" (no new data)" if s.held else "")
+        held = " (quiet, not yet a stall)" if s.quiet else " (no new data)"
+        state = ("stalled" if s.stalled else s.state) + (held if s.held else "")
         return f"{state} score={score} mode={s.mode} threshold={threshold}{straggler}"
 
     def _fresh(self, held: tuple[T, float] | None) -> T | None:

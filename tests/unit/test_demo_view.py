@@ -36,6 +36,14 @@ def test_parse_status_line() -> None:
 
 
 def test_unknown_status_keeps_the_raw_text() -> None:
+    held = parse_status("active (quiet, not yet a stall) score=0.8 mode=fleet threshold=0.7")
+    assert (held.state, held.score, held.waiting) == ("active", 0.8, None)
+    waiting = parse_status(
+        "waiting score=0.81 mode=fleet threshold=0.76 WAITING for rank 2 (node-03) in"
+        " ncclAllReduce #113"
+    )
+    assert waiting.state == "waiting" and not waiting.straggling
+    assert waiting.waiting == "for rank 2 (node-03) in ncclAllReduce #113"
     s = parse_status("something else entirely")
     assert s.state == "unknown" and s.raw == "something else entirely" and s.score is None
 
@@ -139,7 +147,7 @@ def test_summary_names_latency_events_and_where_to_look() -> None:
 def test_stall_names_the_straggler_and_writes_stall_to_its_control_file(tmp_path: Path) -> None:
     from ingero.demo.runner import Demo
 
-    demo = Demo(DemoOptions(nodes=5, stall="node-03", seed=1), Quiet())
+    demo = Demo(DemoOptions(nodes=5, stall="node-03", seed=1, independent=True), Quiet())
     assert demo.state.straggler == "node-03"
     (tmp_path / "node-03").mkdir()
     demo._inject(tmp_path)
@@ -147,6 +155,35 @@ def test_stall_names_the_straggler_and_writes_stall_to_its_control_file(tmp_path
     assert demo.state.log[-1].endswith("injected a stall on node-03")
     result = DemoResult(True, "ok", "node-03", 2.0, 2.0, (), {})
     assert "straggler injected: node-03 (stalled)" in summary(demo.state, result)
+
+
+def test_a_lock_step_job_s_rank_is_hung_or_slowed_through_the_job_s_control_file(
+    tmp_path: Path,
+) -> None:
+    """By default the demo's nodes are the ranks of one lock-step job: the injection is the
+    job's control word for the straggler's rank."""
+    from ingero.demo.runner import Demo
+
+    demo = Demo(DemoOptions(nodes=5, stall="node-03", seed=1), Quiet())
+    assert demo.options.lockstep
+    demo._inject(tmp_path)
+    assert (tmp_path / "job-control").read_text() == "rank 2 hang\n"
+    assert demo.state.log[-1].endswith(
+        "injected a hang of rank 2 (before its next collective) on node-03"
+    )
+    result = DemoResult(True, "ok", "node-03", 2.0, 2.0, (), {})
+    text = summary(demo.state, result)
+    assert (
+        "straggler injected: node-03 (hung before a collective), rank 2 of a lock-step job of 5"
+        in text
+    )
+    slow = Demo(DemoOptions(nodes=5, straggler="node-05", cause="gpu"), Quiet())
+    slow._inject(tmp_path)
+    assert (tmp_path / "job-control").read_text() == "rank 4 0.3 gpu\n"
+    # An inference server is a replica of its own, whatever the default.
+    assert not DemoOptions(shape="inference").lockstep
+    with pytest.raises(ValueError, match="--cause"):
+        DemoOptions(cause="gpu", independent=True).validate()
 
 
 class Quiet:
@@ -180,7 +217,7 @@ def test_explain_on_the_injected_node_must_name_the_cause(
 
     from ingero.demo.runner import Demo
 
-    demo = Demo(DemoOptions(nodes=5, straggler="node-03", cause="alloc"), Quiet())
+    demo = Demo(DemoOptions(nodes=5, straggler="node-03", cause="alloc", independent=True), Quiet())
     (tmp_path / "node-03").mkdir()
     demo._inject(tmp_path)
     assert (tmp_path / "node-03" / "slowdown").read_text() == "0.3 alloc\n"

@@ -40,6 +40,7 @@ class Sampler:
         self.stalled = False
         self.held = False
         self.window: WindowAggregates | None = None
+        self.waiting = False  # the sample waits at a collective, as Fleet said
         self.calls: list[tuple[dict[str, float] | None, bool]] = []  # (peer_rates, job_file)
         self.straggling: list[bool] = []  # what each call said of the node's episode
         self.jobs: list[str | None] = []  # the job whose marked steps each call counted
@@ -75,7 +76,10 @@ class Sampler:
             None,
             stalled=self.stalled,
             job_running=True if self.stalled else None,
-            held=self.held,
+            held=self.held or self.waiting,
+            quiet=self.waiting,
+            waiting=self.waiting,
+            waiting_for=nccl.waiting_for if self.waiting and nccl is not None else None,
         )
 
 
@@ -716,3 +720,37 @@ def test_gpus_held_and_unused_are_an_episode_in_events_and_the_state_file(tmp_pa
     assert rec.events[-1].type == "gpu_idle" and rec.events[-1].extra["end"] == "job_ended"
     state = healthstate.read(tmp_path / "health.json")
     assert state is not None and state.gpu_idle == ()
+
+
+def test_fleet_s_word_of_a_wait_reaches_the_sampler_the_status_line_and_the_push() -> None:
+    agent, _, sampler, client, rec = make()
+    said = {"event_id": "e1", "comm_hash": "9f1c2e3d4a5b6c7d", "op": "ncclAllReduce",
+            "seq": 113, "since": 5.0, "ranks": [2], "nodes": ["n3"]}  # fmt: skip
+    client.result = PushResult(
+        True, ThresholdView(threshold=0.7, quorum_met=True, waiting_for=said)
+    )
+    agent.step()
+    assert sampler.nccl[-1] is None  # nothing said before the first reply
+    sampler.waiting = True
+    agent.step()
+    got = sampler.nccl[-1]
+    assert got is not None and got.waiting_for == said and not got.waited_for
+    assert agent.status_line() == (
+        "waiting score=0.900 mode=fleet threshold=0.700"
+        " WAITING for rank 2 (n3) in ncclAllReduce #113"
+    )
+    push = decode_health(client.pushed[-1]).pushes[0]
+    assert push.waiting and push.quiet and push.held
+    assert [e for e in rec.events if e.type == "straggler_state"] == []
+    # Named as the rank the others wait for: the sampler hears it (its quiet is a stall).
+    client.result = PushResult(
+        True,
+        ThresholdView(
+            threshold=0.7, quorum_met=True, nccl_episode_id="w1",
+            nccl_episode_type="collective_wait", nccl_episode_since=5.0,
+        ),
+    )  # fmt: skip
+    agent.step()
+    agent.step()
+    got = sampler.nccl[-1]
+    assert got is not None and got.waited_for and got.waiting_for is None

@@ -107,7 +107,8 @@ def test_ctrl_c_stops_every_child(tmp_path: Path) -> None:
     proc = demo("--nodes", "5", "--warmup", "60", workdir=workdir)
     try:
         deadline = time.monotonic() + 120
-        while len(processes_under(workdir, proc.pid)) < 5 * 2 + 2:  # fleet, sink, workloads, agents
+        # Fleet, Echo, the sink, the lock-step job's workload and the 5 agents.
+        while len(processes_under(workdir, proc.pid)) < 5 + 4:
             assert proc.poll() is None, proc.communicate()[0]
             assert time.monotonic() < deadline, (
                 f"children did not start: {processes_under(workdir, proc.pid)} {workdir}"
