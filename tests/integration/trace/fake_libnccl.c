@@ -21,7 +21,12 @@
  * the peers happens where the GPU stream is waited for: the stand-in driver's
  * cuStreamSynchronize/cuCtxSynchronize call fake_nccl_stream_wait() below, which returns
  * once every rank has entered every collective this process launched. A rank whose peer
- * never comes then hangs in a stream sync, having returned from the collective. */
+ * never comes then hangs in a stream sync, having returned from the collective.
+ *
+ * $FAKE_NCCL_LINK names a file: while it exists no collective completes (a link down, a
+ * NIC, NVLink): every rank still enters the collective and waits where it would wait for
+ * a missing peer (in the call, or with FAKE_NCCL_ASYNC=1 in its stream sync). None is
+ * missing; the job stops on every rank until the file is removed. */
 #include <nccl.h>
 
 #include <dlfcn.h>
@@ -45,6 +50,7 @@ struct ncclComm {
 #define MAX_LIVE_COMMS 16
 static ncclComm_t live[MAX_LIVE_COMMS];
 static int async_mode;
+static const char *link_down; /* $FAKE_NCCL_LINK: while it exists, nothing completes */
 
 #define MAX_GROUP_COMMS 16
 static __thread int group_depth;
@@ -58,6 +64,7 @@ static launch_fn cu_launch;
 __attribute__((constructor)) static void load_libcuda(void) {
     const char *mode = getenv("FAKE_NCCL_ASYNC");
     async_mode = mode && strcmp(mode, "1") == 0;
+    link_down = getenv("FAKE_NCCL_LINK");
     const char *path = getenv("FAKE_NCCL_LIBCUDA");
     void *lib = path ? dlopen(path, RTLD_NOW) : NULL;
     if (path && !lib)
@@ -71,6 +78,9 @@ static void wait_peers(ncclComm_t comm, uint64_t n) {
     for (int r = 0; r < comm->nranks; r++)
         while (__atomic_load_n(&comm->arrived[r], __ATOMIC_SEQ_CST) < n)
             nanosleep(&nap, NULL);
+    struct timespec poll = {0, 5 * 1000 * 1000};
+    while (link_down && access(link_down, F_OK) == 0)
+        nanosleep(&poll, NULL);
 }
 
 static void rendezvous(ncclComm_t comm) {

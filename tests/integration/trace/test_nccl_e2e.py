@@ -154,8 +154,9 @@ def test_late_rank_and_hung_collective_from_ranks_to_echo(
     assert hangs[0]["comm_hash"] == comm and hangs[0]["reason"] == "missing_ranks", hangs[0]
     if mode == "enqueue":
         # A rank waiting in a stream sync looks, on its own node, like a rank that froze
-        # after its last call (no in-flight sync is recorded): its fleet-push may flag it
-        # as stalled. Only Fleet, comparing the ranks, tells the victims from the missing.
+        # after its last call (no in-flight sync is recorded): only Fleet, comparing the
+        # ranks, tells the victims from the missing, and its collective_wait tells their
+        # fleet-push (test_nccl_lockstep.py proves no waiting rank is flagged).
         return
     # The ranks waiting inside the hung collective launch nothing, but they are its victims,
     # not stragglers: no node-side stall for them (ingero.push.nodestate, "waiting is not
