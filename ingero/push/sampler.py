@@ -278,6 +278,8 @@ class NodeSampler:
             gpu_error = status.error
             busy = _utilization(status)
         health = self.health.observe(window.gpus, now)
+        error_factor = 1.0 - self.config.gpu_health.error_penalty
+        gpu_fault = health.value is not None and health.value <= error_factor < 1.0
 
         # Launch counts are fine-grained; whole steps per window are too coarse to compare.
         launch_rate = window.kernel_launch_rate
@@ -299,8 +301,10 @@ class NodeSampler:
             waiting=waiting,
             intervals=window.new_intervals,
             covered_s=window.new_covered_s,
-            at_collective=at_collective,
-            fleet_wait=nccl is not None and nccl.waiting_for is not None,
+            # A GPU in error (an XID, ECC errors, lost) is a quiet of the node's own, whatever
+            # its rank's peers do: the others may well be waiting for it.
+            at_collective=at_collective and not gpu_fault,
+            fleet_wait=nccl is not None and nccl.waiting_for is not None and not gpu_fault,
             waited_for=nccl is not None and nccl.waited_for,
         )
         stalled = self.state.stalled

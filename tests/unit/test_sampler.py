@@ -675,6 +675,20 @@ def test_a_lock_step_rank_that_waits_is_held_waiting_and_one_named_stalls(
         wait = a.sample(nccl=FleetNccl(waiting_for=said))
         assert (wait.waiting, wait.stalled, wait.held, wait.quiet) == (True, False, True, True)
         assert wait.waiting_for == said and wait.state == "active"
+    # A waiting node whose own GPU reports an XID is not taken as waiting: its quiet may be
+    # what the others wait for.
+    start = clock.now()
+    clock.advance(1.0)
+    rows = waiting_node.job.rows(3, start, clock.now())
+    missing_node.job.rows(5, start, clock.now())
+    with waiting_node.db.conn:
+        for table in ("intervals", "host_intervals", "gpu_processes", "nccl_calls", "nccl_comms"):
+            waiting_node.db.table(table).insert_all(getattr(rows, table))
+        waiting_node.db.table("gpu_intervals").insert_all(
+            [{**r, "xid_count": 1, "xids": "[79]"} for r in rows.gpu_intervals]
+        )
+    faulty = a.sample(nccl=FleetNccl(waiting_for=said))
+    assert not faulty.waiting and faulty.quiet
     both()
     stall = b.sample(nccl=FleetNccl(waited_for=True))
     assert stall.stalled and not stall.waiting and stall.quiet
