@@ -18,7 +18,7 @@ s (the others healthy):
   ``throttle``: its GPU throttled 20% (NVML's thermal reason, a lower clock); each from
   the moment of the injection, mid-step;
   ``birth``: its host 20% slower from the job's first step (its latency counts from the
-  first tick its job's group has a quorum: nothing can be flagged before);
+  job's start: its ranks' warm-up and its group's quorum come first);
 - ``hang``: it stops before its next collective (its peers enter it and wait);
 - ``stuck``: the collective in flight never completes on any rank (none missing);
 - ``phase``: every rank of job 0 30% slower at once.
@@ -197,7 +197,6 @@ class LockstepSim:
         self.node_events: list[Event] = []
         self.fleet_events: list[Event] = []
         self.nccl_events: list[Event] = []
-        self.quorum_at: float | None = None  # the first tick job 0's group had quorum
 
     def step(self) -> None:
         end = self.clock.now() + PUSH
@@ -216,10 +215,6 @@ class LockstepSim:
             self.node_events += [e for e in events if e.type.startswith("straggler")]
         self.clock.advance(end - self.clock.now())
         tick = self.fleet.tick()
-        if self.quorum_at is None and any(
-            g.job_id == f"{sim.JOB}0" and g.quorum_met for g in tick.groups
-        ):
-            self.quorum_at = self.clock.now()
         self.fleet_events += [e for e in tick.events if e.type.startswith("straggler")]
         self.nccl_events += [
             e for e in tick.events if e.type in ("peer_lag", "collective_hang", "collective_wait")
@@ -251,9 +246,9 @@ def run_scenario(name: str, seed: int, warmup: float, after: float) -> Run:
     for _ in range(int(after / PUSH)):
         s.step()
     if name == "birth":
-        # Slow from its first step: nothing can flag it before its job's group has a
-        # quorum (and its ranks are warm), so it counts from then.
-        mark, run.injected = (0, 0, 0), s.quorum_at or job.start
+        # Slow from its first step: counted from the job's start (its ranks' warm-up and
+        # its group's quorum included).
+        mark, run.injected = (0, 0, 0), job.start
     held = job._held
     if held is not None:
         arrivals = [a for r, per in enumerate(held.arrivals) for a in per
@@ -346,7 +341,7 @@ def report(name: str, runs: list[Run]) -> None:
     kinds: dict[str, int] = {}
     for r in runs:
         for e in r.nccl:
-            if e.extra.get("state") == "start":
+            if e.extra.get("state") == "start" and not e.extra.get("repeat"):
                 kinds[e.type] = kinds.get(e.type, 0) + 1
     line += "; NCCL events " + (", ".join(f"{k}={v}" for k, v in sorted(kinds.items())) or "none")
     print(line, flush=True)
