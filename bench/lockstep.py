@@ -121,7 +121,9 @@ class RankNode(sim.SimNode):
         )
 
     def lockstep_sample(self) -> NodeSample:
-        comms = self.collectives(self.clock.now())
+        now = self.clock.now()
+        self.trace(now)  # the rows written by now, NCCL's with the others
+        comms = self.collectives(now)
         sample = self.sample(
             waiting=any(c.inflight_seq is not None for c in comms),
             nccl=FleetNccl.of(self.reply),
