@@ -19,7 +19,8 @@ tick thread, once per push interval) does the work:
   score's robust rule, so a few stragglers cannot drag the bar up to themselves). Late in
   more than ``nccl.lag_fraction`` of the window opens an episode (event ``peer_lag``,
   ``state: start``); late in fewer than half that share closes it (same ``event_id``,
-  ``state: end``). The node's flagged lag goes to its push replies (``X-Ingero-Peer-Lag``)
+  ``state: end``). While a communicator's window fills (a job's first steps), the share is
+  of the collectives joined so far, a quarter window of them at least. The node's flagged lag goes to its push replies (``X-Ingero-Peer-Lag``)
   and counts in Fleet's straggler classification.
 - **collective_hang**: ranks that entered the communicator's highest collective N and
   nothing since, for more than ``nccl.hang_after``, while some rank's last entered
@@ -494,7 +495,11 @@ class CollectiveJoin:
     def _judge_lag(self, comm: _Comm, now: float) -> list[Event]:
         events: list[Event] = []
         window = self._cfg.window
-        enter_at = self._cfg.lag_fraction * window
+        # The share is of the window's joined collectives, a quarter of a window of them at
+        # least: while a new communicator's window fills (a job's first steps: 20 are 2.5
+        # steps of 1 s at 8 collectives a step), a rank late in most of its first ones is
+        # judged on them, not held until it was late in more than half a full window.
+        enter_at = self._cfg.lag_fraction * max(len(comm.rows), _min_judged(window))
         figures = {r.comm_rank: r for r in _rank_lags(comm, self._cfg)}
         for rank, fig in figures.items():
             episode = comm.lagging.get(rank)
@@ -750,6 +755,12 @@ def _op_of(comm: _Comm, seq: int) -> str:
             if call_seq == seq:
                 return op
     return comm.rows[-1].op if comm.rows else ""
+
+
+def _min_judged(window: int) -> int:
+    """The fewest joined collectives a rank's lateness is judged over (a quarter window, 2
+    at least): below it, the share of a window that opens a lag episode is of this many."""
+    return max(2, window // 4)
 
 
 def _rank_lags(comm: _Comm, cfg: NcclConfig) -> list[RankLag]:
