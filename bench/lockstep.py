@@ -22,6 +22,8 @@ s (the others healthy):
 - ``hang``: it stops before its next collective (its peers enter it and wait);
 - ``stuck``: the collective in flight never completes on any rank (none missing);
 - ``phase``: every rank of job 0 30% slower at once.
+- ``pause``: it pauses once, ``--pause`` s (0.5) before its next collective (a GC, a
+  checkpoint it writes alone), then goes on: no straggler.
 
 Per scenario: the straggler's detection latency (s from the injection to the first event
 naming it a straggler: a ``straggler_state``, node's or Fleet's, or Fleet's ``peer_lag``;
@@ -60,7 +62,7 @@ from ingero.schema.events import Event
 from ingero.workload.lockstep import JobProfile, LockstepJob
 
 PUSH = 1.0
-SCENARIOS = ("host", "gpu", "throttle", "birth", "hang", "stuck", "phase")
+SCENARIOS = ("host", "gpu", "throttle", "birth", "hang", "stuck", "phase", "pause")
 # The injected cause of each straggler scenario: (slowdown, cause).
 SLOW = {"host": (0.2, "cpu"), "gpu": (0.1, "gpu"), "throttle": (0.2, "throttle"),
         "birth": (0.2, "cpu")}  # fmt: skip
@@ -71,6 +73,7 @@ class Options:
     jobs = 8
     ranks = 8
     nvml = True
+    pause = 0.5  # s: the pause scenario's one-off pause of a rank
 
 
 class RankNode(sim.SimNode):
@@ -203,9 +206,20 @@ class LockstepSim:
         self.node_events: list[Event] = []
         self.fleet_events: list[Event] = []
         self.nccl_events: list[Event] = []
+        self.next_tick = self.clock.now() + PUSH
 
     def step(self) -> None:
-        end = self.clock.now() + PUSH
+        """The pushes up to the next tick, and Fleet's tick."""
+        self.pushes(self.next_tick)
+        self.next_tick += PUSH
+        tick = self.fleet.tick()
+        self.fleet_events += [e for e in tick.events if e.type.startswith("straggler")]
+        self.nccl_events += [
+            e for e in tick.events if e.type in ("peer_lag", "collective_hang", "collective_wait")
+        ]
+
+    def pushes(self, end: float) -> None:
+        """Every node's pushes up to ``end`` (the clock then at ``end``)."""
         while True:
             node = min(self.nodes, key=lambda n: n.next_push)
             if node.next_push > end:
@@ -220,11 +234,6 @@ class LockstepSim:
             events = node.classify(push, sample, view, lag=True)
             self.node_events += [e for e in events if e.type.startswith("straggler")]
         self.clock.advance(end - self.clock.now())
-        tick = self.fleet.tick()
-        self.fleet_events += [e for e in tick.events if e.type.startswith("straggler")]
-        self.nccl_events += [
-            e for e in tick.events if e.type in ("peer_lag", "collective_hang", "collective_wait")
-        ]
 
 
 def run_scenario(name: str, seed: int, warmup: float, after: float) -> Run:
@@ -235,6 +244,9 @@ def run_scenario(name: str, seed: int, warmup: float, after: float) -> Run:
         job.set_slowdown(TARGET_RANK, slowdown, cause)
     for _ in range(int(warmup / PUSH)):
         s.step()
+    # The cause comes at its own moment between two of Fleet's ticks (a latency measured
+    # from a tick would leave out the wait for the tick after the evidence is in).
+    s.pushes(s.clock.now() + random.Random(seed * 7 + 3).uniform(0, PUSH))
     mark = (len(s.node_events), len(s.fleet_events), len(s.nccl_events))
     now = s.clock.now()
     for node in s.nodes:
@@ -248,15 +260,29 @@ def run_scenario(name: str, seed: int, warmup: float, after: float) -> Run:
         job.stuck(now)
     elif name == "phase":
         job.phase(0.3)
+    resume = None
+    if name == "pause":
+        # Its next collective, Options.pause s late (a collection of Python's GC, a
+        # checkpoint written by one rank): the others wait for it once, then go on.
+        job.hang(TARGET_RANK, now)
+        job._advance(now + 2 * job.profile.step_s)  # the step it stops in
+        held = job._held
+        assert held is not None
+        spans = held.spans[TARGET_RANK]
+        resume = (spans[-1][1] if spans else held.start) + Options.pause
     run = Run(injected=now, target=f"j0r{TARGET_RANK}")
     for _ in range(int(after / PUSH)):
+        if resume is not None and resume <= s.next_tick:
+            s.pushes(resume)
+            job.release(resume)
+            resume = None
         s.step()
     if name == "birth":
         # Slow from its first step: counted from the job's start (its ranks' warm-up and
         # its group's quorum included).
         mark, run.injected = (0, 0, 0), job.start
     held = job._held
-    if held is not None:
+    if held is not None and name != "pause":
         arrivals = [a for r, per in enumerate(held.arrivals) for a in per
                     if a != float("inf") and a > now and r != TARGET_RANK]  # fmt: skip
         run.arrived = min(arrivals) if arrivals else None
@@ -307,6 +333,19 @@ def report(name: str, runs: list[Run]) -> None:
     )
     flagged_victims = sum(any(v in r.first for v in victims) for r in runs)
     line = f"{name:9s}"
+    if name == "pause":  # a one-off pause of a rank makes no straggler
+        episodes = sum(len(r.episodes.get(target, ())) for r in runs)
+        lags = sum(
+            e.type == "peer_lag" and e.node_id == target and not e.extra.get("repeat")
+            for r in runs
+            for e in r.nccl
+            if e.extra.get("state") == "start"
+        )
+        flagged = sum(target in r.first for r in runs)
+        line += (
+            f" {Options.pause:g} s pause: the paused rank flagged in {flagged}/{n} runs"
+            f" ({episodes} straggler_state episodes, {lags} peer_lag)"
+        )
     if name in SLOW or name == "hang":
         lat = [r.first[target].at - r.injected for r in runs if target in r.first]
         line += f" straggler flagged: {figures(lat, n)}"
@@ -363,10 +402,12 @@ def main(argv: list[str] | None = None, on_run: Callable[[str, Run], None] | Non
     parser.add_argument("--after", type=float, default=60.0, help="s watched after it")
     parser.add_argument("--scenarios", default=",".join(SCENARIOS))
     parser.add_argument("--no-nvml", action="store_true")
+    parser.add_argument("--pause", type=float, default=Options.pause, help="s, pause scenario")
     parser.add_argument("--late", type=float, default=0.0)
     parser.add_argument("--tracer-interval", type=float, default=1.0)
     args = parser.parse_args(argv)
     Options.jobs, Options.ranks, Options.nvml = args.jobs, args.ranks, not args.no_nvml
+    Options.pause = args.pause
     sim.Timing.push, sim.Timing.tracer, sim.Timing.late = PUSH, args.tracer_interval, args.late
     import logging
 

@@ -280,6 +280,19 @@ def test_a_rank_late_from_the_first_collectives_is_judged_while_the_window_fills
     assert sim.of("peer_lag") == [start] and sim.of("peer_lag", "end") == []
 
 
+def test_a_rank_late_in_one_step_s_collectives_is_not_a_straggler() -> None:
+    """A one-off pause of a rank (a GC, a checkpoint it writes alone) makes it late in the
+    rest of one step's collectives, fewer than the share of a full window that opens an
+    episode: its peers wait for it once, and no peer_lag names it."""
+    sim = Sim(8, one_per_node(8))
+    sim.interval(collectives=20)  # the window full, every rank on time
+    sim.delay = {5: 0.5}
+    sim.interval(collectives=8)  # one step of 8 collectives, rank 5 late in each
+    sim.delay = {}
+    sim.interval(collectives=20)
+    assert sim.of("peer_lag") == []
+
+
 def test_lag_episode_ends_with_the_same_id() -> None:
     sim = Sim(8, one_per_node(8), delay={4: 0.2})
     for _ in range(3):
