@@ -293,10 +293,12 @@ def replace_process(db: sqlite_utils.Database, row: dict[str, object]) -> None:
 
 
 def delete_before(db: sqlite_utils.Database, cutoff: float, tables: Sequence[str]) -> None:
-    """Delete the rows of ``tables`` (interval tables: placed by ``ts_end``) that end before
-    ``cutoff``, in the caller's transaction."""
+    """Delete the rows of ``tables`` placed before ``cutoff`` (each by its own time, as
+    :func:`prune` ages them: an interval by ``ts_end``, an NCCL call by ``ts_enter``), in
+    the caller's transaction."""
+    aged = dict(_AGED)
     for table in tables:
-        db.conn.execute(f"DELETE FROM {table} WHERE ts_end < ?", (cutoff,))
+        db.conn.execute(f"DELETE FROM {table} WHERE {aged[table]} < ?", (cutoff,))
 
 
 # The node DB's schema version that has the ``engines`` table (ingero.nodedb.schema).

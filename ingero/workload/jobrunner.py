@@ -32,24 +32,25 @@ from pathlib import Path
 import sqlite_utils
 
 from ingero.nodedb.schema import connect
+from ingero.nodedb.writer import replace_process
 from ingero.runtime.clock import Clock, SystemClock
 from ingero.runtime.signals import SignalEvent, StopSignals
 from ingero.slurm.jobfile import JobInfo, check_job_id, remove_job, write_job
 from ingero.workload.lockstep import LOCKSTEP_CAUSES, JobProfile, LockstepJob, RankRows
-from ingero.workload.runner import RETAIN_S, SyntheticProc
+from ingero.workload.runner import SyntheticProc, tick_batch, write_tick
 
 log = logging.getLogger(__name__)
 
+# The tables it writes, cut to the last runner.RETAIN_S seconds every 20 intervals.
 TABLES = (
     "intervals",
     "gpu_intervals",
     "gpu_processes",
     "host_intervals",
+    "stream_intervals",
     "nccl_calls",
     "nccl_comms",
 )
-# Where each table's row time is, for the retention cut.
-_TIME = {"nccl_calls": "ts_enter", "nccl_comms": "ts"}
 
 
 @dataclass(frozen=True)
@@ -247,11 +248,11 @@ class JobRunner:
         ticks = 0
         try:
             for db in dbs:
-                db.table("processes").upsert(
+                replace_process(
+                    db,
                     {"pid": self.profile.pid, "comm": "ingero-workload", "exe": "synthetic",
                      "job_id": self.profile.job_id, "rank": None, "first_seen": start,
                      "last_seen": start},
-                    pk="pid",
                 )  # fmt: skip
             last = start
             next_tick = time.monotonic() + self.interval_s
@@ -295,12 +296,7 @@ class JobRunner:
             rows: RankRows = job.rows(rank, start, end)
             if self.procs is not None:
                 self.procs[rank].write(end - start, rows.cpu_busy, rows.mem_available)
-            with db.conn:
-                for table in TABLES:
-                    db.table(table).insert_all(getattr(rows, table))
-                if ticks % 20 == 0:
-                    for table in TABLES:
-                        db.conn.execute(
-                            f"DELETE FROM {table} WHERE {_TIME.get(table, 'ts_end')} < ?",
-                            (end - RETAIN_S,),
-                        )
+            batch = replace(
+                tick_batch(rows), nccl_calls=rows.nccl_calls, nccl_comms=rows.nccl_comms
+            )
+            write_tick(db, batch, end, ticks, TABLES)

@@ -27,21 +27,52 @@ import random
 import signal
 import socket
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
 from types import FrameType
+
+import sqlite_utils
 
 from ingero.nodedb.schema import connect
 from ingero.nodedb.writer import Batch, delete_before, insert_batch, replace_process
 from ingero.runtime.clock import Clock, SystemClock
 from ingero.runtime.signals import SignalEvent, StopSignals
 from ingero.slurm.jobfile import JobInfo, check_job_id, remove_job, write_job
-from ingero.workload.generator import CAUSES, WorkloadGenerator, WorkloadProfile
+from ingero.workload.generator import CAUSES, TickRows, WorkloadGenerator, WorkloadProfile
 
 log = logging.getLogger(__name__)
 
 RETAIN_S = 600.0  # rows older than this are deleted so a long demo keeps a small DB
 RETAINED = ("intervals", "gpu_intervals", "gpu_processes", "host_intervals", "stream_intervals")
+
+
+def tick_batch(rows: TickRows) -> Batch:
+    """The node DB rows of one generated interval."""
+    return Batch(
+        intervals=rows.intervals,
+        gpu_intervals=rows.gpu_intervals,
+        gpu_processes=rows.gpu_processes,
+        host_intervals=rows.host_intervals,
+        stream_intervals=rows.stream_intervals,
+    )
+
+
+def write_tick(
+    db: sqlite_utils.Database,
+    batch: Batch,
+    end: float,
+    ticks: int,
+    tables: Sequence[str] = RETAINED,
+) -> None:
+    """One interval's rows in one transaction; every 20th interval also cuts ``tables`` to
+    the last :data:`RETAIN_S` seconds before ``end``."""
+    with db.conn:
+        insert_batch(db, batch)
+        if ticks % 20 == 0:
+            delete_before(db, end - RETAIN_S, tables)
+
+
 # What the synthetic inference servers serve.
 SERVED_MODEL = "llama-3.1-8b"
 
@@ -314,19 +345,7 @@ class WorkloadRunner:
                 last = now
                 if self.late and self.stop_event.wait(self._late_rng.uniform(0, self.late)):
                     break
-                with db.conn:
-                    insert_batch(
-                        db,
-                        Batch(
-                            intervals=rows.intervals,
-                            gpu_intervals=rows.gpu_intervals,
-                            gpu_processes=rows.gpu_processes,
-                            host_intervals=rows.host_intervals,
-                            stream_intervals=rows.stream_intervals,
-                        ),
-                    )
-                    if ticks % 20 == 0:
-                        delete_before(db, now - RETAIN_S, RETAINED)
+                write_tick(db, tick_batch(rows), now, ticks)
                 ticks += 1
                 if deadline is not None and time.monotonic() >= deadline:
                     break

@@ -8,7 +8,14 @@ from pathlib import Path
 import sqlite_utils
 
 from ingero.nodedb.schema import SCHEMA_VERSION, connect
-from ingero.nodedb.writer import Batch, NodeDbWriter, prune, used_bytes, write_batch
+from ingero.nodedb.writer import (
+    Batch,
+    NodeDbWriter,
+    delete_before,
+    prune,
+    used_bytes,
+    write_batch,
+)
 
 
 def _interval(ts: float, pid: int = 1) -> dict[str, object]:
@@ -78,6 +85,19 @@ def test_prune_covers_the_nccl_tables() -> None:
     for table, col in (("nccl_calls", "ts_enter"), ("nccl_comms", "ts")):
         lo, hi = db.execute(f"SELECT MIN({col}), MAX({col}) FROM {table}").fetchone()
         assert hi == 1299.0 and lo > 1000.0, table  # the oldest went, the newest stayed
+
+
+def test_delete_before_cuts_each_table_by_its_own_time() -> None:
+    # The lock-step job runner cuts its NCCL rows with its interval rows: a call is placed
+    # by its arrival, a communicator row by its ts (neither table has a ts_end).
+    db = connect(":memory:")
+    for ts in (100.0, 200.0):
+        call, comm = _nccl(ts)
+        write_batch(db, Batch([_interval(ts)], nccl_calls=[call], nccl_comms=[comm]))
+    with db.conn:
+        delete_before(db, 150.0, ("intervals", "nccl_calls", "nccl_comms"))
+    for table, col in (("intervals", "ts_end"), ("nccl_calls", "ts_enter"), ("nccl_comms", "ts")):
+        assert db.execute(f"SELECT {col} FROM {table}").fetchall() == [(200.0,)], table
 
 
 def test_prune_is_a_no_op_under_the_limit() -> None:
