@@ -21,7 +21,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from ingero.slurm.backend import ScontrolBackend
+from ingero.slurm.scontrol_backend import ScontrolBackend
 from tests.integration.fleet.helpers import wait_for
 from tests.integration.push.cluster import Procs, ingero
 from tests.integration.slurm.cluster import SlurmCluster
