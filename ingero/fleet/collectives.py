@@ -160,6 +160,7 @@ class _Comm:
     quorum_tick: dict[int, int] = field(default_factory=dict)
     joined_seq: int = 0
     rows: deque[_Row] = field(default_factory=deque)
+    joined_total: int = 0  # collectives joined since the communicator was seen: a lag's clock
     lagging: dict[int, _LagEpisode] = field(default_factory=dict)
     hang: _Hang | None = None
     wait: _Wait | None = None
@@ -452,6 +453,7 @@ class CollectiveJoin:
                 batch.append((seq, entries))
         comm.rows.extend(self._rows(batch))
         comm.joined_seq = top
+        comm.joined_total += len(ready)
         return len(ready)
 
     def _rows(self, batch: list[tuple[int, dict[int, tuple[float, int, str]]]]) -> list[_Row]:
