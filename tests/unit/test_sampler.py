@@ -597,9 +597,9 @@ class RankNode:
 
 
 def rank_sampler(tmp_path: Path, clock: ManualClock) -> NodeSampler:
-    from ingero.push.config import CollectivesConfig
+    from ingero.push.config import NcclConfig
 
-    return sampler(tmp_path, clock, collectives=CollectivesConfig(), pid_alive=lambda pid: True)
+    return sampler(tmp_path, clock, collectives=NcclConfig(), pid_alive=lambda pid: True)
 
 
 def test_a_lock_step_rank_is_not_judged_by_a_rate_the_whole_job_shares(tmp_path: Path) -> None:
