@@ -126,7 +126,7 @@ from ingero.workload.lockstep import LOCKSTEP_CAUSES
     default=None,
     help="A lock-step training job of this many ranks, one simulated node each, in this one"
     " process: --db (and --proc-dir, --jobs-dir) then hold {rank} or {node}; the control"
-    " file takes 'rank R S [cause]', 'rank R hang', 'stuck', 'phase S' (docs/demo.md).",
+    " file takes 'rank R S [cause]', 'rank R hang [lost]', 'stuck', 'phase S' (docs/demo.md).",
 )
 @click.option(
     "--slow-rank",

@@ -12,6 +12,7 @@ interval; a new write is applied once, the lines it no longer holds are undone):
 - ``rank R S [cause]``: rank R is ``S`` slower (a cause from
   ``ingero.workload.lockstep.LOCKSTEP_CAUSES``; none: its host sleeps);
 - ``rank R hang``: rank R stops right before its next collective (its peers wait in it);
+  ``rank R hang lost``: the same because its GPU fell off the bus (XID 79, NVML: lost);
 - ``stuck``: the collective in flight never completes on any rank (a link down);
 - ``phase S``: every rank ``S`` slower (a new phase of the job);
 - empty, or ``0``: the job at full speed, a hang or stuck collective released.
@@ -59,6 +60,7 @@ class JobControl:
 
     slow: dict[int, tuple[float, str | None]] = field(default_factory=dict)
     hang: int | None = None
+    lost: bool = False  # the hung rank's GPU is lost (XID 79)
     stuck: bool = False
     phase: float = 0.0
 
@@ -84,7 +86,7 @@ def _line(control: JobControl, words: list[str], ranks: int) -> JobControl:
     if head == "phase" and len(words) == 2:
         return replace(control, phase=_slowdown(words[1]))
     if head != "rank" or len(words) < 3:
-        raise ValueError("neither 'rank R S [cause]', 'rank R hang', 'stuck' nor 'phase S'")
+        raise ValueError("neither 'rank R S [cause]', 'rank R hang [lost]', 'stuck' nor 'phase S'")
     try:
         rank = int(words[1])
     except ValueError:
@@ -93,6 +95,8 @@ def _line(control: JobControl, words: list[str], ranks: int) -> JobControl:
         raise ValueError(f"rank must be in [0, {ranks - 1}]")
     if words[2].lower() == "hang" and len(words) == 3:
         return replace(control, hang=rank)
+    if words[2].lower() == "hang" and len(words) == 4 and words[3].lower() == "lost":
+        return replace(control, hang=rank, lost=True)
     cause = words[3].lower() if len(words) == 4 else None
     if len(words) > 4 or (cause is not None and cause not in LOCKSTEP_CAUSES):
         raise ValueError(f"a cause is one of {', '.join(LOCKSTEP_CAUSES)}")
@@ -207,6 +211,13 @@ class JobRunner:
             elif wanted.stuck:
                 job.stuck(now)
                 log.info("the collective in flight never completes on any rank")
+        if (
+            wanted.lost
+            and wanted.hang is not None
+            and not (before.lost and before.hang == wanted.hang)
+        ):
+            job.lose_gpu(wanted.hang)
+            log.info("rank %d's GPU fell off the bus (XID 79)", wanted.hang)
         self._applied = wanted
 
     def _read_control(self) -> JobControl | None:

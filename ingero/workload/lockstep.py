@@ -30,6 +30,9 @@ node, written as ``ingero trace`` writes it:
   launch queue) or to the end of their step's work, and wait there (a launch into the full
   queue, or the stream sync): no call returns, nothing is written but the intervals' host
   rows and the GPU spinning, busy.
+- **A hang on a lost GPU** (:meth:`LockstepJob.lose_gpu`): the hung rank's GPU fell off the
+  bus (XID 79): its NVML rows say the GPU is lost (the XID in the first), everything else
+  unmeasured, as ``ingero.collectors.nvml`` reads such a GPU; its process lists are gone.
 - **Every rank stuck inside one** (:meth:`LockstepJob.stuck`: a link down, a NIC, NVLink, a
   GPU fault): the collective in flight never completes; every rank enters it and waits as
   above. None is missing.
@@ -52,6 +55,8 @@ import random
 from dataclasses import dataclass, field, replace
 from typing import Any, Final
 
+from ingero.collectors.nvml import GpuReading, NvmlReading
+from ingero.trace.gpusampler import reading_rows
 from ingero.workload.generator import (
     CAUSES,
     DEFAULT_SHAPE,
@@ -79,6 +84,7 @@ ARRIVAL_JITTER_S: Final = 0.002  # assumed: scheduling jitter of one rank's arri
 STEP_NOISE: Final = 0.005  # assumed: one rank's own compute varies this much a step (sd)
 SPIN_POWER: Final = 0.6  # assumed: NCCL's spinning kernel draws this share of a GEMM's power
 SYNC_OP: Final = "cudaStreamSynchronize"
+XID_FALLEN_OFF_BUS: Final = 79  # NVIDIA's XID for a GPU that fell off the bus
 COLLECTIVE_OP: Final = "ncclAllReduce"
 # The causes a rank's slowdown may have: the generator's, and a GPU slower than its peers
 # with nothing in NVML (a degraded part without a clock event reason).
@@ -196,6 +202,8 @@ class LockstepJob:
         self._hang: tuple[int, float] | None = None
         self._stuck: float | None = None
         self._held: _Step | None = None  # the step a hang or stuck collective holds up
+        # Ranks whose GPU is lost, and whether its XID was written yet (once, as NVML's event).
+        self._lost: dict[int, bool] = {}
         self._entered = [0] * profile.ranks  # the last seq each rank's rows reported
         self._last_enter: list[float | None] = [None] * profile.ranks
         self._asked = [start] * profile.ranks  # the end of each rank's last interval
@@ -252,6 +260,12 @@ class LockstepJob:
         """Rank ``rank`` stops right before the first collective it would enter after ``at``."""
         self._check_rank(rank)
         self._hold_current(at, (rank, at), None)
+
+    def lose_gpu(self, rank: int) -> None:
+        """Rank ``rank``'s GPU falls off the bus (XID 79) from its next interval: its NVML
+        rows say lost (a hang on it: :meth:`hang`); :meth:`release` does not bring it back."""
+        self._check_rank(rank)
+        self._lost.setdefault(rank, False)
 
     def stuck(self, at: float) -> None:
         """The collective in flight at ``at`` never completes: every rank waits in it."""
@@ -334,8 +348,20 @@ class LockstepJob:
             sync_ns, stopped_at,
         )  # fmt: skip
         self._nccl_rows(rank, ts_end, sorted(calls), rows)
+        if rank in self._lost:
+            self._lost_gpu_rows(rank, ts_start, ts_end, rows)
         self._prune()
         return rows
+
+    def _lost_gpu_rows(self, rank: int, ts_start: float, ts_end: float, rows: RankRows) -> None:
+        """The rank's GPU rows once it is lost: NVML answers GPU_IS_LOST and nothing else
+        (the reading ends there), the XID watched, 79 in the first interval only."""
+        xids: tuple[int, ...] = () if self._lost[rank] else (XID_FALLEN_OFF_BUS,)
+        self._lost[rank] = True
+        gpus = sorted({int(row["gpu"]) for row in rows.gpu_intervals}) or [0]
+        reading = NvmlReading(gpus=tuple(GpuReading(g, lost=True, xids=xids) for g in gpus))
+        lost = reading_rows(reading, ts_start, ts_end)
+        rows.gpu_intervals, rows.gpu_processes = lost.intervals, lost.processes
 
     def _generator_rows(
         self,

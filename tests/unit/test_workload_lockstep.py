@@ -128,6 +128,23 @@ def test_a_hang_leaves_the_peers_waiting_past_it_and_the_missing_rank_behind() -
     assert min(final) > ahead and len(set(final)) <= 2
 
 
+def test_a_hang_on_a_lost_gpu_says_so_in_nvml_once_with_its_xid() -> None:
+    j = job()
+    run(j, 20)
+    j.hang(5, T0 + 20)
+    j.lose_gpu(5)
+    after = run(j, 3, T0 + 20)
+    for i, x in enumerate(r[5] for r in after):
+        (row,) = x.gpu_intervals
+        assert row["lost"] == 1 and row["busy_ns"] is None and row["mem_used_bytes"] is None
+        assert (row["xid_count"], row["xids"]) == ((1, "[79]") if i == 0 else (0, None))
+        assert x.gpu_processes == []
+    # Its peers' GPUs are as in any hang: found, spinning.
+    assert all(r[k].gpu_intervals[0]["lost"] == 0 for r in after for k in range(8) if k != 5)
+    j.release(T0 + 23)
+    assert run(j, 1, T0 + 23)[0][5].gpu_intervals[0]["lost"] == 1  # lost until a reset
+
+
 def test_a_collective_that_never_completes_stops_every_rank_at_the_same_number() -> None:
     j = job()
     run(j, 20)
@@ -213,6 +230,8 @@ def test_same_seed_same_rows_and_bad_controls_are_refused() -> None:
         ("rank 3 0.2 cpu\n", JobControl(slow={3: (0.2, "cpu")})),
         ("rank 3 0.1 gpu\nphase 0.3\n", JobControl(slow={3: (0.1, "gpu")}, phase=0.3)),
         ("rank 5 hang", JobControl(hang=5)),
+        ("rank 5 hang lost", JobControl(hang=5, lost=True)),
+        ("rank 5 hang gone\n", JobControl()),
         ("stuck", JobControl(stuck=True)),
         # bad lines are skipped, the others apply
         ("rank 9 0.2\nrank 2 0.2\n", JobControl(slow={2: (0.2, None)})),

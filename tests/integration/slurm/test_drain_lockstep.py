@@ -1,13 +1,16 @@
 """Drains on a lock-step job's hang, on the real Slurm cluster: the rank that holds the job
-back is drained, the ranks that wait for it never are.
+back is drained when its node is the cause, the ranks that wait for it never are.
 
 A lock-step job of 4 ranks, one a Slurm node (n1-n4; ``ingero workload --job-ranks``: one
 process writes every rank's node DB, NCCL rows as the tracer writes them, the call
 returning at enqueue), a real ``ingero fleet-push`` per node and the real ``ingero fleet``
 daemon with ``drain.enabled`` against the cluster's slurmctld. Rank 2 (n3) stops before
 its next collective: its three peers enter it and wait, launching nothing, as it does.
-Fleet names n3 the rank they wait for, n3 is a stalled straggler and is drained with an
-ingero reason; n1, n2 and n4 are never drained, however long the hang lasts.
+Fleet names n3 the rank they wait for and n3 is a stalled straggler. With no GPU, host or
+network sign on n3 its class is ``job`` (rank 0 writing a checkpoint alone looks so) and
+it is not drained (``job_cause``); once its GPU is lost (XID 79: the hang's cause on the
+node) it is drained with an ingero reason, ``class=hardware``. n1, n2 and n4 are never
+drained, however long the hang lasts.
 """
 
 from __future__ import annotations
@@ -38,7 +41,7 @@ def drained() -> set[str]:
     return {n.name for n in ScontrolBackend(timeout=10).nodes() if n.drained}
 
 
-def test_a_hang_drains_the_missing_rank_and_never_a_rank_that_waits(
+def test_a_hang_drains_the_missing_rank_on_its_node_s_cause_never_one_that_waits(
     slurm: SlurmCluster, tmp_path: Path
 ) -> None:
     procs = Procs()
@@ -97,16 +100,25 @@ def test_a_hang_drains_the_missing_rank_and_never_a_rank_that_waits(
         hung_at = time.monotonic()
         seen: set[str] = set()
 
-        def only_n3() -> bool:
+        def skipped_n3() -> bool:
+            seen.update(drained())
+            return "not draining n3" in fleet.log() and "class job" in fleet.log()
+
+        wait_for(skipped_n3, 90, "Fleet to name n3 and skip it as the job's own (class job)")
+        assert 'missing_nodes=["n3"]' in fleet.log()
+        assert seen == set(), seen
+        control.write_text(f"rank {HUNG} hang lost\n")
+
+        def n3_drained() -> bool:
             now = drained()
             seen.update(now)
             return "n3" in now
 
-        wait_for(only_n3, 90, "Fleet to drain n3")
+        wait_for(n3_drained, 90, "Fleet to drain n3 once its GPU is lost")
         waited = time.monotonic() - hung_at
         reason = next(n.reason for n in ScontrolBackend(timeout=10).nodes() if n.name == "n3")
         assert reason is not None and reason.startswith("ingero: straggler"), reason
-        assert "collective_wait" in fleet.log() and 'missing_nodes=["n3"]' in fleet.log()
+        assert reason.endswith("class=hardware"), reason
         # As long again: the waiting ranks stay in service.
         deadline = time.monotonic() + max(5.0, waited)
         while time.monotonic() < deadline:
