@@ -158,8 +158,11 @@ class NcclConfig:
     hang_after: Duration = field(default=Duration(30.0), metadata=positive())
     # A communicator stopped at one collective this long (ranks behind it, as of their own
     # reports; or every rank, their nodes quiet) is a collective_wait: its replies say who
-    # waits for whom, long before hang_after.
-    wait_after: Duration = field(default=Duration(1.0), metadata=positive())
+    # waits for whom, long before hang_after. Only its length tells a hang from a rank that
+    # is late: half a second names the hung rank within 3 intervals of a 1 s push (a tracer
+    # interval, a push and a tick come after it), and a rank must be about 40% slower than
+    # its peers at a 1 s step to be waited for so long (decisions/0057).
+    wait_after: Duration = field(default=Duration(0.5), metadata=positive())
     max_comms: int = field(default=10000, metadata=positive())
     max_comms_per_group: int = field(default=64, metadata=positive())
     # Unjoined sequence numbers kept per communicator (ranks sampling others never join).
