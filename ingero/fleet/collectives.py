@@ -32,6 +32,10 @@ tick thread, once per push interval) does the work:
   judged (computing and waiting look alike from here). ``state: end`` once the
   communicator moves on or the missing ranks arrive.
 
+This module joins, judges lag and runs the tick; the hang and wait judging is
+:mod:`ingero.fleet.collective_stops`, and the per-communicator records both read and write
+are :mod:`ingero.fleet.communicator`.
+
 Memory is bounded by configuration: ``nccl.max_comms`` communicators in all and
 ``nccl.max_comms_per_group`` per peer group (new ones beyond are refused and counted),
 ``nccl.max_pending`` unjoined sequence numbers and ``nccl.window`` joined rows per
@@ -49,121 +53,29 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from ingero.fleet.collective_stops import hang_end, judge_hang, judge_wait, name_wait, wait_event
+from ingero.fleet.communicator import (
+    DETECTION_MODE,
+    Comm,
+    CommKey,
+    JoinedRow,
+    LagEpisode,
+    NcclNamed,
+    RankState,
+)
 from ingero.fleet.config import NcclConfig
 from ingero.fleet.model import NodeKey, PeerLagCause
-from ingero.fleet.threshold import MAD_SCALE, BoolArray, FloatArray, IntArray
+from ingero.fleet.threshold import MAD_SCALE, FloatArray, IntArray
 from ingero.otlp.build import build
 from ingero.otlp.collectives import CommReport
 from ingero.otlp.health import NodePush
 from ingero.schema.events import Event, new_event_id
 
-DETECTION_MODE = "fleet"
 # Communicators this small (an 8-GPU node's ranks, a few nodes) are joined only when every
 # rank reported the collective: one missing rank is a large share of their median.
 SMALL_COMM = 8
-# A collective_hang names at most this many ranks and nodes per list (a count says how many).
-MAX_NAMED = 64
 # Ticks a joinable collective waits for the ranks that have not reported it yet.
 _JOIN_WAIT_TICKS = 2
-
-CommKey = tuple[str, str, str]  # (cluster_id, peer group, comm_hash)
-
-
-@dataclass
-class _Rank:
-    """One rank's latest report of a communicator, and where it came from.
-
-    ``report`` is kept without its calls, and ``ops`` holds their (seq, op) as plain tuples:
-    a ``CollectiveCall`` is a tuple subclass, which CPython's cyclic GC never stops tracking,
-    so 16 of them per rank kept for a tick interval made every full collection walk
-    hundreds of thousands of objects (at 10,000 ranks it cost more than the push itself);
-    plain tuples of ints and strings drop out of the GC's lists after its first pass.
-    """
-
-    node_id: str
-    slurm_rank: int | None
-    report: CommReport
-    offset_ns: int
-    offset_known: bool
-    seen: float  # monotonic time of the push that carried it
-    # (seq, op, entry on Fleet's clock in ns) of the report's sampled calls
-    ops: tuple[tuple[int, str, int], ...] = ()
-    # Fleet's Unix time (s) the report is as of: its tracer interval's end, on Fleet's
-    # clock (an older node's: the push's arrival).
-    as_of: float = 0.0
-    quiet: bool = False  # the node launches nothing while its job runs (ingero.node.quiet)
-
-
-@dataclass
-class _Row:
-    """One joined collective: the ranks that reported it, their lag behind the median entry
-    (ns), which of them were late by the robust rule, and the rank that entered last."""
-
-    seq: int
-    op: str
-    bytes: int
-    ranks: IntArray
-    lag_ns: FloatArray
-    wait_ns: FloatArray  # the barrier wait: the last entry - the rank's own
-    late: BoolArray
-    last_rank: int
-
-
-@dataclass
-class _LagEpisode:
-    event_id: str
-    since: float
-    node_id: str
-    slurm_rank: int | None
-    lag_s: float
-    # Its last start event: the lag it said, the joined collectives then, and how many
-    # re-emits since the first (a start's figures are those of the window it opened in).
-    said_lag_s: float = 0.0
-    said_at: int = 0
-    repeats: int = 0
-
-
-@dataclass
-class _Hang:
-    event_id: str
-    seq: int
-    op: str
-    since: float
-    missing: list[int]
-
-
-@dataclass
-class _Wait:
-    """A communicator stopped at one collective for ``nccl.wait_after``: the ranks behind
-    it (``missing``, the ones the others wait for), or none when every rank stopped at it."""
-
-    event_id: str
-    seq: int
-    op: str
-    since: float  # Fleet's Unix time the wait began (the first arrival at ``seq``)
-    missing: list[int]
-    waiting: list[int]  # the ranks inside or past it
-
-
-@dataclass
-class _Comm:
-    cluster_id: str
-    group: str
-    job_id: str | None
-    comm_hash: str
-    nranks: int
-    ranks: dict[int, _Rank] = field(default_factory=dict)
-    # The tick's copy of ``ranks``, which it works on without the lock (ingest goes on).
-    view: dict[int, _Rank] = field(default_factory=dict)
-    # seq -> rank -> (entry on Fleet's clock in ns, bytes, op)
-    pending: dict[int, dict[int, tuple[float, int, str]]] = field(default_factory=dict)
-    quorum_tick: dict[int, int] = field(default_factory=dict)
-    joined_seq: int = 0
-    rows: deque[_Row] = field(default_factory=deque)
-    joined_total: int = 0  # collectives joined since the communicator was seen: a lag's clock
-    lagging: dict[int, _LagEpisode] = field(default_factory=dict)
-    hang: _Hang | None = None
-    wait: _Wait | None = None
 
 
 @dataclass(frozen=True)
@@ -178,17 +90,6 @@ class RankLag:
     lag_p50_s: float
     lag_p95_s: float
     wait_p50_s: float = 0.0  # its median barrier wait: how long it waits for the last rank
-
-
-@dataclass(frozen=True)
-class NcclNamed:
-    """An open episode that names a node's rank: what the node's push reply carries."""
-
-    type: str  # collective_hang (the others wait for it) or peer_lag
-    event_id: str
-    since: float  # Fleet's Unix time the episode began
-    op: str | None = None  # the collective: a hang's, or the lag window's most common op
-    seq: int | None = None  # a hang's sequence number
 
 
 @dataclass(frozen=True)
@@ -226,7 +127,7 @@ class CollectiveJoin:
         self._ttl = node_ttl
         self._lock = threading.Lock()  # ingest's and the tick's shared state
         self._tick_lock = threading.Lock()  # ticks are serialised; rows are the tick's
-        self._comms: dict[CommKey, _Comm] = {}
+        self._comms: dict[CommKey, Comm] = {}
         self._per_group: Counter[str] = Counter()
         self._ticks = 0
         self._refused = 0
@@ -255,7 +156,7 @@ class CollectiveJoin:
                 comm = self._comm(push, group, report)
                 if comm is None:
                     continue
-                comm.ranks[report.comm_rank] = _Rank(
+                comm.ranks[report.comm_rank] = RankState(
                     node_id=push.node_id,
                     slurm_rank=push.rank,
                     report=build(CommReport, **{**report.__dict__, "calls": ()}),
@@ -281,7 +182,7 @@ class CollectiveJoin:
                         entries = pending[seq] = {}
                     entries[rank] = (float(entered_ns + offset_ns), size, op)
 
-    def _comm(self, push: NodePush, group: str, report: CommReport) -> _Comm | None:
+    def _comm(self, push: NodePush, group: str, report: CommReport) -> Comm | None:
         key = (push.cluster_id, group, report.comm_hash)
         comm = self._comms.get(key)
         if comm is not None:
@@ -295,7 +196,7 @@ class CollectiveJoin:
         ):
             self._refused += 1
             return None
-        comm = _Comm(
+        comm = Comm(
             cluster_id=push.cluster_id,
             group=group,
             job_id=push.job_id or None,
@@ -350,8 +251,8 @@ class CollectiveJoin:
             for comm, pending in work:
                 joined += self._join(comm, pending)
                 events.extend(self._judge_lag(comm, now))
-                events.extend(self._judge_hang(comm, now))
-                events.extend(self._judge_wait(comm, now))
+                events.extend(judge_hang(comm, self._cfg, now))
+                events.extend(judge_wait(comm, self._cfg, now))
                 hung += comm.hang is not None
                 waits += comm.wait is not None
                 for rank, episode in comm.lagging.items():
@@ -364,7 +265,7 @@ class CollectiveJoin:
                         op = _window_op_bytes(comm)[0] or None
                         named[node] = NcclNamed("peer_lag", episode.event_id, episode.since, op)
                 if comm.wait is not None:  # before the hang's bound: who holds the job back
-                    self._name_wait(comm, named, waiting)
+                    name_wait(comm, named, waiting)
                 if comm.hang is not None:  # the ranks the others wait for: a hang comes first
                     hang = comm.hang
                     # Those below the hung collective now: a rank that had not reported yet
@@ -411,7 +312,7 @@ class CollectiveJoin:
                     del self._per_group[comm.group]
         return events
 
-    def _merge(self, comm: _Comm, leftover: dict[int, dict[int, tuple[float, int, str]]]) -> None:
+    def _merge(self, comm: Comm, leftover: dict[int, dict[int, tuple[float, int, str]]]) -> None:
         """Give back the calls the tick did not join, with those ingested meanwhile."""
         arrived, comm.pending = comm.pending, leftover
         for seq, entries in arrived.items():
@@ -422,7 +323,7 @@ class CollectiveJoin:
         # The tick's own bookkeeping (only ticks touch it): for what still waits.
         comm.quorum_tick = {s: t for s, t in comm.quorum_tick.items() if s in comm.pending}
 
-    def _join(self, comm: _Comm, pending: dict[int, dict[int, tuple[float, int, str]]]) -> int:
+    def _join(self, comm: Comm, pending: dict[int, dict[int, tuple[float, int, str]]]) -> int:
         """Join every collective that is ready (module docstring); returns how many."""
         need = _required(comm.nranks, self._cfg.join_fraction)
         entered = sorted(st.report.entered_seq for st in comm.view.values())
@@ -456,7 +357,7 @@ class CollectiveJoin:
         comm.joined_total += len(ready)
         return len(ready)
 
-    def _rows(self, batch: list[tuple[int, dict[int, tuple[float, int, str]]]]) -> list[_Row]:
+    def _rows(self, batch: list[tuple[int, dict[int, tuple[float, int, str]]]]) -> list[JoinedRow]:
         """The joined collectives of one tick, computed as one matrix (collective x rank,
         NaN where a rank did not report it): medians, lags, MADs and the last rank."""
         if not batch:
@@ -481,7 +382,7 @@ class CollectiveJoin:
             mine = present[row]
             sizes = sorted(e[1] for e in entries.values())
             rows.append(
-                _Row(
+                JoinedRow(
                     seq=seq,
                     op=Counter(e[2] for e in entries.values()).most_common(1)[0][0],
                     bytes=sizes[len(sizes) // 2],
@@ -494,7 +395,7 @@ class CollectiveJoin:
             )
         return rows
 
-    def _judge_lag(self, comm: _Comm, now: float) -> list[Event]:
+    def _judge_lag(self, comm: Comm, now: float) -> list[Event]:
         events: list[Event] = []
         window = self._cfg.window
         # The share is of the window's joined collectives, a quarter of a window of them at
@@ -507,7 +408,7 @@ class CollectiveJoin:
             episode = comm.lagging.get(rank)
             st = comm.view.get(rank)
             if episode is None and fig.late > enter_at and st is not None:
-                episode = _LagEpisode(new_event_id(), now, st.node_id, st.slurm_rank, 0.0)
+                episode = LagEpisode(new_event_id(), now, st.node_id, st.slurm_rank, 0.0)
                 comm.lagging[rank] = episode
                 episode.lag_s = fig.lag_p50_s
                 events.append(self._lag_start(comm, rank, figures, episode, now, st))
@@ -533,12 +434,12 @@ class CollectiveJoin:
 
     def _lag_start(
         self,
-        comm: _Comm,
+        comm: Comm,
         rank: int,
         figures: dict[int, RankLag],
-        episode: _LagEpisode,
+        episode: LagEpisode,
         now: float,
-        st: _Rank,
+        st: RankState,
     ) -> Event:
         """A lag episode's start event (or a re-emit of it, ``repeat`` > 0)."""
         fig = figures[rank]
@@ -549,215 +450,6 @@ class CollectiveJoin:
         event.extra["repeat"] = episode.repeats
         return event
 
-    def _judge_hang(self, comm: _Comm, now: float) -> list[Event]:
-        top = max(st.report.entered_seq for st in comm.view.values())
-        # Ranks that entered the highest collective and have entered nothing since, with
-        # when they entered it (Fleet's clock), and of those the ones still inside the
-        # call. Real NCCL returns once the collective is enqueued on the GPU stream, so a
-        # rank waiting for a peer that never comes is not inside the call but in a later
-        # stream sync: having entered N and nothing after is what a waiting rank shows.
-        arrived: dict[int, float] = {}
-        blocked: set[int] = set()
-        for rank, st in comm.view.items():
-            if st.report.entered_seq != top:
-                continue
-            since_ns = _inside_since(st.report, top)
-            if since_ns is not None:
-                blocked.add(rank)
-            else:
-                since_ns = st.report.last_enter_ns
-            if since_ns:
-                arrived[rank] = (since_ns + st.offset_ns) / 1e9
-        missing = [
-            r
-            for r in range(comm.nranks)
-            if r not in comm.view or comm.view[r].report.entered_seq < top
-        ]
-        # Every rank at N is a hang only when every rank is still inside the call: ranks
-        # that entered N, returned and entered nothing since may as well be computing
-        # (evaluation, a checkpoint) as waiting, and cannot be told apart from here.
-        all_inside = not missing and len(blocked) == comm.nranks
-        events: list[Event] = []
-        hang = comm.hang
-        if hang is not None and (hang.seq != top or not (missing or all_inside)):
-            comm.hang = None
-            events.append(_hang_end(comm, hang, now, "moved_on"))
-        if not arrived or comm.hang is not None or top == 0 or not (missing or all_inside):
-            return events
-        inside_for = now - min(arrived.values())
-        if inside_for < float(self._cfg.hang_after):
-            return events
-        op = next(
-            (
-                st.report.inflight_op
-                for st in comm.view.values()
-                if st.report.inflight_seq == top and st.report.inflight_op
-            ),
-            _op_of(comm, top),
-        )
-        comm.hang = _Hang(new_event_id(), top, op, now - inside_for, missing)
-        events.append(_hang_start(comm, comm.hang, arrived, blocked, now))
-        return events
-
-    def _judge_wait(self, comm: _Comm, now: float) -> list[Event]:
-        """Open, keep or end the communicator's wait (module docstring, ``collective_wait``)."""
-        found = self._stopped_at(comm)
-        wait = comm.wait
-        events: list[Event] = []
-        if wait is not None and (found is None or (found[0], found[2]) != (wait.seq, wait.missing)):
-            comm.wait = None
-            events.append(_wait_event(comm, wait, now, "end", reason="moved_on"))
-        if found is None or comm.wait is not None:
-            return events
-        seq, since, missing = found
-        waiting = sorted(r for r in comm.view if r not in missing)
-        comm.wait = _Wait(new_event_id(), seq, _op_of(comm, seq), since, missing, waiting)
-        events.append(_wait_event(comm, comm.wait, now, "start"))
-        return events
-
-    def _stopped_at(self, comm: _Comm) -> tuple[int, float, list[int]] | None:
-        """(seq, since, the ranks behind it) when the communicator has stopped at collective
-        ``seq``: ranks that have not entered it, each as of a report taken at least
-        ``nccl.wait_after`` after another rank entered it (they hold the others back), or,
-        none behind, every rank as of a report ``wait_after`` past its last entry and its
-        node quiet (every rank stopped at it). None otherwise (and while a rank of the
-        communicator has not reported)."""
-        view = comm.view
-        if len(view) < comm.nranks:
-            return None
-        after = float(self._cfg.wait_after)
-        entered = {r: st.report.entered_seq for r, st in view.items()}
-        low, high = min(entered.values()), max(entered.values())
-        if high == 0:
-            return None
-        if low < high:
-            seq = low + 1
-            arrivals = [_entry_s(st, seq) for st in view.values() if st.report.entered_seq >= seq]
-            front = min(arrivals)
-            behind = sorted(r for r, e in entered.items() if e == low)
-            if all(view[r].as_of - front >= after for r in behind):
-                return seq, front, behind
-            return None
-        lasts = [_entry_s(st, low) for st in view.values()]
-        if all(
-            st.quiet and st.as_of - last >= after
-            for st, last in zip(view.values(), lasts, strict=True)
-        ):
-            return low, max(lasts), []
-        return None
-
-    def _name_wait(
-        self,
-        comm: _Comm,
-        named: dict[NodeKey, NcclNamed],
-        waiting: dict[NodeKey, dict[str, object]],
-    ) -> None:
-        """The nodes the wait names: those of the ranks behind (their replies name the wait,
-        as a hang's do) and those of the ranks that wait (their replies say for whom)."""
-        wait = comm.wait
-        assert wait is not None
-        missing_nodes = sorted({comm.view[r].node_id for r in wait.missing if r in comm.view})
-        for rank in wait.missing:
-            st = comm.view.get(rank)
-            if st is not None:
-                named[(comm.cluster_id, st.node_id)] = NcclNamed(
-                    "collective_wait", wait.event_id, wait.since, wait.op, wait.seq
-                )
-        said: dict[str, object] = {
-            "event_id": wait.event_id,
-            "comm_hash": comm.comm_hash,
-            "op": wait.op or "collective",
-            "seq": wait.seq,
-            "since": wait.since,
-            "ranks": _named(wait.missing),
-            "nodes": _named(missing_nodes),
-        }
-        for rank in wait.waiting:
-            st = comm.view.get(rank)
-            if st is not None:
-                waiting.setdefault((comm.cluster_id, st.node_id), said)
-
-
-def _entry_s(st: _Rank, seq: int) -> float:
-    """When the rank entered collective ``seq`` on Fleet's clock (s): its sampled call, else
-    its last entry (a later one, when it entered more since)."""
-    for call_seq, _, entered_ns in st.ops:
-        if call_seq == seq:
-            return entered_ns / 1e9
-    last = st.report.last_enter_ns
-    return (last + st.offset_ns) / 1e9 if last else st.as_of
-
-
-def _wait_event(comm: _Comm, wait: _Wait, now: float, state: str, **more: object) -> Event:
-    """A ``collective_wait`` start or end: the collective the communicator stopped at, the
-    ranks (and nodes) it waits for, or none when every rank stopped at it."""
-    missing_nodes = sorted({comm.view[r].node_id for r in wait.missing if r in comm.view})
-    waiting_nodes = sorted({comm.view[r].node_id for r in wait.waiting if r in comm.view})
-    extra: dict[str, object] = {
-        "state": state,
-        "group": comm.group,
-        "comm_hash": comm.comm_hash,
-        "nranks": comm.nranks,
-        "seq": wait.seq,
-        "op": wait.op,
-        "missing_ranks": _named(wait.missing),
-        "missing_count": len(wait.missing),
-        "missing_nodes": _named(missing_nodes),
-        "waiting_ranks": _named(wait.waiting),
-        "waiting_count": len(wait.waiting),
-        "waiting_nodes": _named(waiting_nodes),
-        "since": wait.since,
-        "waiting_for_s": round(now - wait.since, 3),
-    }
-    if state == "start":
-        extra["reason"] = (
-            "missing_ranks"
-            if wait.missing
-            else "all_ranks_waiting: not a rank (network, NVLink or a GPU)"
-        )
-    extra.update(more)
-    if state == "end":
-        extra["duration_s"] = round(now - wait.since, 3)
-    return _comm_event(comm, "collective_wait", wait.event_id, missing_nodes, now, extra)
-
-
-def _comm_event(
-    comm: _Comm,
-    kind: str,
-    event_id: str,
-    missing_nodes: list[str],
-    now: float,
-    extra: dict[str, object],
-) -> Event:
-    """A job-level NCCL event: its node is the first missing one ("" when none is)."""
-    return Event(
-        type=kind,
-        node_id=missing_nodes[0] if missing_nodes else "",
-        cluster_id=comm.cluster_id,
-        timestamp=now,
-        event_id=event_id,
-        job_id=comm.job_id,
-        detection_mode=DETECTION_MODE,
-        extra=extra,
-    )
-
-
-def _inside_since(report: CommReport, top: int) -> int | None:
-    """When the rank entered collective ``top`` and is still inside it (node ns), or None."""
-    if report.inflight_seq == top and report.inflight_since_ns:
-        return report.inflight_since_ns
-    if report.entered_seq == top and report.returned_seq < top and report.last_enter_ns:
-        return report.last_enter_ns
-    return None
-
-
-def _op_of(comm: _Comm, seq: int) -> str:
-    for st in comm.view.values():
-        for call_seq, op, _ in st.ops:
-            if call_seq == seq:
-                return op
-    return comm.rows[-1].op if comm.rows else ""
-
 
 def _min_judged(window: int) -> int:
     """The fewest joined collectives a rank's lateness is judged over (a quarter window, 2
@@ -765,7 +457,7 @@ def _min_judged(window: int) -> int:
     return max(2, window // 4)
 
 
-def _rank_lags(comm: _Comm, cfg: NcclConfig) -> list[RankLag]:
+def _rank_lags(comm: Comm, cfg: NcclConfig) -> list[RankLag]:
     """Per rank present in the window: collectives counted, late, last, lag p50/p95."""
     rows = list(comm.rows)
     if not rows:
@@ -824,7 +516,7 @@ def _column_quantile(ordered: FloatArray, counts: IntArray, q: float) -> FloatAr
     return value
 
 
-def _window_op_bytes(comm: _Comm) -> tuple[str, int]:
+def _window_op_bytes(comm: Comm) -> tuple[str, int]:
     rows = comm.rows
     if not rows:
         return "", 0
@@ -834,14 +526,14 @@ def _window_op_bytes(comm: _Comm) -> tuple[str, int]:
 
 
 def _lag_event(
-    comm: _Comm,
+    comm: Comm,
     rank: int,
     fig: RankLag,
-    episode: _LagEpisode,
+    episode: LagEpisode,
     now: float,
     state: str,
     reason: str | None,
-    st: _Rank | None,
+    st: RankState | None,
     peers_wait_s: float = 0.0,
 ) -> Event:
     op, size = _window_op_bytes(comm)
@@ -880,75 +572,18 @@ def _lag_event(
     )
 
 
-def _lag_end(comm: _Comm, rank: int, episode: _LagEpisode, now: float, reason: str) -> Event:
+def _lag_end(comm: Comm, rank: int, episode: LagEpisode, now: float, reason: str) -> Event:
     fig = RankLag(rank, episode.node_id, 0, 0, 0, episode.lag_s, episode.lag_s)
     return _lag_event(comm, rank, fig, episode, now, "end", reason, None)
 
 
-def _named(values: list[int] | list[str]) -> list[int] | list[str]:
-    return values[:MAX_NAMED]
-
-
-def _hang_event(comm: _Comm, hang: _Hang, now: float, state: str, **more: object) -> Event:
-    """A ``collective_hang`` start or end: the communicator, the collective, the wavefront
-    (ranks and nodes that never entered it), and ``more`` of the state's own fields."""
-    missing_nodes = sorted({comm.view[r].node_id for r in hang.missing if r in comm.view})
-    return _comm_event(
-        comm,
-        "collective_hang",
-        hang.event_id,
-        missing_nodes,
-        now,
-        {
-            "state": state,
-            "group": comm.group,
-            "comm_hash": comm.comm_hash,
-            "nranks": comm.nranks,
-            "seq": hang.seq,
-            "op": hang.op,
-            "missing_ranks": _named(hang.missing),
-            "missing_count": len(hang.missing),
-            "missing_nodes": _named(missing_nodes),
-            **more,
-        },
-    )
-
-
-def _hang_start(
-    comm: _Comm, hang: _Hang, arrived: dict[int, float], blocked: set[int], now: float
-) -> Event:
-    inside_ranks = sorted(arrived)
-    return _hang_event(
-        comm,
-        hang,
-        now,
-        "start",
-        # the ranks that entered collective N (and nothing since): the ones waiting
-        inside_ranks=_named(inside_ranks),
-        inside_count=len(inside_ranks),
-        # of those, the ones still inside the NCCL call; the others returned at enqueue,
-        # as real NCCL does, and wait in a stream sync
-        in_call_count=len(blocked),
-        inside_for_s=round(now - hang.since, 3),
-        reason="missing_ranks"
-        if hang.missing
-        else "all_ranks_inside: not a rank (network, NVLink or a GPU)",
-    )
-
-
-def _hang_end(comm: _Comm, hang: _Hang, now: float, reason: str) -> Event:
-    return _hang_event(
-        comm, hang, now, "end", reason=reason, since=hang.since, duration_s=now - hang.since
-    )
-
-
-def _end_all(comm: _Comm, now: float, reason: str) -> list[Event]:
+def _end_all(comm: Comm, now: float, reason: str) -> list[Event]:
     events = [_lag_end(comm, r, ep, now, reason) for r, ep in comm.lagging.items()]
     comm.lagging.clear()
     if comm.hang is not None:
-        events.append(_hang_end(comm, comm.hang, now, reason))
+        events.append(hang_end(comm, comm.hang, now, reason))
         comm.hang = None
     if comm.wait is not None:
-        events.append(_wait_event(comm, comm.wait, now, "end", reason=reason))
+        events.append(wait_event(comm, comm.wait, now, "end", reason=reason))
         comm.wait = None
     return events

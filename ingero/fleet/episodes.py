@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from ingero.fleet.model import NodeVerdict
 from ingero.schema.events import Event
 
 DETECTION_MODE = "fleet"
@@ -56,27 +57,21 @@ def judged_in_new_group(reason: str) -> bool:
 
 
 def started_event(
+    node: Closing | NodeVerdict,
     *,
-    node_id: str,
-    cluster_id: str,
-    group: str,
-    job_id: str | None,
-    rank: int | None,
-    score: float,
     threshold: float | None,
-    dominant_signal: str | None,
     panic: bool,
-    event_id: str,
     now: float,
     stall: bool = False,
     peer_lag: bool = False,
     cause_class: str | None = None,
 ) -> Event:
-    """The ``straggler_state`` that opens an episode; its id is the episode's. A node whose
-    job runs but which launches nothing is a straggler with ``reason: stall``; one whose
-    score is not below but whose NCCL rank enters collectives late, ``reason: peer_lag``;
-    ``cause_class``, what to do about it (``ingero.schema.causes``)."""
-    extra: dict[str, object] = {"group": group, "panic": panic}
+    """The ``straggler_state`` that opens the episode of ``node`` (a verdict, or one ending
+    before Fleet announced it), whose fields it takes; its id is the episode's. A node
+    whose job runs but which launches nothing is a straggler with ``reason: stall``; one
+    whose score is not below but whose NCCL rank enters collectives late, ``reason:
+    peer_lag``; ``cause_class``, what to do about it (``ingero.schema.causes``)."""
+    extra: dict[str, object] = {"group": node.group, "panic": panic}
     if cause_class is not None:
         extra["cause_class"] = cause_class
     if stall:
@@ -85,16 +80,16 @@ def started_event(
         extra["reason"] = "peer_lag"
     return Event(
         type="straggler_state",
-        node_id=node_id,
-        cluster_id=cluster_id,
+        node_id=node.node_id,
+        cluster_id=node.cluster_id,
         timestamp=now,
-        event_id=event_id,
-        job_id=job_id,
-        rank=rank,
-        score=score,
+        event_id=node.event_id,
+        job_id=node.job_id,
+        rank=node.rank,
+        score=node.score,
         threshold=threshold,
         detection_mode=DETECTION_MODE,
-        dominant_signal=dominant_signal,
+        dominant_signal=node.dominant_signal,
         extra=extra,
     )
 

@@ -21,12 +21,12 @@ from __future__ import annotations
 import math
 import threading
 from collections.abc import Collection, Mapping
-from typing import Any, Literal, NamedTuple
+from typing import Literal, NamedTuple
 
 import numpy as np
-import numpy.typing as npt
 
-from ingero.fleet.collectives import CollectiveJoin, NcclNamed, NcclTick
+from ingero.fleet.collectives import CollectiveJoin, NcclTick
+from ingero.fleet.communicator import NcclNamed
 from ingero.fleet.config import FleetConfig
 from ingero.fleet.episodes import (
     Closing,
@@ -37,7 +37,6 @@ from ingero.fleet.episodes import (
 )
 from ingero.fleet.model import (
     CapacityError,
-    ClusterStats,
     GroupStats,
     NodeKey,
     NodeReport,
@@ -45,12 +44,14 @@ from ingero.fleet.model import (
     PeerLagCause,
     TickResult,
 )
+from ingero.fleet.node_view import empty_view, node_view
 from ingero.fleet.ownership import Ownership
+from ingero.fleet.slots import SLOT_COLUMNS, Meta
 from ingero.fleet.threshold import BoolArray, FloatArray, IntArray, NodeNoise
 from ingero.fleet.tick import Outcome, Snapshot, compute, degraded_events, finite, summaries
 from ingero.otlp.health import NODE_STATES, PEER_RATES, NodePush, group_key
 from ingero.otlp.limits import check_lengths, shown
-from ingero.otlp.threshold import ThresholdView, with_fields
+from ingero.otlp.threshold import ThresholdView
 from ingero.runtime.clock import Clock
 from ingero.schema.causes import class_from_signal
 from ingero.schema.events import Event, new_event_id
@@ -112,65 +113,10 @@ class NodeScore(NamedTuple):
     provider: str | None
 
 
-# What Echo keeps about a node's hardware, from its last push (host, GPU model/count, provider).
-_Meta = tuple[str | None, str | None, int | None, str | None]
-
-
-class _Column(NamedTuple):
-    """One per-slot column of FleetState: a numpy array (``dtype``, ``width`` values a slot)
-    or, with ``dtype`` None, a Python list. A slot holds ``fill`` from the start, when the
-    columns grow, when it is handed to a node and when it is freed."""
-
-    attr: str
-    dtype: type | None
-    fill: object
-    width: int = 1
-
-    def make(self, n: int) -> npt.NDArray[Any] | list[object]:
-        if self.dtype is None:
-            return [self.fill] * n
-        return np.full(n if self.width == 1 else (n, self.width), self.fill, dtype=self.dtype)
-
-
-# Every per-slot column, declared once (their types are FleetState's annotations).
-_SLOT_COLUMNS = (
-    _Column("_occupied", np.bool_, False),
-    _Column("_score", np.float64, 0.0),
-    _Column("_gid", np.int64, 0),
-    _Column("_active", np.bool_, False),
-    _Column("_idle", np.bool_, False),
-    _Column("_seen", np.float64, 0.0),
-    _Column("_straggler", np.bool_, False),
-    _Column("_consec", np.int64, 0),
-    _Column("_since", np.float64, math.nan),
-    _Column("_episode_gid", np.int64, -1),
-    _Column("_rates", np.float64, math.nan, len(PEER_RATES)),
-    _Column("_stalled", np.bool_, False),
-    _Column("_stall_episode", np.bool_, False),
-    _Column("_recent", np.int64, 0),
-    _Column("_exits", np.int64, 0),
-    _Column("_last_measured", np.float64, math.nan),
-    _Column("_noise", np.float64, math.nan),
-    _Column("_noise_count", np.int64, 0),
-    _Column("_noise_gid", np.int64, -1),
-    _Column("_pending", np.bool_, False),
-    _Column("_pending_at", np.float64, 0.0),
-    _Column("_fresh", np.bool_, False),
-    _Column("_says_held", np.bool_, False),
-    _Column("_reported", None, None),
-    _Column("_key", None, ("", "")),
-    _Column("_rank", None, None),
-    _Column("_signal", None, None),
-    _Column("_cause", None, None),
-    _Column("_episode_id", None, ""),
-    _Column("_meta", None, None),
-)
-
-
 class FleetState:
     """Latest score of every node, per-group thresholds and per-node straggler episodes."""
 
-    # The per-slot columns (_SLOT_COLUMNS makes them), indexed by slot.
+    # The per-slot columns (SLOT_COLUMNS makes them), indexed by slot.
     _occupied: BoolArray
     _score: FloatArray
     _gid: IntArray
@@ -209,7 +155,7 @@ class FleetState:
     _signal: list[str | None]
     _cause: list[str | None]  # the node's cause class, last push (None: it says none)
     _episode_id: list[str]
-    _meta: list[_Meta | None]
+    _meta: list[Meta | None]
 
     def __init__(self, config: FleetConfig, clock: Clock) -> None:
         self._config = config
@@ -222,7 +168,7 @@ class FleetState:
         self._slot_of: dict[NodeKey, int] = {}
         self._free_slots: list[int] = []
         self._n = 0  # slots in use are below this mark
-        for column in _SLOT_COLUMNS:
+        for column in SLOT_COLUMNS:
             setattr(self, column.attr, column.make(_INITIAL_CAPACITY))
         # Groups: an index per group key, with its metadata and smoothed threshold.
         self._gid_of: dict[str, int] = {}
@@ -238,8 +184,6 @@ class FleetState:
         # Published by the last tick.
         self._views: dict[str, ThresholdView] = {}
         self._groups: tuple[GroupStats, ...] = ()
-        self._clusters: tuple[ClusterStats, ...] = ()
-        self._last: TickResult | None = None
         # NCCL communicators joined across ranks: its own lock, fed after a push
         # is stored; the per-node lag it flags is published here by each tick.
         self._nccl = CollectiveJoin(config.nccl, config.node_ttl)
@@ -318,8 +262,8 @@ class FleetState:
             waiting = self._waiting.get(node)
         self._nccl.ingest(push, mono, self._clock.now())
         if view is None:
-            return _empty_view(push.cluster_id, key)
-        return _node_view(view, push.rates, episode, lag, named, waiting)
+            return empty_view(push.cluster_id, key)
+        return node_view(view, push.rates, episode, lag, named, waiting)
 
     # ---- reads ----------------------------------------------------------------------
 
@@ -346,7 +290,7 @@ class FleetState:
             lag = self._peer_lag.get(node)
             named = self._named.get(node)
             waiting = self._waiting.get(node)
-        return _node_view(view, rates, episode, lag, named, waiting)
+        return node_view(view, rates, episode, lag, named, waiting)
 
     def node_report(self, cluster_id: str, node_id: str) -> NodeReport | None:
         """The node's last push as the drain controller asks for it; None: not tracked
@@ -372,17 +316,9 @@ class FleetState:
         with self._lock:
             return self._groups
 
-    def clusters_snapshot(self) -> tuple[ClusterStats, ...]:
-        with self._lock:
-            return self._clusters
-
     def clock_offsets(self) -> list[tuple[str, str, float, float]]:
         """(cluster_id, node_id, offset s, uncertainty s) of the nodes that reported one."""
         return self._nccl.clock_offsets()
-
-    def last_tick(self) -> TickResult | None:
-        with self._lock:
-            return self._last
 
     def scores_snapshot(
         self, lowest: int | None = None, first: Collection[NodeKey] = ()
@@ -480,8 +416,7 @@ class FleetState:
             self._waiting = nccl.waiting
             self._views = views
             self._groups = groups
-            self._clusters = clusters
-            self._last = TickResult(
+            return TickResult(
                 computed_at=snap.now,
                 groups=groups,
                 verdicts=tuple(verdicts),
@@ -496,7 +431,6 @@ class FleetState:
                 taken_over=tuple(taken),
                 owned_clusters=self._owners.owned(snap.mono),
             )
-            return self._last
 
     # ---- tick phases (the methods are called with the lock held) ---------------------
 
@@ -617,16 +551,9 @@ class FleetState:
                 # ended before Fleet's announcement was due: Fleet tells it too, start and end.
                 events.append(
                     started_event(
-                        node_id=closing.node_id,
-                        cluster_id=closing.cluster_id,
-                        group=closing.group,
-                        job_id=closing.job_id,
-                        rank=closing.rank,
-                        score=closing.score,
+                        closing,
                         threshold=finite(out.threshold[g_old]),
-                        dominant_signal=closing.dominant_signal,
                         panic=bool(out.panic[g_old]),
-                        event_id=closing.event_id,
                         now=snap.now,
                         stall=bool(snap.stall_episode[pos]),
                     )
@@ -693,50 +620,42 @@ class FleetState:
             strict=True,
         )
         for slot, g, score, enters, ticks, began, lag, at_once in rows:
-            cause = self._cause[slot] or class_from_signal(self._signal[slot])
-            if self._announce(slot, enters, snap.mono, at_once):
+            # Announced first: it may give the episode its id, which the verdict carries.
+            due = self._announce(slot, enters, snap.mono, at_once)
+            node = self._key[slot]
+            verdict = NodeVerdict(
+                node_id=node[1],
+                cluster_id=snap.gcluster[g],
+                group=snap.gkeys[g],
+                job_id=snap.gjob[g],
+                rank=self._rank[slot],
+                score=score,
+                threshold=thr[g],
+                straggler=True,
+                consecutive_straggler_ticks=ticks,
+                since=began,
+                panic=panic[g],
+                quorum_met=True,
+                dominant_signal=self._signal[slot],
+                event_id=self._episode_id[slot],
+                drain_owner=self._owners.owner(snap.gcluster[g], snap.gkeys[g], snap.mono),
+                reason="peer_lag" if lag else "score",
+                peer_lag=(causes.get(node) or self._lag_cause.get(node)) if lag else None,
+                cause_class=self._cause[slot] or class_from_signal(self._signal[slot]),
+            )
+            if due:
                 events.append(
                     started_event(
-                        node_id=self._key[slot][1],
-                        cluster_id=snap.gcluster[g],
-                        group=snap.gkeys[g],
-                        job_id=snap.gjob[g],
-                        rank=self._rank[slot],
-                        score=score,
-                        threshold=thr[g],
-                        dominant_signal=self._signal[slot],
-                        panic=panic[g],
-                        event_id=self._episode_id[slot],
+                        verdict,
+                        threshold=verdict.threshold,
+                        panic=verdict.panic,
                         now=snap.now,
                         stall=bool(self._stall_episode[slot]),
                         peer_lag=lag,
-                        cause_class=cause,
+                        cause_class=verdict.cause_class,
                     )
                 )
-            verdicts.append(
-                NodeVerdict(
-                    node_id=self._key[slot][1],
-                    cluster_id=snap.gcluster[g],
-                    group=snap.gkeys[g],
-                    job_id=snap.gjob[g],
-                    rank=self._rank[slot],
-                    score=score,
-                    threshold=thr[g],
-                    straggler=True,
-                    consecutive_straggler_ticks=ticks,
-                    since=began,
-                    panic=panic[g],
-                    quorum_met=True,
-                    dominant_signal=self._signal[slot],
-                    event_id=self._episode_id[slot],
-                    drain_owner=self._owners.owner(snap.gcluster[g], snap.gkeys[g], snap.mono),
-                    reason="peer_lag" if lag else "score",
-                    peer_lag=(causes.get(self._key[slot]) or self._lag_cause.get(self._key[slot]))
-                    if lag
-                    else None,
-                    cause_class=cause,
-                )
-            )
+            verdicts.append(verdict)
         self._lag_cause = {
             (v.cluster_id, v.node_id): v.peer_lag for v in verdicts if v.peer_lag is not None
         }
@@ -792,7 +711,7 @@ class FleetState:
 
     def _grow_slots(self) -> None:
         extra = self._occupied.size
-        for column in _SLOT_COLUMNS:
+        for column in SLOT_COLUMNS:
             old, more = getattr(self, column.attr), column.make(extra)
             if isinstance(old, list):
                 old.extend(more)
@@ -801,7 +720,7 @@ class FleetState:
 
     def _clear(self, slots: list[int]) -> None:
         """Every column of ``slots`` back to its fill: what a slot new to a node holds."""
-        for column in _SLOT_COLUMNS:
+        for column in SLOT_COLUMNS:
             values = getattr(self, column.attr)
             if isinstance(values, list):
                 for slot in slots:
@@ -873,47 +792,3 @@ class FleetState:
                 self._gkey[gid] = ""
                 self._free_gids.append(gid)
         return np.flatnonzero(tracked)
-
-
-def _node_view(
-    view: ThresholdView,
-    rates: Mapping[str, float],
-    episode: str,
-    lag: float | None = None,
-    named: NcclNamed | None = None,
-    waiting: dict[str, object] | None = None,
-) -> ThresholdView:
-    """The group's view plus what is the node's own: its ratio to each peer median (from
-    its pushed rates), Fleet's open episode of it, its flagged NCCL entry lag (s), the
-    open NCCL episode that names one of its ranks, and whom its rank waits for."""
-    peers = view.peer_rates
-    ratios = None
-    if peers:
-        ratios = {}
-        for name, median in peers.items():
-            rate = rates.get(name)
-            if rate is not None and rate == rate and median > 0:  # rate == rate: not NaN
-                ratios[name] = rate / median
-    if not ratios and not episode and lag is None and named is None and waiting is None:
-        return view
-    return with_fields(
-        view,
-        rate_ratios=ratios or None,
-        episode_id=episode or None,
-        peer_lag=lag,
-        nccl_episode_id=named.event_id if named else None,
-        nccl_episode_type=named.type if named else None,
-        nccl_episode_since=named.since if named else None,
-        nccl_episode_op=named.op if named else None,
-        nccl_episode_seq=named.seq if named else None,
-        waiting_for=waiting,
-    )
-
-
-_EMPTY_VIEW = ThresholdView(active_nodes=0)  # no threshold, median, quorum, panic, tick
-
-
-def _empty_view(cluster_id: str, group: str) -> ThresholdView:
-    """A group no tick has seen yet: no threshold, no quorum. Every push of a new group
-    until the next tick gets one: a copy of a template, not a dataclass __init__."""
-    return with_fields(_EMPTY_VIEW, cluster_id=cluster_id, group=group)
