@@ -19,7 +19,7 @@ import statistics
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 from ingero.collectors.gpu import GpuQuery, GpuStatus, NoGpu
 from ingero.collectors.procfs import ProcfsError, ProcReader
@@ -84,6 +84,25 @@ class NodeSample:
     @property
     def score(self) -> float:
         return self.result.score if self.result is not None else 0.0
+
+
+class _GpuReading(NamedTuple):
+    """What one window says of the node's GPUs."""
+
+    busy: float | None  # mean busy fraction (None: not measured)
+    error: str | None  # why a live query failed
+    health: GpuHealth
+    fault: bool  # a GPU in error (an XID, ECC errors, lost)
+
+
+class _Throughput(NamedTuple):
+    """The throughput signal of one window and what it is judged against."""
+
+    rate: float | None  # None: not judged (no rate, or a lock-step job)
+    reference: float | None  # the peers' median, else the own (or the server's) baseline
+    peer_rate: str | None  # the peer rate it was measured against; None: the own baseline
+    worst: ServerStep | None  # the slowest inference server, where it judged the node
+    own_baseline: float | None  # the own baseline of the rate judged without peers
 
 
 class NodeSampler:
@@ -269,24 +288,8 @@ class NodeSampler:
             return self._no_data(window, now, job_file)
         self.anchor = window.end
         self.tracer_interval = window.new_covered_s / window.new_intervals
-        # GPU rows in the node DB (NVML through ingero trace or gpu-sample) first; a live
-        # query only where nothing writes them. Busy is measured or missing, never estimated.
-        gpu_error = None
-        busy = window.gpu_busy_fraction
-        if not window.gpus:
-            status = self.gpu.query()
-            gpu_error = status.error
-            busy = _utilization(status)
-        health = self.health.observe(window.gpus, now)
-        error_factor = 1.0 - self.config.gpu_health.error_penalty
-        gpu_fault = health.value is not None and health.value <= error_factor < 1.0
-
-        # Launch counts are fine-grained; whole steps per window are too coarse to compare.
-        launch_rate = window.kernel_launch_rate
-        graph_rate = window.graph_launch_rate
-        self.graphs = self.graphs or graph_rate is not None
-        baselines = self.baselines.baselines
-        busy_base = baselines.get("gpu_busy_fraction")
+        gpu = self._gpu_reading(window, now)
+        self.graphs = self.graphs or window.graph_launch_rate is not None
         # Work is judged on the new intervals; the rate over the whole window (which may
         # reach back over rows the last sample saw, where the tracer's cadence is finer).
         has_work = window.new_launches > 0
@@ -294,7 +297,70 @@ class NodeSampler:
         if has_work:
             self.traced_pids = window.launch_pids
         was_stalled = self.state.stalled
-        transition = self.state.observe(
+        transition = self._observe(window, running, waiting, at_collective, nccl, gpu.fault)
+        held = self._hold_if_quiet(now, window, transition, running, at_collective, nccl)
+        if held is not None:
+            return held
+        stalled = self.state.stalled
+        if stalled != was_stalled:
+            log.warning(
+                "%s",
+                "stalled: the job runs but launches nothing"
+                if stalled
+                else "launching again"
+                if has_work
+                else "no longer stalled: the job has ended",
+            )
+        own = self._own_rates(window, stalled, has_work)
+        timed, steps, served = self._server_rates(window, inference, stalled, own)
+        per_server = {INFERENCE_STEP_RATE: steps, INFERENCE_TOKEN_RATE: served}
+        signal = self._throughput(own, per_server, peer_rates, lockstep and not stalled)
+        result = self._score(signal, own, gpu, host_mem_free, cpu_busy)
+        if has_work and self.state.state in ("calibrating", "active") and not straggling:
+            self._learn_window(window, own, gpu.busy, timed, steps, served)
+        self.last = NodeSample(
+            now,
+            self.state.state,
+            result,
+            window,
+            transition,
+            gpu_error=gpu.error,
+            gpu_health=gpu.health,
+            gpu_findings=gpu.health.findings,
+            stalled=stalled,
+            job_running=running,
+            peer_rate=signal.peer_rate if signal.rate is not None else None,
+            slowest_server=signal.worst,
+            quiet=self.state.quiet,
+        )
+        return self.last
+
+    def _gpu_reading(self, window: WindowAggregates, now: float) -> _GpuReading:
+        """The GPUs' busy fraction and health this window, and whether one is in error."""
+        # GPU rows in the node DB (NVML through ingero trace or gpu-sample) first; a live
+        # query only where nothing writes them. Busy is measured or missing, never estimated.
+        error = None
+        busy = window.gpu_busy_fraction
+        if not window.gpus:
+            status = self.gpu.query()
+            error = status.error
+            busy = _utilization(status)
+        health = self.health.observe(window.gpus, now)
+        error_factor = 1.0 - self.config.gpu_health.error_penalty
+        fault = health.value is not None and health.value <= error_factor < 1.0
+        return _GpuReading(busy, error, health, fault)
+
+    def _observe(
+        self,
+        window: WindowAggregates,
+        running: bool | None,
+        waiting: bool,
+        at_collective: bool,
+        nccl: FleetNccl | None,
+        gpu_fault: bool,
+    ) -> Transition | None:
+        """Advance the state machine by the new intervals' launches and the node's waits."""
+        return self.state.observe(
             readable=True,
             kernel_launches=window.new_launches,
             job_running=running,
@@ -307,7 +373,17 @@ class NodeSampler:
             fleet_wait=nccl is not None and nccl.waiting_for is not None and not gpu_fault,
             waited_for=nccl is not None and nccl.waited_for,
         )
-        stalled = self.state.stalled
+
+    def _hold_if_quiet(
+        self,
+        now: float,
+        window: WindowAggregates,
+        transition: Transition | None,
+        running: bool | None,
+        at_collective: bool,
+        nccl: FleetNccl | None,
+    ) -> NodeSample | None:
+        """The held sample of a node quiet at a collective or short of a stall, else None."""
         waiting_for = nccl.waiting_for if nccl is not None else None
         if self.state.waiting:
             if not (self.last is not None and self.last.waiting):
@@ -330,21 +406,32 @@ class NodeSampler:
                 else "quiet at a collective: waiting for Fleet's view of its communicator",
                 running,
             )
-        if stalled != was_stalled:
-            log.warning(
-                "%s",
-                "stalled: the job runs but launches nothing"
-                if stalled
-                else "launching again"
-                if has_work
-                else "no longer stalled: the job has ended",
-            )
+        return None
+
+    def _own_rates(
+        self, window: WindowAggregates, stalled: bool, has_work: bool
+    ) -> dict[str, float | None]:
+        """The node's launch and step rates this window (a stalled node's are 0)."""
+        # Launch counts are fine-grained; whole steps per window are too coarse to compare.
         # A stalled node's job runs: its launch rate is measured, and it is 0.
-        own: dict[str, float | None] = {
+        launch_rate = window.kernel_launch_rate
+        return {
             KERNEL_LAUNCH_RATE: 0.0 if stalled else launch_rate if has_work else None,
             STEP_RATE: 0.0 if stalled else window.step_rate,
-            GRAPH_LAUNCH_RATE: (0.0 if self.graphs else None) if stalled else graph_rate,
+            GRAPH_LAUNCH_RATE: (0.0 if self.graphs else None)
+            if stalled
+            else window.graph_launch_rate,
         }
+
+    def _server_rates(
+        self,
+        window: WindowAggregates,
+        inference: Mapping[str, float] | None,
+        stalled: bool,
+        own: dict[str, float | None],
+    ) -> tuple[bool, tuple[ServerStep, ...], tuple[ServerStep, ...]]:
+        """Judge each inference server's steps and tokens; the node's inference rates to ``own``."""
+        # Returns (the servers' /metrics timed their steps, the steps, the token rates).
         # The servers' /metrics time their steps (else the tracer does, below).
         timed = INFERENCE_STEP_RATE in (inference or {})
         inference, steps = self._server_steps(window, inference, timed)
@@ -355,11 +442,21 @@ class NodeSampler:
             )
         if stalled:
             steps, served = (), ()
-        per_server = {INFERENCE_STEP_RATE: steps, INFERENCE_TOKEN_RATE: served}
         for name in (INFERENCE_TOKEN_RATE, INFERENCE_STEP_RATE):
             # A server that served nothing this interval says nothing (not 0: no load is
             # not slowness); a stalled node is judged by its launches.
             own[name] = None if stalled else (inference or {}).get(name)
+        return timed, steps, served
+
+    def _throughput(
+        self,
+        own: dict[str, float | None],
+        per_server: Mapping[str, tuple[ServerStep, ...]],
+        peer_rates: Mapping[str, float] | None,
+        lockstep: bool,
+    ) -> _Throughput:
+        """The throughput signal and its reference: the peers' median, else the own baseline."""
+        baselines = self.baselines.baselines
         # Without a peer median, the node's own rate against its own baseline: its
         # inference servers' speed where they say it, its graph launches where it replays
         # graphs (kernel launches outside them may be few or none), else its kernel launches.
@@ -398,12 +495,26 @@ class NodeSampler:
             worst = slowest(per_server.get(local, ()))
             if worst is not None:
                 throughput, reference = worst.rate, worst.baseline
-        if lockstep and not stalled:
+        if lockstep:
             # Every rank of a lock-step job has the job's rate: a peer ratio names no rank,
             # and a peer median a tick older than the node's rate makes every rank look slow
             # when the job slows. Its arrivals (Fleet's peer_lag), GPU health and stalls
             # judge it (ingero.push.waiting).
             throughput = None
+        own_base = launch_base.estimate if launch_base else None
+        return _Throughput(throughput, reference, peer_rate, worst, own_base)
+
+    def _score(
+        self,
+        signal: _Throughput,
+        own: dict[str, float | None],
+        gpu: _GpuReading,
+        host_mem_free: float | None,
+        cpu_busy: float | None,
+    ) -> ScoreResult:
+        """The score of the window's signals, with the rates it was judged on."""
+        busy_base = self.baselines.baselines.get("gpu_busy_fraction")
+        worst = signal.worst
         # The memory signal is the host's. A GPU's memory is full by design wherever the
         # job is big: PyTorch's caching allocator keeps what it reserved (an LLM training
         # job holds 90-98% of an H100), an inference engine takes a set share at start
@@ -411,58 +522,54 @@ class NodeSampler:
         # GiB of 80 used to 0.43 and hid a 10% slowdown in 10 of 10 runs
         # (docs/decisions/0041-memory-signal-host.md); GPU memory pressure shows where it
         # hurts, as allocator retries that slow the work the throughput signal measures.
-        result = compute_score(
+        return compute_score(
             ScoreInputs(
-                throughput_rate=throughput,
-                throughput_baseline=reference,
-                gpu_busy_fraction=busy,
+                throughput_rate=signal.rate,
+                throughput_baseline=signal.reference,
+                gpu_busy_fraction=gpu.busy,
                 gpu_busy_baseline=busy_base.estimate if busy_base is not None else None,
                 mem_free_fraction=host_mem_free,
                 cpu_busy_fraction=cpu_busy,
-                gpu_health=health.value,
+                gpu_health=gpu.health.value,
                 rates={
                     **own,
-                    "throughput_baseline": launch_base.estimate if launch_base else None,
-                    "throughput_peer_median": reference if peer_rate else None,
+                    "throughput_baseline": signal.own_baseline,
+                    "throughput_peer_median": signal.reference if signal.peer_rate else None,
                     "slowest_server_rate": worst.rate if worst else None,
                     "slowest_server_baseline": worst.baseline if worst else None,
                 },
             ),
             self.config,
         )
-        # A straggler's samples are not its normal: learnt (even at ema_alpha_down per
-        # sample) they lift its score back to the threshold within a minute at a 1 s push
-        # and the episode flaps while the node is as slow as ever
-        # (docs/decisions/0042-straggler-learns-no-baseline.md).
-        learning = self.state.state in ("calibrating", "active") and not straggling
-        if has_work and launch_rate is not None and learning:
-            self._learn(
-                {
-                    KERNEL_LAUNCH_RATE: launch_rate,
-                    GRAPH_LAUNCH_RATE: graph_rate,
-                    INFERENCE_TOKEN_RATE: own[INFERENCE_TOKEN_RATE],
-                    INFERENCE_STEP_RATE: own[INFERENCE_STEP_RATE],
-                    "gpu_busy_fraction": busy,
-                }
-            )
-            (self.timed_servers if timed else self.servers).learn(steps)
-            self.token_servers.learn(served)
-        self.last = NodeSample(
-            now,
-            self.state.state,
-            result,
-            window,
-            transition,
-            gpu_error=gpu_error,
-            gpu_health=health,
-            gpu_findings=health.findings,
-            stalled=stalled,
-            job_running=running,
-            peer_rate=peer_rate if throughput is not None else None,
-            slowest_server=worst,
-            quiet=self.state.quiet,
+
+    def _learn_window(
+        self,
+        window: WindowAggregates,
+        own: dict[str, float | None],
+        busy: float | None,
+        timed: bool,
+        steps: tuple[ServerStep, ...],
+        served: tuple[ServerStep, ...],
+    ) -> None:
+        """Learn a measured window's rates as the node's normal, and each server's."""
+        # A straggler's samples are not its normal (the caller learns none then): learnt
+        # (even at ema_alpha_down per sample) they lift its score back to the threshold
+        # within a minute at a 1 s push and the episode flaps while the node is as slow as
+        # ever (docs/decisions/0042-straggler-learns-no-baseline.md).
+        launch_rate = window.kernel_launch_rate
+        if launch_rate is None:
+            return
+        self._learn(
+            {
+                KERNEL_LAUNCH_RATE: launch_rate,
+                GRAPH_LAUNCH_RATE: window.graph_launch_rate,
+                INFERENCE_TOKEN_RATE: own[INFERENCE_TOKEN_RATE],
+                INFERENCE_STEP_RATE: own[INFERENCE_STEP_RATE],
+                "gpu_busy_fraction": busy,
+            }
         )
-        return self.last
+        (self.timed_servers if timed else self.servers).learn(steps)
+        self.token_servers.learn(served)
 
     def _server_steps(
         self, window: WindowAggregates, inference: Mapping[str, float] | None, timed: bool
