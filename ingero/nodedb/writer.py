@@ -68,7 +68,6 @@ class Batch:
 class WriterStats:
     batches: int = 0
     rows: int = 0
-    pruned_rows: int = 0
     errors: int = 0
     bad_rows: int = 0  # rows no write could store, dropped (their batch's others written)
     last_error: str | None = None
@@ -280,7 +279,7 @@ class NodeDbWriter:
                 self._write_rows(item, exc)
         if self.max_bytes is not None:
             try:
-                self.stats.pruned_rows += prune(self._db, self.max_bytes)
+                prune(self._db, self.max_bytes)
             except sqlite3.Error as exc:
                 self.stats.errors += 1
                 self.stats.last_error = f"{self.path}: prune: {exc}"
