@@ -6,7 +6,7 @@ This package is the node's contract, as ``ingero.otlp`` is the wire's: the schem
 (``tables``, ``window``, ``intervals``, ``gpu_rows``, ``nccl``, ``stacks``, ``marks``,
 ``processes``), the op vocabulary (``ops``), the merged DB (``merged``) and the file kept
 beside the DB (``sidefile``). No SQL on its tables lies anywhere else
-(tests/unit/test_layers.py).
+(tests/unit/project/test_layers.py).
 
 :data:`DEFAULT_PATH` is where every command looks for it unless told otherwise; it is
 defined here, and importing it stays cheap (the schema module, which loads sqlite-utils,

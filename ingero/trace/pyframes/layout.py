@@ -2,7 +2,7 @@
 
 3.10-3.12 have no runtime description of their own layout: the tables below are
 ``offsetof`` of CPython's own structs, compiled against each version's installed headers
-(tests/unit/test_pyframes_layout.py recompiles them when the headers are present and
+(tests/unit/trace/test_pyframes_layout.py recompiles them when the headers are present and
 compares). 3.13 and 3.14 describe themselves: ``_PyRuntime`` starts with
 ``_Py_DebugOffsets`` (cookie ``xdebugpy``, then the version), read out of the process by
 ``from_debug_offsets``. The struct itself changes between versions (3.14 added fields inside

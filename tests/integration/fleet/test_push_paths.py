@@ -216,7 +216,7 @@ def test_ema_smoothing_matches_an_independent_computation(tmp_path: Path) -> Non
     """Default ema_alpha 0.2: after a step from scores A to B, every published threshold
     is raw_B + 0.8^m (raw_A - raw_B) for a whole number m of ticks since the step."""
     # noise_k 0: the step moves every node by 0.2, which the noise term would take for
-    # the job's noise (tests/unit/test_fleet_noise.py has that term's own tests).
+    # the job's noise (tests/unit/fleet/test_noise.py has that term's own tests).
     fleet = start_fleet(
         tmp_path, {"push_interval": "0.5s", "threshold": {"ema_alpha": 0.2, "noise_k": 0}}
     )

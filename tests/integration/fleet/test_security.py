@@ -25,7 +25,7 @@ from ingero.push.config import PushConfig
 from ingero.runtime.clock import ManualClock
 from tests.integration.fleet.helpers import Fleet, health_request, start_fleet, wait_for
 from tests.integration.security import BackToBack, RotationCerts, replace
-from tests.unit.test_push_agent import Sampler
+from tests.unit.push.test_agent import Sampler
 
 
 def pusher(config: PushConfig, node: str) -> BackToBack:

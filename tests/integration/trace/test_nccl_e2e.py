@@ -144,7 +144,7 @@ def test_late_rank_and_hung_collective_from_ranks_to_echo(
     # Never before the bound (Fleet's own figure: its tick's time minus the ranks' entry).
     # How soon after it depends on when the pushes and ticks run on a loaded host: that it
     # is the first tick past the bound is proven on a simulated clock (unit tests,
-    # test_fleet_collectives.py), not here.
+    # fleet/test_collectives.py), not here.
     assert extra["inside_for_s"] >= HANG_AFTER, extra
     # Echo lists the hang, open, naming the rank that never entered.
     hangs = wait_for(lambda: collective_lag(echo)["hangs"], 30, "collective_lag's hangs")
