@@ -738,12 +738,8 @@ def explain_runs(slowest: int) -> None:
 
 def main() -> None:
     if "--lockstep" in sys.argv[1:]:
-        # Lock-step training jobs: their own suite (bench/lockstep.py).
-        sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-        from bench import lockstep
-
-        lockstep.main(sys.argv[1:])
-        return
+        # Lock-step training jobs are their own suite, which imports this one.
+        sys.exit("lock-step jobs: python -m bench.lockstep [--runs 10] [--after 420] [--no-nvml]")
     parser = argparse.ArgumentParser(description=(__doc__ or "").split("\n\n")[0])
     parser.add_argument("--shape", choices=[*SHAPE_NAMES, "all"], default="all")
     parser.add_argument("--nodes", type=int, default=64)

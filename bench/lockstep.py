@@ -1,4 +1,4 @@
-"""Detection on lock-step training jobs, in simulated time (``bench/detection.py --lockstep``).
+"""Detection on lock-step training jobs, in simulated time (``python -m bench.lockstep``).
 
 Each job is ``--ranks`` ranks of one synchronous data-parallel job, one rank a node
 (``ingero.workload.lockstep``: every rank at the pace of the slowest, ``ncclAllReduce``
@@ -33,7 +33,7 @@ missing rank (any type) and to ``collective_hang``; false straggler episodes per
 node-hour, counted apart for the ranks of job 0 (a straggler's or a hang's victims) and
 for the healthy jobs; and the NCCL events seen.
 
-    .venv/bin/python bench/detection.py --lockstep [--jobs 8] [--ranks 8] [--runs 10]
+    .venv/bin/python -m bench.lockstep [--jobs 8] [--ranks 8] [--runs 10]
         [--after 60] [--warmup 40] [--scenarios host,gpu,...] [--no-nvml] [--late 0]
 """
 
