@@ -204,7 +204,7 @@ class Agent:
         status.waiting_for = (
             dict(sample.waiting_for or {}) if sample.waiting and not sample.stalled else None
         )
-        if sample.held and sample.result is None:
+        if sample.held and sample.result is None and not _reports_only(sample):
             # Nothing measured yet to repeat: pushing a score of 0 would be a false one.
             self._write_state(push, status.mode)
             return jittered(float(self.config.push_interval), self.config.jitter, self.rng)
@@ -551,3 +551,12 @@ class Agent:
             self.store.save(self.selector.cached, self.selector.baseline)
         except OSError as exc:
             log.warning("cannot save detection state to %s: %s", self.store.path, exc)
+
+
+def _reports_only(sample: NodeSample) -> bool:
+    """A calibrating node with nothing measured yet whose ranks are at a collective (they
+    waited in one from the first sample): its push carries where they are, or Fleet's
+    join and hang judging would never hear of them and name them among the missing. Its
+    score is no measurement, and Fleet keeps no calibrating score (statistics, series,
+    Echo's history): only the reports count."""
+    return sample.state == "calibrating" and bool(sample.collectives)

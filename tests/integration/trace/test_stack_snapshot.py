@@ -146,7 +146,7 @@ def _check(c: Cluster, echo: EchoProcess, comm: str, hung_seq: int, pid: int) ->
         "Fleet's collective_hang in Echo",
     )
     assert (hang["extra"]["comm_hash"], hang["extra"]["seq"]) == (comm, hung_seq), hang
-    assert hang["extra"]["missing_ranks"] == [PY_RANK], hang
+    assert hang["extra"]["missing_ranks"] == [PY_RANK], json.dumps(hang)
     # Fleet names the node only of a rank it has had a report from: on a loaded machine
     # node02's first collective push can come after the hang begins ([] then). Its push
     # reply names it all the same once that report comes (fleet/collectives.py), which the

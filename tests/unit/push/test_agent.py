@@ -16,6 +16,7 @@ from opentelemetry.proto.collector.metrics.v1.metrics_service_pb2 import (
 )
 
 from ingero.nodedb.window import GpuWindow, WindowAggregates
+from ingero.otlp.collectives import CommReport
 from ingero.otlp.health import decode_health
 from ingero.otlp.threshold import ENTER_INTERVALS, EXIT_INTERVALS, ThresholdView
 from ingero.push.agent import Agent, Identity
@@ -41,6 +42,8 @@ class Sampler:
         self.held = False
         self.window: WindowAggregates | None = None
         self.waiting = False  # the sample waits at a collective, as Fleet said
+        self.measured = True  # False: nothing measured yet (a result of None)
+        self.collectives: tuple[CommReport, ...] = ()
         self.calls: list[tuple[dict[str, float] | None, bool]] = []  # (peer_rates, job_file)
         self.straggling: list[bool] = []  # what each call said of the node's episode
         self.jobs: list[str | None] = []  # the job whose marked steps each call counted
@@ -71,7 +74,7 @@ class Sampler:
         return NodeSample(
             self.clock.now(),
             self.state,  # type: ignore[arg-type]
-            result,
+            result if self.measured else None,
             self.window,
             None,
             stalled=self.stalled,
@@ -80,6 +83,7 @@ class Sampler:
             quiet=self.waiting,
             waiting=self.waiting,
             waiting_for=nccl.waiting_for if self.waiting and nccl is not None else None,
+            collectives=self.collectives,
         )
 
 
@@ -183,6 +187,34 @@ def test_a_held_sample_is_pushed_as_held_and_not_classified_again() -> None:
     sampler.held = False
     agent.step()
     assert rec.events[-1].type == "straggler_state"
+
+
+def test_a_rank_waiting_from_its_first_sample_reports_where_it_waits() -> None:
+    """Nothing measured yet and held (its rank waits in a collective from the start, as
+    when fleet-push starts beside a running job): no score is pushed for it, but while
+    calibrating its communicators are, so that Fleet hears of the rank before a hang
+    is judged; anything else with nothing measured is not pushed at all."""
+    agent, clock, sampler, client, _rec = make()
+    sampler.measured, sampler.waiting = False, True
+    sampler.state = "calibrating"
+    agent.step()
+    assert client.pushed == []
+    report = CommReport(
+        comm_hash="9f1c2e3d4a5b6c7d", comm_rank=1, nranks=3, entered_seq=1310,
+        returned_seq=1309, calls_in_interval=0, inflight_seq=1310,
+        inflight_op="ncclAllReduce", inflight_since_ns=5_000_000_000,
+    )  # fmt: skip
+    sampler.collectives = (report,)
+    clock.advance(1)
+    agent.step()
+    (push,) = [p for r in client.pushed for p in decode_health(r).pushes]
+    assert (push.state, push.held, push.waiting) == ("calibrating", True, True)
+    assert push.collectives == (report,)
+    for state in ("active", "idle"):
+        sampler.state = state
+        clock.advance(1)
+        agent.step()
+    assert len(client.pushed) == 1
 
 
 def test_peer_medians_from_the_reply_feed_the_next_sample_while_fresh() -> None:
