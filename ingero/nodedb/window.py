@@ -36,7 +36,6 @@ import sqlite_utils
 from ingero.collectors.nvml import DEGRADING_THROTTLE
 from ingero.nodedb.ops import LAUNCH_OPS, STEP_OPS, SYNC_OPS, WORK_OPS
 from ingero.nodedb.schema import ANNOTATE_SOURCE, SchemaError, connect
-from ingero.nodedb.schema import version as schema_version
 
 # A push that comes after a long gap (a slow Fleet, a suspended agent) reads at most this
 # many push windows back: its read stays bounded, and rows older than that are history.
@@ -573,7 +572,10 @@ def _read(
         )
         processes: list[dict[str, Any]] = []
         streams: list[dict[str, Any]] = []
-        if schema_version(db) >= 6:
+        # By table, not by user_version: a merged DB (ingero merge) is at this schema's
+        # version but holds only the tables its nodes had (v5 nodes: no stream_intervals).
+        tables = set(db.table_names())
+        if "stream_intervals" in tables:
             streams = _rows(
                 conn.execute(
                     "SELECT ts_end, pid, stream, syncs, launches, steps, step_ns, step_hist"
@@ -581,7 +583,7 @@ def _read(
                     (start, end),
                 )
             )
-        if schema_version(db) >= 2:
+        if "gpu_processes" in tables:
             processes = _rows(
                 conn.execute(
                     "SELECT ts_end, gpu, pid FROM gpu_processes WHERE ts_end > ? AND ts_end <= ?",
