@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import os
 import re
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 from ingero.annotate.server import Writer
@@ -50,6 +50,21 @@ def slurm_job(cgroup: str, uid: int) -> str | None:
     return found.pop() if len(found) == 1 else None
 
 
+def process_start(base: Path) -> int | None:
+    """The process's start time, clock ticks after boot (field 22 of ``/proc/PID/stat``);
+    None where it cannot be read. The command name (field 2) may hold spaces and
+    parentheses: the fields are counted from its last ``)``."""
+    try:
+        text = (base / "stat").read_bytes()
+    except OSError:
+        return None
+    fields = text[text.rfind(b")") + 1 :].split()
+    try:
+        return int(fields[19])
+    except (IndexError, ValueError):
+        return None
+
+
 @dataclass(frozen=True)
 class Identify:
     """``identify(pid, uid)`` for ``ingero.annotate.server.serve`` (the rule above)."""
@@ -60,6 +75,9 @@ class Identify:
     trusted: frozenset[int] = field(default_factory=lambda: frozenset({0, os.geteuid()}))
 
     def __call__(self, pid: int, uid: int) -> Writer:
+        return replace(self._writer(pid, uid), started=process_start(self.proc / str(pid)))
+
+    def _writer(self, pid: int, uid: int) -> Writer:
         base = self.proc / str(pid)
         try:
             job = slurm_job((base / "cgroup").read_text(), uid)

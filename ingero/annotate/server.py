@@ -5,8 +5,9 @@ the writer's identity from SO_PEERCRED (the kernel's word, never a pid in the li
 lines, decodes and bounds them, and hands back node DB rows at each ``take``. Everything it
 holds is bounded by ``ServerLimits``: clients (in all and per uid), the partial line per
 client, the refusals waiting to be written back, the open phases per writer, and the rate
-buckets, one per pid and one per uid, kept past the connection (a writer that reconnects,
-or forks a new pid, draws on the same buckets) and forgotten least recently used first.
+buckets, one per process (its pid and start time: a recycled pid is a new one) and one per
+uid, kept past the connection (a writer that reconnects draws on the same buckets, one that
+forks a new pid on its uid's) and forgotten least recently used first.
 ``serve`` is the thin socket loop around it.
 
 Marked steps become ``intervals`` rows with ``op`` "step" (source "annotate"): one per
@@ -43,12 +44,24 @@ MAX_REPLY_BYTES: Final = 16 * 1024
 READ_BYTES: Final = 65536
 
 
+# One process: its pid and its start (clock ticks after boot), as a pid is recycled.
+ProcessKey = tuple[int, int | None]
+
+
 @dataclass(frozen=True)
 class Writer:
     pid: int
     uid: int
     job_id: str | None = None
     rank: int | None = None
+    # The process's start, clock ticks after boot (/proc/PID/stat; None: unknown). A pid
+    # recycled for a new process is a new writer: it inherits neither the old one's
+    # bucket nor its open phases.
+    started: int | None = None
+
+    @property
+    def process(self) -> ProcessKey:
+        return (self.pid, self.started)
 
 
 class TokenBucket:
@@ -133,11 +146,12 @@ class Annotations:
         self.last_refusal = b""  # the answer to the last connection ``open`` turned away
         self._conns: dict[int, _Conn] = {}
         self._per_uid: Counter[int] = Counter()
-        self._writers: _Lru[int, _WriterState] = _Lru(limits.max_writers)
+        self._writers: _Lru[ProcessKey, _WriterState] = _Lru(limits.max_writers)
         self._uids: _Lru[int, TokenBucket] = _Lru(limits.max_writers)
         self._take = Take()
-        self._pending: dict[tuple[int, str], dict[str, object]] = {}  # open phase rows unwritten
-        self._steps: dict[int, tuple[Writer, int]] = {}
+        # Open phase rows not yet written, and step counts, per process.
+        self._pending: dict[tuple[ProcessKey, str], dict[str, object]] = {}
+        self._steps: dict[ProcessKey, tuple[Writer, int]] = {}
         self._since = clock.now()
 
     @property
@@ -146,7 +160,7 @@ class Annotations:
 
     @property
     def writers(self) -> int:
-        """Pids whose bucket is remembered (at most ``max_writers``)."""
+        """Processes whose bucket is remembered (at most ``max_writers``)."""
         return len(self._writers)
 
     def open(self, conn: int, writer: Writer) -> bool:
@@ -160,7 +174,7 @@ class Annotations:
         else:
             self._conns[conn] = _Conn(writer, self.clock.monotonic())
             self._per_uid[writer.uid] += 1
-            self._writer(writer.pid)
+            self._writer(writer)
             return True
         self.refused["clients"] += 1
         self.last_refusal = encode_refusal("clients", detail)
@@ -268,10 +282,10 @@ class Annotations:
         self._since = now
         return out
 
-    def _writer(self, pid: int) -> _WriterState:
+    def _writer(self, writer: Writer) -> _WriterState:
         limits = self.limits
         return self._writers.get(
-            pid,
+            writer.process,
             lambda: _WriterState(
                 TokenBucket(limits.lines_per_s, limits.burst, self.clock.monotonic())
             ),
@@ -308,7 +322,7 @@ class Annotations:
 
     def _line(self, state: _Conn, line: bytes) -> None:
         writer = state.writer
-        ws = self._writer(writer.pid)
+        ws = self._writer(writer)
         if not self._rate(state, ws):
             return
         try:
@@ -332,10 +346,10 @@ class Annotations:
         row = self._row(writer, mark, ts)
         self._take.marks.append(row)
         if mark.kind == "phase":
-            self._pending[(writer.pid, mark.name)] = row
+            self._pending[(writer.process, mark.name)] = row
         if mark.kind == "step":
-            known = self._steps.get(writer.pid)
-            self._steps[writer.pid] = (writer, (known[1] if known else 0) + 1)
+            known = self._steps.get(writer.process)
+            self._steps[writer.process] = (writer, (known[1] if known else 0) + 1)
 
     def _phase(self, state: _Conn, ws: _WriterState, mark: Mark, ts: float) -> bool:
         """Track a phase's begin or end; False (refused) when it does not pair."""
@@ -355,7 +369,7 @@ class Annotations:
             self._refuse(state, "phase", f"phase {mark.name!r} ends but never began")
             return False
         ts = max(ts, begun)
-        row = self._pending.pop((pid, mark.name), None)
+        row = self._pending.pop((state.writer.process, mark.name), None)
         if row is not None:
             row["ts_end"] = ts
         else:

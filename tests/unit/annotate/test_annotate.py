@@ -199,6 +199,28 @@ def test_rate_per_writer_not_per_connection() -> None:
     assert c.take().steps[0]["count"] == 3
 
 
+def test_a_recycled_pid_is_a_new_writer() -> None:
+    """The same pid, started again (a new process on a recycled pid): it has a bucket of
+    its own and cannot end the phase its predecessor left open; the predecessor's rows
+    and its step count stay its own."""
+    c, _ = core(lines_per_s=1.0, burst=2)
+    old, new = Writer(5, 0, started=100), Writer(5, 0, started=900)
+    c.open(1, old)
+    c.feed(1, b'{"kind":"phase","name":"ckpt","state":"begin"}\n{"kind":"step"}\n')
+    c.close(1)
+    c.open(2, new)
+    c.feed(2, b'{"kind":"phase","name":"ckpt","state":"end"}\n{"kind":"step"}\n')
+    assert refusals(c, 2) == ["phase"]  # not "rate": the old process's bucket is spent
+    take = c.take()
+    assert [(m["kind"], m["ts_end"]) for m in take.marks] == [
+        ("phase", None),
+        ("step", None),
+        ("step", None),
+    ]
+    assert take.mark_ends == []
+    assert sorted(s["count"] for s in take.steps) == [1, 1] and c.writers == 2
+
+
 def test_clients_bounded_and_writers_forgotten() -> None:
     c, _ = core(max_clients=1)
     assert c.open(1, Writer(5, 0))

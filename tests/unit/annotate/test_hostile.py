@@ -11,7 +11,7 @@ import pytest
 
 from ingero.annotate import server as server_module
 from ingero.annotate.codec import decode_refusal
-from ingero.annotate.identity import Identify, slurm_job
+from ingero.annotate.identity import Identify, process_start, slurm_job
 from ingero.annotate.server import Annotations, ServerLimits, Writer
 from ingero.runtime.clock import ManualClock
 from ingero.slurm.jobfile import JobInfo, write_job
@@ -185,3 +185,23 @@ def test_a_writer_s_job_is_its_cgroup_s_confirmed_by_the_job_file(tmp_path: Path
     assert identify(5, 500) == Writer(5, 500, "42", 5)
     assert identify(6, 1000) == Writer(6, 1000, "77", None)
     assert identify(404, 1000) == Writer(404, 1000)  # gone before it could be read
+
+
+@pytest.mark.parametrize(
+    ("stat", "started"),
+    [
+        (b"42 (python3) S 1 42 42 0 -1 4194560 5 0 0 0 1 2 0 0 20 0 1 0 987654 1 2\n", 987654),
+        # A command name with spaces and parentheses: fields count from its last ")".
+        (b"42 (a) b (c)) R 1 42 42 0 -1 4194560 5 0 0 0 1 2 0 0 20 0 1 0 12345 1 2\n", 12345),
+        (b"42 (short) S 1 42\n", None),
+        (b"42 (x) S 1 42 42 0 -1 0 5 0 0 0 1 2 0 0 20 0 1 0 nope 1 2\n", None),
+    ],
+)
+def test_a_writer_s_process_start_from_its_stat(
+    tmp_path: Path, stat: bytes, started: int | None
+) -> None:
+    fake_proc(tmp_path, 42, "0::/\n", None)
+    (tmp_path / "42" / "stat").write_bytes(stat)
+    assert process_start(tmp_path / "42") == started
+    assert Identify(tmp_path, tmp_path / "jobs")(42, 1000) == Writer(42, 1000, started=started)
+    assert process_start(tmp_path / "404") is None
