@@ -26,6 +26,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 from ingero.annotate.server import Writer
+from ingero.runtime.procstat import stat_fields
 from ingero.slurm.jobfile import JobInfo, jobs_dir, read_job
 from ingero.trace.procmaps import DEFAULT_PROC
 from ingero.trace.tags import parse_environ, tags_from_environ
@@ -54,15 +55,8 @@ def process_start(base: Path) -> int | None:
     """The process's start time, clock ticks after boot (field 22 of ``/proc/PID/stat``);
     None where it cannot be read. The command name (field 2) may hold spaces and
     parentheses: the fields are counted from its last ``)``."""
-    try:
-        text = (base / "stat").read_bytes()
-    except OSError:
-        return None
-    fields = text[text.rfind(b")") + 1 :].split()
-    try:
-        return int(fields[19])
-    except (IndexError, ValueError):
-        return None
+    fields = stat_fields(base / "stat") or []
+    return int(fields[19]) if len(fields) > 19 and fields[19].isdigit() else None
 
 
 @dataclass(frozen=True)

@@ -35,6 +35,8 @@ from pathlib import Path
 
 from prometheus_client.parser import text_string_to_metric_families
 
+from ingero.runtime.procstat import stat_fields
+
 ENGINES: tuple[str, ...] = ("vllm", "sglang", "tgi", "triton", "trtllm")
 ROLES: tuple[str, ...] = ("prefill", "decode", "mixed", "router")
 
@@ -282,12 +284,7 @@ def scan(proc_root: Path = Path("/proc")) -> list[Engine]:
 def read_ppid(proc_root: Path, pid: int) -> int | None:
     """The parent pid from ``<proc_root>/<pid>/stat`` (after the parenthesised command name,
     which may itself hold spaces and parentheses), None when unreadable."""
-    try:
-        with open(proc_root / str(pid) / "stat", "rb") as f:
-            raw = f.read(4096)
-    except OSError:
-        return None
-    fields = raw[raw.rfind(b")") + 1 :].split()
+    fields = stat_fields(proc_root / str(pid) / "stat") or []
     return int(fields[1]) if len(fields) > 1 and fields[1].isdigit() else None
 
 
