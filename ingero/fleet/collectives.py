@@ -156,17 +156,29 @@ class CollectiveJoin:
                 comm = self._comm(push, group, report)
                 if comm is None:
                     continue
-                comm.ranks[report.comm_rank] = RankState(
-                    node_id=push.node_id,
-                    slurm_rank=push.rank,
-                    report=build(CommReport, **{**report.__dict__, "calls": ()}),
-                    offset_ns=offset_ns,
-                    offset_known=clock is not None,
-                    seen=mono,
-                    ops=tuple([(c[0], c[1], c[2] + offset_ns) for c in report.calls]),
-                    as_of=(report.as_of_ns + offset_ns) / 1e9 if report.as_of_ns else arrived,
-                    quiet=push.quiet,
-                )
+                # A push that reached Fleet after the node's next one (it timed out at the
+                # node, Fleet answered late) is an older view of the rank: it would move the
+                # rank back behind a collective it has entered, and its peers' wait would
+                # name it. Its calls still join; its state is past.
+                had = comm.ranks.get(report.comm_rank)
+                if not (
+                    had is not None
+                    and had.node_id == push.node_id
+                    and report.as_of_ns is not None
+                    and had.report.as_of_ns is not None
+                    and report.as_of_ns < had.report.as_of_ns
+                ):
+                    comm.ranks[report.comm_rank] = RankState(
+                        node_id=push.node_id,
+                        slurm_rank=push.rank,
+                        report=build(CommReport, **{**report.__dict__, "calls": ()}),
+                        offset_ns=offset_ns,
+                        offset_known=clock is not None,
+                        seen=mono,
+                        ops=tuple([(c[0], c[1], c[2] + offset_ns) for c in report.calls]),
+                        as_of=(report.as_of_ns + offset_ns) / 1e9 if report.as_of_ns else arrived,
+                        quiet=push.quiet,
+                    )
                 # Up to 1,024 calls a push: what the loop reads is in locals.
                 joined, pending, rank = comm.joined_seq, comm.pending, report.comm_rank
                 for seq, op, entered_ns, _, size in report.calls:

@@ -878,3 +878,36 @@ def test_a_lag_episode_restarts_with_the_figures_of_now_once_a_window_later() ->
     for _ in range(4):
         sim.interval()
     assert len(sim.of("peer_lag")) == 2
+
+
+class _LateNode(CollectiveJoin):
+    """Each push of ``node`` reaches Fleet after that node's next one: a push that timed
+    out at the node (its push timeout) but that Fleet received and answered late."""
+
+    def __init__(self, config: NcclConfig, node: str) -> None:
+        super().__init__(config, TTL)
+        self.node = node
+        self.late: NodePush | None = None
+
+    def ingest(self, push: NodePush, mono: float, now: float | None = None) -> None:
+        super().ingest(push, mono, now)
+        if push.node_id == self.node:
+            if self.late is not None:
+                super().ingest(self.late, mono, now)
+            self.late = push
+
+
+def test_a_push_that_arrives_after_the_next_one_does_not_move_its_rank_back() -> None:
+    """n2 waits at #block with the others for rank 5; each of its pushes arrives after its
+    next one. The late one is an older view of n2: the wait names rank 5 alone on the
+    same tick as when every push arrives in order, and the late pushes' calls still join."""
+    sim = Sim(8, one_per_node(8), asynchronous=True)
+    sim.join = late = _LateNode(sim.config, "n2")
+    block = block_next(sim, {5: 0})
+    result = sim.interval()
+    assert late.late is not None  # n2's pushes were each delivered after its next one
+    (wait,) = sim.of("collective_wait")
+    assert (wait.extra["missing_ranks"], wait.extra["seq"]) == ([5], block)
+    assert sorted(result.named) == [("c1", "n5")] and ("c1", "n2") in result.waiting
+    lags = {lag.comm_rank: lag for lag in late.rank_lags("c1", "c1/job/1234", HASH)}
+    assert lags[2].collectives == lags[0].collectives > 0
