@@ -8,6 +8,9 @@ writes a tracer interval of two NCCL ranks into the node DB every interval, as `
 trace`` does. Node and Fleet share this host's clock, so the pushed offset must be within
 its uncertainty of 0. A skewed clock is made without any hook in the product: the proxy
 adds 500 ms to Fleet's time on its way back, as a Fleet whose clock runs ahead would send.
+The proxy also holds one push past the node's push timeout before it passes it on, as a
+slow Fleet on a loaded host does: the node counts that push failed, Fleet gets it after the
+next one, and the test reads the pushes in the order the node sent them.
 """
 
 from __future__ import annotations
@@ -45,9 +48,16 @@ LOGS = "/opentelemetry.proto.collector.logs.v1.LogsService/Export"
 class Recorder:
     """What passed the proxy: each health push, and Fleet's server time in its reply."""
 
-    pushes: list[NodePush] = field(default_factory=list)
+    # (the push's time_unix_nano, the push): arrival order is not the node's order
+    sent: list[tuple[int, NodePush]] = field(default_factory=list)
     server_times: list[float] = field(default_factory=list)
     lock: threading.Lock = field(default_factory=threading.Lock)
+    # The health push (1-based) held for ``hold_s`` before it is passed on (None: none),
+    # past the node's push timeout (half its 1 s interval); how many passed so far.
+    hold_at: int | None = None
+    hold_s: float = 2.0
+    arrived: int = 0
+    held: int | None = None  # the held push's time_unix_nano, once it reached Fleet
     # Added to Fleet's server time on its way back: the node then reads a Fleet whose
     # clock is this far ahead of its own (the proxy is the test's, the product is untouched).
     shift: float = 0.0
@@ -57,23 +67,36 @@ class Recorder:
             return repr(float(value) + self.shift)
         return value
 
-    def record(self, body: bytes, reply: dict[str, str]) -> None:
+    def hold(self) -> bool:
+        """Called as a health push arrives: sleeps if it is the one to hold."""
+        with self.lock:
+            self.arrived += 1
+            held = self.arrived == self.hold_at
+        if held:
+            time.sleep(self.hold_s)
+        return held
+
+    def record(self, body: bytes, reply: dict[str, str], held: bool = False) -> None:
         decoded = decode_health(ExportMetricsServiceRequest.FromString(body))
         assert decoded.messages == [], decoded.messages
         with self.lock:
-            self.pushes += decoded.pushes
+            self.sent += zip(decoded.times, decoded.pushes, strict=True)
+            if held:
+                (self.held,) = decoded.times
             if "server-time" in reply:
                 self.server_times.append(float(reply["server-time"]))
 
     def snapshot(self) -> list[NodePush]:
+        """The pushes that reached Fleet, in the order the node sent them."""
         with self.lock:
-            return list(self.pushes)
+            return [push for _, push in sorted(self.sent, key=lambda sent: sent[0])]
 
 
 def http_proxy(fleet_port: int, rec: Recorder) -> http.server.ThreadingHTTPServer:
     class Handler(http.server.BaseHTTPRequestHandler):
         def do_POST(self) -> None:
             body = self.rfile.read(int(self.headers["Content-Length"]))
+            held = self.path == "/v1/metrics" and rec.hold()
             conn = http.client.HTTPConnection("127.0.0.1", fleet_port, timeout=10)
             keep = ("content-type", "content-encoding", "authorization")
             conn.request(
@@ -87,14 +110,17 @@ def http_proxy(fleet_port: int, rec: Recorder) -> http.server.ThreadingHTTPServe
             headers = {k.lower(): rec.shifted(k.lower(), v) for k, v in answer.getheaders()}
             conn.close()
             if self.path == "/v1/metrics" and answer.status == 200:
-                rec.record(body, {k.removeprefix("x-ingero-"): v for k, v in headers.items()})
-            self.send_response(answer.status)
-            for name, value in headers.items():
-                if name not in ("content-length", "connection", "date", "server"):
-                    self.send_header(name, value)
-            self.send_header("Content-Length", str(len(data)))
-            self.end_headers()
-            self.wfile.write(data)
+                rec.record(body, {k.removeprefix("x-ingero-"): v for k, v in headers.items()}, held)
+            try:
+                self.send_response(answer.status)
+                for name, value in headers.items():
+                    if name not in ("content-length", "connection", "date", "server"):
+                        self.send_header(name, value)
+                self.send_header("Content-Length", str(len(data)))
+                self.end_headers()
+                self.wfile.write(data)
+            except (BrokenPipeError, ConnectionResetError):
+                pass  # the held push: the node stopped waiting for its answer
 
         def log_message(self, *args: object) -> None:
             pass
@@ -111,11 +137,12 @@ def grpc_proxy(fleet_port: int, rec: Recorder) -> tuple[grpc.Server, int]:
         call_fleet = channel.unary_unary(method)  # raw bytes both ways
 
         def handle(body: bytes, context: grpc.ServicerContext) -> bytes:
+            held = method == METRICS and rec.hold()
             reply, call = call_fleet.with_call(body, timeout=10)
             metadata = tuple((k, rec.shifted(k, str(v))) for k, v in call.initial_metadata())
-            context.send_initial_metadata(metadata)
             if method == METRICS:
-                rec.record(body, {k.removeprefix("ingero-"): v for k, v in metadata})
+                rec.record(body, {k.removeprefix("ingero-"): v for k, v in metadata}, held)
+            context.send_initial_metadata(metadata)
             return bytes(reply)
 
         return grpc.unary_unary_rpc_method_handler(handle)
@@ -195,7 +222,7 @@ def test_collectives_and_a_clock_offset_near_zero_reach_fleet(
     c = cluster
     tracer = Tracer(c.tmp / f"{c.node(0)}.db")
     tracer.start()
-    rec = Recorder()
+    rec = Recorder(hold_at=5)
     close: Callable[[], None] = lambda: None  # noqa: E731
     try:
         close = start(c, transport, rec)
@@ -204,6 +231,7 @@ def test_collectives_and_a_clock_offset_near_zero_reach_fleet(
             60,
             "four pushes with both ranks' calls and a clock offset",
         )
+        wait_for(lambda: rec.held, 30, "the held push to reach Fleet")
     finally:
         tracer.stop.set()
         tracer.join()
