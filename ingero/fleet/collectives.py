@@ -159,14 +159,16 @@ class CollectiveJoin:
                 # A push that reached Fleet after the node's next one (it timed out at the
                 # node, Fleet answered late) is an older view of the rank: it would move the
                 # rank back behind a collective it has entered, and its peers' wait would
-                # name it. Its calls still join; its state is past.
+                # name it. Its calls still join; its state is past. Compared on Fleet's
+                # clock, so a node clock stepped back with its offset re-measured is not
+                # older; one stepped back unmeasured is taken again after half the TTL.
+                as_of = (report.as_of_ns + offset_ns) / 1e9 if report.as_of_ns else arrived
                 had = comm.ranks.get(report.comm_rank)
                 if not (
                     had is not None
                     and had.node_id == push.node_id
-                    and report.as_of_ns is not None
-                    and had.report.as_of_ns is not None
-                    and report.as_of_ns < had.report.as_of_ns
+                    and as_of < had.as_of
+                    and mono - had.seen < self._ttl / 2
                 ):
                     comm.ranks[report.comm_rank] = RankState(
                         node_id=push.node_id,
@@ -176,7 +178,7 @@ class CollectiveJoin:
                         offset_known=clock is not None,
                         seen=mono,
                         ops=tuple([(c[0], c[1], c[2] + offset_ns) for c in report.calls]),
-                        as_of=(report.as_of_ns + offset_ns) / 1e9 if report.as_of_ns else arrived,
+                        as_of=as_of,
                         quiet=push.quiet,
                     )
                 # Up to 1,024 calls a push: what the loop reads is in locals.

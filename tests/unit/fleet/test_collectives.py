@@ -911,3 +911,25 @@ def test_a_push_that_arrives_after_the_next_one_does_not_move_its_rank_back() ->
     assert sorted(result.named) == [("c1", "n5")] and ("c1", "n2") in result.waiting
     lags = {lag.comm_rank: lag for lag in late.rank_lags("c1", "c1/job/1234", HASH)}
     assert lags[2].collectives == lags[0].collectives > 0
+
+
+@pytest.mark.parametrize("reported", [True, False], ids=["offset measured", "unmeasured"])
+def test_a_node_clock_stepped_back_is_taken_again(reported: bool) -> None:
+    """n2's clock steps 10 s back: its reports look older than the one Fleet keeps. With
+    the offset re-measured (as fleet-push does) they are not, on Fleet's clock; without
+    it, they are taken again after half the node TTL, and a wait is still named in time."""
+    sim = Sim(8, one_per_node(8), asynchronous=True)
+    if not reported:
+        sim.unreported = {"n2"}
+    for _ in range(2):
+        sim.interval()
+    sim.skew["n2"] = 10.0  # n2 now reads Fleet's time by adding 10 s to its own
+    block = block_next(sim, {5: 0})
+    ticks = 1  # block_next ran one interval
+    while not sim.of("collective_wait"):
+        sim.interval()
+        ticks += 1
+        assert ticks < 8
+    assert ticks <= (2 if reported else TTL / 2 / INTERVAL + 1)
+    (wait,) = sim.of("collective_wait")
+    assert (wait.extra["missing_ranks"], wait.extra["seq"]) == ([5], block)
